@@ -1,0 +1,43 @@
+"""Every exception pivotflow raises. Each says in its docstring when it is raised."""
+
+from __future__ import annotations
+
+
+class PivotflowError(Exception):
+    """Base class of every error pivotflow raises on purpose."""
+
+
+class ConfigError(PivotflowError):
+    """A configuration value or a `--set` override is unknown, duplicated or of the wrong type."""
+
+
+class GraphError(PivotflowError):
+    """A graph file cannot be loaded or the graph fails validation (names node and file line)."""
+
+
+class ModelConfigError(PivotflowError):
+    """A model config is inconsistent, or a checkpoint's tensors do not match its config."""
+
+
+class CheckpointError(PivotflowError):
+    """A checkpoint or cache file is missing, corrupt or unreadable (names the file)."""
+
+
+class RequestError(PivotflowError):
+    """A generation request is invalid: empty or too long prompt, unknown token, bad params."""
+
+
+class TokenizerError(PivotflowError):
+    """Text holds a character the tokenizer does not know, or ids are out of range."""
+
+
+class ProtocolError(PivotflowError):
+    """A peer speaks another protocol version, or a frame cannot be decoded."""
+
+
+class WorkerError(PivotflowError):
+    """A worker failed to start, died, or reported an error it could not recover from."""
+
+
+class EngineError(PivotflowError):
+    """An inference engine is unavailable (optional extra missing) or misused."""

@@ -1,0 +1,167 @@
+"""Every message that crosses a socket, and nothing else.
+
+Two unions, one per direction of the controller's ROUTER socket: ``ToWorker`` (controller →
+worker) and ``ToController`` (worker → controller). Each is decoded by one reused typed msgspec
+decoder; a frame that does not decode is a ``ProtocolError``, never an object. No pickle anywhere.
+Schemas grow only by appending fields with defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+# Frames larger than this are refused before decoding (a GenerateJob of the tiny models is ~1 KB).
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+
+_HOT = {"tag": True, "kw_only": True, "array_like": True, "gc": False, "omit_defaults": True}
+
+
+# ---------------------------------------------------------------- worker -> controller
+
+
+class Hello(msgspec.Struct, tag=True, kw_only=True, frozen=True):
+    """First message of a worker: who it is and which protocol it speaks."""
+
+    protocol_version: int
+    worker_id: str
+    pid: int
+    epoch: int = 0
+
+
+class Heartbeat(msgspec.Struct, tag=True, kw_only=True, frozen=True):
+    """Sent every heartbeat interval; a worker silent for too long is declared dead."""
+
+    worker_id: str
+    busy: int = 0
+
+
+class RoleReady(msgspec.Struct, tag=True, kw_only=True, frozen=True):
+    """The worker has loaded ``role`` with ``model`` at ``version`` and accepts work for it."""
+
+    role: str
+    model: str
+    version: int
+    load_s: float = 0.0
+
+
+class JobDone(msgspec.Struct, **_HOT):  # type: ignore[call-arg]
+    """One generation finished (or was aborted, with its partial state)."""
+
+    job_id: int
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str
+    error: str = ""
+
+
+class JobsDone(msgspec.Struct, **_HOT):  # type: ignore[call-arg]
+    """Generations that finished since the last frame (usually one: results stream)."""
+
+    results: list[JobDone]
+
+
+class TrainDone(msgspec.Struct, tag=True, kw_only=True, frozen=True):
+    """An optimizer step finished and ``version`` is published to the parameter store."""
+
+    step: int
+    version: int
+    stats: dict[str, float]
+    job_ids: list[int]
+
+
+class WorkerFailed(msgspec.Struct, tag=True, kw_only=True, frozen=True):
+    """The worker's role raised; ``job_ids`` are the jobs it could not finish."""
+
+    error: str
+    job_ids: list[int] = []
+
+
+ToController = Union[Hello, Heartbeat, RoleReady, JobsDone, TrainDone, WorkerFailed]
+
+
+# ---------------------------------------------------------------- controller -> worker
+
+
+class Welcome(msgspec.Struct, tag=True, kw_only=True, frozen=True):
+    """Answer to Hello: accepted, with the parameter store's location."""
+
+    protocol_version: int
+    store_dir: str
+    heartbeat_s: float = 1.0
+
+
+class Reject(msgspec.Struct, tag=True, kw_only=True, frozen=True):
+    """Answer to Hello: refused (e.g. protocol mismatch); the worker exits with ``reason``."""
+
+    reason: str
+
+
+class AssignRole(msgspec.Struct, tag=True, kw_only=True, frozen=True):
+    """Host ``role`` ("generate" or "train") for ``model``; ``options`` are the role's settings."""
+
+    role: str
+    model: str
+    options: dict[str, float | int | str | bool] = {}
+
+
+class GenerateJob(msgspec.Struct, **_HOT):  # type: ignore[call-arg]
+    """Generate a continuation of ``prompt_ids`` (after ``prefix_ids`` when resuming), with
+    weights of at least ``min_version``."""
+
+    job_id: int
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = -1
+    stop_token_ids: list[int] = []
+    stop_strings: list[str] = []
+    prefix_ids: list[int] = []
+    prefix_logprobs: list[float] = []
+    prefix_versions: list[int] = []
+    min_version: int = 0
+
+
+class Jobs(msgspec.Struct, **_HOT):  # type: ignore[call-arg]
+    """Generation jobs for one worker (several ready samples may share a frame)."""
+
+    jobs: list[GenerateJob]
+
+
+class AbortJobs(msgspec.Struct, tag=True, kw_only=True, frozen=True):
+    """Abort these jobs (empty = all); each comes back as a JobDone with reason "abort"."""
+
+    job_ids: list[int] = []
+
+
+class TrainSeq(msgspec.Struct, kw_only=True, array_like=True, gc=False, omit_defaults=True):
+    """One trajectory to train on; ``loss_mask`` is 1 on policy tokens of ``response_ids``."""
+
+    job_id: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    advantage: float
+    loss_mask: list[int] = []
+
+
+class TrainStep(msgspec.Struct, tag=True, kw_only=True):
+    """Take one optimizer step on ``seqs`` and publish the result as ``step + 1``."""
+
+    step: int
+    seqs: list[TrainSeq]
+
+
+class Shutdown(msgspec.Struct, tag=True, kw_only=True, frozen=True):
+    """Release everything and exit."""
+
+    reason: str = ""
+
+
+ToWorker = Union[Welcome, Reject, AssignRole, Jobs, AbortJobs, TrainStep, Shutdown]
