@@ -41,3 +41,23 @@ class WorkerError(PivotflowError):
 
 class EngineError(PivotflowError):
     """An inference engine is unavailable (optional extra missing) or misused."""
+
+
+class TaskError(PivotflowError):
+    """A task name or option is unknown or invalid, or a dataset file/line cannot be read."""
+
+
+class RLError(PivotflowError):
+    """An RL math input is invalid: wrong shape, too small a group, non-finite reward, bad knob."""
+
+
+class MetricsError(PivotflowError):
+    """A run record is invalid or malformed (names the file and line), or a meter's time went back."""
+
+
+class TransportError(PivotflowError):
+    """A transport is started twice, or used after it was closed; or its endpoint cannot be bound."""
+
+
+class RunInterrupted(PivotflowError):
+    """The run was stopped by Ctrl-C (SIGINT); records are flushed and workers reaped."""

@@ -1,0 +1,54 @@
+"""GRPO with a generative reward model on the built-in arithmetic task.
+
+prompt -> rollout (policy generates) -> genrm (the judge writes a verdict, parsed to a reward)
+       -> advantage (GRPO within each prompt's group) -> train (clipped policy gradient)
+
+Run:  pivotflow run graphs/grpo_genrm.py            (knobs: --set graph.KEY=VALUE)
+"""
+
+from __future__ import annotations
+
+from pivotflow.graph import Graph
+from pivotflow.rl.group_fns import grpo_advantage
+from pivotflow.tasks.judge_format import judge_prompt, parse_verdict
+
+DEFAULTS = {
+    "group_size": 8,
+    "groups_per_step": 8,
+    "lr": 3e-4,
+    "max_tokens": 6,
+    "temperature": 1.0,
+    "rollout_workers": 1,
+    "judge_workers": 1,
+    "digits": 2,
+}
+
+
+def judge_template(prompt: str, response: str, **_: object) -> str:
+    """What the GenRM reads: the question with the policy's answer, e.g. "47+38=84?"."""
+    return judge_prompt(prompt, response)
+
+
+def parse(verdict: str, **_: object) -> float | None:
+    """The GenRM's text to a reward: "85:Yes" -> 1.0, "85:No" -> 0.0, anything else -> None."""
+    return parse_verdict(verdict)
+
+
+def build(config: dict) -> Graph:
+    g = Graph("grpo_genrm")
+    g.model("policy", source="builtin:policy")
+    g.model("judge", source="builtin:judge")
+    g.pool("rollout", workers=config["rollout_workers"])
+    g.pool("genrm", workers=config["judge_workers"])
+    g.pool("trainer", workers=1)
+    prompts = g.source("prompts", task="arithmetic", digits=config["digits"],
+                       group_size=config["group_size"],
+                       groups_per_step=config["groups_per_step"])
+    rollout = g.generate("rollout", model="policy", pool="rollout",
+                         max_tokens=config["max_tokens"], temperature=config["temperature"])
+    genrm = g.judge("genrm", model="judge", pool="genrm", template=judge_template, parse=parse,
+                    max_tokens=8)
+    advantage = g.group("advantage", grpo_advantage, writes=["advantage"])
+    train = g.train("train", model="policy", pool="trainer", lr=config["lr"])
+    g.chain(prompts, rollout, genrm, advantage, train)
+    return g

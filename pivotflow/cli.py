@@ -1,0 +1,67 @@
+"""``pivotflow run | inspect``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from pivotflow.errors import PivotflowError, RunInterrupted
+
+
+def _cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from pivotflow.run import run
+
+    result = run(args.graph, sets=args.set, out=args.out, workers=args.workers,
+                 steps=args.steps, console=console)
+    s = result.summary
+    console.print(f"[bold green]done[/] {s['steps']} steps in {s['wall_s']:.1f}s, "
+                  f"{s['samples_per_s']:.1f} samples/s; accuracy "
+                  f"{s.get('task_accuracy_first')} -> {s.get('task_accuracy_last')}; "
+                  f"records in {result.out}")
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace, console: Console) -> int:
+    from pivotflow.graph_check import load_graph
+
+    console.print(load_graph(args.graph).describe(), highlight=False)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="pivotflow", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run a graph file")
+    r.add_argument("graph", type=Path)
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting (repeatable); unknown keys are an error")
+    r.add_argument("--out", type=Path, default=None, help="run records folder")
+    r.add_argument("--workers", type=int, default=None, help="total worker processes")
+    r.add_argument("--steps", type=int, default=None, help="optimizer steps")
+    r.set_defaults(func=_cmd_run)
+    i = sub.add_parser("inspect", help="validate a graph file and print its stages and pools")
+    i.add_argument("graph", type=Path)
+    i.set_defaults(func=_cmd_inspect)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console(stderr=True)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args, console))
+    except RunInterrupted as exc:
+        console.print(f"[yellow]{exc}[/]: workers reaped, records flushed")
+        return 130
+    except PivotflowError as exc:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The run's configuration and the ``--set key=value`` overrides that change it.
+
+Overrides are typed and validated: an unknown key, a duplicate key, or a value of the wrong type
+is a ConfigError that names the key and lists the valid ones. ``graph.KEY`` reaches the graph
+file's own knobs (its ``DEFAULTS`` dict, passed to ``build(config)``); ``pools.NAME`` resizes a
+pool the graph declares.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+
+from pivotflow.errors import ConfigError
+
+
+class ChaosConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    kill_worker_every_s: float = 0.0
+
+
+class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Everything a run can be told from the command line (``--set`` keys)."""
+
+    steps: int = 30
+    seed: int = 0
+    max_staleness: int = 0
+    planner: str = "static"
+    threads_per_worker: int = 1
+    max_batch: int = 64
+    max_jobs_per_frame: int = 32
+    heartbeat_s: float = 1.0
+    worker_timeout_s: float = 60.0
+    engine: str = "torch"
+    live: bool = True
+    pools: dict[str, int] = {}
+    graph: dict[str, Any] = {}
+
+
+PLANNERS = ("static",)
+
+
+def _parse_value(raw: str) -> Any:
+    """JSON if it parses (numbers, true/false, null, quoted strings, lists), else the raw text."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["a=1", "pools.x=2"]`` -> ``{"a": 1, "pools.x": 2}``; raises ConfigError."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        if key in out:
+            raise ConfigError(f"--set {key} is given twice")
+        out[key] = _parse_value(raw)
+    return out
+
+
+def valid_keys(graph_defaults: dict[str, Any], pools: list[str]) -> list[str]:
+    keys = [k for k in RunConfig.__struct_fields__ if k not in ("pools", "graph")]
+    keys += [f"pools.{p}" for p in pools] + [f"graph.{k}" for k in graph_defaults]
+    return sorted(keys)
+
+
+def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
+            pools: list[str] | None = None) -> RunConfig:
+    """Apply overrides to the defaults; raises ConfigError naming the bad key."""
+    top: dict[str, Any] = {}
+    graph = dict(graph_defaults)
+    pool_sizes: dict[str, int] = {}
+    for key, value in overrides.items():
+        head, _, rest = key.partition(".")
+        if head == "graph" and rest:
+            if rest not in graph_defaults:
+                raise ConfigError(f"--set {key}: the graph has no knob {rest!r}; valid keys: "
+                                  f"{', '.join(valid_keys(graph_defaults, pools or []))}")
+            graph[rest] = _convert(key, value, type(graph_defaults[rest]))
+        elif head == "pools" and rest:
+            if pools is not None and rest not in pools:
+                raise ConfigError(f"--set {key}: the graph has no pool {rest!r} "
+                                  f"(pools: {', '.join(pools)})")
+            pool_sizes[rest] = _convert(key, value, int)
+            if pool_sizes[rest] < 0:
+                raise ConfigError(f"--set {key}: a pool size must be >= 0")
+        elif key in RunConfig.__struct_fields__ and key not in ("pools", "graph"):
+            top[key] = value
+        else:
+            raise ConfigError(f"--set {key}: unknown key; valid keys: "
+                              f"{', '.join(valid_keys(graph_defaults, pools or []))}")
+    try:
+        cfg = msgspec.convert({**top, "pools": pool_sizes, "graph": graph}, RunConfig,
+                              strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"--set: {exc}") from exc
+    if cfg.planner not in PLANNERS:
+        raise ConfigError(f"--set planner={cfg.planner}: unknown planner; valid: "
+                          f"{', '.join(PLANNERS)}")
+    for name in ("steps", "threads_per_worker", "max_batch", "max_jobs_per_frame"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"--set {name}={getattr(cfg, name)}: must be >= 1")
+    if cfg.max_staleness < 0:
+        raise ConfigError(f"--set max_staleness={cfg.max_staleness}: must be >= 0")
+    return cfg
+
+
+def _convert(key: str, value: Any, typ: type) -> Any:
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if typ is bool and not isinstance(value, bool):
+        raise ConfigError(f"--set {key}={value!r}: expected true or false")
+    try:
+        return msgspec.convert(value, typ, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"--set {key}={value!r}: expected {typ.__name__} ({exc})") from exc

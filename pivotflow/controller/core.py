@@ -1,0 +1,345 @@
+"""The controller: one asyncio task that streams samples through the graph's stages.
+
+It owns the edges, the pools, the ledger and the transport's handler; it does no model math.
+Every event (a result, a finished train step, a worker joining) runs to completion on the loop
+and then ``_pump`` moves whatever can move: admit prompts, dispatch ready samples, start a
+train step. Time comes from the injected clock, messages from the injected transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pivotflow.controller.clock import Clock
+from pivotflow.controller.edges import Edge
+from pivotflow.controller.pools import Pool, WorkerHandle
+from pivotflow.controller.sample import Ledger, Sample
+from pivotflow.controller.source import PromptSource
+from pivotflow.controller import stages
+from pivotflow.controller.train_batch import TrainBuffer
+from pivotflow.errors import WorkerError
+from pivotflow.graph import Graph
+from pivotflow.protocol import (
+    PROTOCOL_VERSION, AssignRole, Heartbeat, Hello, JobDone, Jobs, JobsDone, Reject, RoleReady,
+    Shutdown, TrainDone, TrainStep, Welcome, WorkerFailed,
+)
+from pivotflow.tasks.tokenizer import CharTokenizer
+from pivotflow.transport.base import ControllerTransport
+
+log = logging.getLogger("pivotflow.controller")
+
+BARRIERS = ("group", "filter", "train")  # stages that wait for a whole group
+
+
+@dataclass(slots=True)
+class ControllerConfig:
+    steps: int = 20
+    max_staleness: int = 0
+    heartbeat_s: float = 1.0
+    worker_timeout_s: float = 30.0
+    max_jobs_per_frame: int = 32
+    seed: int = 0
+
+
+class Controller:
+    """Runs one graph to ``steps`` optimizer steps on the workers that connect to it."""
+
+    def __init__(self, graph: Graph, cfg: ControllerConfig, *, transport: ControllerTransport,
+                 clock: Clock, tokenizers: dict[str, CharTokenizer], source: PromptSource,
+                 assignments: dict[str, str], role_options: dict[str, dict[str, Any]],
+                 store_dir: str, on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.graph, self.cfg, self.transport, self.clock = graph, cfg, transport, clock
+        self.order = graph.order()
+        self.tok = tokenizers
+        self.source = source
+        self.store_dir = store_dir
+        self.role_options = role_options
+        self.on_step = on_step
+        self.pools = {p.name: Pool(p.name, "", "") for p in graph.pools.values()}
+        for node in self.order:
+            if node.pool:
+                pool = self.pools[node.pool]
+                pool.role = "train" if node.kind == "train" else "generate"
+                pool.model = node.model or ""
+        self.workers = {w: WorkerHandle(w, pool) for w, pool in assignments.items()}
+        for w, pool in assignments.items():
+            self.pools[pool].workers.append(w)
+        self.edges = {i: Edge(f"{self.order[i - 1].name}->{n.name}")
+                      for i, n in enumerate(self.order) if n.kind in ("generate", "judge")}
+        self.barriers: dict[int, dict[int, list[Sample]]] = {
+            i: {} for i, n in enumerate(self.order) if n.kind in BARRIERS}
+        self.train_idx = len(self.order) - 1
+        self.train_buffer = TrainBuffer(source.groups_per_step, cfg.max_staleness)
+        self.ledger = Ledger()
+        self.jobs: dict[int, tuple[Sample, int, str]] = {}
+        self.next_job = 0
+        self.version = 0
+        self.step_in_flight: list[list[Sample]] | None = None
+        self.tokens_generated = 0
+        self.errors = {"generation": 0, "bad_stage": 0}
+        self.rng = random.Random(cfg.seed)
+        self.started_at = 0.0
+        self._done: asyncio.Event | None = None
+        self._error: BaseException | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def run(self) -> None:
+        """Serve until ``steps`` train steps are done; raises the first fatal error."""
+        self._done = asyncio.Event()
+        self.started_at = self.clock.now()
+        for w in self.workers.values():
+            w.last_seen = self.started_at
+        self.transport.start(self._on_message_safe)
+        ticker = asyncio.ensure_future(self._tick_forever())
+        try:
+            await self._done.wait()
+        finally:
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+            self._shutdown_workers()
+        if self._error is not None:
+            raise self._error
+
+    def fail(self, error: BaseException) -> None:
+        """Stop the run with ``error`` (a worker died, a stage function raised ...)."""
+        if self._error is None:
+            self._error = error
+        if self._done is not None:
+            self._done.set()
+
+    def _shutdown_workers(self) -> None:
+        for w in self.workers.values():
+            if w.state != "dead":
+                try:
+                    self.transport.send(w.worker_id, Shutdown(reason="run finished"))
+                except WorkerError:
+                    pass
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await self.clock.sleep(self.cfg.heartbeat_s)
+            now = self.clock.now()
+            for w in self.workers.values():
+                if w.state != "dead" and now - w.last_seen > self.cfg.worker_timeout_s:
+                    self.worker_died(w.worker_id, f"no heartbeat for {now - w.last_seen:.1f}s")
+
+    def worker_died(self, worker_id: str, reason: str) -> None:
+        """A worker is gone (its process exited or it went silent): the run cannot go on."""
+        w = self.workers[worker_id]
+        w.state = "dead"
+        self.fail(WorkerError(f"worker {worker_id} (pool {w.pool}) died: {reason}"))
+
+    # ------------------------------------------------------------ messages
+
+    def _on_message_safe(self, worker_id: str, msg: Any) -> None:
+        try:
+            self._on_message(worker_id, msg)
+            self._pump()
+        except Exception as exc:  # a stage function or graph error stops the run, loudly
+            log.exception("controller failed handling %s from %s", type(msg).__name__, worker_id)
+            self.fail(exc)
+
+    def _on_message(self, worker_id: str, msg: Any) -> None:
+        w = self.workers.get(worker_id)
+        if w is None:
+            log.warning("message %s from unknown worker %r dropped", type(msg).__name__,
+                        worker_id)
+            return
+        w.last_seen = self.clock.now()
+        match msg:
+            case JobsDone(results=results):
+                for r in results:
+                    self._on_result(w, r)
+            case TrainDone():
+                self._on_train_done(w, msg)
+            case Heartbeat():
+                pass
+            case Hello(protocol_version=pv):
+                self._on_hello(w, pv)
+            case RoleReady(version=version):
+                w.state, w.version = "ready", version
+                log.info("worker %s ready: %s %s@v%d (%.2fs)", worker_id, msg.role, msg.model,
+                         version, msg.load_s)
+            case WorkerFailed(error=error):
+                self.fail(WorkerError(f"worker {worker_id} (pool {w.pool}) failed: {error}"))
+
+    def _on_hello(self, w: WorkerHandle, protocol_version: int) -> None:
+        if protocol_version != PROTOCOL_VERSION:
+            reason = (f"protocol version {protocol_version} is not the controller's "
+                      f"{PROTOCOL_VERSION}; upgrade the worker and the controller together")
+            self.transport.send(w.worker_id, Reject(reason=reason))
+            self.fail(WorkerError(f"worker {w.worker_id}: {reason}"))
+            return
+        self.transport.send(w.worker_id, Welcome(protocol_version=PROTOCOL_VERSION,
+                                                 store_dir=self.store_dir,
+                                                 heartbeat_s=self.cfg.heartbeat_s))
+        pool = self.pools[w.pool]
+        opts = self.role_options.get(pool.name, {})
+        w.state, w.role, w.model = "loading", pool.role, pool.model
+        w.capacity = int(opts.get("max_batch", 64))
+        self.transport.send(w.worker_id, AssignRole(role=pool.role, model=pool.model,
+                                                    options=opts))
+
+    # ------------------------------------------------------------ the flow
+
+    def _pump(self) -> None:
+        now = self.clock.now()
+        for group in self.source.admit(self, now):
+            for sample in group:
+                self._advance(sample, 1)
+        for idx in self.edges:
+            self._dispatch(idx, now)
+        self._maybe_train()
+
+    def _advance(self, sample: Sample, idx: int) -> None:
+        """Move a sample to stage ``idx``: run Python stages at once, queue model stages."""
+        while True:
+            node = self.order[idx]
+            sample.node = idx
+            if node.kind in ("generate", "judge"):
+                self.edges[idx].push(sample, self.clock.now())
+                return
+            if node.kind == "map":
+                stages.apply_map_fn(node, sample)
+                idx += 1
+                continue
+            group = self.barriers[idx].setdefault(sample.group_id, [])
+            group.append(sample)
+            if len(group) < sample.group_size:
+                return
+            del self.barriers[idx][sample.group_id]
+            self._on_group(idx, group)
+            return
+
+    def _on_group(self, idx: int, group: list[Sample]) -> None:
+        node = self.order[idx]
+        if node.kind == "group":
+            stages.apply_group_fn(node, group)
+        elif node.kind == "filter":
+            assert node.fn is not None
+            if not node.fn(**stages.group_fields(group)):
+                self.ledger.groups_filtered += 1
+                self.train_buffer.dropped(group[0].group_id)
+                return
+        else:  # train
+            self.train_buffer.add(group)
+            return
+        for sample in group:
+            self._advance(sample, idx + 1)
+
+    def _dispatch(self, idx: int, now: float) -> None:
+        edge = self.edges[idx]
+        node = self.order[idx]
+        pool = self.pools[node.pool or ""]
+        while len(edge):
+            worker = max((self.workers[w] for w in pool.workers), key=lambda h: h.free,
+                         default=None)
+            if worker is None or worker.free <= 0:
+                return
+            n = min(worker.free, len(edge), self.cfg.max_jobs_per_frame)
+            jobs = []
+            for _ in range(n):
+                sample = edge.pop(now)
+                job_id = self.next_job
+                self.next_job += 1
+                tok = self.tok[node.model or ""]
+                if node.kind == "generate":
+                    job = stages.generate_job(node, sample, job_id, tok, self.version)
+                else:
+                    job = stages.judge_job(node, sample, job_id, tok)
+                self.jobs[job_id] = (sample, idx, worker.worker_id)
+                worker.jobs.add(job_id)
+                jobs.append(job)
+            self.transport.send(worker.worker_id, Jobs(jobs=jobs))
+
+    def _on_result(self, w: WorkerHandle, r: JobDone) -> None:
+        entry = self.jobs.pop(r.job_id, None)
+        if entry is None or entry[2] != w.worker_id:
+            self.ledger.late_results += 1  # a result delivered twice, or after re-dispatch
+            return
+        sample, idx, _ = entry
+        w.jobs.discard(r.job_id)
+        node = self.order[idx]
+        tok = self.tok[node.model or ""]
+        if node.kind == "generate":
+            self.tokens_generated += len(r.token_ids) - sample.fields.pop("_counted", 0)
+        if r.finish_reason == "abort":  # migration: resume elsewhere from the partial state
+            sample.fields[stages.PARTIAL] = r
+            sample.fields["_counted"] = len(r.token_ids)
+            self.edges[idx].push(sample, self.clock.now(), front=True)
+            return
+        if r.error:
+            self.errors["generation"] += 1
+            log.warning("job %d (%s, sample %d) failed: %s", r.job_id, node.name,
+                        sample.sample_id, r.error)
+        if node.kind == "generate":
+            stages.apply_generation(sample, r, tok)
+            self.source.check(sample)
+        elif not stages.apply_verdict(node, sample, r, tok):
+            self.ledger.judge_failures += 1
+        self._advance(sample, idx + 1)
+
+    # ------------------------------------------------------------ training
+
+    def _maybe_train(self) -> None:
+        if self.step_in_flight is not None or self.version >= self.cfg.steps:
+            return
+        trainers = [self.workers[w] for w in self.pools[self.order[-1].pool or ""].workers]
+        trainer = next((t for t in trainers if t.state == "ready" and not t.training), None)
+        if trainer is None:
+            return
+        batch = self.train_buffer.take(self.version)
+        if batch is None:
+            return
+        self.step_in_flight = batch
+        trainer.training = True
+        seqs = [stages.train_seq(s) for group in batch for s in group]
+        self.transport.send(trainer.worker_id, TrainStep(step=self.version, seqs=seqs))
+
+    def _on_train_done(self, w: WorkerHandle, msg: TrainDone) -> None:
+        w.training = False
+        batch, self.step_in_flight = self.step_in_flight, None
+        if batch is None or msg.step != self.version:
+            self.ledger.late_results += 1
+            return
+        for group in batch:
+            self.ledger.mark_trained(group[0].group_id, len(group))
+        self.version = msg.version
+        if self.on_step is not None:
+            self.on_step(self.step_record(batch, msg))
+        if self.version >= self.cfg.steps and self._done is not None:
+            self._done.set()
+
+    def step_record(self, batch: list[list[Sample]], msg: TrainDone) -> dict[str, Any]:
+        """The metrics.jsonl line of one optimizer step (keys are an interface: DESIGN.md)."""
+        samples = [s for g in batch for s in g]
+        rewards = [s.fields.get("reward") for s in samples]
+        rewards = [r for r in rewards if r is not None]
+        correct = [s.fields["correct"] for s in samples if s.fields.get("correct") is not None]
+        now = self.clock.now()
+        return {
+            "step": msg.step + 1,
+            "time_s": now - self.started_at,
+            "policy_version": msg.version,
+            "samples": len(samples),
+            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "task_accuracy": sum(correct) / len(correct) if correct else None,
+            "pools": {p.name: len(p.workers) for p in self.pools.values()},
+            "queue_depth": {e.name: len(e) for e in self.edges.values()},
+            "shifts": 0,
+            "migrations": 0,
+            "tokens_generated": self.tokens_generated,
+            "staleness_max": max(msg.version - 1 - min(s.fields["versions"] or [msg.version - 1])
+                                 for s in samples),
+            "judge_failures": self.ledger.judge_failures,
+            "response_len_mean": sum(len(s.fields["response_ids"]) for s in samples)
+            / len(samples),
+            **{f"train_{k}": v for k, v in msg.stats.items()},
+        }
+

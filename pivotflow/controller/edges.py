@@ -1,0 +1,54 @@
+"""Edges: the queue in front of a model stage, measured for the planner and the live view."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from pivotflow.controller.sample import Sample
+from pivotflow.metrics import Rate
+
+
+class Edge:
+    """A FIFO of samples waiting for a stage, with depth, arrival/service rates and wait time.
+
+    Its bound is enforced upstream: the source admits a new group only while the number of groups
+    in flight is under the admission quota, so backpressure reaches the source and no edge ever
+    holds more than quota x group_size samples.
+    """
+
+    def __init__(self, name: str, window_s: float = 10.0) -> None:
+        self.name = name
+        self._queue: deque[Sample] = deque()
+        self.arrivals = Rate(window_s)
+        self.services = Rate(window_s)
+        self.wait_s_total = 0.0
+        self.served = 0
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def push(self, sample: Sample, now: float, *, front: bool = False) -> None:
+        sample.enqueued_at = now
+        if front:  # re-dispatch of an aborted or failed job keeps its place in line
+            self._queue.appendleft(sample)
+        else:
+            self._queue.append(sample)
+        self.arrivals.observe(now)
+
+    def pop(self, now: float) -> Sample:
+        sample = self._queue.popleft()
+        self.services.observe(now)
+        self.wait_s_total += now - sample.enqueued_at
+        self.served += 1
+        return sample
+
+    def mean_wait_s(self) -> float:
+        return self.wait_s_total / self.served if self.served else 0.0
+
+    def stats(self, now: float) -> dict[str, float]:
+        return {
+            "depth": float(len(self._queue)),
+            "arrival_rate": self.arrivals.rate(now),
+            "service_rate": self.services.rate(now),
+            "mean_wait_s": self.mean_wait_s(),
+        }

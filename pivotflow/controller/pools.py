@@ -1,0 +1,38 @@
+"""Workers as the controller sees them, grouped into pools."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+WorkerState = Literal["starting", "loading", "ready", "dead"]
+
+
+@dataclass(slots=True)
+class WorkerHandle:
+    """A worker process: its pool, role, jobs in flight and liveness."""
+
+    worker_id: str
+    pool: str
+    state: WorkerState = "starting"
+    role: str = ""
+    model: str = ""
+    capacity: int = 64
+    jobs: set[int] = field(default_factory=set)
+    training: bool = False
+    last_seen: float = 0.0
+    version: int = -1
+
+    @property
+    def free(self) -> int:
+        return self.capacity - len(self.jobs) if self.state == "ready" else 0
+
+
+@dataclass(slots=True)
+class Pool:
+    """A named set of workers hosting one role for one model."""
+
+    name: str
+    role: str  # "generate" | "train"
+    model: str
+    workers: list[str] = field(default_factory=list)

@@ -1,0 +1,64 @@
+"""The prompt source: turns tasks or files into groups, admitted under the backpressure quota."""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Any
+
+from pivotflow.controller.sample import Sample
+from pivotflow.graph import Node
+from pivotflow.tasks.tokenizer import CharTokenizer
+
+if TYPE_CHECKING:
+    from pivotflow.controller.core import Controller
+
+
+class PromptSource:
+    """Admits groups of ``group_size`` samples of one prompt.
+
+    Quota: groups in flight (admitted, not yet trained or filtered) stay under
+    ``groups_per_step * (max_staleness + 1)``, and no more groups are admitted than the run's
+    steps need; a filtered group frees its slot (dynamic sampling refills it).
+    """
+
+    def __init__(self, node: Node, problems: Any, tok: CharTokenizer, *, steps: int,
+                 max_staleness: int, seed: int) -> None:
+        self.node = node
+        self.problems = problems  # a ProblemStream: next(), check(problem, completion)
+        self.tok = tok
+        self.group_size = int(node.options["group_size"])
+        self.groups_per_step = int(node.options["groups_per_step"])
+        self.steps = steps
+        self.s = max_staleness
+        self.rng = random.Random(seed)
+        self.next_sample = 0
+
+    def quota(self, version: int, filtered: int) -> int:
+        n = self.groups_per_step
+        return min(n * self.steps, n * (version + self.s + 1)) + filtered
+
+    def admit(self, ctl: Controller, now: float) -> list[list[Sample]]:
+        groups = []
+        ledger = ctl.ledger
+        while ledger.prompts_in < self.quota(ctl.version, ledger.groups_filtered):
+            problem = self.problems.next()
+            group_id = ledger.prompts_in
+            ledger.prompts_in += 1
+            ctl.train_buffer.admitted(group_id, ctl.version)
+            prompt_ids = self.tok.encode(problem.prompt, bos=True)
+            group = []
+            for _ in range(self.group_size):
+                sid = self.next_sample
+                self.next_sample += 1
+                fields = {"prompt": problem.prompt, "answer": problem.answer,
+                          "prompt_ids": prompt_ids, "prompt_id": self.problems.cursor - 1,
+                          "group_id": group_id, "sample_id": sid}
+                group.append(Sample(sid, group_id, self.group_size, ctl.version,
+                                    self.rng.randrange(2**31), fields))
+            groups.append(group)
+        return groups
+
+    def check(self, sample: Sample) -> None:
+        """Score a finished rollout by the task's exact rule (None where there is no rule)."""
+        f = sample.fields
+        f["correct"] = self.problems.check(f["answer"], f["response"])

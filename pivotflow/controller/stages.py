@@ -1,0 +1,137 @@
+"""What each kind of stage does to samples: turning samples into jobs and results into fields.
+
+Pure functions of (node, sample, result): the controller owns all state and all sockets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pivotflow.controller.sample import Sample
+from pivotflow.errors import GraphError
+from pivotflow.graph import Node
+from pivotflow.protocol import GenerateJob, JobDone, TrainSeq
+from pivotflow.tasks.tokenizer import CharTokenizer
+
+PARTIAL = "_partial"  # fields key of an aborted job's partial state, consumed on re-dispatch
+
+
+def generate_job(node: Node, sample: Sample, job_id: int, tok: CharTokenizer,
+                 min_version: int) -> GenerateJob:
+    """The job that generates (or resumes) a rollout for ``sample``."""
+    opts = node.options
+    partial: JobDone | None = sample.fields.pop(PARTIAL, None)
+    return GenerateJob(
+        job_id=job_id,
+        prompt_ids=sample.fields["prompt_ids"],
+        max_tokens=int(opts["max_tokens"]),
+        temperature=float(opts["temperature"]),
+        top_p=float(opts["top_p"]),
+        seed=sample.seed,
+        stop_token_ids=[tok.eos_id],
+        prefix_ids=partial.token_ids if partial else [],
+        prefix_logprobs=partial.logprobs if partial else [],
+        prefix_versions=partial.versions if partial else [],
+        min_version=min_version,
+    )
+
+
+def judge_job(node: Node, sample: Sample, job_id: int, tok: CharTokenizer) -> GenerateJob:
+    """The job that asks the GenRM for a verdict on ``sample`` (greedy, judge weights v0+)."""
+    prompt = node.options["template"](**sample.fields)
+    if not isinstance(prompt, str):
+        raise GraphError(f"judge {node.name!r} at {node.where}: template returned "
+                         f"{type(prompt).__name__}, expected str")
+    partial: JobDone | None = sample.fields.pop(PARTIAL, None)
+    return GenerateJob(
+        job_id=job_id,
+        prompt_ids=tok.encode(prompt, bos=True),
+        max_tokens=int(node.options["max_tokens"]),
+        temperature=0.0,
+        seed=sample.seed,
+        stop_token_ids=[tok.eos_id],
+        prefix_ids=partial.token_ids if partial else [],
+        prefix_logprobs=partial.logprobs if partial else [],
+        prefix_versions=partial.versions if partial else [],
+    )
+
+
+def apply_generation(sample: Sample, result: JobDone, tok: CharTokenizer) -> None:
+    """Write a finished rollout into the sample's fields."""
+    text = tok.decode(result.token_ids)
+    sample.fields.update(
+        response_ids=result.token_ids,
+        logprobs=result.logprobs,
+        versions=result.versions,
+        finish_reason=result.finish_reason,
+        response=text,
+        completion=text,
+    )
+
+
+def apply_verdict(node: Node, sample: Sample, result: JobDone, tok: CharTokenizer) -> bool:
+    """Parse the judge's verdict into ``reward``; False when it could not be parsed."""
+    verdict = tok.decode(result.token_ids)
+    fields = sample.fields
+    fields["verdict"] = verdict
+    args = {k: v for k, v in fields.items() if k != "verdict"}
+    reward = node.options["parse"](verdict=verdict, **args) if result.error == "" else None
+    ok = isinstance(reward, (int, float)) and not isinstance(reward, bool)
+    fields["reward"] = float(reward) if ok else None
+    fields["judge_failed"] = not ok
+    return ok
+
+
+def group_fields(samples: list[Sample]) -> dict[str, list[Any]]:
+    """Each field of a group as a list over its samples (what group and filter functions get)."""
+    keys: dict[str, None] = {}
+    for s in samples:
+        keys.update(dict.fromkeys(k for k in s.fields if not k.startswith("_")))
+    return {k: [s.fields.get(k) for s in samples] for k in keys}
+
+
+def apply_group_fn(node: Node, samples: list[Sample]) -> None:
+    """Run a group function and scatter its per-sample lists back into the samples."""
+    assert node.fn is not None  # validated: group nodes always carry a function
+    out = node.fn(**group_fields(samples))
+    if not isinstance(out, dict):
+        if len(node.writes) != 1:
+            raise GraphError(f"group {node.name!r} at {node.where} must return a dict of "
+                             f"{sorted(node.writes)}")
+        out = {next(iter(node.writes)): out}
+    for key, values in out.items():
+        if key not in node.writes:
+            raise GraphError(f"group {node.name!r} at {node.where} returned field {key!r} it "
+                             f"does not declare in writes={sorted(node.writes)}")
+        values = list(values)
+        if len(values) != len(samples):
+            raise GraphError(f"group {node.name!r} at {node.where} returned {len(values)} "
+                             f"values of {key!r} for a group of {len(samples)}")
+        for s, v in zip(samples, values):
+            s.fields[key] = v
+
+
+def apply_map_fn(node: Node, sample: Sample) -> None:
+    """Run a per-sample function and write its result."""
+    assert node.fn is not None  # validated: map nodes always carry a function
+    out = node.fn(**{k: v for k, v in sample.fields.items() if not k.startswith("_")})
+    if isinstance(out, dict):
+        bad = set(out) - node.writes
+        if bad:
+            raise GraphError(f"map {node.name!r} at {node.where} returned fields {sorted(bad)} "
+                             f"it does not declare in writes={sorted(node.writes)}")
+        sample.fields.update(out)
+    elif len(node.writes) == 1:
+        sample.fields[next(iter(node.writes))] = out
+    else:
+        raise GraphError(f"map {node.name!r} at {node.where} returned a "
+                         f"{type(out).__name__}; with writes={sorted(node.writes)} it must "
+                         "return a dict")
+
+
+def train_seq(sample: Sample) -> TrainSeq:
+    """What the trainer needs of one sample."""
+    f = sample.fields
+    return TrainSeq(job_id=sample.sample_id, prompt_ids=f["prompt_ids"],
+                    response_ids=f["response_ids"], logprobs=f["logprobs"],
+                    versions=f["versions"], advantage=float(f["advantage"]))

@@ -1,0 +1,220 @@
+"""Graphs: RL written as a dataflow of stages that samples stream through.
+
+A graph file builds a :class:`Graph` and exposes it as ``graph = ...`` or ``def build(config)``::
+
+    g = Graph("grpo_genrm")
+    g.model("policy", source="builtin:policy")
+    g.pool("rollout", workers=1)
+    prompts = g.source("prompts", task="arithmetic", group_size=8, groups_per_step=16)
+    ...
+    g.chain(prompts, rollout, judge, advantage, train)
+
+Every node remembers the file and line that made it, so every validation error names both.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pivotflow.errors import GraphError
+
+NodeKind = Literal["source", "generate", "judge", "map", "group", "filter", "train"]
+
+# Fields the runtime itself fills, by the kind of node that writes them.
+SOURCE_FIELDS = frozenset({"prompt", "answer", "prompt_ids", "prompt_id", "group_id", "sample_id"})
+GENERATE_FIELDS = frozenset(
+    {"response", "response_ids", "logprobs", "versions", "finish_reason", "completion"}
+)
+JUDGE_FIELDS = frozenset({"verdict", "reward", "judge_failed"})
+TRAIN_READS = frozenset({"prompt_ids", "response_ids", "logprobs", "advantage"})
+
+
+@dataclass(slots=True)
+class Node:
+    """One stage. ``reads``/``writes`` are sample field names, checked along every edge."""
+
+    name: str
+    kind: NodeKind
+    where: str  # "file.py:line" of the call that made the node
+    reads: frozenset[str] = frozenset()
+    writes: frozenset[str] = frozenset()
+    fn: Callable[..., Any] | None = None
+    model: str | None = None
+    pool: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} {self.name!r} at {self.where}>"
+
+
+@dataclass(slots=True)
+class ModelSpec:
+    name: str
+    source: str  # "builtin:policy" | "builtin:judge" | a checkpoint directory
+    engine: str
+    where: str
+
+
+@dataclass(slots=True)
+class PoolSpec:
+    name: str
+    workers: int
+    where: str
+
+
+def _caller_where() -> str:
+    """file:line of the first frame outside this module (the user's graph file)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return "<unknown>"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def fn_reads(fn: Callable[..., Any], where: str, node: str) -> frozenset[str]:
+    """Sample fields a user function reads: its named parameters (``**kwargs`` gets the rest)."""
+    if not callable(fn):
+        raise GraphError(f"node {node!r} at {where}: {fn!r} is not callable")
+    names = set()
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty:
+            names.add(p.name)
+        elif p.kind is p.VAR_POSITIONAL:
+            raise GraphError(f"node {node!r} at {where}: {fn.__name__} takes *args; "
+                             "stage functions take sample fields by name")
+    return frozenset(names)
+
+
+class Graph:
+    """A dataflow graph of RL stages, with the models and worker pools it runs on."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.nodes: dict[str, Node] = {}
+        self.edges: list[tuple[str, str, bool]] = []  # (src, dst, declared_loop)
+        self.models: dict[str, ModelSpec] = {}
+        self.pools: dict[str, PoolSpec] = {}
+        self.where = _caller_where()
+
+    # ------------------------------------------------------------ resources
+
+    def model(self, name: str, *, source: str, engine: str = "torch") -> ModelSpec:
+        """Declare a model: ``builtin:policy``, ``builtin:judge`` or a checkpoint directory."""
+        spec = ModelSpec(name, source, engine, _caller_where())
+        if name in self.models:
+            raise GraphError(f"model {name!r} declared twice (at {self.models[name].where} "
+                             f"and {spec.where})")
+        self.models[name] = spec
+        return spec
+
+    def pool(self, name: str, *, workers: int = 1) -> PoolSpec:
+        """Declare a worker pool with its initial size (planners may resize it at run time)."""
+        spec = PoolSpec(name, workers, _caller_where())
+        if name in self.pools:
+            raise GraphError(f"pool {name!r} declared twice (at {self.pools[name].where} "
+                             f"and {spec.where})")
+        if not isinstance(workers, int) or workers < 0:
+            raise GraphError(f"pool {name!r} at {spec.where}: workers must be an int >= 0")
+        self.pools[name] = spec
+        return spec
+
+    # ------------------------------------------------------------ nodes
+
+    def _add(self, node: Node) -> Node:
+        if node.name in self.nodes:
+            raise GraphError(f"node {node.name!r} at {node.where} has the same name as the node "
+                             f"at {self.nodes[node.name].where}")
+        self.nodes[node.name] = node
+        return node
+
+    def source(self, name: str, *, task: str | None = None, path: str | None = None,
+               group_size: int = 8, groups_per_step: int = 8, **task_options: Any) -> Node:
+        """Prompts from a built-in task or a JSONL file; each prompt becomes a group."""
+        where = _caller_where()
+        if (task is None) == (path is None):
+            raise GraphError(f"source {name!r} at {where}: give exactly one of task= or path=")
+        opts = {"task": task, "path": path, "group_size": group_size,
+                "groups_per_step": groups_per_step, "task_options": task_options}
+        return self._add(Node(name, "source", where, writes=SOURCE_FIELDS, options=opts))
+
+    def generate(self, name: str, *, model: str, pool: str, max_tokens: int = 8,
+                 temperature: float = 1.0, top_p: float = 1.0) -> Node:
+        """The policy generates a response for each sample, streamed per sample."""
+        opts = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p}
+        return self._add(Node(name, "generate", _caller_where(), reads=frozenset({"prompt_ids"}),
+                              writes=GENERATE_FIELDS, model=model, pool=pool, options=opts))
+
+    def judge(self, name: str, *, model: str, pool: str, template: Callable[..., str],
+              parse: Callable[..., float | None], max_tokens: int = 8) -> Node:
+        """A generative reward model: ``template(**fields)`` makes the judge's prompt, the judge
+        generates a verdict, ``parse(verdict, **fields)`` turns it into a reward (None = failed
+        judgement, counted, never silently 0)."""
+        where = _caller_where()
+        reads = fn_reads(template, where, name) | (fn_reads(parse, where, name) - {"verdict"})
+        opts = {"template": template, "parse": parse, "max_tokens": max_tokens}
+        return self._add(Node(name, "judge", where, reads=reads, writes=JUDGE_FIELDS,
+                              model=model, pool=pool, options=opts))
+
+    def map(self, name: str, fn: Callable[..., Any], *, writes: Iterable[str]) -> Node:
+        """Per-sample Python: ``fn(**fields)`` returns a value (one field) or a dict of fields."""
+        where = _caller_where()
+        return self._add(Node(name, "map", where, reads=fn_reads(fn, where, name),
+                              writes=frozenset(writes), fn=fn))
+
+    def group(self, name: str, fn: Callable[..., Any], *, writes: Iterable[str]) -> Node:
+        """Per-group Python: ``fn(**fields)`` gets each field as a list over the group's samples
+        and returns a dict of per-sample lists (e.g. advantages from rewards)."""
+        where = _caller_where()
+        return self._add(Node(name, "group", where, reads=fn_reads(fn, where, name),
+                              writes=frozenset(writes), fn=fn))
+
+    def filter(self, name: str, fn: Callable[..., bool]) -> Node:
+        """Per-group keep/drop: ``fn(**fields)`` with per-group lists; False drops the group."""
+        where = _caller_where()
+        return self._add(Node(name, "filter", where, reads=fn_reads(fn, where, name), fn=fn))
+
+    def train(self, name: str, *, model: str, pool: str, lr: float = 3e-4,
+              **loss_options: Any) -> Node:
+        """Optimizer steps on groups as they complete; publishes each new policy version."""
+        opts = {"lr": lr, **loss_options}
+        return self._add(Node(name, "train", _caller_where(), reads=TRAIN_READS, model=model,
+                              pool=pool, options=opts))
+
+    # ------------------------------------------------------------ edges
+
+    def connect(self, src: Node, dst: Node, *, loop: bool = False) -> None:
+        """An edge from ``src`` to ``dst``; ``loop=True`` declares an intended cycle."""
+        for n in (src, dst):
+            if not isinstance(n, Node) or self.nodes.get(n.name) is not n:
+                raise GraphError(f"connect at {_caller_where()}: {n!r} is not a node of "
+                                 f"graph {self.name!r}")
+        self.edges.append((src.name, dst.name, loop))
+
+    def chain(self, *nodes: Node) -> None:
+        """Connect each node to the next."""
+        for a, b in zip(nodes, nodes[1:]):
+            self.connect(a, b)
+
+    def order(self) -> list[Node]:
+        """Nodes from the source down the (validated) chain."""
+        from pivotflow.graph_check import linear_order
+
+        return [self.nodes[n] for n in linear_order(self)]
+
+    def edge_names(self) -> list[str]:
+        return [f"{a}->{b}" for a, b, _ in self.edges]
+
+    def describe(self) -> str:
+        lines = [f"graph {self.name!r} ({self.where})"]
+        for n in self.order():
+            res = f" model={n.model} pool={n.pool}" if n.model else ""
+            lines.append(f"  {n.kind:8s} {n.name}{res}  reads={sorted(n.reads)} "
+                         f"writes={sorted(n.writes)}")
+        lines.append("  pools: " + ", ".join(f"{p.name}={p.workers}" for p in self.pools.values()))
+        lines.append("  models: " + ", ".join(f"{m.name}={m.source}" for m in self.models.values()))
+        return "\n".join(lines)

@@ -1,0 +1,226 @@
+"""Policy-gradient losses on per-token logprobs: the PPO/GRPO clipped surrogate with an optional KL
+penalty against a reference policy, and the masked reductions they are built from.
+
+Shapes: ``B`` sequences (samples) by ``T`` response positions. ``mask`` marks the positions that
+are real response tokens (prompt and padding positions are 0). Masked positions contribute nothing
+to the loss or its gradient, whatever values (even inf or NaN) the inputs hold there.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from pivotflow.errors import RLError
+
+Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+KLEstimator = Literal["k1", "k3"]
+
+_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+_KL_ESTIMATORS = ("k1", "k3")
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sum of ``x`` over the positions where ``mask`` is nonzero, over ``dim`` (all dims if None).
+
+    Masked positions are replaced by 0 before summing (not multiplied by 0), so an inf or NaN
+    there cannot leak into the result or its gradient.
+    """
+    picked = torch.where(mask.bool(), x, torch.zeros_like(x))
+    return picked.sum() if dim is None else picked.sum(dim=dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of ``x`` over the positions where ``mask`` is nonzero; 0 where no position is.
+
+    ``mask`` is read as boolean. An all-zero mask (or mask row, with ``dim``) gives 0, not NaN.
+    """
+    count = mask.bool().sum() if dim is None else mask.bool().sum(dim=dim)
+    return masked_sum(x, mask, dim) / count.clamp(min=1).to(x.dtype)
+
+
+def kl_penalty(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator = "k3"
+) -> torch.Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from the log-probs of sampled tokens.
+
+    Schulman, "Approximating KL Divergence" (2020, http://joschu.net/blog/kl-approx.html), with
+    ``d = log pi_ref(x) - log pi_theta(x)``::
+
+        k1 = -d                      (unbiased, high variance, can be negative)
+        k3 = exp(d) - d - 1          (unbiased, low variance, always >= 0; GRPO's choice, eq. 4)
+
+    Raises:
+        RLError: ``estimator`` is not "k1" or "k3".
+    """
+    d = ref_logprobs - logprobs
+    if estimator == "k1":
+        return -d
+    if estimator == "k3":
+        return torch.exp(d) - d - 1.0
+    raise RLError(f"kl_penalty: estimator must be one of {_KL_ESTIMATORS}, got {estimator!r}")
+
+
+def _aggregate(per_token: torch.Tensor, mask: torch.Tensor, aggregation: str) -> torch.Tensor:
+    """Reduce a ``[B, T]`` per-token loss to a scalar by ``aggregation`` (see ``policy_loss``)."""
+    if aggregation == "token-mean":
+        return masked_mean(per_token, mask)
+    lengths = mask.sum(dim=-1)
+    if aggregation == "seq-mean-token-mean":
+        per_seq = masked_sum(per_token, mask, dim=-1) / lengths.clamp(min=1).to(per_token.dtype)
+    else:  # seq-mean-token-sum
+        per_seq = masked_sum(per_token, mask, dim=-1)
+    # Sequences with no valid token are left out of the mean over sequences, so padding rows
+    # neither dilute the loss nor turn it into 0/0.
+    return masked_mean(per_seq, lengths > 0)
+
+
+def _check_shapes(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+) -> None:
+    """Raise RLError unless all inputs agree with ``logprobs``' ``[B, T]`` shape."""
+    if logprobs.dim() != 2:
+        raise RLError(f"policy_loss: logprobs must be [B, T], got {tuple(logprobs.shape)}")
+    shape = logprobs.shape
+    named = {"old_logprobs": old_logprobs, "mask": mask}
+    if ref_logprobs is not None:
+        named["ref_logprobs"] = ref_logprobs
+    for name, t in named.items():
+        if t.shape != shape:
+            raise RLError(
+                f"policy_loss: {name} has shape {tuple(t.shape)}, "
+                f"expected logprobs' shape {tuple(shape)}"
+            )
+    if advantages.shape != shape[:1]:
+        raise RLError(
+            f"policy_loss: advantages must be [B] = [{shape[0]}], got {tuple(advantages.shape)}"
+        )
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    aggregation: Aggregation = "token-mean",
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: KLEstimator = "k3",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO/GRPO clipped surrogate loss with an optional KL penalty to a reference policy.
+
+    Per valid token t of sequence i, with ratio ``rho = exp(logprobs - old_logprobs)`` and the
+    sequence's advantage ``A_i`` (PPO, Schulman et al. 2017, arXiv:1707.06347; GRPO, Shao et al.
+    2024, arXiv:2402.03300, eq. 3)::
+
+        l_it = -min(rho * A_i, clip(rho, 1 - clip_eps, 1 + clip_eps_high) * A_i)
+               + kl_coef * KL_it                 (KL_it from ``kl_penalty``, only if kl_coef > 0)
+
+    ``clip_eps_high`` (default: ``clip_eps``) is DAPO's clip-higher (Yu et al. 2025,
+    arXiv:2503.14476): a larger upper bound lets low-probability tokens grow, against entropy
+    collapse. The per-token losses are reduced by ``aggregation``:
+
+    * ``"token-mean"``: sum over all valid tokens of the batch / their count (DAPO's token-level
+      loss, so long answers weigh by their length).
+    * ``"seq-mean-token-mean"``: mean over each sequence's tokens, then over sequences (the GRPO
+      paper's sample-level loss).
+    * ``"seq-mean-token-sum"``: sum over each sequence's tokens, then mean over sequences.
+
+    Sequences without any valid token are left out of the sequence means; an all-zero mask gives a
+    loss of 0 (still attached to the graph), never NaN. Gradients flow only into ``logprobs``:
+    ``old_logprobs``, ``advantages`` and ``ref_logprobs`` are detached.
+
+    Args:
+        logprobs: ``[B, T]`` log-probs of the sampled tokens under the policy being trained.
+        old_logprobs: ``[B, T]`` log-probs under the policy that generated the tokens.
+        advantages: ``[B]`` one advantage per sequence.
+        mask: ``[B, T]`` nonzero where the position is a response token to train on.
+        clip_eps: lower (and, by default, upper) clip range, > 0.
+        clip_eps_high: upper clip range, > 0; None means ``clip_eps``.
+        aggregation: how per-token losses become one scalar (above).
+        ref_logprobs: ``[B, T]`` log-probs under the reference policy; needed when kl_coef > 0.
+        kl_coef: weight of the KL penalty (GRPO's beta), >= 0.
+        kl_estimator: "k1" or "k3" (see ``kl_penalty``).
+
+    Returns:
+        ``(loss, stats)``: the scalar loss and floats ``pg_loss`` (surrogate part), ``clip_frac``
+        (share of valid tokens where clipping is active), ``clip_frac_low``, ``clip_frac_high``,
+        ``ratio_mean``, ``approx_kl`` (k3 estimate of KL(old || new)), ``tokens`` (valid token
+        count), and ``kl_ref`` and ``kl_loss`` when ``ref_logprobs`` is given.
+
+    Raises:
+        RLError: a shape disagrees, a knob is out of range, ``aggregation`` or ``kl_estimator`` is
+            unknown, or kl_coef > 0 without ``ref_logprobs``.
+    """
+    eps_low = clip_eps
+    eps_high = clip_eps if clip_eps_high is None else clip_eps_high
+    if not (0.0 < eps_low < 1.0):
+        raise RLError(f"policy_loss: clip_eps must be in (0, 1), got {clip_eps}")
+    if eps_high <= 0.0:
+        raise RLError(f"policy_loss: clip_eps_high must be > 0, got {clip_eps_high}")
+    if aggregation not in _AGGREGATIONS:
+        raise RLError(
+            f"policy_loss: aggregation must be one of {_AGGREGATIONS}, got {aggregation!r}"
+        )
+    if kl_estimator not in _KL_ESTIMATORS:
+        raise RLError(
+            f"policy_loss: kl_estimator must be one of {_KL_ESTIMATORS}, got {kl_estimator!r}"
+        )
+    if kl_coef < 0.0:
+        raise RLError(f"policy_loss: kl_coef must be >= 0, got {kl_coef}")
+    if kl_coef > 0.0 and ref_logprobs is None:
+        raise RLError("policy_loss: kl_coef > 0 needs ref_logprobs")
+    _check_shapes(logprobs, old_logprobs, advantages, mask, ref_logprobs)
+
+    valid = mask.bool()
+    zeros = torch.zeros_like(logprobs)
+    # Zero the masked inputs before any exp: a padded -inf would otherwise make a NaN gradient
+    # through exp() even where the result is thrown away.
+    new = torch.where(valid, logprobs, zeros)
+    old = torch.where(valid, old_logprobs.detach().to(logprobs.dtype), zeros)
+    adv = advantages.detach().to(logprobs.dtype).unsqueeze(-1)
+
+    log_ratio = new - old
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+    per_token_pg = -torch.minimum(unclipped, clipped)
+    pg_loss = _aggregate(per_token_pg, valid, aggregation)
+    loss = pg_loss
+
+    with torch.no_grad():
+        # Clipping is active where the clipped branch is the smaller (chosen, gradient-free) one.
+        active = clipped < unclipped
+        stats = {
+            "pg_loss": pg_loss.detach(),
+            "clip_frac": masked_mean(active.to(ratio.dtype), valid),
+            "clip_frac_low": masked_mean((active & (ratio < 1.0)).to(ratio.dtype), valid),
+            "clip_frac_high": masked_mean((active & (ratio > 1.0)).to(ratio.dtype), valid),
+            "ratio_mean": masked_mean(ratio, valid),
+            "approx_kl": masked_mean(ratio - 1.0 - log_ratio, valid),
+            "tokens": valid.sum().to(ratio.dtype),
+        }
+
+    if ref_logprobs is not None:
+        ref = torch.where(valid, ref_logprobs.detach().to(logprobs.dtype), zeros)
+        per_token_kl = kl_penalty(new, ref, kl_estimator)
+        kl_loss = _aggregate(per_token_kl, valid, aggregation)
+        if kl_coef > 0.0:
+            loss = loss + kl_coef * kl_loss
+        with torch.no_grad():
+            stats["kl_ref"] = masked_mean(per_token_kl, valid)
+            stats["kl_loss"] = kl_loss.detach()
+
+    # One device-to-host transfer for all stats instead of one sync per number.
+    names = list(stats)
+    stat_dtype = torch.promote_types(logprobs.dtype, torch.float32)  # bf16 stats would be coarse
+    values = torch.stack([stats[n].to(stat_dtype) for n in names]).tolist()
+    return loss, dict(zip(names, values, strict=True))

@@ -1,0 +1,230 @@
+"""``pivotflow run``: load a graph, start workers, run the controller, leave the run records."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pivotflow.config import RunConfig, parse_overrides, resolve
+from pivotflow.controller.clock import LoopClock
+from pivotflow.controller.core import Controller, ControllerConfig
+from pivotflow.controller.source import PromptSource
+from pivotflow.errors import ConfigError, PivotflowError, RunInterrupted, WorkerError
+from pivotflow.graph import Graph
+from pivotflow.graph_check import build_graph, graph_defaults, import_graph_file
+from pivotflow.launch.local import LocalLauncher
+from pivotflow.metrics import Ledger, RunRecorder, RunSummary, StepRecord, STEP_KEYS
+from pivotflow.params.store import DirectoryParamStore
+from pivotflow.run_models import ProblemStream, prepare_models
+from pivotflow.transport.zmq_transport import ZmqControllerTransport
+
+log = logging.getLogger("pivotflow.run")
+
+
+@dataclass
+class RunResult:
+    out: Path
+    summary: dict[str, Any]
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+
+def plan_workers(graph: Graph, cfg: RunConfig, total: int | None) -> dict[str, str]:
+    """worker id -> pool. ``--workers N`` spreads N over the pools: one each, the rest to the
+    model stages in graph order; ``pools.NAME`` overrides win."""
+    sizes = {p.name: p.workers for p in graph.pools.values()}
+    if total is not None:
+        if total < len(sizes):
+            raise ConfigError(f"--workers {total}: the graph has {len(sizes)} pools and each "
+                              "needs at least one worker")
+        sizes = dict.fromkeys(sizes, 1)
+        order = [n.pool for n in graph.order() if n.pool and n.kind != "train"]
+        for i in range(total - len(sizes)):
+            sizes[order[i % len(order)]] += 1
+    sizes.update(cfg.pools)
+    for name, n in sizes.items():
+        if n < 1:
+            raise ConfigError(f"pool {name!r} has {n} workers; the static planner needs >= 1")
+    out, k = {}, 0
+    for name, n in sizes.items():
+        for _ in range(n):
+            out[f"w{k}-{name}"] = name
+            k += 1
+    return out
+
+
+def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | None = None,
+        workers: int | None = None, steps: int | None = None, console: Any = None) -> RunResult:
+    """Run a graph file to completion; returns where the records are and the summary."""
+    overrides = parse_overrides(sets or [])
+    if steps is not None:
+        if "steps" in overrides:
+            raise ConfigError("--steps and --set steps= are both given")
+        overrides["steps"] = steps
+    module = import_graph_file(graph_path)
+    cfg = resolve(overrides, graph_defaults(module))
+    graph = build_graph(module, cfg.graph)
+    unknown = sorted(set(cfg.pools) - set(graph.pools))
+    if unknown:
+        raise ConfigError(f"--set pools.{unknown[0]}: the graph has no pool {unknown[0]!r} "
+                          f"(pools: {', '.join(graph.pools)})")
+    assignments = plan_workers(graph, cfg, workers)
+    out = Path(out or Path("runs") / f"{graph.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    recorder = RunRecorder(out)
+    recorder.write_config({"graph": str(graph_path), "graph_name": graph.name,
+                           "workers": assignments, **json.loads(_to_json(cfg))})
+    random.seed(cfg.seed)
+    store = DirectoryParamStore(out / "store")
+    models = prepare_models(graph, store, seed=cfg.seed, console=console)
+    source_node = graph.order()[0]
+    problems = ProblemStream(source_node, seed=cfg.seed)
+    policy_model = next(n.model for n in graph.order() if n.kind == "generate")
+    source = PromptSource(source_node, problems, models.tokenizers[policy_model or ""],
+                          steps=cfg.steps, max_staleness=cfg.max_staleness, seed=cfg.seed)
+    return asyncio_run(_run_async(graph, cfg, assignments, source, models, store, recorder,
+                                  out, console))
+
+
+def asyncio_run(coro: Any) -> Any:
+    try:
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+def _to_json(cfg: RunConfig) -> str:
+    import msgspec
+
+    return msgspec.json.encode(cfg).decode()
+
+
+def role_options(graph: Graph, cfg: RunConfig) -> dict[str, dict[str, Any]]:
+    opts: dict[str, dict[str, Any]] = {}
+    for node in graph.order():
+        if not node.pool:
+            continue
+        o: dict[str, Any] = {"threads": cfg.threads_per_worker, "max_batch": cfg.max_batch,
+                             "engine": cfg.engine, "seed": cfg.seed}
+        if node.kind == "train":
+            o.update({k: v for k, v in node.options.items()
+                      if isinstance(v, (int, float, str, bool))})
+        opts[node.pool] = o
+    return opts
+
+
+async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
+                     source: PromptSource, models: Any, store: DirectoryParamStore,
+                     recorder: RunRecorder, out: Path, console: Any) -> RunResult:
+    from pivotflow.live import LiveView
+
+    steps: list[dict[str, Any]] = []
+    live = LiveView(graph.name, cfg.steps, console=console, enabled=cfg.live)
+
+    def on_step(record: dict[str, Any]) -> None:
+        std = {k: record[k] for k in STEP_KEYS if k in record}
+        extra = {k: v for k, v in record.items() if k not in STEP_KEYS}
+        recorder.record_step(StepRecord(**std, extra=extra))
+        steps.append(record)
+        live.update_step(record)
+
+    transport = ZmqControllerTransport()
+    launcher = LocalLauncher(transport.endpoint, out / "logs", threads=cfg.threads_per_worker)
+    ccfg = ControllerConfig(steps=cfg.steps, max_staleness=cfg.max_staleness,
+                            heartbeat_s=cfg.heartbeat_s, worker_timeout_s=cfg.worker_timeout_s,
+                            max_jobs_per_frame=cfg.max_jobs_per_frame, seed=cfg.seed)
+    ctl = Controller(graph, ccfg, transport=transport, clock=LoopClock(),
+                     tokenizers=models.tokenizers, source=source, assignments=assignments,
+                     role_options=role_options(graph, cfg), store_dir=str(store.root),
+                     on_step=on_step)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, ctl.fail, RunInterrupted("interrupted (Ctrl-C)"))
+    watcher = asyncio.ensure_future(_watch(launcher, ctl, live))
+    started = time.perf_counter()
+    error: BaseException | None = None
+    try:
+        with live:
+            for wid in assignments:
+                launcher.start(wid)
+            await ctl.run()
+    except PivotflowError as exc:
+        error = exc
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+        await asyncio.sleep(0)
+        launcher.stop()
+        transport.close()
+    wall = time.perf_counter() - started
+    summary = _summarize(ctl, steps, wall, error)
+    recorder.write_summary(summary)
+    recorder.make_plots()
+    _save_checkpoint(store, graph, out)
+    shutil.rmtree(store.root, ignore_errors=True)
+    if error is not None:
+        raise error
+    return RunResult(out, json.loads((out / "summary.json").read_text()), steps)
+
+
+async def _watch(launcher: LocalLauncher, ctl: Controller, live: Any) -> None:
+    """Turn a worker process's exit into a typed event, and refresh the live view."""
+    while True:
+        await asyncio.sleep(0.25)
+        for wid, code in launcher.exited():
+            w = ctl.workers.get(wid)
+            if w is not None and w.state != "dead":
+                tail = launcher.stderr_tail(wid)
+                ctl.worker_died(wid, f"process exited with code {code}; stderr tail:\n{tail}")
+        live.update_flow(ctl)
+
+
+def _summarize(ctl: Controller, steps: list[dict[str, Any]], wall: float,
+               error: BaseException | None) -> RunSummary:
+    led = ctl.ledger
+    lost = 0 if error is None else 0  # in-flight groups at an abnormal stop are reported below
+    samples = led.samples_trained
+    return RunSummary(
+        steps=len(steps), wall_s=wall,
+        samples_per_s=samples / wall if wall > 0 else 0.0,
+        tokens_per_s=ctl.tokens_generated / wall if wall > 0 else 0.0,
+        shifts=0, migrations=0, worker_restarts=0,
+        ledger=Ledger(prompts_in=led.prompts_in, groups_trained=led.groups_trained,
+                      samples_trained=samples, lost=lost, duplicates=led.duplicates),
+        extra={"groups_filtered": led.groups_filtered, "groups_in_flight_at_end":
+               ctl.train_buffer.in_flight(), "late_results": led.late_results,
+               "judge_failures": led.judge_failures, "bad_frames": ctl.transport.bad_frames,
+               "generation_errors": ctl.errors["generation"],
+               "error": None if error is None else f"{type(error).__name__}: {error}",
+               "task_accuracy_first": steps[0].get("task_accuracy") if steps else None,
+               "task_accuracy_last": steps[-1].get("task_accuracy") if steps else None},
+    )
+
+
+def _save_checkpoint(store: DirectoryParamStore, graph: Graph, out: Path) -> None:
+    """The newest policy as safetensors + config (what resuming and transformers need)."""
+    train = graph.order()[-1]
+    model = train.model or ""
+    try:
+        version = store.latest(model)
+    except PivotflowError:
+        return
+    src = store.root / model / f"v{version:08d}"
+    dst = out / "checkpoints" / model
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    (dst / "version").write_text(str(version))
+
+
+__all__ = ["run", "RunResult", "plan_workers", "WorkerError"]

@@ -1,0 +1,91 @@
+"""What a run needs before workers start: models in the parameter store, tokenizers, prompts."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pivotflow.errors import CheckpointError, GraphError
+from pivotflow.graph import Graph, Node
+from pivotflow.params.store import DirectoryParamStore
+from pivotflow.tasks.registry import Problem, get_task, load_jsonl
+from pivotflow.tasks.tokenizer import CharTokenizer, default_tokenizer
+
+
+@dataclass
+class Models:
+    tokenizers: dict[str, CharTokenizer] = field(default_factory=dict)
+    dirs: dict[str, Path] = field(default_factory=dict)
+
+
+def _tokenizer_of(model_dir: Path) -> CharTokenizer:
+    path = model_dir / "tokenizer.json"
+    if not path.exists():
+        return default_tokenizer()
+    import json
+
+    try:
+        return CharTokenizer.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable tokenizer: {exc}") from exc
+
+
+def prepare_models(graph: Graph, store: DirectoryParamStore, *, seed: int,
+                   console: Any = None) -> Models:
+    """Resolve each declared model to a checkpoint (bootstrapping the built-in ones once) and
+    publish it to the store as version 0."""
+    from pivotflow.engines.torch.weights import load_checkpoint
+
+    models = Models()
+    builtin: tuple[Path, Path] | None = None
+    for spec in graph.models.values():
+        if spec.source.startswith("builtin:"):
+            which = spec.source.split(":", 1)[1]
+            if which not in ("policy", "judge"):
+                raise GraphError(f"model {spec.name!r} at {spec.where}: unknown built-in "
+                                 f"{spec.source!r} (builtin:policy or builtin:judge)")
+            if builtin is None:
+                from pivotflow.tasks.cache import ensure_models
+
+                builtin = ensure_models(seed=seed, progress=console is not False)
+            path = builtin[0] if which == "policy" else builtin[1]
+        else:
+            path = Path(spec.source)
+        config, tensors = load_checkpoint(path)
+        store.publish(spec.name, 0, tensors, config)
+        models.tokenizers[spec.name] = _tokenizer_of(path)
+        models.dirs[spec.name] = path
+    return models
+
+
+class ProblemStream:
+    """The source's prompts: drawn from a task with a seed, or cycled from a JSONL file."""
+
+    def __init__(self, node: Node, *, seed: int) -> None:
+        opts = node.options
+        self.rng = random.Random(seed)
+        self.cursor = 0
+        self.task = None
+        self.problems: list[Problem] = []
+        if opts["task"] is not None:
+            self.task = get_task(opts["task"], **opts["task_options"])
+        else:
+            self.problems = load_jsonl(opts["path"])
+            if not self.problems:
+                raise GraphError(f"source {node.name!r} at {node.where}: {opts['path']} has no "
+                                 "problems")
+            task_name = opts["task_options"].get("check_with")
+            self.task = get_task(task_name) if task_name else None
+
+    def next(self) -> Problem:
+        self.cursor += 1
+        if self.problems:
+            return self.problems[(self.cursor - 1) % len(self.problems)]
+        assert self.task is not None
+        return self.task.sample(self.rng)
+
+    def check(self, answer: str, completion: str) -> bool | None:
+        """The task's exact rule, or None when the prompts have no rule."""
+        return None if self.task is None else self.task.check(answer, completion)

@@ -1,0 +1,26 @@
+"""``python -m pivotflow.worker --endpoint E --id W``: one worker process."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+from pivotflow.worker.main import run_worker
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="pivotflow.worker")
+    ap.add_argument("--endpoint", required=True)
+    ap.add_argument("--id", required=True, dest="worker_id")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format=f"[{args.worker_id}] %(levelname)s %(name)s: %(message)s")
+    # Ctrl-C belongs to the controller, which shuts workers down in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return run_worker(args.endpoint, args.worker_id)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

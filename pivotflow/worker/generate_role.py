@@ -1,0 +1,88 @@
+"""The generate role: an inference engine serving rollout or judge jobs for one model."""
+
+from __future__ import annotations
+
+import time
+
+from pivotflow.engines import make_engine
+from pivotflow.engines.base import GenerationOutput, GenerationRequest, SamplingParams
+from pivotflow.errors import CheckpointError, RequestError
+from pivotflow.params.store import DirectoryParamStore
+from pivotflow.protocol import GenerateJob, JobDone
+
+
+def _done(out: GenerationOutput) -> JobDone:
+    return JobDone(job_id=int(out.request_id), token_ids=out.token_ids, logprobs=out.logprobs,
+                   versions=out.versions, finish_reason=out.finish_reason,
+                   error=out.error or "")
+
+
+class GenerateRole:
+    """Continuous batching over jobs; picks up newer weights before starting a job that needs
+    them (tokens already generated keep the version stamped on them)."""
+
+    def __init__(self, store: DirectoryParamStore, model: str, options: dict) -> None:
+        self.store, self.model = store, model
+        t0 = time.perf_counter()
+        version, config, tensors = store.load(model)
+        self.engine = make_engine(str(options.get("engine", "torch")), config,
+                                  max_batch=int(options.get("max_batch", 64)), eos_token_id=2)
+        self.engine.load_weights(tensors, version)
+        self.load_s = time.perf_counter() - t0
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def _refresh(self, min_version: int) -> None:
+        for _ in range(3):  # the store may collect a version between LATEST and the read
+            try:
+                version, _, tensors = self.store.load(self.model)
+                break
+            except CheckpointError:
+                time.sleep(0.05)
+        else:
+            version, _, tensors = self.store.load(self.model)
+        if version < min_version:
+            raise CheckpointError(f"{self.model}@v{min_version} was asked for but the store's "
+                                  f"latest is v{version}")
+        self.engine.load_weights(tensors, version)
+
+    def add(self, jobs: list[GenerateJob]) -> list[JobDone]:
+        """Queue jobs; returns at once the ones rejected as bad requests (with their error)."""
+        need = max((j.min_version for j in jobs), default=0)
+        if need > self.engine.version:
+            self._refresh(need)
+        rejected = []
+        for j in jobs:
+            params = SamplingParams(temperature=j.temperature, top_p=j.top_p,
+                                    max_tokens=j.max_tokens,
+                                    stop_token_ids=tuple(j.stop_token_ids),
+                                    stop_strings=tuple(j.stop_strings),
+                                    seed=None if j.seed < 0 else j.seed)
+            req = GenerationRequest(str(j.job_id), list(j.prompt_ids), params,
+                                    list(j.prefix_ids), list(j.prefix_logprobs),
+                                    list(j.prefix_versions))
+            try:
+                self.engine.add_request(req)
+            except RequestError as exc:
+                rejected.append(JobDone(job_id=j.job_id, token_ids=list(j.prefix_ids),
+                                        logprobs=list(j.prefix_logprobs),
+                                        versions=list(j.prefix_versions),
+                                        finish_reason="error", error=str(exc)))
+        return rejected
+
+    def has_work(self) -> bool:
+        return self.engine.has_work()
+
+    def step(self) -> list[JobDone]:
+        return [_done(o) for o in self.engine.step()]
+
+    def abort(self, job_ids: list[int]) -> list[JobDone]:
+        if not job_ids:
+            return [_done(o) for o in self.engine.abort_all()]
+        outs = (self.engine.abort(str(j)) for j in job_ids)
+        return [_done(o) for o in outs if o is not None]
+
+    def release(self) -> None:
+        self.engine.release_memory()

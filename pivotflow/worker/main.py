@@ -1,0 +1,138 @@
+"""A worker process: connects, takes a role, serves it until told to shut down.
+
+The loop is synchronous on purpose: between engine steps it drains the socket without waiting,
+and when idle it blocks on the socket until the next heartbeat is due.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+
+import torch
+
+from pivotflow.errors import ProtocolError, WorkerError
+from pivotflow.params.store import DirectoryParamStore
+from pivotflow.protocol import (
+    PROTOCOL_VERSION, AbortJobs, AssignRole, Heartbeat, Hello, Jobs, JobsDone, Reject, RoleReady,
+    Shutdown, TrainStep, Welcome, WorkerFailed,
+)
+from pivotflow.transport.zmq_transport import ZmqWorkerChannel
+from pivotflow.worker.generate_role import GenerateRole
+from pivotflow.worker.train_role import TrainRole
+
+log = logging.getLogger("pivotflow.worker")
+
+HANDSHAKE_TIMEOUT_S = 60.0
+
+
+class Worker:
+    def __init__(self, endpoint: str, worker_id: str) -> None:
+        self.worker_id = worker_id
+        self.chan = ZmqWorkerChannel(endpoint, worker_id)
+        self.role: GenerateRole | TrainRole | None = None
+        self.store: DirectoryParamStore | None = None
+        self.heartbeat_s = 1.0
+        self.running = True
+
+    def handshake(self) -> None:
+        self.chan.send(Hello(protocol_version=PROTOCOL_VERSION, worker_id=self.worker_id,
+                             pid=os.getpid()))
+        msg = self.chan.recv(HANDSHAKE_TIMEOUT_S)
+        match msg:
+            case Welcome():
+                if msg.protocol_version != PROTOCOL_VERSION:
+                    raise WorkerError(f"controller speaks protocol {msg.protocol_version}, "
+                                      f"this worker {PROTOCOL_VERSION}")
+                self.store = DirectoryParamStore(msg.store_dir)
+                self.heartbeat_s = msg.heartbeat_s
+            case Reject(reason=reason):
+                raise WorkerError(f"controller refused worker {self.worker_id}: {reason}")
+            case None:
+                raise WorkerError(f"no answer from the controller in {HANDSHAKE_TIMEOUT_S}s")
+            case _:
+                raise ProtocolError(f"expected Welcome, got {type(msg).__name__}")
+
+    def serve(self) -> None:
+        last_hb = time.monotonic()
+        while self.running:
+            busy = isinstance(self.role, GenerateRole) and self.role.has_work()
+            msg = self.chan.recv(0.0 if busy else self.heartbeat_s / 2)
+            while msg is not None and self.running:
+                self.handle(msg)
+                msg = self.chan.recv(0.0)
+            if isinstance(self.role, GenerateRole) and self.role.has_work():
+                done = self.role.step()
+                if done:
+                    self.chan.send(JobsDone(results=done))
+            now = time.monotonic()
+            if now - last_hb >= self.heartbeat_s:
+                busy_n = 1 if busy else 0
+                self.chan.send(Heartbeat(worker_id=self.worker_id, busy=busy_n))
+                last_hb = now
+
+    def handle(self, msg: object) -> None:
+        match msg:
+            case Jobs(jobs=jobs):
+                if not isinstance(self.role, GenerateRole):
+                    raise WorkerError(f"worker {self.worker_id} got jobs without a generate role")
+                rejected = self.role.add(jobs)
+                if rejected:
+                    self.chan.send(JobsDone(results=rejected))
+            case TrainStep():
+                if not isinstance(self.role, TrainRole):
+                    raise WorkerError(f"worker {self.worker_id} got a train step without the "
+                                      "train role")
+                self.chan.send(self.role.train(msg))
+            case AbortJobs(job_ids=ids):
+                if isinstance(self.role, GenerateRole):
+                    self.chan.send(JobsDone(results=self.role.abort(list(ids))))
+            case AssignRole():
+                self.assign(msg)
+            case Shutdown():
+                self.running = False
+            case _:
+                log.warning("worker %s ignores %s", self.worker_id, type(msg).__name__)
+
+    def assign(self, msg: AssignRole) -> None:
+        if self.role is not None:
+            self.role.release()
+            self.role = None
+        threads = int(msg.options.get("threads", 1))
+        torch.set_num_threads(threads)
+        assert self.store is not None  # set by handshake, which always runs first
+        if msg.role == "generate":
+            self.role = GenerateRole(self.store, msg.model, dict(msg.options))
+        elif msg.role == "train":
+            self.role = TrainRole(self.store, msg.model, dict(msg.options))
+        else:
+            raise WorkerError(f"unknown role {msg.role!r}")
+        self.chan.send(RoleReady(role=msg.role, model=msg.model, version=self.role.version,
+                                 load_s=self.role.load_s))
+
+    def close(self) -> None:
+        if self.role is not None:
+            self.role.release()
+        self.chan.close()
+
+
+def run_worker(endpoint: str, worker_id: str) -> int:
+    """Process entry: returns the exit code (0 on a clean shutdown)."""
+    torch.manual_seed(0)
+    worker = Worker(endpoint, worker_id)
+    try:
+        worker.handshake()
+        worker.serve()
+        return 0
+    except Exception as exc:
+        tb = traceback.format_exc(limit=8)
+        log.error("worker %s failed: %s", worker_id, tb)
+        try:
+            worker.chan.send(WorkerFailed(error=f"{type(exc).__name__}: {exc}\n{tb[-2000:]}"))
+        except Exception:
+            pass
+        return 1
+    finally:
+        worker.close()

@@ -1,0 +1,226 @@
+"""The clipped policy loss against hand-computed numbers and a plain-Python loop reference."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from pivotflow.errors import RLError
+from pivotflow.rl import masked_mean, masked_sum, policy_loss
+
+AGGREGATIONS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+
+# The 2x3 example: ratios chosen so each clip case appears once (clip_eps 0.2).
+# row 0, A=+1: rho 1.0 (inside), 1.5 (clipped high -> 1.2), 0.5 (below, not clipped for A>0)
+# row 1, A=-2: rho 0.5 (clipped low -> 0.8), 1.5 (above, not clipped for A<0), 2.0 (masked)
+RATIOS = [[1.0, 1.5, 0.5], [0.5, 1.5, 2.0]]
+MASK = [[1, 1, 1], [1, 1, 0]]
+ADV = [1.0, -2.0]
+
+
+def _example(requires_grad: bool = True) -> tuple[torch.Tensor, ...]:
+    old = torch.tensor([[-0.5, -1.0, -2.0], [-0.3, -0.7, -1.1]])
+    new = (old + torch.log(torch.tensor(RATIOS))).requires_grad_(requires_grad)
+    return new, old, torch.tensor(ADV), torch.tensor(MASK)
+
+
+def _ref_loss(new, old, adv, mask, eps_lo, eps_hi, aggregation, ref=None, kl_coef=0.0, est="k3"):  # type: ignore[no-untyped-def]
+    """Straight loops over Python floats; returns (loss, clip_frac)."""
+    per_seq, all_tokens, clipped_count = [], [], 0
+    for i in range(len(new)):
+        tokens = []
+        for t in range(len(new[i])):
+            if not mask[i][t]:
+                continue
+            rho = math.exp(new[i][t] - old[i][t])
+            a = adv[i]
+            surrogate = min(rho * a, min(max(rho, 1 - eps_lo), 1 + eps_hi) * a)
+            if (a > 0 and rho > 1 + eps_hi) or (a < 0 and rho < 1 - eps_lo):
+                clipped_count += 1
+            loss = -surrogate
+            if kl_coef:
+                d = ref[i][t] - new[i][t]
+                loss += kl_coef * (-d if est == "k1" else math.exp(d) - d - 1)
+            tokens.append(loss)
+        all_tokens += tokens
+        if tokens:
+            per_seq.append(
+                sum(tokens) / len(tokens) if aggregation.endswith("mean") else sum(tokens)
+            )
+    if aggregation == "token-mean":
+        total = sum(all_tokens) / len(all_tokens) if all_tokens else 0.0
+    else:
+        total = sum(per_seq) / len(per_seq) if per_seq else 0.0
+    return total, clipped_count / max(len(all_tokens), 1)
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "expected"),
+    [("token-mean", 0.38), ("seq-mean-token-mean", 0.7), ("seq-mean-token-sum", 0.95)],
+)
+def test_hand_computed_2x3(aggregation: str, expected: float) -> None:
+    # per-token losses: row 0 -> [-1.0, -1.2, -0.5], row 1 -> [1.6, 3.0, masked]
+    # token-mean 1.9/5; seq-mean-token-mean (-0.9 + 2.3)/2; seq-mean-token-sum (-2.7 + 4.6)/2
+    new, old, adv, mask = _example()
+    loss, stats = policy_loss(new, old, adv, mask, aggregation=aggregation)  # type: ignore[arg-type]
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert stats["clip_frac"] == pytest.approx(0.4)
+    assert stats["clip_frac_low"] == pytest.approx(0.2)
+    assert stats["clip_frac_high"] == pytest.approx(0.2)
+    assert stats["ratio_mean"] == pytest.approx(1.0)
+    # k3 of KL(old || new): mean of rho - 1 - log(rho) over the 5 valid tokens
+    assert stats["approx_kl"] == pytest.approx(0.1150728, abs=1e-6)
+    assert stats["tokens"] == 5.0
+    assert "kl_ref" not in stats
+
+
+def test_hand_computed_clip_higher() -> None:
+    # clip_eps_high 0.6: rho 1.5 with A=+1 is no longer clipped (loss -1.5, was -1.2)
+    new, old, adv, mask = _example()
+    loss, stats = policy_loss(new, old, adv, mask, clip_eps_high=0.6)
+    assert loss.item() == pytest.approx(1.6 / 5, abs=1e-6)
+    assert stats["clip_frac_high"] == 0.0
+    assert stats["clip_frac_low"] == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(
+    ("estimator", "expected"),
+    # one token has log(ref/new) = log 2: k3 = 2 - log 2 - 1 = 0.3068528, k1 = -log 2
+    [("k3", 0.38 + 0.5 * 0.3068528 / 5), ("k1", 0.38 - 0.5 * 0.6931472 / 5)],
+)
+def test_hand_computed_kl_to_reference(estimator: str, expected: float) -> None:
+    new, old, adv, mask = _example()
+    ref = new.detach().clone()
+    ref[0, 0] += math.log(2.0)
+    ref[1, 2] = float("-inf")  # masked: must not matter
+    loss, stats = policy_loss(
+        new,
+        old,
+        adv,
+        mask,
+        ref_logprobs=ref,
+        kl_coef=0.5,
+        kl_estimator=estimator,  # type: ignore[arg-type]
+    )
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    kl = 0.3068528 if estimator == "k3" else -0.6931472
+    assert stats["kl_ref"] == pytest.approx(kl / 5, abs=1e-6)
+    assert stats["kl_loss"] == pytest.approx(kl / 5, abs=1e-6)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize(
+    ("eps_hi", "kl_coef", "est"),
+    [(None, 0.0, "k3"), (0.28, 0.0, "k3"), (None, 0.1, "k3"), (0.28, 0.05, "k1")],
+)
+def test_matches_loop_reference_on_random_inputs(
+    aggregation: str, eps_hi: float | None, kl_coef: float, est: str
+) -> None:
+    rng = random.Random(f"{aggregation}-{eps_hi}-{kl_coef}-{est}")  # str seeds are stable
+    b, t = 5, 7
+    old = [[rng.uniform(-3, -0.1) for _ in range(t)] for _ in range(b)]
+    # log-ratios up to +-0.6 so that both clip sides are hit on most draws
+    new = [[o + rng.uniform(-0.6, 0.6) for o in row] for row in old]
+    ref = [[o + rng.uniform(-0.5, 0.5) for o in row] for row in old]
+    adv = [rng.uniform(-2, 2) for _ in range(b)]
+    mask = [[int(rng.random() < 0.7) for _ in range(t)] for _ in range(b)]
+    mask[2] = [0] * t  # an empty row must be left out of the sequence means
+    loss, stats = policy_loss(
+        torch.tensor(new, dtype=torch.float64),
+        torch.tensor(old, dtype=torch.float64),
+        torch.tensor(adv, dtype=torch.float64),
+        torch.tensor(mask, dtype=torch.bool),
+        clip_eps=0.2,
+        clip_eps_high=eps_hi,
+        aggregation=aggregation,  # type: ignore[arg-type]
+        ref_logprobs=torch.tensor(ref, dtype=torch.float64) if kl_coef else None,
+        kl_coef=kl_coef,
+        kl_estimator=est,  # type: ignore[arg-type]
+    )
+    hi = 0.2 if eps_hi is None else eps_hi
+    want, clip_frac = _ref_loss(new, old, adv, mask, 0.2, hi, aggregation, ref, kl_coef, est)
+    assert loss.item() == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert stats["clip_frac"] == pytest.approx(clip_frac, abs=1e-12)
+    assert clip_frac > 0  # the draw exercises clipping, so the clip branches were compared
+
+
+def test_gradient_flows_only_into_logprobs() -> None:
+    new, old, adv, mask = _example()
+    old.requires_grad_(True)
+    adv.requires_grad_(True)
+    ref = old.detach().clone().requires_grad_(True)
+    loss, _ = policy_loss(new, old, adv, mask, ref_logprobs=ref, kl_coef=0.1)
+    loss.backward()
+    assert new.grad is not None and new.grad.abs().sum() > 0
+    assert old.grad is None and adv.grad is None and ref.grad is None
+    # masked position and clipped positions (gradient-free branch) get exactly zero gradient
+    assert new.grad[1, 2] == 0.0
+    lp, op, a, m = _example()
+    policy_loss(lp, op, a, m)[0].backward()
+    assert lp.grad is not None
+    assert lp.grad[0, 1] == 0.0 and lp.grad[1, 0] == 0.0
+    assert lp.grad[0, 0] != 0.0 and lp.grad[1, 1] != 0.0
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_zero_mask_gives_zero_loss_not_nan(aggregation: str) -> None:
+    new = torch.full((2, 3), float("-inf"), requires_grad=True)  # garbage everywhere, all masked
+    old = torch.full((2, 3), float("nan"))
+    mask = torch.zeros(2, 3, dtype=torch.bool)
+    loss, stats = policy_loss(
+        new,
+        old,
+        torch.ones(2),
+        mask,
+        aggregation=aggregation,
+        ref_logprobs=old,
+        kl_coef=0.1,  # type: ignore[arg-type]
+    )
+    loss.backward()
+    assert loss.item() == 0.0
+    assert all(math.isfinite(v) for v in stats.values())
+    assert new.grad is not None and torch.equal(new.grad, torch.zeros(2, 3))
+
+
+def test_zero_mask_row_does_not_change_other_rows() -> None:
+    new, old, adv, mask = _example()
+    pad = torch.zeros(1, 3)
+    loss_pad, _ = policy_loss(
+        torch.cat([new, pad]),
+        torch.cat([old, pad]),
+        torch.cat([adv, torch.ones(1)]),
+        torch.cat([mask, torch.zeros(1, 3, dtype=mask.dtype)]),
+        aggregation="seq-mean-token-mean",
+    )
+    assert loss_pad.item() == pytest.approx(0.7, abs=1e-6)
+
+
+def test_masked_helpers() -> None:
+    x = torch.tensor([[1.0, float("nan"), 3.0], [float("inf"), 5.0, 6.0]])
+    m = torch.tensor([[1, 0, 1], [0, 0, 0]])
+    assert masked_sum(x, m).item() == 4.0
+    assert masked_mean(x, m).item() == 2.0
+    torch.testing.assert_close(masked_mean(x, m, dim=-1), torch.tensor([2.0, 0.0]))
+    torch.testing.assert_close(masked_sum(x, m, dim=0), torch.tensor([1.0, 0.0, 3.0]))
+    assert masked_mean(x, torch.zeros_like(m)).item() == 0.0
+
+
+def test_bad_inputs_raise_rl_error() -> None:
+    new, old, adv, mask = _example()
+    with pytest.raises(RLError, match="old_logprobs has shape"):
+        policy_loss(new, old[:, :2], adv, mask)
+    with pytest.raises(RLError, match=r"advantages must be \[B\]"):
+        policy_loss(new, old, adv[:1], mask)
+    with pytest.raises(RLError, match="aggregation must be one of"):
+        policy_loss(new, old, adv, mask, aggregation="sum")  # type: ignore[arg-type]
+    with pytest.raises(RLError, match="needs ref_logprobs"):
+        policy_loss(new, old, adv, mask, kl_coef=0.1)
+    with pytest.raises(RLError, match="kl_estimator"):
+        policy_loss(new, old, adv, mask, ref_logprobs=old, kl_estimator="k2")  # type: ignore[arg-type]
+    with pytest.raises(RLError, match="clip_eps must be in"):
+        policy_loss(new, old, adv, mask, clip_eps=0.0)
+    with pytest.raises(RLError, match="logprobs must be"):
+        policy_loss(new[0], old[0], adv, mask[0])

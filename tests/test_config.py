@@ -1,0 +1,44 @@
+"""`--set` overrides: typed, validated, and every mistake names the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from pivotflow.config import parse_overrides, resolve
+from pivotflow.errors import ConfigError
+
+DEFAULTS = {"lr": 3e-4, "group_size": 8, "use_std": True}
+
+
+def test_overrides_are_typed() -> None:
+    cfg = resolve(parse_overrides(["steps=5", "graph.lr=0.001", "graph.group_size=4",
+                                   "pools.rollout=2", "max_staleness=1"]), DEFAULTS, ["rollout"])
+    assert cfg.steps == 5 and cfg.max_staleness == 1
+    assert cfg.graph == {"lr": 0.001, "group_size": 4, "use_std": True}
+    assert cfg.pools == {"rollout": 2}
+
+
+def test_int_given_for_float_knob_is_a_float() -> None:
+    cfg = resolve(parse_overrides(["graph.lr=1"]), DEFAULTS)
+    assert cfg.graph["lr"] == 1.0 and isinstance(cfg.graph["lr"], float)
+
+
+@pytest.mark.parametrize(
+    ("items", "match"),
+    [
+        (["stepz=3"], r"--set stepz: unknown key; valid keys: .*steps"),
+        (["steps=3", "steps=4"], r"--set steps is given twice"),
+        (["steps=three"], r"steps"),
+        (["graph.lrr=1"], r"--set graph.lrr: the graph has no knob 'lrr'; valid keys: .*graph.lr"),
+        (["graph.group_size=big"], r"--set graph.group_size='big': expected int"),
+        (["graph.use_std=1"], r"expected true or false"),
+        (["pools.judge=2"], r"no pool 'judge'"),
+        (["pools.rollout=-1"], r"pool size must be >= 0"),
+        (["steps=0"], r"steps=0: must be >= 1"),
+        (["planner=magic"], r"unknown planner"),
+        (["noequals"], r"expected KEY=VALUE"),
+    ],
+)
+def test_bad_overrides(items: list[str], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        resolve(parse_overrides(items), DEFAULTS, ["rollout"])

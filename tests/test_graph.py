@@ -1,0 +1,155 @@
+"""Graph files and graph validation: every mistake names the node and the file line."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pivotflow.errors import GraphError
+from pivotflow.graph import Graph
+from pivotflow.graph_check import load_graph, validate
+from pivotflow.rl.group_fns import grpo_advantage
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HEADER = """
+from pivotflow.graph import Graph
+from pivotflow.rl.group_fns import grpo_advantage
+
+def reward(answer, completion, **_):
+    return float(answer == completion)
+"""
+
+
+def write_graph(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "g.py"
+    path.write_text(HEADER + textwrap.dedent(body))
+    return path
+
+
+def line_of(path: Path, needle: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
+
+
+GOOD = """
+g = Graph("t")
+g.model("policy", source="builtin:policy")
+g.pool("rollout", workers=1)
+g.pool("trainer", workers=1)
+src = g.source("prompts", task="arithmetic")
+gen = g.generate("rollout", model="policy", pool="rollout")
+rew = g.map("reward", reward, writes=["reward"])
+adv = g.group("advantage", grpo_advantage, writes=["advantage"])
+tr = g.train("train", model="policy", pool="trainer")
+g.chain(src, gen, rew, adv, tr)
+graph = g
+"""
+
+
+def test_shipped_graphs_validate() -> None:
+    for name in ("grpo_genrm.py", "grpo_rule.py"):
+        graph = load_graph(ROOT / "graphs" / name)
+        kinds = [n.kind for n in graph.order()]
+        assert kinds[0] == "source" and kinds[-1] == "train"
+        assert "generate" in kinds
+
+
+def test_good_graph_orders_nodes(tmp_path: Path) -> None:
+    graph = load_graph(write_graph(tmp_path, GOOD))
+    assert [n.name for n in graph.order()] == ["prompts", "rollout", "reward", "advantage",
+                                               "train"]
+    assert graph.nodes["reward"].reads == {"answer", "completion"}
+
+
+def test_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    path = write_graph(tmp_path, GOOD + "\ndef broken(:\n")
+    with pytest.raises(GraphError, match=rf"{path}:{line_of(path, 'def broken(:')}: syntax"):
+        load_graph(path)
+
+
+def test_runtime_error_in_graph_file_names_line(tmp_path: Path) -> None:
+    path = write_graph(tmp_path, GOOD + "\nx = 1 / 0\n")
+    with pytest.raises(GraphError, match=rf"{path}:{line_of(path, '1 / 0')}: ZeroDivisionError"):
+        load_graph(path)
+
+
+def test_missing_field_names_node_and_line(tmp_path: Path) -> None:
+    body = GOOD.replace('rew = g.map("reward", reward, writes=["reward"])',
+                        'rew = g.map("reward", reward, writes=["score"])')
+    path = write_graph(tmp_path, body)
+    where = f"{path}:{line_of(path, 'grpo_advantage, writes')}"
+    with pytest.raises(GraphError, match=rf"node 'advantage' at {where} reads \['reward'\]"):
+        load_graph(path)
+
+
+def test_undeclared_cycle_is_an_error(tmp_path: Path) -> None:
+    path = write_graph(tmp_path, GOOD + "\ng.connect(adv, rew)\n")
+    with pytest.raises(GraphError, match="cycle .* is not declared"):
+        load_graph(path)
+
+
+def test_unknown_pool_names_node_and_line(tmp_path: Path) -> None:
+    body = GOOD.replace('pool="rollout")', 'pool="rolout")')
+    path = write_graph(tmp_path, body)
+    where = f"{path}:{line_of(path, 'g.generate(')}"
+    with pytest.raises(GraphError, match=rf"node 'rollout' at {where} uses pool 'rolout'"):
+        load_graph(path)
+
+
+def test_unknown_model_is_an_error(tmp_path: Path) -> None:
+    path = write_graph(tmp_path, GOOD.replace('model="policy", pool="trainer"',
+                                              'model="critic", pool="trainer"'))
+    with pytest.raises(GraphError, match="uses model 'critic', which is not declared"):
+        load_graph(path)
+
+
+def test_dangling_node(tmp_path: Path) -> None:
+    body = GOOD.replace("g.chain(src, gen, rew, adv, tr)",
+                        "g.chain(src, gen, rew, adv, tr)\nextra = g.map('x', reward, writes=['y'])")
+    path = write_graph(tmp_path, body)
+    with pytest.raises(GraphError, match=rf"node 'x' at {path}:\d+ is dangling"):
+        load_graph(path)
+
+
+def test_no_graph_exposed(tmp_path: Path) -> None:
+    path = write_graph(tmp_path, GOOD.replace("graph = g", ""))
+    with pytest.raises(GraphError, match="defines neither"):
+        load_graph(path)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(GraphError, match="does not exist"):
+        load_graph("/nonexistent/graph.py")
+
+
+def test_duplicate_node_name() -> None:
+    g = Graph("t")
+    g.map("a", grpo_advantage, writes=["advantage"])
+    with pytest.raises(GraphError, match="same name"):
+        g.map("a", grpo_advantage, writes=["advantage"])
+
+
+def test_star_args_function_rejected() -> None:
+    g = Graph("t")
+
+    def bad(*args: object) -> float:
+        return 0.0
+
+    with pytest.raises(GraphError, match="takes \\*args"):
+        g.map("a", bad, writes=["reward"])
+
+
+def test_fan_out_rejected() -> None:
+    g = Graph("t")
+    g.model("policy", source="builtin:policy")
+    g.pool("p", workers=1)
+    src = g.source("s", task="arithmetic")
+    gen = g.generate("gen", model="policy", pool="p")
+    adv = g.group("adv", grpo_advantage, writes=["advantage"])
+    tr = g.train("tr", model="policy", pool="p")
+    g.chain(src, gen, adv, tr)
+    g.connect(src, tr)
+    with pytest.raises(GraphError, match="node 's' .* 2 outputs"):
+        validate(g)

@@ -1,0 +1,229 @@
+"""Run records (metrics.jsonl, summary.json, config.json, plots) and the rate meters."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import pytest
+
+from pivotflow.errors import MetricsError
+from pivotflow.metrics import (
+    EwmaRate,
+    Ledger,
+    Rate,
+    RunRecorder,
+    RunSummary,
+    ShiftEvent,
+    StepRecord,
+    read_metrics,
+    read_summary,
+)
+from pivotflow.metrics_plots import make_plots
+
+STEP_KEYS = {
+    "step",
+    "time_s",
+    "policy_version",
+    "samples",
+    "reward_mean",
+    "task_accuracy",
+    "pools",
+    "queue_depth",
+    "shifts",
+    "migrations",
+    "tokens_generated",
+}
+SUMMARY_KEYS = {
+    "steps",
+    "wall_s",
+    "samples_per_s",
+    "tokens_per_s",
+    "shifts",
+    "migrations",
+    "worker_restarts",
+    "ledger",
+}
+LEDGER_KEYS = {"prompts_in", "groups_trained", "samples_trained", "lost", "duplicates"}
+
+
+def _step(step: int, **kw: object) -> StepRecord:
+    """A plausible record of a small run: rollout-heavy early, then a shift to genrm."""
+    rollout = 3 if step < 4 else 2
+    fields: dict[str, object] = {
+        "step": step,
+        "time_s": 2.0 * step,
+        "policy_version": step,
+        "samples": 16,
+        "reward_mean": 0.1 * step,
+        "task_accuracy": min(1.0, 0.08 * step),
+        "pools": {"rollout": rollout, "genrm": 5 - rollout, "train": 1},
+        "queue_depth": {"rollout->genrm": (step * 7) % 11, "genrm->train": step % 3},
+        "shifts": 0 if step < 4 else 1,
+        "migrations": 0 if step < 4 else 5,
+        "tokens_generated": 1000 * step,
+    }
+    fields.update(kw)
+    return StepRecord(**fields)  # type: ignore[arg-type]
+
+
+def test_step_line_has_exactly_the_interface_keys(tmp_path: Path) -> None:
+    rec = RunRecorder(tmp_path)
+    rec.record_step(_step(1, task_accuracy=None))
+    line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert set(line) == STEP_KEYS
+    assert line["task_accuracy"] is None
+    assert line["pools"] == {"rollout": 3, "genrm": 2, "train": 1}
+
+
+def test_extra_and_shift_events_are_flattened(tmp_path: Path) -> None:
+    rec = RunRecorder(tmp_path)
+    event = ShiftEvent(time_s=7.5, from_="rollout", to="genrm")
+    rec.record_step(_step(4, shift_events=[event], extra={"loss": 0.25, "nan": math.nan}))
+    (line,) = read_metrics(tmp_path / "metrics.jsonl")
+    assert set(line) == STEP_KEYS | {"shift_events", "loss", "nan"}
+    assert line["shift_events"] == [{"time_s": 7.5, "from": "rollout", "to": "genrm"}]
+    assert line["loss"] == 0.25 and line["nan"] is None  # non-finite is written as null
+    with pytest.raises(MetricsError, match=r"extra keys \['step'\] clash"):
+        rec.record_step(_step(5, extra={"step": 1}))
+    with pytest.raises(MetricsError, match=r"extra keys \['shift_events'\] clash"):
+        rec.record_step(_step(5, shift_events=[event], extra={"shift_events": []}))
+    # shift events already as plain dicts (e.g. from a controller's record dict) pass through
+    rec.record_step(_step(5, extra={"shift_events": [{"time_s": 9.0, "from": "a", "to": "b"}]}))
+    assert read_metrics(tmp_path / "metrics.jsonl")[-1]["shift_events"][0]["time_s"] == 9.0
+
+
+def test_append_continues_an_existing_file(tmp_path: Path) -> None:
+    first = RunRecorder(tmp_path)
+    for s in (1, 2):
+        first.record_step(_step(s))
+    resumed = RunRecorder(tmp_path)
+    assert resumed.last_step == 2
+    resumed.record_step(_step(3))
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
+    with pytest.raises(MetricsError, match="step 3 is not after the last recorded step 3"):
+        resumed.record_step(_step(3))
+
+
+def test_resume_truncates_steps_after_the_checkpoint(tmp_path: Path) -> None:
+    rec = RunRecorder(tmp_path)
+    for s in (1, 2, 3, 4):
+        rec.record_step(_step(s))
+    assert RunRecorder(tmp_path).truncate_after(2) == 2
+    again = RunRecorder(tmp_path)
+    again.record_step(_step(3, samples=99))
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [(r["step"], r["samples"]) for r in rows] == [(1, 16), (2, 16), (3, 99)]
+
+
+def test_torn_last_line_is_cut_on_open(tmp_path: Path) -> None:
+    RunRecorder(tmp_path).record_step(_step(1))
+    with open(tmp_path / "metrics.jsonl", "ab") as f:
+        f.write(b'{"step": 2, "time_')  # a crash mid-append
+    rec = RunRecorder(tmp_path)
+    assert rec.last_step == 1
+    rec.record_step(_step(2))
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+def test_malformed_line_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n\n{"step": 2}\n{"step": 3,,}\n')
+    with pytest.raises(MetricsError, match=r"metrics\.jsonl:4: malformed metrics line"):
+        read_metrics(path)
+    path.write_text('{"step": 1}\n[1, 2]\n')
+    with pytest.raises(MetricsError, match=r"metrics\.jsonl:2: expected a JSON object"):
+        read_metrics(path)
+    with pytest.raises(MetricsError, match="cannot read metrics file"):
+        read_metrics(tmp_path / "missing.jsonl")
+
+
+def test_summary_keys_and_atomic_write(tmp_path: Path) -> None:
+    rec = RunRecorder(tmp_path)
+    ledger = Ledger(prompts_in=8, groups_trained=8, samples_trained=64, lost=0, duplicates=0)
+    summary = RunSummary(
+        steps=4,
+        wall_s=10.0,
+        samples_per_s=6.4,
+        tokens_per_s=400.0,
+        shifts=1,
+        migrations=5,
+        worker_restarts=0,
+        ledger=ledger,
+        extra={"shift_time_s": {"abort": 0.1, "load": 0.4}},
+    )
+    path = rec.write_summary(summary)
+    data = read_summary(path)
+    assert set(data) == SUMMARY_KEYS | {"shift_time_s"}
+    assert set(data["ledger"]) == LEDGER_KEYS
+    assert data["ledger"]["samples_trained"] == 64
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_config_round_trips_with_paths(tmp_path: Path) -> None:
+    rec = RunRecorder(tmp_path / "run")
+    rec.write_config({"graph": "grpo_genrm", "out": tmp_path, "train": {"lr": 1e-5}})
+    assert json.loads((tmp_path / "run" / "config.json").read_text()) == {
+        "graph": "grpo_genrm",
+        "out": str(tmp_path),
+        "train": {"lr": 1e-5},
+    }
+    with pytest.raises(MetricsError, match="not JSON-encodable"):
+        rec.write_config({"bad": object()})
+
+
+def _is_png(path: Path) -> bool:
+    data = path.read_bytes()
+    return data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1024
+
+
+def test_plots_are_real_pngs(tmp_path: Path) -> None:
+    rec = RunRecorder(tmp_path)
+    for s in range(1, 9):
+        events = [ShiftEvent(time_s=7.0, from_="rollout", to="genrm")] if s == 4 else []
+        acc = None if s == 2 else min(1.0, 0.1 * s)  # a gap must not break the plot
+        rec.record_step(_step(s, shift_events=events, task_accuracy=acc))
+    written = rec.make_plots()
+    assert sorted(p.name for p in written) == ["pools_queues.png", "reward_accuracy.png"]
+    assert all(p.parent == tmp_path / "plots" and _is_png(p) for p in written)
+
+
+def test_plotting_errors_are_warnings_not_failures(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bad = tmp_path / "metrics.jsonl"
+    bad.write_text("not json\n")
+    with caplog.at_level(logging.WARNING, logger="pivotflow.metrics_plots"):
+        assert make_plots(bad, tmp_path / "plots") == []
+    assert "metrics.jsonl:1" in caplog.text
+    assert make_plots(tmp_path / "none.jsonl", tmp_path / "plots") == []
+
+
+def test_rate_on_explicit_timestamps() -> None:
+    rate = Rate(window_s=1.0, start=0.0)
+    assert rate.rate(0.0) == 0.0
+    for k in range(1, 11):  # 10 events per second for one second
+        rate.observe(k / 10)
+    assert rate.rate(1.0) == pytest.approx(10.0)
+    rate.observe(1.5, n=4)  # a batch of 4
+    # window (0.5, 1.5]: events at 0.6..1.0 (5) + 4 = 9 over 1 s
+    assert rate.rate(1.5) == pytest.approx(9.0)
+    assert rate.rate(3.0) == 0.0
+    young = Rate(window_s=10.0, start=0.0)
+    young.observe(1.0, n=6)
+    assert young.rate(2.0) == pytest.approx(3.0)  # divides by elapsed time, not the window
+    with pytest.raises(MetricsError, match="time went backwards"):
+        young.observe(1.0)
+
+
+def test_ewma_rate_tracks_a_steady_rate_and_decays() -> None:
+    meter = EwmaRate(tau_s=2.0, start=0.0)
+    for k in range(1, 101):  # 20 events/s for 5 s
+        meter.observe(k * 0.05)
+    assert meter.rate(5.0) == pytest.approx(20.0, rel=0.05)
+    # no events for one time constant: the estimate decays by ~e
+    assert meter.rate(7.0) == pytest.approx(20.0 / math.e, rel=0.1)
+    with pytest.raises(MetricsError, match="time went backwards"):
+        meter.rate(6.0)
