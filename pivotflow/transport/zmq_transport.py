@@ -1,0 +1,297 @@
+"""ZeroMQ transport: the controller's ROUTER on its event loop, and each worker's blocking DEALER.
+
+The controller reads a plain (non-asyncio) ROUTER from the loop's reader callback. zmq's FD is
+edge-triggered: it signals "something changed", not "a message is waiting", and any zmq call
+(a send included) may consume that signal. So every wake-up drains until EAGAIN, and every send
+made outside a drain re-checks ``zmq.EVENTS`` and schedules a drain if input is pending.
+Awaiting ``zmq.asyncio`` once per message costs about twice the CPU per message (bench/transport.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import shutil
+from types import TracebackType
+from typing import cast
+
+import zmq
+
+from pivotflow.errors import ProtocolError, TransportError, WorkerError
+from pivotflow.protocol import MAX_FRAME_BYTES, ToController, ToWorker
+from pivotflow.transport.base import MessageHandler
+from pivotflow.transport.codec import BadFrameLog, decode_to_controller, decode_to_worker, encode
+from pivotflow.transport.endpoints import check_bind_address, default_endpoint, ipc_dir_of
+
+__all__ = ["ZmqControllerTransport", "ZmqWorkerChannel"]
+
+log = logging.getLogger(__name__)
+
+# Messages queued per peer and direction before a send fails (controller) or blocks (worker).
+# The controller bounds in-flight work per worker far below this, so hitting it means a worker
+# stopped reading; failing loudly beats buffering without limit.
+DEFAULT_HWM = 100_000
+
+# Messages handled per reader wake-up before yielding to other callbacks; the rest are drained
+# from a call_soon continuation (the FD will not fire again for them).
+DRAIN_BUDGET = 1024
+
+
+class ZmqControllerTransport:
+    """The controller's ROUTER socket; implements ``ControllerTransport``.
+
+    Binds at construction (``endpoint`` None = a private ipc path, removed on close; a tcp port
+    of ``*`` picks a free one, and ``endpoint`` then holds the bound address). Raises ConfigError
+    for a non-loopback address and TransportError if the bind fails.
+    Counters: ``frames_in`` (messages delivered), ``frames_out`` (messages sent), ``bad_frames``
+    (frames dropped because they were not [identity, payload] or did not decode).
+    """
+
+    def __init__(self, endpoint: str | None = None, *, hwm: int = DEFAULT_HWM) -> None:
+        owned_dir = None
+        if endpoint is None:
+            endpoint = default_endpoint()
+            owned_dir = ipc_dir_of(endpoint)
+        check_bind_address(endpoint)
+        self.bad_frames = 0
+        self.frames_in = 0
+        self.frames_out = 0
+        self._hwm = hwm
+        self._owned_dir = owned_dir
+        self._handler: MessageHandler | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_handle: asyncio.Handle | None = None
+        self._draining = False
+        self._bad_log = BadFrameLog(log)
+        self._ctx = zmq.Context()
+        self._sock: zmq.Socket[bytes] | None = self._ctx.socket(zmq.ROUTER)
+        sock = self._sock
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to an unknown peer raises, not drops
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted worker takes over its old id
+        sock.setsockopt(zmq.RCVHWM, hwm)
+        sock.setsockopt(zmq.SNDHWM, hwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)  # larger frames: peer disconnected
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise TransportError(
+                f"cannot bind the controller socket to {endpoint!r}: {exc}"
+            ) from None
+        self.endpoint: str = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._fd = cast(int, sock.getsockopt(zmq.FD))
+
+    def start(self, handler: MessageHandler) -> None:
+        """Deliver each decoded message to ``handler(worker_id, msg)`` on the running loop.
+
+        Raises TransportError if already started or closed.
+        """
+        if self._sock is None:
+            raise TransportError(f"controller transport at {self.endpoint} is closed")
+        if self._handler is not None:
+            raise TransportError(f"controller transport at {self.endpoint} is already started")
+        loop = asyncio.get_running_loop()
+        self._handler = handler
+        self._loop = loop
+        loop.add_reader(self._fd, self._drain)
+        # Messages that arrived before start already spent the FD's edge.
+        self._schedule_drain()
+
+    def send(self, worker_id: str, msg: ToWorker) -> None:
+        """Send ``msg`` to ``worker_id`` without blocking.
+
+        Raises WorkerError if that worker is not connected or has stopped reading (its queue is
+        full), TransportError if the transport is closed.
+        """
+        sock = self._sock
+        if sock is None:
+            raise TransportError(f"cannot send to worker {worker_id!r}: transport is closed")
+        payload = encode(msg)
+        try:
+            # ROUTER_MANDATORY fails the identity part, so a message is never half sent.
+            sock.send(worker_id.encode(), zmq.NOBLOCK | zmq.SNDMORE)
+            sock.send(payload, zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                raise WorkerError(
+                    f"worker {worker_id!r} is not connected to {self.endpoint}"
+                ) from None
+            if exc.errno == zmq.EAGAIN:
+                raise WorkerError(
+                    f"worker {worker_id!r} is not reading: {self._hwm} messages are queued"
+                ) from None
+            raise
+        self.frames_out += 1
+        # A send processes zmq's command queue and may swallow the FD edge of a message that
+        # has just arrived; inside a drain the loop reads on until EAGAIN anyway.
+        if not self._draining and cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            self._schedule_drain()
+
+    def close(self) -> None:
+        """Stop delivering; close the socket (linger 0), then its context. Idempotent."""
+        sock = self._sock
+        if sock is None:
+            return
+        self._sock = None
+        if self._drain_handle is not None:
+            self._drain_handle.cancel()
+            self._drain_handle = None
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.remove_reader(self._fd)
+        sock.close(linger=0)  # sockets before the context, or term() can hang
+        self._ctx.term()
+        if self._owned_dir is not None:
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
+
+    def __enter__(self) -> ZmqControllerTransport:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _schedule_drain(self) -> None:
+        if self._drain_handle is None and self._loop is not None:
+            self._drain_handle = self._loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        """Read every waiting message (up to the budget), deliver good ones, drop bad ones."""
+        self._drain_handle = None
+        sock = self._sock
+        handler = self._handler
+        if sock is None or handler is None:
+            return
+        recv = sock.recv
+        noblock = zmq.NOBLOCK
+        finished = False
+        self._draining = True
+        try:
+            for _ in range(DRAIN_BUDGET):
+                try:
+                    identity = recv(noblock)
+                except zmq.Again:
+                    finished = True
+                    return
+                # zmq delivers multipart messages whole: the other parts are already here.
+                if not sock.rcvmore:
+                    self._bad_frame(identity, "frame has 1 part, expected [identity, payload]")
+                    continue
+                payload = recv(noblock)
+                if sock.rcvmore:
+                    parts = 2
+                    while sock.rcvmore:
+                        recv(noblock)
+                        parts += 1
+                    self._bad_frame(identity, f"frame has {parts} parts, expected 2")
+                    continue
+                try:
+                    msg = decode_to_controller(payload)
+                except ProtocolError as exc:
+                    self._bad_frame(identity, str(exc))
+                    continue
+                self.frames_in += 1
+                handler(identity.decode("utf-8", "backslashreplace"), msg)
+                if self._sock is None:  # the handler closed the transport
+                    finished = True
+                    return
+        finally:
+            self._draining = False
+            # Out of budget, or the handler raised: messages may still wait, and no new FD
+            # edge will announce them.
+            if not finished and self._sock is not None:
+                self._schedule_drain()
+
+    def _bad_frame(self, identity: bytes, reason: str) -> None:
+        self.bad_frames += 1
+        self._bad_log.warn(f"controller transport at {self.endpoint}", identity, reason)
+
+
+class ZmqWorkerChannel:
+    """A worker's blocking DEALER to the controller; implements ``WorkerChannel``.
+
+    The socket's zmq identity is ``worker_id`` (utf-8), which is how the controller addresses
+    it. Connecting is asynchronous: messages sent before the controller is up are queued.
+    """
+
+    def __init__(self, endpoint: str, worker_id: str, *, hwm: int = DEFAULT_HWM) -> None:
+        if not worker_id:
+            raise WorkerError("a worker id must be a non-empty string")
+        self.endpoint = endpoint
+        self.worker_id = worker_id
+        self._ctx = zmq.Context()
+        self._sock: zmq.Socket[bytes] | None = self._ctx.socket(zmq.DEALER)
+        sock = self._sock
+        sock.setsockopt(zmq.IDENTITY, worker_id.encode())
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, hwm)
+        sock.setsockopt(zmq.SNDHWM, hwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        try:
+            sock.connect(endpoint)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise TransportError(
+                f"worker {worker_id!r} cannot connect to {endpoint!r}: {exc}"
+            ) from None
+
+    def send(self, msg: ToController) -> None:
+        """Send one message (blocks only while the queue to the controller is full).
+
+        Raises TransportError if the channel is closed.
+        """
+        self._socket().send(encode(msg))
+
+    def recv(self, timeout_s: float) -> ToWorker | None:
+        """The next message, or None after ``timeout_s`` seconds (0 = do not wait).
+
+        Raises ProtocolError if the controller sent a frame that does not decode (the frame is
+        consumed), TransportError if the channel is closed.
+        """
+        sock = self._socket()
+        try:
+            frame = sock.recv(zmq.NOBLOCK)  # the busy case skips a poll
+        except zmq.Again:
+            if timeout_s <= 0 or not sock.poll(math.ceil(timeout_s * 1000), zmq.POLLIN):
+                return None
+            frame = sock.recv(zmq.NOBLOCK)
+        if sock.rcvmore:
+            parts = 1
+            while sock.rcvmore:
+                sock.recv(zmq.NOBLOCK)
+                parts += 1
+            raise ProtocolError(
+                f"worker {self.worker_id!r} got a frame of {parts} parts, expected 1"
+            )
+        return decode_to_worker(frame)
+
+    def close(self) -> None:
+        """Close the socket (linger 0), then its context. Idempotent."""
+        sock = self._sock
+        if sock is None:
+            return
+        self._sock = None
+        sock.close(linger=0)
+        self._ctx.term()
+
+    def __enter__(self) -> ZmqWorkerChannel:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _socket(self) -> zmq.Socket[bytes]:
+        if self._sock is None:
+            raise TransportError(f"worker {self.worker_id!r}: channel is closed")
+        return self._sock
