@@ -34,6 +34,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     worker_timeout_s: float = 60.0
     engine: str = "torch"
     live: bool = True
+    results_per_frame: int = 0
     pools: dict[str, int] = {}
     graph: dict[str, Any] = {}
 
@@ -102,6 +103,11 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     if cfg.planner not in PLANNERS:
         raise ConfigError(f"--set planner={cfg.planner}: unknown planner; valid: "
                           f"{', '.join(PLANNERS)}")
+    from pivotflow.engines import ENGINE_KINDS
+
+    if cfg.engine not in ENGINE_KINDS:
+        raise ConfigError(f"--set engine={cfg.engine}: unknown engine; valid: "
+                          f"{', '.join(ENGINE_KINDS)}")
     for name in ("steps", "threads_per_worker", "max_batch", "max_jobs_per_frame"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--set {name}={getattr(cfg, name)}: must be >= 1")

@@ -115,7 +115,8 @@ def role_options(graph: Graph, cfg: RunConfig) -> dict[str, dict[str, Any]]:
         if not node.pool:
             continue
         o: dict[str, Any] = {"threads": cfg.threads_per_worker, "max_batch": cfg.max_batch,
-                             "engine": cfg.engine, "seed": cfg.seed}
+                             "engine": cfg.engine, "seed": cfg.seed,
+                             "results_per_frame": cfg.results_per_frame}
         if node.kind == "train":
             o.update({k: v for k, v in node.options.items()
                       if isinstance(v, (int, float, str, bool))})
@@ -132,6 +133,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     live = LiveView(graph.name, cfg.steps, console=console, enabled=cfg.live)
 
     def on_step(record: dict[str, Any]) -> None:
+        record["controller_cpu_s"] = time.process_time()  # this process is the controller
         std = {k: record[k] for k in STEP_KEYS if k in record}
         extra = {k: v for k, v in record.items() if k not in STEP_KEYS}
         recorder.record_step(StepRecord(**std, extra=extra))
@@ -170,7 +172,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     summary = _summarize(ctl, steps, wall, error)
     recorder.write_summary(summary)
     recorder.make_plots()
-    _save_checkpoint(store, graph, out)
+    _save_checkpoint(store, graph, out, models.dirs.get(graph.order()[-1].model or ""))
     shutil.rmtree(store.root, ignore_errors=True)
     if error is not None:
         raise error
@@ -192,7 +194,7 @@ async def _watch(launcher: LocalLauncher, ctl: Controller, live: Any) -> None:
 def _summarize(ctl: Controller, steps: list[dict[str, Any]], wall: float,
                error: BaseException | None) -> RunSummary:
     led = ctl.ledger
-    lost = 0 if error is None else 0  # in-flight groups at an abnormal stop are reported below
+    lost = len(ctl.lost_groups())
     samples = led.samples_trained
     return RunSummary(
         steps=len(steps), wall_s=wall,
@@ -205,26 +207,25 @@ def _summarize(ctl: Controller, steps: list[dict[str, Any]], wall: float,
                ctl.train_buffer.in_flight(), "late_results": led.late_results,
                "judge_failures": led.judge_failures, "bad_frames": ctl.transport.bad_frames,
                "generation_errors": ctl.errors["generation"],
+               "job_rtt_us_p50": ctl.job_rtt_us_p50(),
                "error": None if error is None else f"{type(error).__name__}: {error}",
                "task_accuracy_first": steps[0].get("task_accuracy") if steps else None,
                "task_accuracy_last": steps[-1].get("task_accuracy") if steps else None},
     )
 
 
-def _save_checkpoint(store: DirectoryParamStore, graph: Graph, out: Path) -> None:
-    """The newest policy as safetensors + config (what resuming and transformers need)."""
-    train = graph.order()[-1]
-    model = train.model or ""
+def _save_checkpoint(store: DirectoryParamStore, graph: Graph, out: Path,
+                     tokenizer_dir: Path | None) -> None:
+    """The newest policy as safetensors + HF config.json (loadable by transformers)."""
+    from pivotflow.engines.torch.weights import save_checkpoint
+
+    model = graph.order()[-1].model or ""
     try:
-        version = store.latest(model)
+        version, config, tensors = store.load(model)
     except PivotflowError:
         return
-    src = store.root / model / f"v{version:08d}"
     dst = out / "checkpoints" / model
-    if dst.exists():
-        shutil.rmtree(dst)
-    shutil.copytree(src, dst)
+    save_checkpoint(dst, config, tensors)
+    if tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").exists():
+        shutil.copy(tokenizer_dir / "tokenizer.json", dst / "tokenizer.json")
     (dst / "version").write_text(str(version))
-
-
-__all__ = ["run", "RunResult", "plan_workers", "WorkerError"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Protocol
 
 
@@ -15,10 +16,11 @@ class Clock(Protocol):
 
 
 class LoopClock:
-    """Wall time from the running event loop's monotonic clock."""
+    """Wall time. ``perf_counter``, not ``loop.time()``: uvloop's loop time ticks in whole
+    milliseconds, too coarse for job round trips of tens of microseconds."""
 
     def now(self) -> float:
-        return asyncio.get_running_loop().time()
+        return time.perf_counter()
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import statistics
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -76,7 +78,8 @@ class Controller:
         self.train_idx = len(self.order) - 1
         self.train_buffer = TrainBuffer(source.groups_per_step, cfg.max_staleness)
         self.ledger = Ledger()
-        self.jobs: dict[int, tuple[Sample, int, str]] = {}
+        self.jobs: dict[int, tuple[Sample, int, str, float]] = {}  # sample, stage, worker, sent
+        self.job_rtt_s: deque[float] = deque(maxlen=4096)
         self.next_job = 0
         self.version = 0
         self.step_in_flight: list[list[Sample]] | None = None
@@ -253,7 +256,7 @@ class Controller:
                     job = stages.generate_job(node, sample, job_id, tok, self.version)
                 else:
                     job = stages.judge_job(node, sample, job_id, tok)
-                self.jobs[job_id] = (sample, idx, worker.worker_id)
+                self.jobs[job_id] = (sample, idx, worker.worker_id, now)
                 worker.jobs.add(job_id)
                 jobs.append(job)
             self.transport.send(worker.worker_id, Jobs(jobs=jobs))
@@ -263,8 +266,9 @@ class Controller:
         if entry is None or entry[2] != w.worker_id:
             self.ledger.late_results += 1  # a result delivered twice, or after re-dispatch
             return
-        sample, idx, _ = entry
+        sample, idx, _, sent_at = entry
         w.jobs.discard(r.job_id)
+        self.job_rtt_s.append(self.clock.now() - sent_at)
         node = self.order[idx]
         tok = self.tok[node.model or ""]
         if node.kind == "generate":
@@ -315,6 +319,24 @@ class Controller:
             self.on_step(self.step_record(batch, msg))
         if self.version >= self.cfg.steps and self._done is not None:
             self._done.set()
+
+    def job_rtt_us_p50(self) -> float | None:
+        """Median time from sending a job to its result, as the controller sees it."""
+        return statistics.median(self.job_rtt_s) * 1e6 if self.job_rtt_s else None
+
+    def lost_groups(self) -> list[int]:
+        """Groups admitted and not trained or filtered that are nowhere in the controller: not
+        queued, not in a job, not waiting at a barrier or for the trainer. Must stay empty."""
+        present: set[int] = set()
+        for edge in self.edges.values():
+            present.update(s.group_id for s in edge.samples())
+        present.update(s.group_id for s, _, _, _ in self.jobs.values())
+        for groups in self.barriers.values():
+            present.update(groups)
+        present.update(self.train_buffer.ready)
+        for group in self.step_in_flight or []:
+            present.add(group[0].group_id)
+        return sorted(set(self.train_buffer.open) - present)
 
     def step_record(self, batch: list[list[Sample]], msg: TrainDone) -> dict[str, Any]:
         """The metrics.jsonl line of one optimizer step (keys are an interface: DESIGN.md)."""

@@ -42,6 +42,9 @@ class Edge:
         self.served += 1
         return sample
 
+    def samples(self) -> list[Sample]:
+        return list(self._queue)
+
     def mean_wait_s(self) -> float:
         return self.wait_s_total / self.served if self.served else 0.0
 

@@ -36,6 +36,7 @@ class Worker:
         self.store: DirectoryParamStore | None = None
         self.heartbeat_s = 1.0
         self.running = True
+        self.results_per_frame = 0  # 0: every result finished in a step shares one frame
 
     def handshake(self) -> None:
         self.chan.send(Hello(protocol_version=PROTOCOL_VERSION, worker_id=self.worker_id,
@@ -65,8 +66,9 @@ class Worker:
                 msg = self.chan.recv(0.0)
             if isinstance(self.role, GenerateRole) and self.role.has_work():
                 done = self.role.step()
-                if done:
-                    self.chan.send(JobsDone(results=done))
+                n = self.results_per_frame or len(done) or 1
+                for i in range(0, len(done), n):
+                    self.chan.send(JobsDone(results=done[i : i + n]))
             now = time.monotonic()
             if now - last_hb >= self.heartbeat_s:
                 busy_n = 1 if busy else 0
@@ -101,6 +103,7 @@ class Worker:
             self.role.release()
             self.role = None
         threads = int(msg.options.get("threads", 1))
+        self.results_per_frame = int(msg.options.get("results_per_frame", 0))
         torch.set_num_threads(threads)
         assert self.store is not None  # set by handshake, which always runs first
         if msg.role == "generate":

@@ -1,0 +1,109 @@
+"""Controller overhead: a 5-stage graph whose generate workers do no model work (EchoEngine).
+
+prompts -> rollout (echo) -> judge (echo) -> reward (map) -> advantage (group) -> train (a
+1-layer model, so the optimizer step is cheap). Reports end-to-end samples/s and the controller's
+CPU time per sample per hop (a hop = one dispatch + one result on a model stage; two per sample),
+one job per frame and up to 32 per frame, plus the unloaded job round trip seen by the
+controller. Prints one JSON object on its last line.
+
+    python bench/controller.py [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from pivotflow.engines.torch.model import Decoder, ModelConfig
+from pivotflow.engines.torch.weights import save_checkpoint
+from pivotflow.metrics import read_metrics
+from pivotflow.run import run
+
+GRAPH = '''
+from pivotflow.graph import Graph
+from pivotflow.rl.group_fns import grpo_advantage
+
+DEFAULTS = {"group_size": 8, "groups_per_step": 32}
+
+def template(prompt, response, **_):
+    return prompt + response + "?"
+
+def parse(verdict, **_):
+    return 1.0
+
+def reward(reward, answer, completion, **_):
+    return reward * float(answer == completion)
+
+def build(c):
+    g = Graph("controller_bench")
+    g.model("policy", source=%(policy)r)
+    g.model("judge", source=%(judge)r)
+    g.pool("rollout", workers=1)
+    g.pool("judge", workers=1)
+    g.pool("trainer", workers=1)
+    src = g.source("prompts", task="arithmetic", group_size=c["group_size"],
+                   groups_per_step=c["groups_per_step"])
+    gen = g.generate("rollout", model="policy", pool="rollout", max_tokens=4)
+    jud = g.judge("judge", model="judge", pool="judge", template=template, parse=parse,
+                  max_tokens=2)
+    rew = g.map("reward", reward, writes=["reward"])
+    adv = g.group("advantage", grpo_advantage, writes=["advantage"])
+    tr = g.train("train", model="policy", pool="trainer")
+    g.chain(src, gen, jud, rew, adv, tr)
+    return g
+'''
+
+HOPS = 2  # rollout and judge
+
+
+def measure(graph: Path, out: Path, steps: int, sets: list[str]) -> dict[str, float]:
+    result = run(graph, sets=["engine=echo", "live=false", *sets], out=out, steps=steps,
+                 console=False)
+    recs = read_metrics(out / "metrics.jsonl")
+    first, last = recs[1], recs[-1]  # skip step 1: it includes worker start-up
+    samples = sum(r["samples"] for r in recs[2:])
+    wall = last["time_s"] - first["time_s"]
+    cpu = last["controller_cpu_s"] - first["controller_cpu_s"]
+    return {
+        "samples_per_s": samples / wall,
+        "controller_cpu_us_per_sample_per_hop": cpu / samples / HOPS * 1e6,
+        "job_rtt_us_p50": result.summary.get("job_rtt_us_p50"),
+        "samples": samples,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=20)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory(prefix="pf-bench-") as tmp:
+        root = Path(tmp)
+        cfg = ModelConfig(vocab_size=99, hidden_size=16, intermediate_size=32,
+                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+        for name in ("policy", "judge"):
+            save_checkpoint(root / name, cfg, Decoder(cfg).state_dict())
+        graph = root / "graph.py"
+        graph.write_text(GRAPH % {"policy": str(root / "policy"), "judge": str(root / "judge")})
+        one = measure(graph, root / "one", args.steps,
+                      ["max_jobs_per_frame=1", "results_per_frame=1"])
+        batched = measure(graph, root / "batched", args.steps, ["max_jobs_per_frame=32"])
+        unloaded = measure(graph, root / "unloaded", max(5, args.steps // 2),
+                           ["graph.group_size=2", "graph.groups_per_step=1"])
+    print(json.dumps({
+        "bench": "controller",
+        "one_per_frame": one,
+        "batched_32": batched,
+        "unloaded_job_rtt_us_p50": unloaded["job_rtt_us_p50"],
+        "batched_speedup": batched["samples_per_s"] / one["samples_per_s"],
+        "python": sys.version.split()[0],
+    }))
+
+
+if __name__ == "__main__":
+    main()
