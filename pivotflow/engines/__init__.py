@@ -1,0 +1,38 @@
+"""Inference engines behind one interface (``base.Engine``): torch (embedded), vLLM, SGLang."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pivotflow.engines.base import Engine
+from pivotflow.errors import EngineError
+
+ENGINE_KINDS = ("torch", "vllm", "sglang", "echo")
+
+
+def make_engine(kind: str, model_config: Any, **kw: Any) -> Engine:
+    """Build an engine of ``kind`` for ``model_config``; ``kw`` go to its constructor.
+
+    The vLLM and SGLang adapters import their library only here. Raises EngineError for an
+    unknown kind or a backend that is not installed.
+    """
+    if kind == "torch":
+        from pivotflow.engines.torch.engine import TorchEngine
+
+        return TorchEngine(model_config, **kw)
+    if kind == "vllm":
+        from pivotflow.engines.vllm_engine import VllmEngine
+
+        return VllmEngine(model_config, **kw)
+    if kind == "sglang":
+        from pivotflow.engines.sglang_engine import SglangEngine
+
+        return SglangEngine(model_config, **kw)
+    if kind == "echo":  # no model: for measuring the control plane (bench/controller.py)
+        from pivotflow.engines.echo import EchoEngine
+
+        return EchoEngine(model_config, **kw)
+    raise EngineError(f"unknown engine kind {kind!r}; valid kinds: {', '.join(ENGINE_KINDS)}")
+
+
+__all__ = ["ENGINE_KINDS", "Engine", "make_engine"]

@@ -132,6 +132,13 @@ class Attention(nn.Module):
         if cache is not None:
             k, v, attn_mask = cache.update(self.layer_idx, k, v)
         rep = self.n_heads // self.n_kv
+        if rep > 1 and t == 1 and cache is not None:
+            # One-token decode: fold each KV group's query heads onto the query axis so cached
+            # keys/values are read in place, not copied `rep` times (same math as below).
+            out = F.scaled_dot_product_attention(
+                q.reshape(b, self.n_kv, rep, self.head_dim), k, v, attn_mask=attn_mask
+            )
+            return self.o_proj(out.reshape(b, t, -1))
         if rep > 1:
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)

@@ -1,0 +1,126 @@
+"""Batched sampling whose randomness is a pure function of (seed, token index).
+
+Sampling uses the Gumbel-max trick: ``argmax(logits / T + g)`` draws from ``softmax(logits / T)``
+when ``g`` is standard Gumbel noise. The noise for token index ``i`` of a request is a counter-based
+hash of (seed, i, vocabulary id), not a draw from a shared RNG stream, so a request resumed
+elsewhere with the first ``i`` tokens as its prefix draws exactly what it would have drawn, whatever
+its batch companions.
+
+Logprobs are ``log_softmax`` of the raw logits, before temperature and top-p: the probability the
+unmodified policy gives the sampled token, which is what RL importance ratios compare.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import torch
+
+from pivotflow.engines.base import SamplingParams
+
+_M32 = 0xFFFFFFFF
+_M64 = (1 << 64) - 1
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (hash-prospector's [16 21f0aaad 15 735a2d97 15]) on int64 tensors
+    holding values in [0, 2**32). Both multipliers are < 2**31, so no product overflows int64."""
+    x = x ^ (x >> 16)
+    x = (x * 0x21F0AAAD) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x735A2D97) & _M32
+    return x ^ (x >> 15)
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def seed_key(seed: int | None) -> int:
+    """The 32-bit key a request's noise is derived from; ``None`` draws a fresh random seed."""
+    if seed is None:
+        seed = secrets.randbits(63)
+    return _splitmix64(seed & _M64) & _M32
+
+
+def gumbel_noise(keys: torch.Tensor, index: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Standard Gumbel noise [n, vocab] for rows with ``keys`` [n] drawing token ``index`` [n]."""
+    row = _mix32(keys ^ _mix32(index & _M32))
+    vocab = _mix32(torch.arange(vocab_size, device=keys.device, dtype=torch.long) + 0x6A09E667)
+    bits = _mix32(row[:, None] ^ vocab[None, :])
+    # 24 bits map exactly onto float32 in (0, 1): neither log below can see 0.
+    u = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return -torch.log(-torch.log(u))
+
+
+def top_p_filter(scores: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Set to -inf every token outside the smallest set whose probability reaches ``top_p`` [n]
+    (the most likely token always stays; rows with top_p >= 1 are unchanged)."""
+    probs = torch.softmax(scores, dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    drop_sorted = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0)
+    drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+    return scores.masked_fill(drop, float("-inf"))
+
+
+class SlotSampler:
+    """Per-slot sampling parameters for up to ``max_batch`` running sequences."""
+
+    def __init__(self, max_batch: int, device: torch.device | str) -> None:
+        self.temperature = torch.zeros(max_batch, device=device)
+        self.top_p = torch.ones(max_batch, device=device)
+        self.keys = torch.zeros(max_batch, dtype=torch.long, device=device)
+        self._sampled: set[int] = set()  # slots with temperature > 0
+        self._nucleus: set[int] = set()  # sampled slots with top_p < 1
+
+    def set(self, slot: int, params: SamplingParams, key: int) -> None:
+        """Install a request's parameters in ``slot``."""
+        self.temperature[slot] = params.temperature
+        self.top_p[slot] = params.top_p
+        self.keys[slot] = key
+        self._sampled.discard(slot)
+        self._nucleus.discard(slot)
+        if params.temperature > 0:
+            self._sampled.add(slot)
+            if params.top_p < 1.0:
+                self._nucleus.add(slot)
+
+    def move(self, src: int, dst: int) -> None:
+        """Move slot ``src``'s parameters into ``dst`` (src becomes free)."""
+        for t in (self.temperature, self.top_p, self.keys):
+            t[dst] = t[src]
+        for group in (self._sampled, self._nucleus):
+            group.discard(dst)
+            if src in group:
+                group.discard(src)
+                group.add(dst)
+
+    def free(self, slot: int) -> None:
+        """Forget ``slot`` (its sequence left)."""
+        self._sampled.discard(slot)
+        self._nucleus.discard(slot)
+
+    def sample(
+        self, logits: torch.Tensor, start: int, index: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw one token for slots ``start..start+n-1`` from ``logits`` [n, vocab], where
+        ``index`` [n] is each row's token index in its response. Returns (tokens, logprobs)."""
+        logits = logits.float()
+        n = logits.shape[0]
+        tokens = logits.argmax(dim=-1)
+        if any(start <= s < start + n for s in self._sampled):
+            temperature = self.temperature[start : start + n]
+            # Greedy rows divide by 1 (their draw is discarded) so no row overflows to inf/NaN.
+            scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+            scores = logits / scale[:, None]
+            if any(start <= s < start + n for s in self._nucleus):
+                scores = top_p_filter(scores, self.top_p[start : start + n])
+            noise = gumbel_noise(self.keys[start : start + n], index, logits.shape[-1])
+            drawn = (scores + noise).argmax(dim=-1)
+            tokens = torch.where(temperature > 0, drawn, tokens)
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+        return tokens, logprobs
