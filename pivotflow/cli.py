@@ -28,7 +28,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
 def _cmd_inspect(args: argparse.Namespace, console: Console) -> int:
     from pivotflow.graph_check import load_graph
 
-    console.print(load_graph(args.graph).describe(), highlight=False)
+    console.print(load_graph(args.graph).describe(), highlight=False, soft_wrap=True)
     return 0
 
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[yellow]{exc}[/]: workers reaped, records flushed")
         return 130
     except PivotflowError as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 2
 
 

@@ -12,17 +12,16 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import msgspec
 import torch
-from safetensors.torch import load_file, save_file
 
 from pivotflow.engines.torch.model import ModelConfig
+from pivotflow.engines.torch.weights import load_checkpoint, save_checkpoint
 from pivotflow.errors import CheckpointError
 
 
 class DirectoryParamStore:
-    """``root/<model>/v<version>/`` holds model.safetensors and config.json; ``LATEST`` names
-    the newest whole version."""
+    """``root/<model>/v<version>/`` holds model.safetensors and an HF config.json; ``LATEST``
+    names the newest whole version."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
@@ -31,15 +30,18 @@ class DirectoryParamStore:
     def _dir(self, model: str, version: int) -> Path:
         return self.root / model / f"v{version:08d}"
 
+    def path(self, model: str, version: int) -> Path:
+        """The folder of ``model@version``: a Hugging Face-style checkpoint (vLLM and SGLang
+        load it by path)."""
+        return self._dir(model, version)
+
     def publish(self, model: str, version: int, tensors: dict[str, torch.Tensor],
                 config: ModelConfig) -> None:
         """Write ``model@version`` whole, then point LATEST at it (readers never see half)."""
         final = self._dir(model, version)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=final.parent))
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
-                  str(tmp / "model.safetensors"))
-        (tmp / "config.json").write_bytes(msgspec.json.encode(config))
+        save_checkpoint(tmp, config, tensors)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -62,13 +64,7 @@ class DirectoryParamStore:
         """(version, config, tensors) of ``model@version`` (the latest when None)."""
         if version is None:
             version = self.latest(model)
-        d = self._dir(model, version)
-        try:
-            config = msgspec.json.decode((d / "config.json").read_bytes(), type=ModelConfig)
-            tensors = load_file(str(d / "model.safetensors"))
-        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise CheckpointError(f"parameter store: {model}@v{version} at {d} is unreadable: "
-                                  f"{exc}") from exc
+        config, tensors = load_checkpoint(self._dir(model, version))
         return version, config, tensors
 
     def gc(self, model: str, keep: int = 2) -> None:

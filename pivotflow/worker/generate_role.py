@@ -25,8 +25,12 @@ class GenerateRole:
         self.store, self.model = store, model
         t0 = time.perf_counter()
         version, config, tensors = store.load(model)
-        self.engine = make_engine(str(options.get("engine", "torch")), config,
-                                  max_batch=int(options.get("max_batch", 64)), eos_token_id=2)
+        kind = str(options.get("engine", "torch"))
+        if kind in ("vllm", "sglang"):  # they load the checkpoint folder themselves
+            engine_kw: dict = {"model_path": str(store.path(model, version))}
+        else:
+            engine_kw = {"max_batch": int(options.get("max_batch", 64)), "eos_token_id": 2}
+        self.engine = make_engine(kind, config, **engine_kw)
         self.engine.load_weights(tensors, version)
         self.load_s = time.perf_counter() - t0
 

@@ -1,0 +1,115 @@
+"""`pivotflow run` with real worker processes: records, failures, Ctrl-C, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pivotflow.cli import main
+from pivotflow.errors import WorkerError
+from pivotflow.launch.local import LocalLauncher
+from pivotflow.metrics import STEP_KEYS, SUMMARY_KEYS, read_metrics
+from pivotflow.run import run
+
+FAST = ["live=false", "graph.groups_per_step=2", "graph.group_size=4"]
+
+
+def workers_alive() -> list[str]:
+    out = subprocess.run(["pgrep", "-f", "pivotflow.worker --endpoint"], capture_output=True,
+                         text=True)
+    return out.stdout.split()
+
+
+def test_run_leaves_its_records(tmp_path: Path, random_genrm_graph: Path) -> None:
+    result = run(random_genrm_graph, sets=FAST, out=tmp_path / "out", steps=3, console=False)
+    out = result.out
+    lines = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in lines] == [1, 2, 3]
+    assert STEP_KEYS <= set(lines[0])
+    summary = json.loads((out / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["ledger"]["prompts_in"] == 6 == summary["ledger"]["groups_trained"]
+    assert summary["ledger"]["lost"] == 0 and summary["ledger"]["duplicates"] == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["steps"] == 3 and config["graph"]["groups_per_step"] == 2
+    assert (out / "plots" / "reward_accuracy.png").stat().st_size > 1000
+    assert (out / "checkpoints" / "policy" / "model.safetensors").exists()
+    assert not workers_alive()
+
+
+def test_worker_that_fails_to_load_its_role_stops_the_run(tmp_path: Path,
+                                                          random_genrm_graph: Path) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match="vllm is not installed"):
+        run(random_genrm_graph, sets=[*FAST, "engine=vllm"], out=tmp_path / "out", steps=2,
+            console=False)
+    assert time.monotonic() - t0 < 60
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert "vllm is not installed" in summary["error"]
+    assert not workers_alive()
+
+
+def test_worker_crash_before_hello_shows_its_stderr(tmp_path: Path) -> None:
+    launcher = LocalLauncher("bogus://nowhere", tmp_path / "logs")
+    launcher.start("w0")
+    deadline = time.monotonic() + 30
+    while not launcher.exited() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    launcher.stop()
+    [(wid, code)] = launcher.exited()
+    assert wid == "w0" and code != 0
+    assert "cannot connect to 'bogus://nowhere'" in launcher.stderr_tail("w0")
+
+
+def test_bad_set_is_a_clear_error(capsys: pytest.CaptureFixture[str],
+                                  random_genrm_graph: Path) -> None:
+    code = main(["run", str(random_genrm_graph), "--set", "stepz=3"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "stepz" in err and "valid keys" in err
+
+
+def test_broken_graph_file_is_a_clear_error(capsys: pytest.CaptureFixture[str],
+                                            tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("from pivotflow.graph import Graph\ng = Graph('x')\ng.pool('p', workers=1)\n"
+                   "graph = g\n")
+    code = main(["run", str(bad)])
+    assert code == 2
+    assert "has no nodes" in capsys.readouterr().err
+
+
+def test_ctrl_c_reaps_workers_and_flushes_records(tmp_path: Path,
+                                                  random_genrm_graph: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pivotflow.cli", "run", str(random_genrm_graph), "--out",
+         str(out), "--steps", "100000", *[a for s in FAST for a in ("--set", s)]],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text():
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the run made no step in 120 s")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert b"interrupted" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] >= 1 and "interrupted" in summary["error"]
+    assert read_metrics(out / "metrics.jsonl")
+    assert not workers_alive()
