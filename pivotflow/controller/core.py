@@ -24,7 +24,7 @@ from pivotflow.controller.sample import Ledger, Sample
 from pivotflow.controller.source import PromptSource
 from pivotflow.controller import stages
 from pivotflow.controller.train_batch import TrainBuffer
-from pivotflow.errors import WorkerError
+from pivotflow.errors import GraphError, WorkerError
 from pivotflow.graph import Graph
 from pivotflow.protocol import (
     PROTOCOL_VERSION, AssignRole, Heartbeat, Hello, JobDone, Jobs, JobsDone, Reject, RoleReady,
@@ -45,6 +45,7 @@ class ControllerConfig:
     heartbeat_s: float = 1.0
     worker_timeout_s: float = 30.0
     max_jobs_per_frame: int = 32
+    max_filtered_per_step: int = 10  # x groups_per_step filtered in a row fails the run
     seed: int = 0
 
 
@@ -84,6 +85,7 @@ class Controller:
         self.version = 0
         self.step_in_flight: list[list[Sample]] | None = None
         self.tokens_generated = 0
+        self.filtered_since_step = 0
         self.errors = {"generation": 0, "bad_stage": 0}
         self.rng = random.Random(cfg.seed)
         self.started_at = 0.0
@@ -228,7 +230,14 @@ class Controller:
             assert node.fn is not None
             if not node.fn(**stages.group_fields(group)):
                 self.ledger.groups_filtered += 1
+                self.filtered_since_step += 1
                 self.train_buffer.dropped(group[0].group_id)
+                limit = self.cfg.max_filtered_per_step * self.source.groups_per_step
+                if self.filtered_since_step > limit:
+                    self.fail(GraphError(
+                        f"filter {node.name!r} at {node.where} dropped {self.filtered_since_step} "
+                        f"groups since the last optimizer step (limit {limit}): nothing is left "
+                        "to train on; check the reward, or raise max_filtered_per_step"))
                 return
         else:  # train
             self.train_buffer.add(group)
@@ -315,6 +324,7 @@ class Controller:
         for group in batch:
             self.ledger.mark_trained(group[0].group_id, len(group))
         self.version = msg.version
+        self.filtered_since_step = 0
         if self.on_step is not None:
             self.on_step(self.step_record(batch, msg))
         if self.version >= self.cfg.steps and self._done is not None:

@@ -11,6 +11,7 @@ import pytest
 from pivotflow.controller.clock import LoopClock
 from pivotflow.controller.core import Controller, ControllerConfig
 from pivotflow.controller.source import PromptSource
+from pivotflow.errors import GraphError
 from pivotflow.graph import Graph
 from pivotflow.protocol import (
     PROTOCOL_VERSION, AssignRole, Hello, Jobs, JobDone, JobsDone, RoleReady, TrainDone,
@@ -32,7 +33,7 @@ def parse(verdict: str, **_: Any) -> float | None:
     return {"Y": 1.0, "N": 0.0}.get(verdict)
 
 
-def make_graph(group_size: int = 2, groups_per_step: int = 2) -> Graph:
+def make_graph(group_size: int = 2, groups_per_step: int = 2, keep: Any = None) -> Graph:
     g = Graph("t")
     g.model("policy", source="unused")
     g.model("judge", source="unused")
@@ -45,7 +46,10 @@ def make_graph(group_size: int = 2, groups_per_step: int = 2) -> Graph:
     jud = g.judge("genrm", model="judge", pool="genrm", template=template, parse=parse)
     adv = g.group("advantage", grpo_advantage, writes=["advantage"])
     tr = g.train("train", model="policy", pool="trainer")
-    g.chain(src, gen, jud, adv, tr)
+    if keep is None:
+        g.chain(src, gen, jud, adv, tr)
+    else:
+        g.chain(src, gen, jud, g.filter("keep", keep), adv, tr)
     return g
 
 
@@ -55,6 +59,7 @@ class Harness:
     def __init__(self, steps: int, max_staleness: int = 0, **graph_kw: Any) -> None:
         self.graph = make_graph(**graph_kw)
         self.records: list[dict[str, Any]] = []
+        self.error: BaseException | None = None
         self.hub = LocalHub()
         assignments = {"w-roll": "rollout", "w-judge": "genrm", "w-train": "trainer"}
         source = PromptSource(self.graph.order()[0],
@@ -111,7 +116,8 @@ async def test_fast_sample_overtakes_slow_one() -> None:
     assert h.ctl.ledger.groups_trained == 1 and h.ctl.lost_groups() == []
 
 
-async def drive(h: Harness, *, judge_text: str = "Y", late_copy: bool = False) -> list[TrainStep]:
+async def drive(h: Harness, *, judge_text: str = "Y", late_copy: bool = False,
+                raises: type[BaseException] | None = None) -> list[TrainStep]:
     """Play all three workers until the run ends; return the train steps seen."""
     steps: list[TrainStep] = []
     run = asyncio.ensure_future(h.ctl.run())
@@ -139,7 +145,12 @@ async def drive(h: Harness, *, judge_text: str = "Y", late_copy: bool = False) -
         asyncio.ensure_future(serve("w-train", None)),
     ]
     try:
-        await asyncio.wait_for(run, 10)
+        if raises is None:
+            await asyncio.wait_for(run, 10)
+        else:
+            with pytest.raises(raises) as info:
+                await asyncio.wait_for(run, 10)
+            h.error = info.value
     finally:
         for s in servers:
             s.cancel()
@@ -169,3 +180,16 @@ async def test_unparseable_verdicts_are_counted_not_zero() -> None:
     assert h.ctl.ledger.judge_failures == 4
     assert all(s.advantage == 0.0 for s in steps[0].seqs)
     assert h.records[0]["reward_mean"] is None
+
+
+async def test_filter_drops_refill_and_a_filter_that_drops_everything_fails_clearly() -> None:
+    kept = iter([False, True] * 100)
+    h = Harness(steps=2, group_size=2, groups_per_step=2, keep=lambda reward, **_: next(kept))
+    steps = await drive(h)
+    assert h.ctl.ledger.groups_filtered == 4 and h.ctl.ledger.groups_trained == 4
+    assert h.ctl.ledger.prompts_in == 8 and h.ctl.lost_groups() == []
+    assert len(steps) == 2
+
+    h = Harness(steps=2, group_size=2, groups_per_step=2, keep=lambda reward, **_: False)
+    await drive(h, raises=GraphError)
+    assert "filter 'keep'" in str(h.error) and "nothing is left to train on" in str(h.error)
