@@ -197,7 +197,7 @@ class Graph:
 
     def chain(self, *nodes: Node) -> None:
         """Connect each node to the next."""
-        for a, b in zip(nodes, nodes[1:]):
+        for a, b in zip(nodes, nodes[1:], strict=False):
             self.connect(a, b)
 
     def order(self) -> list[Node]:

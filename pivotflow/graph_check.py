@@ -123,7 +123,7 @@ def validate(graph: Graph) -> None:
 
 def _check_cycles(graph: Graph, g: nx.DiGraph) -> None:
     for cycle in nx.simple_cycles(g):
-        pairs = list(zip(cycle, cycle[1:] + cycle[:1]))
+        pairs = list(zip(cycle, cycle[1:] + cycle[:1], strict=False))
         if not any(g.edges[a, b]["loop"] for a, b in pairs):
             first = graph.nodes[cycle[0]]
             raise GraphError(f"cycle {' -> '.join(cycle + cycle[:1])} (node {first.name!r} at "

@@ -8,8 +8,6 @@ Schemas grow only by appending fields with defaults.
 
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
 
 PROTOCOL_VERSION = 1
@@ -81,7 +79,7 @@ class WorkerFailed(msgspec.Struct, tag=True, kw_only=True, frozen=True):
     job_ids: list[int] = []
 
 
-ToController = Union[Hello, Heartbeat, RoleReady, JobsDone, TrainDone, WorkerFailed]
+ToController = Hello | Heartbeat | RoleReady | JobsDone | TrainDone | WorkerFailed
 
 
 # ---------------------------------------------------------------- controller -> worker
@@ -164,4 +162,4 @@ class Shutdown(msgspec.Struct, tag=True, kw_only=True, frozen=True):
     reason: str = ""
 
 
-ToWorker = Union[Welcome, Reject, AssignRole, Jobs, AbortJobs, TrainStep, Shutdown]
+ToWorker = Welcome | Reject | AssignRole | Jobs | AbortJobs | TrainStep | Shutdown

@@ -17,11 +17,11 @@ from pivotflow.config import RunConfig, parse_overrides, resolve
 from pivotflow.controller.clock import LoopClock
 from pivotflow.controller.core import Controller, ControllerConfig
 from pivotflow.controller.source import PromptSource
-from pivotflow.errors import ConfigError, PivotflowError, RunInterrupted, WorkerError
+from pivotflow.errors import ConfigError, PivotflowError, RunInterrupted
 from pivotflow.graph import Graph
 from pivotflow.graph_check import build_graph, graph_defaults, import_graph_file
 from pivotflow.launch.local import LocalLauncher
-from pivotflow.metrics import Ledger, RunRecorder, RunSummary, StepRecord, STEP_KEYS
+from pivotflow.metrics import STEP_KEYS, Ledger, RunRecorder, RunSummary, StepRecord
 from pivotflow.params.store import DirectoryParamStore
 from pivotflow.run_models import ProblemStream, prepare_models
 from pivotflow.transport.zmq_transport import ZmqControllerTransport

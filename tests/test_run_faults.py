@@ -32,9 +32,9 @@ def test_run_leaves_its_records(tmp_path: Path, random_genrm_graph: Path) -> Non
     out = result.out
     lines = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in lines] == [1, 2, 3]
-    assert STEP_KEYS <= set(lines[0])
+    assert set(lines[0]) >= STEP_KEYS
     summary = json.loads((out / "summary.json").read_text())
-    assert SUMMARY_KEYS <= set(summary)
+    assert set(summary) >= SUMMARY_KEYS
     assert summary["ledger"]["prompts_in"] == 6 == summary["ledger"]["groups_trained"]
     assert summary["ledger"]["lost"] == 0 and summary["ledger"]["duplicates"] == 0
     config = json.loads((out / "config.json").read_text())

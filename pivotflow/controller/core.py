@@ -9,6 +9,7 @@ train step. Time comes from the injected clock, messages from the injected trans
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import statistics
@@ -17,18 +18,30 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pivotflow.controller import stages
 from pivotflow.controller.clock import Clock
 from pivotflow.controller.edges import Edge
 from pivotflow.controller.pools import Pool, WorkerHandle
 from pivotflow.controller.sample import Ledger, Sample
 from pivotflow.controller.source import PromptSource
-from pivotflow.controller import stages
 from pivotflow.controller.train_batch import TrainBuffer
 from pivotflow.errors import GraphError, WorkerError
 from pivotflow.graph import Graph
 from pivotflow.protocol import (
-    PROTOCOL_VERSION, AssignRole, Heartbeat, Hello, JobDone, Jobs, JobsDone, Reject, RoleReady,
-    Shutdown, TrainDone, TrainStep, Welcome, WorkerFailed,
+    PROTOCOL_VERSION,
+    AssignRole,
+    Heartbeat,
+    Hello,
+    JobDone,
+    Jobs,
+    JobsDone,
+    Reject,
+    RoleReady,
+    Shutdown,
+    TrainDone,
+    TrainStep,
+    Welcome,
+    WorkerFailed,
 )
 from pivotflow.tasks.tokenizer import CharTokenizer
 from pivotflow.transport.base import ControllerTransport
@@ -121,10 +134,8 @@ class Controller:
     def _shutdown_workers(self) -> None:
         for w in self.workers.values():
             if w.state != "dead":
-                try:
+                with contextlib.suppress(WorkerError):
                     self.transport.send(w.worker_id, Shutdown(reason="run finished"))
-                except WorkerError:
-                    pass
 
     async def _tick_forever(self) -> None:
         while True:

@@ -107,7 +107,7 @@ def apply_group_fn(node: Node, samples: list[Sample]) -> None:
         if len(values) != len(samples):
             raise GraphError(f"group {node.name!r} at {node.where} returned {len(values)} "
                              f"values of {key!r} for a group of {len(samples)}")
-        for s, v in zip(samples, values):
+        for s, v in zip(samples, values, strict=False):
             s.fields[key] = v
 
 

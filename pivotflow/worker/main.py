@@ -6,6 +6,7 @@ and when idle it blocks on the socket until the next heartbeat is due.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -16,8 +17,19 @@ import torch
 from pivotflow.errors import ProtocolError, WorkerError
 from pivotflow.params.store import DirectoryParamStore
 from pivotflow.protocol import (
-    PROTOCOL_VERSION, AbortJobs, AssignRole, Heartbeat, Hello, Jobs, JobsDone, Reject, RoleReady,
-    Shutdown, TrainStep, Welcome, WorkerFailed,
+    PROTOCOL_VERSION,
+    AbortJobs,
+    AssignRole,
+    Heartbeat,
+    Hello,
+    Jobs,
+    JobsDone,
+    Reject,
+    RoleReady,
+    Shutdown,
+    TrainStep,
+    Welcome,
+    WorkerFailed,
 )
 from pivotflow.transport.zmq_transport import ZmqWorkerChannel
 from pivotflow.worker.generate_role import GenerateRole
@@ -132,10 +144,8 @@ def run_worker(endpoint: str, worker_id: str) -> int:
     except Exception as exc:
         tb = traceback.format_exc(limit=8)
         log.error("worker %s failed: %s", worker_id, tb)
-        try:
+        with contextlib.suppress(Exception):
             worker.chan.send(WorkerFailed(error=f"{type(exc).__name__}: {exc}\n{tb[-2000:]}"))
-        except Exception:
-            pass
         return 1
     finally:
         worker.close()

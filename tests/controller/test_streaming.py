@@ -14,8 +14,16 @@ from pivotflow.controller.source import PromptSource
 from pivotflow.errors import GraphError
 from pivotflow.graph import Graph
 from pivotflow.protocol import (
-    PROTOCOL_VERSION, AssignRole, Hello, Jobs, JobDone, JobsDone, RoleReady, TrainDone,
-    TrainStep, Welcome,
+    PROTOCOL_VERSION,
+    AssignRole,
+    Hello,
+    JobDone,
+    Jobs,
+    JobsDone,
+    RoleReady,
+    TrainDone,
+    TrainStep,
+    Welcome,
 )
 from pivotflow.rl.group_fns import grpo_advantage
 from pivotflow.run_models import ProblemStream
