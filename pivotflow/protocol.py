@@ -44,6 +44,7 @@ class RoleReady(msgspec.Struct, tag=True, kw_only=True, frozen=True):
     model: str
     version: int
     load_s: float = 0.0
+    release_s: float = 0.0
 
 
 class JobDone(msgspec.Struct, **_HOT):  # type: ignore[call-arg]

@@ -23,6 +23,7 @@ from pivotflow.controller.clock import Clock
 from pivotflow.controller.edges import Edge
 from pivotflow.controller.pools import Pool, WorkerHandle
 from pivotflow.controller.sample import Ledger, Sample
+from pivotflow.controller.shifts import ShiftManager
 from pivotflow.controller.source import PromptSource
 from pivotflow.controller.train_batch import TrainBuffer
 from pivotflow.errors import GraphError, WorkerError
@@ -98,6 +99,8 @@ class Controller:
         self.version = 0
         self.step_in_flight: list[list[Sample]] | None = None
         self.tokens_generated = 0
+        self.shifts = ShiftManager(self)
+        self._shifts_reported = 0
         self.filtered_since_step = 0
         self.errors = {"generation": 0, "bad_stage": 0}
         self.rng = random.Random(cfg.seed)
@@ -180,6 +183,7 @@ class Controller:
                 self._on_hello(w, pv)
             case RoleReady(version=version):
                 w.state, w.version = "ready", version
+                self.shifts.on_ready(worker_id, msg)
                 log.info("worker %s ready: %s %s@v%d (%.2fs)", worker_id, msg.role, msg.model,
                          version, msg.load_s)
             case WorkerFailed(error=error):
@@ -289,11 +293,14 @@ class Controller:
         sample, idx, _, sent_at = entry
         w.jobs.discard(r.job_id)
         self.job_rtt_s.append(self.clock.now() - sent_at)
+        if r.finish_reason != "abort":
+            self.shifts.on_job_finished(w.worker_id, r.job_id)
         node = self.order[idx]
         tok = self.tok[node.model or ""]
         if node.kind == "generate":
             self.tokens_generated += len(r.token_ids) - sample.fields.pop("_counted", 0)
         if r.finish_reason == "abort":  # migration: resume elsewhere from the partial state
+            self.shifts.on_aborted(w.worker_id, r.job_id)
             sample.fields[stages.PARTIAL] = r
             sample.fields["_counted"] = len(r.token_ids)
             self.edges[idx].push(sample, self.clock.now(), front=True)
@@ -338,6 +345,7 @@ class Controller:
         self.filtered_since_step = 0
         if self.on_step is not None:
             self.on_step(self.step_record(batch, msg))
+        self._shifts_reported = len(self.shifts.done)
         if self.version >= self.cfg.steps and self._done is not None:
             self._done.set()
 
@@ -375,9 +383,10 @@ class Controller:
             "task_accuracy": sum(correct) / len(correct) if correct else None,
             "pools": {p.name: len(p.workers) for p in self.pools.values()},
             "queue_depth": {e.name: len(e) for e in self.edges.values()},
-            "shifts": 0,
-            "migrations": 0,
+            "shifts": self.shifts.count,
+            "migrations": self.shifts.migrations,
             "tokens_generated": self.tokens_generated,
+            "shift_events": [rec.as_record() for rec in self.shifts.done[self._shifts_reported:]],
             "staleness_max": max(msg.version - 1 - min(s.fields["versions"] or [msg.version - 1])
                                  for s in samples),
             "judge_failures": self.ledger.judge_failures,

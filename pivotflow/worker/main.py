@@ -111,9 +111,11 @@ class Worker:
                 log.warning("worker %s ignores %s", self.worker_id, type(msg).__name__)
 
     def assign(self, msg: AssignRole) -> None:
+        t0 = time.perf_counter()
         if self.role is not None:
             self.role.release()
             self.role = None
+        release_s = time.perf_counter() - t0
         threads = int(msg.options.get("threads", 1))
         self.results_per_frame = int(msg.options.get("results_per_frame", 0))
         torch.set_num_threads(threads)
@@ -125,7 +127,7 @@ class Worker:
         else:
             raise WorkerError(f"unknown role {msg.role!r}")
         self.chan.send(RoleReady(role=msg.role, model=msg.model, version=self.role.version,
-                                 load_s=self.role.load_s))
+                                 load_s=self.role.load_s, release_s=release_s))
 
     def close(self) -> None:
         if self.role is not None:

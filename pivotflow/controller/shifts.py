@@ -1,0 +1,109 @@
+"""Shifts: moving a worker from one pool to another while the run goes on.
+
+Order of a shift (each part timed): stop admitting to the worker → abort its in-flight jobs;
+their partial state comes back as "abort" results and is re-queued at the front of its edge, so
+a worker that stays resumes each sequence from its prefix without resampling a token →
+the worker releases its old role and loads the new one from the parameter store → it joins the
+new pool (RoleReady). Messages on one DEALER are ordered, so the abort is always answered
+before the role changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pivotflow.errors import ConfigError
+from pivotflow.protocol import AbortJobs, AssignRole, RoleReady
+
+if TYPE_CHECKING:
+    from pivotflow.controller.core import Controller
+
+
+@dataclass(slots=True)
+class ShiftRecord:
+    """One shift, timed part by part (seconds since the run started, and durations)."""
+
+    worker_id: str
+    from_pool: str
+    to_pool: str
+    started_s: float
+    jobs_aborted: int
+    reason: str = ""
+    drained_s: float | None = None  # abort sent -> last partial state back
+    release_s: float | None = None  # old role's engine/cache freed (worker-side)
+    load_s: float | None = None  # new role loaded from the parameter store (worker-side)
+    total_s: float | None = None  # shift ordered -> worker ready in its new pool
+    pending_jobs: set[int] = field(default_factory=set)
+
+    def as_record(self) -> dict[str, Any]:
+        return {"worker": self.worker_id, "from": self.from_pool, "to": self.to_pool,
+                "time_s": self.started_s, "jobs_aborted": self.jobs_aborted,
+                "drain_s": self.drained_s, "release_s": self.release_s, "load_s": self.load_s,
+                "total_s": self.total_s, "reason": self.reason}
+
+
+class ShiftManager:
+    """Carries out shifts for the controller and keeps their records."""
+
+    def __init__(self, ctl: Controller) -> None:
+        self.ctl = ctl
+        self.done: list[ShiftRecord] = []
+        self.active: dict[str, ShiftRecord] = {}
+        self.migrations = 0
+
+    def shift(self, worker_id: str, to_pool: str, reason: str = "") -> ShiftRecord:
+        """Move ``worker_id`` to ``to_pool``; raises ConfigError for a move it cannot make."""
+        ctl = self.ctl
+        w = ctl.workers.get(worker_id)
+        if w is None or to_pool not in ctl.pools:
+            raise ConfigError(f"shift {worker_id} -> {to_pool}: unknown worker or pool")
+        src, dst = ctl.pools[w.pool], ctl.pools[to_pool]
+        if w.state != "ready" or worker_id in self.active:
+            raise ConfigError(f"shift {worker_id}: worker is {w.state}, not ready")
+        if "train" in (src.role, dst.role):
+            raise ConfigError(f"shift {worker_id} {src.name} -> {dst.name}: trainer pools are "
+                              "resized between optimizer steps, not by shifts (not yet supported)")
+        now = ctl.clock.now()
+        rec = ShiftRecord(worker_id, src.name, dst.name, now - ctl.started_at, len(w.jobs),
+                          reason, pending_jobs=set(w.jobs))
+        src.workers.remove(worker_id)
+        dst.workers.append(worker_id)
+        w.pool, w.role, w.model, w.state = dst.name, dst.role, dst.model, "loading"
+        if w.jobs:
+            ctl.transport.send(worker_id, AbortJobs(job_ids=sorted(w.jobs)))
+        else:
+            rec.drained_s = 0.0
+        opts = ctl.role_options.get(dst.name, {})
+        ctl.transport.send(worker_id, AssignRole(role=dst.role, model=dst.model, options=opts))
+        self.active[worker_id] = rec
+        return rec
+
+    def on_aborted(self, worker_id: str, job_id: int) -> None:
+        """A partial state came back: one migration; the drain ends with the last one."""
+        self.migrations += 1
+        rec = self.active.get(worker_id)
+        if rec is not None and job_id in rec.pending_jobs:
+            rec.pending_jobs.discard(job_id)
+            if not rec.pending_jobs:
+                rec.drained_s = self.ctl.clock.now() - self.ctl.started_at - rec.started_s
+
+    def on_job_finished(self, worker_id: str, job_id: int) -> None:
+        """A job of a shifting worker finished before the abort reached it."""
+        rec = self.active.get(worker_id)
+        if rec is not None:
+            rec.pending_jobs.discard(job_id)
+            if not rec.pending_jobs and rec.drained_s is None:
+                rec.drained_s = self.ctl.clock.now() - self.ctl.started_at - rec.started_s
+
+    def on_ready(self, worker_id: str, msg: RoleReady) -> None:
+        rec = self.active.pop(worker_id, None)
+        if rec is None:
+            return
+        rec.release_s, rec.load_s = msg.release_s, msg.load_s
+        rec.total_s = self.ctl.clock.now() - self.ctl.started_at - rec.started_s
+        self.done.append(rec)
+
+    @property
+    def count(self) -> int:
+        return len(self.done) + len(self.active)
