@@ -39,7 +39,6 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     graph: dict[str, Any] = {}
 
 
-PLANNERS = ("static",)
 
 
 def _parse_value(raw: str) -> Any:
@@ -100,6 +99,8 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
                               strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"--set: {exc}") from exc
+    from pivotflow.planner import PLANNERS
+
     if cfg.planner not in PLANNERS:
         raise ConfigError(f"--set planner={cfg.planner}: unknown planner; valid: "
                           f"{', '.join(PLANNERS)}")

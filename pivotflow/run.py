@@ -23,6 +23,7 @@ from pivotflow.graph_check import build_graph, graph_defaults, import_graph_file
 from pivotflow.launch.local import LocalLauncher
 from pivotflow.metrics import STEP_KEYS, Ledger, RunRecorder, RunSummary, StepRecord
 from pivotflow.params.store import DirectoryParamStore
+from pivotflow.planner import make_planner
 from pivotflow.run_models import ProblemStream, prepare_models
 from pivotflow.transport.zmq_transport import ZmqControllerTransport
 
@@ -148,7 +149,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     ctl = Controller(graph, ccfg, transport=transport, clock=LoopClock(),
                      tokenizers=models.tokenizers, source=source, assignments=assignments,
                      role_options=role_options(graph, cfg), store_dir=str(store.root),
-                     on_step=on_step)
+                     on_step=on_step, planner=make_planner(cfg.planner))
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, ctl.fail, RunInterrupted("interrupted (Ctrl-C)"))
     watcher = asyncio.ensure_future(_watch(launcher, ctl, live))
@@ -170,6 +171,9 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         transport.close()
     wall = time.perf_counter() - started
     summary = _summarize(ctl, steps, wall, error)
+    with open(out / "shifts.jsonl", "w") as f:  # every shift, timed part by part, and why
+        for rec, why in zip(ctl.shifts.done, _decisions_by_shift(ctl)):
+            f.write(json.dumps({**rec.as_record(), "planner": why}) + "\n")
     recorder.write_summary(summary)
     recorder.make_plots()
     _save_checkpoint(store, graph, out, models.dirs.get(graph.order()[-1].model or ""))
@@ -191,6 +195,11 @@ async def _watch(launcher: LocalLauncher, ctl: Controller, live: Any) -> None:
         live.update_flow(ctl)
 
 
+def _decisions_by_shift(ctl: Controller) -> list[dict[str, Any] | None]:
+    by_time = {(d["worker"], d["time_s"]): d for d in ctl.decisions}
+    return [by_time.get((r.worker_id, r.started_s)) for r in ctl.shifts.done]
+
+
 def _summarize(ctl: Controller, steps: list[dict[str, Any]], wall: float,
                error: BaseException | None) -> RunSummary:
     led = ctl.ledger
@@ -200,7 +209,7 @@ def _summarize(ctl: Controller, steps: list[dict[str, Any]], wall: float,
         steps=len(steps), wall_s=wall,
         samples_per_s=samples / wall if wall > 0 else 0.0,
         tokens_per_s=ctl.tokens_generated / wall if wall > 0 else 0.0,
-        shifts=0, migrations=0, worker_restarts=0,
+        shifts=ctl.shifts.count, migrations=ctl.shifts.migrations, worker_restarts=0,
         ledger=Ledger(prompts_in=led.prompts_in, groups_trained=led.groups_trained,
                       samples_trained=samples, lost=lost, duplicates=led.duplicates),
         extra={"groups_filtered": led.groups_filtered, "groups_in_flight_at_end":
@@ -208,6 +217,8 @@ def _summarize(ctl: Controller, steps: list[dict[str, Any]], wall: float,
                "judge_failures": led.judge_failures, "bad_frames": ctl.transport.bad_frames,
                "generation_errors": ctl.errors["generation"],
                "job_rtt_us_p50": ctl.job_rtt_us_p50(),
+               "planner": ctl.planner.name,
+               "shift_total_s_mean": _mean([r.total_s for r in ctl.shifts.done]),
                "error": None if error is None else f"{type(error).__name__}: {error}",
                "task_accuracy_first": steps[0].get("task_accuracy") if steps else None,
                "task_accuracy_last": steps[-1].get("task_accuracy") if steps else None},
@@ -229,3 +240,8 @@ def _save_checkpoint(store: DirectoryParamStore, graph: Graph, out: Path,
     if tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").exists():
         shutil.copy(tokenizer_dir / "tokenizer.json", dst / "tokenizer.json")
     (dst / "version").write_text(str(version))
+
+
+def _mean(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None

@@ -25,6 +25,7 @@ from pivotflow.controller.pools import Pool, WorkerHandle
 from pivotflow.controller.sample import Ledger, Sample
 from pivotflow.controller.shifts import ShiftManager
 from pivotflow.controller.source import PromptSource
+from pivotflow.planner.base import Planner, PlannerView, PoolView, StaticPlanner
 from pivotflow.controller.train_batch import TrainBuffer
 from pivotflow.errors import GraphError, WorkerError
 from pivotflow.graph import Graph
@@ -69,7 +70,8 @@ class Controller:
     def __init__(self, graph: Graph, cfg: ControllerConfig, *, transport: ControllerTransport,
                  clock: Clock, tokenizers: dict[str, CharTokenizer], source: PromptSource,
                  assignments: dict[str, str], role_options: dict[str, dict[str, Any]],
-                 store_dir: str, on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 store_dir: str, on_step: Callable[[dict[str, Any]], None] | None = None,
+                 planner: Planner | None = None) -> None:
         self.graph, self.cfg, self.transport, self.clock = graph, cfg, transport, clock
         self.order = graph.order()
         self.tok = tokenizers
@@ -100,6 +102,12 @@ class Controller:
         self.step_in_flight: list[list[Sample]] | None = None
         self.tokens_generated = 0
         self.shifts = ShiftManager(self)
+        self.planner: Planner = planner or StaticPlanner()
+        self.decisions: list[dict[str, Any]] = []
+        self.inflight: dict[int, int] = dict.fromkeys(self.edges, 0)  # stage -> jobs out
+        self.pool_done: dict[str, int] = dict.fromkeys(self.pools, 0)
+        self.pool_busy_s: dict[str, float] = dict.fromkeys(self.pools, 0.0)
+        self.busy_since: dict[str, tuple[str, float]] = {}  # worker -> (pool, since)
         self._shifts_reported = 0
         self.filtered_since_step = 0
         self.errors = {"generation": 0, "bad_stage": 0}
@@ -117,12 +125,14 @@ class Controller:
         for w in self.workers.values():
             w.last_seen = self.started_at
         self.transport.start(self._on_message_safe)
-        ticker = asyncio.ensure_future(self._tick_forever())
+        tasks = [asyncio.ensure_future(self._tick_forever()),
+                 asyncio.ensure_future(self._plan_forever())]
         try:
             await self._done.wait()
         finally:
-            ticker.cancel()
-            await asyncio.gather(ticker, return_exceptions=True)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             self._shutdown_workers()
         if self._error is not None:
             raise self._error
@@ -147,6 +157,48 @@ class Controller:
             for w in self.workers.values():
                 if w.state != "dead" and now - w.last_seen > self.cfg.worker_timeout_s:
                     self.worker_died(w.worker_id, f"no heartbeat for {now - w.last_seen:.1f}s")
+
+    async def _plan_forever(self) -> None:
+        while True:
+            await self.clock.sleep(self.planner.interval_s)
+            self.plan_once()
+
+    def planner_view(self) -> PlannerView:
+        """The measurements a planner decides from (see pivotflow.planner.base)."""
+        now = self.clock.now()
+        pools: dict[str, PoolView] = {}
+        upstream = 0
+        for idx in sorted(self.edges):
+            node = self.order[idx]
+            pool = self.pools[node.pool or ""]
+            upstream += len(self.edges[idx]) + self.inflight[idx]
+            busy = self.pool_busy_s[pool.name] + sum(
+                now - since for wid, (p, since) in self.busy_since.items() if p == pool.name)
+            rate = self.pool_done[pool.name] / busy if busy > 0 else 0.0
+            ready = [w for w in pool.workers if self.workers[w].state == "ready"
+                     and w not in self.shifts.active]
+            pools[pool.name] = PoolView(pool.name, ready, len(pool.workers), upstream, rate)
+        rates = [p.per_worker_rate for p in pools.values() if p.per_worker_rate > 0]
+        for name, p in pools.items():  # a pool that has not served yet borrows a rate
+            if p.per_worker_rate == 0 and rates:
+                pools[name] = PoolView(p.name, p.ready, p.workers, p.remaining, min(rates))
+        done = [r.total_s for r in self.shifts.done if r.total_s is not None]
+        cost = sum(done[-8:]) / len(done[-8:]) if done else 0.5
+        last = {r.worker_id: r.started_s + self.started_at for r in self.shifts.done}
+        return PlannerView(now, pools, cost, last)
+
+    def plan_once(self) -> None:
+        """Ask the planner and carry out its moves (each logged with its numbers)."""
+        if self.version >= self.cfg.steps:
+            return
+        for move in self.planner.decide(self.planner_view()):
+            rec = self.shifts.shift(move.worker, move.to_pool, reason=move.reason)
+            self.decisions.append({"time_s": rec.started_s, "worker": move.worker,
+                                   "from": move.from_pool, "to": move.to_pool,
+                                   "reason": move.reason, **move.numbers})
+            log.info("planner %s: %s %s -> %s (%s)", self.planner.name, move.worker,
+                     move.from_pool, move.to_pool, move.reason)
+        self._pump()
 
     def worker_died(self, worker_id: str, reason: str) -> None:
         """A worker is gone (its process exited or it went silent): the run cannot go on."""
@@ -281,7 +333,10 @@ class Controller:
                 else:
                     job = stages.judge_job(node, sample, job_id, tok)
                 self.jobs[job_id] = (sample, idx, worker.worker_id, now)
+                if not worker.jobs:
+                    self.busy_since[worker.worker_id] = (pool.name, now)
                 worker.jobs.add(job_id)
+                self.inflight[idx] += 1
                 jobs.append(job)
             self.transport.send(worker.worker_id, Jobs(jobs=jobs))
 
@@ -292,7 +347,14 @@ class Controller:
             return
         sample, idx, _, sent_at = entry
         w.jobs.discard(r.job_id)
-        self.job_rtt_s.append(self.clock.now() - sent_at)
+        self.inflight[idx] -= 1
+        now = self.clock.now()
+        self.job_rtt_s.append(now - sent_at)
+        if not w.jobs and w.worker_id in self.busy_since:
+            busy_pool, since = self.busy_since.pop(w.worker_id)
+            self.pool_busy_s[busy_pool] += now - since
+        if r.finish_reason != "abort":
+            self.pool_done[self.order[idx].pool or ""] += 1
         if r.finish_reason != "abort":
             self.shifts.on_job_finished(w.worker_id, r.job_id)
         node = self.order[idx]

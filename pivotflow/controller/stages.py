@@ -84,9 +84,8 @@ def apply_verdict(node: Node, sample: Sample, result: JobDone, tok: CharTokenize
 
 def group_fields(samples: list[Sample]) -> dict[str, list[Any]]:
     """Each field of a group as a list over its samples (what group and filter functions get)."""
-    keys: dict[str, None] = {}
-    for s in samples:
-        keys.update(dict.fromkeys(k for k in s.fields if not k.startswith("_")))
+    # Samples of a group passed the same stages, so they carry the same fields.
+    keys = [k for k in samples[0].fields if k[0] != "_"]
     return {k: [s.fields.get(k) for s in samples] for k in keys}
 
 
@@ -114,7 +113,7 @@ def apply_group_fn(node: Node, samples: list[Sample]) -> None:
 def apply_map_fn(node: Node, sample: Sample) -> None:
     """Run a per-sample function and write its result."""
     assert node.fn is not None  # validated: map nodes always carry a function
-    out = node.fn(**{k: v for k, v in sample.fields.items() if not k.startswith("_")})
+    out = node.fn(**{k: v for k, v in sample.fields.items() if k[0] != "_"})
     if isinstance(out, dict):
         bad = set(out) - node.writes
         if bad:

@@ -56,7 +56,8 @@ class Harness:
     """A controller on a LocalHub; ``self.ends`` are the worker ends the test speaks through."""
 
     def __init__(self, steps: int, max_staleness: int = 0,
-                 assignments: dict[str, str] | None = None, **graph_kw: Any) -> None:
+                 assignments: dict[str, str] | None = None, planner: Any = None,
+                 **graph_kw: Any) -> None:
         self.graph = make_graph(**graph_kw)
         self.records: list[dict[str, Any]] = []
         self.error: BaseException | None = None
@@ -72,7 +73,7 @@ class Harness:
                               transport=self.hub.controller, clock=LoopClock(),
                               tokenizers={"policy": TOK, "judge": TOK}, source=source,
                               assignments=assignments, role_options={}, store_dir="/unused",
-                              on_step=self.records.append)
+                              on_step=self.records.append, planner=planner)
         self.ends = {w: self.hub.connect(w) for w in assignments}
 
     async def join_all(self) -> None:

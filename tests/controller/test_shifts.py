@@ -15,10 +15,10 @@ from pivotflow.protocol import PROTOCOL_VERSION, AssignRole, Hello, RoleReady, W
 POOLS = {"w-r0": "rollout", "w-r1": "rollout", "w-j0": "genrm", "w-t": "trainer"}
 
 
-async def run_with_shifts(seed: int, steps: int = 6) -> tuple[Harness, list[TokenWorker]]:
-    h = Harness(steps=steps, assignments=dict(POOLS), group_size=4, groups_per_step=3)
-    workers = [TokenWorker(h, w) for w in POOLS]
-    run = asyncio.ensure_future(h.ctl.run())
+async def start_workers(h: Harness, pools: dict[str, str],
+                        ticks: dict[str, float] | None = None) -> list[TokenWorker]:
+    workers = [TokenWorker(h, w, **({"tick_s": ticks[w]} if ticks and w in ticks else {}))
+               for w in pools]
     for w in workers:  # handshake by hand, then the TokenWorker serves the role
         w.end.send(Hello(protocol_version=PROTOCOL_VERSION, worker_id=w.wid, pid=1))
         assert isinstance(await w.end.recv(), Welcome)
@@ -26,6 +26,35 @@ async def run_with_shifts(seed: int, steps: int = 6) -> tuple[Harness, list[Toke
         assert isinstance(role, AssignRole)
         w.model = role.model
         w.end.send(RoleReady(role=role.role, model=role.model, version=0))
+    return workers
+
+
+async def test_backpressure_planner_moves_workers_to_the_backlog() -> None:
+    from pivotflow.planner import BackpressurePlanner
+
+    pools = {"w-r0": "rollout", "w-r1": "rollout", "w-r2": "rollout", "w-j0": "genrm",
+             "w-t": "trainer"}
+    planner = BackpressurePlanner(interval_s=0.01)
+    h = Harness(steps=4, assignments=pools, planner=planner, group_size=8, groups_per_step=4)
+    run = asyncio.ensure_future(h.ctl.run())
+    workers = await start_workers(h, pools, ticks={"w-j0": 0.02})  # a slow judge
+    tasks = [asyncio.ensure_future(w.run()) for w in workers]
+    try:
+        await asyncio.wait_for(run, 30)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert any(d["to"] == "genrm" for d in h.ctl.decisions)
+    assert all(d["gain_s"] > d["shift_cost_s"] for d in h.ctl.decisions)
+    assert h.ctl.ledger.groups_trained == 16 and h.ctl.lost_groups() == []
+    assert h.records[-1]["shifts"] == h.ctl.shifts.count > 0
+
+
+async def run_with_shifts(seed: int, steps: int = 6) -> tuple[Harness, list[TokenWorker]]:
+    h = Harness(steps=steps, assignments=dict(POOLS), group_size=4, groups_per_step=3)
+    run = asyncio.ensure_future(h.ctl.run())
+    workers = await start_workers(h, POOLS)
     tasks = [asyncio.ensure_future(w.run()) for w in workers]
     rng = random.Random(seed)
     movable = ["w-r0", "w-r1", "w-j0"]

@@ -1,0 +1,60 @@
+"""Planners decide pool sizes; the controller carries their moves out as shifts.
+
+A planner sees a ``PlannerView`` (numbers the controller measured) and returns moves. It never
+touches sockets or workers, so the same planner code runs in the real controller and in the
+simulator, and the same view gives the same decision in both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(slots=True, frozen=True)
+class PoolView:
+    """What the planner knows of one generate pool."""
+
+    name: str
+    ready: list[str]  # worker ids that can be moved now
+    workers: int  # all workers in the pool, loading ones included
+    remaining: int  # samples that still have to pass this pool in the work admitted so far
+    per_worker_rate: float  # samples/s one busy worker of this pool completes (measured)
+
+
+@dataclass(slots=True, frozen=True)
+class PlannerView:
+    now_s: float
+    pools: dict[str, PoolView]
+    shift_cost_s: float  # mean measured shift time (a prior before the first shift)
+    last_shift_s: dict[str, float] = field(default_factory=dict)  # worker -> when it last moved
+
+
+@dataclass(slots=True, frozen=True)
+class Move:
+    """Shift ``worker`` to ``to_pool``; ``reason`` and ``numbers`` are logged with it."""
+
+    worker: str
+    from_pool: str
+    to_pool: str
+    reason: str
+    numbers: dict[str, float]
+
+
+class Planner(Protocol):
+    """Called every ``interval_s`` with the current view."""
+
+    name: str
+    interval_s: float
+
+    def decide(self, view: PlannerView) -> list[Move]: ...
+
+
+class StaticPlanner:
+    """A fixed split of workers among pools (the disaggregated baseline): never moves."""
+
+    name = "static"
+    interval_s = 1.0
+
+    def decide(self, view: PlannerView) -> list[Move]:
+        return []
