@@ -172,7 +172,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     wall = time.perf_counter() - started
     summary = _summarize(ctl, steps, wall, error)
     with open(out / "shifts.jsonl", "w") as f:  # every shift, timed part by part, and why
-        for rec, why in zip(ctl.shifts.done, _decisions_by_shift(ctl)):
+        for rec, why in zip(ctl.shifts.done, _decisions_by_shift(ctl), strict=False):
             f.write(json.dumps({**rec.as_record(), "planner": why}) + "\n")
     recorder.write_summary(summary)
     recorder.make_plots()

@@ -25,10 +25,10 @@ from pivotflow.controller.pools import Pool, WorkerHandle
 from pivotflow.controller.sample import Ledger, Sample
 from pivotflow.controller.shifts import ShiftManager
 from pivotflow.controller.source import PromptSource
-from pivotflow.planner.base import Planner, PlannerView, PoolView, StaticPlanner
 from pivotflow.controller.train_batch import TrainBuffer
 from pivotflow.errors import GraphError, WorkerError
 from pivotflow.graph import Graph
+from pivotflow.planner.base import Planner, PlannerView, PoolView, StaticPlanner
 from pivotflow.protocol import (
     PROTOCOL_VERSION,
     AssignRole,

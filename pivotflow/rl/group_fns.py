@@ -19,7 +19,7 @@ def _with_failures(reward: list[float | None], fn: Any) -> dict[str, list[float]
     adv = [0.0] * len(reward)
     if len(scored) >= 2:
         values = fn(torch.tensor([reward[i] for i in scored], dtype=torch.float32))
-        for i, a in zip(scored, values.tolist()):
+        for i, a in zip(scored, values.tolist(), strict=False):
             adv[i] = a
     return {"advantage": adv}
 

@@ -13,8 +13,17 @@ from pivotflow.controller.core import Controller, ControllerConfig
 from pivotflow.controller.source import PromptSource
 from pivotflow.graph import Graph
 from pivotflow.protocol import (
-    PROTOCOL_VERSION, AbortJobs, AssignRole, Hello, Jobs, JobDone, JobsDone, RoleReady,
-    TrainDone, TrainStep, Welcome,
+    PROTOCOL_VERSION,
+    AbortJobs,
+    AssignRole,
+    Hello,
+    JobDone,
+    Jobs,
+    JobsDone,
+    RoleReady,
+    TrainDone,
+    TrainStep,
+    Welcome,
 )
 from pivotflow.rl.group_fns import grpo_advantage
 from pivotflow.run_models import ProblemStream

@@ -4,14 +4,13 @@ protocol: per-sample streaming, exactly-once training, staleness, failed judgeme
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
+from harness import Harness, done, drive
 
 from pivotflow.errors import GraphError
-from pivotflow.protocol import TrainDone, TrainStep, JobsDone
+from pivotflow.protocol import JobsDone, TrainDone, TrainStep
 
-from harness import Harness, done, drive
 
 async def test_fast_sample_overtakes_slow_one() -> None:
     h = Harness(steps=1, group_size=2, groups_per_step=1)

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from pivotflow.engines.base import FinishReason, GenerationOutput, GenerationRequest
-from pivotflow.engines.torch.kv_cache import SlotKVCache, SlotResponses
+from pivotflow.engines.torch.kv_cache import PackedDecoder, SlotKVCache
 from pivotflow.engines.torch.model import Decoder, ModelConfig
-from pivotflow.engines.torch.sampling import SlotSampler, seed_key
+from pivotflow.engines.torch.sampling import SlotResponses, SlotSampler, seed_key
 from pivotflow.engines.torch.weights import build_model
 from pivotflow.errors import EngineError, RequestError
 
@@ -62,6 +62,7 @@ class TorchEngine:
         self.eos_token_id, self.detokenize = eos_token_id, detokenize
         self.version = 0
         self._model: Decoder | None = None
+        self._decode: PackedDecoder | None = None  # the decode fast path over _model's weights
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []  # index = slot; running sequences fill slots 0..n-1
         self._ids: set[str] = set()
@@ -96,14 +97,13 @@ class TorchEngine:
         done, self._ready = self._ready, []
         if not (self._waiting or self._running):
             return done
-        model, cache = self._serving()
+        _, cache = self._serving()
         if self._waiting and len(self._running) < self.max_batch:
             done += self._admit()
-        if self._running:
+        if self._running and self._decode is not None:
             n = len(self._running)
             last = self._resp.last_tokens(n)  # read before begin_decode moves the lengths on
-            logits = model(last, positions=cache.begin_decode(n), cache=cache)
-            done += self._record(0, logits[:, -1])
+            done += self._record(0, self._decode.decode(last, cache.begin_decode(n), cache))
         return done
 
     def has_work(self) -> bool:
@@ -140,7 +140,9 @@ class TorchEngine:
     def load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         """Copy ``tensors`` (HF names) in; later tokens carry ``version``. Raises
         ModelConfigError naming a missing, unexpected or misshaped tensor (weights unchanged)."""
-        self._model = build_model(self.config, tensors, self.device, self.dtype, self._model)
+        model = build_model(self.config, tensors, self.device, self.dtype, self._model)
+        if model is not self._model or self._decode is None:
+            self._model, self._decode = model, PackedDecoder(model, self.max_seq_len)
         self.version = version
 
     def release_memory(self) -> None:
@@ -150,7 +152,7 @@ class TorchEngine:
                 f"release_memory with {len(self._waiting) + len(self._running)} requests in "
                 "flight; abort them first"
             )
-        self._model = self._cache = None
+        self._model = self._cache = self._decode = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -243,12 +245,12 @@ class TorchEngine:
         lengths = [len(s) for s in seqs]
         width = max(lengths)
         ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=self.device)
-        model, cache = self._serving()
+        _, cache = self._serving()
         cache.begin_prefill(start, lengths)
-        logits = model(ids, cache=cache)
         last = torch.tensor(lengths, device=self.device) - 1
+        logits = self._decode.prefill(ids, last, cache)  # type: ignore[union-attr]
         self._running.extend(joiners)
-        return outs + self._record(start, logits[self._rows[: len(seqs)], last])
+        return outs + self._record(start, logits)
 
     def _install(self, slot: int, seq: _Seq) -> None:
         req = seq.request

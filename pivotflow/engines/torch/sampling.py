@@ -8,6 +8,9 @@ its batch companions.
 
 Logprobs are ``log_softmax`` of the raw logits, before temperature and top-p: the probability the
 unmodified policy gives the sampled token, which is what RL importance ratios compare.
+
+``SlotSampler`` holds each slot's sampling parameters; ``SlotResponses`` what each slot has sampled
+so far (tokens, logprobs, versions) and when it must stop.
 """
 
 from __future__ import annotations
@@ -112,15 +115,101 @@ class SlotSampler:
         logits = logits.float()
         n = logits.shape[0]
         tokens = logits.argmax(dim=-1)
-        if any(start <= s < start + n for s in self._sampled):
-            temperature = self.temperature[start : start + n]
-            # Greedy rows divide by 1 (their draw is discarded) so no row overflows to inf/NaN.
-            scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-            scores = logits / scale[:, None]
+        rows = sorted(s - start for s in self._sampled if start <= s < start + n)
+        if rows:
+            # Noise (and top-p) only for the sampled rows: greedy rows keep their argmax.
+            pick: slice | torch.Tensor = slice(None)
+            if len(rows) < n:
+                pick = torch.tensor(rows, device=logits.device)
+            span = slice(start, start + n)
+            scores = logits[pick] / self.temperature[span][pick][:, None]
             if any(start <= s < start + n for s in self._nucleus):
-                scores = top_p_filter(scores, self.top_p[start : start + n])
-            noise = gumbel_noise(self.keys[start : start + n], index, logits.shape[-1])
-            drawn = (scores + noise).argmax(dim=-1)
-            tokens = torch.where(temperature > 0, drawn, tokens)
+                scores = top_p_filter(scores, self.top_p[span][pick])
+            noise = gumbel_noise(self.keys[span][pick], index[pick], logits.shape[-1])
+            tokens[pick] = (scores + noise).argmax(dim=-1)
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
         return tokens, logprobs
+
+
+class SlotResponses:
+    """The response side of each slot: token ids (resume prefix included), their logprobs and
+    versions, the response length, its limit, and the stop token ids that end it."""
+
+    def __init__(self, max_batch: int, max_len: int, device: torch.device | str) -> None:
+        self.tokens = torch.zeros(max_batch, max_len, dtype=torch.long, device=device)
+        self.logprobs = torch.zeros(max_batch, max_len, dtype=torch.float32, device=device)
+        self.versions = torch.zeros(max_batch, max_len, dtype=torch.long, device=device)
+        self.count = torch.zeros(max_batch, dtype=torch.long, device=device)
+        self.limit = torch.zeros(max_batch, dtype=torch.long, device=device)
+        self.last = torch.zeros(max_batch, dtype=torch.long, device=device)  # newest token
+        self.stop_ids = torch.full((max_batch, 1), -1, dtype=torch.long, device=device)
+        self._any_stops = False  # whether any slot ever had stop ids (else skip the check)
+        self._row_base = torch.arange(max_batch, device=device) * max_len  # flat index of [s, 0]
+
+    def install(
+        self,
+        slot: int,
+        prefix: tuple[list[int], list[float], list[int]],
+        limit: int,
+        stop_ids: list[int],
+    ) -> None:
+        """Start ``slot`` with a resume prefix (ids, logprobs, versions), a length limit and
+        its stop token ids."""
+        ids, logprobs, versions = prefix
+        if ids:
+            k = len(ids)
+            self.tokens[slot, :k] = torch.tensor(ids)
+            self.logprobs[slot, :k] = torch.tensor(logprobs, dtype=torch.float32)
+            self.versions[slot, :k] = torch.tensor(versions)
+        self.count[slot], self.limit[slot] = len(ids), limit
+        if len(stop_ids) > self.stop_ids.shape[1]:  # widen the table for this request
+            extra = len(stop_ids) - self.stop_ids.shape[1]
+            self.stop_ids = torch.nn.functional.pad(self.stop_ids, (0, extra), value=-1)
+        self.stop_ids[slot] = -1
+        if stop_ids:
+            self.stop_ids[slot, : len(stop_ids)] = torch.tensor(stop_ids, dtype=torch.long)
+            self._any_stops = True
+
+    def append(
+        self, start: int, tokens: torch.Tensor, logprobs: torch.Tensor, version: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append one token to each of slots ``start..start+n-1``; return (stopped, finished)
+        masks [n]: hit a stop token, and stopped or reached the limit."""
+        span = slice(start, start + tokens.shape[0])
+        flat = self._row_base[span] + self.count[span]
+        self.tokens.view(-1).index_copy_(0, flat, tokens)
+        self.logprobs.view(-1).index_copy_(0, flat, logprobs)
+        self.versions.view(-1).index_fill_(0, flat, version)
+        self.last[span] = tokens
+        count = self.count[span].add_(1)
+        length = count >= self.limit[span]
+        if not self._any_stops:
+            return torch.zeros_like(length), length
+        stopped = (self.stop_ids[span] == tokens[:, None]).any(-1)
+        return stopped, stopped | length
+
+    def last_tokens(self, n: int) -> torch.Tensor:
+        """[n]: the newest token of slots 0..n-1, the next decode step's input."""
+        return self.last[:n]
+
+    def read(self, slot: int) -> tuple[list[int], list[float], list[int]]:
+        """(token ids, logprobs, versions) of ``slot``'s response so far."""
+        n = int(self.count[slot])
+        return (
+            self.tokens[slot, :n].tolist(),
+            self.logprobs[slot, :n].tolist(),
+            self.versions[slot, :n].tolist(),
+        )
+
+    def tail(self, slot: int, window: int) -> list[int]:
+        """The last ``window`` token ids of ``slot``'s response."""
+        n = int(self.count[slot])
+        return self.tokens[slot, max(0, n - window) : n].tolist()
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy slot ``src`` into slot ``dst``."""
+        n = int(self.count[src])
+        for buf in (self.tokens, self.logprobs, self.versions):
+            buf[dst, :n] = buf[src, :n]
+        for buf in (self.count, self.limit, self.last, self.stop_ids):
+            buf[dst] = buf[src]
