@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
 import shutil
 import signal
@@ -22,7 +23,8 @@ from pivotflow.graph import Graph
 from pivotflow.graph_check import build_graph, graph_defaults, import_graph_file
 from pivotflow.launch.local import LocalLauncher
 from pivotflow.metrics import STEP_KEYS, Ledger, RunRecorder, RunSummary, StepRecord
-from pivotflow.params.store import DirectoryParamStore
+from pivotflow.params.base import ParamStore
+from pivotflow.params.shm_store import ShmParamStore, default_root
 from pivotflow.planner import make_planner
 from pivotflow.run_models import ProblemStream, prepare_models
 from pivotflow.transport.zmq_transport import ZmqControllerTransport
@@ -83,15 +85,18 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
     recorder.write_config({"graph": str(graph_path), "graph_name": graph.name,
                            "workers": assignments, **json.loads(_to_json(cfg))})
     random.seed(cfg.seed)
-    store = DirectoryParamStore(out / "store")
-    models = prepare_models(graph, store, seed=cfg.seed, console=console)
-    source_node = graph.order()[0]
-    problems = ProblemStream(source_node, seed=cfg.seed)
-    policy_model = next(n.model for n in graph.order() if n.kind == "generate")
-    source = PromptSource(source_node, problems, models.tokenizers[policy_model or ""],
-                          steps=cfg.steps, max_staleness=cfg.max_staleness, seed=cfg.seed)
-    return asyncio_run(_run_async(graph, cfg, assignments, source, models, store, recorder,
-                                  out, console))
+    store = ShmParamStore(default_root(f"{out.name}-{os.getpid()}"))
+    try:  # the store lives in shared memory: it must go whatever happens
+        models = prepare_models(graph, store, seed=cfg.seed, console=console)
+        source_node = graph.order()[0]
+        problems = ProblemStream(source_node, seed=cfg.seed)
+        policy_model = next(n.model for n in graph.order() if n.kind == "generate")
+        source = PromptSource(source_node, problems, models.tokenizers[policy_model or ""],
+                              steps=cfg.steps, max_staleness=cfg.max_staleness, seed=cfg.seed)
+        return asyncio_run(_run_async(graph, cfg, assignments, source, models, store,
+                                      recorder, out, console))
+    finally:
+        store.cleanup()
 
 
 def asyncio_run(coro: Any) -> Any:
@@ -126,7 +131,7 @@ def role_options(graph: Graph, cfg: RunConfig) -> dict[str, dict[str, Any]]:
 
 
 async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
-                     source: PromptSource, models: Any, store: DirectoryParamStore,
+                     source: PromptSource, models: Any, store: ParamStore,
                      recorder: RunRecorder, out: Path, console: Any) -> RunResult:
     from pivotflow.live import LiveView
 
@@ -177,7 +182,6 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     recorder.write_summary(summary)
     recorder.make_plots()
     _save_checkpoint(store, graph, out, models.dirs.get(graph.order()[-1].model or ""))
-    shutil.rmtree(store.root, ignore_errors=True)
     if error is not None:
         raise error
     return RunResult(out, json.loads((out / "summary.json").read_text()), steps)
@@ -225,7 +229,7 @@ def _summarize(ctl: Controller, steps: list[dict[str, Any]], wall: float,
     )
 
 
-def _save_checkpoint(store: DirectoryParamStore, graph: Graph, out: Path,
+def _save_checkpoint(store: ParamStore, graph: Graph, out: Path,
                      tokenizer_dir: Path | None) -> None:
     """The newest policy as safetensors + HF config.json (loadable by transformers)."""
     from pivotflow.engines.torch.weights import save_checkpoint

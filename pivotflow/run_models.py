@@ -9,7 +9,7 @@ from typing import Any
 
 from pivotflow.errors import CheckpointError, GraphError
 from pivotflow.graph import Graph, Node
-from pivotflow.params.store import DirectoryParamStore
+from pivotflow.params.base import ParamStore
 from pivotflow.tasks.registry import Problem, get_task, load_jsonl
 from pivotflow.tasks.tokenizer import CharTokenizer, default_tokenizer
 
@@ -32,7 +32,7 @@ def _tokenizer_of(model_dir: Path) -> CharTokenizer:
         raise CheckpointError(f"{path}: unreadable tokenizer: {exc}") from exc
 
 
-def prepare_models(graph: Graph, store: DirectoryParamStore, *, seed: int,
+def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
                    console: Any = None) -> Models:
     """Resolve each declared model to a checkpoint (bootstrapping the built-in ones once) and
     publish it to the store as version 0."""

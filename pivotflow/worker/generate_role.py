@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
+from pathlib import Path
 
 from pivotflow.engines import make_engine
 from pivotflow.engines.base import GenerationOutput, GenerationRequest, SamplingParams
+from pivotflow.engines.torch.model import ModelConfig
 from pivotflow.errors import CheckpointError, RequestError
-from pivotflow.params.store import DirectoryParamStore
+from pivotflow.params.base import ParamStore
 from pivotflow.protocol import GenerateJob, JobDone
+
+
+def _export(config: ModelConfig, tensors: dict) -> Path:
+    """An HF checkpoint folder of these weights, for engines that load from a path."""
+    from pivotflow.engines.torch.weights import save_checkpoint
+
+    path = Path(tempfile.mkdtemp(prefix="pivotflow-export-"))
+    save_checkpoint(path, config, tensors)
+    return path
 
 
 def _done(out: GenerationOutput) -> JobDone:
@@ -21,13 +33,13 @@ class GenerateRole:
     """Continuous batching over jobs; picks up newer weights before starting a job that needs
     them (tokens already generated keep the version stamped on them)."""
 
-    def __init__(self, store: DirectoryParamStore, model: str, options: dict) -> None:
+    def __init__(self, store: ParamStore, model: str, options: dict) -> None:
         self.store, self.model = store, model
         t0 = time.perf_counter()
         version, config, tensors = store.load(model)
         kind = str(options.get("engine", "torch"))
-        if kind in ("vllm", "sglang"):  # they load the checkpoint folder themselves
-            engine_kw: dict = {"model_path": str(store.path(model, version))}
+        if kind in ("vllm", "sglang"):  # they load a checkpoint folder themselves
+            engine_kw: dict = {"model_path": str(_export(config, tensors))}
         else:
             engine_kw = {"max_batch": int(options.get("max_batch", 64)), "eos_token_id": 2}
         self.engine = make_engine(kind, config, **engine_kw)

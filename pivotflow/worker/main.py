@@ -15,7 +15,7 @@ import traceback
 import torch
 
 from pivotflow.errors import ProtocolError, WorkerError
-from pivotflow.params.store import DirectoryParamStore
+from pivotflow.params.shm_store import ShmParamStore
 from pivotflow.protocol import (
     PROTOCOL_VERSION,
     AbortJobs,
@@ -45,7 +45,7 @@ class Worker:
         self.worker_id = worker_id
         self.chan = ZmqWorkerChannel(endpoint, worker_id)
         self.role: GenerateRole | TrainRole | None = None
-        self.store: DirectoryParamStore | None = None
+        self.store: ShmParamStore | None = None
         self.heartbeat_s = 1.0
         self.running = True
         self.results_per_frame = 0  # 0: every result finished in a step shares one frame
@@ -59,7 +59,7 @@ class Worker:
                 if msg.protocol_version != PROTOCOL_VERSION:
                     raise WorkerError(f"controller speaks protocol {msg.protocol_version}, "
                                       f"this worker {PROTOCOL_VERSION}")
-                self.store = DirectoryParamStore(msg.store_dir)
+                self.store = ShmParamStore(msg.store_dir)
                 self.heartbeat_s = msg.heartbeat_s
             case Reject(reason=reason):
                 raise WorkerError(f"controller refused worker {self.worker_id}: {reason}")

@@ -7,7 +7,7 @@ import time
 import torch
 
 from pivotflow.engines.torch.model import Decoder, token_logprobs
-from pivotflow.params.store import DirectoryParamStore
+from pivotflow.params.base import ParamStore
 from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
 from pivotflow.rl import policy_loss
 
@@ -44,7 +44,7 @@ def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
 class TrainRole:
     """Holds the policy and its AdamW state; one ``train`` call is one optimizer step."""
 
-    def __init__(self, store: DirectoryParamStore, model: str, options: dict) -> None:
+    def __init__(self, store: ParamStore, model: str, options: dict) -> None:
         self.store, self.model_name = store, model
         t0 = time.perf_counter()
         self.version, self.config, tensors = store.load(model)
