@@ -18,7 +18,7 @@ from pivotflow.graph import Graph
 from pivotflow.rl.group_fns import has_signal, rloo_advantage
 from pivotflow.tasks.arithmetic import check_answer
 
-DEFAULTS = {"group_size": 8, "groups_per_step": 8, "lr": 3e-4}
+DEFAULTS = {"group_size": 8, "groups_per_step": 8, "lr": 1e-5}
 
 
 def exact_reward(answer: str, completion: str, **_: object) -> float:
@@ -52,7 +52,7 @@ def main() -> None:
                  out=args.out or Path(tempfile.mkdtemp(prefix="rloo-")))
     s = result.summary
     print(f"{s['steps']} steps, filtered {s['groups_filtered']} groups, accuracy "
-          f"{s['task_accuracy_first']} -> {s['task_accuracy_last']}; records in {result.out}")
+          f"{s['task_accuracy_start']} -> {s['task_accuracy_end']}; records in {result.out}")
 
 
 if __name__ == "__main__":

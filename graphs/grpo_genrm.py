@@ -15,7 +15,7 @@ from pivotflow.tasks.judge_format import judge_prompt, parse_verdict
 DEFAULTS = {
     "group_size": 8,
     "groups_per_step": 8,
-    "lr": 3e-4,
+    "lr": 1e-5,
     "max_tokens": 6,
     "temperature": 1.0,
     "rollout_workers": 1,

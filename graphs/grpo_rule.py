@@ -12,7 +12,7 @@ from pivotflow.tasks.arithmetic import check_answer
 DEFAULTS = {
     "group_size": 8,
     "groups_per_step": 8,
-    "lr": 3e-4,
+    "lr": 1e-5,
     "max_tokens": 6,
     "temperature": 1.0,
     "rollout_workers": 1,

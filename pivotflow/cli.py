@@ -20,9 +20,14 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     s = result.summary
     console.print(f"[bold green]done[/] {s['steps']} steps in {s['wall_s']:.1f}s, "
                   f"{s['samples_per_s']:.1f} samples/s; accuracy "
-                  f"{s.get('task_accuracy_first')} -> {s.get('task_accuracy_last')}; "
+                  f"{_fmt(s.get('task_accuracy_start'))} -> {_fmt(s.get('task_accuracy_end'))} (mean of the "
+                  "first/last tenth of the steps); "
                   f"records in {result.out}")
     return 0
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
 
 
 def _cmd_inspect(args: argparse.Namespace, console: Console) -> int:

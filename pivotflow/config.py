@@ -23,7 +23,7 @@ class ChaosConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Everything a run can be told from the command line (``--set`` keys)."""
 
-    steps: int = 30
+    steps: int = 200
     seed: int = 0
     max_staleness: int = 0
     planner: str = "static"

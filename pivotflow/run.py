@@ -224,8 +224,7 @@ def _summarize(ctl: Controller, steps: list[dict[str, Any]], wall: float,
                "planner": ctl.planner.name,
                "shift_total_s_mean": _mean([r.total_s for r in ctl.shifts.done]),
                "error": None if error is None else f"{type(error).__name__}: {error}",
-               "task_accuracy_first": steps[0].get("task_accuracy") if steps else None,
-               "task_accuracy_last": steps[-1].get("task_accuracy") if steps else None},
+               **_accuracy_ends(steps)},
     )
 
 
@@ -249,3 +248,14 @@ def _save_checkpoint(store: ParamStore, graph: Graph, out: Path,
 def _mean(values: list[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return sum(vals) / len(vals) if vals else None
+
+
+def _accuracy_ends(steps: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Rule-checked accuracy at the start and at the end of the run: means over the first and
+    last tenth of the steps (at least 5), since one step's 64 samples are noisy."""
+    acc = [r["task_accuracy"] for r in steps if r.get("task_accuracy") is not None]
+    k = max(5, len(acc) // 10)
+    start = sum(acc[:k]) / len(acc[:k]) if acc else None
+    end = sum(acc[-k:]) / len(acc[-k:]) if acc else None
+    return {"task_accuracy_start": start, "task_accuracy_end": end,
+            "task_accuracy_gain": None if start is None or end is None else end - start}

@@ -68,10 +68,14 @@ class TrainRole:
             aggregation=str(self.opts.get("aggregation", "token-mean")),
         )
         self.optim.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                   float(self.opts.get("max_grad_norm", 1.0)))
-        self.optim.step()
+        grad_norm = torch.zeros(())
+        # A batch whose advantages are all zero carries no signal; stepping Adam on it would
+        # still move every weight along its stale momentum.
+        if bool(batch["adv"].abs().gt(0).any()):
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), float(self.opts.get("max_grad_norm", 1.0)))
+            self.optim.step()
         self.version = msg.step + 1
         self.store.publish(self.model_name, self.version, self.state_dict(), self.config)
         self.store.gc(self.model_name, keep=3)
