@@ -4,7 +4,8 @@ Each ``step()`` admits waiting requests into free slots (one batched prefill tha
 their first token), then runs one decode step over every running slot at once. A request leaves
 its slot the moment it finishes and is returned from that same step. Per-sequence state (tokens,
 logprobs, versions, limits, stop ids) lives in per-slot tensors, so a step does no Python work per
-running request except for requests with stop strings.
+running request except for requests with stop strings. Both passes run through
+``kv_cache.PackedDecoder``, the model's forward specialised for the slot cache.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class TorchEngine:
         self.eos_token_id, self.detokenize = eos_token_id, detokenize
         self.version = 0
         self._model: Decoder | None = None
-        self._decode: PackedDecoder | None = None  # the decode fast path over _model's weights
+        self._decode: PackedDecoder | None = None  # serves from _model's (packed) weights
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []  # index = slot; running sequences fill slots 0..n-1
         self._ids: set[str] = set()
@@ -73,7 +74,6 @@ class TorchEngine:
         # kept across release_memory; the KV cache and the weights are what it frees.
         self._resp = SlotResponses(max_batch, self.max_seq_len, self.device)
         self._sampler = SlotSampler(max_batch, self.device)
-        self._rows = torch.arange(max_batch, device=self.device)
         self.resume_memory()
 
     # ---- the Engine interface ------------------------------------------------------------
@@ -97,13 +97,13 @@ class TorchEngine:
         done, self._ready = self._ready, []
         if not (self._waiting or self._running):
             return done
-        _, cache = self._serving()
+        decoder, cache = self._serving()
         if self._waiting and len(self._running) < self.max_batch:
             done += self._admit()
-        if self._running and self._decode is not None:
+        if self._running:
             n = len(self._running)
-            last = self._resp.last_tokens(n)  # read before begin_decode moves the lengths on
-            done += self._record(0, self._decode.decode(last, cache.begin_decode(n), cache))
+            last = self._resp.last_tokens(n)
+            done += self._record(0, decoder.decode(last, cache.begin_decode(n), cache))
         return done
 
     def has_work(self) -> bool:
@@ -141,7 +141,7 @@ class TorchEngine:
         """Copy ``tensors`` (HF names) in; later tokens carry ``version``. Raises
         ModelConfigError naming a missing, unexpected or misshaped tensor (weights unchanged)."""
         model = build_model(self.config, tensors, self.device, self.dtype, self._model)
-        if model is not self._model or self._decode is None:
+        if model is not self._model:  # a new model: pack it (later loads write through)
             self._model, self._decode = model, PackedDecoder(model, self.max_seq_len)
         self.version = version
 
@@ -191,13 +191,13 @@ class TorchEngine:
 
     # ---- internals -----------------------------------------------------------------------
 
-    def _serving(self) -> tuple[Decoder, SlotKVCache]:
-        """The model and KV cache; raises EngineError when released or without weights."""
+    def _serving(self) -> tuple[PackedDecoder, SlotKVCache]:
+        """The forward pass and KV cache; raises EngineError when released or without weights."""
         if self._cache is None:
             raise EngineError("engine memory was released; call resume_memory() and load_weights()")
-        if self._model is None:
+        if self._decode is None:
             raise EngineError("no weights loaded; call load_weights() before serving")
-        return self._model, self._cache
+        return self._decode, self._cache
 
     def _check(self, req: GenerationRequest) -> None:
         p, vocab, k = req.params, self.config.vocab_size, len(req.prefix_ids)
@@ -245,10 +245,9 @@ class TorchEngine:
         lengths = [len(s) for s in seqs]
         width = max(lengths)
         ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=self.device)
-        _, cache = self._serving()
+        decoder, cache = self._serving()
         cache.begin_prefill(start, lengths)
-        last = torch.tensor(lengths, device=self.device) - 1
-        logits = self._decode.prefill(ids, last, cache)  # type: ignore[union-attr]
+        logits = decoder.prefill(ids, torch.tensor(lengths, device=self.device) - 1, cache)
         self._running.extend(joiners)
         return outs + self._record(start, logits)
 
