@@ -99,6 +99,7 @@ def main() -> None:
         "bench": "controller",
         "one_per_frame": one,
         "batched_32": batched,
+        # per stage; the rollout's includes the weight refresh each new policy version needs
         "unloaded_job_rtt_us_p50": unloaded["job_rtt_us_p50"],
         "batched_speedup": batched["samples_per_s"] / one["samples_per_s"],
         "python": sys.version.split()[0],

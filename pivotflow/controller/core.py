@@ -96,7 +96,7 @@ class Controller:
         self.train_buffer = TrainBuffer(source.groups_per_step, cfg.max_staleness)
         self.ledger = Ledger()
         self.jobs: dict[int, tuple[Sample, int, str, float]] = {}  # sample, stage, worker, sent
-        self.job_rtt_s: deque[float] = deque(maxlen=4096)
+        self.job_rtt_s: dict[int, deque[float]] = {i: deque(maxlen=4096) for i in self.edges}
         self.next_job = 0
         self.version = 0
         self.step_in_flight: list[list[Sample]] | None = None
@@ -349,7 +349,7 @@ class Controller:
         w.jobs.discard(r.job_id)
         self.inflight[idx] -= 1
         now = self.clock.now()
-        self.job_rtt_s.append(now - sent_at)
+        self.job_rtt_s[idx].append(now - sent_at)
         if not w.jobs and w.worker_id in self.busy_since:
             busy_pool, since = self.busy_since.pop(w.worker_id)
             self.pool_busy_s[busy_pool] += now - since
@@ -411,9 +411,11 @@ class Controller:
         if self.version >= self.cfg.steps and self._done is not None:
             self._done.set()
 
-    def job_rtt_us_p50(self) -> float | None:
-        """Median time from sending a job to its result, as the controller sees it."""
-        return statistics.median(self.job_rtt_s) * 1e6 if self.job_rtt_s else None
+    def job_rtt_us_p50(self) -> dict[str, float | None]:
+        """Per model stage, the median time from sending a job to its result (controller's
+        view: includes the worker's queueing, any weight refresh, and the engine's work)."""
+        return {self.order[i].name: statistics.median(d) * 1e6 if d else None
+                for i, d in self.job_rtt_s.items()}
 
     def lost_groups(self) -> list[int]:
         """Groups admitted and not trained or filtered that are nowhere in the controller: not

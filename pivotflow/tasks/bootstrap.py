@@ -1,0 +1,225 @@
+"""The tiny models of the embedded default, trained by the project itself from a seed.
+
+* the **policy** (Qwen2-shaped, ~0.8M parameters) is fine-tuned on 2-digit addition until its
+  *sampled* accuracy (temperature 1, what RL rollouts see) enters [0.30, 0.55]: good enough
+  that GRPO gets a signal, far enough from 1 that RL has room to improve it;
+* the **judge** (GenRM, ~0.2M parameters) reads ``"47+38=84?"`` and generates ``"85:No"``: the
+  sum it computes, then its verdict. It trains until its greedy verdicts are right on at least
+  97% of held-out pairs (half right answers, near misses like 47+38=84, some garbage) and 93%
+  of the near misses alone.
+
+The two train at once in two processes (one core each). ``python -m pivotflow.tasks.bootstrap
+[--seed N] [--quick] [--out DIR]`` rebuilds them and prints the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import queue
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pivotflow.engines.base import GenerationRequest, SamplingParams
+from pivotflow.engines.torch.model import Decoder, ModelConfig
+from pivotflow.engines.torch.weights import save_checkpoint
+from pivotflow.errors import PivotflowError
+from pivotflow.tasks.judge_format import judge_examples, parse_verdict
+from pivotflow.tasks.registry import get_task, make_dataset, split_dataset
+from pivotflow.tasks.sft import SFTConfig, greedy_complete, train_sft
+from pivotflow.tasks.tokenizer import default_tokenizer
+
+POLICY_BAND = (0.30, 0.55)  # sampled accuracy at temperature 1
+JUDGE_TARGET = 0.97  # held-out verdict accuracy
+NEAR_MISS_TARGET = 0.93  # ... and on the near misses alone (what a policy's wrong answers are)
+QUICK = {"policy_band": (0.05, 0.95), "judge_target": 0.60, "steps_scale": 0.25}
+
+
+def policy_config(vocab: int) -> ModelConfig:
+    return ModelConfig(vocab_size=vocab, hidden_size=128, intermediate_size=384,
+                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=64)
+
+
+def judge_config(vocab: int) -> ModelConfig:
+    return ModelConfig(vocab_size=vocab, hidden_size=64, intermediate_size=192,
+                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=64)
+
+
+def sampled_accuracy(model: Decoder, problems: list[Any], seed: int) -> float:
+    """Exact-match accuracy of temperature-1 samples from the embedded engine."""
+    from pivotflow.engines.torch.engine import TorchEngine
+
+    tok, task = default_tokenizer(), get_task("arithmetic")
+    engine = TorchEngine(model.config, max_batch=64, eos_token_id=tok.eos_id)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    engine.load_weights(state, 0)
+    reqs = [GenerationRequest(str(i), tok.encode(p.prompt, bos=True),
+                              SamplingParams(temperature=1.0, max_tokens=6, seed=seed + i,
+                                             stop_token_ids=(tok.eos_id,)))
+            for i, p in enumerate(problems)]
+    outs = {o.request_id: o for o in engine.generate(reqs)}
+    hits = sum(task.check(p, tok.decode(outs[str(i)].token_ids)) for i, p in enumerate(problems))
+    return hits / len(problems)
+
+
+def train_policy(seed: int, quick: bool, report: Callable[[dict], None]) -> tuple[Decoder, dict]:
+    torch.manual_seed(seed)
+    tok, task = default_tokenizer(), get_task("arithmetic")
+    train, held = split_dataset(make_dataset(task, 8100, seed), 500, seed)
+    pairs = [(p.prompt, p.answer) for p in train]
+    model = Decoder(policy_config(tok.vocab_size))
+    lo, hi = QUICK["policy_band"] if quick else POLICY_BAND
+    scale = QUICK["steps_scale"] if quick else 1.0
+    found: dict[str, Any] = {}
+
+    def stop(step: int) -> bool:
+        acc = sampled_accuracy(model, held[:300], seed)
+        report({"model": "policy", "step": step, "sampled_accuracy": acc})
+        if acc >= lo:
+            found.update(step=step, sampled_accuracy=acc)
+            return True
+        return False
+
+    cfg = SFTConfig(steps=int(2000 * scale), batch_size=128, lr=3e-4, warmup_steps=20,
+                    schedule="constant", threads=1, seed=seed, eval_every=25)
+    res = train_sft(model, tok, pairs, cfg, should_stop=stop, progress=False)
+    acc = found.get("sampled_accuracy", sampled_accuracy(model, held[:300], seed))
+    if not lo <= acc <= hi:
+        raise PivotflowError(f"policy bootstrap ended at sampled accuracy {acc:.3f}, outside "
+                             f"[{lo}, {hi}] (seed {seed}); try another seed")
+    return model, {"sampled_accuracy": acc, "steps": res.steps, "train_s": res.seconds,
+                   "params": sum(p.numel() for p in model.parameters())}
+
+
+def train_judge(seed: int, quick: bool, report: Callable[[dict], None]) -> tuple[Decoder, dict]:
+    torch.manual_seed(seed + 1)
+    tok, task = default_tokenizer(), get_task("arithmetic")
+    train, held = split_dataset(make_dataset(task, 8100, seed + 1), 500, seed + 1)
+    # Hard negatives weigh more than in the held-out mix: a judge that says Yes to 47+38=84
+    # rewards exactly the mistakes RL should remove.
+    examples = judge_examples(train, seed + 1, per_problem=8, correct_fraction=0.4,
+                              garbage_fraction=0.05)
+    held_ex = judge_examples(held, seed + 2, per_problem=1)
+    # Plain addition pairs too: the judge's chain of thought is the sum.
+    pairs = [(e.prompt, e.target) for e in examples] + [(p.prompt, p.answer) for p in train]
+    model = Decoder(judge_config(tok.vocab_size))
+    target = QUICK["judge_target"] if quick else JUDGE_TARGET
+    scale = QUICK["steps_scale"] if quick else 1.0
+    found: dict[str, Any] = {}
+
+    def verdict_accuracy() -> tuple[float, float]:
+        outs = greedy_complete(model, tok, [e.prompt for e in held_ex], 8)
+        right = [parse_verdict(o) == float(e.correct) for o, e in zip(outs, held_ex, strict=True)]
+        near = [r for r, e in zip(right, held_ex, strict=True) if e.kind == "near_miss"]
+        return sum(right) / len(right), sum(near) / max(1, len(near))
+
+    def stop(step: int) -> bool:
+        acc, near = verdict_accuracy()
+        report({"model": "judge", "step": step, "verdict_accuracy": acc, "near_miss": near})
+        if acc >= target and (quick or near >= NEAR_MISS_TARGET):
+            found.update(verdict_accuracy=acc, near_miss_accuracy=near)
+            return True
+        return False
+
+    cfg = SFTConfig(steps=int(9000 * scale), batch_size=128, lr=3e-3, warmup_steps=200,
+                    schedule="cosine", threads=1, seed=seed, eval_every=250)
+    res = train_sft(model, tok, pairs, cfg, should_stop=stop, progress=False)
+    if not found:
+        acc, near = verdict_accuracy()
+        raise PivotflowError(f"judge bootstrap reached verdict accuracy {acc:.3f} (near misses "
+                             f"{near:.3f}), below {target} (seed {seed})")
+    return model, {**found, "held_out_pairs": len(held_ex), "steps": res.steps,
+                   "train_s": res.seconds, "params": sum(p.numel() for p in model.parameters())}
+
+
+def save_model(model: Decoder, out: Path, meta: dict) -> None:
+    """safetensors + HF config.json + tokenizer.json + meta.json under ``out``."""
+    save_checkpoint(out, model.config, model.state_dict())
+    (out / "tokenizer.json").write_text(json.dumps(default_tokenizer().to_dict()))
+    (out / "meta.json").write_text(json.dumps(meta, indent=2))
+
+
+def _child(which: str, seed: int, quick: bool, out: str, q: Any) -> None:
+    try:
+        train = train_policy if which == "policy" else train_judge
+        model, meta = train(seed, quick, q.put)
+        save_model(model, Path(out), {**meta, "seed": seed, "quick": quick})
+        q.put({"model": which, "done": meta})
+    except BaseException as exc:  # reported to the parent, which raises it
+        q.put({"model": which, "error": f"{type(exc).__name__}: {exc}"})
+
+
+def bootstrap(out: Path, seed: int = 0, *, quick: bool = False, progress: bool = True) -> dict:
+    """Train policy and judge into ``out/policy`` and ``out/judge`` (in parallel processes);
+    returns their figures. Raises PivotflowError when a model misses its target."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = {w: ctx.Process(target=_child, args=(w, seed, quick, str(out / w), q), daemon=True)
+             for w in ("policy", "judge")}
+    for p in procs.values():
+        p.start()
+    results: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    columns = (TextColumn("bootstrap {task.description:7s}"), BarColumn(),
+               TextColumn("{task.fields[status]}"), TimeElapsedColumn())
+    with Progress(*columns, disable=not progress) as bar:
+        tasks = {w: bar.add_task(w, total=None, status="training") for w in procs}
+        try:
+            while len(results) < 2:
+                try:
+                    msg = q.get(timeout=1.0)
+                except queue.Empty:
+                    dead = [w for w, p in procs.items() if not p.is_alive() and w not in results]
+                    if dead:
+                        raise PivotflowError(f"bootstrap of {dead[0]} died (exit code "
+                                             f"{procs[dead[0]].exitcode})") from None
+                    continue
+                w = msg["model"]
+                if "error" in msg:
+                    raise PivotflowError(f"bootstrap of {w}: {msg['error']}")
+                if "done" in msg:
+                    results[w] = msg["done"]
+                    bar.update(tasks[w], status="done", total=1, completed=1)
+                else:
+                    figs = {k: v for k, v in msg.items() if k not in ("model",)}
+                    bar.update(tasks[w], status=" ".join(
+                        f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                        for k, v in figs.items()))
+        finally:
+            for p in procs.values():
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+    return {**results, "wall_s": time.perf_counter() - t0, "seed": seed}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pivotflow.tasks.bootstrap")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", type=Path, default=None, help="default: the model cache")
+    args = ap.parse_args(argv)
+    if args.out is None:
+        from pivotflow.tasks.cache import rebuild
+
+        figures = rebuild(args.seed, quick=args.quick)
+    else:
+        figures = bootstrap(args.out, args.seed, quick=args.quick)
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

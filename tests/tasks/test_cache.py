@@ -1,0 +1,60 @@
+"""The model cache: built once, reused, and a corrupt cache is detected and rebuilt."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from pivotflow.engines.torch.model import Decoder, ModelConfig
+from pivotflow.errors import CheckpointError
+from pivotflow.tasks.bootstrap import save_model
+from pivotflow.tasks.cache import _digest, check_models, ensure_models, models_dir
+
+
+def fake_cache(root: Path) -> None:
+    """A cache laid out as the bootstrap leaves it (random weights: only the layout matters)."""
+    cfg = ModelConfig(vocab_size=99, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1)
+    for which in ("policy", "judge"):
+        save_model(Decoder(cfg), root / which, {"seed": 0})
+    hashes = {w: _digest(root / w / "model.safetensors") for w in ("policy", "judge")}
+    (root / "hashes.json").write_text(json.dumps(hashes))
+
+
+@pytest.mark.parametrize(("damage", "match"), [
+    (lambda r: (r / "policy" / "model.safetensors").write_bytes(b"x" * 10), "policy/model.safe"),
+    (lambda r: (r / "judge" / "config.json").write_text("{not json"), "judge/config.json is not"),
+    (lambda r: (r / "judge" / "tokenizer.json").unlink(), "judge/tokenizer.json is missing"),
+    (lambda r: (r / "hashes.json").unlink(), "hashes.json: unreadable"),
+])
+def test_corruption_is_named(tmp_path: Path, damage, match: str) -> None:  # type: ignore[no-untyped-def]
+    fake_cache(tmp_path)
+    check_models(tmp_path)
+    damage(tmp_path)
+    with pytest.raises(CheckpointError, match=match):
+        check_models(tmp_path)
+
+
+@pytest.mark.slow
+def test_quick_bootstrap_builds_once_reuses_and_rebuilds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("PIVOTFLOW_CACHE", str(tmp_path))
+    torch.set_num_threads(1)
+    policy, judge = ensure_models(seed=0, quick=True, progress=False)
+    figures = json.loads((models_dir(0, quick=True) / "figures.json").read_text())
+    assert figures["judge"]["verdict_accuracy"] >= 0.6  # the quick variant's looser target
+    assert 0.05 <= figures["policy"]["sampled_accuracy"] <= 0.95
+    stamp = (policy / "model.safetensors").stat().st_mtime_ns
+    t0 = time.monotonic()
+    assert ensure_models(seed=0, quick=True, progress=False) == (policy, judge)
+    assert time.monotonic() - t0 < 5 and (policy / "model.safetensors").stat().st_mtime_ns == stamp
+    (judge / "model.safetensors").write_bytes(b"truncated")
+    with caplog.at_level(logging.WARNING, logger="pivotflow.cache"):
+        ensure_models(seed=0, quick=True, progress=False)
+    assert "does not match its recorded hash; rebuilding" in caplog.text
+    check_models(models_dir(0, quick=True))
