@@ -31,10 +31,14 @@ from pivotflow.engines.torch.weights import save_checkpoint
 from pivotflow.errors import PivotflowError
 from pivotflow.tasks.judge_format import judge_examples, parse_verdict
 from pivotflow.tasks.registry import get_task, make_dataset, split_dataset
-from pivotflow.tasks.sft import SFTConfig, greedy_complete, train_sft
+from pivotflow.tasks.sft import SFTConfig, greedy_complete, teacher_forced_accuracy, train_sft
 from pivotflow.tasks.tokenizer import default_tokenizer
 
 POLICY_BAND = (0.30, 0.55)  # sampled accuracy at temperature 1
+# ... reached by a policy that is already right when greedy: RL then sharpens a distribution
+# that holds the answer (measured: such a policy gains ~0.15 in 100 GRPO steps, one that is
+# wrong when greedy too gains half that).
+POLICY_MIN_GREEDY = 0.70
 JUDGE_TARGET = 0.97  # held-out verdict accuracy
 NEAR_MISS_TARGET = 0.93  # ... and on the near misses alone (what a policy's wrong answers are)
 QUICK = {"policy_band": (0.05, 0.95), "judge_target": 0.60, "steps_scale": 0.25}
@@ -81,22 +85,25 @@ def train_policy(seed: int, quick: bool, report: Callable[[dict], None]) -> tupl
     scale = QUICK["steps_scale"] if quick else 1.0
     found: dict[str, Any] = {}
 
+    held_pairs = [(p.prompt, p.answer) for p in held[:300]]
+    min_greedy = 0.0 if quick else POLICY_MIN_GREEDY
+
     def stop(step: int) -> bool:
         acc = sampled_accuracy(model, held[:300], seed)
-        report({"model": "policy", "step": step, "sampled_accuracy": acc})
-        if acc >= lo:
-            found.update(step=step, sampled_accuracy=acc)
+        greedy = teacher_forced_accuracy(model, tok, held_pairs)
+        report({"model": "policy", "step": step, "sampled_accuracy": acc, "greedy": greedy})
+        if lo <= acc <= hi and greedy >= min_greedy:
+            found.update(step=step, sampled_accuracy=acc, greedy_accuracy=greedy)
             return True
         return False
 
     cfg = SFTConfig(steps=int(2000 * scale), batch_size=128, lr=3e-4, warmup_steps=20,
                     schedule="constant", threads=1, seed=seed, eval_every=25)
     res = train_sft(model, tok, pairs, cfg, should_stop=stop, progress=False)
-    acc = found.get("sampled_accuracy", sampled_accuracy(model, held[:300], seed))
-    if not lo <= acc <= hi:
-        raise PivotflowError(f"policy bootstrap ended at sampled accuracy {acc:.3f}, outside "
-                             f"[{lo}, {hi}] (seed {seed}); try another seed")
-    return model, {"sampled_accuracy": acc, "steps": res.steps, "train_s": res.seconds,
+    if not found:
+        raise PivotflowError(f"policy bootstrap never reached sampled accuracy in [{lo}, {hi}] "
+                             f"with greedy accuracy >= {min_greedy} (seed {seed})")
+    return model, {**found, "steps": res.steps, "train_s": res.seconds,
                    "params": sum(p.numel() for p in model.parameters())}
 
 

@@ -100,9 +100,7 @@ def make_dataset(task: Task, n: int, seed: int) -> list[Problem]:
         problem = task.sample(rng)
         seen.setdefault(problem.prompt, problem)
     if len(seen) < n:
-        raise TaskError(
-            f"task {task.name!r} gave only {len(seen)} distinct prompts; asked for {n}"
-        )
+        raise TaskError(f"task {task.name!r} gave only {len(seen)} distinct prompts; asked for {n}")
     return list(seen.values())
 
 

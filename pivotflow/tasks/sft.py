@@ -44,7 +44,9 @@ class SFTConfig(msgspec.Struct, kw_only=True, frozen=True):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"sft.{name} must be positive, got {getattr(self, name)}")
         if self.lr <= 0 or self.warmup_steps < 0:
-            raise ConfigError(f"sft.lr must be > 0 and warmup_steps >= 0 ({self.lr}, {self.warmup_steps})")
+            raise ConfigError(
+                f"sft.lr must be > 0 and warmup_steps >= 0 ({self.lr}, {self.warmup_steps})"
+            )
         return self
 
 
@@ -57,9 +59,7 @@ class SFTResult(msgspec.Struct, kw_only=True):
     stopped_early: bool
 
 
-def encode_pairs(
-    tok: CharTokenizer, pairs: Sequence[Pair]
-) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_pairs(tok: CharTokenizer, pairs: Sequence[Pair]) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ids [N, T] of ``BOS prompt completion EOS`` and a target mask [N, T-1] that is
     1 where ``ids[:, 1:]`` is a completion token or EOS. Raises TokenizerError on unknown text."""
     seqs, spans = [], []
@@ -117,8 +117,12 @@ def train_sft(
     stopped = False
     start = time.perf_counter()
     bar = Progress(
-        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-        TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), disable=not progress,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("loss {task.fields[loss]:.3f}"),
+        TimeElapsedColumn(),
+        disable=not progress,
     )
     with bar:
         bar_task = bar.add_task(description, total=cfg.steps, loss=float("nan"))
@@ -224,8 +228,11 @@ def greedy_complete(
     out: list[str] = [""] * len(encoded)
     for lo in range(0, len(order), batch_size):
         members = order[lo : lo + batch_size]
-        for i, text in zip(members, _greedy_batch(model, tok, [encoded[i] for i in members],
-                                                   max_new_tokens), strict=False):
+        for i, text in zip(
+            members,
+            _greedy_batch(model, tok, [encoded[i] for i in members], max_new_tokens),
+            strict=False,
+        ):
             out[i] = text
     model.train(was_training)
     return out
