@@ -176,6 +176,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         transport.close()
     wall = time.perf_counter() - started
     summary = _summarize(ctl, steps, wall, error)
+    summary.extra["worker_pids"] = [p.pid for p in launcher.procs.values()]
     with open(out / "shifts.jsonl", "w") as f:  # every shift, timed part by part, and why
         for rec, why in zip(ctl.shifts.done, _decisions_by_shift(ctl), strict=False):
             f.write(json.dumps({**rec.as_record(), "planner": why}) + "\n")

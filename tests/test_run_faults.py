@@ -21,10 +21,16 @@ from pivotflow.run import run
 FAST = ["live=false", "graph.groups_per_step=2", "graph.group_size=4"]
 
 
-def workers_alive() -> list[str]:
-    out = subprocess.run(["pgrep", "-f", "pivotflow.worker --endpoint"], capture_output=True,
-                         text=True)
-    return out.stdout.split()
+def workers_alive(out: Path) -> list[int]:
+    """The run's worker processes (pids from its summary) that still exist."""
+    alive = []
+    for pid in json.loads((out / "summary.json").read_text())["worker_pids"]:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        alive.append(pid)
+    return alive
 
 
 def test_run_leaves_its_records(tmp_path: Path, random_genrm_graph: Path) -> None:
@@ -41,7 +47,7 @@ def test_run_leaves_its_records(tmp_path: Path, random_genrm_graph: Path) -> Non
     assert config["steps"] == 3 and config["graph"]["groups_per_step"] == 2
     assert (out / "plots" / "reward_accuracy.png").stat().st_size > 1000
     assert (out / "checkpoints" / "policy" / "model.safetensors").exists()
-    assert not workers_alive()
+    assert not workers_alive(out)
 
 
 def test_worker_that_fails_to_load_its_role_stops_the_run(tmp_path: Path,
@@ -53,7 +59,7 @@ def test_worker_that_fails_to_load_its_role_stops_the_run(tmp_path: Path,
     assert time.monotonic() - t0 < 60
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert "vllm is not installed" in summary["error"]
-    assert not workers_alive()
+    assert not workers_alive(tmp_path / "out")
 
 
 def test_worker_crash_before_hello_shows_its_stderr(tmp_path: Path) -> None:
@@ -112,4 +118,4 @@ def test_ctrl_c_reaps_workers_and_flushes_records(tmp_path: Path,
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] >= 1 and "interrupted" in summary["error"]
     assert read_metrics(out / "metrics.jsonl")
-    assert not workers_alive()
+    assert not workers_alive(out)

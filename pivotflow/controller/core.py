@@ -21,14 +21,16 @@ from typing import Any
 from pivotflow.controller import stages
 from pivotflow.controller.clock import Clock
 from pivotflow.controller.edges import Edge
+from pivotflow.controller.planning import planner_view
 from pivotflow.controller.pools import Pool, WorkerHandle
+from pivotflow.controller.records import step_record
 from pivotflow.controller.sample import Ledger, Sample
 from pivotflow.controller.shifts import ShiftManager
 from pivotflow.controller.source import PromptSource
 from pivotflow.controller.train_batch import TrainBuffer
 from pivotflow.errors import GraphError, WorkerError
 from pivotflow.graph import Graph
-from pivotflow.planner.base import Planner, PlannerView, PoolView, StaticPlanner
+from pivotflow.planner.base import Planner, PlannerView, StaticPlanner
 from pivotflow.protocol import (
     PROTOCOL_VERSION,
     AssignRole,
@@ -165,27 +167,7 @@ class Controller:
 
     def planner_view(self) -> PlannerView:
         """The measurements a planner decides from (see pivotflow.planner.base)."""
-        now = self.clock.now()
-        pools: dict[str, PoolView] = {}
-        upstream = 0
-        for idx in sorted(self.edges):
-            node = self.order[idx]
-            pool = self.pools[node.pool or ""]
-            upstream += len(self.edges[idx]) + self.inflight[idx]
-            busy = self.pool_busy_s[pool.name] + sum(
-                now - since for wid, (p, since) in self.busy_since.items() if p == pool.name)
-            rate = self.pool_done[pool.name] / busy if busy > 0 else 0.0
-            ready = [w for w in pool.workers if self.workers[w].state == "ready"
-                     and w not in self.shifts.active]
-            pools[pool.name] = PoolView(pool.name, ready, len(pool.workers), upstream, rate)
-        rates = [p.per_worker_rate for p in pools.values() if p.per_worker_rate > 0]
-        for name, p in pools.items():  # a pool that has not served yet borrows a rate
-            if p.per_worker_rate == 0 and rates:
-                pools[name] = PoolView(p.name, p.ready, p.workers, p.remaining, min(rates))
-        done = [r.total_s for r in self.shifts.done if r.total_s is not None]
-        cost = sum(done[-8:]) / len(done[-8:]) if done else 0.5
-        last = {r.worker_id: r.started_s + self.started_at for r in self.shifts.done}
-        return PlannerView(now, pools, cost, last)
+        return planner_view(self)
 
     def plan_once(self) -> None:
         """Ask the planner and carry out its moves (each logged with its numbers)."""
@@ -433,29 +415,4 @@ class Controller:
 
     def step_record(self, batch: list[list[Sample]], msg: TrainDone) -> dict[str, Any]:
         """The metrics.jsonl line of one optimizer step (keys are an interface: DESIGN.md)."""
-        samples = [s for g in batch for s in g]
-        rewards = [s.fields.get("reward") for s in samples]
-        rewards = [r for r in rewards if r is not None]
-        correct = [s.fields["correct"] for s in samples if s.fields.get("correct") is not None]
-        now = self.clock.now()
-        return {
-            "step": msg.step + 1,
-            "time_s": now - self.started_at,
-            "policy_version": msg.version,
-            "samples": len(samples),
-            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
-            "task_accuracy": sum(correct) / len(correct) if correct else None,
-            "pools": {p.name: len(p.workers) for p in self.pools.values()},
-            "queue_depth": {e.name: len(e) for e in self.edges.values()},
-            "shifts": self.shifts.count,
-            "migrations": self.shifts.migrations,
-            "tokens_generated": self.tokens_generated,
-            "shift_events": [rec.as_record() for rec in self.shifts.done[self._shifts_reported:]],
-            "staleness_max": max(msg.version - 1 - min(s.fields["versions"] or [msg.version - 1])
-                                 for s in samples),
-            "judge_failures": self.ledger.judge_failures,
-            "response_len_mean": sum(len(s.fields["response_ids"]) for s in samples)
-            / len(samples),
-            **{f"train_{k}": v for k, v in msg.stats.items()},
-        }
-
+        return step_record(self, batch, msg)

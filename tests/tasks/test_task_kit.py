@@ -13,7 +13,12 @@ from pivotflow.errors import TaskError, TokenizerError
 from pivotflow.tasks.arithmetic import check_answer
 from pivotflow.tasks.judge_format import judge_examples, judge_prompt, judge_target, parse_verdict
 from pivotflow.tasks.registry import (
-    Problem, get_task, load_jsonl, make_dataset, save_jsonl, split_dataset,
+    Problem,
+    get_task,
+    load_jsonl,
+    make_dataset,
+    save_jsonl,
+    split_dataset,
 )
 from pivotflow.tasks.sft import SFTConfig, greedy_complete, teacher_forced_accuracy, train_sft
 from pivotflow.tasks.tokenizer import default_tokenizer
@@ -96,4 +101,4 @@ def test_sft_learns_and_teacher_forcing_equals_greedy() -> None:
     tf = teacher_forced_accuracy(model, tok, pairs)
     greedy = greedy_complete(model, tok, [p for p, _ in pairs], 4)
     assert tf == sum(g == c for g, (_, c) in zip(greedy, pairs, strict=True)) / len(pairs)
-    assert 0 < tf  # some right, so the equality above compares real decodes
+    assert tf > 0  # some right, so the equality above compares real decodes

@@ -1,0 +1,40 @@
+"""The per-step run record the controller emits (metrics.jsonl keys are an interface)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pivotflow.controller.sample import Sample
+from pivotflow.protocol import TrainDone
+
+if TYPE_CHECKING:
+    from pivotflow.controller.core import Controller
+
+
+def step_record(ctl: Controller, batch: list[list[Sample]], msg: TrainDone) -> dict[str, Any]:
+    """The metrics.jsonl line of one optimizer step (keys listed in DESIGN.md, extras after)."""
+    samples = [s for g in batch for s in g]
+    rewards = [s.fields.get("reward") for s in samples]
+    rewards = [r for r in rewards if r is not None]
+    correct = [s.fields["correct"] for s in samples if s.fields.get("correct") is not None]
+    now = ctl.clock.now()
+    return {
+        "step": msg.step + 1,
+        "time_s": now - ctl.started_at,
+        "policy_version": msg.version,
+        "samples": len(samples),
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "task_accuracy": sum(correct) / len(correct) if correct else None,
+        "pools": {p.name: len(p.workers) for p in ctl.pools.values()},
+        "queue_depth": {e.name: len(e) for e in ctl.edges.values()},
+        "shifts": ctl.shifts.count,
+        "migrations": ctl.shifts.migrations,
+        "tokens_generated": ctl.tokens_generated,
+        "shift_events": [rec.as_record() for rec in ctl.shifts.done[ctl._shifts_reported:]],
+        "staleness_max": max(msg.version - 1 - min(s.fields["versions"] or [msg.version - 1])
+                             for s in samples),
+        "judge_failures": ctl.ledger.judge_failures,
+        "response_len_mean": sum(len(s.fields["response_ids"]) for s in samples)
+        / len(samples),
+        **{f"train_{k}": v for k, v in msg.stats.items()},
+    }
