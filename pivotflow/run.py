@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import os
-import random
 import shutil
 import signal
 import time
@@ -84,7 +83,6 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
     recorder = RunRecorder(out)
     recorder.write_config({"graph": str(graph_path), "graph_name": graph.name,
                            "workers": assignments, **json.loads(_to_json(cfg))})
-    random.seed(cfg.seed)
     store = ShmParamStore(default_root(f"{out.name}-{os.getpid()}"))
     try:  # the store lives in shared memory: it must go whatever happens
         models = prepare_models(graph, store, seed=cfg.seed, console=console)
@@ -150,7 +148,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     launcher = LocalLauncher(transport.endpoint, out / "logs", threads=cfg.threads_per_worker)
     ccfg = ControllerConfig(steps=cfg.steps, max_staleness=cfg.max_staleness,
                             heartbeat_s=cfg.heartbeat_s, worker_timeout_s=cfg.worker_timeout_s,
-                            max_jobs_per_frame=cfg.max_jobs_per_frame, seed=cfg.seed)
+                            max_jobs_per_frame=cfg.max_jobs_per_frame)
     ctl = Controller(graph, ccfg, transport=transport, clock=LoopClock(),
                      tokenizers=models.tokenizers, source=source, assignments=assignments,
                      role_options=role_options(graph, cfg), store_dir=str(store.root),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import statistics
 from collections import deque
 from collections.abc import Callable
@@ -63,7 +62,6 @@ class ControllerConfig:
     worker_timeout_s: float = 30.0
     max_jobs_per_frame: int = 32
     max_filtered_per_step: int = 10  # x groups_per_step filtered in a row fails the run
-    seed: int = 0
 
 
 class Controller:
@@ -94,7 +92,6 @@ class Controller:
                       for i, n in enumerate(self.order) if n.kind in ("generate", "judge")}
         self.barriers: dict[int, dict[int, list[Sample]]] = {
             i: {} for i, n in enumerate(self.order) if n.kind in BARRIERS}
-        self.train_idx = len(self.order) - 1
         self.train_buffer = TrainBuffer(source.groups_per_step, cfg.max_staleness)
         self.ledger = Ledger()
         self.jobs: dict[int, tuple[Sample, int, str, float]] = {}  # sample, stage, worker, sent
@@ -112,8 +109,7 @@ class Controller:
         self.busy_since: dict[str, tuple[str, float]] = {}  # worker -> (pool, since)
         self._shifts_reported = 0
         self.filtered_since_step = 0
-        self.errors = {"generation": 0, "bad_stage": 0}
-        self.rng = random.Random(cfg.seed)
+        self.errors = {"generation": 0}
         self.started_at = 0.0
         self._done: asyncio.Event | None = None
         self._error: BaseException | None = None
@@ -255,7 +251,6 @@ class Controller:
         """Move a sample to stage ``idx``: run Python stages at once, queue model stages."""
         while True:
             node = self.order[idx]
-            sample.node = idx
             if node.kind in ("generate", "judge"):
                 self.edges[idx].push(sample, self.clock.now())
                 return

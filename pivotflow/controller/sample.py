@@ -16,7 +16,6 @@ class Sample:
     admit_version: int
     seed: int
     fields: dict[str, Any] = field(default_factory=dict)
-    node: int = 0  # index of the stage the sample is at
     enqueued_at: float = 0.0
 
 
@@ -33,9 +32,6 @@ class Ledger:
     judge_failures: int = 0
     trained_groups: set[int] = field(default_factory=set)
 
-    def in_flight(self) -> int:
-        return self.prompts_in - self.groups_trained - self.groups_filtered
-
     def mark_trained(self, group_id: int, samples: int) -> bool:
         """Record a trained group; False (and a counted duplicate) if it was trained before."""
         if group_id in self.trained_groups:
@@ -45,15 +41,3 @@ class Ledger:
         self.groups_trained += 1
         self.samples_trained += samples
         return True
-
-    def as_record(self, lost: int) -> dict[str, int]:
-        return {
-            "prompts_in": self.prompts_in,
-            "groups_trained": self.groups_trained,
-            "samples_trained": self.samples_trained,
-            "groups_filtered": self.groups_filtered,
-            "lost": lost,
-            "duplicates": self.duplicates,
-            "late_results": self.late_results,
-            "judge_failures": self.judge_failures,
-        }

@@ -16,6 +16,11 @@ from pivotflow.tasks.tokenizer import CharTokenizer
 PARTIAL = "_partial"  # fields key of an aborted job's partial state, consumed on re-dispatch
 
 
+def public_fields(sample: Sample) -> dict[str, Any]:
+    """The fields user functions see: everything but the controller's own ``_``-prefixed keys."""
+    return {k: v for k, v in sample.fields.items() if k[0] != "_"}
+
+
 def generate_job(node: Node, sample: Sample, job_id: int, tok: CharTokenizer,
                  min_version: int) -> GenerateJob:
     """The job that generates (or resumes) a rollout for ``sample``."""
@@ -38,7 +43,7 @@ def generate_job(node: Node, sample: Sample, job_id: int, tok: CharTokenizer,
 
 def judge_job(node: Node, sample: Sample, job_id: int, tok: CharTokenizer) -> GenerateJob:
     """The job that asks the GenRM for a verdict on ``sample`` (greedy, judge weights v0+)."""
-    prompt = node.options["template"](**sample.fields)
+    prompt = node.options["template"](**public_fields(sample))
     if not isinstance(prompt, str):
         raise GraphError(f"judge {node.name!r} at {node.where}: template returned "
                          f"{type(prompt).__name__}, expected str")
@@ -74,7 +79,8 @@ def apply_verdict(node: Node, sample: Sample, result: JobDone, tok: CharTokenize
     verdict = tok.decode(result.token_ids)
     fields = sample.fields
     fields["verdict"] = verdict
-    args = {k: v for k, v in fields.items() if k != "verdict"}
+    args = public_fields(sample)
+    del args["verdict"]
     reward = node.options["parse"](verdict=verdict, **args) if result.error == "" else None
     ok = isinstance(reward, (int, float)) and not isinstance(reward, bool)
     fields["reward"] = float(reward) if ok else None
@@ -113,7 +119,7 @@ def apply_group_fn(node: Node, samples: list[Sample]) -> None:
 def apply_map_fn(node: Node, sample: Sample) -> None:
     """Run a per-sample function and write its result."""
     assert node.fn is not None  # validated: map nodes always carry a function
-    out = node.fn(**{k: v for k, v in sample.fields.items() if k[0] != "_"})
+    out = node.fn(**public_fields(sample))
     if isinstance(out, dict):
         bad = set(out) - node.writes
         if bad:
