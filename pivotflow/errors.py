@@ -61,3 +61,11 @@ class TransportError(PivotflowError):
 
 class RunInterrupted(PivotflowError):
     """The run was stopped by Ctrl-C (SIGINT); records are flushed and workers reaped."""
+
+
+class CurveKeyError(ConfigError):
+    """CurveZMQ keys are missing, malformed, too widely readable, or unsupported by libzmq."""
+
+
+class SimulationError(PivotflowError):
+    """A simulated cluster cannot go on: virtual time deadlocked, or a simulated worker was misused."""

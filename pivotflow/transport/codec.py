@@ -75,6 +75,11 @@ class _UnionDecoder:
             raise ProtocolError(f"undecodable frame ({self._name}): {_short(exc)}") from None
         except RecursionError:
             raise ProtocolError(f"frame nested too deeply ({self._name})") from None
+        except (ValueError, TypeError, OverflowError, MemoryError) as exc:
+            # Untrusted input: whatever else msgspec may raise, a frame that fails is just bad.
+            raise ProtocolError(
+                f"frame failed to decode ({self._name}): {type(exc).__name__}: {_short(exc)}"
+            ) from None
 
 
 def _short(exc: BaseException) -> str:
@@ -106,14 +111,27 @@ def decode_to_worker(buf: bytes | bytearray | memoryview) -> ToWorker:
     return typing.cast(ToWorker, _to_worker.decode(buf))
 
 
+# Senders named in the "N more bad frames not logged" note; the rest are only counted.
+_NOTE_SENDERS = 4
+
+
 class BadFrameLog:
     """Warns about dropped frames, naming the sender, at most ``burst`` lines per ``window_s``.
 
     A peer spraying garbage must not turn the controller's log into its bottleneck; lines past
-    the limit are counted and the count is reported with the next line that gets through.
+    the limit are counted, and the count (with the first few senders) is reported with the next
+    line that gets through.
     """
 
-    __slots__ = ("_burst", "_logger", "_logged", "_suppressed", "_window_s", "_window_start")
+    __slots__ = (
+        "_burst",
+        "_logger",
+        "_logged",
+        "_suppressed",
+        "_suppressed_from",
+        "_window_s",
+        "_window_start",
+    )
 
     def __init__(self, logger: logging.Logger, burst: int = 10, window_s: float = 10.0) -> None:
         self._logger = logger
@@ -122,6 +140,7 @@ class BadFrameLog:
         self._window_start = -float("inf")
         self._logged = 0
         self._suppressed = 0
+        self._suppressed_from: dict[str, None] = {}  # insertion-ordered set
 
     def warn(self, transport: str, sender: bytes | str, reason: str) -> None:
         """Log one dropped frame from ``sender`` (a zmq identity or a worker id)."""
@@ -131,10 +150,17 @@ class BadFrameLog:
             self._logged = 0
         if self._logged >= self._burst:
             self._suppressed += 1
+            if len(self._suppressed_from) < _NOTE_SENDERS:
+                self._suppressed_from[sender_name(sender)] = None
             return
         self._logged += 1
-        note = f" ({self._suppressed} more bad frames not logged)" if self._suppressed else ""
-        self._suppressed = 0
+        note = ""
+        if self._suppressed:
+            names = ", ".join(self._suppressed_from)
+            more = ", ..." if len(self._suppressed_from) >= _NOTE_SENDERS else ""
+            note = f" ({self._suppressed} more bad frames not logged, from {names}{more})"
+            self._suppressed = 0
+            self._suppressed_from.clear()
         self._logger.warning(
             "%s: dropped a bad frame from %s: %s%s", transport, sender_name(sender), reason, note
         )

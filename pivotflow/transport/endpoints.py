@@ -12,8 +12,8 @@ __all__ = ["check_bind_address", "default_endpoint", "ipc_dir_of"]
 
 _SOCKET_NAME = "controller.sock"
 
-# Until CurveZMQ keys exist (a later issue), anything that can be reached from another host is
-# refused: the protocol has no authentication, so a reachable ROUTER would take jobs from anyone.
+# Without CurveZMQ keys anything that can be reached from another host is refused: the protocol
+# itself has no authentication, so a reachable ROUTER would take results from anyone.
 _NEEDS_KEYS = "binding a non-loopback address needs CurveZMQ keys, which are not configured"
 
 
@@ -31,8 +31,9 @@ def ipc_dir_of(endpoint: str) -> str | None:
     return os.path.dirname(endpoint[len("ipc://") :]) or None
 
 
-def check_bind_address(endpoint: str) -> None:
-    """Allow ipc://, inproc:// and loopback tcp:// (127.x.x.x, localhost, [::1]) only.
+def check_bind_address(endpoint: str, *, curve: bool = False) -> None:
+    """Allow ipc://, inproc:// and loopback tcp:// (127.x.x.x, localhost, [::1]); with ``curve``
+    (CurveZMQ keys configured) also tcp:// on any host or interface.
 
     Raises ConfigError naming the endpoint for any other scheme or host, or a malformed one.
     """
@@ -42,11 +43,13 @@ def check_bind_address(endpoint: str) -> None:
     if scheme in ("ipc", "inproc"):
         return
     if scheme != "tcp":
-        raise ConfigError(f"endpoint {endpoint!r}: scheme {scheme!r} is not allowed; {_NEEDS_KEYS}")
+        # CurveZMQ secures tcp and ipc only (not pgm/epgm multicast, not udp).
+        why = "only ipc, inproc and tcp can be bound" if curve else _NEEDS_KEYS
+        raise ConfigError(f"endpoint {endpoint!r}: scheme {scheme!r} is not allowed; {why}")
     host, port = _split_host_port(endpoint, rest)
     if port != "*" and not (port.isdigit() and int(port) <= 65535):
         raise ConfigError(f"endpoint {endpoint!r}: port {port!r} is not a number or '*'")
-    if host == "localhost":
+    if host == "localhost" or curve:
         return
     try:
         loopback = ipaddress.ip_address(host).is_loopback

@@ -18,10 +18,16 @@ from typing import cast
 
 import zmq
 
-from pivotflow.errors import ProtocolError, TransportError, WorkerError
+from pivotflow.errors import ConfigError, ProtocolError, TransportError, WorkerError
 from pivotflow.protocol import MAX_FRAME_BYTES, ToController, ToWorker
 from pivotflow.transport.base import MessageHandler
 from pivotflow.transport.codec import BadFrameLog, decode_to_controller, decode_to_worker, encode
+from pivotflow.transport.curve import (
+    CurveAuthenticator,
+    CurveKeys,
+    configure_client,
+    configure_server,
+)
 from pivotflow.transport.endpoints import check_bind_address, default_endpoint, ipc_dir_of
 
 __all__ = ["ZmqControllerTransport", "ZmqWorkerChannel"]
@@ -37,24 +43,50 @@ DEFAULT_HWM = 100_000
 # from a call_soon continuation (the FD will not fire again for them).
 DRAIN_BUDGET = 1024
 
+# Frames up to this many times ``max_frame_bytes`` are read, counted and dropped with the sender
+# named; libzmq (MAXMSGSIZE) cuts a peer that sends a larger one before buffering it, uncounted.
+HARD_LIMIT_FACTOR = 2
+
+# Distinct senders tracked in ``bad_frames_by_sender``; a peer can pick any identity, so the
+# rest share one bucket rather than growing the dict without bound.
+MAX_TRACKED_SENDERS = 1024
+OTHER_SENDERS = "<other senders>"
+
 
 class ZmqControllerTransport:
     """The controller's ROUTER socket; implements ``ControllerTransport``.
 
     Binds at construction (``endpoint`` None = a private ipc path, removed on close; a tcp port
-    of ``*`` picks a free one, and ``endpoint`` then holds the bound address). Raises ConfigError
-    for a non-loopback address and TransportError if the bind fails.
+    of ``*`` picks a free one, and ``endpoint`` then holds the bound address). With ``curve``
+    (from ``load_controller_keys``) it is a CurveZMQ server that admits only the allowed client
+    keys, and may bind any tcp address. Raises ConfigError for a non-loopback address without
+    keys or a bad ``max_frame_bytes``, CurveKeyError for unusable keys, and TransportError if
+    the bind fails.
     Counters: ``frames_in`` (messages delivered), ``frames_out`` (messages sent), ``bad_frames``
-    (frames dropped because they were not [identity, payload] or did not decode).
+    (frames dropped: not [identity, payload], over ``max_frame_bytes``, or undecodable),
+    ``bad_frames_by_sender`` (the same by worker id), ``refused_peers`` (failed curve handshakes).
     """
 
-    def __init__(self, endpoint: str | None = None, *, hwm: int = DEFAULT_HWM) -> None:
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        hwm: int = DEFAULT_HWM,
+        curve: CurveKeys | None = None,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+    ) -> None:
+        if not 0 < max_frame_bytes <= MAX_FRAME_BYTES:
+            raise ConfigError(
+                f"max_frame_bytes={max_frame_bytes} is not in 1..MAX_FRAME_BYTES ({MAX_FRAME_BYTES})"
+            )
         owned_dir = None
         if endpoint is None:
             endpoint = default_endpoint()
             owned_dir = ipc_dir_of(endpoint)
-        check_bind_address(endpoint)
+        check_bind_address(endpoint, curve=curve is not None)
         self.bad_frames = 0
+        self.bad_frames_by_sender: dict[str, int] = {}
+        self.max_frame_bytes = max_frame_bytes
         self.frames_in = 0
         self.frames_out = 0
         self._hwm = hwm
@@ -65,14 +97,23 @@ class ZmqControllerTransport:
         self._draining = False
         self._bad_log = BadFrameLog(log)
         self._ctx = zmq.Context()
+        self._auth: CurveAuthenticator | None = None
         self._sock: zmq.Socket[bytes] | None = self._ctx.socket(zmq.ROUTER)
         sock = self._sock
+        if curve is not None:
+            try:
+                configure_server(sock, curve)
+                # Before the bind: with no ZAP handler listening, libzmq admits any client.
+                self._auth = CurveAuthenticator(self._ctx, curve)
+            except BaseException:
+                self.close()
+                raise
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to an unknown peer raises, not drops
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted worker takes over its old id
         sock.setsockopt(zmq.RCVHWM, hwm)
         sock.setsockopt(zmq.SNDHWM, hwm)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)  # larger frames: peer disconnected
+        sock.setsockopt(zmq.MAXMSGSIZE, HARD_LIMIT_FACTOR * max_frame_bytes)
         try:
             sock.bind(endpoint)
         except zmq.ZMQError as exc:
@@ -82,6 +123,16 @@ class ZmqControllerTransport:
             ) from None
         self.endpoint: str = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._fd = cast(int, sock.getsockopt(zmq.FD))
+
+    @property
+    def refused_peers(self) -> int:
+        """CurveZMQ handshakes refused because the client key is not allowed (0 without curve)."""
+        return self._auth.refused if self._auth is not None else 0
+
+    @property
+    def authenticator(self) -> CurveAuthenticator | None:
+        """The ZAP handler when curve is on (``reload()`` it after ``add_client``), else None."""
+        return self._auth
 
     def start(self, handler: MessageHandler) -> None:
         """Deliver each decoded message to ``handler(worker_id, msg)`` on the running loop.
@@ -142,6 +193,8 @@ class ZmqControllerTransport:
         if loop is not None and not loop.is_closed():
             loop.remove_reader(self._fd)
         sock.close(linger=0)  # sockets before the context, or term() can hang
+        if self._auth is not None:
+            self._auth.stop()  # its sockets too
         self._ctx.term()
         if self._owned_dir is not None:
             shutil.rmtree(self._owned_dir, ignore_errors=True)
@@ -170,6 +223,7 @@ class ZmqControllerTransport:
             return
         recv = sock.recv
         noblock = zmq.NOBLOCK
+        max_bytes = self.max_frame_bytes
         finished = False
         self._draining = True
         try:
@@ -191,6 +245,11 @@ class ZmqControllerTransport:
                         parts += 1
                     self._bad_frame(identity, f"frame has {parts} parts, expected 2")
                     continue
+                if len(payload) > max_bytes:
+                    self._bad_frame(
+                        identity, f"frame of {len(payload)} bytes is over the {max_bytes} limit"
+                    )
+                    continue
                 try:
                     msg = decode_to_controller(payload)
                 except ProtocolError as exc:
@@ -210,6 +269,11 @@ class ZmqControllerTransport:
 
     def _bad_frame(self, identity: bytes, reason: str) -> None:
         self.bad_frames += 1
+        by_sender = self.bad_frames_by_sender
+        name = identity.decode("utf-8", "backslashreplace")  # the worker id the handler sees
+        if name not in by_sender and len(by_sender) >= MAX_TRACKED_SENDERS:
+            name = OTHER_SENDERS
+        by_sender[name] = by_sender.get(name, 0) + 1
         self._bad_log.warn(f"controller transport at {self.endpoint}", identity, reason)
 
 
@@ -218,9 +282,19 @@ class ZmqWorkerChannel:
 
     The socket's zmq identity is ``worker_id`` (utf-8), which is how the controller addresses
     it. Connecting is asynchronous: messages sent before the controller is up are queued.
+    With ``curve`` (from ``load_worker_keys``) it is a CurveZMQ client; a controller that does
+    not admit its key never receives a message: zmq ends that session for good without telling
+    the sender, so a worker notices by its handshake (Hello) timing out.
     """
 
-    def __init__(self, endpoint: str, worker_id: str, *, hwm: int = DEFAULT_HWM) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        worker_id: str,
+        *,
+        hwm: int = DEFAULT_HWM,
+        curve: CurveKeys | None = None,
+    ) -> None:
         if not worker_id:
             raise WorkerError("a worker id must be a non-empty string")
         self.endpoint = endpoint
@@ -234,6 +308,8 @@ class ZmqWorkerChannel:
         sock.setsockopt(zmq.SNDHWM, hwm)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         try:
+            if curve is not None:
+                configure_client(sock, curve)
             sock.connect(endpoint)
         except zmq.ZMQError as exc:
             self.close()

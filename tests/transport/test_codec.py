@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import pickle
 import random
+import time
 import typing
 from pathlib import Path
 
@@ -35,6 +37,7 @@ from pivotflow.protocol import (
     WorkerFailed,
 )
 from pivotflow.transport.codec import (
+    BadFrameLog,
     decode_to_controller,
     decode_to_worker,
     encode,
@@ -200,3 +203,26 @@ def test_oversized_frame_is_refused_before_decoding() -> None:
     frame[:2] = b"\x81\xa4"  # looks like a map: only the size check can refuse it
     with pytest.raises(ProtocolError, match="MAX_FRAME_BYTES"):
         decode_to_controller(memoryview(frame))
+
+
+def test_bad_frame_log_is_rate_limited_and_names_the_suppressed_senders() -> None:
+    records: list[str] = []
+
+    class Sink(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("test.badframes")
+    logger.propagate = False
+    logger.addHandler(Sink())
+    bad_log = BadFrameLog(logger, burst=2, window_s=0.05)
+    for i in range(50):
+        bad_log.warn("t", f"peer{i % 6}".encode(), "junk")
+    assert records == ["t: dropped a bad frame from 'peer0': junk",
+                       "t: dropped a bad frame from 'peer1': junk"]  # fmt: skip
+    time.sleep(0.06)  # a new window: the next line reports what was held back
+    bad_log.warn("t", b"\xffbin", "junk")
+    assert records[-1] == (
+        "t: dropped a bad frame from '\\\\xffbin': junk (48 more bad frames not logged, "
+        "from 'peer2', 'peer3', 'peer4', 'peer5', ...)"
+    )

@@ -17,6 +17,7 @@ import pytest
 import uvloop
 import zmq
 
+import pivotflow.transport.zmq_transport as zt
 from pivotflow.errors import ConfigError, ProtocolError, TransportError, WorkerError
 from pivotflow.protocol import (
     MAX_FRAME_BYTES,
@@ -229,13 +230,17 @@ def test_garbage_is_counted_logged_and_dropped(
                 sock.send(encode(good))
                 assert await inbox.wait_for(1) == [("mallory", good)]
                 assert t.bad_frames == len(garbage)
-                # Over MAXMSGSIZE: libzmq drops it and the connection before it reaches Python
-                # (so it is not in bad_frames); the DEALER reconnects and is served again.
+                assert t.bad_frames_by_sender == {"mallory": len(garbage)}
+                # Over max_frame_bytes: read, counted and dropped with the sender named.
                 sock.send(b"\x81" + bytes(MAX_FRAME_BYTES))
+                # Over twice that (MAXMSGSIZE): libzmq drops it and the connection before it
+                # reaches Python (so it is not counted); the DEALER reconnects and is served.
+                sock.send(b"\x81" + bytes(2 * MAX_FRAME_BYTES))
                 sock.send(encode(Heartbeat(worker_id="mallory", busy=8)))
                 await inbox.wait_for(2)
                 assert [m for _, m in inbox.items] == [good, Heartbeat(worker_id="mallory", busy=8)]
                 assert t.frames_in == 2
+                assert t.bad_frames_by_sender == {"mallory": len(garbage) + 1}
             finally:
                 sock.close(linger=0)
                 ctx.term()
@@ -244,8 +249,9 @@ def test_garbage_is_counted_logged_and_dropped(
         run(main())
     assert not (tmp_path / "pwned").exists()
     named = [r for r in caplog.records if "'mallory'" in r.getMessage()]
-    assert len(named) == len(garbage)
+    assert len(named) == len(garbage) + 1
     assert any("3 parts" in r.getMessage() for r in named)
+    assert any(f"over the {MAX_FRAME_BYTES} limit" in r.getMessage() for r in named)
 
 
 def test_send_to_unknown_or_departed_worker_raises(run: Run, spawn_echo: Spawn) -> None:
@@ -368,3 +374,41 @@ def test_reachable_or_malformed_addresses_are_refused(address: str) -> None:
 def test_refusal_names_curve_keys() -> None:
     with pytest.raises(ConfigError, match=r"'tcp://0\.0\.0\.0:5555'.*CurveZMQ keys"):
         check_bind_address("tcp://0.0.0.0:5555")
+
+
+@pytest.mark.parametrize("limit", [0, -1, MAX_FRAME_BYTES + 1])
+def test_frame_limit_must_be_within_max_frame_bytes(limit: int) -> None:
+    with pytest.raises(ConfigError, match="max_frame_bytes"):
+        ZmqControllerTransport(max_frame_bytes=limit)
+
+
+def test_bad_frames_are_counted_per_sender_with_a_bounded_table(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(zt, "MAX_TRACKED_SENDERS", 3)
+
+    async def main() -> None:
+        with ZmqControllerTransport(max_frame_bytes=1024) as t:
+            inbox = Inbox()
+            t.start(inbox)
+            ctx = zmq.Context()
+            socks = []
+            try:
+                for i in range(5):  # peer i sends i + 1 bad frames, then one good one
+                    sock = ctx.socket(zmq.DEALER)
+                    sock.setsockopt(zmq.LINGER, 0)
+                    sock.setsockopt(zmq.IDENTITY, f"p{i}".encode())
+                    sock.connect(t.endpoint)
+                    socks.append(sock)
+                    for _ in range(i + 1):
+                        sock.send(b"\x81" + bytes(1024))  # over the 1024-byte limit
+                    sock.send(encode(Heartbeat(worker_id=f"p{i}")))
+                    await inbox.wait_for(i + 1)
+                assert t.bad_frames == 15 and t.frames_in == 5
+                assert t.bad_frames_by_sender == {"p0": 1, "p1": 2, "p2": 3, zt.OTHER_SENDERS: 9}
+            finally:
+                for sock in socks:
+                    sock.close(linger=0)
+                ctx.term()
+
+    run(main())
