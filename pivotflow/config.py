@@ -26,7 +26,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     steps: int = 200
     seed: int = 0
     max_staleness: int = 0
-    planner: str = "static"
+    planner: str = "backpressure"
     threads_per_worker: int = 1
     max_batch: int = 64
     max_jobs_per_frame: int = 32

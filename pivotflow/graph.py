@@ -57,6 +57,7 @@ class ModelSpec:
     source: str  # "builtin:policy" | "builtin:judge" | a checkpoint directory
     engine: str
     where: str
+    context: int | None = None  # max positions to serve, when not the checkpoint's
 
 
 @dataclass(slots=True)
@@ -103,9 +104,12 @@ class Graph:
 
     # ------------------------------------------------------------ resources
 
-    def model(self, name: str, *, source: str, engine: str = "torch") -> ModelSpec:
-        """Declare a model: ``builtin:policy``, ``builtin:judge`` or a checkpoint directory."""
-        spec = ModelSpec(name, source, engine, _caller_where())
+    def model(self, name: str, *, source: str, engine: str = "torch",
+              context: int | None = None) -> ModelSpec:
+        """Declare a model: ``builtin:policy``, ``builtin:judge`` or a checkpoint directory.
+        ``context`` serves it with that many positions instead of the checkpoint's (RoPE has
+        no learned positions; quality past the trained length is the model's own)."""
+        spec = ModelSpec(name, source, engine, _caller_where(), context)
         if name in self.models:
             raise GraphError(f"model {name!r} declared twice (at {self.models[name].where} "
                              f"and {spec.where})")
@@ -143,9 +147,12 @@ class Graph:
         return self._add(Node(name, "source", where, writes=SOURCE_FIELDS, options=opts))
 
     def generate(self, name: str, *, model: str, pool: str, max_tokens: int = 8,
-                 temperature: float = 1.0, top_p: float = 1.0) -> Node:
-        """The policy generates a response for each sample, streamed per sample."""
-        opts = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p}
+                 temperature: float = 1.0, top_p: float = 1.0, min_tokens: int = 0) -> Node:
+        """The policy generates a response for each sample, streamed per sample. A sample's own
+        ``max_tokens`` / ``min_tokens`` fields, when an upstream stage wrote them, override the
+        stage's (a per-sample length budget); no stop token is sampled before ``min_tokens``."""
+        opts = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
+                "min_tokens": min_tokens}
         return self._add(Node(name, "generate", _caller_where(), reads=frozenset({"prompt_ids"}),
                               writes=GENERATE_FIELDS, model=model, pool=pool, options=opts))
 

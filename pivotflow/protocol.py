@@ -65,12 +65,16 @@ class JobsDone(msgspec.Struct, **_HOT):  # type: ignore[call-arg]
 
 
 class TrainDone(msgspec.Struct, tag=True, kw_only=True, frozen=True):
-    """An optimizer step finished and ``version`` is published to the parameter store."""
+    """An optimizer step finished and ``version`` is published to the parameter store.
+
+    With several trainers every rank answers for its shard; ``stats`` of rank 0 are the whole
+    batch's (the ranks all-reduce them)."""
 
     step: int
     version: int
     stats: dict[str, float]
     job_ids: list[int]
+    rank: int = 0
 
 
 class WorkerFailed(msgspec.Struct, tag=True, kw_only=True, frozen=True):
@@ -124,6 +128,7 @@ class GenerateJob(msgspec.Struct, **_HOT):  # type: ignore[call-arg]
     prefix_logprobs: list[float] = []
     prefix_versions: list[int] = []
     min_version: int = 0
+    min_tokens: int = 0
 
 
 class Jobs(msgspec.Struct, **_HOT):  # type: ignore[call-arg]
@@ -151,10 +156,24 @@ class TrainSeq(msgspec.Struct, kw_only=True, array_like=True, gc=False, omit_def
 
 
 class TrainStep(msgspec.Struct, tag=True, kw_only=True):
-    """Take one optimizer step on ``seqs`` and publish the result as ``step + 1``."""
+    """Take one optimizer step on ``seqs`` and publish the result as ``step + 1``.
+
+    Data parallel over ``world`` trainers: ``seqs`` is this rank's shard; the ranks form a gloo
+    group at ``rendezvous`` (a fresh path per membership ``epoch``), scale their losses by the
+    batch totals so the all-reduced gradient is the whole batch's, and rank 0 publishes.
+    ``optim_version`` >= 0 asks rank 0 to load the policy and its optimizer state at that
+    version from the parameter store first (the trainer that held them has left the pool)."""
 
     step: int
     seqs: list[TrainSeq]
+    rank: int = 0
+    world: int = 1
+    epoch: int = 0
+    rendezvous: str = ""
+    total_tokens: int = 0  # valid response tokens in the whole batch (0: this shard is all)
+    total_seqs: int = 0
+    any_signal: bool = True  # some advantage in the whole batch is nonzero
+    optim_version: int = -1
 
 
 class Shutdown(msgspec.Struct, tag=True, kw_only=True, frozen=True):

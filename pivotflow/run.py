@@ -40,20 +40,28 @@ class RunResult:
 
 def plan_workers(graph: Graph, cfg: RunConfig, total: int | None) -> dict[str, str]:
     """worker id -> pool. ``--workers N`` spreads N over the pools: one each, the rest to the
-    model stages in graph order; ``pools.NAME`` overrides win."""
+    model stages in graph order; ``pools.NAME`` overrides win. Only the static planner needs a
+    worker in every pool; the colocated one starts every worker in the first pool."""
     sizes = {p.name: p.workers for p in graph.pools.values()}
+    elastic = cfg.planner != "static"
     if total is not None:
-        if total < len(sizes):
-            raise ConfigError(f"--workers {total}: the graph has {len(sizes)} pools and each "
-                              "needs at least one worker")
-        sizes = dict.fromkeys(sizes, 1)
-        order = [n.pool for n in graph.order() if n.pool and n.kind != "train"]
-        for i in range(total - len(sizes)):
-            sizes[order[i % len(order)]] += 1
+        if total < len(sizes) and not elastic:
+            raise ConfigError(f"--workers {total}: the graph has {len(sizes)} pools and the "
+                              "static planner needs at least one worker in each")
+        order = [n.pool for n in graph.order() if n.pool]
+        sizes = dict.fromkeys(sizes, 0)
+        gen = [p for p in order if p != order[-1]] or order
+        for i in range(total):
+            sizes[order[i] if i < len(order) else gen[(i - len(order)) % len(gen)]] += 1
     sizes.update(cfg.pools)
+    if cfg.planner == "colocated":
+        first = next(n.pool for n in graph.order() if n.pool)
+        sizes = {name: (sum(sizes.values()) if name == first else 0) for name in sizes}
     for name, n in sizes.items():
-        if n < 1:
+        if n < 0 or (n == 0 and not elastic):
             raise ConfigError(f"pool {name!r} has {n} workers; the static planner needs >= 1")
+    if sum(sizes.values()) < 1:
+        raise ConfigError("no workers: give --workers N or pools.NAME=N")
     out, k = {}, 0
     for name, n in sizes.items():
         for _ in range(n):

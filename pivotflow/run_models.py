@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from pivotflow.errors import CheckpointError, GraphError
 from pivotflow.graph import Graph, Node
 from pivotflow.params.base import ParamStore
@@ -54,6 +56,11 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
         else:
             path = Path(spec.source)
         config, tensors = load_checkpoint(path)
+        if spec.context is not None:
+            if spec.context < 2:
+                raise GraphError(f"model {spec.name!r} at {spec.where}: context {spec.context} "
+                                 "must be >= 2")
+            config = msgspec.structs.replace(config, max_position_embeddings=spec.context)
         store.publish(spec.name, 0, tensors, config)
         models.tokenizers[spec.name] = _tokenizer_of(path)
         models.dirs[spec.name] = path

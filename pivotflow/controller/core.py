@@ -27,6 +27,7 @@ from pivotflow.controller.sample import Ledger, Sample
 from pivotflow.controller.shifts import ShiftManager
 from pivotflow.controller.source import PromptSource
 from pivotflow.controller.train_batch import TrainBuffer
+from pivotflow.controller.training import TrainSteps
 from pivotflow.errors import GraphError, WorkerError
 from pivotflow.graph import Graph
 from pivotflow.planner.base import Planner, PlannerView, StaticPlanner
@@ -42,7 +43,6 @@ from pivotflow.protocol import (
     RoleReady,
     Shutdown,
     TrainDone,
-    TrainStep,
     Welcome,
     WorkerFailed,
 )
@@ -98,7 +98,7 @@ class Controller:
         self.job_rtt_s: dict[int, deque[float]] = {i: deque(maxlen=4096) for i in self.edges}
         self.next_job = 0
         self.version = 0
-        self.step_in_flight: list[list[Sample]] | None = None
+        self.training = TrainSteps(self, self.order[-1].pool or "", store_dir)
         self.tokens_generated = 0
         self.shifts = ShiftManager(self)
         self.planner: Planner = planner or StaticPlanner()
@@ -165,8 +165,9 @@ class Controller:
         """The measurements a planner decides from (see pivotflow.planner.base)."""
         return planner_view(self)
 
-    def plan_once(self) -> None:
-        """Ask the planner and carry out its moves (each logged with its numbers)."""
+    def plan_once(self, pump: bool = True) -> None:
+        """Ask the planner and carry out its moves (each logged with its numbers). Called every
+        planner interval, and when a batch is ready (so the trainer pool can grow first)."""
         if self.version >= self.cfg.steps:
             return
         for move in self.planner.decide(self.planner_view()):
@@ -176,7 +177,8 @@ class Controller:
                                    "reason": move.reason, **move.numbers})
             log.info("planner %s: %s %s -> %s (%s)", self.planner.name, move.worker,
                      move.from_pool, move.to_pool, move.reason)
-        self._pump()
+        if pump:
+            self._pump()
 
     def worker_died(self, worker_id: str, reason: str) -> None:
         """A worker is gone (its process exited or it went silent): the run cannot go on."""
@@ -245,7 +247,7 @@ class Controller:
                 self._advance(sample, 1)
         for idx in self.edges:
             self._dispatch(idx, now)
-        self._maybe_train()
+        self.training.maybe_start()
 
     def _advance(self, sample: Sample, idx: int) -> None:
         """Move a sample to stage ``idx``: run Python stages at once, queue model stages."""
@@ -357,27 +359,11 @@ class Controller:
 
     # ------------------------------------------------------------ training
 
-    def _maybe_train(self) -> None:
-        if self.step_in_flight is not None or self.version >= self.cfg.steps:
-            return
-        trainers = [self.workers[w] for w in self.pools[self.order[-1].pool or ""].workers]
-        trainer = next((t for t in trainers if t.state == "ready" and not t.training), None)
-        if trainer is None:
-            return
-        batch = self.train_buffer.take(self.version)
-        if batch is None:
-            return
-        self.step_in_flight = batch
-        trainer.training = True
-        seqs = [stages.train_seq(s) for group in batch for s in group]
-        self.transport.send(trainer.worker_id, TrainStep(step=self.version, seqs=seqs))
-
     def _on_train_done(self, w: WorkerHandle, msg: TrainDone) -> None:
-        w.training = False
-        batch, self.step_in_flight = self.step_in_flight, None
-        if batch is None or msg.step != self.version:
-            self.ledger.late_results += 1
+        done = self.training.on_done(w.worker_id, msg)
+        if done is None:
             return
+        batch, msg = done
         for group in batch:
             self.ledger.mark_trained(group[0].group_id, len(group))
         self.version = msg.version
@@ -404,8 +390,7 @@ class Controller:
         for groups in self.barriers.values():
             present.update(groups)
         present.update(self.train_buffer.ready)
-        for group in self.step_in_flight or []:
-            present.add(group[0].group_id)
+        present.update(s.group_id for s in self.training.samples())
         return sorted(set(self.train_buffer.open) - present)
 
     def step_record(self, batch: list[list[Sample]], msg: TrainDone) -> dict[str, Any]:

@@ -22,6 +22,7 @@ class WorkerHandle:
     training: bool = False
     last_seen: float = 0.0
     version: int = -1
+    roles_taken: int = 0  # counts shifts: a trainer that left and came back is a new member
 
     @property
     def free(self) -> int:

@@ -3,9 +3,10 @@
 Order of a shift (each part timed): stop admitting to the worker → abort its in-flight jobs;
 their partial state comes back as "abort" results and is re-queued at the front of its edge, so
 a worker that stays resumes each sequence from its prefix without resampling a token →
-the worker releases its old role and loads the new one from the parameter store → it joins the
-new pool (RoleReady). Messages on one DEALER are ordered, so the abort is always answered
-before the role changes.
+the worker releases its old role (a trainer hands its optimizer state to the parameter store)
+and loads the new one from the store → it joins the new pool (RoleReady). Trainers move only
+between optimizer steps; the next step re-forms the trainers' group. Messages on one DEALER are
+ordered, so the abort is always answered before the role changes.
 """
 
 from __future__ import annotations
@@ -61,20 +62,22 @@ class ShiftManager:
         src, dst = ctl.pools[w.pool], ctl.pools[to_pool]
         if w.state != "ready" or worker_id in self.active:
             raise ConfigError(f"shift {worker_id}: worker is {w.state}, not ready")
-        if "train" in (src.role, dst.role):
-            raise ConfigError(f"shift {worker_id} {src.name} -> {dst.name}: trainer pools are "
-                              "resized between optimizer steps, not by shifts (not yet supported)")
+        if w.training:
+            raise ConfigError(f"shift {worker_id} {src.name} -> {dst.name}: it is in an "
+                              "optimizer step; trainers move only between steps")
         now = ctl.clock.now()
         rec = ShiftRecord(worker_id, src.name, dst.name, now - ctl.started_at, len(w.jobs),
                           reason, pending_jobs=set(w.jobs))
         src.workers.remove(worker_id)
         dst.workers.append(worker_id)
         w.pool, w.role, w.model, w.state = dst.name, dst.role, dst.model, "loading"
+        w.roles_taken += 1
         if w.jobs:
             ctl.transport.send(worker_id, AbortJobs(job_ids=sorted(w.jobs)))
         else:
             rec.drained_s = 0.0
         opts = ctl.role_options.get(dst.name, {})
+        w.capacity = int(opts.get("max_batch", 64))
         ctl.transport.send(worker_id, AssignRole(role=dst.role, model=dst.model, options=opts))
         self.active[worker_id] = rec
         return rec

@@ -29,6 +29,12 @@ class TrainBuffer:
     def add(self, group: list[Sample]) -> None:
         self.ready[group[0].group_id] = group
 
+    def can_take(self, version: int) -> bool:
+        """Whether ``take(version)`` would return a batch now."""
+        if len(self.ready) < self.n:
+            return False
+        return all(g in self.ready for g, a in self.open.items() if a + self.s <= version)
+
     def take(self, version: int) -> list[list[Sample]] | None:
         """The next step's groups, oldest first, or None while the step must wait."""
         if len(self.ready) < self.n:

@@ -24,6 +24,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     seed: int | None = None
+    min_tokens: int = 0  # no stop token (EOS included) before this many response tokens
 
 
 @dataclass(slots=True)

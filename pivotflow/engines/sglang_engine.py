@@ -68,6 +68,7 @@ class SglangEngine:
                 "temperature": p.temperature,
                 "top_p": p.top_p,
                 "max_new_tokens": p.max_tokens - len(r.prefix_ids),
+                "min_new_tokens": max(0, p.min_tokens - len(r.prefix_ids)),
                 "stop_token_ids": list(p.stop_token_ids),
             }
             if p.stop_strings:

@@ -68,6 +68,7 @@ class VllmEngine:
             raise RequestError(f"request {rid!r}: empty prompt or no tokens left to generate")
         params = self._vllm.SamplingParams(
             temperature=p.temperature, top_p=p.top_p, max_tokens=left, seed=p.seed,
+            min_tokens=max(0, p.min_tokens - len(request.prefix_ids)),
             stop_token_ids=list(p.stop_token_ids), stop=list(p.stop_strings) or None,
             logprobs=0, detokenize=not self._no_tokenizer)  # fmt: skip
         prompt = {"prompt_token_ids": list(request.prompt_ids) + list(request.prefix_ids)}

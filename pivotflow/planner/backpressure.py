@@ -1,12 +1,16 @@
 """The backpressure planner: move a worker where it shortens the work in flight the most, when
 the time it saves pays for the shift.
 
-Model: pool ``i`` with ``n_i`` workers, each completing ``mu_i`` samples/s when busy, still has
-``R_i`` samples to process (queued at it, in flight at it, or upstream of it in admitted work).
-On its own it needs ``T_i = R_i / (n_i mu_i)``; the pipeline's work cannot finish before
-``max_i T_i``. Moving one worker from ``s`` to ``d`` changes ``n_s`` and ``n_d``; the gain is
-the drop in ``max_i T_i``. The move is made only when ``gain > shift_cost * (1 + hysteresis)``,
-the worker has not moved within ``cooldown`` shift-costs, and only one move per interval.
+Model: generate pool ``i`` with ``n_i`` workers, each completing ``mu_i`` samples/s when busy,
+still has ``R_i`` samples to process (queued at it, in flight at it, or upstream of it in
+admitted work). On its own it needs ``T_i = R_i / (n_i mu_i)``; generation cannot finish before
+``max_i T_i``. Training starts only when its batch is complete, so its time adds:
+``T_t = R_t / (n_t mu_t)``, plus one shift when the trainer pool is empty (a worker must join
+first). The bound is ``max_i T_i + T_t``. A move from ``s`` to ``d`` is made only when it lowers
+the bound by more than ``shift_cost * (1 + hysteresis)``, the worker has not moved within
+``cooldown`` shift-costs; several moves may be made in one interval, greedily, each paying.
+One rule comes first: a pool with work waiting at it and no worker at all gets one at once (the
+cost is unavoidable then).
 """
 
 from __future__ import annotations
@@ -25,46 +29,141 @@ def drain_time(pool: PoolView, workers: int) -> float:
     return pool.remaining / (workers * max(pool.per_worker_rate, 1e-9))
 
 
+def train_time(view: PlannerView, pool: PoolView, workers: int) -> float:
+    """Seconds of the next optimizer step with ``workers`` trainers now: the step may also use
+    more workers, moved in when the batch is ready (idle generate workers then), for one shift;
+    an empty pool must take at least that one shift."""
+    if pool.remaining == 0:
+        return 0.0
+    total = sum(p.workers for p in view.pools.values())
+    best = drain_time(pool, max(workers, 1)) + (view.shift_cost_s if workers == 0 else 0.0)
+    for m in range(workers + 1, total + 1):
+        best = min(best, drain_time(pool, m) + view.shift_cost_s)
+    return best
+
+
 def makespan(view: PlannerView, sizes: dict[str, int]) -> float:
-    return max((drain_time(p, sizes[n]) for n, p in view.pools.items()), default=0.0)
+    """The bound above for pool sizes ``sizes``."""
+    gen = max((drain_time(p, sizes[n]) for n, p in view.pools.items() if p.role != "train"),
+              default=0.0)
+    return gen + sum(train_time(view, p, sizes[n]) for n, p in view.pools.items()
+                     if p.role == "train")
 
 
 class BackpressurePlanner:
     name = "backpressure"
 
-    def __init__(self, interval_s: float = 0.25, hysteresis: float = 0.5,
+    def __init__(self, interval_s: float = 0.05, hysteresis: float = 0.5,
                  cooldown_costs: float = 4.0) -> None:
         self.interval_s = interval_s
         self.hysteresis = hysteresis
         self.cooldown_costs = cooldown_costs
 
     def decide(self, view: PlannerView) -> list[Move]:
+        """Moves for this interval: first a worker for a pool with work waiting and none, then
+        greedily the best move while it pays (several workers can join a pool at once: a train
+        step waits for every trainer that is loading, so they should arrive together)."""
         sizes = {n: p.workers for n, p in view.pools.items()}
+        moves: list[Move] = []
+        taken: set[str] = set()
+        starved = self._feed_starved(view, sizes)
+        if starved is not None:
+            moves.append(starved)
+            taken.add(starved.worker)
+            sizes = moved(sizes, starved.from_pool, starved.to_pool)
+        for move in self._size_trainers(view, sizes, taken):
+            moves.append(move)
+            taken.add(move.worker)
+            sizes = moved(sizes, move.from_pool, move.to_pool)
+        while True:
+            move = self._best_move(view, sizes, taken)
+            if move is None:
+                return moves
+            moves.append(move)
+            taken.add(move.worker)
+            sizes = moved(sizes, move.from_pool, move.to_pool)
+
+    def _best_move(self, view: PlannerView, sizes: dict[str, int],
+                   taken: set[str]) -> Move | None:
         now = makespan(view, sizes)
         best: Move | None = None
         best_gain = view.shift_cost_s * (1 + self.hysteresis)
         for src in view.pools.values():
-            movable = [w for w in src.ready
-                       if view.now_s - view.last_shift_s.get(w, -math.inf)
+            movable = [w for w in src.ready if w not in taken
+                       and view.now_s - view.last_shift_s.get(w, -math.inf)
                        > self.cooldown_costs * view.shift_cost_s]
             if not movable:
                 continue
             for dst in view.pools.values():
                 if dst.name == src.name or dst.remaining == 0:
                     continue
-                after = dict(sizes)
-                after[src.name] -= 1
-                after[dst.name] += 1
-                gain = now - makespan(view, after)
+                after = makespan(view, moved(sizes, src.name, dst.name))
+                gain = now - after if after < math.inf else -math.inf
                 if gain > best_gain:
                     best_gain = gain
                     best = Move(movable[-1], src.name, dst.name,
-                                f"drain bound {now:.3f}s -> {now - gain:.3f}s, shift costs "
-                                f"{view.shift_cost_s:.3f}s",
-                                {"makespan_s": now, "gain_s": gain,
-                                 "shift_cost_s": view.shift_cost_s,
-                                 f"remaining_{src.name}": src.remaining,
-                                 f"remaining_{dst.name}": dst.remaining,
-                                 f"rate_{src.name}": src.per_worker_rate,
-                                 f"rate_{dst.name}": dst.per_worker_rate})
-        return [best] if best is not None else []
+                                f"bound {now:.3f}s -> {after:.3f}s, shift costs "
+                                f"{view.shift_cost_s:.3f}s", numbers(view, src, dst, now, gain))
+        return best
+
+    def _size_trainers(self, view: PlannerView, sizes: dict[str, int],
+                       taken: set[str]) -> list[Move]:
+        """When a batch is ready for a step not started yet, grow the trainer pool from idle
+        workers (pools with nothing left to do) to the size that finishes the step soonest,
+        if that beats the current size by more than the shift's cost with hysteresis."""
+        moves: list[Move] = []
+        for dst in view.pools.values():
+            if dst.role != "train" or dst.queued == 0 or dst.remaining == 0:
+                continue
+            idle = [(w, src) for src in view.pools.values()
+                    if src.name != dst.name and src.remaining == 0
+                    for w in src.ready if w not in taken]
+            n = sizes[dst.name]
+            now = drain_time(dst, max(n, 1))
+            best_m, best_t = n, now
+            for m in range(n + 1, n + len(idle) + 1):
+                t = drain_time(dst, m) + view.shift_cost_s
+                if t < best_t:
+                    best_m, best_t = m, t
+            if now - best_t <= view.shift_cost_s * self.hysteresis:
+                continue
+            for w, src in idle[: best_m - n]:
+                moves.append(Move(w, src.name, dst.name,
+                                  f"batch ready: {best_m} trainers finish the step in "
+                                  f"{best_t:.3f}s, {n} in {now:.3f}s",
+                                  numbers(view, src, dst, now, now - best_t)))
+        return moves
+
+    def _feed_starved(self, view: PlannerView, sizes: dict[str, int]) -> Move | None:
+        """A worker for the first pool with work waiting and none, from the pool that misses
+        it least (cooldown and hysteresis do not apply: the work cannot move otherwise)."""
+        for dst in view.pools.values():
+            if dst.queued == 0 or dst.workers > 0:
+                continue
+            options = [(makespan(view, moved(sizes, src.name, dst.name)), src.name, src.ready[-1])
+                       for src in view.pools.values() if src.name != dst.name and src.ready]
+            if not options:
+                return None
+            after, src_name, worker = min(options)
+            src = view.pools[src_name]
+            return Move(worker, src_name, dst.name,
+                        f"{dst.name} has {dst.queued} samples waiting and no worker",
+                        numbers(view, src, dst, makespan(view, sizes), 0.0))
+        return None
+
+
+def moved(sizes: dict[str, int], src: str, dst: str) -> dict[str, int]:
+    after = dict(sizes)
+    after[src] -= 1
+    after[dst] += 1
+    return after
+
+
+def numbers(view: PlannerView, src: PoolView, dst: PoolView, now: float,
+            gain: float) -> dict[str, float | None]:
+    """What a decision is logged with (an infinite bound, a pool with work and no worker, is
+    logged as None: JSON has no infinity)."""
+    out: dict[str, float] = {"makespan_s": now, "gain_s": gain, "shift_cost_s": view.shift_cost_s,
+            f"remaining_{src.name}": src.remaining, f"remaining_{dst.name}": dst.remaining,
+            f"rate_{src.name}": src.per_worker_rate, f"rate_{dst.name}": dst.per_worker_rate}
+    return {k: (v if math.isfinite(v) else None) for k, v in out.items()}

@@ -13,13 +13,16 @@ from typing import Protocol
 
 @dataclass(slots=True, frozen=True)
 class PoolView:
-    """What the planner knows of one generate pool."""
+    """What the planner knows of one pool; ``PlannerView.pools`` lists them in pipeline order
+    (generate and judge pools first, the trainer pool last)."""
 
     name: str
     ready: list[str]  # worker ids that can be moved now
     workers: int  # all workers in the pool, loading ones included
     remaining: int  # samples that still have to pass this pool in the work admitted so far
     per_worker_rate: float  # samples/s one busy worker of this pool completes (measured)
+    role: str = "generate"  # "generate" (rollout, judge) or "train"
+    queued: int = 0  # samples at this pool's stage now: queued or in flight (a ready batch)
 
 
 @dataclass(slots=True, frozen=True)
@@ -38,7 +41,7 @@ class Move:
     from_pool: str
     to_pool: str
     reason: str
-    numbers: dict[str, float]
+    numbers: dict[str, float | None]
 
 
 class Planner(Protocol):

@@ -75,7 +75,8 @@ class GenerateRole:
                                     max_tokens=j.max_tokens,
                                     stop_token_ids=tuple(j.stop_token_ids),
                                     stop_strings=tuple(j.stop_strings),
-                                    seed=None if j.seed < 0 else j.seed)
+                                    seed=None if j.seed < 0 else j.seed,
+                                    min_tokens=j.min_tokens)
             req = GenerationRequest(str(j.job_id), list(j.prompt_ids), params,
                                     list(j.prefix_ids), list(j.prefix_logprobs),
                                     list(j.prefix_versions))

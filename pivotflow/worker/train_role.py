@@ -1,4 +1,10 @@
-"""The train role: GRPO-style policy-gradient steps that publish each new policy version."""
+"""The train role: GRPO-style policy-gradient steps that publish each new policy version.
+
+Several trainers form a data-parallel group (``train_group.py``): each takes a shard, scales
+its loss by the whole batch's totals, and the summed gradients are the batch's gradient, so one
+step is the same with one trainer or four. Leaving the role hands the AdamW state back to the
+parameter store (``<model>.optim``), where the next trainer picks it up.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,14 @@ import time
 import torch
 
 from pivotflow.engines.torch.model import Decoder, token_logprobs
+from pivotflow.errors import CheckpointError, WorkerError
 from pivotflow.params.base import ParamStore
 from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
 from pivotflow.rl import policy_loss
+from pivotflow.worker.adam_state import adam_tensors, init_adam_state, load_adam_tensors
+from pivotflow.worker.train_group import TrainGroup
+
+OPTIM_WAIT_S = 30.0  # a leaving trainer publishes its optimizer state while it releases
 
 
 def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
@@ -41,6 +52,38 @@ def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
             "mask": mask, "adv": adv}
 
 
+def micro_batches(seqs: list[TrainSeq], budget: int) -> list[list[TrainSeq]]:
+    """``seqs`` sorted by length and cut so each part pads to at most ``budget`` token
+    positions: with long-tailed lengths, padding everything to the longest would multiply the
+    work (verl's dynamic batch size and slime's packing avoid the same waste)."""
+    parts: list[list[TrainSeq]] = []
+    width = 0
+    for s in sorted(seqs, key=lambda s: len(s.prompt_ids) + len(s.response_ids)):
+        n = len(s.prompt_ids) + len(s.response_ids)
+        if parts and (len(parts[-1]) + 1) * max(width, n) <= budget:
+            parts[-1].append(s)
+        else:
+            parts.append([s])
+        width = n
+    return parts
+
+
+def batch_weight(aggregation: str, mask: torch.Tensor, total_tokens: int,
+                 total_seqs: int) -> float:
+    """This micro-batch's share of the step's loss: its valid tokens (token-mean) or valid
+    sequences (the sequence means) over the whole batch's, so the summed gradient is the
+    batch's gradient however it is cut into shards and micro-batches."""
+    if aggregation == "token-mean":
+        local, total = float(mask.sum()), total_tokens
+    else:
+        local, total = float((mask.sum(1) > 0).sum()), total_seqs
+    return local / total if total > 0 else 0.0
+
+
+def valid_tokens(s: TrainSeq) -> int:
+    return sum(s.loss_mask) if s.loss_mask else len(s.response_ids)
+
+
 class TrainRole:
     """Holds the policy and its AdamW state; one ``train`` call is one optimizer step."""
 
@@ -54,36 +97,61 @@ class TrainRole:
         self.opts = options
         self.optim = torch.optim.AdamW(self.model.parameters(), lr=float(options.get("lr", 3e-4)),
                                        betas=(0.9, 0.99), weight_decay=0.0)
+        init_adam_state(self.model, self.optim)  # same tensors on every rank, for broadcasts
+        self.group = TrainGroup()
         self.load_s = time.perf_counter() - t0
 
     def train(self, msg: TrainStep) -> TrainDone:
         t0 = time.perf_counter()
-        batch = pack(msg.seqs)
-        logits = self.model(batch["ids"], attention_mask=batch["attn"])
-        pos = batch["gather"].unsqueeze(-1).expand(-1, -1, logits.shape[-1])
-        logp = token_logprobs(logits.gather(1, pos), batch["targets"])
-        loss, stats = policy_loss(
-            logp, batch["old"], batch["adv"], batch["mask"],
-            clip_eps=float(self.opts.get("clip_eps", 0.2)),
-            aggregation=str(self.opts.get("aggregation", "token-mean")),
-        )
+        if msg.rank == 0 and msg.optim_version >= 0:
+            self.load_from_store(msg.optim_version)
+        if self.group.join(msg.epoch, msg.rank, msg.world, msg.rendezvous):
+            self.group.broadcast(self.state_tensors())
+        sync_s = time.perf_counter() - t0
+        aggregation = str(self.opts.get("aggregation", "token-mean"))
+        total_tokens = msg.total_tokens or sum(valid_tokens(s) for s in msg.seqs)
+        total_seqs = msg.total_seqs or sum(1 for s in msg.seqs if valid_tokens(s) > 0)
+        budget = int(self.opts.get("micro_batch_tokens", 4096))
         self.optim.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        for part in micro_batches(msg.seqs, budget):
+            batch = pack(part)
+            logits = self.model(batch["ids"], attention_mask=batch["attn"])
+            pos = batch["gather"].unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+            logp = token_logprobs(logits.gather(1, pos), batch["targets"])
+            loss, stats = policy_loss(
+                logp, batch["old"], batch["adv"], batch["mask"],
+                clip_eps=float(self.opts.get("clip_eps", 0.2)),
+                aggregation=aggregation,  # type: ignore[arg-type]
+            )
+            weight = batch_weight(aggregation, batch["mask"], total_tokens, total_seqs)
+            # A batch whose advantages are all zero carries no signal; stepping Adam on it
+            # would still move every weight along its stale momentum.
+            if msg.any_signal:
+                (loss * weight).backward()
+            for k, v in {"loss": loss.item(), **stats}.items():
+                sums[k] = sums.get(k, 0.0) + float(v) * weight
         grad_norm = torch.zeros(())
-        # A batch whose advantages are all zero carries no signal; stepping Adam on it would
-        # still move every weight along its stale momentum.
-        if bool(batch["adv"].abs().gt(0).any()):
-            loss.backward()
+        if msg.any_signal:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            self.group.all_reduce_sum([p.grad for p in params if p.grad is not None])
             grad_norm = torch.nn.utils.clip_grad_norm_(
-                self.model.parameters(), float(self.opts.get("max_grad_norm", 1.0)))
+                params, float(self.opts.get("max_grad_norm", 1.0)))
             self.optim.step()
+        summed = torch.tensor(list(sums.values()), dtype=torch.float64)
+        self.group.all_reduce_sum([summed])
+        out = dict(zip(sums, summed.tolist(), strict=True))
         self.version = msg.step + 1
-        self.store.publish(self.model_name, self.version, self.state_dict(), self.config)
-        self.store.gc(self.model_name, keep=3)
-        out = {"loss": float(loss), "grad_norm": float(grad_norm),
-               "step_s": time.perf_counter() - t0}
-        out.update({k: float(v) for k, v in stats.items()})
+        if msg.rank == 0:
+            self.store.publish(self.model_name, self.version, self.state_dict(), self.config)
+            self.store.gc(self.model_name, keep=3)
+        out.update({"grad_norm": float(grad_norm), "step_s": time.perf_counter() - t0,
+                    "sync_s": sync_s, "world": float(msg.world)})
         return TrainDone(step=msg.step, version=self.version, stats=out,
-                         job_ids=[s.job_id for s in msg.seqs])
+                         job_ids=[s.job_id for s in msg.seqs], rank=msg.rank)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         sd = self.model.state_dict()
@@ -91,5 +159,34 @@ class TrainRole:
             sd.pop("lm_head.weight", None)
         return sd
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Everything ranks must agree on: weights, then the optimizer state, in one order."""
+        with torch.no_grad():
+            params = [p.data for p in self.model.parameters()]
+        return params + list(adam_tensors(self.model, self.optim).values())
+
+    def load_from_store(self, version: int) -> None:
+        """Take over the pool's state at ``version``: the policy, and the optimizer state its
+        last trainer handed back (waits for it: that trainer may still be releasing)."""
+        _, _, tensors = self.store.load(self.model_name, version)
+        self.model.load_state_dict(tensors, strict=False)
+        deadline = time.monotonic() + OPTIM_WAIT_S
+        while True:
+            try:
+                _, _, state = self.store.load(f"{self.model_name}.optim", version)
+                break
+            except CheckpointError:
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"optimizer state {self.model_name}.optim@v{version} never "
+                                      "reached the parameter store") from None
+                time.sleep(0.01)
+        load_adam_tensors(self.model, self.optim, state)
+
     def release(self) -> None:
+        """Hand the optimizer state back to the store, leave the group, free the model."""
+        if self.version > 0:
+            self.store.publish(f"{self.model_name}.optim", self.version,
+                               adam_tensors(self.model, self.optim), self.config)
+            self.store.gc(f"{self.model_name}.optim", keep=2)
+        self.group.leave()
         del self.model, self.optim

@@ -201,7 +201,7 @@ class TokenWorker:
             elif isinstance(msg, TrainStep):
                 self.h.train_steps.append(msg)
                 self.end.send(TrainDone(step=msg.step, version=msg.step + 1, stats={},
-                                        job_ids=[]))
+                                        job_ids=[], rank=msg.rank))
             self._tick()
 
     def _tick(self) -> None:

@@ -46,7 +46,9 @@ async def test_backpressure_planner_moves_workers_to_the_backlog() -> None:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     assert any(d["to"] == "genrm" for d in h.ctl.decisions)
-    assert all(d["gain_s"] > d["shift_cost_s"] for d in h.ctl.decisions)
+    for d in h.ctl.decisions:  # each move paid for itself, or fed a pool left with no worker
+        assert (d["gain_s"] is None or d["gain_s"] > d["shift_cost_s"]
+                or "no worker" in d["reason"]), d
     assert h.ctl.ledger.groups_trained == 16 and h.ctl.lost_groups() == []
     assert h.records[-1]["shifts"] == h.ctl.shifts.count > 0
 
@@ -57,16 +59,16 @@ async def run_with_shifts(seed: int, steps: int = 6) -> tuple[Harness, list[Toke
     workers = await start_workers(h, POOLS)
     tasks = [asyncio.ensure_future(w.run()) for w in workers]
     rng = random.Random(seed)
-    movable = ["w-r0", "w-r1", "w-j0"]
+    movable = ["w-r0", "w-r1", "w-j0", "w-t"]
     try:
         while not run.done():
             await asyncio.sleep(rng.uniform(0.001, 0.01))
             wid = rng.choice(movable)
             w = h.ctl.workers[wid]
-            if w.state != "ready":
+            if w.state != "ready" or w.training:
                 continue
-            # any generate pool, including moving the last worker of a pool away (and back)
-            to = rng.choice([p for p in ("rollout", "genrm") if p != w.pool])
+            # any pool, including moving the last worker of a pool away (and back)
+            to = rng.choice([p for p in ("rollout", "genrm", "trainer") if p != w.pool])
             h.ctl.shifts.shift(wid, to, reason="test")
         await asyncio.wait_for(run, 30)
     finally:
@@ -100,13 +102,14 @@ async def test_random_shift_schedules_lose_nothing(seed: int) -> None:
             assert list(seq.logprobs) == pytest.approx([-0.1 * (i + 1) for i in range(len(want))])
 
 
-async def test_shift_to_or_from_trainer_is_refused() -> None:
+async def test_a_trainer_in_an_optimizer_step_is_not_moved() -> None:
     h = Harness(steps=1, assignments=dict(POOLS))
     run = asyncio.ensure_future(h.ctl.run())
     await h.join_all()
     await asyncio.sleep(0.01)
-    with pytest.raises(ConfigError, match="trainer pools"):
-        h.ctl.shifts.shift("w-r0", "trainer")
+    h.ctl.workers["w-t"].training = True  # as between TrainStep and its TrainDone
+    with pytest.raises(ConfigError, match="optimizer step"):
+        h.ctl.shifts.shift("w-t", "rollout")
     h.ctl.fail(RuntimeError("test over"))
     with pytest.raises(RuntimeError):
         await run

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from engine_fixtures import CONFIG, req
+from engine_fixtures import CONFIG, TOKENIZER, req
 
 from pivotflow.engines.base import GenerationRequest, SamplingParams
 from pivotflow.engines.torch import TorchEngine
@@ -102,3 +102,17 @@ def test_generate_rejects_all_or_nothing(make) -> None:  # type: ignore[no-untyp
     with pytest.raises(RequestError, match="'b'"):
         engine.generate([req("a"), bad])
     assert not engine.has_work()
+
+
+def test_min_tokens_keeps_stop_tokens_out_until_reached(make) -> None:  # type: ignore[no-untyped-def]
+    engine = make()
+    (free,) = engine.generate([req("free", max_tokens=12)])
+    first = free.token_ids[0]
+    stop = SamplingParams(temperature=0.0, max_tokens=12, seed=0, stop_token_ids=(first,))
+    prompt = TOKENIZER.encode("ab", bos=True)  # what req() sends
+    (early,) = engine.generate([GenerationRequest("early", prompt, stop)])
+    assert early.token_ids == [first] and early.finish_reason == "stop"
+    held = dataclasses.replace(stop, min_tokens=6)
+    (late,) = engine.generate([GenerationRequest("late", prompt, held)])
+    assert len(late.token_ids) >= 6
+    assert first not in late.token_ids[:5]  # the stop token was never sampled before 6 tokens

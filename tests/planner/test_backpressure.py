@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pivotflow.planner import BackpressurePlanner, PlannerView, PoolView, StaticPlanner
 
 
@@ -21,7 +23,7 @@ def test_moves_idle_rollout_worker_to_the_judge_backlog() -> None:
     [move] = BackpressurePlanner().decide(view(2, 200))
     assert (move.from_pool, move.to_pool) == ("rollout", "genrm")
     assert move.numbers["gain_s"] > 4.0  # 10 s -> 5 s bound
-    assert "drain bound" in move.reason
+    assert "bound 10.000s -> 5.000s" in move.reason
 
 
 def test_no_move_when_the_gain_does_not_pay_for_the_shift() -> None:
@@ -48,3 +50,52 @@ def test_never_strands_remaining_work() -> None:
 
 def test_static_never_moves() -> None:
     assert StaticPlanner().decide(view(2, 200)) == []
+
+
+def pipeline(roll: tuple[int, int, int], judge: tuple[int, int, int],
+             train: tuple[int, int, int], cost: float = 0.05) -> PlannerView:
+    """(workers, remaining, queued) per pool; rates: rollout 10/s, judge 40/s, train 200/s."""
+    def pool(name: str, spec: tuple[int, int, int], rate: float, role: str,
+             first: int) -> PoolView:
+        n, remaining, queued = spec
+        return PoolView(name, [f"w{first + i}" for i in range(n)], n, remaining, rate, role,
+                        queued)
+    return PlannerView(now_s=50.0, pools={
+        "rollout": pool("rollout", roll, 10.0, "generate", 0),
+        "genrm": pool("genrm", judge, 40.0, "generate", 10),
+        "trainer": pool("trainer", train, 200.0, "train", 20)}, shift_cost_s=cost)
+
+
+def test_an_idle_trainer_moves_to_rollout_while_the_batch_is_far() -> None:
+    # 64 samples to roll out on 1 worker (6.4 s); the trainer would wait for them anyway
+    [move] = BackpressurePlanner().decide(pipeline((1, 64, 64), (1, 64, 0), (1, 64, 0)))
+    # generation bounds the step: 6.4 s on one rollout worker, 3.2 s on two; the train step
+    # (3 trainers moved in when the batch is ready: 0.107 + 0.05 s) costs the same either way
+    assert (move.from_pool, move.to_pool) == ("trainer", "rollout")
+    assert move.numbers["gain_s"] == pytest.approx(3.2)
+
+
+def test_a_ready_batch_with_no_trainer_gets_one_at_once() -> None:
+    # generation is done; the batch waits and the trainer pool is empty
+    moves = BackpressurePlanner().decide(pipeline((2, 0, 0), (1, 0, 0), (0, 64, 64)))
+    assert moves[0].to_pool == "trainer" and "no worker" in moves[0].reason
+    # and the idle workers join in the same breath: 3 trainers take 0.107 + 0.05 s, 1 takes
+    # 0.32 s
+    assert [m.to_pool for m in moves] == ["trainer"] * 3
+    assert "batch ready: 3 trainers" in moves[1].reason
+
+
+def test_no_trainers_join_a_step_whose_batch_is_not_ready() -> None:
+    moves = BackpressurePlanner().decide(pipeline((2, 0, 0), (1, 5, 5), (1, 64, 0)))
+    assert all(m.to_pool != "trainer" for m in moves)
+
+
+def test_colocated_moves_everyone_to_the_first_pool_with_work() -> None:
+    from pivotflow.planner import ColocatedPlanner
+
+    moves = ColocatedPlanner().decide(pipeline((1, 0, 0), (1, 64, 64), (1, 64, 0)))
+    assert sorted((m.worker, m.to_pool) for m in moves) == [("w0", "genrm"), ("w20", "genrm")]
+    # a pool still busy keeps its workers until its phase ends
+    moves = ColocatedPlanner().decide(pipeline((1, 5, 5), (1, 64, 20), (1, 64, 0)))
+    assert [(m.worker, m.to_pool) for m in moves] == [("w20", "rollout")]
+    assert ColocatedPlanner().decide(pipeline((0, 0, 0), (0, 0, 0), (3, 64, 64))) == []

@@ -257,13 +257,14 @@ class TorchEngine:
         if self.eos_token_id is not None:
             stops.append(self.eos_token_id)
         prefix = (req.prefix_ids, req.prefix_logprobs, req.prefix_versions)
-        self._resp.install(slot, prefix, seq.limit, stops)
+        self._resp.install(slot, prefix, seq.limit, stops, req.params.min_tokens)
         self._sampler.set(slot, req.params, seq.key)
         self._n_stop_strings += bool(seq.window)
 
     def _record(self, start: int, logits: torch.Tensor) -> list[GenerationOutput]:
         """Sample for slots ``start..``, append to their responses, retire finished ones."""
         n = logits.shape[0]
+        logits = self._resp.block_early_stops(start, logits)
         tokens, logprobs = self._sampler.sample(logits, start, self._resp.count[start : start + n])
         stopped, finished = self._resp.append(start, tokens, logprobs, self.version)
         hits = finished.nonzero().flatten()

@@ -141,6 +141,8 @@ class SlotResponses:
         self.versions = torch.zeros(max_batch, max_len, dtype=torch.long, device=device)
         self.count = torch.zeros(max_batch, dtype=torch.long, device=device)
         self.limit = torch.zeros(max_batch, dtype=torch.long, device=device)
+        self.min_len = torch.zeros(max_batch, dtype=torch.long, device=device)  # no stop before
+        self._any_min = False  # whether any slot ever had a minimum length (else skip the mask)
         self.last = torch.zeros(max_batch, dtype=torch.long, device=device)  # newest token
         self.stop_ids = torch.full((max_batch, 1), -1, dtype=torch.long, device=device)
         self._any_stops = False  # whether any slot ever had stop ids (else skip the check)
@@ -152,16 +154,18 @@ class SlotResponses:
         prefix: tuple[list[int], list[float], list[int]],
         limit: int,
         stop_ids: list[int],
+        min_len: int = 0,
     ) -> None:
-        """Start ``slot`` with a resume prefix (ids, logprobs, versions), a length limit and
-        its stop token ids."""
+        """Start ``slot`` with a resume prefix (ids, logprobs, versions), a length limit, its
+        stop token ids, and the length before which no stop token may be sampled."""
         ids, logprobs, versions = prefix
         if ids:
             k = len(ids)
             self.tokens[slot, :k] = torch.tensor(ids)
             self.logprobs[slot, :k] = torch.tensor(logprobs, dtype=torch.float32)
             self.versions[slot, :k] = torch.tensor(versions)
-        self.count[slot], self.limit[slot] = len(ids), limit
+        self.count[slot], self.limit[slot], self.min_len[slot] = len(ids), limit, min_len
+        self._any_min |= min_len > 0
         if len(stop_ids) > self.stop_ids.shape[1]:  # widen the table for this request
             extra = len(stop_ids) - self.stop_ids.shape[1]
             self.stop_ids = torch.nn.functional.pad(self.stop_ids, (0, extra), value=-1)
@@ -188,6 +192,21 @@ class SlotResponses:
         stopped = (self.stop_ids[span] == tokens[:, None]).any(-1)
         return stopped, stopped | length
 
+    def block_early_stops(self, start: int, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` of slots ``start..`` with every stop token at -inf where the response is
+        still shorter than its minimum (vLLM's ``min_tokens``); unchanged when none is."""
+        if not self._any_min:
+            return logits
+        span = slice(start, start + logits.shape[0])
+        below = self.count[span] < self.min_len[span]
+        if not bool(below.any()):
+            return logits
+        ids = self.stop_ids[span]
+        block = (ids >= 0) & below[:, None]
+        ids = ids.clamp(min=0)  # padding (-1) points at id 0 and writes its own value back
+        vals = logits.gather(1, ids).masked_fill(block, float("-inf"))
+        return logits.scatter(1, ids, vals)
+
     def last_tokens(self, n: int) -> torch.Tensor:
         """[n]: the newest token of slots 0..n-1, the next decode step's input."""
         return self.last[:n]
@@ -211,5 +230,5 @@ class SlotResponses:
         n = int(self.count[src])
         for buf in (self.tokens, self.logprobs, self.versions):
             buf[dst, :n] = buf[src, :n]
-        for buf in (self.count, self.limit, self.last, self.stop_ids):
+        for buf in (self.count, self.limit, self.min_len, self.last, self.stop_ids):
             buf[dst] = buf[src]

@@ -1,0 +1,77 @@
+"""The GenRM graph with reasoning-length responses: a long tail of a few long generations.
+
+Reasoning RL's response lengths are log-normal with a long tail (p99 about 10x the median);
+the tiny task's answers are 3 tokens. A ``budget`` stage draws each sample's length from that
+distribution (seeded by the sample, so every planner sees the same lengths) and the rollout
+generates exactly that many tokens (no stop before it); the GenRM then reads the whole response.
+The models serve a longer context than they were trained on: the compute is real, the words
+past the answer are not meant to mean anything. This is the workload of ``bench/elastic.py``.
+
+Run:  pivotflow run graphs/grpo_genrm_longtail.py --workers 3
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from pivotflow.graph import Graph
+from pivotflow.rl.group_fns import grpo_advantage
+from pivotflow.tasks.judge_format import judge_prompt, parse_verdict
+
+DEFAULTS = {
+    "group_size": 8,
+    "groups_per_step": 8,
+    "lr": 1e-5,
+    "median_tokens": 24,
+    "p99_ratio": 10.0,  # p99 / median of the response length
+    "max_tokens": 280,  # the cap
+    "context": 320,
+    "temperature": 1.0,
+    "digits": 2,
+}
+
+Z99 = 2.3263  # the standard normal's 99th percentile
+
+
+def length_budget(median: float, p99_ratio: float, cap: int):  # noqa: ANN201 - a stage fn
+    sigma = math.log(p99_ratio) / Z99
+
+    def budget(sample_id: int, **_: object) -> dict[str, int]:
+        """This sample's response length: log-normal(median, sigma), at least 1, capped."""
+        n = random.Random(sample_id).lognormvariate(math.log(median), sigma)
+        n = max(1, min(cap, round(n)))
+        return {"min_tokens": n, "max_tokens": n}
+
+    return budget
+
+
+def judge_template(prompt: str, response: str, **_: object) -> str:
+    return judge_prompt(prompt, response)
+
+
+def parse(verdict: str, **_: object) -> float | None:
+    return parse_verdict(verdict)
+
+
+def build(config: dict) -> Graph:
+    g = Graph("grpo_genrm_longtail")
+    g.model("policy", source="builtin:policy", context=config["context"])
+    g.model("judge", source="builtin:judge", context=config["context"] + 16)
+    g.pool("rollout", workers=1)
+    g.pool("genrm", workers=1)
+    g.pool("trainer", workers=1)
+    prompts = g.source("prompts", task="arithmetic", digits=config["digits"],
+                       group_size=config["group_size"],
+                       groups_per_step=config["groups_per_step"])
+    budget = g.map("budget", length_budget(config["median_tokens"], config["p99_ratio"],
+                                           config["max_tokens"]),
+                   writes=["min_tokens", "max_tokens"])
+    rollout = g.generate("rollout", model="policy", pool="rollout",
+                         max_tokens=config["max_tokens"], temperature=config["temperature"])
+    genrm = g.judge("genrm", model="judge", pool="genrm", template=judge_template, parse=parse,
+                    max_tokens=8)
+    advantage = g.group("advantage", grpo_advantage, writes=["advantage"])
+    train = g.train("train", model="policy", pool="trainer", lr=config["lr"])
+    g.chain(prompts, budget, rollout, genrm, advantage, train)
+    return g

@@ -1,0 +1,123 @@
+"""Optimizer steps: when one starts, how its batch is split over the trainer pool, and when it
+is done.
+
+The trainer pool is resized only between steps: a step starts when a batch is ready and no
+trainer is still loading, and it uses every ready trainer as one data-parallel group (rank 0
+first among the trainers that took the last step, so it holds the newest state). A change of
+membership is a new ``epoch`` with a fresh rendezvous path; when nobody of the last step is
+left, rank 0 first takes the policy and optimizer state from the parameter store.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from pivotflow.controller import stages
+from pivotflow.controller.sample import Sample
+from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
+from pivotflow.worker.train_role import valid_tokens
+
+if TYPE_CHECKING:
+    from pivotflow.controller.core import Controller
+
+
+def shards(seqs: list[TrainSeq], n: int) -> list[list[TrainSeq]]:
+    """``seqs`` in ``n`` contiguous, non-empty parts of near-equal token counts."""
+    n = max(1, min(n, len(seqs)))
+    total = sum(len(s.response_ids) + len(s.prompt_ids) for s in seqs)
+    parts: list[list[TrainSeq]] = [[] for _ in range(n)]
+    acc, k = 0, 0
+    for i, s in enumerate(seqs):
+        left = len(seqs) - i  # keep one sequence for every part still empty
+        if k < n - 1 and parts[k] and (acc >= total * (k + 1) / n or left <= n - 1 - k):
+            k += 1
+        parts[k].append(s)
+        acc += len(s.response_ids) + len(s.prompt_ids)
+    return parts
+
+
+class TrainSteps:
+    """The controller's side of training: one step in flight at a time."""
+
+    def __init__(self, ctl: Controller, pool: str, rendezvous_dir: str) -> None:
+        self.ctl = ctl
+        self.pool = pool
+        self.rendezvous_dir = rendezvous_dir
+        self.batch: list[list[Sample]] | None = None  # the step in flight
+        self.waiting: set[str] = set()  # trainers whose shard is not done yet
+        self.rank0_msg: TrainDone | None = None
+        self.members: list[str] = []  # trainers of the last step, rank order
+        self.member_roles: list[int] = []  # their ``roles_taken`` then
+        self.epoch = 0
+        self.started_at = 0.0
+        self.planned_for = -1  # the step the planner was last asked to size the trainers for
+
+    @property
+    def in_flight(self) -> bool:
+        return self.batch is not None
+
+    def maybe_start(self) -> None:
+        ctl = self.ctl
+        if self.batch is not None or ctl.version >= ctl.cfg.steps:
+            return
+        if not ctl.train_buffer.can_take(ctl.version):
+            return
+        if self.planned_for != ctl.version:  # a batch is ready: the planner may add trainers
+            self.planned_for = ctl.version
+            ctl.plan_once(pump=False)
+        workers = [ctl.workers[w] for w in ctl.pools[self.pool].workers]
+        if not workers or any(w.state != "ready" for w in workers):
+            return  # resize first: a joining trainer takes part in the next step
+        batch = ctl.train_buffer.take(ctl.version)
+        if batch is None:
+            return
+        seqs = [stages.train_seq(s) for group in batch for s in group]
+        # Rank 0 is a trainer that took the last step and never left since: it holds the
+        # newest weights and optimizer state. With none such, rank 0 reads them from the store.
+        last = dict(zip(self.members, self.member_roles, strict=True))
+        stayed = [w.worker_id for w in workers if last.get(w.worker_id) == w.roles_taken]
+        order = stayed + [w.worker_id for w in workers if w.worker_id not in stayed]
+        parts = shards(seqs, len(order))
+        order = order[: len(parts)]
+        roles = [ctl.workers[w].roles_taken for w in order]
+        optim_version = ctl.version if self.members and order[0] not in stayed else -1
+        # A member that left and came back has a new role and no group: a new epoch (with a
+        # fresh rendezvous path, never one an old group wrote to).
+        if order != self.members or roles != self.member_roles:
+            self.epoch += 1
+        self.members, self.member_roles = order, roles
+        self.batch, self.waiting, self.rank0_msg = batch, set(order), None
+        self.started_at = ctl.clock.now()
+        rendezvous = os.path.join(self.rendezvous_dir, f"trainers-epoch{self.epoch}")
+        totals = {"total_tokens": sum(valid_tokens(s) for s in seqs),
+                  "total_seqs": sum(1 for s in seqs if valid_tokens(s) > 0),
+                  "any_signal": any(s.advantage != 0 for s in seqs)}
+        for rank, (wid, part) in enumerate(zip(order, parts, strict=True)):
+            ctl.workers[wid].training = True
+            ctl.transport.send(wid, TrainStep(
+                step=ctl.version, seqs=part, rank=rank, world=len(order), epoch=self.epoch,
+                rendezvous=rendezvous if len(order) > 1 else "",
+                optim_version=optim_version if rank == 0 else -1, **totals))
+
+    def on_done(self, worker_id: str, msg: TrainDone) -> tuple[list[list[Sample]], TrainDone] | None:
+        """A shard finished; the whole step when it was the last one (else None)."""
+        ctl = self.ctl
+        ctl.workers[worker_id].training = False
+        if self.batch is None or msg.step != ctl.version or worker_id not in self.waiting:
+            ctl.ledger.late_results += 1
+            return None
+        self.waiting.discard(worker_id)
+        if msg.rank == 0:
+            self.rank0_msg = msg
+        if self.waiting:
+            return None
+        batch, self.batch = self.batch, None
+        # the pool's rate for the planner: samples per busy trainer-second
+        ctl.pool_busy_s[self.pool] += (ctl.clock.now() - self.started_at) * len(self.members)
+        ctl.pool_done[self.pool] += sum(len(g) for g in batch)
+        assert self.rank0_msg is not None  # rank 0 is always among the shards
+        return batch, self.rank0_msg
+
+    def samples(self) -> list[Sample]:
+        return [s for group in self.batch or [] for s in group]
