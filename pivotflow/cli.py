@@ -1,4 +1,4 @@
-"""``pivotflow run | inspect``: the command line."""
+"""``pivotflow run | inspect | sim``: the command line."""
 
 from __future__ import annotations
 
@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="validate a graph file and print its stages and pools")
     i.add_argument("graph", type=Path)
     i.set_defaults(func=_cmd_inspect)
+    from pivotflow.sim.cli import add_sim_parser  # light: the simulator imports no torch model
+
+    add_sim_parser(sub)
     return ap
 
 

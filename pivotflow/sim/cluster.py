@@ -1,0 +1,272 @@
+"""A simulated cluster: the real controller, pools and planner on the in-process transport, in
+virtual time, with one ``SimWorker`` per GPU group.
+
+``simulate(workload, planner, split)`` builds the GenRM graph for the workload (source ->
+rollout -> genrm -> advantage -> train, the shape of ``graphs/grpo_genrm.py``), starts the
+controller and the workers on a ``VirtualTimeLoop`` and runs to the workload's steps or a
+virtual-time horizon. Nothing of the controller is replaced: only workers and time are
+simulated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pivotflow.controller.core import Controller, ControllerConfig
+from pivotflow.controller.source import PromptSource
+from pivotflow.errors import ConfigError
+from pivotflow.graph import Graph
+from pivotflow.planner import make_planner
+from pivotflow.planner.base import Planner
+from pivotflow.rl.group_fns import grpo_advantage
+from pivotflow.sim.cost_model import CostModel
+from pivotflow.sim.sim_worker import SimWorker, close_quietly
+from pivotflow.sim.tokens import FILLER, SimProblems, SimTokenizer
+from pivotflow.sim.virtual_clock import SimClock, run_virtual
+from pivotflow.sim.workload import Workload
+from pivotflow.tasks.judge_format import parse_verdict
+from pivotflow.transport.local import LocalHub
+
+POOLS = ("rollout", "genrm", "trainer")
+
+
+@dataclass(slots=True)
+class Split:
+    """Workers (GPU groups) per pool."""
+
+    rollout: int
+    genrm: int
+    trainer: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {"rollout": self.rollout, "genrm": self.genrm, "trainer": self.trainer}
+
+    @property
+    def total(self) -> int:
+        return self.rollout + self.genrm + self.trainer
+
+
+@dataclass(slots=True)
+class SimResult:
+    """One simulated run: throughput, the controller's step records, pools over time."""
+
+    workload: str
+    planner: str
+    gpus: int
+    split: dict[str, int]
+    steps: int
+    samples: int
+    sim_s: float  # virtual seconds until the last optimizer step
+    wall_s: float
+    samples_per_s: float  # steady state: without the first and last step (from 4 steps)
+    tokens_generated: int
+    shifts: list[dict[str, Any]]
+    records: list[dict[str, Any]] = field(repr=False)
+    pool_trace: list[tuple[float, dict[str, int]]] = field(repr=False)
+    busy_share: dict[str, float] = field(default_factory=dict)  # role -> share of GPU time
+    timed_out: bool = False
+    decisions: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        totals = [s["total_s"] for s in self.shifts if s.get("total_s") is not None]
+        return {
+            "workload": self.workload,
+            "planner": self.planner,
+            "gpus": self.gpus,
+            "split": self.split,
+            "steps": self.steps,
+            "samples": self.samples,
+            "sim_s": round(self.sim_s, 3),
+            "wall_s": round(self.wall_s, 3),
+            "samples_per_s": round(self.samples_per_s, 4),
+            "tokens_generated": self.tokens_generated,
+            "shifts": len(self.shifts),
+            "shift_s_mean": round(sum(totals) / len(totals), 3) if totals else None,
+            "shift_s_max": round(max(totals), 3) if totals else None,
+            "busy_share": {k: round(v, 3) for k, v in self.busy_share.items()},
+            "timed_out": self.timed_out,
+        }
+
+
+def sim_graph(wl: Workload, split: Split) -> Graph:
+    """The GenRM graph of ``graphs/grpo_genrm.py`` sized for ``wl``; the judge reads a
+    template of ``template_tokens`` tokens, the prompt and the whole response."""
+    rubric = FILLER * wl.template_tokens
+
+    def template(prompt: str, response: str, **_: object) -> str:
+        return rubric + prompt + response
+
+    def parse(verdict: str, **_: object) -> float | None:
+        return parse_verdict(verdict)
+
+    g = Graph(f"sim-{wl.name}")
+    g.model("policy", source="sim:policy")
+    g.model("judge", source="sim:judge")
+    for pool, n in split.as_dict().items():
+        g.pool(pool, workers=n)
+    src = g.source(
+        "prompts", task="sim", group_size=wl.group_size, groups_per_step=wl.prompts_per_step
+    )
+    gen = g.generate("rollout", model="policy", pool="rollout", max_tokens=wl.response.cap)
+    jud = g.judge(
+        "genrm",
+        model="judge",
+        pool="genrm",
+        template=template,
+        parse=parse,
+        max_tokens=wl.verdict_tokens,
+    )
+    adv = g.group("advantage", grpo_advantage, writes=["advantage"])
+    tr = g.train("train", model="policy", pool="trainer")
+    g.chain(src, gen, jud, adv, tr)
+    return g
+
+
+def role_options(wl: Workload, cost: CostModel) -> dict[str, dict[str, Any]]:
+    """Per pool, the batch a worker holds: replicas x sequences whose KV fits in memory."""
+    g = wl.group_gpus
+    p, r = cost.mean_prompt(), cost.mean_response()
+    roll = cost.replicas(wl.policy, g) * cost.max_seqs(wl.policy, p + r)
+    jctx = cost.judge_prompt_tokens(p, r) + wl.verdict_tokens
+    judge = cost.replicas(wl.judge, g) * cost.max_seqs(wl.judge, jctx)
+    return {"rollout": {"max_batch": roll}, "genrm": {"max_batch": judge}, "trainer": {}}
+
+
+def _planner(name: str | Planner) -> Planner:
+    return make_planner(name) if isinstance(name, str) else name
+
+
+async def _simulate(
+    wl: Workload,
+    planner: Planner,
+    split: Split,
+    steps: int,
+    horizon_s: float,
+    wall_limit_s: float,
+    seed: int,
+    trace_every_s: float,
+) -> SimResult:
+    loop = asyncio.get_running_loop()
+    cost = CostModel(wl)
+    tok = SimTokenizer()
+    graph = sim_graph(wl, split)
+    hub = LocalHub()
+    assignments = {
+        f"w{i:04d}": pool
+        for i, pool in enumerate(p for p, n in split.as_dict().items() for _ in range(n))
+    }
+    source = PromptSource(
+        graph.order()[0],
+        SimProblems(wl.prompt.median, wl.prompt.sigma, wl.prompt.cap, seed),
+        tok,
+        steps=steps,
+        max_staleness=wl.max_staleness,
+        seed=seed,
+    )
+    records: list[dict[str, Any]] = []
+    cfg = ControllerConfig(
+        steps=steps, max_staleness=wl.max_staleness, heartbeat_s=5.0, worker_timeout_s=600.0
+    )
+    ctl = Controller(
+        graph,
+        cfg,
+        transport=hub.controller,
+        clock=SimClock(loop),
+        tokenizers={"policy": tok, "judge": tok},
+        source=source,
+        assignments=assignments,
+        role_options=role_options(wl, cost),
+        store_dir="/nonexistent/pivotflow-sim",
+        on_step=records.append,
+        planner=planner,
+    )
+    workers = [SimWorker(hub.connect(w), cost, wl.group_gpus, tok) for w in assignments]
+    trace: list[tuple[float, dict[str, int]]] = []
+    wall0 = time.perf_counter()
+    run = asyncio.ensure_future(ctl.run())
+    tasks = [asyncio.ensure_future(w.run()) for w in workers]
+    timed_out = False
+    t_start = loop.time()
+    try:
+        while not run.done():
+            trace.append((loop.time() - t_start, {n: len(p.workers) for n, p in ctl.pools.items()}))
+            await asyncio.wait({run}, timeout=trace_every_s)
+            if loop.time() - t_start > horizon_s or time.perf_counter() - wall0 > wall_limit_s:
+                timed_out = not run.done()
+                break
+        if run.done():
+            run.result()  # a controller error (a worker failed, a stage raised) surfaces here
+    finally:
+        await close_quietly(run)
+        for t in tasks:
+            await close_quietly(t)
+    wall = time.perf_counter() - wall0
+    samples = sum(r["samples"] for r in records)
+    end = records[-1]["time_s"] if records else loop.time() - t_start
+    if len(records) >= 4:  # drop the pipeline's fill (first step) and drain (last step)
+        steady = sum(r["samples"] for r in records[1:-1]) / (
+            records[-2]["time_s"] - records[0]["time_s"]
+        )
+    else:
+        steady = samples / end if end > 0 else 0.0
+    busy: dict[str, float] = {}
+    for w in workers:
+        for key, secs in w.busy_by_role().items():
+            busy[key] = busy.get(key, 0.0) + secs
+    busy = {k: v / (max(end, 1e-9) * len(workers)) for k, v in busy.items()}
+    shifts = [e for r in records for e in r.get("shift_events", [])]
+    return SimResult(
+        wl.name,
+        planner.name,
+        wl.gpus,
+        split.as_dict(),
+        len(records),
+        samples,
+        end,
+        wall,
+        steady,
+        ctl.tokens_generated,
+        shifts,
+        records,
+        trace,
+        busy,
+        timed_out,
+        len(ctl.decisions),
+    )
+
+
+def simulate(
+    wl: Workload,
+    planner: str | Planner,
+    split: Split,
+    *,
+    steps: int | None = None,
+    horizon_s: float = 36000.0,
+    wall_limit_s: float = 600.0,
+    seed: int = 0,
+    trace_every_s: float = 10.0,
+) -> SimResult:
+    """Run ``wl`` on its GPUs split as ``split`` under ``planner`` for ``steps`` optimizer
+    steps (the workload's by default), stopping early at ``horizon_s`` virtual or
+    ``wall_limit_s`` wall seconds. Raises ConfigError for a split that does not fit the
+    cluster, and the controller's error if the run fails."""
+    if split.total * wl.group_gpus != wl.gpus or min(split.as_dict().values()) < 1:
+        raise ConfigError(
+            f"split {split.as_dict()} x {wl.group_gpus} GPUs does not fill "
+            f"{wl.gpus} GPUs with at least one worker per pool"
+        )
+    return run_virtual(
+        _simulate(
+            wl,
+            _planner(planner),
+            split,
+            steps or wl.steps,
+            horizon_s,
+            wall_limit_s,
+            seed,
+            trace_every_s,
+        )
+    )

@@ -1,0 +1,122 @@
+"""The fluid bound, and per-role service rates for ranking static splits.
+
+Fluid bound: the throughput a perfect scheduler could reach, as the smaller of
+* work: GPUs / (GPU-seconds one sample needs in rollout + judging + training), each role at
+  its best batch (the memory-limited batch its engine holds), and
+* critical path: each step's longest sequence must be decoded (alone, at batch 1, on its TP
+  group), judged, and trained on before the step after next may start, so at most
+  ``samples_per_step * (max_staleness + 1)`` samples finish per critical path.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
+from pivotflow.sim.cost_model import CostModel
+from pivotflow.sim.workload import Lengths, Workload
+
+_GRID = 2000  # quantile points for expectations over a length distribution
+
+
+def length_grid(lengths: Lengths) -> list[float]:
+    """Equally likely lengths (mid-quantiles) of a capped log-normal."""
+    nd = NormalDist()
+    return [
+        min(lengths.cap, lengths.median * math.exp(lengths.sigma * nd.inv_cdf((i + 0.5) / _GRID)))
+        for i in range(_GRID)
+    ]
+
+
+def expected_max(lengths: Lengths, n: int) -> float:
+    """Expected largest of ``n`` draws (the ``n/(n+1)`` quantile), capped."""
+    q = n / (n + 1)
+    return min(lengths.cap, lengths.median * math.exp(lengths.sigma * NormalDist().inv_cdf(q)))
+
+
+@dataclass(frozen=True, slots=True)
+class RoleRates:
+    """Samples/s one worker (one GPU group) completes in each role, at its full batch."""
+
+    rollout: float
+    genrm: float
+    trainer: float
+    critical_path_s: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {"rollout": self.rollout, "genrm": self.genrm, "trainer": self.trainer}
+
+
+def role_rates(wl: Workload) -> RoleRates:
+    """Per-worker service rates and the critical path of one step, from the cost model."""
+    cost = CostModel(wl)
+    g = wl.group_gpus
+    resp = length_grid(wl.response)
+    e_len = sum(resp) / len(resp)
+    e_len2 = sum(x * x for x in resp) / len(resp)
+    prompt = cost.mean_prompt() + 1  # BOS
+    pol, jud = wl.policy, wl.judge
+    # Rollout: a token is generated at a context of prompt + (length-biased) half the response.
+    b = cost.max_seqs(pol, prompt + e_len)
+    k = cost.decode(pol, b)
+    step = k.step_s(b, b * (prompt + e_len2 / (2 * e_len)))
+    per_sample = e_len * step / b + cost.prefill_s(pol, round(prompt))
+    rollout = cost.replicas(pol, g) / per_sample
+    # Judge: prefill of template + prompt + response, then a short verdict decode.
+    jctx = [cost.judge_prompt_tokens(prompt - 1, x) for x in resp]
+    e_j = sum(jctx) / len(jctx)
+    bj = cost.max_seqs(jud, e_j + wl.verdict_tokens)
+    kj = cost.decode(jud, bj)
+    stepj = kj.step_s(bj, bj * (e_j + wl.verdict_tokens / 2))
+    prefill_j = sum(cost.prefill_s(jud, round(x)) for x in jctx) / len(jctx)
+    genrm = cost.replicas(jud, g) / (wl.verdict_tokens * stepj / bj + prefill_j)
+    # Train: all tokens of a sample, forward and backward.
+    tokens = prompt + e_len
+    trainer = 1000 / cost.train_s(round(tokens * 1000), 1000, g)
+    # Critical path: the longest sequence alone at batch 1, its judging, the train step.
+    n = wl.samples_per_step
+    longest = expected_max(wl.response, n)
+    k1 = cost.decode(pol, 1)
+    decode = longest * (k1.base + k1.per_seq + k1.per_ctx * prompt) + k1.per_ctx * longest**2 / 2
+    kj1 = cost.decode(jud, 1)
+    jlen = cost.judge_prompt_tokens(prompt - 1, longest)
+    judge = cost.prefill_s(jud, round(jlen)) + wl.verdict_tokens * kj1.step_s(1, jlen)
+    train = n * g / (trainer * wl.gpus)  # the whole cluster trains the step
+    path = cost.prefill_s(pol, round(prompt)) + decode + judge + train
+    return RoleRates(rollout, genrm, trainer, path)
+
+
+def fluid_bound(wl: Workload) -> dict[str, float]:
+    """The perfect scheduler's samples/s and the two limits it is the smaller of."""
+    r = role_rates(wl)
+    g = wl.group_gpus
+    work_gpu_s = g / r.rollout + g / r.genrm + g / r.trainer
+    work = wl.gpus / work_gpu_s
+    path = wl.samples_per_step * (wl.max_staleness + 1) / r.critical_path_s
+    return {
+        "samples_per_s": min(work, path),
+        "work_bound": work,
+        "critical_path_bound": path,
+        "critical_path_s": r.critical_path_s,
+        "gpu_s_per_sample": work_gpu_s,
+    }
+
+
+def rank_splits(wl: Workload, top: int = 8) -> list[tuple[float, dict[str, int]]]:
+    """Every split of the workers into (rollout, genrm, trainer), each >= 1, scored by the
+    pipeline's analytic throughput (the slowest pool, capped by the critical path); the best
+    ``top`` first."""
+    r = role_rates(wl)
+    workers = wl.gpus // wl.group_gpus
+    cap = wl.samples_per_step * (wl.max_staleness + 1) / r.critical_path_s
+    scored = []
+    for nr in range(1, workers - 1):
+        for nj in range(1, workers - nr):
+            nt = workers - nr - nj
+            rates = (nr * r.rollout, nj * r.genrm, nt * r.trainer)
+            score = min(min(rates), cap)
+            # Ties (all capped) break toward the split with the most slack in its slowest pool.
+            scored.append((score, min(rates), {"rollout": nr, "genrm": nj, "trainer": nt}))
+    scored.sort(key=lambda x: (-x[0], -x[1]))
+    return [(s, split) for s, _, split in scored[:top]]

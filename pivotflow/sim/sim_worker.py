@@ -1,0 +1,295 @@
+"""A simulated worker: speaks the real protocol to the real controller, costs come from the
+cost model, time is virtual.
+
+One ``SimWorker`` stands for one group of ``gpus`` GPUs. It hosts one role at a time, as a real
+worker does: "generate" (rollout or judge, a ``SimBatchEngine``) or "train". Its outputs are
+real token ids of the char tokenizer, of the lengths a real model would produce: a response
+length drawn from the workload's log-normal by the job's seed (so a migrated sequence ends
+where it would have), a verdict of ``verdict_tokens`` ending in ":Yes"/":No".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from pivotflow.protocol import (
+    PROTOCOL_VERSION,
+    AbortJobs,
+    AssignRole,
+    GenerateJob,
+    Heartbeat,
+    Hello,
+    JobDone,
+    Jobs,
+    JobsDone,
+    RoleReady,
+    Shutdown,
+    TrainDone,
+    TrainStep,
+    Welcome,
+    WorkerFailed,
+)
+from pivotflow.sim.cost_model import CostModel
+from pivotflow.sim.sim_engine import SimBatchEngine
+from pivotflow.sim.tokens import FILLER, SimTokenizer
+from pivotflow.transport.local import LocalWorkerEnd
+
+_TRAIN_DONE_RANK = "rank" in TrainDone.__struct_fields__
+
+
+@dataclass(slots=True)
+class SimWorkerStats:
+    """What one simulated worker did (virtual seconds)."""
+
+    loads: list[tuple[float, str, str, float]] = field(default_factory=list)  # t, role, model, s
+    busy_s: dict[str, float] = field(default_factory=dict)  # "rollout"/"genrm"/"train" -> s
+    jobs_done: int = 0
+    jobs_aborted: int = 0
+    tokens: int = 0
+
+
+class SimWorker:
+    """One GPU group behind a ``LocalWorkerEnd``; ``run()`` serves until Shutdown."""
+
+    def __init__(
+        self,
+        end: LocalWorkerEnd,
+        cost: CostModel,
+        gpus: int,
+        tok: SimTokenizer,
+        heartbeat_s: float = 1.0,
+    ) -> None:
+        self.end, self.cost, self.gpus, self.tok = end, cost, gpus, tok
+        self.worker_id = end.worker_id
+        self.heartbeat_s = heartbeat_s
+        self.role, self.model_name = "", ""
+        self.version = 0
+        self.engine: SimBatchEngine | None = None
+        self.jobs: dict[int, GenerateJob] = {}
+        self.targets: dict[int, tuple[int, bool]] = {}  # job -> (total new tokens, stopped)
+        self.stats = SimWorkerStats()
+        self._timer: asyncio.TimerHandle | None = None
+        self._beat: asyncio.TimerHandle | None = None
+        self._last_sent = 0.0
+        self._loop = asyncio.get_event_loop()
+        self._fill = tok.encode(FILLER)[0]
+        self._yes, self._no = tok.encode(":Yes"), tok.encode(":No")
+
+    # ------------------------------------------------------------ plumbing
+
+    def _send(self, msg: Any) -> None:
+        self._last_sent = self._loop.time()
+        self.end.send(msg)
+
+    def _heartbeat(self) -> None:
+        now = self._loop.time()
+        if now - self._last_sent >= self.heartbeat_s * 0.999:
+            self._send(Heartbeat(worker_id=self.worker_id, busy=len(self.jobs)))
+        self._beat = self._loop.call_at(self._last_sent + self.heartbeat_s, self._heartbeat)
+
+    async def run(self) -> None:
+        """Join the controller, then serve messages in order until Shutdown."""
+        self._loop = asyncio.get_running_loop()
+        self._send(Hello(protocol_version=PROTOCOL_VERSION, worker_id=self.worker_id, pid=0))
+        try:
+            while True:
+                msg = await self.end.recv()
+                if isinstance(msg, Shutdown):
+                    return
+                await self._handle(msg)
+        finally:
+            for h in (self._timer, self._beat):
+                if h is not None:
+                    h.cancel()
+            self.end.close()
+
+    async def _handle(self, msg: Any) -> None:
+        match msg:
+            case Welcome(heartbeat_s=hb):
+                self.heartbeat_s = hb
+                self._heartbeat()
+            case AssignRole():
+                await self._assign(msg)
+            case Jobs(jobs=jobs):
+                self._add_jobs(jobs)
+            case AbortJobs(job_ids=ids):
+                self._abort(list(ids) or list(self.jobs))
+            case TrainStep():
+                await self._train(msg)
+            case _:
+                self._send(
+                    WorkerFailed(error=f"simulated worker cannot handle {type(msg).__name__}")
+                )
+
+    # ------------------------------------------------------------ roles
+
+    async def _assign(self, msg: AssignRole) -> None:
+        if self.jobs:  # the controller aborts before it reassigns: anything else is a bug
+            self._send(
+                WorkerFailed(error="role changed with jobs in flight", job_ids=sorted(self.jobs))
+            )
+            return
+        release = self.cost.hw.release_s if self.role else 0.0
+        m = self.cost.model(msg.model)
+        load = self.cost.load_s(msg.role, m)
+        t = self._loop.time()
+        await asyncio.sleep(release + load)
+        self._bank_busy()
+        self.role, self.model_name = msg.role, msg.model
+        self.engine = None
+        if msg.role == "generate":
+            self.engine = SimBatchEngine(self.cost, m, self.gpus, self._loop.time())
+        self.stats.loads.append((t, msg.role, msg.model, release + load))
+        self._send(
+            RoleReady(
+                role=msg.role, model=msg.model, version=self.version, load_s=load, release_s=release
+            )
+        )
+
+    def _key(self) -> str:
+        return "train" if self.role == "train" else f"generate:{self.model_name}"
+
+    def _bank_busy(self) -> None:
+        if self.engine is not None:
+            key = self._key()
+            self.stats.busy_s[key] = self.stats.busy_s.get(key, 0.0) + self.engine.busy_s
+            self.engine.busy_s = 0.0
+
+    def busy_by_role(self) -> dict[str, float]:
+        """Virtual seconds this worker's GPUs spent busy, per role it hosted."""
+        self._bank_busy()
+        return dict(self.stats.busy_s)
+
+    def _target(self, job: GenerateJob) -> tuple[int, bool]:
+        """Total tokens this job's sequence generates and whether it ends with EOS."""
+        wl = self.cost.wl
+        if self.model_name == "judge":
+            return wl.verdict_tokens, True
+        r = wl.response
+        n = round(random.Random(job.seed).lognormvariate(0.0, r.sigma) * r.median)
+        cap = min(r.cap, job.max_tokens)
+        return (cap, False) if n >= cap else (max(n, 1), True)
+
+    def _add_jobs(self, jobs: list[GenerateJob]) -> None:
+        eng = self.engine
+        if eng is None:
+            self._send(
+                WorkerFailed(
+                    error=f"jobs sent to a {self.role or 'roleless'} worker",
+                    job_ids=[j.job_id for j in jobs],
+                )
+            )
+            return
+        now = self._loop.time()
+        need = max(j.min_version for j in jobs)
+        m = eng.model
+        if need > self.version:
+            eng.stall(now, self.cost.weight_sync_s(m))
+            self.version = need
+        prefill = sum(self.cost.prefill_s(m, len(j.prompt_ids) + len(j.prefix_ids)) for j in jobs)
+        eng.stall(now, prefill / eng.r)
+        for j in jobs:
+            total, stop = self._target(j)
+            self.jobs[j.job_id] = j
+            self.targets[j.job_id] = (total, stop)
+            eng.join(j.job_id, len(j.prompt_ids) + len(j.prefix_ids), total - len(j.prefix_ids))
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        when = self.engine.next_completion() if self.engine is not None else None
+        if when is not None:
+            self._timer = self._loop.call_at(when, self._complete, when)
+
+    def _complete(self, when: float) -> None:
+        self._timer = None
+        eng = self.engine
+        if eng is None:
+            return
+        results = [
+            self._result(seq.job_id, seq.end - seq.start, final=True)
+            for seq in eng.pop_finished(when)
+        ]
+        if results:
+            self.stats.jobs_done += len(results)
+            self._send(JobsDone(results=results))
+        self._schedule()
+
+    def _abort(self, job_ids: list[int]) -> None:
+        eng = self.engine
+        if eng is None:
+            return
+        eng.advance(self._loop.time())
+        out = []
+        for job_id in job_ids:
+            got = eng.remove(job_id)
+            if got is not None:
+                out.append(self._result(job_id, got[1], final=False))
+        self.stats.jobs_aborted += len(out)
+        if out:
+            self._send(JobsDone(results=out))
+        self._schedule()
+
+    def _result(self, job_id: int, new: int, *, final: bool) -> JobDone:
+        """The job's tokens so far (prefix + ``new``); on completion the full sequence."""
+        job = self.jobs.pop(job_id)
+        total, stop = self.targets.pop(job_id)
+        self.stats.tokens += new
+        ids = list(job.prefix_ids)
+        if final and self.model_name == "judge":
+            verdict = (
+                self._yes if random.Random(job.seed + 1).random() < self.cost.wl.p_yes else self._no
+            )
+            ids += [self._fill] * (new - len(verdict) - 1) + verdict + [self.tok.eos_id]
+            reason = "stop"
+        elif final and stop:
+            ids += [self._fill] * (new - 1) + [self.tok.eos_id]
+            reason = "stop"
+        else:
+            ids += [self._fill] * new
+            reason = "length" if final else "abort"
+        return JobDone(
+            job_id=job_id,
+            token_ids=ids,
+            logprobs=list(job.prefix_logprobs) + [-1.0] * new,
+            versions=list(job.prefix_versions) + [self.version] * new,
+            finish_reason=reason,
+        )
+
+    async def _train(self, msg: TrainStep) -> None:
+        if self.role != "train":
+            self._send(WorkerFailed(error=f"a train step sent to a {self.role} worker"))
+            return
+        tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in msg.seqs)
+        world = int(getattr(msg, "world", 1))
+        m = self.cost.wl.policy
+        t = self.cost.train_s(tokens, len(msg.seqs), self.gpus)
+        if int(getattr(msg, "optim_version", -1)) >= 0:  # take over state left in the store
+            t += self.cost.load_s("train", m)
+        t += self.cost.weight_sync_s(m) / max(world, 1)  # publish the new version, in slices
+        await asyncio.sleep(t)
+        self.stats.busy_s["train"] = self.stats.busy_s.get("train", 0.0) + t
+        self.version = msg.step + 1
+        kw: dict[str, Any] = {"rank": int(getattr(msg, "rank", 0))} if _TRAIN_DONE_RANK else {}
+        self._send(
+            TrainDone(
+                step=msg.step,
+                version=msg.step + 1,
+                stats={"sim_train_s": t, "sim_tokens": float(tokens)},
+                job_ids=[s.job_id for s in msg.seqs],
+                **kw,
+            )
+        )
+
+
+async def close_quietly(task: asyncio.Task[Any]) -> None:
+    """Cancel a worker task and wait for it (its end closes in ``run``'s finally)."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

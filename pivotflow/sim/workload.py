@@ -1,0 +1,285 @@
+"""Workload files: what a simulated cluster runs (models, lengths, batch) and on what hardware.
+
+A workload is a TOML (or JSON) file with the tables ``[workload]``, ``[prompt]``,
+``[response]``, ``[policy]``, ``[judge]``, ``[train]`` and ``[hardware]``; ``[policy.measured]``
+and ``[judge.measured]`` optionally replace roofline terms by measured ones (calibration).
+``bench/workloads/README.md`` documents every key. Every mistake is a ``ConfigError`` naming
+the file, the table and the key; unknown keys are errors, not silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pivotflow.errors import ConfigError
+from pivotflow.sim.table import Table
+
+Z99 = 2.3263478740408408  # standard normal quantile at 0.99: p99/median = exp(Z99 * sigma)
+
+# Measured coefficients a model may carry (seconds); each replaces one roofline term.
+MEASURED_KEYS = (
+    "decode_base_s",
+    "decode_per_seq_s",
+    "decode_per_ctx_token_s",
+    "prefill_per_token_s",
+    "train_per_token_s",
+    "load_s",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Lengths:
+    """A log-normal token length with a cap: ``median * exp(sigma * N(0,1))``, at most ``cap``."""
+
+    median: int
+    p99_over_median: float
+    cap: int
+
+    @property
+    def sigma(self) -> float:
+        return math.log(self.p99_over_median) / Z99
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A model's size and shape (what its cost depends on) and its tensor-parallel degree."""
+
+    name: str
+    params_b: float  # all parameters, billions
+    active_params_b: float  # parameters used per token (= params_b for a dense model)
+    layers: int
+    hidden: int
+    kv_heads: int
+    head_dim: int
+    tp: int  # GPUs one replica needs
+    expert_params_b: float = 0.0  # parameters inside routed experts (MoE), billions
+    experts: int = 0
+    experts_active: int = 0
+    measured: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return 2.0 * self.layers * self.kv_heads * self.head_dim * 2  # K and V, bf16
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params_b * 1e9 * 2  # bf16
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """One GPU's figures and the efficiencies the roofline model applies to them."""
+
+    name: str
+    tflops: float  # dense bf16 peak, TFLOP/s
+    hbm_tb_s: float
+    hbm_gb: float
+    mem_util: float  # share of HBM an inference engine may use (vLLM gpu_memory_utilization)
+    hbm_eff: float  # achieved / peak bandwidth in decode
+    decode_mfu: float
+    prefill_mfu: float
+    train_mfu: float
+    step_overhead_ms: float  # per decode step: scheduling, launches, TP all-reduce latency
+    load_gb_s: float  # per GPU, parameter store (host memory) -> GPU
+    engine_start_s: float
+    release_s: float
+    max_seqs: int  # per replica (vLLM max_num_seqs)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Everything the simulator needs to run one model group on one cluster size."""
+
+    name: str
+    path: str
+    gpus: int
+    prompts_per_step: int
+    group_size: int
+    max_staleness: int
+    steps: int
+    prompt: Lengths
+    response: Lengths
+    policy: ModelSpec
+    judge: ModelSpec
+    template_tokens: int
+    verdict_tokens: int
+    p_yes: float
+    train_shard_gpus: int
+    optimizer_bytes_per_param: float
+    hardware: Hardware
+    description: str = ""
+
+    @property
+    def group_gpus(self) -> int:
+        """GPUs per simulated worker: the largest TP degree, so any worker can host any role."""
+        return max(self.policy.tp, self.judge.tp)
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+    def scaled(self, gpus: int) -> Workload:
+        """The same workload on ``gpus`` GPUs, prompts per step scaled with the cluster (weak
+        scaling, so a bigger cluster is not starved). Raises ConfigError for a bad size."""
+        if gpus < 3 * self.group_gpus or gpus % self.group_gpus:
+            raise ConfigError(
+                f"{self.path}: --gpus {gpus} must be a multiple of the worker "
+                f"group ({self.group_gpus} GPUs) with room for 3 workers"
+            )
+        prompts = max(1, round(self.prompts_per_step * gpus / self.gpus))
+        return _replace(self, gpus=gpus, prompts_per_step=prompts)
+
+
+def _replace(w: Workload, **kw: Any) -> Workload:
+    import dataclasses
+
+    return dataclasses.replace(w, **kw)
+
+
+def _lengths(t: Table) -> Lengths:
+    out = Lengths(
+        t.num("median_tokens", integer=True),
+        t.num("p99_over_median", lo=1.0, lo_open=False),
+        t.num("cap_tokens", integer=True),
+    )
+    if out.cap < out.median:
+        raise ConfigError(
+            f"{t.path}: [{t.name}] cap_tokens {out.cap} is below median_tokens {out.median}"
+        )
+    t.done()
+    return out
+
+
+def _model(t: Table, extra: tuple[str, ...] = ()) -> ModelSpec:
+    params = t.num("params_b")
+    experts = t.num("experts", 0, lo=0, integer=True, lo_open=False)
+    spec = ModelSpec(
+        name=t.text("name"),
+        params_b=params,
+        active_params_b=t.num("active_params_b", params, hi=params),
+        layers=t.num("layers", integer=True),
+        hidden=t.num("hidden", integer=True),
+        kv_heads=t.num("kv_heads", integer=True),
+        head_dim=t.num("head_dim", integer=True),
+        tp=t.num("tp", integer=True, hi=64),
+        expert_params_b=t.num("expert_params_b", 0.0, lo=0.0, hi=params, lo_open=False),
+        experts=experts,
+        experts_active=t.num(
+            "experts_active", 0, lo=0, hi=max(experts, 0), integer=True, lo_open=False
+        ),
+    )
+    if spec.moe and (spec.experts_active == 0 or spec.expert_params_b == 0):
+        raise ConfigError(
+            f"{t.path}: [{t.name}] an MoE model (experts > 0) needs "
+            "experts_active and expert_params_b"
+        )
+    m = t.sub("measured")
+    if m is not None:
+        for k in m.data:
+            if k not in MEASURED_KEYS:
+                raise ConfigError(
+                    f"{m.path}: [{m.name}] unknown key {k!r}; measured "
+                    f"coefficients are {list(MEASURED_KEYS)}"
+                )
+            spec.measured[k] = m.num(k, lo=0.0, lo_open=False)
+    for k in extra:
+        t.used.add(k)
+    t.done()
+    return spec
+
+
+def parse_workload(data: dict[str, Any], path: str) -> Workload:
+    """A validated ``Workload`` from a parsed file; raises ConfigError naming file and key."""
+    top = Table(path, "<top level>", data)
+    w = Table(path, "workload", data.get("workload"))
+    jt = Table(path, "judge", data.get("judge"))
+    tr = Table(path, "train", data.get("train"))
+    hw = Table(path, "hardware", data.get("hardware"))
+    for key in ("workload", "prompt", "response", "policy", "judge", "train", "hardware"):
+        top.used.add(key)
+    top.done()
+    hardware = Hardware(
+        name=hw.text("name"),
+        tflops=hw.num("tflops_bf16"),
+        hbm_tb_s=hw.num("hbm_tb_s"),
+        hbm_gb=hw.num("hbm_gb"),
+        mem_util=hw.num("mem_util", hi=1.0),
+        hbm_eff=hw.num("hbm_efficiency", hi=1.0),
+        decode_mfu=hw.num("decode_mfu", hi=1.0),
+        prefill_mfu=hw.num("prefill_mfu", hi=1.0),
+        train_mfu=hw.num("train_mfu", hi=1.0),
+        step_overhead_ms=hw.num("step_overhead_ms", lo=0.0, lo_open=False),
+        load_gb_s=hw.num("load_gb_s"),
+        engine_start_s=hw.num("engine_start_s", lo=0.0, lo_open=False),
+        release_s=hw.num("release_s", lo=0.0, lo_open=False),
+        max_seqs=hw.num("max_seqs_per_replica", integer=True),
+    )
+    hw.done()
+    wl = Workload(
+        name=w.text("name"),
+        path=path,
+        description=w.text("description", ""),
+        gpus=w.num("gpus", integer=True),
+        prompts_per_step=w.num("prompts_per_step", integer=True),
+        group_size=w.num("group_size", lo=1, integer=True, lo_open=False),
+        max_staleness=w.num("max_staleness", 0, lo=0, integer=True, lo_open=False),
+        steps=w.num("steps", 10, integer=True),
+        prompt=_lengths(Table(path, "prompt", data.get("prompt"))),
+        response=_lengths(Table(path, "response", data.get("response"))),
+        policy=_model(Table(path, "policy", data.get("policy"))),
+        template_tokens=jt.num("template_tokens", 0, lo=0, integer=True, lo_open=False),
+        verdict_tokens=jt.num("verdict_tokens", lo=5, integer=True, lo_open=False),
+        p_yes=jt.num("p_yes", 0.5, lo=0.0, hi=1.0, lo_open=False),
+        judge=_model(jt, ("template_tokens", "verdict_tokens", "p_yes")),
+        train_shard_gpus=tr.num("shard_gpus", integer=True),
+        optimizer_bytes_per_param=tr.num("optimizer_bytes_per_param", lo=0.0, lo_open=False),
+        hardware=hardware,
+    )
+    tr.done()
+    w.done()
+    if wl.gpus % wl.group_gpus or wl.gpus < 3 * wl.group_gpus:
+        raise ConfigError(
+            f"{path}: [workload] gpus = {wl.gpus} must be a multiple of the "
+            f"largest tp ({wl.group_gpus}) with room for 3 workers"
+        )
+    for m in (wl.policy, wl.judge):
+        if m.weight_bytes / m.tp > hardware.hbm_gb * 1e9 * hardware.mem_util:
+            raise ConfigError(
+                f"{path}: [{'policy' if m is wl.policy else 'judge'}] tp = "
+                f"{m.tp}: {m.params_b}B parameters do not fit on {m.tp} GPU(s) "
+                f"of {hardware.hbm_gb} GB"
+            )
+    return wl
+
+
+def load_workload(path: str | Path) -> Workload:
+    """Read and validate a workload file (``.toml`` or ``.json``).
+
+    Raises ConfigError naming the file for a missing or unparsable file, and the table and key
+    for every invalid or unknown value.
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"workload file {p}: {exc.strerror or exc}") from exc
+    try:
+        if p.suffix == ".json":
+            data = json.loads(raw)
+        else:
+            import tomllib
+
+            data = tomllib.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"workload file {p} cannot be parsed: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"workload file {p}: the top level must be a table")
+    return parse_workload(data, str(p))

@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from pivotflow.sim.workload import Workload, parse_workload
+
+BASE = Path(__file__).parents[2] / "bench/workloads/dense7b_judge7b.toml"
+
+
+def tiny(**workload: object) -> Workload:
+    """The 7B+7B workload shrunk to 8 GPUs and short responses, so a run takes well under 1s."""
+    data = tomllib.loads(BASE.read_text())
+    data["workload"].update(gpus=8, prompts_per_step=8, group_size=4, steps=4)
+    data["workload"].update(workload)
+    data["response"].update(median_tokens=200, cap_tokens=1000)
+    data["judge"].update(template_tokens=50, verdict_tokens=16)
+    return parse_workload(data, "tiny.toml")
+
+
+@pytest.fixture
+def tiny_workload() -> Workload:
+    return tiny()

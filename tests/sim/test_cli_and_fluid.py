@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from pivotflow.sim.cli import add_sim_parser, run_sim
+from pivotflow.sim.fluid import expected_max, fluid_bound, rank_splits, role_rates
+from pivotflow.sim.workload import Workload, load_workload
+
+ROOT = Path(__file__).parents[2]
+
+
+def test_fluid_bound_is_the_smaller_limit_and_grows_with_gpus() -> None:
+    w = load_workload(ROOT / "bench/workloads/dense7b_judge7b.toml")
+    f = fluid_bound(w)
+    assert f["samples_per_s"] == min(f["work_bound"], f["critical_path_bound"])
+    big = fluid_bound(w.scaled(1024))
+    assert big["work_bound"] == pytest.approx(8 * f["work_bound"])
+    assert big["samples_per_s"] > 4 * f["samples_per_s"]
+
+
+def test_the_longest_sequence_is_near_the_cap_for_big_steps(tiny_workload: Workload) -> None:
+    r = tiny_workload.response
+    assert expected_max(r, 1) == pytest.approx(r.median)
+    assert expected_max(r, 10**6) == r.cap
+
+
+def test_best_analytic_split_balances_the_pools(tiny_workload: Workload) -> None:
+    rates = role_rates(tiny_workload).as_dict()
+    best = rank_splits(tiny_workload, top=1)[0][1]
+    assert sum(best.values()) == 8
+    worst = min(best[p] * rates[p] for p in best)
+    for p in best:  # taking one worker away from any pool cannot raise the slowest rate
+        assert (best[p] - 1) * rates[p] <= worst * 1.0001 or best[p] == 1
+
+
+def test_sim_command_prints_a_summary_and_writes_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_workload: Workload
+) -> None:
+    w = tiny_workload
+    path = tmp_path / "tiny.json"  # the CLI reads files: the tiny workload as JSON
+    data = tomllib.loads((ROOT / "bench/workloads/dense7b_judge7b.toml").read_text())
+    data["workload"].update(
+        gpus=w.gpus, prompts_per_step=w.prompts_per_step, group_size=w.group_size
+    )
+    data["response"].update(median_tokens=200, cap_tokens=1000)
+    data["judge"].update(template_tokens=50, verdict_tokens=16)
+    path.write_text(json.dumps(data))
+    ap = argparse.ArgumentParser()
+    add_sim_parser(ap.add_subparsers(dest="command"))
+    args = ap.parse_args(
+        [
+            "sim",
+            str(path),
+            "--planner",
+            "static",
+            "--split",
+            "4,2,2",
+            "--steps",
+            "4",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    assert run_sim(args) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["steps"] == 4 and summary["split"] == {"rollout": 4, "genrm": 2, "trainer": 2}
+    assert 0 < summary["fraction_of_fluid"] <= 1.05
+    assert len((tmp_path / "out/metrics.jsonl").read_text().splitlines()) == 4
+    assert (tmp_path / "out/plots/pools.png").stat().st_size > 1000

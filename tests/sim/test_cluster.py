@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import pytest
+
+from pivotflow.errors import ConfigError
+from pivotflow.sim.cluster import Split, simulate
+from pivotflow.sim.cost_model import CostModel
+from pivotflow.sim.fluid import fluid_bound, rank_splits
+from pivotflow.sim.workload import Workload
+
+
+def test_static_run_trains_every_sample_once(tiny_workload: Workload) -> None:
+    r = simulate(tiny_workload, "static", Split(4, 2, 2), steps=4)
+    assert r.steps == 4 and not r.timed_out
+    assert r.samples == 4 * tiny_workload.samples_per_step
+    assert [rec["step"] for rec in r.records] == [1, 2, 3, 4]
+    assert r.shifts == [] and r.decisions == 0
+    assert all(rec["pools"] == {"rollout": 4, "genrm": 2, "trainer": 2} for rec in r.records)
+    # Responses are as long as the workload says (median 200, so the mean is higher).
+    assert 150 < r.tokens_generated / r.samples < 600
+    assert r.sim_s > 1.0 and r.samples_per_s > 0
+
+
+def test_runs_are_deterministic(tiny_workload: Workload) -> None:
+    a = simulate(tiny_workload, "static", Split(4, 2, 2), steps=3)
+    b = simulate(tiny_workload, "static", Split(4, 2, 2), steps=3)
+    assert a.sim_s == b.sim_s and a.tokens_generated == b.tokens_generated
+
+
+def test_starving_a_pool_is_slower_and_under_the_fluid_bound(tiny_workload: Workload) -> None:
+    good = simulate(tiny_workload, "static", Split(**rank_splits(tiny_workload, 1)[0][1]), steps=4)
+    starved = simulate(tiny_workload, "static", Split(1, 1, 6), steps=4)
+    assert starved.samples_per_s < good.samples_per_s
+    assert good.samples_per_s <= fluid_bound(tiny_workload)["samples_per_s"] * 1.05
+
+
+def test_backpressure_shifts_cost_what_the_cost_model_says(tiny_workload: Workload) -> None:
+    r = simulate(tiny_workload, "backpressure", Split(1, 1, 6), steps=4)
+    assert r.samples == 4 * tiny_workload.samples_per_step
+    assert r.shifts, "the planner should move workers off an oversized trainer pool"
+    cost = CostModel(tiny_workload)
+    fastest = min(cost.load_s(role, tiny_workload.policy) for role in ("generate", "train"))
+    for s in r.shifts:
+        assert s["load_s"] >= fastest * 0.99
+        assert s["total_s"] >= s["load_s"]
+
+
+def test_a_split_that_does_not_fill_the_cluster_is_refused(tiny_workload: Workload) -> None:
+    with pytest.raises(ConfigError, match="does not fill"):
+        simulate(tiny_workload, "static", Split(4, 2, 1))
+    with pytest.raises(ConfigError, match="unknown planner"):
+        simulate(tiny_workload, "no-such-planner", Split(4, 2, 2))
