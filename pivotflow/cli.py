@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from pivotflow.errors import PivotflowError, RunInterrupted
 
@@ -16,7 +17,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from pivotflow.run import run
 
     result = run(args.graph, sets=args.set, out=args.out, workers=args.workers,
-                 steps=args.steps, console=console)
+                 steps=args.steps, console=console, resume=args.resume)
     s = result.summary
     console.print(f"[bold green]done[/] {s['steps']} steps in {s['wall_s']:.1f}s, "
                   f"{s['samples_per_s']:.1f} samples/s; accuracy "
@@ -47,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", type=Path, default=None, help="run records folder")
     r.add_argument("--workers", type=int, default=None, help="total worker processes")
     r.add_argument("--steps", type=int, default=None, help="optimizer steps")
+    r.add_argument("--resume", default=None, metavar="DIR|auto",
+                   help="continue a run from its newest whole checkpoint (auto: --out's, if any)")
     r.set_defaults(func=_cmd_run)
     i = sub.add_parser("inspect", help="validate a graph file and print its stages and pools")
     i.add_argument("graph", type=Path)
@@ -64,10 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args, console))
     except RunInterrupted as exc:
-        console.print(f"[yellow]{exc}[/]: workers reaped, records flushed")
+        console.print(f"[yellow]{escape(str(exc))}[/]: workers reaped, records flushed")
         return 130
     except PivotflowError as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 2
 
 

@@ -17,6 +17,9 @@ from pivotflow.errors import ConfigError
 
 
 class ChaosConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Fault injection (like Ray's chaos tests): SIGKILL a random serving worker every
+    ``kill_worker_every_s`` seconds (0: never)."""
+
     kill_worker_every_s: float = 0.0
 
 
@@ -35,6 +38,11 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     engine: str = "torch"
     live: bool = True
     results_per_frame: int = 0
+    max_worker_restarts: int = 50
+    checkpoint_every: int = 50  # optimizer steps between checkpoints (0: only on Ctrl-C)
+    endpoint: str = ""  # where the controller binds; "" = a private ipc path
+    curve_keys: str = ""  # a key dir (python -m pivotflow.transport.curve keygen DIR)
+    chaos: ChaosConfig = msgspec.field(default_factory=ChaosConfig)
     pools: dict[str, int] = {}
     graph: dict[str, Any] = {}
 
@@ -64,7 +72,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 
 def valid_keys(graph_defaults: dict[str, Any], pools: list[str]) -> list[str]:
-    keys = [k for k in RunConfig.__struct_fields__ if k not in ("pools", "graph")]
+    keys = [k for k in RunConfig.__struct_fields__ if k not in ("pools", "graph", "chaos")]
+    keys += [f"chaos.{k}" for k in ChaosConfig.__struct_fields__]
     keys += [f"pools.{p}" for p in pools] + [f"graph.{k}" for k in graph_defaults]
     return sorted(keys)
 
@@ -75,6 +84,7 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     top: dict[str, Any] = {}
     graph = dict(graph_defaults)
     pool_sizes: dict[str, int] = {}
+    chaos: dict[str, Any] = {}
     for key, value in overrides.items():
         head, _, rest = key.partition(".")
         if head == "graph" and rest:
@@ -89,14 +99,16 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
             pool_sizes[rest] = _convert(key, value, int)
             if pool_sizes[rest] < 0:
                 raise ConfigError(f"--set {key}: a pool size must be >= 0")
-        elif key in RunConfig.__struct_fields__ and key not in ("pools", "graph"):
+        elif head == "chaos" and rest in ChaosConfig.__struct_fields__:
+            chaos[rest] = value
+        elif key in RunConfig.__struct_fields__ and key not in ("pools", "graph", "chaos"):
             top[key] = value
         else:
             raise ConfigError(f"--set {key}: unknown key; valid keys: "
                               f"{', '.join(valid_keys(graph_defaults, pools or []))}")
     try:
-        cfg = msgspec.convert({**top, "pools": pool_sizes, "graph": graph}, RunConfig,
-                              strict=False)
+        cfg = msgspec.convert({**top, "pools": pool_sizes, "graph": graph, "chaos": chaos},
+                              RunConfig, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"--set: {exc}") from exc
     from pivotflow.planner import PLANNERS
@@ -112,6 +124,9 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     for name in ("steps", "threads_per_worker", "max_batch", "max_jobs_per_frame"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--set {name}={getattr(cfg, name)}: must be >= 1")
+    if cfg.chaos.kill_worker_every_s < 0:
+        raise ConfigError(f"--set chaos.kill_worker_every_s={cfg.chaos.kill_worker_every_s}: "
+                          "must be >= 0")
     if cfg.max_staleness < 0:
         raise ConfigError(f"--set max_staleness={cfg.max_staleness}: must be >= 0")
     return cfg

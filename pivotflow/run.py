@@ -13,19 +13,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pivotflow import checkpoints
 from pivotflow.config import RunConfig, parse_overrides, resolve
 from pivotflow.controller.clock import LoopClock
 from pivotflow.controller.core import Controller, ControllerConfig
+from pivotflow.controller.snapshot import restore, snapshot
 from pivotflow.controller.source import PromptSource
 from pivotflow.errors import ConfigError, PivotflowError, RunInterrupted
 from pivotflow.graph import Graph
 from pivotflow.graph_check import build_graph, graph_defaults, import_graph_file
+from pivotflow.launch.chaos import Chaos
 from pivotflow.launch.local import LocalLauncher
 from pivotflow.metrics import STEP_KEYS, Ledger, RunRecorder, RunSummary, StepRecord
 from pivotflow.params.base import ParamStore
 from pivotflow.params.shm_store import ShmParamStore, default_root
 from pivotflow.planner import make_planner
 from pivotflow.run_models import ProblemStream, prepare_models
+from pivotflow.transport.curve import load_controller_keys
 from pivotflow.transport.zmq_transport import ZmqControllerTransport
 
 log = logging.getLogger("pivotflow.run")
@@ -71,8 +75,12 @@ def plan_workers(graph: Graph, cfg: RunConfig, total: int | None) -> dict[str, s
 
 
 def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | None = None,
-        workers: int | None = None, steps: int | None = None, console: Any = None) -> RunResult:
-    """Run a graph file to completion; returns where the records are and the summary."""
+        workers: int | None = None, steps: int | None = None, console: Any = None,
+        resume: str | None = None) -> RunResult:
+    """Run a graph file to completion; returns where the records are and the summary.
+    ``resume``: a run folder to continue from its newest whole checkpoint, or "auto" (the
+    ``out`` folder's, if it has one; else a fresh start). Raises ConfigError for a folder
+    without a checkpoint."""
     overrides = parse_overrides(sets or [])
     if steps is not None:
         if "steps" in overrides:
@@ -86,21 +94,31 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
         raise ConfigError(f"--set pools.{unknown[0]}: the graph has no pool {unknown[0]!r} "
                           f"(pools: {', '.join(graph.pools)})")
     assignments = plan_workers(graph, cfg, workers)
+    if resume not in (None, "auto") and out is None:
+        out = Path(resume)
     out = Path(out or Path("runs") / f"{graph.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    ckpt_path = checkpoints.latest(out) if resume is not None else None
+    if resume not in (None, "auto") and ckpt_path is None:
+        raise ConfigError(f"--resume {resume}: no whole checkpoint under {out / 'checkpoints'}")
     out.mkdir(parents=True, exist_ok=True)
     recorder = RunRecorder(out)
+    ckpt = checkpoints.read(ckpt_path) if ckpt_path is not None else None
+    if ckpt is not None:
+        recorder.truncate_after(ckpt.step)  # the metrics continue the same file
     recorder.write_config({"graph": str(graph_path), "graph_name": graph.name,
                            "workers": assignments, **json.loads(_to_json(cfg))})
     store = ShmParamStore(default_root(f"{out.name}-{os.getpid()}"))
     try:  # the store lives in shared memory: it must go whatever happens
         models = prepare_models(graph, store, seed=cfg.seed, console=console)
+        if ckpt is not None:
+            checkpoints.publish(ckpt, graph.order()[-1].model or "", store)
         source_node = graph.order()[0]
         problems = ProblemStream(source_node, seed=cfg.seed)
         policy_model = next(n.model for n in graph.order() if n.kind == "generate")
         source = PromptSource(source_node, problems, models.tokenizers[policy_model or ""],
                               steps=cfg.steps, max_staleness=cfg.max_staleness, seed=cfg.seed)
         return asyncio_run(_run_async(graph, cfg, assignments, source, models, store,
-                                      recorder, out, console))
+                                      recorder, out, console, ckpt))
     finally:
         store.cleanup()
 
@@ -138,32 +156,49 @@ def role_options(graph: Graph, cfg: RunConfig) -> dict[str, dict[str, Any]]:
 
 async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
                      source: PromptSource, models: Any, store: ParamStore,
-                     recorder: RunRecorder, out: Path, console: Any) -> RunResult:
+                     recorder: RunRecorder, out: Path, console: Any,
+                     ckpt: checkpoints.Checkpoint | None) -> RunResult:
     from pivotflow.live import LiveView
 
     steps: list[dict[str, Any]] = []
     live = LiveView(graph.name, cfg.steps, console=console, enabled=cfg.live)
+    policy = graph.order()[-1].model or ""  # the trained model
 
     def on_step(record: dict[str, Any]) -> None:
         record["controller_cpu_s"] = time.process_time()  # this process is the controller
         std = {k: record[k] for k in STEP_KEYS if k in record}
         extra = {k: v for k, v in record.items() if k not in STEP_KEYS}
         recorder.record_step(StepRecord(**std, extra=extra))
-        steps.append(record)
+        # only what the summary needs: a long run must not keep every record in memory
+        steps.append({"step": record["step"], "task_accuracy": record.get("task_accuracy")})
         live.update_step(record)
+        if cfg.checkpoint_every and record["step"] % cfg.checkpoint_every == 0:
+            checkpoints.write(out, policy, store, snapshot(ctl))
 
-    transport = ZmqControllerTransport()
-    launcher = LocalLauncher(transport.endpoint, out / "logs", threads=cfg.threads_per_worker)
+    curve = load_controller_keys(Path(cfg.curve_keys)) if cfg.curve_keys else None
+    transport = ZmqControllerTransport(cfg.endpoint or None, curve=curve)
+    launcher = LocalLauncher(transport.endpoint, out / "logs", threads=cfg.threads_per_worker,
+                             curve_keys=cfg.curve_keys)
     ccfg = ControllerConfig(steps=cfg.steps, max_staleness=cfg.max_staleness,
                             heartbeat_s=cfg.heartbeat_s, worker_timeout_s=cfg.worker_timeout_s,
-                            max_jobs_per_frame=cfg.max_jobs_per_frame)
+                            max_jobs_per_frame=cfg.max_jobs_per_frame,
+                            max_worker_restarts=cfg.max_worker_restarts)
+
+    def respawn(new_id: str, old_id: str) -> None:
+        launcher.kill(old_id)  # declared dead: a paused process must not come back to life
+        launcher.start(new_id)
+
     ctl = Controller(graph, ccfg, transport=transport, clock=LoopClock(),
                      tokenizers=models.tokenizers, source=source, assignments=assignments,
                      role_options=role_options(graph, cfg), store_dir=str(store.root),
-                     on_step=on_step, planner=make_planner(cfg.planner))
+                     on_step=on_step, planner=make_planner(cfg.planner), respawn=respawn)
+    if ckpt is not None:
+        restore(ctl, ckpt.state)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, ctl.fail, RunInterrupted("interrupted (Ctrl-C)"))
     watcher = asyncio.ensure_future(_watch(launcher, ctl, live))
+    chaos = Chaos(launcher, ctl, cfg.chaos.kill_worker_every_s, cfg.seed)
+    chaos_task = asyncio.ensure_future(chaos.run())
     started = time.perf_counter()
     error: BaseException | None = None
     try:
@@ -176,13 +211,17 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
+        chaos_task.cancel()
+        await asyncio.gather(watcher, chaos_task, return_exceptions=True)
         await asyncio.sleep(0)
         launcher.stop()
         transport.close()
     wall = time.perf_counter() - started
+    if isinstance(error, RunInterrupted):  # Ctrl-C: keep what was done, resumably
+        checkpoints.write(out, policy, store, snapshot(ctl))
     summary = _summarize(ctl, steps, wall, error)
     summary.extra["worker_pids"] = [p.pid for p in launcher.procs.values()]
+    summary.extra["chaos_kills"] = chaos.kills
     with open(out / "shifts.jsonl", "w") as f:  # every shift, timed part by part, and why
         for rec, why in zip(ctl.shifts.done, _decisions_by_shift(ctl), strict=False):
             f.write(json.dumps({**rec.as_record(), "planner": why}) + "\n")
@@ -220,11 +259,14 @@ def _summarize(ctl: Controller, steps: list[dict[str, Any]], wall: float,
         steps=len(steps), wall_s=wall,
         samples_per_s=samples / wall if wall > 0 else 0.0,
         tokens_per_s=ctl.tokens_generated / wall if wall > 0 else 0.0,
-        shifts=ctl.shifts.count, migrations=ctl.shifts.migrations, worker_restarts=0,
+        shifts=ctl.shifts.count, migrations=ctl.shifts.migrations,
+        worker_restarts=ctl.recovery.restarts,
         ledger=Ledger(prompts_in=led.prompts_in, groups_trained=led.groups_trained,
                       samples_trained=samples, lost=lost, duplicates=led.duplicates),
         extra={"groups_filtered": led.groups_filtered, "groups_in_flight_at_end":
                ctl.train_buffer.in_flight(), "late_results": led.late_results,
+               "jobs_redispatched": ctl.recovery.redispatched,
+               "train_steps_redone": ctl.recovery.steps_redone,
                "judge_failures": led.judge_failures, "bad_frames": ctl.transport.bad_frames,
                "generation_errors": ctl.errors["generation"],
                "job_rtt_us_p50": ctl.job_rtt_us_p50(),

@@ -119,3 +119,84 @@ def test_ctrl_c_reaps_workers_and_flushes_records(tmp_path: Path,
     assert summary["steps"] >= 1 and "interrupted" in summary["error"]
     assert read_metrics(out / "metrics.jsonl")
     assert not workers_alive(out)
+
+
+def test_chaos_kills_lose_nothing(tmp_path: Path, random_genrm_graph: Path) -> None:
+    """Workers SIGKILLed at random while the run goes on: each is replaced, and every prompt's
+    group is still trained exactly once."""
+    # static: one trainer, so a kill restarts one process (a data-parallel trainer group
+    # restarts every rank of the step it breaks; bench/chaos.py runs the elastic default)
+    result = run(random_genrm_graph, sets=[*FAST, "chaos.kill_worker_every_s=3",
+                                           "max_worker_restarts=500", "planner=static"],
+                 out=tmp_path / "out", steps=80, console=False)
+    s = result.summary
+    assert s["chaos_kills"] >= 1 and s["worker_restarts"] >= s["chaos_kills"]
+    assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
+    assert s["ledger"]["groups_trained"] == s["ledger"]["prompts_in"] == 160
+    assert not workers_alive(result.out)
+
+
+def test_a_run_over_tcp_with_curve_keys(tmp_path: Path, random_genrm_graph: Path) -> None:
+    from pivotflow.transport.curve import keygen
+
+    keys = keygen(tmp_path / "keys")
+    result = run(random_genrm_graph, sets=[*FAST, "endpoint=tcp://0.0.0.0:*",
+                                           f"curve_keys={keys}"],
+                 out=tmp_path / "out", steps=2, console=False)
+    assert result.summary["ledger"]["groups_trained"] == 4
+
+
+def test_a_reachable_address_without_keys_is_refused(tmp_path: Path,
+                                                     random_genrm_graph: Path) -> None:
+    from pivotflow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="CurveZMQ"):
+        run(random_genrm_graph, sets=[*FAST, "endpoint=tcp://0.0.0.0:*"],
+            out=tmp_path / "out", steps=2, console=False)
+
+
+def group_ids(out: Path) -> list[int]:
+    return [g for r in read_metrics(out / "metrics.jsonl") for g in r["group_ids"]]
+
+
+def test_resume_continues_from_the_checkpoint(tmp_path: Path, random_genrm_graph: Path) -> None:
+    out = tmp_path / "out"
+    run(random_genrm_graph, sets=[*FAST, "checkpoint_every=2"], out=out, steps=3,
+        console=False)
+    assert (out / "checkpoints" / "LATEST").read_text() == "step-000002"
+    result = run(random_genrm_graph, sets=[*FAST, "checkpoint_every=2"], out=out, steps=6,
+                 console=False, resume="auto")
+    steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
+    assert steps == [1, 2, 3, 4, 5, 6]  # step 3 was after the checkpoint: taken again
+    assert sorted(group_ids(out)) == list(range(12))  # every prompt trained exactly once
+    assert result.summary["ledger"]["groups_trained"] == 12
+
+
+def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path: Path,
+                                                      random_genrm_graph: Path) -> None:
+    from pivotflow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no whole checkpoint"):
+        run(random_genrm_graph, sets=FAST, steps=2, console=False, resume=str(tmp_path))
+
+
+@pytest.mark.slow
+def test_a_controller_killed_mid_run_resumes_from_its_last_checkpoint(
+        tmp_path: Path, random_genrm_graph: Path) -> None:
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "pivotflow.cli", "run", str(random_genrm_graph), "--out",
+           str(out), "--steps", "400", *[f"--set={s}" for s in [*FAST, "checkpoint_every=3"]]]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = out / "checkpoints" / "LATEST"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (
+            latest.exists() and latest.read_text() >= "step-000006"):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)  # mid-step, or mid-checkpoint-write: either is fine
+    proc.wait()
+    resumed = run(random_genrm_graph, sets=[*FAST, "checkpoint_every=3"], out=out, steps=12,
+                  console=False, resume=str(out))
+    steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
+    assert steps == list(range(1, 13))
+    assert sorted(group_ids(out)) == list(range(24))  # joined: every prompt exactly once
+    assert resumed.summary["ledger"]["duplicates"] == 0

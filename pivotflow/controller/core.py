@@ -23,6 +23,7 @@ from pivotflow.controller.edges import Edge
 from pivotflow.controller.planning import planner_view
 from pivotflow.controller.pools import Pool, WorkerHandle
 from pivotflow.controller.records import step_record
+from pivotflow.controller.recovery import Recovery, Respawn
 from pivotflow.controller.sample import Ledger, Sample
 from pivotflow.controller.shifts import ShiftManager
 from pivotflow.controller.source import PromptSource
@@ -42,6 +43,7 @@ from pivotflow.protocol import (
     Reject,
     RoleReady,
     Shutdown,
+    ToWorker,
     TrainDone,
     Welcome,
     WorkerFailed,
@@ -62,6 +64,7 @@ class ControllerConfig:
     worker_timeout_s: float = 30.0
     max_jobs_per_frame: int = 32
     max_filtered_per_step: int = 10  # x groups_per_step filtered in a row fails the run
+    max_worker_restarts: int = 50
 
 
 class Controller:
@@ -71,7 +74,7 @@ class Controller:
                  clock: Clock, tokenizers: dict[str, CharTokenizer], source: PromptSource,
                  assignments: dict[str, str], role_options: dict[str, dict[str, Any]],
                  store_dir: str, on_step: Callable[[dict[str, Any]], None] | None = None,
-                 planner: Planner | None = None) -> None:
+                 planner: Planner | None = None, respawn: Respawn | None = None) -> None:
         self.graph, self.cfg, self.transport, self.clock = graph, cfg, transport, clock
         self.order = graph.order()
         self.tok = tokenizers
@@ -101,6 +104,7 @@ class Controller:
         self.training = TrainSteps(self, self.order[-1].pool or "", store_dir)
         self.tokens_generated = 0
         self.shifts = ShiftManager(self)
+        self.recovery = Recovery(self, respawn, cfg.max_worker_restarts)
         self.planner: Planner = planner or StaticPlanner()
         self.decisions: list[dict[str, Any]] = []
         self.inflight: dict[int, int] = dict.fromkeys(self.edges, 0)  # stage -> jobs out
@@ -142,6 +146,19 @@ class Controller:
         if self._done is not None:
             self._done.set()
 
+    def send(self, worker_id: str, msg: ToWorker) -> bool:
+        """Send to a worker; a worker that is gone (its peer disconnected) is handed to
+        recovery on the next loop turn, so callers in mid-dispatch keep a consistent state."""
+        try:
+            self.transport.send(worker_id, msg)
+            return True
+        except WorkerError as exc:
+            w = self.workers.get(worker_id)
+            if w is not None and w.state not in ("dead", "lost"):
+                w.state = "lost"  # takes no more work meanwhile
+                asyncio.get_running_loop().call_soon(self.worker_died, worker_id, str(exc))
+            return False
+
     def _shutdown_workers(self) -> None:
         for w in self.workers.values():
             if w.state != "dead":
@@ -152,7 +169,7 @@ class Controller:
         while True:
             await self.clock.sleep(self.cfg.heartbeat_s)
             now = self.clock.now()
-            for w in self.workers.values():
+            for w in list(self.workers.values()):  # a death adds the replacement
                 if w.state != "dead" and now - w.last_seen > self.cfg.worker_timeout_s:
                     self.worker_died(w.worker_id, f"no heartbeat for {now - w.last_seen:.1f}s")
 
@@ -181,10 +198,10 @@ class Controller:
             self._pump()
 
     def worker_died(self, worker_id: str, reason: str) -> None:
-        """A worker is gone (its process exited or it went silent): the run cannot go on."""
-        w = self.workers[worker_id]
-        w.state = "dead"
-        self.fail(WorkerError(f"worker {worker_id} (pool {w.pool}) died: {reason}"))
+        """A worker is gone (its process exited or it went silent): its work is re-dispatched
+        and a new process replaces it (see recovery.py), or the run stops."""
+        self.recovery.worker_lost(worker_id, reason)
+        self._pump()
 
     # ------------------------------------------------------------ messages
 
@@ -202,6 +219,9 @@ class Controller:
             log.warning("message %s from unknown worker %r dropped", type(msg).__name__,
                         worker_id)
             return
+        if w.state == "dead":  # declared dead (e.g. it was paused past the timeout): too late
+            self.ledger.late_results += 1
+            return
         w.last_seen = self.clock.now()
         match msg:
             case JobsDone(results=results):
@@ -215,27 +235,34 @@ class Controller:
                 self._on_hello(w, pv)
             case RoleReady(version=version):
                 w.state, w.version = "ready", version
+                self.recovery.served.add(worker_id)
                 self.shifts.on_ready(worker_id, msg)
                 log.info("worker %s ready: %s %s@v%d (%.2fs)", worker_id, msg.role, msg.model,
                          version, msg.load_s)
             case WorkerFailed(error=error):
-                self.fail(WorkerError(f"worker {worker_id} (pool {w.pool}) failed: {error}"))
+                # A worker that served and then failed (e.g. a trainer whose peer died in a
+                # collective) is replaced like a dead one; one that never served is a broken
+                # setup (bad model, bad options) and stops the run with its error.
+                if worker_id in self.recovery.served and self.recovery.respawn is not None:
+                    self.worker_died(worker_id, f"failed: {error}")
+                else:
+                    self.fail(WorkerError(f"worker {worker_id} (pool {w.pool}) failed: {error}"))
 
     def _on_hello(self, w: WorkerHandle, protocol_version: int) -> None:
         if protocol_version != PROTOCOL_VERSION:
             reason = (f"protocol version {protocol_version} is not the controller's "
                       f"{PROTOCOL_VERSION}; upgrade the worker and the controller together")
-            self.transport.send(w.worker_id, Reject(reason=reason))
+            self.send(w.worker_id, Reject(reason=reason))
             self.fail(WorkerError(f"worker {w.worker_id}: {reason}"))
             return
-        self.transport.send(w.worker_id, Welcome(protocol_version=PROTOCOL_VERSION,
+        self.send(w.worker_id, Welcome(protocol_version=PROTOCOL_VERSION,
                                                  store_dir=self.store_dir,
                                                  heartbeat_s=self.cfg.heartbeat_s))
         pool = self.pools[w.pool]
         opts = self.role_options.get(pool.name, {})
         w.state, w.role, w.model = "loading", pool.role, pool.model
         w.capacity = int(opts.get("max_batch", 64))
-        self.transport.send(w.worker_id, AssignRole(role=pool.role, model=pool.model,
+        self.send(w.worker_id, AssignRole(role=pool.role, model=pool.model,
                                                     options=opts))
 
     # ------------------------------------------------------------ the flow
@@ -276,6 +303,7 @@ class Controller:
             assert node.fn is not None
             if not node.fn(**stages.group_fields(group)):
                 self.ledger.groups_filtered += 1
+                self.ledger.settle(group[0].group_id)
                 self.filtered_since_step += 1
                 self.train_buffer.dropped(group[0].group_id)
                 limit = self.cfg.max_filtered_per_step * self.source.groups_per_step
@@ -317,7 +345,7 @@ class Controller:
                 worker.jobs.add(job_id)
                 self.inflight[idx] += 1
                 jobs.append(job)
-            self.transport.send(worker.worker_id, Jobs(jobs=jobs))
+            self.send(worker.worker_id, Jobs(jobs=jobs))
 
     def _on_result(self, w: WorkerHandle, r: JobDone) -> None:
         entry = self.jobs.pop(r.job_id, None)

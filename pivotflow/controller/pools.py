@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-WorkerState = Literal["starting", "loading", "ready", "dead"]
+# "lost": a send found it gone; recovery runs on the next loop turn and makes it "dead".
+WorkerState = Literal["starting", "loading", "ready", "lost", "dead"]
 
 
 @dataclass(slots=True)

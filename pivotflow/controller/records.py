@@ -34,6 +34,7 @@ def step_record(ctl: Controller, batch: list[list[Sample]], msg: TrainDone) -> d
         "staleness_max": max(msg.version - 1 - min(s.fields["versions"] or [msg.version - 1])
                              for s in samples),
         "judge_failures": ctl.ledger.judge_failures,
+        "group_ids": sorted(g[0].group_id for g in batch),  # joins ledgers across resumes
         "response_len_mean": sum(len(s.fields["response_ids"]) for s in samples)
         / len(samples),
         **{f"train_{k}": v for k, v in msg.stats.items()},

@@ -30,14 +30,27 @@ class Ledger:
     duplicates: int = 0
     late_results: int = 0
     judge_failures: int = 0
-    trained_groups: set[int] = field(default_factory=set)
+    # Groups settled (trained or filtered): every id below ``settled_below``, plus the few
+    # above it settled out of order. Ids are handed out densely, so this stays small however
+    # long the run (a set of every id would grow by ~70 bytes per group).
+    settled_below: int = 0
+    settled_above: set[int] = field(default_factory=set)
+
+    def settled(self, group_id: int) -> bool:
+        return group_id < self.settled_below or group_id in self.settled_above
+
+    def settle(self, group_id: int) -> None:
+        self.settled_above.add(group_id)
+        while self.settled_below in self.settled_above:
+            self.settled_above.remove(self.settled_below)
+            self.settled_below += 1
 
     def mark_trained(self, group_id: int, samples: int) -> bool:
         """Record a trained group; False (and a counted duplicate) if it was trained before."""
-        if group_id in self.trained_groups:
+        if self.settled(group_id):
             self.duplicates += 1
             return False
-        self.trained_groups.add(group_id)
+        self.settle(group_id)
         self.groups_trained += 1
         self.samples_trained += samples
         return True

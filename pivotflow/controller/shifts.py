@@ -73,12 +73,12 @@ class ShiftManager:
         w.pool, w.role, w.model, w.state = dst.name, dst.role, dst.model, "loading"
         w.roles_taken += 1
         if w.jobs:
-            ctl.transport.send(worker_id, AbortJobs(job_ids=sorted(w.jobs)))
+            ctl.send(worker_id, AbortJobs(job_ids=sorted(w.jobs)))
         else:
             rec.drained_s = 0.0
         opts = ctl.role_options.get(dst.name, {})
         w.capacity = int(opts.get("max_batch", 64))
-        ctl.transport.send(worker_id, AssignRole(role=dst.role, model=dst.model, options=opts))
+        ctl.send(worker_id, AssignRole(role=dst.role, model=dst.model, options=opts))
         self.active[worker_id] = rec
         return rec
 
@@ -106,6 +106,10 @@ class ShiftManager:
         rec.release_s, rec.load_s = msg.release_s, msg.load_s
         rec.total_s = self.ctl.clock.now() - self.ctl.started_at - rec.started_s
         self.done.append(rec)
+
+    def on_worker_lost(self, worker_id: str) -> None:
+        """A shifting worker died: its shift never completes (its jobs are re-queued)."""
+        self.active.pop(worker_id, None)
 
     @property
     def count(self) -> int:

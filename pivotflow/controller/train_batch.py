@@ -50,5 +50,11 @@ class TrainBuffer:
             self.open.pop(g, None)
         return batch
 
+    def requeue(self, batch: list[list[Sample]]) -> None:
+        """Put a batch whose step failed back, as if it had never been taken."""
+        for group in batch:
+            self.open[group[0].group_id] = group[0].admit_version
+            self.ready[group[0].group_id] = group
+
     def in_flight(self) -> int:
         return len(self.open)

@@ -81,7 +81,9 @@ class TrainSteps:
         parts = shards(seqs, len(order))
         order = order[: len(parts)]
         roles = [ctl.workers[w].roles_taken for w in order]
-        optim_version = ctl.version if self.members and order[0] not in stayed else -1
+        # rank 0 publishes weights and optimizer state every step, so from version 1 on the
+        # store holds what a rank 0 that did not take the last step needs
+        optim_version = ctl.version if ctl.version > 0 and order[0] not in stayed else -1
         # A member that left and came back has a new role and no group: a new epoch (with a
         # fresh rendezvous path, never one an old group wrote to).
         if order != self.members or roles != self.member_roles:
@@ -95,7 +97,7 @@ class TrainSteps:
                   "any_signal": any(s.advantage != 0 for s in seqs)}
         for rank, (wid, part) in enumerate(zip(order, parts, strict=True)):
             ctl.workers[wid].training = True
-            ctl.transport.send(wid, TrainStep(
+            ctl.send(wid, TrainStep(
                 step=ctl.version, seqs=part, rank=rank, world=len(order), epoch=self.epoch,
                 rendezvous=rendezvous if len(order) > 1 else "",
                 optim_version=optim_version if rank == 0 else -1, **totals))
@@ -118,6 +120,20 @@ class TrainSteps:
         ctl.pool_done[self.pool] += sum(len(g) for g in batch)
         assert self.rank0_msg is not None  # rank 0 is always among the shards
         return batch, self.rank0_msg
+
+    def on_worker_lost(self, worker_id: str) -> list[str] | None:
+        """A worker died. If it was in the running step, undo the step (its batch goes back to
+        the buffer, the next step starts a new group) and return the step's other trainers
+        that may be blocked in a collective with it (they must be restarted); else None."""
+        if self.batch is None or worker_id not in self.members:
+            return None
+        self.ctl.train_buffer.requeue(self.batch)
+        blocked = sorted(self.waiting - {worker_id}) if len(self.members) > 1 else []
+        for wid in self.waiting:
+            self.ctl.workers[wid].training = False
+        self.batch, self.waiting, self.rank0_msg = None, set(), None
+        self.members, self.member_roles = [], []
+        return blocked
 
     def samples(self) -> list[Sample]:
         return [s for group in self.batch or [] for s in group]

@@ -12,8 +12,10 @@ from pathlib import Path
 class LocalLauncher:
     """Starts ``python -m pivotflow.worker`` processes; their stderr goes to ``log_dir``."""
 
-    def __init__(self, endpoint: str, log_dir: Path, threads: int = 1) -> None:
+    def __init__(self, endpoint: str, log_dir: Path, threads: int = 1,
+                 curve_keys: str = "") -> None:
         self.endpoint = endpoint
+        self.curve_keys = curve_keys
         self.log_dir = log_dir
         self.threads = threads
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -26,12 +28,22 @@ class LocalLauncher:
         try:
             self.procs[worker_id] = subprocess.Popen(
                 [sys.executable, "-m", "pivotflow.worker", "--endpoint", self.endpoint,
-                 "--id", worker_id],
+                 "--id", worker_id,
+                 *(["--curve-keys", self.curve_keys] if self.curve_keys else [])],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                 start_new_session=True,  # Ctrl-C reaches the controller, which stops workers
             )
         finally:
             log.close()
+
+    def kill(self, worker_id: str) -> bool:
+        """SIGKILL a worker's process (a chaos kill, or a worker declared dead that may still
+        run, e.g. paused); True if it was alive. It is reaped by ``stop``."""
+        p = self.procs.get(worker_id)
+        if p is None or p.poll() is not None:
+            return False
+        p.kill()
+        return True
 
     def stderr_tail(self, worker_id: str, chars: int = 2000) -> str:
         try:

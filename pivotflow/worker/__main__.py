@@ -14,12 +14,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(prog="pivotflow.worker")
     ap.add_argument("--endpoint", required=True)
     ap.add_argument("--id", required=True, dest="worker_id")
+    ap.add_argument("--curve-keys", default="", help="CurveZMQ key dir (worker.key[_secret])")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"[{args.worker_id}] %(levelname)s %(name)s: %(message)s")
     # Ctrl-C belongs to the controller, which shuts workers down in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return run_worker(args.endpoint, args.worker_id)
+    return run_worker(args.endpoint, args.worker_id, args.curve_keys)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import logging
 import os
 import time
 import traceback
+from pathlib import Path
 
 import torch
 
@@ -31,6 +32,7 @@ from pivotflow.protocol import (
     Welcome,
     WorkerFailed,
 )
+from pivotflow.transport.curve import CurveKeys, load_worker_keys
 from pivotflow.transport.zmq_transport import ZmqWorkerChannel
 from pivotflow.worker.generate_role import GenerateRole
 from pivotflow.worker.train_role import TrainRole
@@ -41,13 +43,14 @@ HANDSHAKE_TIMEOUT_S = 60.0
 
 
 class Worker:
-    def __init__(self, endpoint: str, worker_id: str) -> None:
+    def __init__(self, endpoint: str, worker_id: str, curve: CurveKeys | None = None) -> None:
         self.worker_id = worker_id
-        self.chan = ZmqWorkerChannel(endpoint, worker_id)
+        self.chan = ZmqWorkerChannel(endpoint, worker_id, curve=curve)
         self.role: GenerateRole | TrainRole | None = None
         self.store: ShmParamStore | None = None
         self.heartbeat_s = 1.0
         self.running = True
+        self.parent_pid = os.getppid()  # the controller that launched this worker
         self.results_per_frame = 0  # 0: every result finished in a step shares one frame
 
     def handshake(self) -> None:
@@ -82,6 +85,9 @@ class Worker:
                 for i in range(0, len(done), n):
                     self.chan.send(JobsDone(results=done[i : i + n]))
             now = time.monotonic()
+            if now - last_hb >= self.heartbeat_s and os.getppid() != self.parent_pid:
+                log.warning("worker %s: the controller is gone; exiting", self.worker_id)
+                self.running = False  # never outlive a controller killed without a goodbye
             if now - last_hb >= self.heartbeat_s:
                 busy_n = 1 if busy else 0
                 self.chan.send(Heartbeat(worker_id=self.worker_id, busy=busy_n))
@@ -135,10 +141,11 @@ class Worker:
         self.chan.close()
 
 
-def run_worker(endpoint: str, worker_id: str) -> int:
+def run_worker(endpoint: str, worker_id: str, curve_keys: str = "") -> int:
     """Process entry: returns the exit code (0 on a clean shutdown)."""
     torch.manual_seed(0)
-    worker = Worker(endpoint, worker_id)
+    curve = load_worker_keys(Path(curve_keys)) if curve_keys else None
+    worker = Worker(endpoint, worker_id, curve)
     try:
         worker.handshake()
         worker.serve()

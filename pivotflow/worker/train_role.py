@@ -2,8 +2,9 @@
 
 Several trainers form a data-parallel group (``train_group.py``): each takes a shard, scales
 its loss by the whole batch's totals, and the summed gradients are the batch's gradient, so one
-step is the same with one trainer or four. Leaving the role hands the AdamW state back to the
-parameter store (``<model>.optim``), where the next trainer picks it up.
+step is the same with one trainer or four. Rank 0 publishes the AdamW state with every version
+(``<model>.optim``), so a trainer that leaves, or dies, never takes it along: the next rank 0
+that did not take the last step picks it up from the store.
 """
 
 from __future__ import annotations
@@ -145,7 +146,10 @@ class TrainRole:
         self.group.all_reduce_sum([summed])
         out = dict(zip(sums, summed.tolist(), strict=True))
         self.version = msg.step + 1
-        if msg.rank == 0:
+        if msg.rank == 0:  # the optimizer state too: a trainer may die, or leave, any time
+            self.store.publish(f"{self.model_name}.optim", self.version,
+                               adam_tensors(self.model, self.optim), self.config)
+            self.store.gc(f"{self.model_name}.optim", keep=2)
             self.store.publish(self.model_name, self.version, self.state_dict(), self.config)
             self.store.gc(self.model_name, keep=3)
         out.update({"grad_norm": float(grad_norm), "step_s": time.perf_counter() - t0,
@@ -183,10 +187,7 @@ class TrainRole:
         load_adam_tensors(self.model, self.optim, state)
 
     def release(self) -> None:
-        """Hand the optimizer state back to the store, leave the group, free the model."""
-        if self.version > 0:
-            self.store.publish(f"{self.model_name}.optim", self.version,
-                               adam_tensors(self.model, self.optim), self.config)
-            self.store.gc(f"{self.model_name}.optim", keep=2)
+        """Leave the group and free the model; the optimizer state is already in the store
+        (rank 0 publishes it with every version), so the next trainer takes it from there."""
         self.group.leave()
         del self.model, self.optim

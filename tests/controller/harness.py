@@ -16,6 +16,7 @@ from pivotflow.protocol import (
     PROTOCOL_VERSION,
     AbortJobs,
     AssignRole,
+    Heartbeat,
     Hello,
     JobDone,
     Jobs,
@@ -66,6 +67,7 @@ class Harness:
 
     def __init__(self, steps: int, max_staleness: int = 0,
                  assignments: dict[str, str] | None = None, planner: Any = None,
+                 respawn: Any = None, worker_timeout_s: float = 30.0,
                  **graph_kw: Any) -> None:
         self.graph = make_graph(**graph_kw)
         self.records: list[dict[str, Any]] = []
@@ -77,12 +79,13 @@ class Harness:
         source = PromptSource(self.graph.order()[0],
                               ProblemStream(self.graph.order()[0], seed=0), TOK, steps=steps,
                               max_staleness=max_staleness, seed=0)
-        self.ctl = Controller(self.graph, ControllerConfig(steps=steps,
-                                                           max_staleness=max_staleness),
+        cfg = ControllerConfig(steps=steps, max_staleness=max_staleness, heartbeat_s=0.05,
+                               worker_timeout_s=worker_timeout_s)
+        self.ctl = Controller(self.graph, cfg,
                               transport=self.hub.controller, clock=LoopClock(),
                               tokenizers={"policy": TOK, "judge": TOK}, source=source,
                               assignments=assignments, role_options={}, store_dir="/unused",
-                              on_step=self.records.append, planner=planner)
+                              on_step=self.records.append, planner=planner, respawn=respawn)
         self.ends = {w: self.hub.connect(w) for w in assignments}
 
     async def join_all(self) -> None:
@@ -170,9 +173,18 @@ class TokenWorker:
         self.jobs: dict[int, tuple[Any, list[int], list[float], list[int]]] = {}
         self.roles: list[str] = []
         self.policy_tokens = 0  # tokens this worker sampled for the policy (never twice)
+        self.paused = False  # like SIGSTOP: neither works nor heartbeats
+        self._last_beat = 0.0
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
+            if self.paused:
+                await asyncio.sleep(self.tick_s)
+                continue
+            if loop.time() - self._last_beat > 0.02:
+                self.end.send(Heartbeat(worker_id=self.wid))
+                self._last_beat = loop.time()
             # get_nowait + sleep, not wait_for(recv): a timed-out wait_for can drop a message.
             try:
                 msg = self.end.inbox.get_nowait()

@@ -1,0 +1,98 @@
+"""A worker that dies (its process exits, or it stops heartbeating) loses nothing.
+
+Its in-flight jobs go back to the front of their edges: the sampling noise is a function of
+(seed, position), so a sequence generated again elsewhere comes out token for token the same.
+A train step it took part in is undone (the batch goes back to the trainer's buffer; rank 0
+publishes weights and optimizer state every step, so the redo starts from the store) and the
+step's other ranks, blocked in a collective with the dead one, are restarted too. The pool is
+refilled by a new process with a new id: ids are never reused, so anything a dead id sends
+later — a paused worker that wakes up, a result delivered twice — is dropped and counted.
+
+A worker that dies before it ever served is not respawned: that is a broken setup (a bad model
+path, an import error), and the run stops with its stderr instead of looping.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from pivotflow.controller.pools import WorkerHandle
+from pivotflow.errors import WorkerError
+
+if TYPE_CHECKING:
+    from pivotflow.controller.core import Controller
+
+log = logging.getLogger("pivotflow.controller")
+
+# (new worker id, the dead one it replaces): start the process; kill the old one if it lives.
+Respawn = Callable[[str, str], None]
+
+
+class Recovery:
+    """Turns a worker's death into re-dispatch and a replacement process."""
+
+    def __init__(self, ctl: Controller, respawn: Respawn | None = None,
+                 max_restarts: int = 100) -> None:
+        self.ctl = ctl
+        self.respawn = respawn
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self.redispatched = 0
+        self.steps_redone = 0
+        self.served: set[str] = set()  # workers that reached "ready" at least once
+
+    def worker_lost(self, worker_id: str, reason: str) -> None:
+        ctl = self.ctl
+        w = ctl.workers.get(worker_id)
+        if w is None or w.state == "dead":
+            return
+        served = worker_id in self.served
+        w.state = "dead"
+        if self.respawn is None or not served:
+            ctl.fail(WorkerError(f"worker {worker_id} (pool {w.pool}) died: {reason}"))
+            return
+        log.warning("worker %s (pool %s) died: %s", worker_id, w.pool, reason.splitlines()[0])
+        ctl.pools[w.pool].workers.remove(worker_id)
+        self._requeue_jobs(w)
+        ctl.shifts.on_worker_lost(worker_id)
+        blocked = ctl.training.on_worker_lost(worker_id)
+        if blocked is not None:
+            self.steps_redone += 1
+        self._replace(w)
+        for other in blocked or []:  # stuck in a collective with the dead rank: restart them too
+            ow = ctl.workers[other]
+            if ow.state != "dead":
+                ow.state = "dead"
+                ctl.pools[ow.pool].workers.remove(other)
+                self._requeue_jobs(ow)
+                self._replace(ow)
+
+    def _requeue_jobs(self, w: WorkerHandle) -> None:
+        ctl = self.ctl
+        now = ctl.clock.now()
+        for job_id in sorted(w.jobs, reverse=True):  # front pushes: keep the original order
+            sample, idx, _, _ = ctl.jobs.pop(job_id)
+            ctl.inflight[idx] -= 1
+            ctl.edges[idx].push(sample, now, front=True)
+            self.redispatched += 1
+        w.jobs.clear()
+        if w.worker_id in ctl.busy_since:
+            pool, since = ctl.busy_since.pop(w.worker_id)
+            ctl.pool_busy_s[pool] += now - since
+
+    def _replace(self, dead: WorkerHandle) -> None:
+        ctl = self.ctl
+        self.restarts += 1
+        if self.restarts > self.max_restarts:
+            ctl.fail(WorkerError(f"{self.restarts} worker restarts (max_worker_restarts "
+                                 f"{self.max_restarts}); the last: {dead.worker_id}"))
+            return
+        base = dead.worker_id.split("~")[0]
+        new_id = f"{base}~r{self.restarts}"
+        handle = WorkerHandle(new_id, dead.pool, last_seen=ctl.clock.now())
+        ctl.workers[new_id] = handle
+        ctl.pools[dead.pool].workers.append(new_id)
+        assert self.respawn is not None  # checked by worker_lost
+        self.respawn(new_id, dead.worker_id)

@@ -1,0 +1,123 @@
+"""The controller's state at an optimizer-step boundary, for checkpoints and ``--resume``.
+
+What it holds: the policy version, the ledger (which groups were trained), the prompt source's
+cursor and random states, and every sample of a group admitted but not trained yet, with the
+stage it waits at and the fields it has. A sample that was at a model stage (queued, or being
+generated) resumes queued at that stage: sampling noise is a function of (seed, position), so
+it is generated again token for token as it would have been; finished samples keep their
+tokens, logprobs, versions and rewards. So a resumed run neither skips a prompt nor trains one
+twice.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from pivotflow.controller import stages
+from pivotflow.controller.sample import Sample
+
+if TYPE_CHECKING:
+    from pivotflow.controller.core import Controller
+
+TRAIN_BUFFER = -1  # a complete group waiting for the trainer
+
+
+class SampleState(msgspec.Struct, kw_only=True):
+    sample_id: int
+    group_id: int
+    group_size: int
+    admit_version: int
+    seed: int
+    stage: int  # index in the graph order where it waits, or TRAIN_BUFFER
+    fields: dict[str, Any]
+
+
+class ControllerState(msgspec.Struct, kw_only=True):
+    version: int
+    tokens_generated: int
+    ledger: dict[str, int]
+    settled_below: int  # groups trained or filtered: every id below, and the ids in
+    settled_above: list[int]
+    open_groups: dict[int, int]  # group id -> admit version
+    next_sample: int
+    source_rng: list[Any]
+    problems_cursor: int
+    problems_rng: list[Any]
+    samples: list[SampleState]
+
+
+def _saved(sample: Sample, stage: int) -> SampleState:
+    fields = {k: v for k, v in sample.fields.items()
+              if k not in (stages.PARTIAL, "_counted")}  # regenerated, never half-restored
+    return SampleState(sample_id=sample.sample_id, group_id=sample.group_id,
+                       group_size=sample.group_size, admit_version=sample.admit_version,
+                       seed=sample.seed, stage=stage, fields=fields)
+
+
+def snapshot(ctl: Controller) -> ControllerState:
+    """The state to checkpoint: between steps, or after the run stopped (a step cut short
+    counts as not taken: its groups wait for the trainer again)."""
+    saved: list[SampleState] = []
+    for idx, edge in ctl.edges.items():
+        saved += [_saved(s, idx) for s in edge.samples()]
+    saved += [_saved(s, idx) for s, idx, _, _ in ctl.jobs.values()]
+    for idx, groups in ctl.barriers.items():
+        saved += [_saved(s, idx) for group in groups.values() for s in group]
+    saved += [_saved(s, TRAIN_BUFFER) for group in ctl.train_buffer.ready.values() for s in group]
+    saved += [_saved(s, TRAIN_BUFFER) for s in ctl.training.samples()]  # a step cut short
+    open_groups = dict(ctl.train_buffer.open)
+    open_groups.update({s.group_id: s.admit_version for s in ctl.training.samples()})
+    led = ctl.ledger
+    src = ctl.source
+    return ControllerState(
+        version=ctl.version, tokens_generated=ctl.tokens_generated,
+        ledger={"prompts_in": led.prompts_in, "groups_trained": led.groups_trained,
+                "samples_trained": led.samples_trained, "groups_filtered": led.groups_filtered,
+                "duplicates": led.duplicates, "late_results": led.late_results,
+                "judge_failures": led.judge_failures},
+        settled_below=led.settled_below, settled_above=sorted(led.settled_above),
+        open_groups=open_groups,
+        next_sample=src.next_sample, source_rng=_rng_out(src.rng),
+        problems_cursor=src.problems.cursor, problems_rng=_rng_out(src.problems.rng),
+        samples=sorted(saved, key=lambda s: s.sample_id))
+
+
+def restore(ctl: Controller, state: ControllerState) -> None:
+    """Put ``state`` into a fresh controller (before ``run``)."""
+    ctl.version = state.version
+    ctl.tokens_generated = state.tokens_generated
+    led = ctl.ledger
+    for key, value in state.ledger.items():
+        setattr(led, key, value)
+    led.settled_below, led.settled_above = state.settled_below, set(state.settled_above)
+    ctl.train_buffer.open = {int(g): v for g, v in state.open_groups.items()}
+    src = ctl.source
+    src.next_sample = state.next_sample
+    src.rng.setstate(_rng_in(state.source_rng))
+    src.problems.cursor = state.problems_cursor
+    src.problems.rng.setstate(_rng_in(state.problems_rng))
+    now = ctl.clock.now()
+    groups: dict[int, list[Sample]] = {}
+    for s in state.samples:
+        sample = Sample(s.sample_id, s.group_id, s.group_size, s.admit_version, s.seed,
+                        dict(s.fields))
+        if s.stage == TRAIN_BUFFER:
+            groups.setdefault(s.group_id, []).append(sample)
+        elif s.stage in ctl.edges:
+            ctl.edges[s.stage].push(sample, now)
+        else:
+            ctl.barriers[s.stage].setdefault(s.group_id, []).append(sample)
+    for group in groups.values():
+        ctl.train_buffer.add(group)
+
+
+def _rng_out(rng: random.Random) -> list[Any]:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def _rng_in(state: list[Any]) -> tuple[Any, ...]:
+    return (state[0], tuple(state[1]), state[2])
