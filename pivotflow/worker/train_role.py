@@ -13,7 +13,8 @@ import time
 
 import torch
 
-from pivotflow.engines.torch.model import Decoder, token_logprobs
+from pivotflow.engines.torch.model import token_logprobs
+from pivotflow.engines.torch.weights import build_model
 from pivotflow.errors import CheckpointError, WorkerError
 from pivotflow.params.base import ParamStore
 from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
@@ -92,9 +93,8 @@ class TrainRole:
         self.store, self.model_name = store, model
         t0 = time.perf_counter()
         self.version, self.config, tensors = store.load(model)
-        self.model = Decoder(self.config)
-        self.model.load_state_dict(tensors, strict=False)
-        self.model.train()
+        self.model = build_model(self.config, tensors, "cpu", torch.float32).train()
+        self.model.requires_grad_(True)
         self.opts = options
         self.optim = torch.optim.AdamW(self.model.parameters(), lr=float(options.get("lr", 3e-4)),
                                        betas=(0.9, 0.99), weight_decay=0.0)

@@ -197,7 +197,8 @@ class Decoder(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.apply(self._init_weights)
+        if not self.lm_head.weight.is_meta:  # on meta, weights are loaded next: init is waste
+            self.apply(self._init_weights)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
