@@ -83,6 +83,28 @@ def _shift_times(records: list[dict[str, Any]]) -> list[float]:
     ]
 
 
+def pool_timeline(records: list[dict[str, Any]]) -> dict[str, tuple[list[float], list[float]]]:
+    """Workers per pool as step functions of time, replayed from the shift events (a step's
+    record only sees the pools at its end, which would hide every shift within a step)."""
+    events = sorted((_num(e.get("time_s")), e.get("from"), e.get("to"))
+                    for r in records for e in r.get("shift_events") or [] if isinstance(e, dict))
+    sizes = {k: _num(v) for k, v in (records[0].get("pools") or {}).items()}
+    for _, src, dst in (e for e in events if e[0] <= _num(records[0].get("time_s"))):
+        sizes[src] = sizes.get(src, 0.0) + 1  # undo the first step's shifts: the start
+        sizes[dst] = sizes.get(dst, 0.0) - 1
+    out = {k: ([0.0], [v]) for k, v in sizes.items()}
+    for t, src, dst in events:
+        for name, delta in ((src, -1.0), (dst, 1.0)):
+            ts, vs = out.setdefault(name, ([0.0], [0.0]))
+            ts.append(t)
+            vs.append(vs[-1] + delta)
+    end = _num(records[-1].get("time_s"))
+    for ts, vs in out.values():
+        ts.append(end)
+        vs.append(vs[-1])
+    return out
+
+
 def _pools_queues(records: list[dict[str, Any]], path: Path) -> None:
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -90,13 +112,13 @@ def _pools_queues(records: list[dict[str, Any]], path: Path) -> None:
     times = [_num(r.get("time_s")) for r in records]
     fig = Figure(figsize=(8, 6), layout="constrained")
     ax_pool, ax_queue = fig.subplots(2, 1, sharex=True)
-    for name, values in _series(records, "pools").items():
-        ax_pool.step(times, values, where="post", label=name)
+    for name, (ts, values) in pool_timeline(records).items():
+        ax_pool.step(ts, values, where="post", label=name)
     for name, values in _series(records, "queue_depth").items():
         ax_queue.plot(times, values, marker=".", label=name)
     shifts = [t for t in _shift_times(records) if not math.isnan(t)]
     for ax in (ax_pool, ax_queue):
-        for i, t in enumerate(shifts):
+        for i, t in enumerate(shifts if len(shifts) <= 200 else []):  # too many: lines hide all
             ax.axvline(
                 t, color="gray", linestyle="--", linewidth=0.8, label="shift" if i == 0 else None
             )

@@ -227,3 +227,19 @@ def test_ewma_rate_tracks_a_steady_rate_and_decays() -> None:
     assert meter.rate(7.0) == pytest.approx(20.0 / math.e, rel=0.1)
     with pytest.raises(MetricsError, match="time went backwards"):
         meter.rate(6.0)
+
+
+def test_pool_timeline_replays_the_shifts_within_steps() -> None:
+    from pivotflow.metrics_plots import pool_timeline
+
+    # step 1 ends at t=2 with pools {r: 2, t: 0}: a shift t -> r at 1.0 happened in it;
+    # step 2 ends at t=4 with {r: 1, t: 1}: r -> t at 3.0 (and nothing else)
+    records = [
+        {"time_s": 2.0, "pools": {"r": 2, "t": 0},
+         "shift_events": [{"time_s": 1.0, "from": "t", "to": "r"}]},
+        {"time_s": 4.0, "pools": {"r": 1, "t": 1},
+         "shift_events": [{"time_s": 3.0, "from": "r", "to": "t"}]},
+    ]
+    line = pool_timeline(records)
+    assert line["r"] == ([0.0, 1.0, 3.0, 4.0], [1.0, 2.0, 1.0, 1.0])
+    assert line["t"] == ([0.0, 1.0, 3.0, 4.0], [1.0, 0.0, 1.0, 1.0])
