@@ -280,6 +280,9 @@ class Rate:
         self._last = -math.inf
         self._events: deque[tuple[float, int]] = deque()
         self._count = 0
+        # Events closer than this share one entry, so memory stays ~RATE_BUCKETS entries
+        # whatever the event rate (an event may leave the window up to one bucket early).
+        self._bucket_s = self.window_s / RATE_BUCKETS
 
     def _advance(self, now: float) -> None:
         if now < self._last:
@@ -296,7 +299,11 @@ class Rate:
         if n < 0:
             raise MetricsError(f"Rate: event count must be >= 0, got {n}")
         self._advance(now)
-        self._events.append((now, n))
+        if self._events and now - self._events[-1][0] < self._bucket_s:
+            t, c = self._events[-1]
+            self._events[-1] = (t, c + n)
+        else:
+            self._events.append((now, n))
         self._count += n
 
     def rate(self, now: float) -> float:
@@ -305,6 +312,9 @@ class Rate:
         start = now if self._start is None else self._start
         span = min(self.window_s, now - start)
         return self._count / span if span > 0 else 0.0
+
+
+RATE_BUCKETS = 256
 
 
 class EwmaRate:
