@@ -7,8 +7,18 @@ backpressure planner (starting from the best analytic split); the ratios; each a
 of the fluid bound; shift times; and the simulator's own speed (wall seconds per simulated
 hour). Everything runs the real controller and planners in virtual time.
 
-    python bench/sim_paper.py --out bench/results/sim_paper             # 128 GPUs
-    python bench/sim_paper.py --gpus 128,512,1024 --out ...              # slow: minutes per run
+    python bench/sim_paper.py --out bench/results/sim_paper.json        # 128 GPUs
+    python bench/sim_paper.py --gpus 512 --workloads 'bench/workloads/dense7b*.toml' \
+        --out bench/results/sim_paper.json --merge                       # add groups to it
+
+``--out`` writes the JSON there and the plots next to it (``<stem>_throughput.png``,
+``<stem>_pools.png``); ``--merge`` keeps the groups already in that file that this run does not
+redo, so a long comparison can be made a few groups at a time.
+
+Calibration: ``--calibrate bench/workloads/cpu_tiny_longtail.toml --real colocated=54.6,...``
+simulates that workload (split 1,1,1, its steps) under each planner named in ``--real``, takes
+the steady rate as ``bench/elastic.py`` does (samples after step 1 over the time from step 1 to
+the last), and prints the simulator's prediction error against the measured figures.
 
 Prints one JSON object as the last line of stdout.
 """
@@ -56,53 +66,82 @@ def _row(r: SimResult, fluid: float) -> dict[str, Any]:
     }
 
 
-def run_one(
+def run_group(
     path: str, gpus: int, args: argparse.Namespace, keep: list[SimResult]
-) -> dict[str, Any]:
+) -> tuple[str, dict[str, float], list[dict[str, Any]]]:
+    """Simulate the planners of ``args.planners`` on one workload and cluster size."""
     wl = load_workload(path).scaled(gpus)
     fluid = fluid_bound(wl)
     f = fluid["samples_per_s"]
     workers = wl.gpus // wl.group_gpus
     kw = {"steps": args.steps, "wall_limit_s": args.wall_limit_s}
     ranked = rank_splits(wl, top=args.static_candidates)
-    static = [simulate(wl, "static", Split(**split), **kw) for _, split in ranked]
-    best = max(static, key=lambda r: r.samples_per_s)
-    bp = simulate(wl, "backpressure", Split(**ranked[0][1]), **kw)
-    keep.append(bp)
-    rows = [_row(r, f) for r in static] + [_row(bp, f)]
-    colo = None
-    if "colocated" in PLANNERS:
-        colo = simulate(wl, "colocated", Split(workers - 2, 1, 1), **kw)
-        rows.append(_row(colo, f))
-    out = {
-        "workload": wl.name,
+    runs: list[SimResult] = []
+    if "static" in args.planners:
+        runs += [simulate(wl, "static", Split(**split), **kw) for _, split in ranked]
+    if "backpressure" in args.planners:
+        runs.append(simulate(wl, "backpressure", Split(**ranked[0][1]), **kw))
+        keep.append(runs[-1])
+    if "colocated" in args.planners and "colocated" in PLANNERS:
+        runs.append(simulate(wl, "colocated", Split(workers - 2, 1, 1), **kw))
+    return wl.name, fluid, [_row(r, f) for r in runs]
+
+
+def summarize(name: str, gpus: int, fluid: dict[str, float], rows: list[dict[str, Any]]) -> dict:
+    """One group's comparison from its runs (any planner may be missing: None)."""
+    f = fluid["samples_per_s"]
+    static = [r for r in rows if r["planner"] == "static"]
+    best = max(static, key=lambda r: r["samples_per_s"]) if static else None
+    bp = next((r for r in rows if r["planner"] == "backpressure"), None)
+    colo = next((r for r in rows if r["planner"] == "colocated"), None)
+
+    def rate(r: dict[str, Any] | None) -> float | None:
+        return None if r is None else r["samples_per_s"]
+
+    def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
+        return None if a is None or b is None else round(a["samples_per_s"] / b["samples_per_s"], 4)
+
+    return {
+        "workload": name,
         "gpus": gpus,
         "fluid": {k: round(v, 4) for k, v in fluid.items()},
-        "colocated": None if colo is None else round(colo.samples_per_s, 4),
-        "best_static": round(best.samples_per_s, 4),
-        "best_static_split": best.split,
+        "colocated": rate(colo),
+        "best_static": rate(best),
+        "best_static_split": None if best is None else best["split"],
         "static_splits_simulated": len(static),
         "static_splits_ranked": "all (analytic)",
-        "backpressure": round(bp.samples_per_s, 4),
-        "backpressure_over_static": round(bp.samples_per_s / best.samples_per_s, 4),
-        "backpressure_over_colocated": None
-        if colo is None
-        else round(bp.samples_per_s / colo.samples_per_s, 4),
+        "backpressure": rate(bp),
+        "backpressure_over_static": ratio(bp, best),
+        "backpressure_over_colocated": ratio(bp, colo),
         "fraction_of_fluid": {
-            "backpressure": round(bp.samples_per_s / f, 4),
-            "best_static": round(best.samples_per_s / f, 4),
-            "colocated": None if colo is None else round(colo.samples_per_s / f, 4),
+            k: None if r is None else round(r["samples_per_s"] / f, 4)
+            for k, r in (("backpressure", bp), ("best_static", best), ("colocated", colo))
         },
         "shift_s": {
-            "backpressure_mean": bp.summary()["shift_s_mean"],
-            "backpressure_max": bp.summary()["shift_s_max"],
-            "colocated_mean": None if colo is None else colo.summary()["shift_s_mean"],
+            "backpressure_mean": None if bp is None else bp["shift_s_mean"],
+            "backpressure_max": None if bp is None else bp["shift_s_max"],
+            "colocated_mean": None if colo is None else colo["shift_s_mean"],
         },
-        "sim_wall_s_per_sim_hour": round(bp.wall_s / bp.sim_s * 3600, 1),
-        "sim_samples_per_wall_s": round(bp.samples / bp.wall_s, 1),
+        "sim_wall_s_per_sim_hour": None
+        if bp is None
+        else round(bp["wall_s"] / bp["sim_s"] * 3600, 1),
+        "sim_samples_per_wall_s": None if bp is None else round(bp["samples"] / bp["wall_s"], 1),
         "runs": rows,
     }
-    print(json.dumps({k: v for k, v in out.items() if k != "runs"}), flush=True)
+
+
+def calibrate(path: str, real: dict[str, float]) -> dict[str, Any]:
+    """Simulated vs measured samples/s for each planner of ``real`` on workload ``path``."""
+    wl = load_workload(path)
+    out: dict[str, Any] = {"workload": wl.name, "planners": {}}
+    for planner, measured in real.items():
+        recs = simulate(wl, planner, Split(1, 1, 1)).records
+        rate = sum(r["samples"] for r in recs[1:]) / (recs[-1]["time_s"] - recs[0]["time_s"])
+        out["planners"][planner] = {
+            "simulated": round(rate, 2),
+            "measured": measured,
+            "error": round(rate / measured - 1, 3),
+        }
     return out
 
 
@@ -112,34 +151,51 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", default="128", help="comma-separated GPU counts")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--static-candidates", type=int, default=3)
+    ap.add_argument(
+        "--planners", default="static,backpressure,colocated", help="which to simulate now"
+    )
     ap.add_argument("--wall-limit-s", type=float, default=900.0, help="per simulated run")
-    ap.add_argument("--out", type=Path, default=None, help="results JSON and plots here")
+    ap.add_argument("--out", type=Path, default=None, help="results JSON (plots next to it)")
+    ap.add_argument("--merge", action="store_true", help="keep other groups already in --out")
+    ap.add_argument("--calibrate", default=None, help="a workload file to compare with --real")
+    ap.add_argument("--real", default="", help="measured samples/s: planner=rate,...")
     args = ap.parse_args(argv)
+    if args.calibrate:
+        real = {k: float(v) for k, v in (x.split("=") for x in args.real.split(",") if x)}
+        print(json.dumps({"bench": "sim_paper", "calibration": calibrate(args.calibrate, real)}))
+        return 0
     t0 = time.perf_counter()
     keep: list[SimResult] = []
-    results = [
-        run_one(p, int(g), args, keep)
-        for p in sorted(glob.glob(args.workloads))
-        for g in args.gpus.split(",")
-    ]
-    rows = [row for r in results for row in r["runs"]]
+    args.planners = set(args.planners.split(","))
+    old: dict[tuple[str, int], dict[str, Any]] = {}
+    if args.out is not None and args.merge and args.out.exists():
+        old = {(r["workload"], r["gpus"]): r for r in json.loads(args.out.read_text())["results"]}
+    command = " ".join(["python", *sys.argv])
+    results = []
+    for p in sorted(glob.glob(args.workloads)):
+        if Path(p).name.startswith("cpu_"):  # calibration files, not the paper's groups
+            continue
+        for g in args.gpus.split(","):
+            name, fluid, rows = run_group(p, int(g), args, keep)
+            for r in rows:
+                r["command"] = command
+            prev = old.pop((name, int(g)), {"runs": []})
+            rows = [r for r in prev["runs"] if r["planner"] not in args.planners] + rows
+            results.append(summarize(name, int(g), fluid, rows))
+            print(json.dumps({k: v for k, v in results[-1].items() if k != "runs"}), flush=True)
+    everything = sorted([*old.values(), *results], key=lambda r: (r["workload"], r["gpus"]))
     plots = {}
     if args.out is not None:
         from pivotflow.sim.plots import plot_pools, plot_throughput
 
-        args.out.mkdir(parents=True, exist_ok=True)
-        plots["throughput"] = str(plot_throughput(rows, args.out / "throughput.png"))
-        plots["pools"] = str(plot_pools(keep[0], args.out / "pools_backpressure.png"))
-        (args.out / "results.json").write_text(
-            json.dumps(
-                {
-                    "command": " ".join([sys.executable.split("/")[-1], *sys.argv]),
-                    "results": results,
-                },
-                indent=1,
-            )
-            + "\n"
-        )
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        rows = [row for r in everything for row in r["runs"]]
+        stem = args.out.with_suffix("")
+        plots["throughput"] = str(plot_throughput(rows, Path(f"{stem}_throughput.png")))
+        pools_png = Path(f"{stem}_pools.png")
+        if keep and not (args.merge and pools_png.exists()):  # the first run's stays
+            plots["pools"] = str(plot_pools(keep[0], pools_png))
+        args.out.write_text(json.dumps({"results": everything}, indent=1) + "\n")
     summary = {
         "bench": "sim_paper",
         "gpus": args.gpus,

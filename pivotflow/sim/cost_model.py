@@ -119,6 +119,8 @@ class CostModel:
 
     def mean_length(self, median: int, sigma: float, cap: int) -> float:
         """Mean of ``min(cap, median * exp(sigma Z))`` (closed form of the capped log-normal)."""
+        if sigma == 0:  # p99_over_median = 1: every length is the median
+            return float(min(median, cap))
         mu = math.log(median)
         lc = math.log(cap)
         phi = _norm_cdf

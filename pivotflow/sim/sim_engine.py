@@ -15,7 +15,7 @@ import heapq
 import math
 from dataclasses import dataclass
 
-from pivotflow.sim.cost_model import CostModel
+from pivotflow.sim.cost_model import CostModel, DecodeCoeffs
 from pivotflow.sim.workload import ModelSpec
 
 
@@ -40,19 +40,29 @@ class SimBatchEngine:
         self.seqs: dict[int, SimSeq] = {}
         self._heap: list[tuple[int, int]] = []  # (end step, job id), stale entries skipped
         self.c_base = 0  # context tokens at step s are c_base + len(seqs) * s
+        # A dense model's coefficients do not depend on the batch: computed once. An MoE's
+        # weight reads do, so they are recomputed when the batch size changed since last use.
+        self._fixed = None if model.moe else cost.decode(model, 1)
+        self._coeffs_b = -1
         self._coeffs = cost.decode(model, 1)
         self.busy_s = 0.0  # time spent decoding or prefilling (for utilisation)
 
     # ------------------------------------------------------------ time algebra
 
-    def _refresh(self) -> None:
+    def _k(self) -> DecodeCoeffs:
+        """Step coefficients for the current batch (per replica)."""
+        if self._fixed is not None:
+            return self._fixed
         b = len(self.seqs)
-        self._coeffs = self.cost.decode(self.model, max(b / self.r, 1.0))
+        if b != self._coeffs_b:
+            self._coeffs_b = b
+            self._coeffs = self.cost.decode(self.model, max(b / self.r, 1.0))
+        return self._coeffs
 
     def steps_time(self, n: int) -> float:
         """Seconds for the next ``n`` decode steps with the current batch."""
         b = len(self.seqs)
-        k = self._coeffs
+        k = self._k()
         first = k.base + k.per_seq * b / self.r + k.per_ctx * (self.c_base + b * self.s) / self.r
         return n * first + k.per_ctx * b / self.r * n * (n - 1) / 2
 
@@ -61,7 +71,7 @@ class SimBatchEngine:
         b = len(self.seqs)
         if dt <= 0 or b == 0:
             return 0
-        k = self._coeffs
+        k = self._k()
         first = k.base + k.per_seq * b / self.r + k.per_ctx * (self.c_base + b * self.s) / self.r
         a = k.per_ctx * b / self.r / 2
         lin = first - a
@@ -99,7 +109,6 @@ class SimBatchEngine:
         self.seqs[job_id] = seq
         self.c_base += ctx0 - self.s
         heapq.heappush(self._heap, (seq.end, job_id))
-        self._refresh()
 
     def remove(self, job_id: int) -> tuple[SimSeq, int] | None:
         """Take a sequence out (after ``advance``); returns it with the tokens it generated."""
@@ -107,7 +116,6 @@ class SimBatchEngine:
         if seq is None:
             return None
         self.c_base -= seq.ctx0 - seq.start
-        self._refresh()
         return seq, self.s - seq.start
 
     def next_completion(self) -> float | None:

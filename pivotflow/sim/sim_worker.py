@@ -6,13 +6,19 @@ worker does: "generate" (rollout or judge, a ``SimBatchEngine``) or "train". Its
 real token ids of the char tokenizer, of the lengths a real model would produce: a response
 length drawn from the workload's log-normal by the job's seed (so a migrated sequence ends
 where it would have), a verdict of ``verdict_tokens`` ending in ":Yes"/":No".
+
+What a job returns (lengths, verdicts, compact payloads) is in ``outputs.py``.
+
+The worker reacts to messages in callbacks on the loop (``LocalWorkerEnd.on_message``), not in
+a task per worker; messages that arrive while it loads a role or trains wait, in order, as
+they would in a real worker's socket.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +40,9 @@ from pivotflow.protocol import (
     WorkerFailed,
 )
 from pivotflow.sim.cost_model import CostModel
+from pivotflow.sim.outputs import Outputs, response_length
 from pivotflow.sim.sim_engine import SimBatchEngine
-from pivotflow.sim.tokens import FILLER, SimTokenizer
+from pivotflow.sim.tokens import SimTokenizer
 from pivotflow.transport.local import LocalWorkerEnd
 
 _TRAIN_DONE_RANK = "rank" in TrainDone.__struct_fields__
@@ -74,10 +81,12 @@ class SimWorker:
         self.stats = SimWorkerStats()
         self._timer: asyncio.TimerHandle | None = None
         self._beat: asyncio.TimerHandle | None = None
+        self._busy: asyncio.TimerHandle | None = None  # loading a role or training
+        self._waiting: deque[Any] = deque()  # messages that arrived while busy
+        self._stopped: asyncio.Future[None] | None = None
         self._last_sent = 0.0
         self._loop = asyncio.get_event_loop()
-        self._fill = tok.encode(FILLER)[0]
-        self._yes, self._no = tok.encode(":Yes"), tok.encode(":No")
+        self.out = Outputs(tok, cost.wl.p_yes)
 
     # ------------------------------------------------------------ plumbing
 
@@ -94,32 +103,51 @@ class SimWorker:
     async def run(self) -> None:
         """Join the controller, then serve messages in order until Shutdown."""
         self._loop = asyncio.get_running_loop()
+        self._stopped = self._loop.create_future()
+        self.end.on_message = self._on_message
         self._send(Hello(protocol_version=PROTOCOL_VERSION, worker_id=self.worker_id, pid=0))
         try:
-            while True:
-                msg = await self.end.recv()
-                if isinstance(msg, Shutdown):
-                    return
-                await self._handle(msg)
+            await self._stopped
         finally:
-            for h in (self._timer, self._beat):
+            for h in (self._timer, self._beat, self._busy):
                 if h is not None:
                     h.cancel()
+            self.end.on_message = None
             self.end.close()
 
-    async def _handle(self, msg: Any) -> None:
+    def _on_message(self, msg: Any) -> None:
+        if self._busy is not None or self._waiting:
+            self._waiting.append(msg)
+        else:
+            self._handle(msg)
+
+    def _until(self, seconds: float, then: Any, *args: Any) -> None:
+        """Busy for ``seconds``: then ``then(*args)`` and the messages that waited meanwhile."""
+
+        def done() -> None:
+            self._busy = None
+            then(*args)
+            while self._waiting and self._busy is None:
+                self._handle(self._waiting.popleft())
+
+        self._busy = self._loop.call_later(seconds, done)
+
+    def _handle(self, msg: Any) -> None:
         match msg:
+            case Shutdown():
+                if self._stopped is not None and not self._stopped.done():
+                    self._stopped.set_result(None)
             case Welcome(heartbeat_s=hb):
                 self.heartbeat_s = hb
                 self._heartbeat()
             case AssignRole():
-                await self._assign(msg)
+                self._assign(msg)
             case Jobs(jobs=jobs):
                 self._add_jobs(jobs)
             case AbortJobs(job_ids=ids):
                 self._abort(list(ids) or list(self.jobs))
             case TrainStep():
-                await self._train(msg)
+                self._train(msg)
             case _:
                 self._send(
                     WorkerFailed(error=f"simulated worker cannot handle {type(msg).__name__}")
@@ -127,7 +155,7 @@ class SimWorker:
 
     # ------------------------------------------------------------ roles
 
-    async def _assign(self, msg: AssignRole) -> None:
+    def _assign(self, msg: AssignRole) -> None:
         if self.jobs:  # the controller aborts before it reassigns: anything else is a bug
             self._send(
                 WorkerFailed(error="role changed with jobs in flight", job_ids=sorted(self.jobs))
@@ -136,12 +164,14 @@ class SimWorker:
         release = self.cost.hw.release_s if self.role else 0.0
         m = self.cost.model(msg.model)
         load = self.cost.load_s(msg.role, m)
-        t = self._loop.time()
-        await asyncio.sleep(release + load)
+        self._until(release + load, self._assigned, msg, self._loop.time(), release, load)
+
+    def _assigned(self, msg: AssignRole, t: float, release: float, load: float) -> None:
         self._bank_busy()
         self.role, self.model_name = msg.role, msg.model
         self.engine = None
         if msg.role == "generate":
+            m = self.cost.model(msg.model)
             self.engine = SimBatchEngine(self.cost, m, self.gpus, self._loop.time())
         self.stats.loads.append((t, msg.role, msg.model, release + load))
         self._send(
@@ -166,13 +196,9 @@ class SimWorker:
 
     def _target(self, job: GenerateJob) -> tuple[int, bool]:
         """Total tokens this job's sequence generates and whether it ends with EOS."""
-        wl = self.cost.wl
         if self.model_name == "judge":
-            return wl.verdict_tokens, True
-        r = wl.response
-        n = round(random.Random(job.seed).lognormvariate(0.0, r.sigma) * r.median)
-        cap = min(r.cap, job.max_tokens)
-        return (cap, False) if n >= cap else (max(n, 1), True)
+            return self.cost.wl.verdict_tokens, True
+        return response_length(self.cost.wl.response, job.seed, job.max_tokens)
 
     def _add_jobs(self, jobs: list[GenerateJob]) -> None:
         eng = self.engine
@@ -239,30 +265,12 @@ class SimWorker:
     def _result(self, job_id: int, new: int, *, final: bool) -> JobDone:
         """The job's tokens so far (prefix + ``new``); on completion the full sequence."""
         job = self.jobs.pop(job_id)
-        total, stop = self.targets.pop(job_id)
+        _, stop = self.targets.pop(job_id)
         self.stats.tokens += new
-        ids = list(job.prefix_ids)
-        if final and self.model_name == "judge":
-            verdict = (
-                self._yes if random.Random(job.seed + 1).random() < self.cost.wl.p_yes else self._no
-            )
-            ids += [self._fill] * (new - len(verdict) - 1) + verdict + [self.tok.eos_id]
-            reason = "stop"
-        elif final and stop:
-            ids += [self._fill] * (new - 1) + [self.tok.eos_id]
-            reason = "stop"
-        else:
-            ids += [self._fill] * new
-            reason = "length" if final else "abort"
-        return JobDone(
-            job_id=job_id,
-            token_ids=ids,
-            logprobs=list(job.prefix_logprobs) + [-1.0] * new,
-            versions=list(job.prefix_versions) + [self.version] * new,
-            finish_reason=reason,
-        )
+        judge = self.model_name == "judge"
+        return self.out.result(job, new, final=final, stop=stop, judge=judge, version=self.version)
 
-    async def _train(self, msg: TrainStep) -> None:
+    def _train(self, msg: TrainStep) -> None:
         if self.role != "train":
             self._send(WorkerFailed(error=f"a train step sent to a {self.role} worker"))
             return
@@ -273,7 +281,9 @@ class SimWorker:
         if int(getattr(msg, "optim_version", -1)) >= 0:  # take over state left in the store
             t += self.cost.load_s("train", m)
         t += self.cost.weight_sync_s(m) / max(world, 1)  # publish the new version, in slices
-        await asyncio.sleep(t)
+        self._until(t, self._trained, msg, tokens, t)
+
+    def _trained(self, msg: TrainStep, tokens: int, t: float) -> None:
         self.stats.busy_s["train"] = self.stats.busy_s.get("train", 0.0) + t
         self.version = msg.step + 1
         kw: dict[str, Any] = {"rank": int(getattr(msg, "rank", 0))} if _TRAIN_DONE_RANK else {}

@@ -21,10 +21,16 @@ FILLER = "a"
 
 
 class SimTokenizer(CharTokenizer):
-    """A ``CharTokenizer`` over an ASCII alphabet with C-speed ``encode`` and ``decode``."""
+    """A ``CharTokenizer`` over an ASCII alphabet with C-speed ``encode`` and ``decode``.
 
-    def __init__(self, chars: str = TASK_ALPHABET) -> None:
+    ``compact=True`` (the simulator's): ``encode`` returns the ids as ``bytes`` (every id is
+    below 256), which the controller and the simulated workers use as they use a list of ids
+    (``len``, iteration, ``bytes(ids)``) without a Python int object per token.
+    """
+
+    def __init__(self, chars: str = TASK_ALPHABET, *, compact: bool = False) -> None:
         super().__init__(chars)
+        self.compact = compact
         if any(ord(c) > 127 for c in chars) or self.vocab_size > 256:
             raise TokenizerError("SimTokenizer needs an ASCII alphabet of at most 253 characters")
         n = len(self.specials)
@@ -37,6 +43,7 @@ class SimTokenizer(CharTokenizer):
         self._enc = bytes(enc)
         self._drop = bytes(range(n))  # specials are skipped by decode
         self._known = chars.encode("ascii")  # deleting these leaves only unknown characters
+        self._bos = bytes([self.bos_id])
 
     def encode(self, text: str, *, bos: bool = False) -> list[int]:
         """Ids of ``text``; raises TokenizerError naming the first unknown character."""
@@ -46,8 +53,10 @@ class SimTokenizer(CharTokenizer):
             return super().encode(text, bos=bos)  # the slow path names the bad character
         if raw.translate(None, self._known):
             return super().encode(text, bos=bos)
-        ids = list(raw.translate(self._enc))
-        return [self.bos_id, *ids] if bos else ids
+        ids = raw.translate(self._enc)
+        if self.compact:
+            return self._bos + ids if bos else ids  # type: ignore[return-value]  # see class doc
+        return [self.bos_id, *ids] if bos else list(ids)
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
         """Text of ``ids``; raises TokenizerError for an id outside the vocabulary."""

@@ -61,14 +61,14 @@ def test_sim_command_prints_a_summary_and_writes_records(
             "--split",
             "4,2,2",
             "--steps",
-            "4",
+            "12",  # the fluid bound is in expectation: a few steps can beat it by luck
             "--out",
             str(tmp_path / "out"),
         ]
     )
     assert run_sim(args) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["steps"] == 4 and summary["split"] == {"rollout": 4, "genrm": 2, "trainer": 2}
+    assert summary["steps"] == 12 and summary["split"] == {"rollout": 4, "genrm": 2, "trainer": 2}
     assert 0 < summary["fraction_of_fluid"] <= 1.05
-    assert len((tmp_path / "out/metrics.jsonl").read_text().splitlines()) == 4
+    assert len((tmp_path / "out/metrics.jsonl").read_text().splitlines()) == 12
     assert (tmp_path / "out/plots/pools.png").stat().st_size > 1000

@@ -28,8 +28,9 @@ def test_runs_are_deterministic(tiny_workload: Workload) -> None:
 
 
 def test_starving_a_pool_is_slower_and_under_the_fluid_bound(tiny_workload: Workload) -> None:
-    good = simulate(tiny_workload, "static", Split(**rank_splits(tiny_workload, 1)[0][1]), steps=4)
-    starved = simulate(tiny_workload, "static", Split(1, 1, 6), steps=4)
+    # 12 steps: the bound is in expectation (of the longest response), a few steps vary
+    good = simulate(tiny_workload, "static", Split(**rank_splits(tiny_workload, 1)[0][1]), steps=12)
+    starved = simulate(tiny_workload, "static", Split(1, 1, 6), steps=12)
     assert starved.samples_per_s < good.samples_per_s
     assert good.samples_per_s <= fluid_bound(tiny_workload)["samples_per_s"] * 1.05
 

@@ -10,7 +10,12 @@ import tomllib
 from pivotflow.errors import ConfigError
 from pivotflow.sim.workload import load_workload, parse_workload
 
-WORKLOADS = sorted(glob.glob(str(Path(__file__).parents[2] / "bench/workloads/*.toml")))
+WORKLOADS = sorted(
+    p
+    for p in glob.glob(str(Path(__file__).parents[2] / "bench/workloads/*.toml"))
+    if not Path(p).name.startswith("cpu_")  # calibration workloads, not the paper's groups
+)
+CPU = Path(__file__).parents[2] / "bench/workloads/cpu_tiny_longtail.toml"
 BASE = Path(__file__).parents[2] / "bench/workloads/dense7b_judge7b.toml"
 
 
@@ -79,3 +84,15 @@ def test_scaling_keeps_work_per_gpu() -> None:
     assert big.gpus == 1024 and big.prompts_per_step == w.prompts_per_step * 8
     with pytest.raises(ConfigError, match="--gpus 2"):
         w.scaled(2)
+
+
+def test_the_cpu_calibration_workload_uses_measured_costs() -> None:
+    from pivotflow.sim.cost_model import CostModel
+    from pivotflow.sim.fluid import fluid_bound
+
+    w = load_workload(CPU)
+    cost = CostModel(w)
+    assert cost.decode(w.policy, 8).base == w.policy.measured["decode_base_s"]
+    assert cost.load_s("train", w.policy) == w.policy.measured["load_s"]
+    assert cost.mean_prompt() == 6.0  # p99_over_median = 1: a fixed length
+    assert 0 < fluid_bound(w)["samples_per_s"] < 1000
