@@ -173,7 +173,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         steps.append({"step": record["step"], "task_accuracy": record.get("task_accuracy")})
         live.update_step(record)
         if cfg.checkpoint_every and record["step"] % cfg.checkpoint_every == 0:
-            checkpoints.write(out, policy, store, snapshot(ctl))
+            ctl.checkpoint_soon(lambda: checkpoints.write(out, policy, store, snapshot(ctl)))
 
     curve = load_controller_keys(Path(cfg.curve_keys)) if cfg.curve_keys else None
     transport = ZmqControllerTransport(cfg.endpoint or None, curve=curve)

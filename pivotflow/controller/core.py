@@ -34,6 +34,7 @@ from pivotflow.graph import Graph
 from pivotflow.planner.base import Planner, PlannerView, StaticPlanner
 from pivotflow.protocol import (
     PROTOCOL_VERSION,
+    AbortJobs,
     AssignRole,
     Heartbeat,
     Hello,
@@ -112,6 +113,8 @@ class Controller:
         self.pool_busy_s: dict[str, float] = dict.fromkeys(self.pools, 0.0)
         self.busy_since: dict[str, tuple[str, float]] = {}  # worker -> (pool, since)
         self._shifts_reported = 0
+        self._ckpt_pending: set[int] = set()
+        self._ckpt_write: Callable[[], None] | None = None
         self.filtered_since_step = 0
         self.errors = {"generation": 0}
         self.started_at = 0.0
@@ -319,7 +322,32 @@ class Controller:
         for sample in group:
             self._advance(sample, idx + 1)
 
+    def checkpoint_soon(self, write: Callable[[], None]) -> None:
+        """Call ``write`` once every generation in flight has come back as its partial state
+        (aborted, as for a migration), so a snapshot then holds their tokens so far; dispatch
+        pauses until then, and the sequences resume from their prefixes right after."""
+        by_worker: dict[str, list[int]] = {}
+        for job_id, (_, _, wid, _) in self.jobs.items():
+            by_worker.setdefault(wid, []).append(job_id)
+        if not by_worker:
+            write()
+            return
+        self._ckpt_pending = {j for ids in by_worker.values() for j in ids}
+        self._ckpt_write = write
+        for wid, ids in by_worker.items():
+            self.send(wid, AbortJobs(job_ids=sorted(ids)))
+
+    def checkpoint_job_back(self, job_id: int) -> None:
+        """A job the pending checkpoint waits for came back (or was re-queued by recovery)."""
+        if job_id in self._ckpt_pending:
+            self._ckpt_pending.discard(job_id)
+            if not self._ckpt_pending and self._ckpt_write is not None:
+                write, self._ckpt_write = self._ckpt_write, None
+                write()
+
     def _dispatch(self, idx: int, now: float) -> None:
+        if self._ckpt_pending:
+            return  # a checkpoint is collecting partial states
         edge = self.edges[idx]
         node = self.order[idx]
         pool = self.pools[node.pool or ""]
@@ -364,15 +392,19 @@ class Controller:
             self.pool_done[self.order[idx].pool or ""] += 1
         if r.finish_reason != "abort":
             self.shifts.on_job_finished(w.worker_id, r.job_id)
+            self.checkpoint_job_back(r.job_id)  # finished before the abort reached it
         node = self.order[idx]
         tok = self.tok[node.model or ""]
         if node.kind == "generate":
             self.tokens_generated += len(r.token_ids) - sample.fields.pop("_counted", 0)
         if r.finish_reason == "abort":  # migration: resume elsewhere from the partial state
-            self.shifts.on_aborted(w.worker_id, r.job_id)
             sample.fields[stages.PARTIAL] = r
             sample.fields["_counted"] = len(r.token_ids)
             self.edges[idx].push(sample, self.clock.now(), front=True)
+            if r.job_id in self._ckpt_pending:
+                self.checkpoint_job_back(r.job_id)
+            else:
+                self.shifts.on_aborted(w.worker_id, r.job_id)
             return
         if r.error:
             self.errors["generation"] += 1

@@ -77,6 +77,7 @@ class Recovery:
             ctl.inflight[idx] -= 1
             ctl.edges[idx].push(sample, now, front=True)
             self.redispatched += 1
+            ctl.checkpoint_job_back(job_id)  # a pending checkpoint stops waiting for it
         w.jobs.clear()
         if w.worker_id in ctl.busy_since:
             pool, since = ctl.busy_since.pop(w.worker_id)

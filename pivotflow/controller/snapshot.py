@@ -2,11 +2,13 @@
 
 What it holds: the policy version, the ledger (which groups were trained), the prompt source's
 cursor and random states, and every sample of a group admitted but not trained yet, with the
-stage it waits at and the fields it has. A sample that was at a model stage (queued, or being
-generated) resumes queued at that stage: sampling noise is a function of (seed, position), so
-it is generated again token for token as it would have been; finished samples keep their
-tokens, logprobs, versions and rewards. So a resumed run neither skips a prompt nor trains one
-twice.
+stage it waits at and the fields it has. Periodic checkpoints first take every generation in
+flight back as its partial state (``Controller.checkpoint_soon``, an abort like a migration's),
+so those sequences resume from their tokens so far, with their logprobs and versions; a sample
+still queued (or in flight when the run was stopped by Ctrl-C) is generated again, token for
+token the same, since sampling noise is a function of (seed, position). Finished samples keep
+their tokens, logprobs, versions and rewards. So a resumed run neither skips a prompt nor trains
+one twice.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import msgspec
 
 from pivotflow.controller import stages
 from pivotflow.controller.sample import Sample
+from pivotflow.protocol import JobDone
 
 if TYPE_CHECKING:
     from pivotflow.controller.core import Controller
 
 TRAIN_BUFFER = -1  # a complete group waiting for the trainer
+PARTIAL_SAVED = "_partial_saved"  # a partial generation, as plain lists
 
 
 class SampleState(msgspec.Struct, kw_only=True):
@@ -50,8 +54,12 @@ class ControllerState(msgspec.Struct, kw_only=True):
 
 
 def _saved(sample: Sample, stage: int) -> SampleState:
-    fields = {k: v for k, v in sample.fields.items()
-              if k not in (stages.PARTIAL, "_counted")}  # regenerated, never half-restored
+    fields = {k: v for k, v in sample.fields.items() if k not in (stages.PARTIAL, "_counted")}
+    partial: JobDone | None = sample.fields.get(stages.PARTIAL)
+    if partial is not None:  # tokens so far, with their logprobs and versions: resumed
+        fields[PARTIAL_SAVED] = {"token_ids": list(partial.token_ids),
+                                 "logprobs": list(partial.logprobs),
+                                 "versions": list(partial.versions)}
     return SampleState(sample_id=sample.sample_id, group_id=sample.group_id,
                        group_size=sample.group_size, admit_version=sample.admit_version,
                        seed=sample.seed, stage=stage, fields=fields)
@@ -104,6 +112,10 @@ def restore(ctl: Controller, state: ControllerState) -> None:
     for s in state.samples:
         sample = Sample(s.sample_id, s.group_id, s.group_size, s.admit_version, s.seed,
                         dict(s.fields))
+        partial = sample.fields.pop(PARTIAL_SAVED, None)
+        if partial is not None:
+            sample.fields[stages.PARTIAL] = JobDone(job_id=-1, finish_reason="abort", **partial)
+            sample.fields["_counted"] = len(partial["token_ids"])
         if s.stage == TRAIN_BUFFER:
             groups.setdefault(s.group_id, []).append(sample)
         elif s.stage in ctl.edges:
