@@ -113,7 +113,7 @@ def planner_view(ctl: Controller) -> PlannerView:
     for name, p in pools.items():  # a pool that has not served yet borrows a rate
         if p.per_worker_rate == 0 and rates:
             pools[name] = PoolView(p.name, p.ready, p.workers, p.remaining, min(rates), p.role,
-                                   p.queued)
+                                   p.queued, measured=False)
     tracker = _last_shift.get(ctl)
     if tracker is None:
         tracker = _last_shift[ctl] = _LastShift()

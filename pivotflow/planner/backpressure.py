@@ -42,10 +42,15 @@ def train_time(view: PlannerView, pool: PoolView, workers: int) -> float:
     return best
 
 
+def gen_bound(view: PlannerView, sizes: dict[str, int]) -> float:
+    """``max_i T_i`` over the generate pools."""
+    return max((drain_time(p, sizes[n]) for n, p in view.pools.items() if p.role != "train"),
+               default=0.0)
+
+
 def makespan(view: PlannerView, sizes: dict[str, int]) -> float:
     """The bound above for pool sizes ``sizes``."""
-    gen = max((drain_time(p, sizes[n]) for n, p in view.pools.items() if p.role != "train"),
-              default=0.0)
+    gen = gen_bound(view, sizes)
     return gen + sum(train_time(view, p, sizes[n]) for n, p in view.pools.items()
                      if p.role == "train")
 
@@ -54,7 +59,7 @@ class BackpressurePlanner:
     name = "backpressure"
 
     def __init__(self, interval_s: float = 0.05, hysteresis: float = 0.5,
-                 cooldown_costs: float = 4.0) -> None:
+                 cooldown_costs: float = 1.0) -> None:
         self.interval_s = interval_s
         self.hysteresis = hysteresis
         self.cooldown_costs = cooldown_costs
@@ -92,10 +97,10 @@ class BackpressurePlanner:
             movable = [w for w in src.ready if w not in taken
                        and view.now_s - view.last_shift_s.get(w, -math.inf)
                        > self.cooldown_costs * view.shift_cost_s]
-            if not movable:
+            if not movable or not src.measured:  # no move on a borrowed rate
                 continue
             for dst in view.pools.values():
-                if dst.name == src.name or dst.remaining == 0:
+                if dst.name == src.name or dst.remaining == 0 or not dst.measured:
                     continue
                 after = makespan(view, moved(sizes, src.name, dst.name))
                 gain = now - after if after < math.inf else -math.inf
@@ -108,30 +113,33 @@ class BackpressurePlanner:
 
     def _size_trainers(self, view: PlannerView, sizes: dict[str, int],
                        taken: set[str]) -> list[Move]:
-        """When a batch is ready for a step not started yet, grow the trainer pool from idle
-        workers (pools with nothing left to do) to the size that finishes the step soonest,
-        if that beats the current size by more than the shift's cost with hysteresis."""
+        """When a batch is ready for a step not started yet, grow the trainer pool: greedily
+        take the worker whose pool misses it least, while the step plus the generation still
+        to do (``gen_bound``) gets shorter by more than a shift with hysteresis. A running step
+        cannot use late joiners, so this is the one moment to size it."""
         moves: list[Move] = []
         for dst in view.pools.values():
             if dst.role != "train" or dst.queued == 0 or dst.remaining == 0:
                 continue
-            idle = [(w, src) for src in view.pools.values()
-                    if src.name != dst.name and src.remaining == 0
-                    for w in src.ready if w not in taken]
-            n = sizes[dst.name]
-            now = drain_time(dst, max(n, 1))
-            best_m, best_t = n, now
-            for m in range(n + 1, n + len(idle) + 1):
-                t = drain_time(dst, m) + view.shift_cost_s
-                if t < best_t:
-                    best_m, best_t = m, t
-            if now - best_t <= view.shift_cost_s * self.hysteresis:
-                continue
-            for w, src in idle[: best_m - n]:
-                moves.append(Move(w, src.name, dst.name,
-                                  f"batch ready: {best_m} trainers finish the step in "
-                                  f"{best_t:.3f}s, {n} in {now:.3f}s",
-                                  numbers(view, src, dst, now, now - best_t)))
+            def total(sz: dict[str, int], dst: PoolView = dst) -> float:
+                return gen_bound(view, sz) + drain_time(dst, max(sz[dst.name], 1))
+            while True:
+                now = total(sizes)
+                options = [(total(moved(sizes, src.name, dst.name)), src.name, w)
+                           for src in view.pools.values() if src.name != dst.name
+                           for w in src.ready[-1:] if w not in taken]
+                if not options:
+                    break
+                after, src_name, worker = min(options)
+                if now - after <= view.shift_cost_s * (1 + self.hysteresis):
+                    break
+                src = view.pools[src_name]
+                moves.append(Move(worker, src_name, dst.name,
+                                  f"batch ready: {sizes[dst.name] + 1} trainers, step and "
+                                  f"generation left {now:.3f}s -> {after:.3f}s",
+                                  numbers(view, src, dst, now, now - after)))
+                taken.add(worker)
+                sizes = moved(sizes, src_name, dst.name)
         return moves
 
     def _feed_starved(self, view: PlannerView, sizes: dict[str, int]) -> Move | None:

@@ -23,6 +23,7 @@ class PoolView:
     per_worker_rate: float  # samples/s one busy worker of this pool completes (measured)
     role: str = "generate"  # "generate" (rollout, judge) or "train"
     queued: int = 0  # samples at this pool's stage now: queued or in flight (a ready batch)
+    measured: bool = True  # False: the pool has not served yet and its rate is borrowed
 
 
 @dataclass(slots=True, frozen=True)
