@@ -43,9 +43,19 @@ def train_time(view: PlannerView, pool: PoolView, workers: int) -> float:
 
 
 def gen_bound(view: PlannerView, sizes: dict[str, int]) -> float:
-    """``max_i T_i`` over the generate pools."""
-    return max((drain_time(p, sizes[n]) for n, p in view.pools.items() if p.role != "train"),
-               default=0.0)
+    """``max_i T_i`` over the generate pools, in pipeline order. A downstream pool may be
+    empty while nothing waits at it: its work is then done after the pools upstream drain, by
+    a worker that moves in for one shift (what colocated does for every pool)."""
+    bound = upstream = 0.0
+    for name, p in view.pools.items():
+        if p.role == "train":
+            continue
+        t = drain_time(p, sizes[name])
+        if sizes[name] == 0 and p.remaining and not p.queued and upstream > 0:
+            t = upstream + view.shift_cost_s + drain_time(p, 1)
+        bound = max(bound, t)
+        upstream = max(upstream, t)
+    return bound
 
 
 def makespan(view: PlannerView, sizes: dict[str, int]) -> float:
@@ -58,7 +68,7 @@ def makespan(view: PlannerView, sizes: dict[str, int]) -> float:
 class BackpressurePlanner:
     name = "backpressure"
 
-    def __init__(self, interval_s: float = 0.05, hysteresis: float = 0.5,
+    def __init__(self, interval_s: float = 0.02, hysteresis: float = 0.5,
                  cooldown_costs: float = 1.0) -> None:
         self.interval_s = interval_s
         self.hysteresis = hysteresis

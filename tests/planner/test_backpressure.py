@@ -40,12 +40,23 @@ def test_cooldown_keeps_a_worker_that_just_moved() -> None:
     assert BackpressurePlanner().decide(view(2, 200, last=recent)) == []
 
 
-def test_never_strands_remaining_work() -> None:
-    # moving the only judge away would leave judge work with no worker: infinite bound
+def test_never_strands_work_waiting_at_a_pool() -> None:
+    # moving the only judge away would leave 5 samples waiting at it with no worker
     v = PlannerView(now_s=0.0, pools={
         "rollout": PoolView("rollout", ["w0"], 1, 500, 10.0),
-        "genrm": PoolView("genrm", ["w2"], 1, 5, 20.0)}, shift_cost_s=0.1)
+        "genrm": PoolView("genrm", ["w2"], 1, 505, 20.0, queued=5)}, shift_cost_s=0.1)
     assert BackpressurePlanner().decide(v) == []
+
+
+def test_an_idle_downstream_worker_helps_upstream_and_comes_back_later() -> None:
+    # nothing waits at the judge yet: its worker rolls out now, and a worker moves back to
+    # judge once rollout drains (500/2/10 = 25 s, then 0.1 s shift + 500/200 s), which beats
+    # 500/10 = 50 s of rollout on one worker
+    v = PlannerView(now_s=0.0, pools={
+        "rollout": PoolView("rollout", ["w0"], 1, 500, 10.0, queued=500),
+        "genrm": PoolView("genrm", ["w2"], 1, 500, 200.0)}, shift_cost_s=0.1)
+    [move] = BackpressurePlanner().decide(v)
+    assert (move.from_pool, move.to_pool) == ("genrm", "rollout")
 
 
 def test_static_never_moves() -> None:
