@@ -69,3 +69,11 @@ class CurveKeyError(ConfigError):
 
 class SimulationError(PivotflowError):
     """A simulated cluster cannot go on: virtual time deadlocked, or a simulated worker was misused."""
+
+
+class ToolError(PivotflowError):
+    """A tool is defined wrongly, cannot be loaded from its `module:attr` path, or its pool is misused."""
+
+
+class ToolCallError(ToolError):
+    """Generated text holds a malformed tool call, or a call's arguments do not fit the tool's schema."""

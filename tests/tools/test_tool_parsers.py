@@ -1,0 +1,106 @@
+"""The Hermes/Qwen tool-call format: parse, format, and spot a call closing in a stream."""
+
+from __future__ import annotations
+
+import pytest
+
+from pivotflow.errors import ToolCallError
+from pivotflow.tasks.tokenizer import default_tokenizer
+from pivotflow.tools import HermesParser, ToolCall, ToolCallParser, ToolCallWatcher
+
+P = HermesParser()
+
+
+def test_parse_calls_in_order_with_spans() -> None:
+    text = (
+        'I will add. <tool_call>\n{"name": "calculator", "arguments": {"expression": "1+2"}}\n'
+        '</tool_call> and <tool_call>{"name": "echo", "arguments": "{\\"text\\": \\"a\\"}"}'
+        "</tool_call> done"
+    )
+    calls = P.parse(text)
+    assert isinstance(calls, list)
+    assert [(c.name, c.arguments) for c in calls] == [
+        ("calculator", {"expression": "1+2"}),
+        ("echo", {"text": "a"}),
+    ]
+    start, end = calls[0].span
+    assert text[start:end].startswith("<tool_call>") and text[start:end].endswith("</tool_call>")
+    assert P.parse("no calls here") == []
+    assert P.parse('<tool_call>{"name": "f"}</tool_call>') == [ToolCall("f", {}, (0, 36))]
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        (
+            '<tool_call>{"name": "f", "arguments": {</tool_call>',
+            "malformed tool call JSON at char 0",
+        ),
+        ('ab<tool_call>{"name": "f"}', "'<tool_call>' at char 2 is never closed"),
+        ("x</tool_call>", "'</tool_call>' at char 1 has no '<tool_call>' before it"),
+        ("<tool_call>[1, 2]</tool_call>", "must be a JSON object .* got list"),
+        ('<tool_call>{"arguments": {}}</tool_call>', 'has no string "name"'),
+        ('<tool_call>{"name": 3}</tool_call>', 'has no string "name"'),
+        (
+            '<tool_call>{"name": "f", "arguments": [1]}</tool_call>',
+            '"arguments" must be a JSON object',
+        ),
+        (
+            '<tool_call>{"name": "f", "arguments": "{oops"}</tool_call>',
+            "is a string that is not JSON",
+        ),
+        ('<tool_call>{"name": "f"}<tool_call>{"name": "g"}</tool_call>', "is not closed before"),
+        ("<tool_call>" + "[" * 100_000 + "</tool_call>", "malformed tool call JSON"),
+    ],
+)
+def test_malformed_calls_are_returned_not_raised(text: str, match: str) -> None:
+    result = P.parse(text)
+    assert isinstance(result, ToolCallError)
+    assert pytest.raises(ToolCallError, _raise, result).match(match)
+
+
+def _raise(exc: Exception) -> None:
+    raise exc
+
+
+def test_format_round_trip() -> None:
+    text = P.format_call("calculator", {"expression": "2*3"})
+    assert (
+        text
+        == '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2*3"}}\n</tool_call>'
+    )
+    assert P.parse(text) == [ToolCall("calculator", {"expression": "2*3"}, (0, len(text)))]
+    assert HermesParser(newlines=False).format_call("f", {}) == (
+        '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    )
+    assert P.format_result("calculator", "6") == "<tool_response>\n6\n</tool_response>"
+    assert HermesParser(result_json=True).format_result("calculator", "6") == (
+        '<tool_response>\n{"name": "calculator", "content": "6"}\n</tool_response>'
+    )
+    assert isinstance(P, ToolCallParser)
+    assert P.stop_strings == ("</tool_call>",)
+
+
+def test_call_closed() -> None:
+    call = P.format_call("f", {})
+    assert P.call_closed(call)
+    assert P.call_closed(call + "\n", new_chars=3)
+    assert not P.call_closed(call + " more text", new_chars=3)  # it closed earlier, not just now
+    assert not P.call_closed(call[:-1])
+    assert not P.call_closed("text </tool_call>")  # a close tag with nothing open
+
+
+def test_watcher_on_a_token_id_stream() -> None:
+    tok = default_tokenizer()
+    text = "Let me compute. " + P.format_call("calculator", {"expression": "17*23"}) + " tail"
+    ids = tok.encode(text)
+    watcher = ToolCallWatcher(P, decode=tok.decode)
+    stops = [i for i, tid in enumerate(ids) if watcher.push([tid])]
+    assert len(stops) == 1
+    assert tok.decode(ids[: stops[0] + 1]).endswith("</tool_call>")
+    watcher.reset()
+    assert watcher.text == ""
+    # a multi-character piece that holds the close tag and more still counts
+    assert ToolCallWatcher(P).push_text(text)
+    with pytest.raises(ToolCallError, match="needs a decode function"):
+        ToolCallWatcher(P).push([1])
