@@ -13,7 +13,8 @@ worker in each of three pools, so on a 2-core machine it runs 3 processes on 2 c
 *favours* it (an idle trainer hands its core to a busy worker, hiding its waste); the report
 says so (``oversubscribed``), and also compares colocated and backpressure at ``cores`` workers,
 where nothing is oversubscribed. Then shift latency (parts), and whether shifting changes RL:
-the plain GenRM graph's task_accuracy under static and backpressure, same seed and steps.
+the plain GenRM graph's task_accuracy under static (3 workers) and backpressure (2 workers for
+3 pools, so it shifts every step), same seed and steps.
 
     python bench/elastic.py [--steps 8] [--workers 3] [--accuracy-steps 30] [--out DIR]
 
@@ -120,8 +121,13 @@ def main() -> int:
         for planner in ("colocated", "backpressure"):
             at_cores[planner] = one_run(LONGTAIL, out / f"{planner}-w{cores}", planner,
                                         args.steps, cores, [])["samples_per_s"]
-    acc = {p: one_run(GENRM, out / f"accuracy-{p}", p, args.accuracy_steps, 3, [])["accuracy"]
-           for p in ("static", "backpressure")}
+    # RL unchanged by shifting: backpressure on 2 workers for 3 pools must shift every step
+    # (and trains data-parallel), static keeps one worker per pool; same seed and steps
+    acc_runs = {"static": one_run(GENRM, out / "accuracy-static", "static",
+                                  args.accuracy_steps, 3, []),
+                "backpressure": one_run(GENRM, out / "accuracy-backpressure", "backpressure",
+                                        args.accuracy_steps, 2, [])}
+    acc = {p: r["accuracy"] for p, r in acc_runs.items()}
     diffs = [abs(a - b) for a, b in zip(acc["static"], acc["backpressure"], strict=True)
              if a is not None and b is not None]
     bp, co = runs["backpressure"]["samples_per_s"], runs["colocated"]["samples_per_s"]
@@ -146,6 +152,8 @@ def main() -> int:
         "shift_latency": shift_latency(shifts),
         "shift_latency_backpressure": shift_latency(runs["backpressure"]["shift_records"]),
         "accuracy": {"steps": args.accuracy_steps, **acc,
+                     "shifts_backpressure": acc_runs["backpressure"]["shifts"],
+                     "migrations_backpressure": acc_runs["backpressure"]["migrations"],
                      "mean_abs_diff": statistics.fmean(diffs) if diffs else None,
                      "last5_static": statistics.fmean(acc["static"][-5:]),
                      "last5_backpressure": statistics.fmean(acc["backpressure"][-5:])},
