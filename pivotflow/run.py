@@ -195,7 +195,8 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     if ckpt is not None:
         restore(ctl, ckpt.state)
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, ctl.fail, RunInterrupted("interrupted (Ctrl-C)"))
+    interrupt = Interrupt(ctl, lambda: checkpoints.write(out, policy, store, snapshot(ctl)))
+    loop.add_signal_handler(signal.SIGINT, interrupt.on_sigint)
     watcher = asyncio.ensure_future(_watch(launcher, ctl, live))
     chaos = Chaos(launcher, ctl, cfg.chaos.kill_worker_every_s, cfg.seed)
     chaos_task = asyncio.ensure_future(chaos.run())
@@ -217,7 +218,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         launcher.stop()
         transport.close()
     wall = time.perf_counter() - started
-    if isinstance(error, RunInterrupted):  # Ctrl-C: keep what was done, resumably
+    if isinstance(error, RunInterrupted) and not interrupt.checkpointed:  # workers hung
         checkpoints.write(out, policy, store, snapshot(ctl))
     summary = _summarize(ctl, steps, wall, error)
     summary.extra["worker_pids"] = [p.pid for p in launcher.procs.values()]
@@ -243,6 +244,30 @@ async def _watch(launcher: LocalLauncher, ctl: Controller, live: Any) -> None:
                 tail = launcher.stderr_tail(wid)
                 ctl.worker_died(wid, f"process exited with code {code}; stderr tail:\n{tail}")
         live.update_flow(ctl)
+
+
+class Interrupt:
+    """Ctrl-C: first take the generations in flight back as partial states and checkpoint them
+    (``Controller.checkpoint_soon``), then stop; a second Ctrl-C, or workers that do not answer
+    within ``grace_s``, stop at once (the checkpoint then regenerates those sequences)."""
+
+    def __init__(self, ctl: Controller, write: Any, grace_s: float = 5.0) -> None:
+        self.ctl, self.write, self.grace_s = ctl, write, grace_s
+        self.requested = self.checkpointed = False
+
+    def on_sigint(self) -> None:
+        stop = RunInterrupted("interrupted (Ctrl-C)")
+        if self.requested:
+            self.ctl.fail(stop)
+            return
+        self.requested = True
+
+        def write_then_stop() -> None:
+            self.write()
+            self.checkpointed = True
+            self.ctl.fail(stop)
+        self.ctl.checkpoint_soon(write_then_stop)
+        asyncio.get_running_loop().call_later(self.grace_s, self.ctl.fail, stop)
 
 
 def _decisions_by_shift(ctl: Controller) -> list[dict[str, Any] | None]:

@@ -119,6 +119,16 @@ def test_ctrl_c_reaps_workers_and_flushes_records(tmp_path: Path,
     assert summary["steps"] >= 1 and "interrupted" in summary["error"]
     assert read_metrics(out / "metrics.jsonl")
     assert not workers_alive(out)
+    # and it left a checkpoint of where it stopped, which a resume continues from
+    from pivotflow import checkpoints
+
+    ckpt = checkpoints.read(checkpoints.latest(out))  # type: ignore[arg-type]
+    assert ckpt.step == summary["steps"]
+    resumed = run(random_genrm_graph, sets=FAST, out=out, steps=ckpt.step + 2, console=False,
+                  resume="auto")
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(
+        range(1, ckpt.step + 3))
+    assert resumed.summary["ledger"]["duplicates"] == 0
 
 
 def test_chaos_kills_lose_nothing(tmp_path: Path, random_genrm_graph: Path) -> None:

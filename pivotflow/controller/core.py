@@ -326,6 +326,10 @@ class Controller:
         """Call ``write`` once every generation in flight has come back as its partial state
         (aborted, as for a migration), so a snapshot then holds their tokens so far; dispatch
         pauses until then, and the sequences resume from their prefixes right after."""
+        if self._ckpt_write is not None:  # one is collecting already: write after it
+            first, then = self._ckpt_write, write
+            self._ckpt_write = lambda: (first(), then())[-1]
+            return
         by_worker: dict[str, list[int]] = {}
         for job_id, (_, _, wid, _) in self.jobs.items():
             by_worker.setdefault(wid, []).append(job_id)
