@@ -123,7 +123,8 @@ def test_ctrl_c_reaps_workers_and_flushes_records(tmp_path: Path,
     from pivotflow import checkpoints
 
     ckpt = checkpoints.read(checkpoints.latest(out))  # type: ignore[arg-type]
-    assert ckpt.step == summary["steps"]
+    # (a step may still finish between the checkpoint and the stop: a resume redoes it)
+    assert 1 <= ckpt.step <= summary["steps"]
     resumed = run(random_genrm_graph, sets=FAST, out=out, steps=ckpt.step + 2, console=False,
                   resume="auto")
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(

@@ -396,7 +396,6 @@ class Controller:
             self.pool_done[self.order[idx].pool or ""] += 1
         if r.finish_reason != "abort":
             self.shifts.on_job_finished(w.worker_id, r.job_id)
-            self.checkpoint_job_back(r.job_id)  # finished before the abort reached it
         node = self.order[idx]
         tok = self.tok[node.model or ""]
         if node.kind == "generate":
@@ -420,6 +419,9 @@ class Controller:
         elif not stages.apply_verdict(node, sample, r, tok):
             self.ledger.judge_failures += 1
         self._advance(sample, idx + 1)
+        # finished before a checkpoint's abort reached it; only now is the sample somewhere a
+        # snapshot sees it (the next stage), so only now may the checkpoint be written
+        self.checkpoint_job_back(r.job_id)
 
     # ------------------------------------------------------------ training
 

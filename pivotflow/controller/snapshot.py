@@ -20,6 +20,7 @@ import msgspec
 
 from pivotflow.controller import stages
 from pivotflow.controller.sample import Sample
+from pivotflow.errors import CheckpointError
 from pivotflow.protocol import JobDone
 
 if TYPE_CHECKING:
@@ -78,6 +79,14 @@ def snapshot(ctl: Controller) -> ControllerState:
     saved += [_saved(s, TRAIN_BUFFER) for s in ctl.training.samples()]  # a step cut short
     open_groups = dict(ctl.train_buffer.open)
     open_groups.update({s.group_id: s.admit_version for s in ctl.training.samples()})
+    counts: dict[int, int] = {}
+    for s in saved:
+        counts[s.group_id] = counts.get(s.group_id, 0) + 1
+    short = {g: counts.get(g, 0) for g in open_groups if counts.get(g, 0) != ctl.source.group_size}
+    if short:  # a sample in none of the places above would be lost by a resume: refuse
+        raise CheckpointError(f"snapshot at version {ctl.version}: groups {sorted(short)[:5]} "
+                              f"have {list(short.values())[:5]} of {ctl.source.group_size} "
+                              "samples in the controller; not writing an incomplete checkpoint")
     led = ctl.ledger
     src = ctl.source
     return ControllerState(
