@@ -24,39 +24,8 @@ from pivotflow.engines.torch.weights import save_checkpoint
 from pivotflow.metrics import read_metrics
 from pivotflow.run import run
 
-GRAPH = '''
-from pivotflow.graph import Graph
-from pivotflow.rl.group_fns import grpo_advantage
-
-DEFAULTS = {"group_size": 8, "groups_per_step": 32}
-
-def template(prompt, response, **_):
-    return prompt + response + "?"
-
-def parse(verdict, **_):
-    return 1.0
-
-def reward(reward, answer, completion, **_):
-    return reward * float(answer == completion)
-
-def build(c):
-    g = Graph("controller_bench")
-    g.model("policy", source=%(policy)r)
-    g.model("judge", source=%(judge)r)
-    g.pool("rollout", workers=1)
-    g.pool("judge", workers=1)
-    g.pool("trainer", workers=1)
-    src = g.source("prompts", task="arithmetic", group_size=c["group_size"],
-                   groups_per_step=c["groups_per_step"])
-    gen = g.generate("rollout", model="policy", pool="rollout", max_tokens=4)
-    jud = g.judge("judge", model="judge", pool="judge", template=template, parse=parse,
-                  max_tokens=2)
-    rew = g.map("reward", reward, writes=["reward"])
-    adv = g.group("advantage", grpo_advantage, writes=["advantage"])
-    tr = g.train("train", model="policy", pool="trainer")
-    g.chain(src, gen, jud, rew, adv, tr)
-    return g
-'''
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from echo_graph import write_echo_graph  # noqa: E402 - a sibling file, not a package
 
 HOPS = 2  # rollout and judge
 
@@ -88,8 +57,9 @@ def main() -> None:
                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
         for name in ("policy", "judge"):
             save_checkpoint(root / name, cfg, Decoder(cfg).state_dict())
-        graph = root / "graph.py"
-        graph.write_text(GRAPH % {"policy": str(root / "policy"), "judge": str(root / "judge")})
+        graph = write_echo_graph(root / "graph.py", name="controller_bench",
+                                 policy=root / "policy", judge=root / "judge", group_size=8,
+                                 groups_per_step=32)
         one = measure(graph, root / "one", args.steps,
                       ["max_jobs_per_frame=1", "results_per_frame=1"])
         batched = measure(graph, root / "batched", args.steps, ["max_jobs_per_frame=32"])

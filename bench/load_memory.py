@@ -38,39 +38,8 @@ from pivotflow.engines.torch.weights import save_checkpoint
 from pivotflow.errors import ConfigError
 from pivotflow.metrics import read_metrics
 
-GRAPH = """
-from pivotflow.graph import Graph
-from pivotflow.rl.group_fns import grpo_advantage
-
-DEFAULTS = {"group_size": 16, "groups_per_step": 32}
-
-def template(prompt, response, **_):
-    return prompt + response + "?"
-
-def parse(verdict, **_):
-    return 1.0
-
-def reward(reward, answer, completion, **_):
-    return reward * float(answer == completion)
-
-def build(c):
-    g = Graph("load_memory")
-    g.model("policy", source=%(policy)r)
-    g.model("judge", source=%(judge)r)
-    g.pool("rollout", workers=1)
-    g.pool("judge", workers=1)
-    g.pool("trainer", workers=1)
-    src = g.source("prompts", task="arithmetic", group_size=c["group_size"],
-                   groups_per_step=c["groups_per_step"])
-    gen = g.generate("rollout", model="policy", pool="rollout", max_tokens=4)
-    jud = g.judge("judge", model="judge", pool="judge", template=template, parse=parse,
-                  max_tokens=2)
-    rew = g.map("reward", reward, writes=["reward"])
-    adv = g.group("advantage", grpo_advantage, writes=["advantage"])
-    tr = g.train("train", model="policy", pool="trainer")
-    g.chain(src, gen, jud, rew, adv, tr)
-    return g
-"""
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from echo_graph import write_echo_graph  # noqa: E402 - a sibling file, not a package
 
 # The trainer's policy (~0.2M parameters): one optimizer step on a 512-sample batch (loss forward
 # and backward, AdamW, publishing weights and optimizer state) takes ~0.23 s of one CPU core, a
@@ -232,8 +201,9 @@ def measure_load(
             f"need more than the {warmup + 1} warm-up steps"
         )
     dirs = write_models(root, policy)
-    graph = root / "graph.py"
-    graph.write_text(GRAPH % dirs)
+    graph = write_echo_graph(root / "graph.py", name="load_memory", policy=Path(dirs["policy"]),
+                             judge=Path(dirs["judge"]), group_size=group_size,
+                             groups_per_step=groups_per_step)
     out = root / "run"
     sampler = RssSampler(out / "metrics.jsonl", interval_s)
     rss_before = rss_mb()
