@@ -31,8 +31,9 @@ HOPS = 2  # rollout and judge
 
 
 def measure(graph: Path, out: Path, steps: int, sets: list[str]) -> dict[str, float]:
-    result = run(graph, sets=["engine=echo", "live=false", *sets], out=out, steps=steps,
-                 console=False)
+    # static: the control plane alone (a planner would move these model-free workers around)
+    result = run(graph, sets=["engine=echo", "live=false", "planner=static",
+                              "checkpoint_every=0", *sets], out=out, steps=steps, console=False)
     recs = read_metrics(out / "metrics.jsonl")
     first, last = recs[1], recs[-1]  # skip step 1: it includes worker start-up
     samples = sum(r["samples"] for r in recs[2:])
