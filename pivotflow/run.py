@@ -107,7 +107,10 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
         recorder.truncate_after(ckpt.step)  # the metrics continue the same file
     recorder.write_config({"graph": str(graph_path), "graph_name": graph.name,
                            "workers": assignments, **json.loads(_to_json(cfg))})
-    store = ShmParamStore(default_root(f"{out.name}-{os.getpid()}"))
+    root = default_root(f"{out.name}-{os.getpid()}")
+    sweep_dead_stores(root.parent)
+    store = ShmParamStore(root)
+    (root / OWNER_FILE).write_text(str(os.getpid()))
     try:  # the store lives in shared memory: it must go whatever happens
         models = prepare_models(graph, store, seed=cfg.seed, console=console)
         if ckpt is not None:
@@ -121,6 +124,24 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
                                       recorder, out, console, ckpt))
     finally:
         store.cleanup()
+
+
+OWNER_FILE = "OWNER_PID"  # the controller whose run store this is
+
+
+def sweep_dead_stores(base: Path) -> list[Path]:
+    """Remove run stores whose controller is gone (killed with SIGKILL: it could not clean up,
+    and /dev/shm is RAM). Only folders marked with an ``OWNER_PID`` file are touched."""
+    removed = []
+    for marker in base.glob(f"pivotflow-*/{OWNER_FILE}"):
+        try:
+            os.kill(int(marker.read_text()), 0)
+        except ProcessLookupError:
+            shutil.rmtree(marker.parent, ignore_errors=True)
+            removed.append(marker.parent)
+        except (ValueError, OSError):
+            continue  # unreadable marker, or a live process of another user: leave it
+    return removed
 
 
 def asyncio_run(coro: Any) -> Any:

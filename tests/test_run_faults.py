@@ -205,8 +205,13 @@ def test_a_controller_killed_mid_run_resumes_from_its_last_checkpoint(
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)  # mid-step, or mid-checkpoint-write: either is fine
     proc.wait()
+    from pivotflow.params.shm_store import default_root
+
+    left = list(default_root("x").parent.glob(f"pivotflow-*-{proc.pid}"))
+    assert left  # a SIGKILLed controller cannot remove its shared-memory store ...
     resumed = run(random_genrm_graph, sets=[*FAST, "checkpoint_every=3"], out=out, steps=12,
                   console=False, resume=str(out))
+    assert not any(p.exists() for p in left)  # ... the next run sweeps it
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
     assert steps == list(range(1, 13))
     assert sorted(group_ids(out)) == list(range(24))  # joined: every prompt exactly once
