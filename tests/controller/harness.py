@@ -4,6 +4,8 @@ protocol (the tests drive the real controller; nothing of it is replaced)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -230,3 +232,34 @@ class TokenWorker:
                 del self.jobs[job_id]
         if finished:
             self.end.send(JobsDone(results=finished))
+
+
+async def start_workers(h: Harness, pools: dict[str, str],
+                        ticks: dict[str, float] | None = None) -> list[TokenWorker]:
+    """TokenWorkers for ``pools``, each through the handshake and ready in its role."""
+    workers = [TokenWorker(h, w, **({"tick_s": ticks[w]} if ticks and w in ticks else {}))
+               for w in pools]
+    for w in workers:  # handshake by hand, then the TokenWorker serves the role
+        w.end.send(Hello(protocol_version=PROTOCOL_VERSION, worker_id=w.wid, pid=1))
+        assert isinstance(await w.end.recv(), Welcome)
+        role = await w.end.recv()
+        assert isinstance(role, AssignRole)
+        w.model = role.model
+        w.end.send(RoleReady(role=role.role, model=role.model, version=0))
+    return workers
+
+
+@contextlib.asynccontextmanager
+async def serving(h: Harness, pools: dict[str, str], ticks: dict[str, float] | None = None
+                  ) -> AsyncIterator[tuple[asyncio.Future[None], list[TokenWorker]]]:
+    """The controller running with TokenWorkers for ``pools``: yields (run, workers); the
+    workers stop on exit, however the block ends."""
+    run = asyncio.ensure_future(h.ctl.run())
+    workers = await start_workers(h, pools, ticks)
+    tasks = [asyncio.ensure_future(w.run()) for w in workers]
+    try:
+        yield run, workers
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from harness import Harness, TokenWorker, expected_tokens
-from test_shifts import POOLS, start_workers
+from harness import Harness, TokenWorker, expected_tokens, start_workers
+from test_shifts import POOLS
 
 from pivotflow.errors import WorkerError
 
@@ -56,8 +56,10 @@ async def test_a_dead_rollout_worker_is_replaced_and_its_jobs_run_elsewhere() ->
     c = Cluster(steps=6)
     run = await c.start()
     try:
-        await asyncio.sleep(0.05)
-        victim = next(w for w in ("w-r0", "w-r1") if c.h.ctl.workers[w].jobs)
+        victim = None
+        while victim is None:  # a rollout worker with jobs in flight (not between steps)
+            await asyncio.sleep(0.005)
+            victim = next((w for w in ("w-r0", "w-r1") if c.h.ctl.workers[w].jobs), None)
         c.tasks[list(c.workers).index(victim)].cancel()  # the process is gone
         c.h.ctl.worker_died(victim, "process exited with code -9")
         await asyncio.wait_for(run, 30)

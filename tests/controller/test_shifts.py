@@ -7,26 +7,11 @@ import asyncio
 import random
 
 import pytest
-from harness import Harness, TokenWorker, expected_tokens
+from harness import Harness, TokenWorker, expected_tokens, serving
 
 from pivotflow.errors import ConfigError
-from pivotflow.protocol import PROTOCOL_VERSION, AssignRole, Hello, RoleReady, Welcome
 
 POOLS = {"w-r0": "rollout", "w-r1": "rollout", "w-j0": "genrm", "w-t": "trainer"}
-
-
-async def start_workers(h: Harness, pools: dict[str, str],
-                        ticks: dict[str, float] | None = None) -> list[TokenWorker]:
-    workers = [TokenWorker(h, w, **({"tick_s": ticks[w]} if ticks and w in ticks else {}))
-               for w in pools]
-    for w in workers:  # handshake by hand, then the TokenWorker serves the role
-        w.end.send(Hello(protocol_version=PROTOCOL_VERSION, worker_id=w.wid, pid=1))
-        assert isinstance(await w.end.recv(), Welcome)
-        role = await w.end.recv()
-        assert isinstance(role, AssignRole)
-        w.model = role.model
-        w.end.send(RoleReady(role=role.role, model=role.model, version=0))
-    return workers
 
 
 async def test_backpressure_planner_moves_workers_to_the_backlog() -> None:
@@ -36,15 +21,8 @@ async def test_backpressure_planner_moves_workers_to_the_backlog() -> None:
              "w-t": "trainer"}
     planner = BackpressurePlanner(interval_s=0.01)
     h = Harness(steps=4, assignments=pools, planner=planner, group_size=8, groups_per_step=4)
-    run = asyncio.ensure_future(h.ctl.run())
-    workers = await start_workers(h, pools, ticks={"w-j0": 0.02})  # a slow judge
-    tasks = [asyncio.ensure_future(w.run()) for w in workers]
-    try:
+    async with serving(h, pools, ticks={"w-j0": 0.02}) as (run, _):  # a slow judge
         await asyncio.wait_for(run, 30)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
     assert any(d["to"] == "genrm" for d in h.ctl.decisions)
     for d in h.ctl.decisions:  # each move paid for itself, or fed a pool left with no worker
         # ("batch ready" moves report their gain net of the shift already)
@@ -56,12 +34,9 @@ async def test_backpressure_planner_moves_workers_to_the_backlog() -> None:
 
 async def run_with_shifts(seed: int, steps: int = 6) -> tuple[Harness, list[TokenWorker]]:
     h = Harness(steps=steps, assignments=dict(POOLS), group_size=4, groups_per_step=3)
-    run = asyncio.ensure_future(h.ctl.run())
-    workers = await start_workers(h, POOLS)
-    tasks = [asyncio.ensure_future(w.run()) for w in workers]
     rng = random.Random(seed)
     movable = ["w-r0", "w-r1", "w-j0", "w-t"]
-    try:
+    async with serving(h, POOLS) as (run, workers):
         while not run.done():
             await asyncio.sleep(rng.uniform(0.001, 0.01))
             wid = rng.choice(movable)
@@ -72,10 +47,6 @@ async def run_with_shifts(seed: int, steps: int = 6) -> tuple[Harness, list[Toke
             to = rng.choice([p for p in ("rollout", "genrm", "trainer") if p != w.pool])
             h.ctl.shifts.shift(wid, to, reason="test")
         await asyncio.wait_for(run, 30)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
     return h, workers
 
 

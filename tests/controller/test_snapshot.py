@@ -8,8 +8,8 @@ import asyncio
 
 import msgspec
 import pytest
-from harness import Harness, TokenWorker
-from test_shifts import POOLS, start_workers
+from harness import Harness, serving
+from test_shifts import POOLS
 
 from pivotflow.controller.snapshot import ControllerState, restore, snapshot
 
@@ -26,19 +26,12 @@ async def run_until(h: Harness, stop_at: int | None = None) -> ControllerState |
                                                     type=ControllerState))
                 h.ctl.fail(RuntimeError("stopped"))
         h.ctl.on_step = on_step
-    run = asyncio.ensure_future(h.ctl.run())
-    workers: list[TokenWorker] = await start_workers(h, dict(POOLS))
-    tasks = [asyncio.ensure_future(w.run()) for w in workers]
-    try:
+    async with serving(h, dict(POOLS)) as (run, _):
         if stop_at is None:
             await asyncio.wait_for(run, 30)
         else:
             with pytest.raises(RuntimeError, match="stopped"):
                 await asyncio.wait_for(run, 30)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
     return taken[0] if taken else None
 
 
@@ -79,15 +72,8 @@ async def test_a_checkpoint_takes_partial_generations_and_they_resume() -> None:
         if record["step"] == 2:
             h.ctl.checkpoint_soon(lambda: taken.append(snapshot(h.ctl)))
     h.ctl.on_step = on_step
-    run = asyncio.ensure_future(h.ctl.run())
-    workers = await start_workers(h, dict(POOLS), ticks={"w-r0": 0.01, "w-r1": 0.01})
-    tasks = [asyncio.ensure_future(w.run()) for w in workers]
-    try:
+    async with serving(h, dict(POOLS), ticks={"w-r0": 0.01, "w-r1": 0.01}) as (run, workers):
         await asyncio.wait_for(run, 30)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
     [state] = taken
     partial = [s for s in state.samples if "_partial_saved" in s.fields]
     assert partial  # generations in flight came back with their tokens so far

@@ -16,8 +16,7 @@ from pivotflow.sim.cluster import Split, simulate
 from pivotflow.sim.workload import Workload
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "controller"))
-from harness import Harness  # noqa: E402
-from test_shifts import start_workers  # noqa: E402
+from harness import Harness, serving  # noqa: E402
 
 
 class RecordingPlanner:
@@ -62,14 +61,7 @@ async def test_wall_clock_decisions_replay_the_same_way() -> None:
     }
     rec = RecordingPlanner(BackpressurePlanner(interval_s=0.01))
     h = Harness(steps=4, assignments=pools, planner=rec, group_size=8, groups_per_step=4)
-    run = asyncio.ensure_future(h.ctl.run())
-    workers = await start_workers(h, pools, ticks={"w-j0": 0.02})  # a slow judge
-    tasks = [asyncio.ensure_future(w.run()) for w in workers]
-    try:
+    async with serving(h, pools, ticks={"w-j0": 0.02}) as (run, _):  # a slow judge
         await asyncio.wait_for(run, 30)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
     assert any(moves for _, moves in rec.log)
     assert replay(rec.log, interval_s=0.01) == [moves for _, moves in rec.log]
