@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,9 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     live = LiveView(graph.name, cfg.steps, console=console, enabled=cfg.live)
     policy = graph.order()[-1].model or ""  # the trained model
 
+    def write_checkpoint() -> None:
+        checkpoints.write(out, policy, store, snapshot(ctl))
+
     def on_step(record: dict[str, Any]) -> None:
         record["controller_cpu_s"] = time.process_time()  # this process is the controller
         std = {k: record[k] for k in STEP_KEYS if k in record}
@@ -194,7 +198,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         steps.append({"step": record["step"], "task_accuracy": record.get("task_accuracy")})
         live.update_step(record)
         if cfg.checkpoint_every and record["step"] % cfg.checkpoint_every == 0:
-            ctl.checkpoint_soon(lambda: checkpoints.write(out, policy, store, snapshot(ctl)))
+            ctl.checkpoint_soon(write_checkpoint)
 
     curve = load_controller_keys(Path(cfg.curve_keys)) if cfg.curve_keys else None
     transport = ZmqControllerTransport(cfg.endpoint or None, curve=curve)
@@ -216,7 +220,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     if ckpt is not None:
         restore(ctl, ckpt.state)
     loop = asyncio.get_running_loop()
-    interrupt = Interrupt(ctl, lambda: checkpoints.write(out, policy, store, snapshot(ctl)))
+    interrupt = Interrupt(ctl, write_checkpoint)
     loop.add_signal_handler(signal.SIGINT, interrupt.on_sigint)
     watcher = asyncio.ensure_future(_watch(launcher, ctl, live))
     chaos = Chaos(launcher, ctl, cfg.chaos.kill_worker_every_s, cfg.seed)
@@ -240,7 +244,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         transport.close()
     wall = time.perf_counter() - started
     if isinstance(error, RunInterrupted) and not interrupt.checkpointed:  # workers hung
-        checkpoints.write(out, policy, store, snapshot(ctl))
+        write_checkpoint()
     summary = _summarize(ctl, steps, wall, error)
     summary.extra["worker_pids"] = [p.pid for p in launcher.procs.values()]
     summary.extra["chaos_kills"] = chaos.kills
@@ -272,7 +276,8 @@ class Interrupt:
     (``Controller.checkpoint_soon``), then stop; a second Ctrl-C, or workers that do not answer
     within ``grace_s``, stop at once (the checkpoint then regenerates those sequences)."""
 
-    def __init__(self, ctl: Controller, write: Any, grace_s: float = 5.0) -> None:
+    def __init__(self, ctl: Controller, write: Callable[[], None],
+                 grace_s: float = 5.0) -> None:
         self.ctl, self.write, self.grace_s = ctl, write, grace_s
         self.requested = self.checkpointed = False
 
