@@ -31,6 +31,10 @@ GENERATE_FIELDS = frozenset(
 )
 JUDGE_FIELDS = frozenset({"verdict", "reward", "judge_failed"})
 TRAIN_READS = frozenset({"prompt_ids", "response_ids", "logprobs", "advantage"})
+# ... and what a generate stage with tools writes besides (the trainer reads loss_mask if there)
+TOOL_FIELDS = frozenset({"loss_mask", "trajectory", "turns", "tool_calls", "tool_errors"})
+TOOL_POOL_OPTIONS = frozenset({"workers", "timeout_s", "cpu_s", "memory_mb", "max_output_chars",
+                               "max_argument_chars", "max_calls_per_worker", "net_namespace"})
 
 
 @dataclass(slots=True)
@@ -65,6 +69,42 @@ class PoolSpec:
     name: str
     workers: int
     where: str
+
+
+def _tool_options(node: str, where: str, tools: Iterable[Any], max_turns: int, parser: str,
+                  max_total_tokens: int | None, pool: dict[str, Any]) -> dict[str, Any]:
+    """Check a generate stage's tool options now, so a bad one names the graph file's line."""
+    from pivotflow.errors import PivotflowError
+    from pivotflow.tools.parsers import PARSERS
+    from pivotflow.tools.registry import ToolRegistry
+
+    here = f"generate {node!r} at {where}"
+    registry = ToolRegistry()
+    try:
+        # a string is a comma-separated list of paths (what --set graph.tools=... gives)
+        for t in tools.split(",") if isinstance(tools, str) else list(tools):
+            if isinstance(t, str):
+                registry.load(t.strip())
+            else:
+                registry.add(t)
+    except PivotflowError as exc:
+        raise GraphError(f"{here}: {exc}") from None
+    if not len(registry):
+        raise GraphError(f"{here}: tools= names no tool")
+    if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+        raise GraphError(f"{here}: max_turns must be an int >= 1, got {max_turns!r}")
+    if parser not in PARSERS:
+        raise GraphError(f"{here}: unknown tool_parser {parser!r}; known: {sorted(PARSERS)}")
+    if max_total_tokens is not None and (not isinstance(max_total_tokens, int)
+                                         or max_total_tokens < 1):
+        raise GraphError(f"{here}: max_total_tokens must be an int >= 1, got "
+                         f"{max_total_tokens!r}")
+    bad = sorted(set(pool) - TOOL_POOL_OPTIONS)
+    if bad:
+        raise GraphError(f"{here}: unknown tool_pool options {bad}; known: "
+                         f"{sorted(TOOL_POOL_OPTIONS)}")
+    return {"tools": registry, "max_turns": max_turns, "tool_parser": parser,
+            "max_total_tokens": max_total_tokens, "tool_pool": dict(pool)}
 
 
 def _caller_where() -> str:
@@ -147,14 +187,30 @@ class Graph:
         return self._add(Node(name, "source", where, writes=SOURCE_FIELDS, options=opts))
 
     def generate(self, name: str, *, model: str, pool: str, max_tokens: int = 8,
-                 temperature: float = 1.0, top_p: float = 1.0, min_tokens: int = 0) -> Node:
+                 temperature: float = 1.0, top_p: float = 1.0, min_tokens: int = 0,
+                 tools: Iterable[Any] | None = None, max_turns: int = 4,
+                 tool_parser: str = "hermes", max_total_tokens: int | None = None,
+                 tool_pool: dict[str, Any] | None = None) -> Node:
         """The policy generates a response for each sample, streamed per sample. A sample's own
         ``max_tokens`` / ``min_tokens`` fields, when an upstream stage wrote them, override the
-        stage's (a per-sample length budget); no stop token is sampled before ``min_tokens``."""
-        opts = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
-                "min_tokens": min_tokens}
-        return self._add(Node(name, "generate", _caller_where(), reads=frozenset({"prompt_ids"}),
-                              writes=GENERATE_FIELDS, model=model, pool=pool, options=opts))
+        stage's (a per-sample length budget); no stop token is sampled before ``min_tokens``.
+
+        With ``tools`` (``"module:attr"`` paths or ``@tool`` objects) the rollout is multi-turn:
+        each turn (up to ``max_tokens``) ends at EOS or when a call closes; the calls run in a
+        sandboxed tool pool (``tool_pool`` options: workers, timeout_s, cpu_s, memory_mb,
+        max_output_chars, ...), their results are appended as tokens the loss skips, and the
+        policy continues, for at most ``max_turns`` turns and ``max_total_tokens`` response
+        tokens. ``response`` is then the last turn's text and ``trajectory`` the whole."""
+        where = _caller_where()
+        opts: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature,
+                                "top_p": top_p, "min_tokens": min_tokens}
+        writes = GENERATE_FIELDS
+        if tools is not None:
+            opts.update(_tool_options(name, where, tools, max_turns, tool_parser,
+                                      max_total_tokens, tool_pool or {}))
+            writes = writes | TOOL_FIELDS
+        return self._add(Node(name, "generate", where, reads=frozenset({"prompt_ids"}),
+                              writes=writes, model=model, pool=pool, options=opts))
 
     def judge(self, name: str, *, model: str, pool: str, template: Callable[..., str],
               parse: Callable[..., float | None], max_tokens: int = 8) -> Node:

@@ -161,7 +161,8 @@ def _to_json(cfg: RunConfig) -> str:
     return msgspec.json.encode(cfg).decode()
 
 
-def role_options(graph: Graph, cfg: RunConfig) -> dict[str, dict[str, Any]]:
+def role_options(graph: Graph, cfg: RunConfig,
+                 tokenizers: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     opts: dict[str, dict[str, Any]] = {}
     for node in graph.order():
         if not node.pool:
@@ -172,8 +173,26 @@ def role_options(graph: Graph, cfg: RunConfig) -> dict[str, dict[str, Any]]:
         if node.kind == "train":
             o.update({k: v for k, v in node.options.items()
                       if isinstance(v, (int, float, str, bool))})
+        elif tokenizers and node.model in tokenizers:  # engines decode to match stop strings
+            o["tokenizer"] = tokenizers[node.model].to_dict()
         opts[node.pool] = o
     return opts
+
+
+def start_tool_pools(graph: Graph) -> dict[str, Any]:
+    """A sandboxed tool pool per generate stage with tools (this process owns them)."""
+    from pivotflow.tools.pool import ToolPool
+
+    pools: dict[str, Any] = {}
+    try:
+        for node in graph.order():
+            if node.kind == "generate" and "tools" in node.options:
+                pools[node.name] = ToolPool(node.options["tools"], **node.options["tool_pool"])
+    except BaseException:
+        for pool in pools.values():
+            pool.close()
+        raise
+    return pools
 
 
 async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
@@ -213,10 +232,12 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         launcher.kill(old_id)  # declared dead: a paused process must not come back to life
         launcher.start(new_id)
 
+    tool_pools = start_tool_pools(graph)
     ctl = Controller(graph, ccfg, transport=transport, clock=LoopClock(),
                      tokenizers=models.tokenizers, source=source, assignments=assignments,
-                     role_options=role_options(graph, cfg), store_dir=str(store.root),
-                     on_step=on_step, planner=make_planner(cfg.planner), respawn=respawn)
+                     role_options=role_options(graph, cfg, models.tokenizers),
+                     store_dir=str(store.root), on_step=on_step,
+                     planner=make_planner(cfg.planner), respawn=respawn, tool_pools=tool_pools)
     if ckpt is not None:
         restore(ctl, ckpt.state)
     loop = asyncio.get_running_loop()
@@ -242,6 +263,8 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         await asyncio.sleep(0)
         launcher.stop()
         transport.close()
+        for pool in tool_pools.values():
+            pool.close()
     wall = time.perf_counter() - started
     if isinstance(error, RunInterrupted) and not interrupt.checkpointed:  # workers hung
         write_checkpoint()

@@ -45,14 +45,19 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
     for spec in graph.models.values():
         if spec.source.startswith("builtin:"):
             which = spec.source.split(":", 1)[1]
-            if which not in ("policy", "judge"):
+            if which not in ("policy", "judge", "tool_policy"):
                 raise GraphError(f"model {spec.name!r} at {spec.where}: unknown built-in "
-                                 f"{spec.source!r} (builtin:policy or builtin:judge)")
+                                 f"{spec.source!r} (builtin:policy, builtin:judge or "
+                                 "builtin:tool_policy)")
             if builtin is None:
                 from pivotflow.tasks.cache import ensure_models
 
                 builtin = ensure_models(seed=seed, progress=console is not False)
             path = builtin[0] if which == "policy" else builtin[1]
+            if which == "tool_policy":  # the policy taught the calculator's call format
+                from pivotflow.tasks.tool_policy import ensure_tool_policy
+
+                path = ensure_tool_policy(seed=seed, progress=console is not False)
         else:
             path = Path(spec.source)
         config, tensors = load_checkpoint(path)

@@ -29,6 +29,7 @@ from pivotflow.controller.shifts import ShiftManager
 from pivotflow.controller.source import PromptSource
 from pivotflow.controller.train_batch import TrainBuffer
 from pivotflow.controller.training import TrainSteps
+from pivotflow.controller.turns import ToolTurns
 from pivotflow.errors import GraphError, WorkerError
 from pivotflow.graph import Graph
 from pivotflow.planner.base import Planner, PlannerView, StaticPlanner
@@ -50,6 +51,7 @@ from pivotflow.protocol import (
     WorkerFailed,
 )
 from pivotflow.tasks.tokenizer import CharTokenizer
+from pivotflow.tools.pool import ToolPool, ToolResult
 from pivotflow.transport.base import ControllerTransport
 
 log = logging.getLogger("pivotflow.controller")
@@ -75,7 +77,8 @@ class Controller:
                  clock: Clock, tokenizers: dict[str, CharTokenizer], source: PromptSource,
                  assignments: dict[str, str], role_options: dict[str, dict[str, Any]],
                  store_dir: str, on_step: Callable[[dict[str, Any]], None] | None = None,
-                 planner: Planner | None = None, respawn: Respawn | None = None) -> None:
+                 planner: Planner | None = None, respawn: Respawn | None = None,
+                 tool_pools: dict[str, ToolPool] | None = None) -> None:
         self.graph, self.cfg, self.transport, self.clock = graph, cfg, transport, clock
         self.order = graph.order()
         self.tok = tokenizers
@@ -117,6 +120,12 @@ class Controller:
         self._ckpt_write: Callable[[], None] | None = None
         self.filtered_since_step = 0
         self.errors = {"generation": 0}
+        # multi-turn stages: their turn logic, their tool pools, the samples waiting on a call
+        self.turns = {i: ToolTurns(n, self.tok[n.model or ""]) for i, n in enumerate(self.order)
+                      if n.kind == "generate" and "tools" in n.options}
+        self.tool_pools = {i: (tool_pools or {})[self.order[i].name] for i in self.turns}
+        self.in_tools: dict[int, tuple[Sample, int]] = {}  # sample id -> (sample, stage)
+        self._tool_tasks: set[asyncio.Future[list[ToolResult]]] = set()
         self.started_at = 0.0
         self._done: asyncio.Event | None = None
         self._error: BaseException | None = None
@@ -130,14 +139,16 @@ class Controller:
         for w in self.workers.values():
             w.last_seen = self.started_at
         self.transport.start(self._on_message_safe)
+        for sample, idx in list(self.in_tools.values()):  # restored mid-call: call again
+            self._call_tools(idx, sample)
         tasks = [asyncio.ensure_future(self._tick_forever()),
                  asyncio.ensure_future(self._plan_forever())]
         try:
             await self._done.wait()
         finally:
-            for t in tasks:
+            for t in tasks + list(self._tool_tasks):
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, *self._tool_tasks, return_exceptions=True)
             self._shutdown_workers()
         if self._error is not None:
             raise self._error
@@ -369,6 +380,8 @@ class Controller:
                 tok = self.tok[node.model or ""]
                 if node.kind == "generate":
                     job = stages.generate_job(node, sample, job_id, tok, self.version)
+                    if idx in self.turns:
+                        job = self.turns[idx].job(job, sample)
                 else:
                     job = stages.judge_job(node, sample, job_id, tok)
                 self.jobs[job_id] = (sample, idx, worker.worker_id, now)
@@ -413,7 +426,15 @@ class Controller:
             self.errors["generation"] += 1
             log.warning("job %d (%s, sample %d) failed: %s", r.job_id, node.name,
                         sample.sample_id, r.error)
-        if node.kind == "generate":
+        if idx in self.turns:
+            calls = self.turns[idx].on_turn(sample, r)
+            if calls is not None:  # the turn made calls: run them, then the next turn
+                self.in_tools[sample.sample_id] = (sample, idx)
+                self._call_tools(idx, sample, calls)
+                self.checkpoint_job_back(r.job_id)  # in_tools is where a snapshot sees it
+                return
+            self.source.check(sample)
+        elif node.kind == "generate":
             stages.apply_generation(sample, r, tok)
             self.source.check(sample)
         elif not stages.apply_verdict(node, sample, r, tok):
@@ -422,6 +443,30 @@ class Controller:
         # finished before a checkpoint's abort reached it; only now is the sample somewhere a
         # snapshot sees it (the next stage), so only now may the checkpoint be written
         self.checkpoint_job_back(r.job_id)
+
+    # ------------------------------------------------------------ tool calls
+
+    def _call_tools(self, idx: int, sample: Sample, calls: Any = None) -> None:
+        """Run a turn's calls in the stage's tool pool (threads and sandboxed processes, so the
+        loop never blocks); the observation is appended when they are back."""
+        if calls is None:
+            calls = self.turns[idx].pending_calls(sample)
+        fut = asyncio.ensure_future(self.tool_pools[idx].acall_all(calls))
+        self._tool_tasks.add(fut)
+        fut.add_done_callback(lambda f: self._on_tools_done(idx, sample, f))
+
+    def _on_tools_done(self, idx: int, sample: Sample,
+                       fut: asyncio.Future[list[ToolResult]]) -> None:
+        self._tool_tasks.discard(fut)
+        if fut.cancelled() or self.in_tools.pop(sample.sample_id, None) is None:
+            return
+        try:
+            self.turns[idx].on_observation(sample, fut.result())
+            self.edges[idx].push(sample, self.clock.now(), front=True)  # finish groups first
+            self._pump()
+        except Exception as exc:  # a closed pool mid-run, a broken observation: loudly
+            log.exception("tool call of sample %d failed", sample.sample_id)
+            self.fail(exc)
 
     # ------------------------------------------------------------ training
 
@@ -453,6 +498,7 @@ class Controller:
         for edge in self.edges.values():
             present.update(s.group_id for s in edge.samples())
         present.update(s.group_id for s, _, _, _ in self.jobs.values())
+        present.update(s.group_id for s, _ in self.in_tools.values())
         for groups in self.barriers.values():
             present.update(groups)
         present.update(self.train_buffer.ready)

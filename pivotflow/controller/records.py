@@ -37,5 +37,19 @@ def step_record(ctl: Controller, batch: list[list[Sample]], msg: TrainDone) -> d
         "group_ids": sorted(g[0].group_id for g in batch),  # joins ledgers across resumes
         "response_len_mean": sum(len(s.fields["response_ids"]) for s in samples)
         / len(samples),
+        **tool_figures(samples),
         **{f"train_{k}": v for k, v in msg.stats.items()},
     }
+
+
+def tool_figures(samples: list[Sample]) -> dict[str, Any]:
+    """Multi-turn figures of a step's samples (none for a single-turn graph): calls and failed
+    calls per sample, policy turns per sample, and how often each kind of problem called."""
+    turned = [s.fields for s in samples if "turns" in s.fields]
+    if not turned:
+        return {}
+    n = len(turned)
+    return {"tool_calls_per_sample": sum(f["tool_calls"] for f in turned) / n,
+            "tool_errors": sum(f["tool_errors"] for f in turned),
+            "turns_mean": sum(f["turns"] for f in turned) / n,
+            "tool_use_rate": sum(f["tool_calls"] > 0 for f in turned) / n}

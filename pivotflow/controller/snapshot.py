@@ -20,6 +20,7 @@ import msgspec
 
 from pivotflow.controller import stages
 from pivotflow.controller.sample import Sample
+from pivotflow.controller.turns import AWAITING
 from pivotflow.errors import CheckpointError
 from pivotflow.protocol import JobDone
 
@@ -73,6 +74,7 @@ def snapshot(ctl: Controller) -> ControllerState:
     for idx, edge in ctl.edges.items():
         saved += [_saved(s, idx) for s in edge.samples()]
     saved += [_saved(s, idx) for s, idx, _, _ in ctl.jobs.values()]
+    saved += [_saved(s, idx) for s, idx in ctl.in_tools.values()]  # calls run again on resume
     for idx, groups in ctl.barriers.items():
         saved += [_saved(s, idx) for group in groups.values() for s in group]
     saved += [_saved(s, TRAIN_BUFFER) for group in ctl.train_buffer.ready.values() for s in group]
@@ -127,6 +129,8 @@ def restore(ctl: Controller, state: ControllerState) -> None:
             sample.fields["_counted"] = len(partial["token_ids"])
         if s.stage == TRAIN_BUFFER:
             groups.setdefault(s.group_id, []).append(sample)
+        elif sample.fields.get(AWAITING):  # its calls run again when the run starts
+            ctl.in_tools[sample.sample_id] = (sample, s.stage)
         elif s.stage in ctl.edges:
             ctl.edges[s.stage].push(sample, now)
         else:

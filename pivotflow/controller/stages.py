@@ -140,4 +140,5 @@ def train_seq(sample: Sample) -> TrainSeq:
     f = sample.fields
     return TrainSeq(job_id=sample.sample_id, prompt_ids=f["prompt_ids"],
                     response_ids=f["response_ids"], logprobs=f["logprobs"],
-                    versions=f["versions"], advantage=float(f["advantage"]))
+                    versions=f["versions"], advantage=float(f["advantage"]),
+                    loss_mask=f.get("loss_mask") or [])

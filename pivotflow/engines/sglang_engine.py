@@ -73,6 +73,7 @@ class SglangEngine:
             }
             if p.stop_strings:
                 sp["stop"] = list(p.stop_strings)
+                sp["no_stop_trim"] = True  # a tool call's close tag is the policy's token
             if p.seed is not None:
                 sp["sampling_seed"] = p.seed
             params.append(sp)

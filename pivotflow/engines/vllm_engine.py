@@ -70,6 +70,7 @@ class VllmEngine:
             temperature=p.temperature, top_p=p.top_p, max_tokens=left, seed=p.seed,
             min_tokens=max(0, p.min_tokens - len(request.prefix_ids)),
             stop_token_ids=list(p.stop_token_ids), stop=list(p.stop_strings) or None,
+            include_stop_str_in_output=True,  # a tool call's close tag is the policy's token
             logprobs=0, detokenize=not self._no_tokenizer)  # fmt: skip
         prompt = {"prompt_token_ids": list(request.prompt_ids) + list(request.prefix_ids)}
         try:

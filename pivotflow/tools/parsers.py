@@ -199,5 +199,17 @@ class ToolCallWatcher:
         self.text = ""
 
 
+# tool-call formats by the name a graph gives (``generate(..., tool_parser="hermes")``)
+PARSERS: dict[str, Callable[[], ToolCallParser]] = {"hermes": HermesParser}
+
+
+def make_parser(name: str) -> ToolCallParser:
+    """The parser registered as ``name``; raises ToolCallError naming the known ones."""
+    factory = PARSERS.get(name)
+    if factory is None:
+        raise ToolCallError(f"unknown tool-call format {name!r}; known: {sorted(PARSERS)}")
+    return factory()
+
+
 def _clip(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -12,6 +12,7 @@ from pivotflow.engines.torch.model import ModelConfig
 from pivotflow.errors import CheckpointError, RequestError
 from pivotflow.params.base import ParamStore
 from pivotflow.protocol import GenerateJob, JobDone
+from pivotflow.tasks.tokenizer import CharTokenizer
 
 
 def _export(config: ModelConfig, tensors: dict) -> Path:
@@ -42,6 +43,8 @@ class GenerateRole:
             engine_kw: dict = {"model_path": str(_export(config, tensors))}
         else:
             engine_kw = {"max_batch": int(options.get("max_batch", 64)), "eos_token_id": 2}
+            if kind == "torch" and "tokenizer" in options:  # to match stop strings
+                engine_kw["detokenize"] = CharTokenizer.from_dict(options["tokenizer"]).decode
         self.engine = make_engine(kind, config, **engine_kw)
         self.engine.load_weights(tensors, version)
         self.load_s = time.perf_counter() - t0

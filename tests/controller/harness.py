@@ -70,8 +70,10 @@ class Harness:
     def __init__(self, steps: int, max_staleness: int = 0,
                  assignments: dict[str, str] | None = None, planner: Any = None,
                  respawn: Any = None, worker_timeout_s: float = 30.0,
+                 graph: Graph | None = None, tool_pools: dict[str, Any] | None = None,
                  **graph_kw: Any) -> None:
-        self.graph = make_graph(**graph_kw)
+        self.graph = graph or make_graph(**graph_kw)
+        self.expect = expected_tokens  # what TokenWorkers generate for a prompt
         self.records: list[dict[str, Any]] = []
         self.error: BaseException | None = None
         self.train_steps: list[TrainStep] = []
@@ -87,7 +89,8 @@ class Harness:
                               transport=self.hub.controller, clock=LoopClock(),
                               tokenizers={"policy": TOK, "judge": TOK}, source=source,
                               assignments=assignments, role_options={}, store_dir="/unused",
-                              on_step=self.records.append, planner=planner, respawn=respawn)
+                              on_step=self.records.append, planner=planner, respawn=respawn,
+                              tool_pools=tool_pools)
         self.ends = {w: self.hub.connect(w) for w in assignments}
 
     async def join_all(self) -> None:
@@ -221,7 +224,7 @@ class TokenWorker:
     def _tick(self) -> None:
         finished = []
         for job_id, (job, toks, lps, vers) in list(self.jobs.items()):
-            want = expected_tokens(list(job.prompt_ids), self.model)
+            want = self.h.expect(list(job.prompt_ids), self.model)
             toks.append(want[len(toks)])
             self.policy_tokens += self.model == "policy"
             lps.append(-0.1 * len(toks))
