@@ -276,6 +276,9 @@ class Graph:
         lines = [f"graph {self.name!r} ({self.where})"]
         for n in self.order():
             res = f" model={n.model} pool={n.pool}" if n.model else ""
+            if "tools" in n.options:
+                res += (f" tools={n.options['tools'].names} "
+                        f"max_turns={n.options['max_turns']}")
             lines.append(f"  {n.kind:8s} {n.name}{res}  reads={sorted(n.reads)} "
                          f"writes={sorted(n.writes)}")
         lines.append("  pools: " + ", ".join(f"{p.name}={p.workers}" for p in self.pools.values()))

@@ -153,3 +153,33 @@ def test_fan_out_rejected() -> None:
     g.connect(src, tr)
     with pytest.raises(GraphError, match="node 's' .* 2 outputs"):
         validate(g)
+
+
+@pytest.mark.parametrize("kw,error", [
+    ({"tools": "nosuch.module:calc"}, "cannot import tool module 'nosuch.module'"),
+    ({"tools": "pivotflow.tools.builtin:nothing"}, "has no attribute 'nothing'"),
+    ({"tools": []}, "tools= names no tool"),
+    ({"tools": "pivotflow.tools.builtin:calculator", "max_turns": 0}, "max_turns must be"),
+    ({"tools": "pivotflow.tools.builtin:calculator", "tool_parser": "xml"},
+     "unknown tool_parser 'xml'"),
+    ({"tools": "pivotflow.tools.builtin:calculator", "tool_pool": {"wrokers": 2}},
+     "unknown tool_pool options ['wrokers']"),
+])
+def test_bad_tool_options_name_the_stage_and_line(kw: dict, error: str) -> None:
+    g = Graph("t")
+    with pytest.raises(GraphError, match="generate 'gen' at .*test_graph.py:") as info:
+        g.generate("gen", model="m", pool="p", **kw)
+    assert error in str(info.value)
+
+
+def test_tools_load_from_paths_and_objects_and_widen_the_fields() -> None:
+    from pivotflow.tools.builtin import calculator
+
+    g = Graph("t")
+    by_path = g.generate("a", model="m", pool="p",
+                         tools="pivotflow.tools.builtin:calculator, pivotflow.tools.builtin")
+    assert by_path.options["tools"].names == ["calculator"]  # the same tool twice is one
+    by_object = g.generate("b", model="m", pool="p", tools=[calculator], max_turns=2)
+    assert by_object.options["tools"].names == ["calculator"]
+    assert {"loss_mask", "trajectory", "turns", "tool_calls"} <= by_object.writes
+    assert "loss_mask" not in g.generate("c", model="m", pool="p").writes
