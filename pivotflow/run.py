@@ -174,7 +174,7 @@ def role_options(graph: Graph, cfg: RunConfig,
             o.update({k: v for k, v in node.options.items()
                       if isinstance(v, (int, float, str, bool))})
         elif tokenizers and node.model in tokenizers:  # engines decode to match stop strings
-            o["tokenizer"] = tokenizers[node.model].to_dict()
+            o["tokenizer"] = json.dumps(tokenizers[node.model].to_dict())  # options are flat
         opts[node.pool] = o
     return opts
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -44,7 +45,8 @@ class GenerateRole:
         else:
             engine_kw = {"max_batch": int(options.get("max_batch", 64)), "eos_token_id": 2}
             if kind == "torch" and "tokenizer" in options:  # to match stop strings
-                engine_kw["detokenize"] = CharTokenizer.from_dict(options["tokenizer"]).decode
+                tok = CharTokenizer.from_dict(json.loads(options["tokenizer"]))
+                engine_kw["detokenize"] = tok.decode
         self.engine = make_engine(kind, config, **engine_kw)
         self.engine.load_weights(tensors, version)
         self.load_s = time.perf_counter() - t0
