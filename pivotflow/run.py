@@ -271,6 +271,12 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     summary = _summarize(ctl, steps, wall, error)
     summary.extra["worker_pids"] = [p.pid for p in launcher.procs.values()]
     summary.extra["chaos_kills"] = chaos.kills
+    if tool_pools:  # what the tool calls gave, by kind (ok, timeout, parse, ...), all stages
+        kinds: dict[str, int] = {}
+        for pool in tool_pools.values():
+            for kind, n in pool.counters.items():
+                kinds[kind] = kinds.get(kind, 0) + n
+        summary.extra["tool_results"] = kinds
     with open(out / "shifts.jsonl", "w") as f:  # every shift, timed part by part, and why
         for rec, why in zip(ctl.shifts.done, _decisions_by_shift(ctl), strict=False):
             f.write(json.dumps({**rec.as_record(), "planner": why}) + "\n")

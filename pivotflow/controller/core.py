@@ -461,8 +461,11 @@ class Controller:
         if fut.cancelled() or self.in_tools.pop(sample.sample_id, None) is None:
             return
         try:
-            self.turns[idx].on_observation(sample, fut.result())
-            self.edges[idx].push(sample, self.clock.now(), front=True)  # finish groups first
+            if self.turns[idx].on_observation(sample, fut.result()):
+                self.edges[idx].push(sample, self.clock.now(), front=True)  # finish groups first
+            else:  # no room left for another turn: the trajectory ends at its call
+                self.source.check(sample)
+                self._advance(sample, idx + 1)
             self._pump()
         except Exception as exc:  # a closed pool mid-run, a broken observation: loudly
             log.exception("tool call of sample %d failed", sample.sample_id)

@@ -69,28 +69,35 @@ class ToolTurns:
                 and self.parser.call_closed(text)):
             f[AWAITING], f[TURN_TEXT] = True, text
             return self.pending_calls(sample)
-        self._finish(sample, r, text)
+        self._finish(sample, r.finish_reason, text)
         return None
 
     def pending_calls(self, sample: Sample) -> Calls:
         """The calls of the turn that awaits its observation (parsed from its text)."""
         return self.parser.parse(sample.fields[TURN_TEXT])
 
-    def on_observation(self, sample: Sample, results: list[ToolResult]) -> None:
-        """Append the tool results as observation tokens (mask 0); the sample then goes on to
-        its next turn."""
+    def on_observation(self, sample: Sample, results: list[ToolResult]) -> bool:
+        """Append the tool results as observation tokens (mask 0). True: the sample goes on to
+        its next turn; False: the observation leaves no room for one within
+        ``max_total_tokens``, so the trajectory ends at the call (finish reason "length")."""
         f = sample.fields
+        f["tool_calls"] += len(results)
+        f["tool_errors"] += sum(not r.ok for r in results)
         ids = encode_observation(self.tok, observation_text(self.parser, results))
+        if self.max_total is not None and len(f["response_ids"]) + len(ids) >= self.max_total:
+            text = f.pop(TURN_TEXT)
+            del f[AWAITING]
+            self._finish(sample, "length", text)
+            return False
         last_version = f["versions"][-1] if f["versions"] else 0
         f["response_ids"] += ids
         f["logprobs"] += [0.0] * len(ids)  # not the policy's: masked out of the loss
         f["versions"] += [last_version] * len(ids)  # as of the turn that made the call
         f["loss_mask"] += [0] * len(ids)
-        f["tool_calls"] += len(results)
-        f["tool_errors"] += sum(not r.ok for r in results)
         del f[AWAITING], f[TURN_TEXT]
+        return True
 
-    def _finish(self, sample: Sample, r: JobDone, text: str) -> None:
+    def _finish(self, sample: Sample, reason: str, text: str) -> None:
         f = sample.fields
-        f.update(response=text, completion=text, finish_reason=r.finish_reason,
+        f.update(response=text, completion=text, finish_reason=reason,
                  trajectory=self.tok.decode(f["response_ids"]))

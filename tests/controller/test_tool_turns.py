@@ -46,7 +46,8 @@ CASES = {
 }
 
 
-def tool_graph(group_size: int, max_turns: int = 3, groups_per_step: int = 1) -> Graph:
+def tool_graph(group_size: int, max_turns: int = 3, groups_per_step: int = 1,
+               max_total_tokens: int | None = None) -> Graph:
     g = Graph("tools")
     g.model("policy", source="unused")
     g.model("judge", source="unused")
@@ -56,7 +57,7 @@ def tool_graph(group_size: int, max_turns: int = 3, groups_per_step: int = 1) ->
     src = g.source("prompts", task="arithmetic", group_size=group_size,
                    groups_per_step=groups_per_step)
     gen = g.generate("rollout", model="policy", pool="rollout", max_tokens=4000, tools=TOOLS,
-                     max_turns=max_turns, tool_pool=POOL)
+                     max_turns=max_turns, tool_pool=POOL, max_total_tokens=max_total_tokens)
     jud = g.judge("genrm", model="judge", pool="genrm", template=template, parse=parse)
     adv = g.group("advantage", grpo_advantage, writes=["advantage"])
     tr = g.train("train", model="policy", pool="trainer")
@@ -131,11 +132,11 @@ async def test_every_bad_call_is_an_observation_and_the_run_goes_on() -> None:
     assert h.ctl.ledger.samples_trained == len(CASES)
 
 
-async def test_max_turns_ends_a_trajectory_that_keeps_calling() -> None:
-    graph = tool_graph(group_size=2, max_turns=2)
+async def run_calling(loop_call: str, **graph_kw: Any) -> tuple[Harness, list[TrainStep]]:
+    """A policy that calls ``loop_call`` in every turn, to the end of the run."""
+    graph = tool_graph(group_size=2, **graph_kw)
     pool = ToolPool(graph.nodes["rollout"].options["tools"], **POOL)
     h = Harness(steps=1, graph=graph, tool_pools={"rollout": pool})
-    loop_call = call("calculator", {"expression": "1+1"})
     steps: list[TrainStep] = []
 
     async def serve(wid: str) -> None:
@@ -159,11 +160,27 @@ async def test_max_turns_ends_a_trajectory_that_keeps_calling() -> None:
         for s in servers:
             s.cancel()
         pool.close()
+    return h, steps
+
+
+async def test_max_turns_ends_a_trajectory_that_keeps_calling() -> None:
+    loop_call = call("calculator", {"expression": "1+1"})
+    h, steps = await run_calling(loop_call, max_turns=2)
     (rec,) = h.records
     assert rec["turns_mean"] == 2.0 and rec["tool_calls_per_sample"] == 1.0
     for seq in steps[0].seqs:  # call, its result, call again: the last turn is not run
         assert TOK.decode(seq.response_ids) == loop_call + "\n<tool_response>\n2\n" \
             "</tool_response>\n" + loop_call
+
+
+async def test_an_observation_past_the_token_budget_ends_the_trajectory_at_its_call() -> None:
+    big = call("echo", {"text": "y" * 150})
+    h, steps = await run_calling(big, max_total_tokens=len(big) + 100)
+    (rec,) = h.records
+    assert rec["turns_mean"] == 1.0 and rec["tool_calls_per_sample"] == 1.0
+    assert h.ctl.errors["generation"] == 0  # no turn was sent that could not fit
+    for seq in steps[0].seqs:  # the call, trained; the observation that did not fit, dropped
+        assert TOK.decode(seq.response_ids) == big and seq.loss_mask == [1] * len(big)
 
 
 def value_of(question: str) -> str:
