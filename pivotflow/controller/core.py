@@ -366,12 +366,18 @@ class Controller:
         edge = self.edges[idx]
         node = self.order[idx]
         pool = self.pools[node.pool or ""]
+        workers = self.workers
         while len(edge):
-            worker = max((self.workers[w] for w in pool.workers), key=lambda h: h.free,
-                         default=None)
-            if worker is None or worker.free <= 0:
+            # the ready worker with the most free slots (the first of equals); inline, since
+            # this runs on every result (a simulated 128-GPU cluster: millions of times)
+            worker, free = None, 0
+            for wid in pool.workers:
+                h = workers[wid]
+                if h.state == "ready" and h.capacity - len(h.jobs) > free:
+                    worker, free = h, h.capacity - len(h.jobs)
+            if worker is None:
                 return
-            n = min(worker.free, len(edge), self.cfg.max_jobs_per_frame)
+            n = min(free, len(edge), self.cfg.max_jobs_per_frame)
             jobs = []
             for _ in range(n):
                 sample = edge.pop(now)

@@ -37,8 +37,8 @@ def train_time(view: PlannerView, pool: PoolView, workers: int) -> float:
         return 0.0
     total = sum(p.workers for p in view.pools.values())
     best = drain_time(pool, max(workers, 1)) + (view.shift_cost_s if workers == 0 else 0.0)
-    for m in range(workers + 1, total + 1):
-        best = min(best, drain_time(pool, m) + view.shift_cost_s)
+    if total > workers:  # drain time falls with every worker: of the larger pools, all is best
+        best = min(best, drain_time(pool, total) + view.shift_cost_s)
     return best
 
 
@@ -103,11 +103,15 @@ class BackpressurePlanner:
         now = makespan(view, sizes)
         best: Move | None = None
         best_gain = view.shift_cost_s * (1 + self.hysteresis)
+        cooldown = self.cooldown_costs * view.shift_cost_s
         for src in view.pools.values():
-            movable = [w for w in src.ready if w not in taken
-                       and view.now_s - view.last_shift_s.get(w, -math.inf)
-                       > self.cooldown_costs * view.shift_cost_s]
-            if not movable or not src.measured:  # no move on a borrowed rate
+            if not src.measured:  # no move on a borrowed rate
+                continue
+            # the last ready worker not moved yet and out of its cooldown
+            worker = next((w for w in reversed(src.ready) if w not in taken
+                           and view.now_s - view.last_shift_s.get(w, -math.inf) > cooldown),
+                          None)
+            if worker is None:
                 continue
             for dst in view.pools.values():
                 if dst.name == src.name or dst.remaining == 0 or not dst.measured:
@@ -116,7 +120,7 @@ class BackpressurePlanner:
                 gain = now - after if after < math.inf else -math.inf
                 if gain > best_gain:
                     best_gain = gain
-                    best = Move(movable[-1], src.name, dst.name,
+                    best = Move(worker, src.name, dst.name,
                                 f"bound {now:.3f}s -> {after:.3f}s, shift costs "
                                 f"{view.shift_cost_s:.3f}s", numbers(view, src, dst, now, gain))
         return best
