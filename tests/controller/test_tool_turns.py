@@ -58,11 +58,16 @@ def tool_graph(group_size: int, max_turns: int = 3, groups_per_step: int = 1,
                    groups_per_step=groups_per_step)
     gen = g.generate("rollout", model="policy", pool="rollout", max_tokens=4000, tools=TOOLS,
                      max_turns=max_turns, tool_pool=POOL, max_total_tokens=max_total_tokens)
-    jud = g.judge("genrm", model="judge", pool="genrm", template=template, parse=parse)
+    jud = g.judge("genrm", model="judge", pool="genrm", template=judge_whole, parse=parse)
     adv = g.group("advantage", grpo_advantage, writes=["advantage"])
     tr = g.train("train", model="policy", pool="trainer")
     g.chain(src, gen, jud, adv, tr)
     return g
+
+
+def judge_whole(prompt: str, trajectory: str, **_: Any) -> str:
+    """A GenRM that reads the whole trajectory: calls and tool results included."""
+    return template(prompt, trajectory.replace("\n", " "))
 
 
 def finished(job_id: int, text: str, eos: bool) -> JobDone:
@@ -78,6 +83,7 @@ async def test_every_bad_call_is_an_observation_and_the_run_goes_on() -> None:
     h = Harness(steps=1, graph=graph, tool_pools={"rollout": pool})
     first_turn: dict[int, str] = {}  # sample (by its seed) -> its first turn's text
     seen: dict[str, str] = {}  # first turn -> the prompt of the second turn
+    judged: list[str] = []
     steps: list[TrainStep] = []
 
     def answer(job: Any) -> JobDone:
@@ -94,6 +100,8 @@ async def test_every_bad_call_is_an_observation_and_the_run_goes_on() -> None:
         while True:
             msg = await end.recv()
             if isinstance(msg, Jobs):
+                if wid == "w-judge":
+                    judged.extend(TOK.decode(j.prompt_ids) for j in msg.jobs)
                 fn = answer if wid == "w-roll" else (lambda j: finished(j.job_id, "Y", True))
                 end.send(JobsDone(results=[fn(j) for j in msg.jobs]))
             elif isinstance(msg, TrainStep):
@@ -126,6 +134,9 @@ async def test_every_bad_call_is_an_observation_and_the_run_goes_on() -> None:
         assert seq.loss_mask == [1] * n_turn + [0] * n_obs + [1, 1]  # "7" and EOS
         assert seq.logprobs[n_turn:n_turn + n_obs] == [0.0] * n_obs
         assert len(seq.versions) == len(seq.response_ids) == len(seq.loss_mask)
+    # the judge read whole trajectories (its template asked for ``trajectory``)
+    assert len(judged) == len(CASES)
+    assert all("</tool_call> <tool_response> " in j and j.endswith("7?") for j in judged)
     (rec,) = h.records
     assert rec["tool_calls_per_sample"] == 1.0 and rec["turns_mean"] == 2.0
     assert rec["tool_errors"] == len(CASES) - 1
