@@ -19,6 +19,9 @@ class CharTokenizer:
         self.specials = (PAD, BOS, EOS)
         self._to_id = {c: i + len(self.specials) for i, c in enumerate(chars)}
         self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
+        # id -> text tables: decoding runs on every result the controller gets
+        self._text = ["" for _ in self.specials] + list(chars)
+        self._text_specials = list(self.specials) + list(chars)
 
     @property
     def vocab_size(self) -> int:
@@ -26,30 +29,25 @@ class CharTokenizer:
 
     def encode(self, text: str, *, bos: bool = False) -> list[int]:
         """Ids of ``text``; raises TokenizerError naming the first unknown character."""
-        ids = [self.bos_id] if bos else []
-        for pos, ch in enumerate(text):
-            tid = self._to_id.get(ch)
-            if tid is None:
-                raise TokenizerError(
-                    f"character {ch!r} at position {pos} of {text!r} is not in the alphabet "
-                    f"{self.chars!r}"
-                )
-            ids.append(tid)
-        return ids
+        to_id = self._to_id
+        try:
+            ids = [to_id[ch] for ch in text]
+        except KeyError:
+            pos = next(i for i, ch in enumerate(text) if ch not in to_id)
+            raise TokenizerError(
+                f"character {text[pos]!r} at position {pos} of {text!r} is not in the alphabet "
+                f"{self.chars!r}"
+            ) from None
+        return [self.bos_id, *ids] if bos else ids
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
         """Text of ``ids``; raises TokenizerError for an id outside the vocabulary."""
-        out = []
-        n = len(self.specials)
-        for tid in ids:
-            if not 0 <= tid < self.vocab_size:
-                raise TokenizerError(f"token id {tid} is outside the vocabulary (0..{self.vocab_size - 1})")
-            if tid < n:
-                if not skip_special:
-                    out.append(self.specials[tid])
-                continue
-            out.append(self.chars[tid - n])
-        return "".join(out)
+        seq = ids if isinstance(ids, (list, tuple)) else list(ids)
+        if seq and (min(seq) < 0 or max(seq) >= len(self._text)):
+            bad = next(t for t in seq if not 0 <= t < len(self._text))
+            raise TokenizerError(f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
+        table = self._text if skip_special else self._text_specials
+        return "".join([table[t] for t in seq])
 
     def to_dict(self) -> dict[str, object]:
         return {"type": "char", "chars": self.chars}
