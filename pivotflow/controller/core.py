@@ -27,9 +27,9 @@ from pivotflow.controller.recovery import Recovery, Respawn
 from pivotflow.controller.sample import Ledger, Sample
 from pivotflow.controller.shifts import ShiftManager
 from pivotflow.controller.source import PromptSource
+from pivotflow.controller.tool_calls import ToolCalls
 from pivotflow.controller.train_batch import TrainBuffer
 from pivotflow.controller.training import TrainSteps
-from pivotflow.controller.turns import ToolTurns
 from pivotflow.errors import GraphError, WorkerError
 from pivotflow.graph import Graph
 from pivotflow.planner.base import Planner, PlannerView, StaticPlanner
@@ -51,7 +51,7 @@ from pivotflow.protocol import (
     WorkerFailed,
 )
 from pivotflow.tasks.tokenizer import CharTokenizer
-from pivotflow.tools.pool import ToolPool, ToolResult
+from pivotflow.tools.pool import ToolPool
 from pivotflow.transport.base import ControllerTransport
 
 log = logging.getLogger("pivotflow.controller")
@@ -120,12 +120,7 @@ class Controller:
         self._ckpt_write: Callable[[], None] | None = None
         self.filtered_since_step = 0
         self.errors = {"generation": 0}
-        # multi-turn stages: their turn logic, their tool pools, the samples waiting on a call
-        self.turns = {i: ToolTurns(n, self.tok[n.model or ""]) for i, n in enumerate(self.order)
-                      if n.kind == "generate" and "tools" in n.options}
-        self.tool_pools = {i: (tool_pools or {})[self.order[i].name] for i in self.turns}
-        self.in_tools: dict[int, tuple[Sample, int]] = {}  # sample id -> (sample, stage)
-        self._tool_tasks: set[asyncio.Future[list[ToolResult]]] = set()
+        self.tools = ToolCalls(self, tool_pools)  # multi-turn stages' calls
         self.started_at = 0.0
         self._done: asyncio.Event | None = None
         self._error: BaseException | None = None
@@ -139,16 +134,16 @@ class Controller:
         for w in self.workers.values():
             w.last_seen = self.started_at
         self.transport.start(self._on_message_safe)
-        for sample, idx in list(self.in_tools.values()):  # restored mid-call: call again
-            self._call_tools(idx, sample)
+        self.tools.resume()  # samples a snapshot had waiting on a call: call again
         tasks = [asyncio.ensure_future(self._tick_forever()),
                  asyncio.ensure_future(self._plan_forever())]
         try:
             await self._done.wait()
         finally:
-            for t in tasks + list(self._tool_tasks):
+            waits = [*tasks, *self.tools.tasks]
+            for t in waits:
                 t.cancel()
-            await asyncio.gather(*tasks, *self._tool_tasks, return_exceptions=True)
+            await asyncio.gather(*waits, return_exceptions=True)
             self._shutdown_workers()
         if self._error is not None:
             raise self._error
@@ -385,9 +380,8 @@ class Controller:
                 self.next_job += 1
                 tok = self.tok[node.model or ""]
                 if node.kind == "generate":
-                    job = stages.generate_job(node, sample, job_id, tok, self.version)
-                    if idx in self.turns:
-                        job = self.turns[idx].job(job, sample)
+                    job = self.tools.job(
+                        idx, stages.generate_job(node, sample, job_id, tok, self.version), sample)
                 else:
                     job = stages.judge_job(node, sample, job_id, tok)
                 self.jobs[job_id] = (sample, idx, worker.worker_id, now)
@@ -432,12 +426,9 @@ class Controller:
             self.errors["generation"] += 1
             log.warning("job %d (%s, sample %d) failed: %s", r.job_id, node.name,
                         sample.sample_id, r.error)
-        if idx in self.turns:
-            calls = self.turns[idx].on_turn(sample, r)
-            if calls is not None:  # the turn made calls: run them, then the next turn
-                self.in_tools[sample.sample_id] = (sample, idx)
-                self._call_tools(idx, sample, calls)
-                self.checkpoint_job_back(r.job_id)  # in_tools is where a snapshot sees it
+        if idx in self.tools.turns:
+            if self.tools.on_turn(idx, sample, r):  # its calls run, then the next turn
+                self.checkpoint_job_back(r.job_id)  # waiting on them, a snapshot sees it
                 return
             self.source.check(sample)
         elif node.kind == "generate":
@@ -449,33 +440,6 @@ class Controller:
         # finished before a checkpoint's abort reached it; only now is the sample somewhere a
         # snapshot sees it (the next stage), so only now may the checkpoint be written
         self.checkpoint_job_back(r.job_id)
-
-    # ------------------------------------------------------------ tool calls
-
-    def _call_tools(self, idx: int, sample: Sample, calls: Any = None) -> None:
-        """Run a turn's calls in the stage's tool pool (threads and sandboxed processes, so the
-        loop never blocks); the observation is appended when they are back."""
-        if calls is None:
-            calls = self.turns[idx].pending_calls(sample)
-        fut = asyncio.ensure_future(self.tool_pools[idx].acall_all(calls))
-        self._tool_tasks.add(fut)
-        fut.add_done_callback(lambda f: self._on_tools_done(idx, sample, f))
-
-    def _on_tools_done(self, idx: int, sample: Sample,
-                       fut: asyncio.Future[list[ToolResult]]) -> None:
-        self._tool_tasks.discard(fut)
-        if fut.cancelled() or self.in_tools.pop(sample.sample_id, None) is None:
-            return
-        try:
-            if self.turns[idx].on_observation(sample, fut.result()):
-                self.edges[idx].push(sample, self.clock.now(), front=True)  # finish groups first
-            else:  # no room left for another turn: the trajectory ends at its call
-                self.source.check(sample)
-                self._advance(sample, idx + 1)
-            self._pump()
-        except Exception as exc:  # a closed pool mid-run, a broken observation: loudly
-            log.exception("tool call of sample %d failed", sample.sample_id)
-            self.fail(exc)
 
     # ------------------------------------------------------------ training
 
@@ -507,7 +471,7 @@ class Controller:
         for edge in self.edges.values():
             present.update(s.group_id for s in edge.samples())
         present.update(s.group_id for s, _, _, _ in self.jobs.values())
-        present.update(s.group_id for s, _ in self.in_tools.values())
+        present.update(s.group_id for s, _ in self.tools.waiting.values())
         for groups in self.barriers.values():
             present.update(groups)
         present.update(self.train_buffer.ready)

@@ -74,7 +74,7 @@ def snapshot(ctl: Controller) -> ControllerState:
     for idx, edge in ctl.edges.items():
         saved += [_saved(s, idx) for s in edge.samples()]
     saved += [_saved(s, idx) for s, idx, _, _ in ctl.jobs.values()]
-    saved += [_saved(s, idx) for s, idx in ctl.in_tools.values()]  # calls run again on resume
+    saved += [_saved(s, idx) for s, idx in ctl.tools.waiting.values()]  # called again on resume
     for idx, groups in ctl.barriers.items():
         saved += [_saved(s, idx) for group in groups.values() for s in group]
     saved += [_saved(s, TRAIN_BUFFER) for group in ctl.train_buffer.ready.values() for s in group]
@@ -130,7 +130,7 @@ def restore(ctl: Controller, state: ControllerState) -> None:
         if s.stage == TRAIN_BUFFER:
             groups.setdefault(s.group_id, []).append(sample)
         elif sample.fields.get(AWAITING):  # its calls run again when the run starts
-            ctl.in_tools[sample.sample_id] = (sample, s.stage)
+            ctl.tools.waiting[sample.sample_id] = (sample, s.stage)
         elif s.stage in ctl.edges:
             ctl.edges[s.stage].push(sample, now)
         else:

@@ -288,7 +288,7 @@ async def test_a_checkpoint_taken_while_calls_run_resumes_them() -> None:
 
     try:
         async with serving(first, pools) as (run, _):
-            while not first.ctl.in_tools:
+            while not first.ctl.tools.waiting:
                 await asyncio.sleep(0.001)
             first.ctl.checkpoint_soon(write)
             with pytest.raises(RuntimeError, match="stopped"):
@@ -297,7 +297,7 @@ async def test_a_checkpoint_taken_while_calls_run_resumes_them() -> None:
         assert any(s.fields.get(AWAITING) for s in state.samples)
         second = harness()
         restore(second.ctl, state)
-        assert second.ctl.in_tools  # their calls run again once the run starts
+        assert second.ctl.tools.waiting  # their calls run again once the run starts
         async with serving(second, pools) as (run, _):
             await asyncio.wait_for(run, 30)
     finally:
