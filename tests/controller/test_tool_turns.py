@@ -76,33 +76,22 @@ def finished(job_id: int, text: str, eos: bool) -> JobDone:
                    versions=[0] * len(ids), finish_reason="stop")
 
 
-async def test_every_bad_call_is_an_observation_and_the_run_goes_on() -> None:
-    turns = list(CASES)
-    graph = tool_graph(group_size=len(turns))
+async def play(graph: Graph, rollout: Any,
+               judged: list[str] | None = None) -> tuple[Harness, list[TrainStep], ToolPool]:
+    """Run ``graph`` for one step with a real tool pool, answering rollout jobs with
+    ``rollout(job)`` and judge jobs with "Y" (their prompts go to ``judged``)."""
     pool = ToolPool(graph.nodes["rollout"].options["tools"], **POOL)
     h = Harness(steps=1, graph=graph, tool_pools={"rollout": pool})
-    first_turn: dict[int, str] = {}  # sample (by its seed) -> its first turn's text
-    seen: dict[str, str] = {}  # first turn -> the prompt of the second turn
-    judged: list[str] = []
     steps: list[TrainStep] = []
-
-    def answer(job: Any) -> JobDone:
-        text = TOK.decode(job.prompt_ids)
-        assert job.stop_strings == ["</tool_call>"]
-        if "<tool_response>" not in text:  # the first turn: one bad (or good) call each
-            first_turn[job.seed] = turns[len(first_turn)]
-            return finished(job.job_id, first_turn[job.seed], eos=False)
-        seen[first_turn[job.seed]] = text
-        return finished(job.job_id, "7", eos=True)
 
     async def serve(wid: str) -> None:
         end = h.ends[wid]
         while True:
             msg = await end.recv()
             if isinstance(msg, Jobs):
-                if wid == "w-judge":
+                if wid == "w-judge" and judged is not None:
                     judged.extend(TOK.decode(j.prompt_ids) for j in msg.jobs)
-                fn = answer if wid == "w-roll" else (lambda j: finished(j.job_id, "Y", True))
+                fn = rollout if wid == "w-roll" else (lambda j: finished(j.job_id, "Y", True))
                 end.send(JobsDone(results=[fn(j) for j in msg.jobs]))
             elif isinstance(msg, TrainStep):
                 steps.append(msg)
@@ -117,6 +106,25 @@ async def test_every_bad_call_is_an_observation_and_the_run_goes_on() -> None:
         for s in servers:
             s.cancel()
         pool.close()
+    return h, steps, pool
+
+
+async def test_every_bad_call_is_an_observation_and_the_run_goes_on() -> None:
+    turns = list(CASES)
+    first_turn: dict[int, str] = {}  # sample (by its seed) -> its first turn's text
+    seen: dict[str, str] = {}  # first turn -> the prompt of the second turn
+    judged: list[str] = []
+
+    def answer(job: Any) -> JobDone:
+        text = TOK.decode(job.prompt_ids)
+        assert job.stop_strings == ["</tool_call>"]
+        if "<tool_response>" not in text:  # the first turn: one bad (or good) call each
+            first_turn[job.seed] = turns[len(first_turn)]
+            return finished(job.job_id, first_turn[job.seed], eos=False)
+        seen[first_turn[job.seed]] = text
+        return finished(job.job_id, "7", eos=True)
+
+    h, steps, pool = await play(tool_graph(group_size=len(turns)), answer, judged)
     # the policy's next turn read each observation, failures as "Error: ..." text
     for turn, (says, kind) in CASES.items():
         obs = seen[turn].split("</tool_call>", 1)[1]
@@ -145,32 +153,8 @@ async def test_every_bad_call_is_an_observation_and_the_run_goes_on() -> None:
 
 async def run_calling(loop_call: str, **graph_kw: Any) -> tuple[Harness, list[TrainStep]]:
     """A policy that calls ``loop_call`` in every turn, to the end of the run."""
-    graph = tool_graph(group_size=2, **graph_kw)
-    pool = ToolPool(graph.nodes["rollout"].options["tools"], **POOL)
-    h = Harness(steps=1, graph=graph, tool_pools={"rollout": pool})
-    steps: list[TrainStep] = []
-
-    async def serve(wid: str) -> None:
-        end = h.ends[wid]
-        while True:
-            msg = await end.recv()
-            if isinstance(msg, Jobs):
-                text = loop_call if wid == "w-roll" else "Y"
-                end.send(JobsDone(results=[finished(j.job_id, text, wid != "w-roll")
-                                           for j in msg.jobs]))
-            elif isinstance(msg, TrainStep):
-                steps.append(msg)
-                end.send(TrainDone(step=msg.step, version=1, stats={}, job_ids=[]))
-
-    run = asyncio.ensure_future(h.ctl.run())
-    await h.join_all()
-    servers = [asyncio.ensure_future(serve(w)) for w in h.ends]
-    try:
-        await asyncio.wait_for(run, 30)
-    finally:
-        for s in servers:
-            s.cancel()
-        pool.close()
+    h, steps, _ = await play(tool_graph(group_size=2, **graph_kw),
+                             lambda j: finished(j.job_id, loop_call, eos=False))
     return h, steps
 
 
