@@ -19,7 +19,9 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 
@@ -44,6 +46,20 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def check_files(folder: Path, what: str) -> None:
+    """Raise CheckpointError if a checkpoint file under ``folder`` is missing or its JSON does
+    not parse (``what`` names the cache in the message)."""
+    for name in FILES:
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointError(f"{what}: {path} is missing")
+        if name.endswith(".json"):
+            try:
+                json.loads(path.read_text())
+            except ValueError as exc:
+                raise CheckpointError(f"{what}: {path} is not JSON ({exc})") from exc
+
+
 def check_models(root: Path) -> None:
     """Raise CheckpointError naming the first missing or corrupt file under ``root``."""
     stamp = root / "hashes.json"
@@ -52,15 +68,7 @@ def check_models(root: Path) -> None:
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"model cache {stamp}: unreadable ({exc})") from exc
     for which in ("policy", "judge"):
-        for name in FILES:
-            path = root / which / name
-            if not path.is_file():
-                raise CheckpointError(f"model cache: {path} is missing")
-            if name.endswith(".json"):
-                try:
-                    json.loads(path.read_text())
-                except ValueError as exc:
-                    raise CheckpointError(f"model cache: {path} is not JSON ({exc})") from exc
+        check_files(root / which, "model cache")
         weights = root / which / "model.safetensors"
         if _digest(weights) != hashes.get(which):
             raise CheckpointError(f"model cache: {weights} does not match its recorded hash")
@@ -71,6 +79,39 @@ def shipped_dir(seed: int) -> Path:
     return Path(__file__).parent / "data" / f"models-{FORMAT}-seed{seed}"
 
 
+def replace_dir(final: Path, fill: Callable[[Path], Any]) -> Any:
+    """Run ``fill`` on a temp folder beside ``final``, then rename it into place (a reader
+    sees the old folder or the whole new one, never a half-written one); returns its result."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        result = fill(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it owner-only; the cache is read by whoever runs
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return result
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ensure_cached(root: Path, check: Callable[[Path], None], install: Callable[[], bool],
+                  build: Callable[[], object], what: str) -> None:
+    """Make ``root`` whole under its file lock (a second process waits, then finds it built):
+    ``check`` it, else ``install`` a shipped copy, else ``build`` it; then check again."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f".{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            check(root)
+        except CheckpointError as exc:
+            if root.exists():
+                log.warning("%s; rebuilding %s", exc, what)
+            if not install():
+                build()
+            check(root)
+
+
 def _install_shipped(seed: int) -> bool:
     """Copy the shipped models into the cache if there are whole ones for ``seed``."""
     src = shipped_dir(seed)
@@ -78,52 +119,30 @@ def _install_shipped(seed: int) -> bool:
         check_models(src)
     except CheckpointError:
         return False
-    final = models_dir(seed)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
-    try:
-        shutil.copytree(src, tmp, dirs_exist_ok=True)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    replace_dir(models_dir(seed), lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
     return True
 
 
 def _build(seed: int, quick: bool, progress: bool) -> dict:
     from pivotflow.tasks.bootstrap import bootstrap
 
-    final = models_dir(seed, quick)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
-    try:
+    def fill(tmp: Path) -> dict:
         figures = bootstrap(tmp, seed, quick=quick, progress=progress)
         hashes = {w: _digest(tmp / w / "model.safetensors") for w in ("policy", "judge")}
         (tmp / "hashes.json").write_text(json.dumps(hashes))
         (tmp / "figures.json").write_text(json.dumps(figures, indent=2))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
         return figures
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    figures: dict = replace_dir(models_dir(seed, quick), fill)
+    return figures
 
 
 def ensure_models(seed: int = 0, *, progress: bool = True, quick: bool = False
                   ) -> tuple[Path, Path]:
     """The (policy, judge) checkpoint folders, bootstrapping them once if needed."""
     root = models_dir(seed, quick)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f".{root.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits, then finds the cache built
-        try:
-            check_models(root)
-        except CheckpointError as exc:
-            if root.exists():
-                log.warning("%s; rebuilding the models", exc)
-            if quick or not _install_shipped(seed):
-                _build(seed, quick, progress)
-            check_models(root)
+    ensure_cached(root, check_models, lambda: not quick and _install_shipped(seed),
+                  lambda: _build(seed, quick, progress), "the models")
     return root / "policy", root / "judge"
 
 

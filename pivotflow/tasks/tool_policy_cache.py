@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pivotflow.errors import CheckpointError
-from pivotflow.tasks.cache import FILES, FORMAT, _digest, cache_root, log
+from pivotflow.tasks.cache import (
+    FORMAT,
+    _digest,
+    cache_root,
+    check_files,
+    ensure_cached,
+    replace_dir,
+)
 
 WEIGHTS = "model.safetensors"
 
@@ -43,15 +47,7 @@ def check_tool_policy(root: Path) -> None:
         hashes = json.loads(stamp.read_text())
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"tool policy cache {stamp}: unreadable ({exc})") from exc
-    for name in FILES:
-        path = root / name
-        if not path.is_file():
-            raise CheckpointError(f"tool policy cache: {path} is missing")
-        if name.endswith(".json"):
-            try:
-                json.loads(path.read_text())
-            except ValueError as exc:
-                raise CheckpointError(f"tool policy cache: {path} is not JSON ({exc})") from exc
+    check_files(root, "tool policy cache")
     if not isinstance(hashes, dict) or _digest(root / WEIGHTS) != hashes.get(WEIGHTS):
         raise CheckpointError(
             f"tool policy cache: {root / WEIGHTS} does not match its recorded hash"
@@ -66,21 +62,6 @@ def write_tool_policy(model: Any, out: Path, meta: dict) -> None:
     (out / "hashes.json").write_text(json.dumps({WEIGHTS: _digest(out / WEIGHTS)}))
 
 
-def _replace(final: Path, fill: Callable[[Path], Any]) -> Any:
-    """Run ``fill`` on a temp folder beside ``final``, then rename it into place."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
-    try:
-        result = fill(tmp)
-        tmp.chmod(0o755)  # mkdtemp makes it owner-only; the cache is read by whoever runs
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        return result
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _install_shipped(seed: int, final: Path) -> bool:
     """Copy the shipped tool policy into ``final`` if there is a whole one for ``seed``."""
     src = shipped_tool_policy(seed)
@@ -88,7 +69,7 @@ def _install_shipped(seed: int, final: Path) -> bool:
         check_tool_policy(src)
     except CheckpointError:
         return False
-    _replace(final, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
+    replace_dir(final, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
     return True
 
 
@@ -117,7 +98,7 @@ def _build(seed: int, final: Path, progress: bool) -> dict:
 
         model, figures = train_tool_policy(seed, False, report)
     meta = {**figures, "command": f"python -m pivotflow.tasks.tool_policy --seed {seed}"}
-    _replace(final, lambda tmp: write_tool_policy(model, tmp, meta))
+    replace_dir(final, lambda tmp: write_tool_policy(model, tmp, meta))
     return meta
 
 
@@ -126,17 +107,8 @@ def ensure_tool_policy(seed: int = 0, *, progress: bool = True) -> Path:
     build, else trained (once, under a lock). Raises CheckpointError if the result is not whole,
     PivotflowError if training misses its targets."""
     root = tool_policy_dir(seed)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f".{root.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits, then finds the cache built
-        try:
-            check_tool_policy(root)
-        except CheckpointError as exc:
-            if root.exists():
-                log.warning("%s; rebuilding the tool policy", exc)
-            if not _install_shipped(seed, root):
-                _build(seed, root, progress)
-            check_tool_policy(root)
+    ensure_cached(root, check_tool_policy, lambda: _install_shipped(seed, root),
+                  lambda: _build(seed, root, progress), "the tool policy")
     return root
 
 
