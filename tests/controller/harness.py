@@ -44,7 +44,10 @@ def parse(verdict: str, **_: Any) -> float | None:
     return {"Y": 1.0, "N": 0.0}.get(verdict)
 
 
-def make_graph(group_size: int = 2, groups_per_step: int = 2, keep: Any = None) -> Graph:
+def make_graph(group_size: int = 2, groups_per_step: int = 2, keep: Any = None,
+               judge_template: Any = template, **generate: Any) -> Graph:
+    """prompts -> rollout -> genrm -> [keep] -> advantage -> train; ``generate`` options
+    (e.g. ``tools=``) replace the rollout's defaults."""
     g = Graph("t")
     g.model("policy", source="unused")
     g.model("judge", source="unused")
@@ -53,8 +56,8 @@ def make_graph(group_size: int = 2, groups_per_step: int = 2, keep: Any = None) 
     g.pool("trainer", workers=1)
     src = g.source("prompts", task="arithmetic", group_size=group_size,
                    groups_per_step=groups_per_step)
-    gen = g.generate("rollout", model="policy", pool="rollout", max_tokens=4)
-    jud = g.judge("genrm", model="judge", pool="genrm", template=template, parse=parse)
+    gen = g.generate("rollout", model="policy", pool="rollout", **{"max_tokens": 4, **generate})
+    jud = g.judge("genrm", model="judge", pool="genrm", template=judge_template, parse=parse)
     adv = g.group("advantage", grpo_advantage, writes=["advantage"])
     tr = g.train("train", model="policy", pool="trainer")
     if keep is None:

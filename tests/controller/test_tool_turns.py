@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import TOK, Harness, expected_tokens, parse, serving, template
+from harness import TOK, Harness, expected_tokens, make_graph, serving, template
 
 from pivotflow.graph import Graph
 from pivotflow.protocol import JobDone, Jobs, JobsDone, TrainDone, TrainStep
-from pivotflow.rl.group_fns import grpo_advantage
 from pivotflow.tools import ToolPool
 
 pytestmark = pytest.mark.timeout(90)
@@ -48,21 +47,9 @@ CASES = {
 
 def tool_graph(group_size: int, max_turns: int = 3, groups_per_step: int = 1,
                max_total_tokens: int | None = None) -> Graph:
-    g = Graph("tools")
-    g.model("policy", source="unused")
-    g.model("judge", source="unused")
-    g.pool("rollout", workers=1)
-    g.pool("genrm", workers=1)
-    g.pool("trainer", workers=1)
-    src = g.source("prompts", task="arithmetic", group_size=group_size,
-                   groups_per_step=groups_per_step)
-    gen = g.generate("rollout", model="policy", pool="rollout", max_tokens=4000, tools=TOOLS,
-                     max_turns=max_turns, tool_pool=POOL, max_total_tokens=max_total_tokens)
-    jud = g.judge("genrm", model="judge", pool="genrm", template=judge_whole, parse=parse)
-    adv = g.group("advantage", grpo_advantage, writes=["advantage"])
-    tr = g.train("train", model="policy", pool="trainer")
-    g.chain(src, gen, jud, adv, tr)
-    return g
+    return make_graph(group_size, groups_per_step, judge_template=judge_whole, max_tokens=4000,
+                      tools=TOOLS, max_turns=max_turns, tool_pool=POOL,
+                      max_total_tokens=max_total_tokens)
 
 
 def judge_whole(prompt: str, trajectory: str, **_: Any) -> str:
