@@ -1,8 +1,14 @@
 """The tiny models of the embedded default, trained by the project itself from a seed.
 
-* the **policy** (Qwen2-shaped, ~0.8M parameters) is fine-tuned on 2-digit addition until its
-  *sampled* accuracy (temperature 1, what RL rollouts see) enters [0.30, 0.55]: good enough
-  that GRPO gets a signal, far enough from 1 that RL has room to improve it;
+* the **policy** (Qwen2-shaped, ~0.8M parameters) is a *sloppy student* of 2-digit addition:
+  its fine-tuning labels are right 40% of the time and near misses otherwise (the slips of
+  ``judge_format.near_miss``: off by one, swapped or dropped digits ...). It trains until its
+  *sampled* accuracy (temperature 1, what RL rollouts see) enters [0.35, 0.55] while its greedy
+  answer is right on 95% of held-out sums: the answer is its mode, but it often slips. That
+  is the regime RL post-training works in (pass@k far above pass@1): GRPO sharpens the
+  distribution, and the gain generalises across prompts because the slips are the same kind
+  everywhere. (A policy merely stopped early on right labels is sharp where it is wrong; GRPO
+  moved it by ~0.05 in 600 steps.);
 * the **judge** (GenRM, ~0.2M parameters) reads ``"47+38=84?"`` and generates ``"85:No"``: the
   sum it computes, then its verdict. It trains until its greedy verdicts are right on at least
   97% of held-out pairs (half right answers, near misses like 47+38=84, some garbage) and 93%
@@ -18,6 +24,7 @@ import argparse
 import json
 import multiprocessing as mp
 import queue
+import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,16 +36,18 @@ from pivotflow.engines.base import GenerationRequest, SamplingParams
 from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.engines.torch.weights import save_checkpoint
 from pivotflow.errors import PivotflowError
-from pivotflow.tasks.judge_format import judge_examples, parse_verdict
+from pivotflow.tasks.judge_format import judge_examples, near_miss, parse_verdict
 from pivotflow.tasks.registry import get_task, make_dataset, split_dataset
 from pivotflow.tasks.sft import SFTConfig, greedy_complete, teacher_forced_accuracy, train_sft
 from pivotflow.tasks.tokenizer import default_tokenizer
 
-POLICY_BAND = (0.30, 0.55)  # sampled accuracy at temperature 1
-# ... reached by a policy that is already right when greedy: RL then sharpens a distribution
-# that holds the answer (measured: such a policy gains ~0.15 in 100 GRPO steps, one that is
-# wrong when greedy too gains half that).
-POLICY_MIN_GREEDY = 0.70
+POLICY_RIGHT_LABELS = 0.4  # the share of right answers in the policy's fine-tuning labels
+POLICY_LABELS_PER_SUM = 8  # labels drawn per training sum, so it learns the slip distribution
+POLICY_BAND = (0.35, 0.55)  # sampled accuracy at temperature 1
+# ... reached by a policy whose greedy answer is right: RL then sharpens a distribution that
+# holds the answer (measured offline, GRPO with the exact reward, 64 samples a step, lr 1e-5:
+# 0.42 -> 0.74 held-out sampled accuracy in 300 steps).
+POLICY_MIN_GREEDY = 0.95
 JUDGE_TARGET = 0.97  # held-out verdict accuracy
 NEAR_MISS_TARGET = 0.93  # ... and on the near misses alone (what a policy's wrong answers are)
 QUICK = {"policy_band": (0.05, 0.95), "judge_target": 0.60, "steps_scale": 0.25}
@@ -79,7 +88,10 @@ def train_policy(seed: int, quick: bool, report: Callable[[dict], None]) -> tupl
     torch.manual_seed(seed)
     tok, task = default_tokenizer(), get_task("arithmetic")
     train, held = split_dataset(make_dataset(task, 8100, seed), 500, seed)
-    pairs = [(p.prompt, p.answer) for p in train]
+    rng = random.Random(seed)
+    pairs = [(p.prompt, p.answer if rng.random() < POLICY_RIGHT_LABELS
+              else near_miss(p.answer, rng))
+             for p in train for _ in range(POLICY_LABELS_PER_SUM)]
     model = Decoder(policy_config(tok.vocab_size))
     lo, hi = QUICK["policy_band"] if quick else POLICY_BAND
     scale = QUICK["steps_scale"] if quick else 1.0
@@ -97,8 +109,8 @@ def train_policy(seed: int, quick: bool, report: Callable[[dict], None]) -> tupl
             return True
         return False
 
-    cfg = SFTConfig(steps=int(2000 * scale), batch_size=128, lr=3e-4, warmup_steps=20,
-                    schedule="constant", threads=1, seed=seed, eval_every=25)
+    cfg = SFTConfig(steps=int(3000 * scale), batch_size=128, lr=1e-3, warmup_steps=50,
+                    schedule="cosine", threads=1, seed=seed, eval_every=int(250 * scale))
     res = train_sft(model, tok, pairs, cfg, should_stop=stop, progress=False)
     if not found:
         raise PivotflowError(f"policy bootstrap never reached sampled accuracy in [{lo}, {hi}] "

@@ -27,7 +27,7 @@ import platformdirs
 
 from pivotflow.errors import CheckpointError
 
-FORMAT = "v1"  # bump when the bootstrap's models change, so old caches are not reused
+FORMAT = "v2"  # bump when the bootstrap's models change, so old caches are not reused
 FILES = ("model.safetensors", "config.json", "tokenizer.json", "meta.json")
 log = logging.getLogger("pivotflow.cache")
 

