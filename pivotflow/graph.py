@@ -227,14 +227,14 @@ class Graph:
         """Per-sample Python: ``fn(**fields)`` returns a value (one field) or a dict of fields."""
         where = _caller_where()
         return self._add(Node(name, "map", where, reads=fn_reads(fn, where, name),
-                              writes=frozenset(writes), fn=fn))
+                              writes=_field_names(writes, where, name), fn=fn))
 
     def group(self, name: str, fn: Callable[..., Any], *, writes: Iterable[str]) -> Node:
         """Per-group Python: ``fn(**fields)`` gets each field as a list over the group's samples
         and returns a dict of per-sample lists (e.g. advantages from rewards)."""
         where = _caller_where()
         return self._add(Node(name, "group", where, reads=fn_reads(fn, where, name),
-                              writes=frozenset(writes), fn=fn))
+                              writes=_field_names(writes, where, name), fn=fn))
 
     def filter(self, name: str, fn: Callable[..., bool]) -> Node:
         """Per-group keep/drop: ``fn(**fields)`` with per-group lists; False drops the group."""
@@ -284,3 +284,14 @@ class Graph:
         lines.append("  pools: " + ", ".join(f"{p.name}={p.workers}" for p in self.pools.values()))
         lines.append("  models: " + ", ".join(f"{m.name}={m.source}" for m in self.models.values()))
         return "\n".join(lines)
+
+
+def _field_names(writes: Iterable[str], where: str, stage: str) -> frozenset[str]:
+    """``writes`` as a set; names starting with "_" are the controller's own (its per-sample
+    state, never passed to stage functions), so a stage may not write one."""
+    names = frozenset(writes)
+    reserved = sorted(repr(n) for n in names if not isinstance(n, str) or n.startswith("_"))
+    if reserved:
+        raise GraphError(f"stage {stage!r} at {where}: field names {', '.join(reserved)} are not allowed "
+                         "(names starting with '_' are the controller's own)")
+    return names

@@ -210,6 +210,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
 
     def on_step(record: dict[str, Any]) -> None:
         record["controller_cpu_s"] = time.process_time()  # this process is the controller
+        record["controller_loop_cpu_s"] = time.thread_time()  # ... its event loop's thread alone
         std = {k: record[k] for k in STEP_KEYS if k in record}
         extra = {k: v for k, v in record.items() if k not in STEP_KEYS}
         recorder.record_step(StepRecord(**std, extra=extra))

@@ -131,6 +131,16 @@ def test_duplicate_node_name() -> None:
         g.map("a", grpo_advantage, writes=["advantage"])
 
 
+def test_underscore_fields_are_the_controllers_own() -> None:
+    # the controller keeps its per-sample state under "_" names; a stage may not write one
+    g = Graph("t")
+    with pytest.raises(GraphError, match=r"stage 'a' at .*test_graph.py:\d+: field names "
+                                         r"'_partial' are not allowed"):
+        g.map("a", grpo_advantage, writes=["reward", "_partial"])
+    with pytest.raises(GraphError, match="'_x' are not allowed"):
+        g.group("b", grpo_advantage, writes=["_x"])
+
+
 def test_star_args_function_rejected() -> None:
     g = Graph("t")
 

@@ -412,10 +412,10 @@ class Controller:
         node = self.order[idx]
         tok = self.tok[node.model or ""]
         if node.kind == "generate":
-            self.tokens_generated += len(r.token_ids) - sample.fields.pop("_counted", 0)
+            self.tokens_generated += len(r.token_ids) - sample.private.pop(stages.COUNTED, 0)
         if r.finish_reason == "abort":  # migration: resume elsewhere from the partial state
-            sample.fields[stages.PARTIAL] = r
-            sample.fields["_counted"] = len(r.token_ids)
+            sample.private[stages.PARTIAL] = r
+            sample.private[stages.COUNTED] = len(r.token_ids)
             self.edges[idx].push(sample, self.clock.now(), front=True)
             if r.job_id in self._ckpt_pending:
                 self.checkpoint_job_back(r.job_id)

@@ -8,7 +8,9 @@ from typing import Any
 
 @dataclass(slots=True)
 class Sample:
-    """One response to one prompt. ``fields`` holds every named field stages read and write."""
+    """One response to one prompt. ``fields`` holds every named field stages read and write
+    (stage functions get them as keyword arguments); ``private`` the controller's own state of
+    it (a partial generation to resume, a tool call in progress), which they never see."""
 
     sample_id: int
     group_id: int
@@ -17,6 +19,7 @@ class Sample:
     seed: int
     fields: dict[str, Any] = field(default_factory=dict)
     enqueued_at: float = 0.0
+    private: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

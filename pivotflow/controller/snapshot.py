@@ -56,8 +56,11 @@ class ControllerState(msgspec.Struct, kw_only=True):
 
 
 def _saved(sample: Sample, stage: int) -> SampleState:
-    fields = {k: v for k, v in sample.fields.items() if k not in (stages.PARTIAL, "_counted")}
-    partial: JobDone | None = sample.fields.get(stages.PARTIAL)
+    # private state travels in ``fields`` under its ``_`` keys (user fields never start with
+    # "_"), so the file format did not change when it moved out of ``fields``
+    fields = {**sample.fields, **{k: v for k, v in sample.private.items()
+                                  if k not in (stages.PARTIAL, stages.COUNTED)}}
+    partial: JobDone | None = sample.private.get(stages.PARTIAL)
     if partial is not None:  # tokens so far, with their logprobs and versions: resumed
         fields[PARTIAL_SAVED] = {"token_ids": list(partial.token_ids),
                                  "logprobs": list(partial.logprobs),
@@ -122,14 +125,15 @@ def restore(ctl: Controller, state: ControllerState) -> None:
     groups: dict[int, list[Sample]] = {}
     for s in state.samples:
         sample = Sample(s.sample_id, s.group_id, s.group_size, s.admit_version, s.seed,
-                        dict(s.fields))
-        partial = sample.fields.pop(PARTIAL_SAVED, None)
+                        {k: v for k, v in s.fields.items() if not k.startswith("_")},
+                        private={k: v for k, v in s.fields.items() if k.startswith("_")})
+        partial = sample.private.pop(PARTIAL_SAVED, None)
         if partial is not None:
-            sample.fields[stages.PARTIAL] = JobDone(job_id=-1, finish_reason="abort", **partial)
-            sample.fields["_counted"] = len(partial["token_ids"])
+            sample.private[stages.PARTIAL] = JobDone(job_id=-1, finish_reason="abort", **partial)
+            sample.private[stages.COUNTED] = len(partial["token_ids"])
         if s.stage == TRAIN_BUFFER:
             groups.setdefault(s.group_id, []).append(sample)
-        elif sample.fields.get(AWAITING):  # its calls run again when the run starts
+        elif sample.private.get(AWAITING):  # its calls run again when the run starts
             ctl.tools.waiting[sample.sample_id] = (sample, s.stage)
         elif s.stage in ctl.edges:
             ctl.edges[s.stage].push(sample, now)

@@ -13,19 +13,15 @@ from pivotflow.graph import Node
 from pivotflow.protocol import GenerateJob, JobDone, TrainSeq
 from pivotflow.tasks.tokenizer import CharTokenizer
 
-PARTIAL = "_partial"  # fields key of an aborted job's partial state, consumed on re-dispatch
-
-
-def public_fields(sample: Sample) -> dict[str, Any]:
-    """The fields user functions see: everything but the controller's own ``_``-prefixed keys."""
-    return {k: v for k, v in sample.fields.items() if k[0] != "_"}
+PARTIAL = "_partial"  # private key of an aborted job's partial state, consumed on re-dispatch
+COUNTED = "_counted"  # private key: tokens of that partial state already counted as generated
 
 
 def generate_job(node: Node, sample: Sample, job_id: int, tok: CharTokenizer,
                  min_version: int) -> GenerateJob:
     """The job that generates (or resumes) a rollout for ``sample``."""
     opts = node.options
-    partial: JobDone | None = sample.fields.pop(PARTIAL, None)
+    partial: JobDone | None = sample.private.pop(PARTIAL, None)
     return GenerateJob(
         job_id=job_id,
         prompt_ids=sample.fields["prompt_ids"],
@@ -44,11 +40,11 @@ def generate_job(node: Node, sample: Sample, job_id: int, tok: CharTokenizer,
 
 def judge_job(node: Node, sample: Sample, job_id: int, tok: CharTokenizer) -> GenerateJob:
     """The job that asks the GenRM for a verdict on ``sample`` (greedy, judge weights v0+)."""
-    prompt = node.options["template"](**public_fields(sample))
+    prompt = node.options["template"](**sample.fields)
     if not isinstance(prompt, str):
         raise GraphError(f"judge {node.name!r} at {node.where}: template returned "
                          f"{type(prompt).__name__}, expected str")
-    partial: JobDone | None = sample.fields.pop(PARTIAL, None)
+    partial: JobDone | None = sample.private.pop(PARTIAL, None)
     return GenerateJob(
         job_id=job_id,
         prompt_ids=tok.encode(prompt, bos=True),
@@ -80,9 +76,7 @@ def apply_verdict(node: Node, sample: Sample, result: JobDone, tok: CharTokenize
     verdict = tok.decode(result.token_ids)
     fields = sample.fields
     fields["verdict"] = verdict
-    args = public_fields(sample)
-    del args["verdict"]
-    reward = node.options["parse"](verdict=verdict, **args) if result.error == "" else None
+    reward = node.options["parse"](**fields) if result.error == "" else None
     ok = isinstance(reward, (int, float)) and not isinstance(reward, bool)
     fields["reward"] = float(reward) if ok else None
     fields["judge_failed"] = not ok
@@ -92,8 +86,7 @@ def apply_verdict(node: Node, sample: Sample, result: JobDone, tok: CharTokenize
 def group_fields(samples: list[Sample]) -> dict[str, list[Any]]:
     """Each field of a group as a list over its samples (what group and filter functions get)."""
     # Samples of a group passed the same stages, so they carry the same fields.
-    keys = [k for k in samples[0].fields if k[0] != "_"]
-    return {k: [s.fields.get(k) for s in samples] for k in keys}
+    return {k: [s.fields.get(k) for s in samples] for k in samples[0].fields}
 
 
 def apply_group_fn(node: Node, samples: list[Sample]) -> None:
@@ -120,7 +113,7 @@ def apply_group_fn(node: Node, samples: list[Sample]) -> None:
 def apply_map_fn(node: Node, sample: Sample) -> None:
     """Run a per-sample function and write its result."""
     assert node.fn is not None  # validated: map nodes always carry a function
-    out = node.fn(**public_fields(sample))
+    out = node.fn(**sample.fields)
     if isinstance(out, dict):
         bad = set(out) - node.writes
         if bad:

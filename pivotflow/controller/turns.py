@@ -67,14 +67,14 @@ class ToolTurns:
         room = self.max_total is None or len(f["response_ids"]) < self.max_total
         if (r.finish_reason == "stop" and not r.error and f["turns"] < self.max_turns and room
                 and self.parser.call_closed(text)):
-            f[AWAITING], f[TURN_TEXT] = True, text
+            sample.private.update({AWAITING: True, TURN_TEXT: text})
             return self.pending_calls(sample)
         self._finish(sample, r.finish_reason, text)
         return None
 
     def pending_calls(self, sample: Sample) -> Calls:
         """The calls of the turn that awaits its observation (parsed from its text)."""
-        return self.parser.parse(sample.fields[TURN_TEXT])
+        return self.parser.parse(sample.private[TURN_TEXT])
 
     def on_observation(self, sample: Sample, results: list[ToolResult]) -> bool:
         """Append the tool results as observation tokens (mask 0). True: the sample goes on to
@@ -85,8 +85,8 @@ class ToolTurns:
         f["tool_errors"] += sum(not r.ok for r in results)
         ids = encode_observation(self.tok, observation_text(self.parser, results))
         if self.max_total is not None and len(f["response_ids"]) + len(ids) >= self.max_total:
-            text = f.pop(TURN_TEXT)
-            del f[AWAITING]
+            text = sample.private.pop(TURN_TEXT)
+            del sample.private[AWAITING]
             self._finish(sample, "length", text)
             return False
         last_version = f["versions"][-1] if f["versions"] else 0
@@ -94,7 +94,7 @@ class ToolTurns:
         f["logprobs"] += [0.0] * len(ids)  # not the policy's: masked out of the loss
         f["versions"] += [last_version] * len(ids)  # as of the turn that made the call
         f["loss_mask"] += [0] * len(ids)
-        del f[AWAITING], f[TURN_TEXT]
+        del sample.private[AWAITING], sample.private[TURN_TEXT]
         return True
 
     def _finish(self, sample: Sample, reason: str, text: str) -> None:

@@ -9,34 +9,31 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from pivotflow.rl.advantages import grpo_advantages, rloo_advantages
+from pivotflow.rl.advantages import grpo_list, rloo_list
 
 
 def _with_failures(reward: list[float | None], fn: Any) -> dict[str, list[float]]:
     scored = [i for i, r in enumerate(reward) if r is not None]
     adv = [0.0] * len(reward)
     if len(scored) >= 2:
-        values = fn(torch.tensor([reward[i] for i in scored], dtype=torch.float32))
-        for i, a in zip(scored, values.tolist(), strict=False):
+        for i, a in zip(scored, fn([float(reward[i]) for i in scored]), strict=True):
             adv[i] = a
     return {"advantage": adv}
 
 
 def grpo_advantage(reward: list[float | None], **_: Any) -> dict[str, list[float]]:
     """GRPO: (r - mean) / (std + eps) within the group."""
-    return _with_failures(reward, grpo_advantages)
+    return _with_failures(reward, grpo_list)
 
 
 def grpo_advantage_no_std(reward: list[float | None], **_: Any) -> dict[str, list[float]]:
     """Dr. GRPO: r - mean within the group (no std normalisation)."""
-    return _with_failures(reward, lambda r: grpo_advantages(r, normalize_std=False))
+    return _with_failures(reward, lambda r: grpo_list(r, normalize_std=False))
 
 
 def rloo_advantage(reward: list[float | None], **_: Any) -> dict[str, list[float]]:
     """RLOO: r_i minus the mean of the other samples' rewards."""
-    return _with_failures(reward, rloo_advantages)
+    return _with_failures(reward, rloo_list)
 
 
 def has_signal(reward: list[float | None], **_: Any) -> bool:

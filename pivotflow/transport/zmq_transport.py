@@ -10,6 +10,7 @@ Awaiting ``zmq.asyncio`` once per message costs about twice the CPU per message 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import shutil
@@ -51,6 +52,10 @@ HARD_LIMIT_FACTOR = 2
 # rest share one bucket rather than growing the dict without bound.
 MAX_TRACKED_SENDERS = 1024
 OTHER_SENDERS = "<other senders>"
+
+_NOBLOCK = int(zmq.NOBLOCK)
+_NOBLOCK_SNDMORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+_RCVMORE, _EVENTS, _POLLIN = int(zmq.RCVMORE), int(zmq.EVENTS), int(zmq.POLLIN)
 
 
 class ZmqControllerTransport:
@@ -162,8 +167,8 @@ class ZmqControllerTransport:
         payload = encode(msg)
         try:
             # ROUTER_MANDATORY fails the identity part, so a message is never half sent.
-            sock.send(worker_id.encode(), zmq.NOBLOCK | zmq.SNDMORE)
-            sock.send(payload, zmq.NOBLOCK)
+            sock.send(worker_id.encode(), _NOBLOCK_SNDMORE)
+            sock.send(payload, _NOBLOCK)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 raise WorkerError(
@@ -177,7 +182,7 @@ class ZmqControllerTransport:
         self.frames_out += 1
         # A send processes zmq's command queue and may swallow the FD edge of a message that
         # has just arrived; inside a drain the loop reads on until EAGAIN anyway.
-        if not self._draining and cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        if not self._draining and cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
             self._schedule_drain()
 
     def close(self) -> None:
@@ -222,25 +227,29 @@ class ZmqControllerTransport:
         if sock is None or handler is None:
             return
         recv = sock.recv
-        noblock = zmq.NOBLOCK
+        # plain ints and getsockopt: ``sock.rcvmore`` and enum flags cost a Python-level
+        # attribute lookup and enum arithmetic per message
+        more = functools.partial(sock.getsockopt, _RCVMORE)
+        events = functools.partial(sock.getsockopt, _EVENTS)
+        noblock = _NOBLOCK
         max_bytes = self.max_frame_bytes
         finished = False
         self._draining = True
         try:
             for _ in range(DRAIN_BUDGET):
-                try:
-                    identity = recv(noblock)
-                except zmq.Again:
+                # asking beats catching zmq.Again: raising it costs more than a message
+                if not events() & _POLLIN:
                     finished = True
                     return
+                identity = recv(noblock)
                 # zmq delivers multipart messages whole: the other parts are already here.
-                if not sock.rcvmore:
+                if not more():
                     self._bad_frame(identity, "frame has 1 part, expected [identity, payload]")
                     continue
                 payload = recv(noblock)
-                if sock.rcvmore:
+                if more():
                     parts = 2
-                    while sock.rcvmore:
+                    while more():
                         recv(noblock)
                         parts += 1
                     self._bad_frame(identity, f"frame has {parts} parts, expected 2")

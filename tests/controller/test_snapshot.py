@@ -82,7 +82,7 @@ async def test_a_checkpoint_takes_partial_generations_and_they_resume() -> None:
     restore(restored.ctl, msgspec.msgpack.decode(msgspec.msgpack.encode(state),
                                                  type=ControllerState))
     queued = [s for e in restored.ctl.edges.values() for s in e.samples()
-              if "_partial" in s.fields or "_counted" in s.fields]
+              if "_partial" in s.private or "_counted" in s.private]
     assert len(queued) == len(partial)
     # the whole run still trained every group once, and no token was sampled twice
     assert h.ctl.ledger.groups_trained == 12 and h.ctl.ledger.duplicates == 0

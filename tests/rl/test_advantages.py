@@ -10,6 +10,7 @@ import torch
 
 from pivotflow.errors import RLError
 from pivotflow.rl import grpo_advantages, rloo_advantages
+from pivotflow.rl.advantages import grpo_list, rloo_list
 
 
 def _ref_grpo(group: list[float], normalize_std: bool, eps: float) -> list[float]:
@@ -113,3 +114,25 @@ def test_advantages_carry_no_gradient() -> None:
     rewards = torch.tensor([1.0, 0.0, 2.0], requires_grad=True)
     assert not grpo_advantages(rewards).requires_grad
     assert not rloo_advantages(rewards).requires_grad
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_list_forms_match_the_tensor_forms(seed: int) -> None:
+    # group functions use the list forms on the controller's hot path: same numbers
+    gen = torch.Generator().manual_seed(seed)
+    for rewards in (torch.rand(8, generator=gen), (torch.rand(6, generator=gen) > 0.5).double(),
+                    torch.ones(4, dtype=torch.float64)):
+        r = rewards.double()
+        as_list = r.tolist()
+        for std in (True, False):
+            expect = grpo_advantages(r, normalize_std=std)
+            assert grpo_list(as_list, normalize_std=std) == pytest.approx(expect.tolist(),
+                                                                          abs=1e-12)
+        assert rloo_list(as_list) == pytest.approx(rloo_advantages(r).tolist(), abs=1e-12)
+
+
+def test_list_forms_reject_what_the_tensor_forms_reject() -> None:
+    with pytest.raises(RLError, match="group size must be >= 2"):
+        grpo_list([1.0])
+    with pytest.raises(RLError, match=r"index 1 is not finite \(nan\)"):
+        rloo_list([0.0, float("nan")])
