@@ -102,11 +102,11 @@ def planner_view(ctl: Controller) -> PlannerView:
     # only what is still to come; ``queued`` is a complete batch waiting, or the step running.
     tpool = ctl.training.pool
     size = ctl.source.group_size
-    ready = sum(map(len, ctl.train_buffer.ready.values()))
+    ready = ctl.train_buffer.ready_samples
     untrained = len(ctl.train_buffer.open) * size
     batch = ctl.source.groups_per_step * size
     queued = ready if ready >= batch else 0
-    running = sum(map(len, ctl.training.batch or []))  # == len(ctl.training.samples())
+    running = ctl.training.batch_samples  # == len(ctl.training.samples())
     pools[tpool] = PoolView(tpool, _movable(ctl, tpool), len(ctl.pools[tpool].workers),
                             untrained, _rate(ctl, tpool, busy_now), "train", running or queued)
     rates = [p.per_worker_rate for p in pools.values() if p.per_worker_rate > 0]

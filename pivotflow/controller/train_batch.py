@@ -19,6 +19,7 @@ class TrainBuffer:
         self.s = max_staleness
         self.open: dict[int, int] = {}  # group_id -> admit version, until trained or dropped
         self.ready: dict[int, list[Sample]] = {}
+        self.ready_samples = 0  # samples in ``ready`` (the planner asks every interval)
 
     def admitted(self, group_id: int, version: int) -> None:
         self.open[group_id] = version
@@ -28,6 +29,7 @@ class TrainBuffer:
 
     def add(self, group: list[Sample]) -> None:
         self.ready[group[0].group_id] = group
+        self.ready_samples += len(group)
 
     def can_take(self, version: int) -> bool:
         """Whether ``take(version)`` would return a batch now."""
@@ -46,6 +48,7 @@ class TrainBuffer:
         rest = sorted(g for g in self.ready if g not in set(chosen))
         chosen += rest[: max(0, self.n - len(chosen))]
         batch = [self.ready.pop(g) for g in chosen]
+        self.ready_samples -= sum(map(len, batch))
         for g in chosen:
             self.open.pop(g, None)
         return batch
@@ -55,6 +58,7 @@ class TrainBuffer:
         for group in batch:
             self.open[group[0].group_id] = group[0].admit_version
             self.ready[group[0].group_id] = group
+            self.ready_samples += len(group)
 
     def in_flight(self) -> int:
         return len(self.open)

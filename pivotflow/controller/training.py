@@ -52,6 +52,7 @@ class TrainSteps:
         self.epoch = 0
         self.started_at = 0.0
         self.planned_for = -1  # the step the planner was last asked to size the trainers for
+        self.batch_samples = 0  # samples in ``batch`` (the planner asks every interval)
 
     @property
     def in_flight(self) -> bool:
@@ -90,6 +91,7 @@ class TrainSteps:
             self.epoch += 1
         self.members, self.member_roles = order, roles
         self.batch, self.waiting, self.rank0_msg = batch, set(order), None
+        self.batch_samples = len(seqs)
         self.started_at = ctl.clock.now()
         rendezvous = os.path.join(self.rendezvous_dir, f"trainers-epoch{self.epoch}")
         totals = {"total_tokens": sum(valid_tokens(s) for s in seqs),
@@ -114,7 +116,7 @@ class TrainSteps:
             self.rank0_msg = msg
         if self.waiting:
             return None
-        batch, self.batch = self.batch, None
+        batch, self.batch, self.batch_samples = self.batch, None, 0
         # the pool's rate for the planner: samples per busy trainer-second
         ctl.pool_busy_s[self.pool] += (ctl.clock.now() - self.started_at) * len(self.members)
         ctl.pool_done[self.pool] += sum(len(g) for g in batch)
@@ -132,6 +134,7 @@ class TrainSteps:
         for wid in self.waiting:
             self.ctl.workers[wid].training = False
         self.batch, self.waiting, self.rank0_msg = None, set(), None
+        self.batch_samples = 0
         self.members, self.member_roles = [], []
         return blocked
 

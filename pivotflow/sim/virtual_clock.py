@@ -27,17 +27,19 @@ class _VirtualSelector(selectors.DefaultSelector):
     def __init__(self, loop: VirtualTimeLoop) -> None:
         super().__init__()
         self._vloop = loop
-        self._busy_turns = 0
+        self._turns = 0
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        if timeout == 0:
-            # Callbacks are ready: the loop turns again at once. A real poll is a syscall per
-            # turn (~15% of a simulation); the descriptors (the self-pipe, which only wakes a
-            # blocked select) are polled every POLL_EVERY busy turns, and before time moves.
-            self._busy_turns += 1
-            if self._busy_turns < POLL_EVERY:
+        if timeout is not None:
+            # A real poll is a syscall per turn (~15% of a simulation); the descriptors (the
+            # self-pipe, which only wakes a blocked select, e.g. for Ctrl-C) are polled every
+            # POLL_EVERY turns, and always before declaring a deadlock.
+            self._turns += 1
+            if self._turns < POLL_EVERY:
+                if timeout > 0:
+                    self._vloop._advance_to(self._vloop.time() + timeout)
                 return []
-        self._busy_turns = 0
+        self._turns = 0
         ready = super().select(0)
         if ready or timeout == 0:
             return ready
