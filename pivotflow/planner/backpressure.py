@@ -80,12 +80,16 @@ def makespan(view: PlannerView, sizes: dict[str, int],
                      for n, p in view.pools.items() if p.role == "train")
 
 
+SHIFT_DECISIONS = 50  # decisions per shift duration at most
+
+
 class BackpressurePlanner:
     name = "backpressure"
 
     def __init__(self, interval_s: float = 0.02, hysteresis: float = 0.5,
                  cooldown_costs: float = 1.0) -> None:
-        self.interval_s = interval_s
+        self.min_interval_s = interval_s
+        self.interval_s = interval_s  # how long the controller waits for the next decide()
         self.hysteresis = hysteresis
         self.cooldown_costs = cooldown_costs
 
@@ -93,6 +97,9 @@ class BackpressurePlanner:
         """Moves for this interval: first a worker for a pool with work waiting and none, then
         greedily the best move while it pays (several workers can join a pool at once: a train
         step waits for every trainer that is loading, so they should arrive together)."""
+        # No move takes effect sooner than a shift: deciding SHIFT_DECISIONS times per shift
+        # is enough (at 128 GPUs, 3 s shifts: every 66 ms, not every 20 ms).
+        self.interval_s = max(self.min_interval_s, view.shift_cost_s / SHIFT_DECISIONS)
         sizes = {n: p.workers for n, p in view.pools.items()}
         moves: list[Move] = []
         taken: set[str] = set()
