@@ -193,6 +193,21 @@ def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path: Path,
         run(random_genrm_graph, sets=FAST, steps=2, console=False, resume=str(tmp_path))
 
 
+def test_an_out_folder_holding_a_run_is_refused_before_anything_starts(
+        tmp_path: Path, random_genrm_graph: Path) -> None:
+    from pivotflow.errors import ConfigError
+
+    out = tmp_path / "out"
+    out.mkdir()
+    records = '{"step": 1}\n'
+    (out / "metrics.jsonl").write_text(records)
+    with pytest.raises(ConfigError, match=f"--out {out} already holds a run's records .*"
+                                          f"--resume {out} to continue"):
+        run(random_genrm_graph, sets=FAST, steps=2, console=False, out=out)
+    assert (out / "metrics.jsonl").read_text() == records  # nothing lost
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]  # nothing started
+
+
 @pytest.mark.slow
 def test_a_controller_killed_mid_run_resumes_from_its_last_checkpoint(
         tmp_path: Path, random_genrm_graph: Path) -> None:
