@@ -6,12 +6,9 @@ still has ``R_i`` samples to process (queued at it, in flight at it, or upstream
 admitted work). On its own it needs ``T_i = R_i / (n_i mu_i)``; generation cannot finish before
 ``max_i T_i``. Training starts only when its batch is complete, so its time adds:
 ``T_t = R_t / (n_t mu_t)``, plus one shift when the trainer pool is empty (a worker must join
-first). The bound is ``max_i T_i + T_t``. A worker that moves into a generate pool works there
-only after the shift ``c``: with ``k`` such joiners ``T_i = (R_i + k mu_i c) / (n_i mu_i)`` (the
-shift costs the joiner's time, not the whole pool's). A move from ``s`` to ``d`` is made only when
-it lowers the bound, joiners' shifts included, by more than ``hysteresis * shift_cost`` and the
-worker has not moved within ``cooldown`` shift-costs; several moves may be made in one interval,
-greedily, each paying.
+first). The bound is ``max_i T_i + T_t``. A move from ``s`` to ``d`` is made only when it lowers
+the bound by more than ``shift_cost * (1 + hysteresis)``, the worker has not moved within
+``cooldown`` shift-costs; several moves may be made in one interval, greedily, each paying.
 One rule comes first: a pool with work waiting at it and no worker at all gets one at once (the
 cost is unavoidable then).
 """
@@ -23,47 +20,37 @@ import math
 from pivotflow.planner.base import Move, PlannerView, PoolView
 
 
-def drain_time(pool: PoolView, workers: int, joiners: int = 0, delay_s: float = 0.0) -> float:
-    """Seconds pool needs for its remaining samples with ``workers`` workers, ``joiners`` of
-    which start only after ``delay_s`` (a shift): ``(R + k mu c) / (n mu)``, or what the others
-    take alone if that is sooner (the work is gone before the joiners arrive)."""
+def drain_time(pool: PoolView, workers: int) -> float:
+    """Seconds pool needs for its remaining samples with ``workers`` workers."""
     if pool.remaining == 0:
         return 0.0
-    rate = max(pool.per_worker_rate, 1e-9)
-    here = workers - joiners
-    alone = pool.remaining / (here * rate) if here > 0 else math.inf
-    if joiners <= 0:
-        return alone
-    return min(alone, (pool.remaining + joiners * rate * delay_s) / (workers * rate))
+    if workers <= 0:
+        return math.inf
+    return pool.remaining / (workers * max(pool.per_worker_rate, 1e-9))
 
 
-def train_time(view: PlannerView, pool: PoolView, workers: int, joining: bool = False) -> float:
+def train_time(view: PlannerView, pool: PoolView, workers: int) -> float:
     """Seconds of the next optimizer step with ``workers`` trainers now: the step may also use
     more workers, moved in when the batch is ready (idle generate workers then), for one shift;
-    an empty pool, or one some of whose ``workers`` are ``joining`` now (a step waits for every
-    trainer), must take at least that one shift."""
+    an empty pool must take at least that one shift."""
     if pool.remaining == 0:
         return 0.0
     total = sum(p.workers for p in view.pools.values())
-    wait = view.shift_cost_s if workers == 0 or joining else 0.0
-    best = drain_time(pool, max(workers, 1)) + wait
+    best = drain_time(pool, max(workers, 1)) + (view.shift_cost_s if workers == 0 else 0.0)
     if total > workers:  # drain time falls with every worker: of the larger pools, all is best
         best = min(best, drain_time(pool, total) + view.shift_cost_s)
     return best
 
 
-def gen_bound(view: PlannerView, sizes: dict[str, int],
-              joiners: dict[str, int] | None = None) -> float:
-    """``max_i T_i`` over the generate pools, in pipeline order (``joiners``: workers of
-    ``sizes`` that are moving in now). A downstream pool may be empty while nothing waits at
-    it: its work is then done after the pools upstream drain, by a worker that moves in for one
-    shift (what colocated does for every pool)."""
+def gen_bound(view: PlannerView, sizes: dict[str, int]) -> float:
+    """``max_i T_i`` over the generate pools, in pipeline order. A downstream pool may be
+    empty while nothing waits at it: its work is then done after the pools upstream drain, by
+    a worker that moves in for one shift (what colocated does for every pool)."""
     bound = upstream = 0.0
-    joiners = joiners or {}
     for name, p in view.pools.items():
         if p.role == "train":
             continue
-        t = drain_time(p, sizes[name], joiners.get(name, 0), view.shift_cost_s)
+        t = drain_time(p, sizes[name])
         if sizes[name] == 0 and p.remaining and not p.queued and upstream > 0:
             t = upstream + view.shift_cost_s + drain_time(p, 1)
         bound = max(bound, t)
@@ -71,16 +58,11 @@ def gen_bound(view: PlannerView, sizes: dict[str, int],
     return bound
 
 
-def makespan(view: PlannerView, sizes: dict[str, int],
-             joiners: dict[str, int] | None = None) -> float:
-    """The bound above for pool sizes ``sizes`` (``joiners`` of them moving in now)."""
-    gen = gen_bound(view, sizes, joiners)
-    joiners = joiners or {}
-    return gen + sum(train_time(view, p, sizes[n], joiners.get(n, 0) > 0)
-                     for n, p in view.pools.items() if p.role == "train")
-
-
-SHIFT_DECISIONS = 50  # decisions per shift duration at most
+def makespan(view: PlannerView, sizes: dict[str, int]) -> float:
+    """The bound above for pool sizes ``sizes``."""
+    gen = gen_bound(view, sizes)
+    return gen + sum(train_time(view, p, sizes[n]) for n, p in view.pools.items()
+                     if p.role == "train")
 
 
 class BackpressurePlanner:
@@ -88,8 +70,7 @@ class BackpressurePlanner:
 
     def __init__(self, interval_s: float = 0.02, hysteresis: float = 0.5,
                  cooldown_costs: float = 1.0) -> None:
-        self.min_interval_s = interval_s
-        self.interval_s = interval_s  # how long the controller waits for the next decide()
+        self.interval_s = interval_s
         self.hysteresis = hysteresis
         self.cooldown_costs = cooldown_costs
 
@@ -97,9 +78,6 @@ class BackpressurePlanner:
         """Moves for this interval: first a worker for a pool with work waiting and none, then
         greedily the best move while it pays (several workers can join a pool at once: a train
         step waits for every trainer that is loading, so they should arrive together)."""
-        # No move takes effect sooner than a shift: deciding SHIFT_DECISIONS times per shift
-        # is enough (at 128 GPUs, 3 s shifts: every 66 ms, not every 20 ms).
-        self.interval_s = max(self.min_interval_s, view.shift_cost_s / SHIFT_DECISIONS)
         sizes = {n: p.workers for n, p in view.pools.items()}
         moves: list[Move] = []
         taken: set[str] = set()
@@ -112,40 +90,33 @@ class BackpressurePlanner:
             moves.append(move)
             taken.add(move.worker)
             sizes = moved(sizes, move.from_pool, move.to_pool)
-        joiners: dict[str, int] = {}  # the moves of this interval, by destination
-        for m in moves:
-            joiners[m.to_pool] = joiners.get(m.to_pool, 0) + 1
         while True:
-            move = self._best_move(view, sizes, taken, joiners)
+            move = self._best_move(view, sizes, taken)
             if move is None:
                 return moves
             moves.append(move)
             taken.add(move.worker)
             sizes = moved(sizes, move.from_pool, move.to_pool)
-            joiners[move.to_pool] = joiners.get(move.to_pool, 0) + 1
 
-    def _movable(self, view: PlannerView, src: PoolView, taken: set[str]) -> str | None:
-        """The last ready worker of ``src`` not moved yet and out of its cooldown."""
-        cooldown = self.cooldown_costs * view.shift_cost_s
-        return next((w for w in reversed(src.ready) if w not in taken
-                     and view.now_s - view.last_shift_s.get(w, -math.inf) > cooldown), None)
-
-    def _best_move(self, view: PlannerView, sizes: dict[str, int], taken: set[str],
-                   joiners: dict[str, int]) -> Move | None:
-        now = makespan(view, sizes, joiners)
+    def _best_move(self, view: PlannerView, sizes: dict[str, int],
+                   taken: set[str]) -> Move | None:
+        now = makespan(view, sizes)
         best: Move | None = None
-        best_gain = view.shift_cost_s * self.hysteresis  # the shift itself is in ``after``
+        best_gain = view.shift_cost_s * (1 + self.hysteresis)
+        cooldown = self.cooldown_costs * view.shift_cost_s
         for src in view.pools.values():
             if not src.measured:  # no move on a borrowed rate
                 continue
-            worker = self._movable(view, src, taken)
+            # the last ready worker not moved yet and out of its cooldown
+            worker = next((w for w in reversed(src.ready) if w not in taken
+                           and view.now_s - view.last_shift_s.get(w, -math.inf) > cooldown),
+                          None)
             if worker is None:
                 continue
             for dst in view.pools.values():
                 if dst.name == src.name or dst.remaining == 0 or not dst.measured:
                     continue
-                after = makespan(view, moved(sizes, src.name, dst.name),
-                                 {**joiners, dst.name: joiners.get(dst.name, 0) + 1})
+                after = makespan(view, moved(sizes, src.name, dst.name))
                 gain = now - after if after < math.inf else -math.inf
                 if gain > best_gain:
                     best_gain = gain

@@ -25,8 +25,8 @@ async def test_backpressure_planner_moves_workers_to_the_backlog() -> None:
         await asyncio.wait_for(run, 30)
     assert any(d["to"] == "genrm" for d in h.ctl.decisions)
     for d in h.ctl.decisions:  # each move paid for itself, or fed a pool left with no worker
-        # (gains are net of the mover's shift; a move must beat the hysteresis, half a shift)
-        assert (d["gain_s"] is None or d["gain_s"] > 0.5 * d["shift_cost_s"]
+        # ("batch ready" moves report their gain net of the shift already)
+        assert (d["gain_s"] is None or d["gain_s"] > d["shift_cost_s"]
                 or "no worker" in d["reason"] or "batch ready" in d["reason"]), d
     assert h.ctl.ledger.groups_trained == 16 and h.ctl.lost_groups() == []
     assert h.records[-1]["shifts"] == h.ctl.shifts.count > 0
