@@ -60,13 +60,22 @@ def check_files(folder: Path, what: str) -> None:
                 raise CheckpointError(f"{what}: {path} is not JSON ({exc})") from exc
 
 
-def check_models(root: Path) -> None:
-    """Raise CheckpointError naming the first missing or corrupt file under ``root``."""
+def read_hashes(root: Path, what: str) -> dict:
+    """``root/hashes.json`` (the recorded sha256 of each weights file); CheckpointError naming
+    ``what`` cache when it is unreadable or not an object."""
     stamp = root / "hashes.json"
     try:
         hashes = json.loads(stamp.read_text())
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"model cache {stamp}: unreadable ({exc})") from exc
+        raise CheckpointError(f"{what} {stamp}: unreadable ({exc})") from exc
+    if not isinstance(hashes, dict):
+        raise CheckpointError(f"{what} {stamp}: unreadable (not a JSON object)")
+    return hashes
+
+
+def check_models(root: Path) -> None:
+    """Raise CheckpointError naming the first missing or corrupt file under ``root``."""
+    hashes = read_hashes(root, "model cache")
     for which in ("policy", "judge"):
         check_files(root / which, "model cache")
         weights = root / which / "model.safetensors"

@@ -23,6 +23,7 @@ from pivotflow.tasks.cache import (
     cache_root,
     check_files,
     ensure_cached,
+    read_hashes,
     replace_dir,
 )
 
@@ -42,13 +43,9 @@ def shipped_tool_policy(seed: int) -> Path:
 
 def check_tool_policy(root: Path) -> None:
     """Raise CheckpointError naming the first missing or corrupt file under ``root``."""
-    stamp = root / "hashes.json"
-    try:
-        hashes = json.loads(stamp.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"tool policy cache {stamp}: unreadable ({exc})") from exc
+    hashes = read_hashes(root, "tool policy cache")
     check_files(root, "tool policy cache")
-    if not isinstance(hashes, dict) or _digest(root / WEIGHTS) != hashes.get(WEIGHTS):
+    if _digest(root / WEIGHTS) != hashes.get(WEIGHTS):
         raise CheckpointError(
             f"tool policy cache: {root / WEIGHTS} does not match its recorded hash"
         )

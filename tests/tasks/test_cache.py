@@ -31,6 +31,7 @@ def fake_cache(root: Path) -> None:
     (lambda r: (r / "judge" / "config.json").write_text("{not json"), "judge/config.json is not"),
     (lambda r: (r / "judge" / "tokenizer.json").unlink(), "judge/tokenizer.json is missing"),
     (lambda r: (r / "hashes.json").unlink(), "hashes.json: unreadable"),
+    (lambda r: (r / "hashes.json").write_text("[1]"), r"hashes.json: unreadable \(not a JSON obj"),
 ])
 def test_corruption_is_named(tmp_path: Path, damage, match: str) -> None:  # type: ignore[no-untyped-def]
     fake_cache(tmp_path)
