@@ -292,6 +292,6 @@ def _field_names(writes: Iterable[str], where: str, stage: str) -> frozenset[str
     names = frozenset(writes)
     reserved = sorted(repr(n) for n in names if not isinstance(n, str) or n.startswith("_"))
     if reserved:
-        raise GraphError(f"stage {stage!r} at {where}: field names {', '.join(reserved)} are not allowed "
-                         "(names starting with '_' are the controller's own)")
+        raise GraphError(f"stage {stage!r} at {where}: field names {', '.join(reserved)} are "
+                         "not allowed (names starting with '_' are the controller's own)")
     return names

@@ -101,8 +101,8 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
     ckpt_path = checkpoints.latest(out) if resume is not None else None
     if resume not in (None, "auto") and ckpt_path is None:
         raise ConfigError(f"--resume {resume}: no whole checkpoint under {out / 'checkpoints'}")
-    if ckpt_path is None and (out / "metrics.jsonl").is_file() \
-            and (out / "metrics.jsonl").stat().st_size > 0:
+    records = out / "metrics.jsonl"
+    if ckpt_path is None and records.is_file() and records.stat().st_size > 0:
         raise ConfigError(f"--out {out} already holds a run's records (metrics.jsonl); pass "
                           f"another --out, or --resume {out} to continue it from its newest "
                           "checkpoint")

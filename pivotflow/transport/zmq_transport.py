@@ -2,8 +2,9 @@
 
 The controller reads a plain (non-asyncio) ROUTER from the loop's reader callback. zmq's FD is
 edge-triggered: it signals "something changed", not "a message is waiting", and any zmq call
-(a send included) may consume that signal. So every wake-up drains until EAGAIN, and every send
-made outside a drain re-checks ``zmq.EVENTS`` and schedules a drain if input is pending.
+(a send included) may consume that signal. So every wake-up drains until ``zmq.EVENTS`` shows
+no input, and every send made outside a drain re-checks it and schedules a drain if input is
+pending.
 Awaiting ``zmq.asyncio`` once per message costs about twice the CPU per message (bench/transport.py).
 """
 
@@ -181,7 +182,7 @@ class ZmqControllerTransport:
             raise
         self.frames_out += 1
         # A send processes zmq's command queue and may swallow the FD edge of a message that
-        # has just arrived; inside a drain the loop reads on until EAGAIN anyway.
+        # has just arrived; inside a drain the loop reads on until no input is left anyway.
         if not self._draining and cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
             self._schedule_drain()
 
