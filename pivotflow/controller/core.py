@@ -133,7 +133,7 @@ class Controller:
         self.started_at = self.clock.now()
         for w in self.workers.values():
             w.last_seen = self.started_at
-        self.transport.start(self._on_message_safe)
+        self.transport.start(self._on_message_safe, self._flush_safe)
         self.tools.resume()  # samples a snapshot had waiting on a call: call again
         tasks = [asyncio.ensure_future(self._tick_forever()),
                  asyncio.ensure_future(self._plan_forever())]
@@ -217,9 +217,17 @@ class Controller:
     def _on_message_safe(self, worker_id: str, msg: Any) -> None:
         try:
             self._on_message(worker_id, msg)
-            self._pump()
         except Exception as exc:  # a stage function or graph error stops the run, loudly
             log.exception("controller failed handling %s from %s", type(msg).__name__, worker_id)
+            self.fail(exc)
+
+    def _flush_safe(self) -> None:
+        """After a run of messages (the transport's flush): dispatch what became ready, once
+        for the run rather than once per message."""
+        try:
+            self._pump()
+        except Exception as exc:
+            log.exception("controller failed dispatching")
             self.fail(exc)
 
     def _on_message(self, worker_id: str, msg: Any) -> None:

@@ -9,6 +9,9 @@ from pivotflow.protocol import ToController, ToWorker
 
 # Called on the controller's event loop for every decoded message: (worker_id, message).
 MessageHandler = Callable[[str, ToController], None]
+# Called after a run of delivered messages (all that were waiting): the receiver acts once per
+# run (dispatching what became ready) instead of once per message.
+FlushHandler = Callable[[], None]
 
 
 class ControllerTransport(Protocol):
@@ -17,8 +20,9 @@ class ControllerTransport(Protocol):
     endpoint: str
     bad_frames: int
 
-    def start(self, handler: MessageHandler) -> None:
-        """Begin delivering messages to ``handler`` on the running event loop."""
+    def start(self, handler: MessageHandler, flush: FlushHandler | None = None) -> None:
+        """Begin delivering messages to ``handler`` on the running event loop, calling
+        ``flush`` after each run of them."""
         ...
 
     def send(self, worker_id: str, msg: ToWorker) -> None:

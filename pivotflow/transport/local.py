@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from pivotflow.errors import ProtocolError, TransportError, WorkerError
 from pivotflow.protocol import ToController, ToWorker
-from pivotflow.transport.base import MessageHandler
+from pivotflow.transport.base import FlushHandler, MessageHandler
 from pivotflow.transport.codec import BadFrameLog, decode_to_controller, decode_to_worker, encode
 
 __all__ = ["LocalControllerTransport", "LocalHub", "LocalWorkerEnd"]
@@ -73,14 +73,16 @@ class LocalControllerTransport:
         self.frames_out = 0
         self._workers: dict[str, LocalWorkerEnd] = {}
         self._handler: MessageHandler | None = None
+        self._flush: FlushHandler | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         # frames (or, without the codec, messages) sent before start, as zmq queues them
         self._early: list[tuple[str, bytes | ToController]] = []
         self._bad_log = BadFrameLog(log)
 
-    def start(self, handler: MessageHandler) -> None:
-        """Deliver each decoded message to ``handler(worker_id, msg)`` on the running loop.
+    def start(self, handler: MessageHandler, flush: FlushHandler | None = None) -> None:
+        """Deliver each decoded message to ``handler(worker_id, msg)`` on the running loop,
+        calling ``flush()`` after each (each delivery is its own run: one per loop callback).
 
         Raises TransportError if already started or closed.
         """
@@ -90,6 +92,7 @@ class LocalControllerTransport:
             raise TransportError(f"controller transport {self.endpoint} is already started")
         self._loop = asyncio.get_running_loop()
         self._handler = handler
+        self._flush = flush
         early, self._early = self._early, []
         for worker_id, frame in early:
             self._loop.call_soon(self._receive, worker_id, frame)
@@ -119,6 +122,7 @@ class LocalControllerTransport:
         """Stop delivering in both directions. Idempotent."""
         self._closed = True
         self._handler = None
+        self._flush = None
         self._early.clear()
 
     def _accept(self, worker_id: str, frame: bytes | ToController) -> None:
@@ -138,6 +142,8 @@ class LocalControllerTransport:
         if not isinstance(frame, (bytes, bytearray, memoryview)):  # handed over without codec
             self.frames_in += 1
             handler(worker_id, frame)
+            if self._flush is not None:  # None too when the handler closed the transport
+                self._flush()
             return
         try:
             msg = decode_to_controller(frame)
@@ -147,6 +153,8 @@ class LocalControllerTransport:
             return
         self.frames_in += 1
         handler(worker_id, msg)
+        if self._flush is not None:
+            self._flush()
 
 
 class LocalWorkerEnd:

@@ -22,7 +22,7 @@ import zmq
 
 from pivotflow.errors import ConfigError, ProtocolError, TransportError, WorkerError
 from pivotflow.protocol import MAX_FRAME_BYTES, ToController, ToWorker
-from pivotflow.transport.base import MessageHandler
+from pivotflow.transport.base import FlushHandler, MessageHandler
 from pivotflow.transport.codec import BadFrameLog, decode_to_controller, decode_to_worker, encode
 from pivotflow.transport.curve import (
     CurveAuthenticator,
@@ -98,6 +98,8 @@ class ZmqControllerTransport:
         self._hwm = hwm
         self._owned_dir = owned_dir
         self._handler: MessageHandler | None = None
+        self._flush: FlushHandler | None = None
+        self._unflushed = False  # messages delivered since the last flush
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_handle: asyncio.Handle | None = None
         self._draining = False
@@ -140,8 +142,9 @@ class ZmqControllerTransport:
         """The ZAP handler when curve is on (``reload()`` it after ``add_client``), else None."""
         return self._auth
 
-    def start(self, handler: MessageHandler) -> None:
-        """Deliver each decoded message to ``handler(worker_id, msg)`` on the running loop.
+    def start(self, handler: MessageHandler, flush: FlushHandler | None = None) -> None:
+        """Deliver each decoded message to ``handler(worker_id, msg)`` on the running loop,
+        and call ``flush()`` once no more input waits after a run of them.
 
         Raises TransportError if already started or closed.
         """
@@ -151,6 +154,7 @@ class ZmqControllerTransport:
             raise TransportError(f"controller transport at {self.endpoint} is already started")
         loop = asyncio.get_running_loop()
         self._handler = handler
+        self._flush = flush
         self._loop = loop
         loop.add_reader(self._fd, self._drain)
         # Messages that arrived before start already spent the FD's edge.
@@ -240,6 +244,11 @@ class ZmqControllerTransport:
             for _ in range(DRAIN_BUDGET):
                 # asking beats catching zmq.Again: raising it costs more than a message
                 if not events() & _POLLIN:
+                    if self._unflushed and self._flush is not None:
+                        # its sends may let more input in (and swallow the FD edge): look again
+                        self._unflushed = False
+                        self._flush()
+                        continue
                     finished = True
                     return
                 identity = recv(noblock)
@@ -266,6 +275,7 @@ class ZmqControllerTransport:
                     self._bad_frame(identity, str(exc))
                     continue
                 self.frames_in += 1
+                self._unflushed = True
                 handler(identity.decode("utf-8", "backslashreplace"), msg)
                 if self._sock is None:  # the handler closed the transport
                     finished = True

@@ -191,6 +191,46 @@ def test_ten_thousand_waiting_messages_are_all_drained(
     run(main())
 
 
+def test_flush_runs_once_per_run_of_messages_and_its_sends_are_answered(
+    run: Run, endpoint: str, spawn_echo: Spawn
+) -> None:
+    """The controller dispatches in ``flush``, once all waiting messages are handled: 500
+    waiting heartbeats are one run (a handful of flushes, never one per message), and the Jobs
+    a flush sends come back and are delivered even though that send ran inside the drain."""
+    n = 500
+
+    async def main() -> None:
+        with ZmqControllerTransport(endpoint) as t:
+            inbox = Inbox()
+            at_flush: list[int] = []
+            sent = [False]
+
+            def flush() -> None:
+                at_flush.append(len(inbox.items))
+                if not sent[0] and any(isinstance(m, Hello) for _, m in inbox.items):
+                    sent[0] = True
+                    t.send("w0", Jobs(jobs=[_job(7)]))
+
+            proc = spawn_echo(t.endpoint, "w0")
+            with ZmqWorkerChannel(t.endpoint, "sender") as raw:
+                for i in range(n):
+                    raw.send(Heartbeat(worker_id="sender", busy=i))
+                await asyncio.sleep(0.3)  # the Hello and every heartbeat wait before start
+                t.start(inbox, flush)
+                items = await inbox.wait_for(n + 2)
+            assert sum(isinstance(m, Heartbeat) for _, m in items) == n
+            reply = next(m for _, m in items if isinstance(m, JobsDone))
+            assert reply.results[0].job_id == 7
+            # a flush sees whole runs: the first after every waiting message was handled
+            assert at_flush[0] >= n + 1
+            assert len(at_flush) <= 5
+            assert at_flush == sorted(at_flush)
+            t.send("w0", Shutdown())
+            await asyncio.to_thread(proc.wait, WAIT_S)
+
+    run(main())
+
+
 class _CreatesFile:
     def __init__(self, path: Path) -> None:
         self.path = path
