@@ -70,6 +70,8 @@ async def test_random_shift_schedules_lose_nothing(seed: int) -> None:
             want = expected_tokens(list(seq.prompt_ids), "policy")
             assert list(seq.response_ids) == want
             assert len(seq.logprobs) == len(want) == len(seq.versions)
+            # versions never decrease along a sequence (staleness reads the first one)
+            assert list(seq.versions) == sorted(seq.versions)
             # logprobs made before a migration are kept: the generator's are -0.1 * position
             assert list(seq.logprobs) == pytest.approx([-0.1 * (i + 1) for i in range(len(want))])
 
