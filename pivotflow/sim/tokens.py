@@ -43,6 +43,7 @@ class SimTokenizer(CharTokenizer):
         self._enc = bytes(enc)
         self._drop = bytes(range(n))  # specials are skipped by decode
         self._known = chars.encode("ascii")  # deleting these leaves only unknown characters
+        self._ids = bytes(range(self.vocab_size))  # deleting these leaves only unknown ids
         self._bos = bytes([self.bos_id])
 
     def encode(self, text: str, *, bos: bool = False) -> list[int]:
@@ -66,7 +67,7 @@ class SimTokenizer(CharTokenizer):
             raw = bytes(ids)
         except (ValueError, TypeError):
             return super().decode(ids)  # raises TokenizerError for the bad id
-        if raw and max(raw) >= self.vocab_size:
+        if raw.translate(None, self._ids):  # C speed; ``max(raw)`` makes an int per byte
             return super().decode(ids)
         return raw.translate(self._dec, self._drop).decode("ascii")
 
