@@ -140,20 +140,17 @@ class LocalControllerTransport:
         if handler is None:
             return  # closed meanwhile
         if not isinstance(frame, (bytes, bytearray, memoryview)):  # handed over without codec
-            self.frames_in += 1
-            handler(worker_id, frame)
-            if self._flush is not None:  # None too when the handler closed the transport
-                self._flush()
-            return
-        try:
-            msg = decode_to_controller(frame)
-        except ProtocolError as exc:
-            self.bad_frames += 1
-            self._bad_log.warn(f"controller transport {self.endpoint}", worker_id, str(exc))
-            return
+            msg = frame
+        else:
+            try:
+                msg = decode_to_controller(frame)
+            except ProtocolError as exc:
+                self.bad_frames += 1
+                self._bad_log.warn(f"controller transport {self.endpoint}", worker_id, str(exc))
+                return
         self.frames_in += 1
         handler(worker_id, msg)
-        if self._flush is not None:
+        if self._flush is not None:  # None too when the handler closed the transport
             self._flush()
 
 

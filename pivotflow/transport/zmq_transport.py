@@ -248,6 +248,9 @@ class ZmqControllerTransport:
                         # its sends may let more input in (and swallow the FD edge): look again
                         self._unflushed = False
                         self._flush()
+                        if self._sock is None:  # the flush closed the transport
+                            finished = True
+                            return
                         continue
                     finished = True
                     return

@@ -231,6 +231,28 @@ def test_flush_runs_once_per_run_of_messages_and_its_sends_are_answered(
     run(main())
 
 
+def test_a_flush_that_closes_the_transport_ends_the_drain_cleanly(run: Run) -> None:
+    async def main() -> None:
+        errors: list[dict[str, Any]] = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: errors.append(ctx))
+        t = ZmqControllerTransport()
+        inbox = Inbox()
+        flushed = asyncio.Event()
+
+        def flush() -> None:
+            t.close()  # as a controller that fails while dispatching shuts its transport
+            flushed.set()
+
+        with ZmqWorkerChannel(t.endpoint, "sender") as raw:
+            raw.send(Heartbeat(worker_id="sender", busy=0))
+            t.start(inbox, flush)
+            await asyncio.wait_for(flushed.wait(), WAIT_S)
+            await asyncio.sleep(0.05)  # a callback that failed after the close would be logged
+        assert len(inbox.items) == 1 and errors == []
+
+    run(main())
+
+
 class _CreatesFile:
     def __init__(self, path: Path) -> None:
         self.path = path
