@@ -86,7 +86,8 @@ def _shift_cost(ctl: Controller) -> float:
 def planner_view(ctl: Controller) -> PlannerView:
     """``remaining`` counts samples queued or in flight at the pool's stage or any model stage
     before it (for the trainer pool: admitted samples not trained nor in the step running); a
-    pool that has not served yet borrows the slowest measured rate; the shift cost is the mean
+    pool that has not served yet borrows the slowest measured rate, and before the first optimizer
+    step no rate counts as measured (``measured=False``); the shift cost is the mean
     of the last 8 shifts (``SHIFT_COST_PRIOR_S`` before the first)."""
     now = ctl.clock.now()
     busy_now = _busy_now(ctl, now)
@@ -110,9 +111,14 @@ def planner_view(ctl: Controller) -> PlannerView:
     pools[tpool] = PoolView(tpool, _movable(ctl, tpool), len(ctl.pools[tpool].workers),
                             untrained, _rate(ctl, tpool, busy_now), "train", running or queued)
     rates = [p.per_worker_rate for p in pools.values() if p.per_worker_rate > 0]
-    for name, p in pools.items():  # a pool that has not served yet borrows a rate
-        if p.per_worker_rate == 0 and rates:
-            pools[name] = PoolView(p.name, p.ready, p.workers, p.remaining, min(rates), p.role,
+    # Before the first optimizer step no rate counts as measured: on a long tail only the short
+    # sequences have finished, so completions per busy second read far too low (bounds of 1e5
+    # s at 128 simulated GPUs moved a third of the rollout away at t = 10 s).
+    first_step = ctl.version == 0
+    for name, p in pools.items():  # a pool that has not served yet borrows a rate, if any
+        if p.per_worker_rate == 0 or first_step:
+            pools[name] = PoolView(p.name, p.ready, p.workers, p.remaining,
+                                   p.per_worker_rate or (min(rates) if rates else 0.0), p.role,
                                    p.queued, measured=False)
     tracker = _last_shift.get(ctl)
     if tracker is None:

@@ -10,7 +10,9 @@ first). The bound is ``max_i T_i + T_t``. A move from ``s`` to ``d`` is made onl
 the bound by more than ``shift_cost * (1 + hysteresis)``, the worker has not moved within
 ``cooldown`` shift-costs; several moves may be made in one interval, greedily, each paying.
 One rule comes first: a pool with work waiting at it and no worker at all gets one at once (the
-cost is unavoidable then).
+cost is unavoidable then). Workers moved into the trainer pool for a ready step go back to the
+pool they came from when the step is over (the model's horizon ends at the admitted work, so it
+cannot see that the next groups need them).
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ class BackpressurePlanner:
         self.interval_s = interval_s
         self.hysteresis = hysteresis
         self.cooldown_costs = cooldown_costs
+        # workers moved into a trainer pool for a ready step -> the pool they came from
+        self.lent: dict[str, str] = {}
 
     def decide(self, view: PlannerView) -> list[Move]:
         """Moves for this interval: first a worker for a pool with work waiting and none, then
@@ -81,6 +85,10 @@ class BackpressurePlanner:
         sizes = {n: p.workers for n, p in view.pools.items()}
         moves: list[Move] = []
         taken: set[str] = set()
+        for move in self._return_lent(view):
+            moves.append(move)
+            taken.add(move.worker)
+            sizes = moved(sizes, move.from_pool, move.to_pool)
         starved = self._feed_starved(view, sizes)
         if starved is not None:
             moves.append(starved)
@@ -148,12 +156,31 @@ class BackpressurePlanner:
                 if now - after <= view.shift_cost_s * (1 + self.hysteresis):
                     break
                 src = view.pools[src_name]
+                self.lent.setdefault(worker, src_name)
                 moves.append(Move(worker, src_name, dst.name,
                                   f"batch ready: {sizes[dst.name] + 1} trainers, step and "
                                   f"generation left {now:.3f}s -> {after:.3f}s",
                                   numbers(view, src, dst, now, now - after)))
                 taken.add(worker)
                 sizes = moved(sizes, src_name, dst.name)
+        return moves
+
+    def _return_lent(self, view: PlannerView) -> list[Move]:
+        """Workers moved into a trainer pool for a step go back to the pool they came from once
+        no step is ready or running there: the step's size was chosen for that step only, and
+        the model above sees only the work admitted so far, not the generation after it."""
+        moves = []
+        for pool in view.pools.values():
+            for worker in pool.ready:
+                home = self.lent.get(worker)
+                if home is None:
+                    continue
+                if pool.role != "train":  # moved on since: that pool's worker now
+                    del self.lent[worker]
+                elif not pool.queued and home in view.pools:
+                    del self.lent[worker]
+                    moves.append(Move(worker, pool.name, home, f"step over: back to {home}",
+                                      numbers(view, pool, view.pools[home], 0.0, 0.0)))
         return moves
 
     def _feed_starved(self, view: PlannerView, sizes: dict[str, int]) -> Move | None:

@@ -96,6 +96,30 @@ def test_a_ready_batch_with_no_trainer_gets_one_at_once() -> None:
     assert "batch ready: 2 trainers" in moves[1].reason
 
 
+def test_workers_lent_to_a_step_go_back_where_they_came_from_when_it_is_over() -> None:
+    planner = BackpressurePlanner()
+    # a batch is ready: idle generate workers join the trainer for this step
+    lent = planner.decide(pipeline((2, 0, 0), (1, 0, 0), (1, 64, 64)))
+    assert lent and all(m.to_pool == "trainer" and "batch ready" in m.reason for m in lent)
+    # the step ran and is over (nothing queued at the trainer): each goes back, to its own pool
+    sizes = {"rollout": 2, "genrm": 1}
+    for m in lent:
+        sizes[m.from_pool] -= 1
+    ids = {"rollout": [f"w{i}" for i in range(2)], "genrm": ["w10"]}
+    home = {m.worker: m.from_pool for m in lent}
+    after = PlannerView(now_s=60.0, pools={
+        "rollout": PoolView("rollout", [w for w in ids["rollout"] if w not in home],
+                            sizes["rollout"], 64, 10.0, "generate", 64),
+        "genrm": PoolView("genrm", [w for w in ids["genrm"] if w not in home], sizes["genrm"],
+                          64, 40.0, "generate", 0),
+        "trainer": PoolView("trainer", ["w20", *home], 1 + len(home), 64, 200.0, "train", 0)},
+        shift_cost_s=0.05)
+    back = [m for m in planner.decide(after) if "step over" in m.reason]
+    assert {(m.worker, m.to_pool) for m in back} == set(home.items())
+    assert all(m.from_pool == "trainer" for m in back)
+    assert not planner.lent  # nothing is owed any more
+
+
 def test_no_move_on_a_rate_that_was_never_measured() -> None:
     v = pipeline((1, 64, 64), (1, 64, 0), (1, 64, 0))
     v.pools["trainer"] = PoolView("trainer", ["w20"], 1, 64, 10.0, "train", 0, measured=False)
