@@ -13,7 +13,7 @@ import contextlib
 import logging
 import statistics
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,8 +135,8 @@ class Controller:
             w.last_seen = self.started_at
         self.transport.start(self._on_message_safe, self._flush_safe)
         self.tools.resume()  # samples a snapshot had waiting on a call: call again
-        tasks = [asyncio.ensure_future(self._tick_forever()),
-                 asyncio.ensure_future(self._plan_forever())]
+        tasks = [asyncio.ensure_future(self._failing_loudly(self._tick_forever())),
+                 asyncio.ensure_future(self._failing_loudly(self._plan_forever()))]
         try:
             await self._done.wait()
         finally:
@@ -147,6 +147,16 @@ class Controller:
             self._shutdown_workers()
         if self._error is not None:
             raise self._error
+
+    async def _failing_loudly(self, loop: Coroutine[Any, Any, None]) -> None:
+        """Run a background loop; an error in it (a planner that raised, a move it cannot
+        make) stops the run with that error instead of ending the loop unseen (the run would
+        then wait forever for steps nobody plans)."""
+        try:
+            await loop
+        except Exception as exc:
+            log.exception("controller loop %s failed", getattr(loop, "__name__", loop))
+            self.fail(exc)
 
     def fail(self, error: BaseException) -> None:
         """Stop the run with ``error`` (a worker died, a stage function raised ...)."""

@@ -89,7 +89,7 @@ class BackpressurePlanner:
             moves.append(move)
             taken.add(move.worker)
             sizes = moved(sizes, move.from_pool, move.to_pool)
-        starved = self._feed_starved(view, sizes)
+        starved = self._feed_starved(view, sizes, taken)
         if starved is not None:
             moves.append(starved)
             taken.add(starved.worker)
@@ -183,14 +183,18 @@ class BackpressurePlanner:
                                       numbers(view, pool, view.pools[home], 0.0, 0.0)))
         return moves
 
-    def _feed_starved(self, view: PlannerView, sizes: dict[str, int]) -> Move | None:
-        """A worker for the first pool with work waiting and none, from the pool that misses
-        it least (cooldown and hysteresis do not apply: the work cannot move otherwise)."""
+    def _feed_starved(self, view: PlannerView, sizes: dict[str, int],
+                      taken: set[str]) -> Move | None:
+        """A worker for the first pool with work waiting and none (after the moves already
+        made this interval), from the pool that misses it least (cooldown and hysteresis do
+        not apply: the work cannot move otherwise)."""
         for dst in view.pools.values():
-            if dst.queued == 0 or dst.workers > 0:
+            if dst.queued == 0 or sizes[dst.name] > 0:
                 continue
-            options = [(makespan(view, moved(sizes, src.name, dst.name)), src.name, src.ready[-1])
-                       for src in view.pools.values() if src.name != dst.name and src.ready]
+            options = [(makespan(view, moved(sizes, src.name, dst.name)), src.name, w)
+                       for src in view.pools.values() if src.name != dst.name
+                       for w in [next((w for w in reversed(src.ready) if w not in taken), None)]
+                       if w is not None]
             if not options:
                 return None
             after, src_name, worker = min(options)

@@ -95,3 +95,29 @@ async def test_a_trainer_in_an_optimizer_step_is_not_moved() -> None:
     h.ctl.fail(RuntimeError("test over"))
     with pytest.raises(RuntimeError):
         await run
+
+
+class _BrokenOncePlanner:
+    """Raises on its first call (from the planner's loop, long before a batch is ready)."""
+
+    name = "broken"
+    interval_s = 0.01
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def decide(self, view: object) -> list[object]:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("planner bug: no such pool")
+        return []
+
+
+async def test_a_planner_that_raises_stops_the_run_with_its_error() -> None:
+    # the planner's loop runs beside the message handlers: its error must end the run, not
+    # the loop alone (planning would stop unseen, and a run that needs a move would hang)
+    h = Harness(steps=2, assignments=dict(POOLS), planner=_BrokenOncePlanner())
+    async with serving(h, POOLS) as (run, _):
+        with pytest.raises(RuntimeError, match="planner bug"):
+            await asyncio.wait_for(run, 10)
+

@@ -120,6 +120,20 @@ def test_workers_lent_to_a_step_go_back_where_they_came_from_when_it_is_over() -
     assert not planner.lent  # nothing is owed any more
 
 
+def test_no_worker_is_moved_twice_when_returns_and_a_starved_pool_meet() -> None:
+    # two workers lent to the step that just ended, every worker in the trainer pool, work
+    # waiting at an empty rollout: they go back, and nothing else takes one of them as well
+    planner = BackpressurePlanner()
+    planner.lent.update({"w0": "rollout", "w2": "rollout"})
+    v = pipeline((0, 64, 64), (0, 64, 0), (3, 64, 0))
+    v.pools["trainer"] = PoolView("trainer", ["w1", "w2", "w0"], 3, 64, 200.0, "train", 0)
+    moves = planner.decide(v)
+    assert len({m.worker for m in moves}) == len(moves)
+    assert {(m.worker, m.to_pool) for m in moves if "step over" in m.reason} == {
+        ("w0", "rollout"), ("w2", "rollout")}
+    assert not any("no worker" in m.reason and m.to_pool == "rollout" for m in moves)
+
+
 def test_no_move_on_a_rate_that_was_never_measured() -> None:
     v = pipeline((1, 64, 64), (1, 64, 0), (1, 64, 0))
     v.pools["trainer"] = PoolView("trainer", ["w20"], 1, 64, 10.0, "train", 0, measured=False)
