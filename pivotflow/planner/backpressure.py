@@ -191,10 +191,13 @@ class BackpressurePlanner:
         for dst in view.pools.values():
             if dst.queued == 0 or sizes[dst.name] > 0:
                 continue
-            options = [(makespan(view, moved(sizes, src.name, dst.name)), src.name, w)
-                       for src in view.pools.values() if src.name != dst.name
-                       for w in [next((w for w in reversed(src.ready) if w not in taken), None)]
-                       if w is not None]
+            options = []
+            for src in view.pools.values():
+                # its last ready worker that no move of this interval took yet
+                worker = next((w for w in reversed(src.ready) if w not in taken), None)
+                if src.name != dst.name and worker is not None:
+                    after = makespan(view, moved(sizes, src.name, dst.name))
+                    options.append((after, src.name, worker))
             if not options:
                 return None
             after, src_name, worker = min(options)
