@@ -22,7 +22,7 @@ from pivotflow.controller.clock import Clock
 from pivotflow.controller.edges import Edge
 from pivotflow.controller.planning import planner_view
 from pivotflow.controller.pools import Pool, WorkerHandle
-from pivotflow.controller.records import step_record
+from pivotflow.controller.records import lost_groups, step_record
 from pivotflow.controller.recovery import Recovery, Respawn
 from pivotflow.controller.sample import Ledger, Sample
 from pivotflow.controller.shifts import ShiftManager
@@ -483,18 +483,8 @@ class Controller:
                 for i, d in self.job_rtt_s.items()}
 
     def lost_groups(self) -> list[int]:
-        """Groups admitted and not trained or filtered that are nowhere in the controller: not
-        queued, not in a job, not waiting at a barrier or for the trainer. Must stay empty."""
-        present: set[int] = set()
-        for edge in self.edges.values():
-            present.update(s.group_id for s in edge.samples())
-        present.update(s.group_id for s, _, _, _ in self.jobs.values())
-        present.update(s.group_id for s, _ in self.tools.waiting.values())
-        for groups in self.barriers.values():
-            present.update(groups)
-        present.update(self.train_buffer.ready)
-        present.update(s.group_id for s in self.training.samples())
-        return sorted(set(self.train_buffer.open) - present)
+        """Admitted groups that are nowhere in the controller (see records.lost_groups)."""
+        return lost_groups(self)
 
     def step_record(self, batch: list[list[Sample]], msg: TrainDone) -> dict[str, Any]:
         """The metrics.jsonl line of one optimizer step (keys are an interface: DESIGN.md)."""

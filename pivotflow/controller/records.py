@@ -56,3 +56,18 @@ def tool_figures(samples: list[Sample]) -> dict[str, Any]:
             "tool_errors": sum(f["tool_errors"] for f in turned),
             "turns_mean": sum(f["turns"] for f in turned) / n,
             "tool_use_rate": sum(f["tool_calls"] > 0 for f in turned) / n}
+
+
+def lost_groups(ctl: Controller) -> list[int]:
+    """Groups admitted and not trained or filtered that are nowhere in the controller: not
+    queued, not in a job, not waiting at a barrier or for the trainer. Must stay empty."""
+    present: set[int] = set()
+    for edge in ctl.edges.values():
+        present.update(s.group_id for s in edge.samples())
+    present.update(s.group_id for s, _, _, _ in ctl.jobs.values())
+    present.update(s.group_id for s, _ in ctl.tools.waiting.values())
+    for groups in ctl.barriers.values():
+        present.update(groups)
+    present.update(ctl.train_buffer.ready)
+    present.update(s.group_id for s in ctl.training.samples())
+    return sorted(set(ctl.train_buffer.open) - present)
