@@ -16,9 +16,11 @@ hour). Everything runs the real controller and planners in virtual time.
 redo, so a long comparison can be made a few groups at a time.
 
 Calibration: ``--calibrate bench/workloads/cpu_tiny_longtail.toml --real colocated=54.6,...``
-simulates that workload (split 1,1,1, its steps) under each planner named in ``--real``, takes
-the steady rate as ``bench/elastic.py`` does (samples after step 1 over the time from step 1 to
-the last), and prints the simulator's prediction error against the measured figures.
+(or ``--real-json`` with the output files of one or more ``bench/elastic.py`` runs) simulates
+that workload (split 1,1,1, its steps) under each planner measured, takes the steady rate as
+``bench/elastic.py`` does (samples after step 1 over the time from step 1 to the last), and
+prints the simulator's prediction error against the mean of the measured figures, with their
+spread.
 
 Prints one JSON object as the last line of stdout.
 """
@@ -130,19 +132,38 @@ def summarize(name: str, gpus: int, fluid: dict[str, float], rows: list[dict[str
     }
 
 
-def calibrate(path: str, real: dict[str, float]) -> dict[str, Any]:
-    """Simulated vs measured samples/s for each planner of ``real`` on workload ``path``."""
+def calibrate(path: str, real: dict[str, list[float]]) -> dict[str, Any]:
+    """Simulated vs measured samples/s (the mean of each planner's runs in ``real``) on
+    workload ``path``."""
     wl = load_workload(path)
     out: dict[str, Any] = {"workload": wl.name, "planners": {}}
-    for planner, measured in real.items():
+    for planner, runs in real.items():
         recs = simulate(wl, planner, Split(1, 1, 1)).records
         rate = sum(r["samples"] for r in recs[1:]) / (recs[-1]["time_s"] - recs[0]["time_s"])
+        measured = sum(runs) / len(runs)
         out["planners"][planner] = {
             "simulated": round(rate, 2),
-            "measured": measured,
+            "measured": round(measured, 2),
+            "measured_runs": [round(x, 2) for x in runs],
             "error": round(rate / measured - 1, 3),
         }
     return out
+
+
+def real_rates(sets: str, files: list[str]) -> dict[str, list[float]]:
+    """Measured samples/s per planner from ``planner=rate,...`` and ``bench/elastic.py``
+    outputs (its JSON line, the last of the file)."""
+    real: dict[str, list[float]] = {}
+    for item in (x for x in sets.split(",") if x):
+        planner, _, rate = item.partition("=")
+        real.setdefault(planner, []).append(float(rate))
+    names = {"colocated": "colocated", "static_best": "static", "backpressure": "backpressure"}
+    for f in files:
+        lines = Path(f).read_text().strip().splitlines()
+        rates = json.loads(lines[-1])["samples_per_s"]
+        for key, planner in names.items():
+            real.setdefault(planner, []).append(rates[key])
+    return real
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,9 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--merge", action="store_true", help="keep other groups already in --out")
     ap.add_argument("--calibrate", default=None, help="a workload file to compare with --real")
     ap.add_argument("--real", default="", help="measured samples/s: planner=rate,...")
+    ap.add_argument("--real-json", nargs="*", default=[], help="bench/elastic.py outputs")
     args = ap.parse_args(argv)
     if args.calibrate:
-        real = {k: float(v) for k, v in (x.split("=") for x in args.real.split(",") if x)}
+        real = real_rates(args.real, args.real_json)
         print(json.dumps({"bench": "sim_paper", "calibration": calibrate(args.calibrate, real)}))
         return 0
     t0 = time.perf_counter()

@@ -12,12 +12,10 @@ Run:  pivotflow run graphs/grpo_genrm_longtail.py --workers 3
 
 from __future__ import annotations
 
-import math
-import random
-
 from pivotflow.graph import Graph
 from pivotflow.rl.group_fns import grpo_advantage
 from pivotflow.tasks.judge_format import judge_prompt, parse_verdict
+from pivotflow.tasks.length_budget import length_budget
 
 DEFAULTS = {
     "group_size": 8,
@@ -31,23 +29,9 @@ DEFAULTS = {
     "digits": 2,
 }
 
-Z99 = 2.3263  # the standard normal's 99th percentile
-
-
-def length_budget(median: float, p99_ratio: float, cap: int):  # noqa: ANN201 - a stage fn
-    sigma = math.log(p99_ratio) / Z99
-
-    def budget(sample_id: int, **_: object) -> dict[str, int]:
-        """This sample's response length: log-normal(median, sigma), at least 1, capped."""
-        n = random.Random(sample_id).lognormvariate(math.log(median), sigma)
-        n = max(1, min(cap, round(n)))
-        return {"min_tokens": n, "max_tokens": n}
-
-    return budget
-
 
 def judge_template(prompt: str, response: str, **_: object) -> str:
-    return judge_prompt(prompt, response)
+    return judge_prompt(prompt, response, max_chars=None)  # the whole response, not its start
 
 
 def parse(verdict: str, **_: object) -> float | None:

@@ -23,12 +23,14 @@ from pivotflow.graph import Graph
 from pivotflow.planner import make_planner
 from pivotflow.planner.base import Planner
 from pivotflow.rl.group_fns import grpo_advantage
+from pivotflow.sim.cores import CoreShare
 from pivotflow.sim.cost_model import CostModel
 from pivotflow.sim.sim_worker import SimWorker, close_quietly
 from pivotflow.sim.tokens import FILLER, SimProblems, SimTokenizer
 from pivotflow.sim.virtual_clock import SimClock, run_virtual
 from pivotflow.sim.workload import Workload
 from pivotflow.tasks.judge_format import parse_verdict
+from pivotflow.tasks.length_budget import length_budget
 from pivotflow.transport.local import LocalHub
 
 POOLS = ("rollout", "genrm", "trainer")
@@ -111,6 +113,11 @@ def sim_graph(wl: Workload, split: Split) -> Graph:
     src = g.source(
         "prompts", task="sim", group_size=wl.group_size, groups_per_step=wl.prompts_per_step
     )
+    stages = [src]
+    if wl.response.draw == "budget":  # lengths per sample id, as the real graph draws them
+        r = wl.response
+        budget = length_budget(r.median, r.p99_over_median, r.cap)
+        stages.append(g.map("budget", budget, writes=["min_tokens", "max_tokens"]))
     gen = g.generate("rollout", model="policy", pool="rollout", max_tokens=wl.response.cap)
     jud = g.judge(
         "genrm",
@@ -122,7 +129,7 @@ def sim_graph(wl: Workload, split: Split) -> Graph:
     )
     adv = g.group("advantage", grpo_advantage, writes=["advantage"])
     tr = g.train("train", model="policy", pool="trainer")
-    g.chain(src, gen, jud, adv, tr)
+    g.chain(*stages, gen, jud, adv, tr)
     return g
 
 
@@ -184,7 +191,10 @@ async def _simulate(
         on_step=records.append,
         planner=planner,
     )
-    workers = [SimWorker(hub.connect(w), cost, wl.group_gpus, tok) for w in assignments]
+    cores = CoreShare(wl.hardware.cores) if wl.hardware.cores else None
+    workers = [
+        SimWorker(hub.connect(w), cost, wl.group_gpus, tok, cores=cores) for w in assignments
+    ]
     trace: list[tuple[float, dict[str, int]]] = []
     wall0 = time.perf_counter()
     run = asyncio.ensure_future(ctl.run())

@@ -82,14 +82,41 @@ class CostModel:
         work = 2 * m.active_params_b * 1e9 * tokens + 2 * m.layers * m.hidden * tokens**2
         return work / (self._flops * m.tp * self.hw.prefill_mfu)
 
-    def train_s(self, tokens: int, seqs: int, gpus: int) -> float:
-        """An optimizer step's compute over ``tokens`` tokens in ``seqs`` sequences on ``gpus``."""
+    def prefill_batch_s(self, m: ModelSpec, lengths: list[int]) -> float:
+        """One replica prefilling sequences of ``lengths`` tokens that arrive together: padded
+        to the longest where measured so (the embedded engine), else each on its own."""
+        meas = m.measured
+        if "prefill_per_padded_token_s" in meas:
+            padded = len(lengths) * max(lengths)
+            return meas.get("prefill_base_s", 0.0) + meas["prefill_per_padded_token_s"] * padded
+        return sum(self.prefill_s(m, n) for n in lengths)
+
+    def train_s(self, tokens: int, seqs: int, gpus: int, signal: bool = True) -> float:
+        """An optimizer step's compute over ``tokens`` tokens in ``seqs`` sequences on ``gpus``;
+        a step without ``signal`` (every advantage 0) runs the forward only, where measured."""
         m = self.wl.policy
-        if "train_per_token_s" in m.measured:
-            return m.measured["train_per_token_s"] * tokens / gpus
+        meas = m.measured
+        if not signal and "train_no_signal_per_token_s" in meas:
+            return meas["train_no_signal_per_token_s"] * tokens / gpus
+        if "train_per_token_s" in meas:
+            return meas["train_per_token_s"] * tokens / gpus
         mean_len = tokens / max(seqs, 1)
         per_token = 6 * m.active_params_b * 1e9 + 6 * m.layers * m.hidden * mean_len
         return per_token * tokens / (gpus * self._flops * self.hw.train_mfu)
+
+    def train_world_s(
+        self, batch_tokens: int, world: int, signal: bool, new_group: bool
+    ) -> float | None:
+        """A data-parallel step of ``world`` trainers over ``batch_tokens`` where measured so
+        (its ranks' sharing of the cores is in the figure), else None; ``new_group``: the
+        pool's members changed, so the group forms again first."""
+        meas = self.wl.policy.measured
+        kind = "" if signal else "_no_signal"
+        per_token = meas.get(f"train{kind}_per_token_s_world{world}")
+        if per_token is None:
+            return None
+        regroup = meas.get(f"train_regroup_s_world{world}", 0.0) if new_group else 0.0
+        return per_token * batch_tokens + regroup
 
     def role_bytes_per_gpu(self, role: str, m: ModelSpec) -> float:
         """Bytes one GPU pulls from the parameter store to host ``role`` for ``m``."""

@@ -46,6 +46,7 @@ class SimBatchEngine:
         self._coeffs_b = -1
         self._coeffs = cost.decode(model, 1)
         self.busy_s = 0.0  # time spent decoding or prefilling (for utilisation)
+        self.slow = 1.0  # > 1 while busy workers outnumber shared cores (sim/cores.py)
 
     # ------------------------------------------------------------ time algebra
 
@@ -64,20 +65,21 @@ class SimBatchEngine:
         b = len(self.seqs)
         k = self._k()
         first = k.base + k.per_seq * b / self.r + k.per_ctx * (self.c_base + b * self.s) / self.r
-        return n * first + k.per_ctx * b / self.r * n * (n - 1) / 2
+        return (n * first + k.per_ctx * b / self.r * n * (n - 1) / 2) * self.slow
 
     def _steps_within(self, dt: float) -> int:
         """Whole decode steps that fit in ``dt`` seconds (inverse of ``steps_time``)."""
         b = len(self.seqs)
         if dt <= 0 or b == 0:
             return 0
+        dt /= self.slow
         k = self._k()
         first = k.base + k.per_seq * b / self.r + k.per_ctx * (self.c_base + b * self.s) / self.r
         a = k.per_ctx * b / self.r / 2
         lin = first - a
         n = dt / lin if a == 0 else (-lin + math.sqrt(lin * lin + 4 * a * dt)) / (2 * a)
-        n = int(n)
-        while n > 0 and self.steps_time(n) > dt:  # float rounding at the boundary
+        n = int(n + 1e-9)  # a boundary hit exactly may compute as n - tiny
+        while n > 0 and self.steps_time(n) > dt * self.slow:  # float rounding at the boundary
             n -= 1
         return n
 
@@ -98,8 +100,16 @@ class SimBatchEngine:
     def stall(self, now: float, seconds: float) -> None:
         """Nothing decodes for ``seconds`` from ``now`` (prefill, weight load)."""
         self.advance(now)
-        self.t0 = max(self.t0, now) + seconds
-        self.busy_s += seconds
+        self.t0 = max(self.t0, now) + seconds * self.slow
+        self.busy_s += seconds * self.slow
+
+    def rescale(self, now: float, slow: float) -> None:
+        """From ``now`` on, run ``slow`` times slower than alone (cores shared): the rest of a
+        stall stretches with it; the step under way restarts at its last boundary."""
+        self.advance(now)
+        if self.t0 > now:
+            self.t0 = now + (self.t0 - now) * slow / self.slow
+        self.slow = slow
 
     # ------------------------------------------------------------ batch changes
 

@@ -39,6 +39,7 @@ from pivotflow.protocol import (
     Welcome,
     WorkerFailed,
 )
+from pivotflow.sim.cores import CoreShare
 from pivotflow.sim.cost_model import CostModel
 from pivotflow.sim.outputs import Outputs, response_length
 from pivotflow.sim.sim_engine import SimBatchEngine
@@ -69,6 +70,7 @@ class SimWorker:
         gpus: int,
         tok: SimTokenizer,
         heartbeat_s: float = 1.0,
+        cores: CoreShare | None = None,
     ) -> None:
         self.end, self.cost, self.gpus, self.tok = end, cost, gpus, tok
         self.worker_id = end.worker_id
@@ -82,6 +84,11 @@ class SimWorker:
         self._timer: asyncio.TimerHandle | None = None
         self._beat: asyncio.TimerHandle | None = None
         self._busy: asyncio.TimerHandle | None = None  # loading a role or training
+        self._busy_end = 0.0  # when the work behind ``_busy`` ends
+        self._busy_done: Any = None  # what runs then
+        self._baked = 1.0  # the slowdown from shared cores its duration already holds
+        self._group = (-1, 1)  # (epoch, world) of the trainers' group this worker is in
+        self.cores = cores  # shared with the other workers on a CPU machine, else None
         self._waiting: deque[Any] = deque()  # messages that arrived while busy
         self._stopped: asyncio.Future[None] | None = None
         self._last_sent = 0.0
@@ -121,16 +128,40 @@ class SimWorker:
         else:
             self._handle(msg)
 
-    def _until(self, seconds: float, then: Any, *args: Any) -> None:
-        """Busy for ``seconds``: then ``then(*args)`` and the messages that waited meanwhile."""
+    def _until(self, seconds: float, then: Any, *args: Any, baked: float = 1.0) -> None:
+        """Busy for ``seconds`` of work: then ``then(*args)`` and the messages that waited
+        meanwhile. ``then`` gets the seconds it took (longer when cores are shared beyond the
+        ``baked`` slowdown the figure already holds)."""
+        start = self._loop.time()
 
         def done() -> None:
             self._busy = None
-            then(*args)
+            self._idle_if_done()
+            then(*args, self._loop.time() - start)
             while self._waiting and self._busy is None:
                 self._handle(self._waiting.popleft())
 
-        self._busy = self._loop.call_later(seconds, done)
+        if self.cores is not None:
+            self.cores.enter(self)
+            seconds *= max(1.0, self.cores.factor / baked)
+        self._busy_end, self._busy_done, self._baked = start + seconds, done, baked
+        self._busy = self._loop.call_at(self._busy_end, done)
+
+    def rescale(self, old: float, new: float) -> None:
+        """Cores shared (``sim/cores.py``): what is left of the current work stretches."""
+        now = self._loop.time()
+        if self._busy is not None:
+            self._busy.cancel()
+            b = self._baked
+            self._busy_end = now + (self._busy_end - now) * max(1.0, new / b) / max(1.0, old / b)
+            self._busy = self._loop.call_at(self._busy_end, self._busy_done)
+        elif self.engine is not None:
+            self.engine.rescale(now, new)
+            self._schedule()
+
+    def _idle_if_done(self) -> None:
+        if self.cores is not None and self._busy is None and not (self.engine and self.engine.seqs):
+            self.cores.leave(self)
 
     def _handle(self, msg: Any) -> None:
         match msg:
@@ -166,14 +197,17 @@ class SimWorker:
         load = self.cost.load_s(msg.role, m)
         self._until(release + load, self._assigned, msg, self._loop.time(), release, load)
 
-    def _assigned(self, msg: AssignRole, t: float, release: float, load: float) -> None:
+    def _assigned(
+        self, msg: AssignRole, t: float, release: float, load: float, took: float
+    ) -> None:
         self._bank_busy()
         self.role, self.model_name = msg.role, msg.model
         self.engine = None
+        self._group = (-1, 1)  # a new role: no trainers' group
         if msg.role == "generate":
             m = self.cost.model(msg.model)
             self.engine = SimBatchEngine(self.cost, m, self.gpus, self._loop.time())
-        self.stats.loads.append((t, msg.role, msg.model, release + load))
+        self.stats.loads.append((t, msg.role, msg.model, took))
         self._send(
             RoleReady(
                 role=msg.role, model=msg.model, version=self.version, load_s=load, release_s=release
@@ -198,7 +232,11 @@ class SimWorker:
         """Total tokens this job's sequence generates and whether it ends with EOS."""
         if self.model_name == "judge":
             return self.cost.wl.verdict_tokens, True
-        return response_length(self.cost.wl.response, job.seed, job.max_tokens)
+        n, stop = response_length(self.cost.wl.response, job.seed, job.max_tokens)
+        if n < job.min_tokens:  # as a real engine, no EOS before min_tokens
+            n = min(job.min_tokens, job.max_tokens)
+            stop = n < job.max_tokens
+        return n, stop
 
     def _add_jobs(self, jobs: list[GenerateJob]) -> None:
         eng = self.engine
@@ -216,8 +254,11 @@ class SimWorker:
         if need > self.version:
             eng.stall(now, self.cost.weight_sync_s(m))
             self.version = need
-        prefill = sum(self.cost.prefill_s(m, len(j.prompt_ids) + len(j.prefix_ids)) for j in jobs)
-        eng.stall(now, prefill / eng.r)
+        if self.cores is not None:
+            self.cores.enter(self)
+            eng.rescale(now, self.cores.factor)
+        lengths = [len(j.prompt_ids) + len(j.prefix_ids) for j in jobs]
+        eng.stall(now, self.cost.prefill_batch_s(m, lengths) / eng.r)
         for j in jobs:
             total, stop = self._target(j)
             self.jobs[j.job_id] = j
@@ -245,6 +286,7 @@ class SimWorker:
         if results:
             self.stats.jobs_done += len(results)
             self._send(JobsDone(results=results))
+        self._idle_if_done()
         self._schedule()
 
     def _abort(self, job_ids: list[int]) -> None:
@@ -260,6 +302,7 @@ class SimWorker:
         self.stats.jobs_aborted += len(out)
         if out:
             self._send(JobsDone(results=out))
+        self._idle_if_done()
         self._schedule()
 
     def _result(self, job_id: int, new: int, *, final: bool) -> JobDone:
@@ -277,11 +320,19 @@ class SimWorker:
         tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in msg.seqs)
         world = int(getattr(msg, "world", 1))
         m = self.cost.wl.policy
-        t = self.cost.train_s(tokens, len(msg.seqs), self.gpus)
+        t = self.cost.train_s(tokens, len(msg.seqs), self.gpus, msg.any_signal)
+        baked = 1.0  # the slowdown from shared cores already in the figure
+        if world > 1:  # shards are near-equal in tokens: the batch is about world x this one
+            new_group = (msg.epoch, world) != self._group
+            dp = self.cost.train_world_s(tokens * world, world, msg.any_signal, new_group)
+            if dp is not None:
+                t = dp
+                baked = max(1.0, world / self.cores.cores) if self.cores else 1.0
+        self._group = (msg.epoch, world)
         if int(getattr(msg, "optim_version", -1)) >= 0:  # take over state left in the store
             t += self.cost.load_s("train", m)
         t += self.cost.weight_sync_s(m) / max(world, 1)  # publish the new version, in slices
-        self._until(t, self._trained, msg, tokens, t)
+        self._until(t, self._trained, msg, tokens, baked=baked)
 
     def _trained(self, msg: TrainStep, tokens: int, t: float) -> None:
         self.stats.busy_s["train"] = self.stats.busy_s.get("train", 0.0) + t

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,19 @@ MEASURED_KEYS = (
     "decode_per_seq_s",
     "decode_per_ctx_token_s",
     "prefill_per_token_s",
+    "prefill_base_s",  # an engine that prefills a batch padded to its longest prompt (ours):
+    "prefill_per_padded_token_s",  # base + per padded token * batch * longest
     "train_per_token_s",
+    "train_no_signal_per_token_s",  # a step whose advantages are all 0: forward only, no AdamW
     "load_s",
 )
+# A data-parallel step on N trainers sharing the machine's cores (bench/cpu_costs.py): per token
+# of the whole batch in a standing group (all-reduce and rank 0's publish included), and the
+# seconds a new group adds (forming it, rank 0 broadcasting the state).
+WORLD_KEY = re.compile(
+    r"train(_per_token|_no_signal_per_token|_regroup)_s_world([2-9]|[1-9][0-9]+)"
+)
+LENGTH_DRAWS = ("engine", "budget")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +49,10 @@ class Lengths:
     median: int
     p99_over_median: float
     cap: int
+    # Who draws a response's length: "engine" (the simulated engine, from the job's seed) or
+    # "budget" (a map stage per sample id, as graphs/grpo_genrm_longtail.py's, so a simulated
+    # run generates the very lengths the real one does: calibration).
+    draw: str = "engine"
 
     @property
     def sigma(self) -> float:
@@ -92,6 +107,9 @@ class Hardware:
     engine_start_s: float
     release_s: float
     max_seqs: int  # per replica (vLLM max_num_seqs)
+    # Cores the workers share (a CPU machine: busy workers beyond it slow each other down in
+    # proportion); 0: every worker has its own device, as GPUs do.
+    cores: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +167,10 @@ def _lengths(t: Table) -> Lengths:
         t.num("median_tokens", integer=True),
         t.num("p99_over_median", lo=1.0, lo_open=False),
         t.num("cap_tokens", integer=True),
+        t.text("draw", "engine"),
     )
+    if out.draw not in LENGTH_DRAWS:
+        raise ConfigError(f"{t.path}: [{t.name}] draw = {out.draw!r}: one of {list(LENGTH_DRAWS)}")
     if out.cap < out.median:
         raise ConfigError(
             f"{t.path}: [{t.name}] cap_tokens {out.cap} is below median_tokens {out.median}"
@@ -184,10 +205,11 @@ def _model(t: Table, extra: tuple[str, ...] = ()) -> ModelSpec:
     m = t.sub("measured")
     if m is not None:
         for k in m.data:
-            if k not in MEASURED_KEYS:
+            if k not in MEASURED_KEYS and not WORLD_KEY.fullmatch(k):
                 raise ConfigError(
                     f"{m.path}: [{m.name}] unknown key {k!r}; measured "
-                    f"coefficients are {list(MEASURED_KEYS)}"
+                    f"coefficients are {list(MEASURED_KEYS)} and "
+                    "train_{per_token,no_signal_per_token,regroup}_s_world<N> (N >= 2)"
                 )
             spec.measured[k] = m.num(k, lo=0.0, lo_open=False)
     for k in extra:
@@ -221,6 +243,7 @@ def parse_workload(data: dict[str, Any], path: str) -> Workload:
         engine_start_s=hw.num("engine_start_s", lo=0.0, lo_open=False),
         release_s=hw.num("release_s", lo=0.0, lo_open=False),
         max_seqs=hw.num("max_seqs_per_replica", integer=True),
+        cores=hw.num("cores", 0, lo=0, integer=True, lo_open=False),
     )
     hw.done()
     wl = Workload(

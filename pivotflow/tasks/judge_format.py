@@ -30,7 +30,7 @@ _SHOWN = frozenset(TASK_ALPHABET) - {"\n"}
 _VERDICT = re.compile(r"(?:.*:)?\s*(Yes|No)", re.DOTALL)
 
 
-def clean_candidate(candidate: str) -> str:
+def clean_candidate(candidate: str, max_chars: int | None = MAX_CANDIDATE_CHARS) -> str:
     """The candidate as the judge sees it: surrounding whitespace stripped (the checker strips
     too), each character outside printable ASCII replaced by "#", cut to MAX_CANDIDATE_CHARS.
 
@@ -38,12 +38,15 @@ def clean_candidate(candidate: str) -> str:
     "85".
     """
     text = "".join(c if c in _SHOWN else "#" for c in candidate.strip())
-    return text[:MAX_CANDIDATE_CHARS]
+    return text if max_chars is None else text[:max_chars]
 
 
-def judge_prompt(problem_prompt: str, candidate: str) -> str:
-    """The judge's prompt for ``candidate`` answering ``problem_prompt``: ``"47+38=" + "84" + "?"``."""
-    return f"{problem_prompt}{clean_candidate(candidate)}?"
+def judge_prompt(problem_prompt: str, candidate: str,
+                 max_chars: int | None = MAX_CANDIDATE_CHARS) -> str:
+    """The judge's prompt for ``candidate`` answering ``problem_prompt``: ``"47+38=" + "84" + "?"``
+    (the candidate cut to ``max_chars``; None reads it whole, as a GenRM judging long responses
+    must)."""
+    return f"{problem_prompt}{clean_candidate(candidate, max_chars)}?"
 
 
 def judge_target(

@@ -96,3 +96,17 @@ def test_the_cpu_calibration_workload_uses_measured_costs() -> None:
     assert cost.load_s("train", w.policy) == w.policy.measured["load_s"]
     assert cost.mean_prompt() == 6.0  # p99_over_median = 1: a fixed length
     assert 0 < fluid_bound(w)["samples_per_s"] < 1000
+
+
+def test_calibration_keys_are_validated() -> None:
+    data = _data()
+    data["policy"]["measured"] = {"train_per_token_s_world2": 2e-4, "train_regroup_s_world2": 0.1,
+                                  "train_no_signal_per_token_s_world3": 7e-5}
+    assert parse_workload(data, "w.toml").policy.measured["train_per_token_s_world2"] == 2e-4
+    err = _bad(lambda d: d["policy"].update(measured={"train_per_token_s_world1": 1.0}))
+    assert "train_per_token_s_world1" in err and "N >= 2" in err
+    err = _bad(lambda d: d["response"].update(draw="dice"))
+    assert "[response] draw = 'dice'" in err and "budget" in err
+    assert "[hardware] cores" in _bad(lambda d: d["hardware"].update(cores=-1))
+    w = load_workload(CPU)
+    assert w.response.draw == "budget" and w.hardware.cores == 2

@@ -22,6 +22,7 @@ def test_candidate_is_cleaned_without_turning_wrong_into_right() -> None:
     assert clean_candidate(" 85\n") == "85"
     assert clean_candidate("8\t5") == "8#5" and clean_candidate("8\u00e95") == "8#5"
     assert len(clean_candidate("9" * 100)) == MAX_CANDIDATE_CHARS
+    assert clean_candidate("9" * 100, max_chars=None) == "9" * 100  # a GenRM reading it whole
     p = Problem(prompt="47+38=", answer="85")
     assert judge_target(p, "8\t5") == "85:No" and judge_target(p, "") == "85:No"
     assert judge_prompt(p.prompt, "") == "47+38=?"

@@ -1,0 +1,114 @@
+"""Shared cores (processor sharing) in the simulator, and the costs calibrated on the CPU run."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from pivotflow.sim.cluster import Split, simulate
+from pivotflow.sim.cores import CoreShare
+from pivotflow.sim.cost_model import CostModel
+from pivotflow.sim.sim_engine import SimBatchEngine
+from pivotflow.sim.workload import Workload, load_workload
+from pivotflow.tasks.length_budget import budget_length
+
+CPU = Path(__file__).parents[2] / "bench/workloads/cpu_tiny_longtail.toml"
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, float]] = []
+
+    def rescale(self, old: float, new: float) -> None:
+        self.calls.append((old, new))
+
+
+def test_busy_workers_beyond_the_cores_slow_the_others() -> None:
+    share = CoreShare(2)
+    a, b, c = Recorder(), Recorder(), Recorder()
+    share.enter(a)
+    share.enter(b)
+    assert share.factor == 1.0 and a.calls == []  # two busy on two cores: full speed
+    share.enter(c)
+    assert share.factor == 1.5 and a.calls == [(1.0, 1.5)] and b.calls == [(1.0, 1.5)]
+    assert c.calls == []  # the one joining starts at the new speed itself
+    share.enter(c)  # already busy: nothing changes
+    share.leave(a)
+    assert share.factor == 1.0 and b.calls[-1] == (1.5, 1.0) and c.calls == [(1.5, 1.0)]
+    share.leave(a)  # not busy: nothing changes
+    assert len(b.calls) == 2
+
+
+def test_a_slowed_engine_takes_proportionally_longer(tiny_workload: Workload) -> None:
+    cost = CostModel(tiny_workload)
+    eng = SimBatchEngine(cost, tiny_workload.policy, 1, now=0.0)
+    eng.join(1, 100, 50)
+    alone = eng.next_completion()
+    assert alone is not None
+    eng.rescale(0.0, 2.0)
+    assert eng.next_completion() == pytest.approx(2 * alone)
+    # Half-way through at double cost, back to full speed: the rest takes its own time.
+    half = eng.steps_time(25)
+    eng.rescale(half, 1.0)
+    assert eng.s == 25
+    assert eng.next_completion() == pytest.approx(half + eng.steps_time(25))
+    eng.stall(half, 1.0)
+    eng.rescale(half, 3.0)  # a stall under way stretches too
+    assert eng.t0 == pytest.approx(half + 3.0)
+
+
+def test_the_calibration_run_generates_the_real_graphs_lengths() -> None:
+    w = load_workload(CPU)
+    res = simulate(w, "static", Split(1, 1, 1), steps=2)
+    r = w.response
+    want = sum(budget_length(i, r.median, r.p99_over_median, r.cap) for i in range(128))
+    assert res.tokens_generated == want  # sample ids 0..127, as graphs/grpo_genrm_longtail.py
+    assert [rec["samples"] for rec in res.records] == [64, 64]
+
+
+def test_sharing_one_core_among_three_workers_costs_time() -> None:
+    w = load_workload(CPU)
+
+    def on(cores: int) -> Workload:
+        return dataclasses.replace(w, hardware=dataclasses.replace(w.hardware, cores=cores))
+
+    one = simulate(on(1), "static", Split(1, 1, 1), steps=3)
+    own = simulate(on(0), "static", Split(1, 1, 1), steps=3)
+    three = simulate(on(3), "static", Split(1, 1, 1), steps=3)
+    assert one.tokens_generated == own.tokens_generated
+    assert one.sim_s > own.sim_s * 1.1  # rollout and judge overlap on one core
+    assert three.sim_s == own.sim_s  # a core each: nobody waits
+
+
+def test_data_parallel_steps_use_the_measured_figure() -> None:
+    cost = CostModel(load_workload(CPU))
+    m = cost.wl.policy.measured
+    assert cost.train_world_s(1000, 3, True, False) == pytest.approx(
+        m["train_per_token_s_world3"] * 1000)
+    assert cost.train_world_s(1000, 3, True, True) == pytest.approx(
+        m["train_per_token_s_world3"] * 1000 + m["train_regroup_s_world3"])
+    assert cost.train_world_s(1000, 2, False, False) == pytest.approx(
+        m["train_no_signal_per_token_s_world2"] * 1000)
+    assert cost.train_world_s(1000, 4, True, True) is None  # not measured: the per-token model
+    assert cost.train_s(1000, 10, 1, signal=False) == pytest.approx(
+        m["train_no_signal_per_token_s"] * 1000)
+
+
+def test_padded_prefill_charges_the_longest_prompt() -> None:
+    cost = CostModel(load_workload(CPU))
+    j = cost.wl.judge
+    per = j.measured["prefill_per_padded_token_s"]
+    assert cost.prefill_batch_s(j, [10, 200, 30]) == pytest.approx(
+        j.measured["prefill_base_s"] + per * 3 * 200)
+
+
+def test_backpressure_does_not_thrash_when_steps_may_lag() -> None:
+    # max_staleness 2 on 3 workers for 3 pools: enough samples were ready for a step that could
+    # not start (an older group still generating), trainers were lent for it and moved out
+    # again every interval (319 shifts in one step), and two pools traded their one worker
+    w = dataclasses.replace(load_workload(CPU), max_staleness=2)
+    res = simulate(w, "backpressure", Split(1, 1, 1), steps=8)
+    assert max(len(r["shift_events"]) for r in res.records) <= 30
+    assert len(res.shifts) <= 8 * 20
