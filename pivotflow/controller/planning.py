@@ -106,10 +106,15 @@ def planner_view(ctl: Controller) -> PlannerView:
     ready = ctl.train_buffer.ready_samples
     untrained = len(ctl.train_buffer.open) * size
     batch = ctl.source.groups_per_step * size
-    queued = ready if ready >= batch else 0
+    # A batch counts as waiting only when the step can take it: with max_staleness > 0 enough
+    # samples may be ready while an older group that must be in this step still generates,
+    # and trainers lent for it would sit idle (then move out and back each interval).
+    queued = ready if ready >= batch and ctl.train_buffer.can_take(ctl.version) else 0
     running = ctl.training.batch_samples  # == len(ctl.training.samples())
+    by_size = {n: done / secs for n, (done, secs) in ctl.training.by_size.items() if secs > 0}
     pools[tpool] = PoolView(tpool, _movable(ctl, tpool), len(ctl.pools[tpool].workers),
-                            untrained, _rate(ctl, tpool, busy_now), "train", running or queued)
+                            untrained, _rate(ctl, tpool, busy_now), "train", running or queued,
+                            rate_by_size=by_size)
     rates = [p.per_worker_rate for p in pools.values() if p.per_worker_rate > 0]
     # Before the first optimizer step no rate counts as measured: on a long tail only the short
     # sequences have finished, so completions per busy second read far too low (bounds of 1e5
@@ -119,7 +124,7 @@ def planner_view(ctl: Controller) -> PlannerView:
         if p.per_worker_rate == 0 or first_step:
             pools[name] = PoolView(p.name, p.ready, p.workers, p.remaining,
                                    p.per_worker_rate or (min(rates) if rates else 0.0), p.role,
-                                   p.queued, measured=False)
+                                   p.queued, measured=False, rate_by_size=p.rate_by_size)
     tracker = _last_shift.get(ctl)
     if tracker is None:
         tracker = _last_shift[ctl] = _LastShift()

@@ -53,6 +53,7 @@ class TrainSteps:
         self.started_at = 0.0
         self.planned_for = -1  # the step the planner was last asked to size the trainers for
         self.batch_samples = 0  # samples in ``batch`` (the planner asks every interval)
+        self.by_size: dict[int, tuple[int, float]] = {}  # trainers -> (samples, step seconds)
 
     @property
     def in_flight(self) -> bool:
@@ -118,8 +119,13 @@ class TrainSteps:
             return None
         batch, self.batch, self.batch_samples = self.batch, None, 0
         # the pool's rate for the planner: samples per busy trainer-second
-        ctl.pool_busy_s[self.pool] += (ctl.clock.now() - self.started_at) * len(self.members)
-        ctl.pool_done[self.pool] += sum(len(g) for g in batch)
+        took = ctl.clock.now() - self.started_at
+        done = sum(len(g) for g in batch)
+        ctl.pool_busy_s[self.pool] += took * len(self.members)
+        ctl.pool_done[self.pool] += done
+        # and per number of trainers: data parallel is far from linear on small batches
+        n, secs = self.by_size.get(len(self.members), (0, 0.0))
+        self.by_size[len(self.members)] = (n + done, secs + took)
         assert self.rank0_msg is not None  # rank 0 is always among the shards
         return batch, self.rank0_msg
 

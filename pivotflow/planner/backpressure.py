@@ -10,9 +10,16 @@ first). The bound is ``max_i T_i + T_t``. A move from ``s`` to ``d`` is made onl
 the bound by more than ``shift_cost * (1 + hysteresis)``, the worker has not moved within
 ``cooldown`` shift-costs; several moves may be made in one interval, greedily, each paying.
 One rule comes first: a pool with work waiting at it and no worker at all gets one at once (the
-cost is unavoidable then). Workers moved into the trainer pool for a ready step go back to the
-pool they came from when the step is over (the model's horizon ends at the admitted work, so it
-cannot see that the next groups need them).
+cost is unavoidable then), from a pool that can spare one, else from a pool's last worker once it
+has served there ``share_costs`` shift costs (two pools with work and one worker between them
+take turns instead of trading it every interval). Workers moved into the trainer pool for a
+ready step go back to the pool they came from when the step is over (the model's horizon ends
+at the admitted work, so it cannot see that the next groups need them).
+
+The trainer pool's rate is taken per size where it has trained at that size
+(``PoolView.rate_by_size``): data parallel is far from linear on small batches (on 2 CPU cores
+2 trainers are 1.3x one, 3 are 1.15x), and a per-worker average over mixed sizes made every
+extra trainer look worth its shift.
 """
 
 from __future__ import annotations
@@ -22,13 +29,34 @@ import math
 from pivotflow.planner.base import Move, PlannerView, PoolView
 
 
+def pool_rate(pool: PoolView, workers: int) -> float:
+    """Samples/s of ``pool`` with ``workers`` workers: measured at that size where it has served
+    so (``rate_by_size``), interpolated between the sizes measured around it, scaled linearly
+    from the nearest size outside them (so a size not tried yet looks as good as linear
+    scaling promises, is tried once, and is then known), else ``per_worker_rate`` times
+    ``workers``."""
+    by_size = pool.rate_by_size
+    if workers in by_size:
+        return by_size[workers]
+    if not by_size:
+        return workers * pool.per_worker_rate
+    below = max((n for n in by_size if n < workers), default=None)
+    above = min((n for n in by_size if n > workers), default=None)
+    if below is not None and above is not None:
+        f = (workers - below) / (above - below)
+        return by_size[below] + f * (by_size[above] - by_size[below])
+    near = below if below is not None else above
+    assert near is not None
+    return by_size[near] * workers / near
+
+
 def drain_time(pool: PoolView, workers: int) -> float:
     """Seconds pool needs for its remaining samples with ``workers`` workers."""
     if pool.remaining == 0:
         return 0.0
     if workers <= 0:
         return math.inf
-    return pool.remaining / (workers * max(pool.per_worker_rate, 1e-9))
+    return pool.remaining / max(pool_rate(pool, workers), 1e-9)
 
 
 def train_time(view: PlannerView, pool: PoolView, workers: int) -> float:
@@ -71,10 +99,11 @@ class BackpressurePlanner:
     name = "backpressure"
 
     def __init__(self, interval_s: float = 0.02, hysteresis: float = 0.5,
-                 cooldown_costs: float = 1.0) -> None:
+                 cooldown_costs: float = 1.0, share_costs: float = 10.0) -> None:
         self.interval_s = interval_s
         self.hysteresis = hysteresis
         self.cooldown_costs = cooldown_costs
+        self.share_costs = share_costs
         # workers moved into a trainer pool for a ready step -> the pool they came from
         self.lent: dict[str, str] = {}
 
@@ -153,8 +182,8 @@ class BackpressurePlanner:
                 if not options:
                     break
                 after, src_name, worker = min(options)
-                if now - after <= view.shift_cost_s * (1 + self.hysteresis):
-                    break
+                if not now - after > view.shift_cost_s * (1 + self.hysteresis):
+                    break  # (written so that inf - inf, a pool with work and none, stops too)
                 src = view.pools[src_name]
                 self.lent.setdefault(worker, src_name)
                 moves.append(Move(worker, src_name, dst.name,
@@ -186,18 +215,28 @@ class BackpressurePlanner:
     def _feed_starved(self, view: PlannerView, sizes: dict[str, int],
                       taken: set[str]) -> Move | None:
         """A worker for the first pool with work waiting and none (after the moves already
-        made this interval), from the pool that misses it least (cooldown and hysteresis do
-        not apply: the work cannot move otherwise)."""
+        made this interval), from the pool that misses it least (hysteresis does not apply:
+        the work cannot move otherwise). A pool that would be left with work and no worker
+        gives one only when no other can, and only a worker that has served it for
+        ``share_costs`` shift costs: two pools with work and one worker between them then take
+        turns with at most 1/share_costs of the time lost to shifting, instead of trading it
+        every interval (and aborting its batch each time)."""
+        dwell = self.share_costs * view.shift_cost_s
         for dst in view.pools.values():
             if dst.queued == 0 or sizes[dst.name] > 0:
                 continue
-            options = []
+            spare, last = [], []
             for src in view.pools.values():
                 # its last ready worker that no move of this interval took yet
                 worker = next((w for w in reversed(src.ready) if w not in taken), None)
-                if src.name != dst.name and worker is not None:
-                    after = makespan(view, moved(sizes, src.name, dst.name))
-                    options.append((after, src.name, worker))
+                if src.name == dst.name or worker is None:
+                    continue
+                after = makespan(view, moved(sizes, src.name, dst.name))
+                if sizes[src.name] > 1 or src.remaining == 0:
+                    spare.append((after, src.name, worker))
+                elif view.now_s - view.last_shift_s.get(worker, -math.inf) > dwell:
+                    last.append((after, src.name, worker))
+            options = spare or last
             if not options:
                 return None
             after, src_name, worker = min(options)

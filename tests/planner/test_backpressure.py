@@ -154,3 +154,42 @@ def test_colocated_moves_everyone_to_the_first_pool_with_work() -> None:
     moves = ColocatedPlanner().decide(pipeline((1, 5, 5), (1, 64, 20), (1, 64, 0)))
     assert [(m.worker, m.to_pool) for m in moves] == [("w20", "rollout")]
     assert ColocatedPlanner().decide(pipeline((0, 0, 0), (0, 0, 0), (3, 64, 64))) == []
+
+
+def test_a_last_worker_takes_turns_instead_of_trading_every_interval() -> None:
+    # rollout has work waiting and no worker; the judge's only worker moved in 0.1 s ago and
+    # has work of its own: it stays until it has served 10 shift costs there, then goes
+    def at(now: float) -> PlannerView:
+        return PlannerView(now_s=now, pools={
+            "rollout": PoolView("rollout", [], 0, 60, 10.0, queued=60),
+            "genrm": PoolView("genrm", ["w2"], 1, 70, 40.0, queued=10),
+            "trainer": PoolView("trainer", [], 1, 64, 200.0, "train", 0)},
+            shift_cost_s=0.02, last_shift_s={"w2": 10.0})
+    assert BackpressurePlanner().decide(at(10.1)) == []
+    [move] = BackpressurePlanner().decide(at(10.3))
+    assert (move.worker, move.to_pool) == ("w2", "rollout")
+    assert "rollout has 60 samples waiting and no worker" in move.reason
+
+
+def test_trainers_are_sized_on_the_measured_data_parallel_rate() -> None:
+    # a ready batch of 64: one trainer does 100 samples/s; two were measured at 120/s (not
+    # 200): a second trainer saves 0.64 - 0.53 = 0.11 s, more than the shift with hysteresis
+    # (0.05 * 1.5 = 0.075), so it moves; at 105/s it would save 0.03 s and stays
+    def ready(two: float) -> PlannerView:
+        return PlannerView(now_s=50.0, pools={
+            "rollout": PoolView("rollout", ["w0"], 1, 0, 10.0),
+            "trainer": PoolView("trainer", ["w20"], 1, 64, 100.0, "train", 64,
+                                rate_by_size={1: 100.0, 2: two})}, shift_cost_s=0.05)
+    [move] = BackpressurePlanner().decide(ready(120.0))
+    assert (move.from_pool, move.to_pool) == ("rollout", "trainer")
+    assert BackpressurePlanner().decide(ready(105.0)) == []
+
+
+def test_pool_rate_uses_the_sizes_measured() -> None:
+    from pivotflow.planner.backpressure import pool_rate
+
+    p = PoolView("trainer", [], 1, 64, 50.0, "train", rate_by_size={1: 100.0, 3: 150.0})
+    assert pool_rate(p, 3) == 150.0
+    assert pool_rate(p, 4) == pytest.approx(200.0)  # past the largest: linear from it
+    assert pool_rate(p, 2) == pytest.approx(125.0)  # between 1 and 3: interpolated
+    assert pool_rate(PoolView("g", [], 2, 5, 10.0), 3) == 30.0  # nothing by size: per worker
