@@ -92,9 +92,9 @@ class Controller:
                 pool = self.pools[node.pool]
                 pool.role = "train" if node.kind == "train" else "generate"
                 pool.model = node.model or ""
-        self.workers = {w: WorkerHandle(w, pool) for w, pool in assignments.items()}
-        for w, pool in assignments.items():
-            self.pools[pool].workers.append(w)
+        self.workers = {w: WorkerHandle(w, name) for w, name in assignments.items()}
+        for w, name in assignments.items():
+            self.pools[name].workers.append(w)
         self.edges = {i: Edge(f"{self.order[i - 1].name}->{n.name}")
                       for i, n in enumerate(self.order) if n.kind in ("generate", "judge")}
         self.barriers: dict[int, dict[int, list[Sample]]] = {
@@ -140,7 +140,7 @@ class Controller:
         try:
             await self._done.wait()
         finally:
-            waits = [*tasks, *self.tools.tasks]
+            waits: list[asyncio.Future[Any]] = [*tasks, *self.tools.tasks]
             for t in waits:
                 t.cancel()
             await asyncio.gather(*waits, return_exceptions=True)

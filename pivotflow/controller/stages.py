@@ -78,7 +78,7 @@ def apply_verdict(node: Node, sample: Sample, result: JobDone, tok: CharTokenize
     fields["verdict"] = verdict
     reward = node.options["parse"](**fields) if result.error == "" else None
     ok = isinstance(reward, (int, float)) and not isinstance(reward, bool)
-    fields["reward"] = float(reward) if ok else None
+    fields["reward"] = float(reward) if ok and reward is not None else None
     fields["judge_failed"] = not ok
     return ok
 

@@ -95,15 +95,16 @@ class TrainSteps:
         self.batch_samples = len(seqs)
         self.started_at = ctl.clock.now()
         rendezvous = os.path.join(self.rendezvous_dir, f"trainers-epoch{self.epoch}")
-        totals = {"total_tokens": sum(valid_tokens(s) for s in seqs),
-                  "total_seqs": sum(1 for s in seqs if valid_tokens(s) > 0),
-                  "any_signal": any(s.advantage != 0 for s in seqs)}
+        total_tokens = sum(valid_tokens(s) for s in seqs)
+        total_seqs = sum(1 for s in seqs if valid_tokens(s) > 0)
+        any_signal = any(s.advantage != 0 for s in seqs)
         for rank, (wid, part) in enumerate(zip(order, parts, strict=True)):
             ctl.workers[wid].training = True
             ctl.send(wid, TrainStep(
                 step=ctl.version, seqs=part, rank=rank, world=len(order), epoch=self.epoch,
                 rendezvous=rendezvous if len(order) > 1 else "",
-                optim_version=optim_version if rank == 0 else -1, **totals))
+                optim_version=optim_version if rank == 0 else -1, total_tokens=total_tokens,
+                total_seqs=total_seqs, any_signal=any_signal))
 
     def on_done(self, worker_id: str, msg: TrainDone) -> tuple[list[list[Sample]], TrainDone] | None:
         """A shard finished; the whole step when it was the last one (else None)."""

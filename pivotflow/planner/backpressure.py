@@ -127,13 +127,11 @@ class BackpressurePlanner:
             moves.append(move)
             taken.add(move.worker)
             sizes = moved(sizes, move.from_pool, move.to_pool)
-        while True:
-            move = self._best_move(view, sizes, taken)
-            if move is None:
-                return moves
-            moves.append(move)
-            taken.add(move.worker)
-            sizes = moved(sizes, move.from_pool, move.to_pool)
+        while (best := self._best_move(view, sizes, taken)) is not None:
+            moves.append(best)
+            taken.add(best.worker)
+            sizes = moved(sizes, best.from_pool, best.to_pool)
+        return moves
 
     def _best_move(self, view: PlannerView, sizes: dict[str, int],
                    taken: set[str]) -> Move | None:

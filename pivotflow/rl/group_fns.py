@@ -13,10 +13,10 @@ from pivotflow.rl.advantages import grpo_list, rloo_list
 
 
 def _with_failures(reward: list[float | None], fn: Any) -> dict[str, list[float]]:
-    scored = [i for i, r in enumerate(reward) if r is not None]
+    scored = [(i, r) for i, r in enumerate(reward) if r is not None]
     adv = [0.0] * len(reward)
     if len(scored) >= 2:
-        for i, a in zip(scored, fn([float(reward[i]) for i in scored]), strict=True):
+        for (i, _), a in zip(scored, fn([float(r) for _, r in scored]), strict=True):
             adv[i] = a
     return {"advantage": adv}
 

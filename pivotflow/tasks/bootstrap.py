@@ -50,7 +50,10 @@ POLICY_BAND = (0.35, 0.55)  # sampled accuracy at temperature 1
 POLICY_MIN_GREEDY = 0.95
 JUDGE_TARGET = 0.97  # held-out verdict accuracy
 NEAR_MISS_TARGET = 0.93  # ... and on the near misses alone (what a policy's wrong answers are)
-QUICK = {"policy_band": (0.05, 0.95), "judge_target": 0.60, "steps_scale": 0.25}
+# Looser targets and fewer steps for tests (``quick``)
+QUICK_POLICY_BAND = (0.05, 0.95)
+QUICK_JUDGE_TARGET = 0.60
+QUICK_STEPS_SCALE = 0.25
 
 
 def policy_config(vocab: int) -> ModelConfig:
@@ -93,8 +96,8 @@ def train_policy(seed: int, quick: bool, report: Callable[[dict], None]) -> tupl
               else near_miss(p.answer, rng))
              for p in train for _ in range(POLICY_LABELS_PER_SUM)]
     model = Decoder(policy_config(tok.vocab_size))
-    lo, hi = QUICK["policy_band"] if quick else POLICY_BAND
-    scale = QUICK["steps_scale"] if quick else 1.0
+    lo, hi = QUICK_POLICY_BAND if quick else POLICY_BAND
+    scale = QUICK_STEPS_SCALE if quick else 1.0
     found: dict[str, Any] = {}
 
     held_pairs = [(p.prompt, p.answer) for p in held[:300]]
@@ -131,8 +134,8 @@ def train_judge(seed: int, quick: bool, report: Callable[[dict], None]) -> tuple
     # Plain addition pairs too: the judge's chain of thought is the sum.
     pairs = [(e.prompt, e.target) for e in examples] + [(p.prompt, p.answer) for p in train]
     model = Decoder(judge_config(tok.vocab_size))
-    target = QUICK["judge_target"] if quick else JUDGE_TARGET
-    scale = QUICK["steps_scale"] if quick else 1.0
+    target = QUICK_JUDGE_TARGET if quick else JUDGE_TARGET
+    scale = QUICK_STEPS_SCALE if quick else 1.0
     found: dict[str, Any] = {}
 
     def verdict_accuracy() -> tuple[float, float]:

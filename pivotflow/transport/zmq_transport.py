@@ -15,6 +15,7 @@ import functools
 import logging
 import math
 import shutil
+from collections.abc import Callable
 from types import TracebackType
 from typing import cast
 
@@ -235,7 +236,7 @@ class ZmqControllerTransport:
         # plain ints and getsockopt: ``sock.rcvmore`` and enum flags cost a Python-level
         # attribute lookup and enum arithmetic per message
         more = functools.partial(sock.getsockopt, _RCVMORE)
-        events = functools.partial(sock.getsockopt, _EVENTS)
+        events = cast("Callable[[], int]", functools.partial(sock.getsockopt, _EVENTS))
         noblock = _NOBLOCK
         max_bytes = self.max_frame_bytes
         finished = False
