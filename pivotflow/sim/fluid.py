@@ -71,9 +71,13 @@ def role_rates(wl: Workload) -> RoleRates:
     stepj = kj.step_s(bj, bj * (e_j + wl.verdict_tokens / 2))
     prefill_j = sum(cost.prefill_s(jud, round(x)) for x in jctx) / len(jctx)
     genrm = cost.replicas(jud, g) / (wl.verdict_tokens * stepj / bj + prefill_j)
-    # Train: all tokens of a sample, forward and backward.
+    # Train: all tokens of a sample, forward and backward (forward only in a step without
+    # signal, where that is measured: its share is the chance no group has one).
     tokens = prompt + e_len
-    trainer = 1000 / cost.train_s(round(tokens * 1000), 1000, g)
+    p_sig = signal_chance(wl)
+    per_1000 = p_sig * cost.train_s(round(tokens * 1000), 1000, g) + (1 - p_sig) * cost.train_s(
+        round(tokens * 1000), 1000, g, signal=False)
+    trainer = 1000 / per_1000
     # Critical path: the longest sequence alone at batch 1, its judging, the train step.
     n = wl.samples_per_step
     longest = expected_max(wl.response, n)
@@ -83,8 +87,24 @@ def role_rates(wl: Workload) -> RoleRates:
     jlen = cost.judge_prompt_tokens(prompt - 1, longest)
     judge = cost.prefill_s(jud, round(jlen)) + wl.verdict_tokens * kj1.step_s(1, jlen)
     train = n * g / (trainer * wl.gpus)  # the whole cluster trains the step
+    step_tokens = round(n * tokens)
+    measured = [  # data parallel as measured (far from linear on a CPU), new groups aside
+        p_sig * t + (1 - p_sig) * t0
+        for w in range(2, wl.gpus // g + 1)
+        if (t := cost.train_world_s(step_tokens, w, True, False)) is not None
+        and (t0 := cost.train_world_s(step_tokens, w, False, False)) is not None
+    ]
+    if measured:
+        train = min([n / trainer, *measured])
     path = cost.prefill_s(pol, round(prompt)) + decode + judge + train
     return RoleRates(rollout, genrm, trainer, path)
+
+
+def signal_chance(wl: Workload) -> float:
+    """The chance a step has any nonzero advantage: some group's verdicts are not all equal."""
+    p, n = wl.p_yes, wl.group_size
+    flat = (1 - p) ** n + p**n  # one group all No or all Yes
+    return 1 - flat**wl.prompts_per_step
 
 
 def fluid_bound(wl: Workload) -> dict[str, float]:
@@ -92,7 +112,9 @@ def fluid_bound(wl: Workload) -> dict[str, float]:
     r = role_rates(wl)
     g = wl.group_gpus
     work_gpu_s = g / r.rollout + g / r.genrm + g / r.trainer
-    work = wl.gpus / work_gpu_s
+    # On a CPU machine the workers share its cores: no more than ``cores`` of them run at once.
+    devices = min(wl.gpus, wl.hardware.cores * g) if wl.hardware.cores else wl.gpus
+    work = devices / work_gpu_s
     path = wl.samples_per_step * (wl.max_staleness + 1) / r.critical_path_s
     return {
         "samples_per_s": min(work, path),

@@ -112,3 +112,19 @@ def test_backpressure_does_not_thrash_when_steps_may_lag() -> None:
     res = simulate(w, "backpressure", Split(1, 1, 1), steps=8)
     assert max(len(r["shift_events"]) for r in res.records) <= 30
     assert len(res.shifts) <= 8 * 20
+
+
+def test_the_fluid_bound_counts_shared_cores_and_measured_data_parallel() -> None:
+    from pivotflow.sim.fluid import fluid_bound, role_rates, signal_chance
+
+    w = load_workload(CPU)
+    own = dataclasses.replace(w, hardware=dataclasses.replace(w.hardware, cores=0))
+    assert fluid_bound(w)["work_bound"] == pytest.approx(fluid_bound(own)["work_bound"] * 2 / 3)
+    # p_yes 0.0195, 8 groups of 8: most steps have some signal, not all
+    assert 0.5 < signal_chance(w) < 0.9
+    linear = dict(w.policy.measured)
+    for k in [k for k in linear if "_world" in k]:
+        del linear[k]
+    lin = dataclasses.replace(w, policy=dataclasses.replace(w.policy, measured=linear))
+    # three trainers measured at 1.15x one, not 3x: the step's training takes longer
+    assert role_rates(w).critical_path_s > role_rates(lin).critical_path_s + 0.05
