@@ -4,7 +4,7 @@ prompts -> rollout (echo) -> judge (echo) -> reward (map) -> advantage (group) -
 1-layer model, so the optimizer step is cheap). Reports end-to-end samples/s and the controller's
 CPU time per sample per hop (a hop = one dispatch + one result on a model stage; two per sample),
 one job per frame and up to 32 per frame, plus the unloaded job round trip seen by the
-controller. Prints one JSON object on its last line.
+controller and how much of it the worker held the job. Prints one JSON object on its last line.
 
     python bench/controller.py [--steps 20]
 """
@@ -46,6 +46,7 @@ def measure(graph: Path, out: Path, steps: int, sets: list[str]) -> dict[str, fl
         # the event loop's thread alone; the rest is zmq's I/O thread (and any other thread)
         "loop_thread_cpu_us_per_sample_per_hop": loop_cpu / samples / HOPS * 1e6,
         "job_rtt_us_p50": result.summary.get("job_rtt_us_p50"),
+        "job_worker_us_p50": result.summary.get("job_worker_us_p50"),
         "samples": samples,
     }
 
@@ -75,6 +76,9 @@ def main() -> None:
         "batched_32": batched,
         # per stage; the rollout's includes the weight refresh each new policy version needs
         "unloaded_job_rtt_us_p50": unloaded["job_rtt_us_p50"],
+        # of which the worker held the job (arrival to its result's send); the rest is the
+        # wire both ways and the controller's own time
+        "unloaded_job_worker_us_p50": unloaded["job_worker_us_p50"],
         "batched_speedup": batched["samples_per_s"] / one["samples_per_s"],
         "python": sys.version.split()[0],
     }))

@@ -56,6 +56,9 @@ class JobDone(msgspec.Struct, **_HOT):  # type: ignore[call-arg]
     versions: list[int]
     finish_reason: str
     error: str = ""
+    # seconds from the job's arrival at the worker to its result's send (0: not measured);
+    # the controller's round trip minus this is the wire and the controller's own time
+    worker_s: float = 0.0
 
 
 class JobsDone(msgspec.Struct, **_HOT):  # type: ignore[call-arg]

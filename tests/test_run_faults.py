@@ -43,6 +43,9 @@ def test_run_leaves_its_records(tmp_path: Path, random_genrm_graph: Path) -> Non
     assert set(summary) >= SUMMARY_KEYS
     assert summary["ledger"]["prompts_in"] == 6 == summary["ledger"]["groups_trained"]
     assert summary["ledger"]["lost"] == 0 and summary["ledger"]["duplicates"] == 0
+    for stage, rtt in summary["job_rtt_us_p50"].items():  # the worker's share of each trip
+        held = summary["job_worker_us_p50"][stage]
+        assert rtt is not None and held is not None and 0 < held < rtt, stage
     config = json.loads((out / "config.json").read_text())
     assert config["steps"] == 3 and config["graph"]["groups_per_step"] == 2
     assert (out / "plots" / "reward_accuracy.png").stat().st_size > 1000

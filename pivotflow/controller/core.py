@@ -103,6 +103,7 @@ class Controller:
         self.ledger = Ledger()
         self.jobs: dict[int, tuple[Sample, int, str, float]] = {}  # sample, stage, worker, sent
         self.job_rtt_s: dict[int, deque[float]] = {i: deque(maxlen=4096) for i in self.edges}
+        self.job_worker_s: dict[int, deque[float]] = {i: deque(maxlen=4096) for i in self.edges}
         self.next_job = 0
         self.version = 0
         self.training = TrainSteps(self, self.order[-1].pool or "", store_dir)
@@ -420,6 +421,8 @@ class Controller:
         self.inflight[idx] -= 1
         now = self.clock.now()
         self.job_rtt_s[idx].append(now - sent_at)
+        if r.worker_s:
+            self.job_worker_s[idx].append(r.worker_s)
         if not w.jobs and w.worker_id in self.busy_since:
             busy_pool, since = self.busy_since.pop(w.worker_id)
             self.pool_busy_s[busy_pool] += now - since
@@ -476,11 +479,13 @@ class Controller:
         if self.version >= self.cfg.steps and self._done is not None:
             self._done.set()
 
-    def job_rtt_us_p50(self) -> dict[str, float | None]:
+    def job_rtt_us_p50(self, worker: bool = False) -> dict[str, float | None]:
         """Per model stage, the median time from sending a job to its result (controller's
-        view: includes the worker's queueing, any weight refresh, and the engine's work)."""
+        view: includes the worker's queueing, any weight refresh, and the engine's work), or
+        with ``worker`` the median time the worker held the job (arrival to result sent)."""
+        times = self.job_worker_s if worker else self.job_rtt_s
         return {self.order[i].name: statistics.median(d) * 1e6 if d else None
-                for i, d in self.job_rtt_s.items()}
+                for i, d in times.items()}
 
     def lost_groups(self) -> list[int]:
         """Admitted groups that are nowhere in the controller (see records.lost_groups)."""

@@ -25,10 +25,11 @@ def _export(config: ModelConfig, tensors: dict) -> Path:
     return path
 
 
-def _done(out: GenerationOutput) -> JobDone:
-    return JobDone(job_id=int(out.request_id), token_ids=out.token_ids, logprobs=out.logprobs,
+def _done(out: GenerationOutput, arrived: dict[int, float], now: float) -> JobDone:
+    job_id = int(out.request_id)
+    return JobDone(job_id=job_id, token_ids=out.token_ids, logprobs=out.logprobs,
                    versions=out.versions, finish_reason=out.finish_reason,
-                   error=out.error or "")
+                   error=out.error or "", worker_s=now - arrived.pop(job_id, now))
 
 
 class GenerateRole:
@@ -50,6 +51,7 @@ class GenerateRole:
         self.engine = make_engine(kind, config, **engine_kw)
         self.engine.load_weights(tensors, version)
         self.load_s = time.perf_counter() - t0
+        self.arrived: dict[int, float] = {}  # job id -> when its Jobs frame was handled
 
     @property
     def version(self) -> int:
@@ -71,6 +73,9 @@ class GenerateRole:
 
     def add(self, jobs: list[GenerateJob]) -> list[JobDone]:
         """Queue jobs; returns at once the ones rejected as bad requests (with their error)."""
+        now = time.perf_counter()
+        for j in jobs:
+            self.arrived[j.job_id] = now
         need = max((j.min_version for j in jobs), default=0)
         if need > self.engine.version:
             self._refresh(need)
@@ -88,6 +93,7 @@ class GenerateRole:
             try:
                 self.engine.add_request(req)
             except RequestError as exc:
+                self.arrived.pop(j.job_id, None)
                 rejected.append(JobDone(job_id=j.job_id, token_ids=list(j.prefix_ids),
                                         logprobs=list(j.prefix_logprobs),
                                         versions=list(j.prefix_versions),
@@ -98,13 +104,17 @@ class GenerateRole:
         return self.engine.has_work()
 
     def step(self) -> list[JobDone]:
-        return [_done(o) for o in self.engine.step()]
+        outs = self.engine.step()
+        now = time.perf_counter()
+        return [_done(o, self.arrived, now) for o in outs]
 
     def abort(self, job_ids: list[int]) -> list[JobDone]:
+        now = time.perf_counter()
         if not job_ids:
-            return [_done(o) for o in self.engine.abort_all()]
+            return [_done(o, self.arrived, now) for o in self.engine.abort_all()]
         outs = (self.engine.abort(str(j)) for j in job_ids)
-        return [_done(o) for o in outs if o is not None]
+        return [_done(o, self.arrived, now) for o in outs if o is not None]
 
     def release(self) -> None:
         self.engine.release_memory()
+        self.arrived.clear()
