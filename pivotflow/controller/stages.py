@@ -77,10 +77,11 @@ def apply_verdict(node: Node, sample: Sample, result: JobDone, tok: CharTokenize
     fields = sample.fields
     fields["verdict"] = verdict
     reward = node.options["parse"](**fields) if result.error == "" else None
-    ok = isinstance(reward, (int, float)) and not isinstance(reward, bool)
-    fields["reward"] = float(reward) if ok and reward is not None else None
-    fields["judge_failed"] = not ok
-    return ok
+    score = (None if isinstance(reward, bool) or not isinstance(reward, (int, float))
+             else float(reward))
+    fields["reward"] = score
+    fields["judge_failed"] = score is None
+    return score is not None
 
 
 def group_fields(samples: list[Sample]) -> dict[str, list[Any]]:
