@@ -111,7 +111,8 @@ def planner_view(ctl: Controller) -> PlannerView:
     # and trainers lent for it would sit idle (then move out and back each interval).
     queued = ready if ready >= batch and ctl.train_buffer.can_take(ctl.version) else 0
     running = ctl.training.batch_samples  # == len(ctl.training.samples())
-    by_size = {n: done / secs for n, (done, secs) in ctl.training.by_size.items() if secs > 0}
+    by_size = tuple((n, done / secs) for n, (done, secs) in sorted(ctl.training.by_size.items())
+                    if secs > 0)
     pools[tpool] = PoolView(tpool, _movable(ctl, tpool), len(ctl.pools[tpool].workers),
                             untrained, _rate(ctl, tpool, busy_now), "train", running or queued,
                             rate_by_size=by_size)

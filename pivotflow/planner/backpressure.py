@@ -24,6 +24,7 @@ extra trainer look worth its shift.
 
 from __future__ import annotations
 
+import bisect
 import math
 
 from pivotflow.planner.base import Move, PlannerView, PoolView
@@ -36,18 +37,16 @@ def pool_rate(pool: PoolView, workers: int) -> float:
     scaling promises, is tried once, and is then known), else ``per_worker_rate`` times
     ``workers``."""
     by_size = pool.rate_by_size
-    if workers in by_size:
-        return by_size[workers]
     if not by_size:
         return workers * pool.per_worker_rate
-    below = max((n for n in by_size if n < workers), default=None)
-    above = min((n for n in by_size if n > workers), default=None)
-    if below is not None and above is not None:
-        f = (workers - below) / (above - below)
-        return by_size[below] + f * (by_size[above] - by_size[below])
-    near = below if below is not None else above
-    assert near is not None
-    return by_size[near] * workers / near
+    i = bisect.bisect_left(by_size, workers, key=lambda e: e[0])
+    if i < len(by_size) and by_size[i][0] == workers:
+        return by_size[i][1]
+    if 0 < i < len(by_size):
+        (n0, r0), (n1, r1) = by_size[i - 1], by_size[i]
+        return r0 + (workers - n0) / (n1 - n0) * (r1 - r0)
+    n, r = by_size[0] if i == 0 else by_size[-1]
+    return r * workers / n
 
 
 def drain_time(pool: PoolView, workers: int) -> float:
@@ -56,7 +55,9 @@ def drain_time(pool: PoolView, workers: int) -> float:
         return 0.0
     if workers <= 0:
         return math.inf
-    return pool.remaining / max(pool_rate(pool, workers), 1e-9)
+    # (the common case inline: this runs for every candidate move, every interval)
+    rate = pool_rate(pool, workers) if pool.rate_by_size else workers * pool.per_worker_rate
+    return pool.remaining / max(rate, 1e-9)
 
 
 def train_time(view: PlannerView, pool: PoolView, workers: int) -> float:

@@ -24,9 +24,10 @@ class PoolView:
     role: str = "generate"  # "generate" (rollout, judge) or "train"
     queued: int = 0  # samples at this pool's stage now: queued or in flight (a ready batch)
     measured: bool = True  # False: the pool has not served yet and its rate is borrowed
-    # The whole pool's measured samples/s at each size it has served at (the trainer pool: a
-    # data-parallel step does not run w times faster on w workers; empty: per_worker_rate * n)
-    rate_by_size: dict[int, float] = field(default_factory=dict)
+    # The whole pool's measured samples/s at each size it has served at, as (size, rate) by
+    # size (the trainer pool: a data-parallel step does not run w times faster on w workers;
+    # empty: per_worker_rate * n)
+    rate_by_size: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(slots=True, frozen=True)

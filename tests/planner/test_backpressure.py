@@ -179,7 +179,7 @@ def test_trainers_are_sized_on_the_measured_data_parallel_rate() -> None:
         return PlannerView(now_s=50.0, pools={
             "rollout": PoolView("rollout", ["w0"], 1, 0, 10.0),
             "trainer": PoolView("trainer", ["w20"], 1, 64, 100.0, "train", 64,
-                                rate_by_size={1: 100.0, 2: two})}, shift_cost_s=0.05)
+                                rate_by_size=((1, 100.0), (2, two)))}, shift_cost_s=0.05)
     [move] = BackpressurePlanner().decide(ready(120.0))
     assert (move.from_pool, move.to_pool) == ("rollout", "trainer")
     assert BackpressurePlanner().decide(ready(105.0)) == []
@@ -188,7 +188,7 @@ def test_trainers_are_sized_on_the_measured_data_parallel_rate() -> None:
 def test_pool_rate_uses_the_sizes_measured() -> None:
     from pivotflow.planner.backpressure import pool_rate
 
-    p = PoolView("trainer", [], 1, 64, 50.0, "train", rate_by_size={1: 100.0, 3: 150.0})
+    p = PoolView("trainer", [], 1, 64, 50.0, "train", rate_by_size=((1, 100.0), (3, 150.0)))
     assert pool_rate(p, 3) == 150.0
     assert pool_rate(p, 4) == pytest.approx(200.0)  # past the largest: linear from it
     assert pool_rate(p, 2) == pytest.approx(125.0)  # between 1 and 3: interpolated
