@@ -1,0 +1,48 @@
+"""bench/cpu_costs.py's pieces: the least-squares fit, and a train measurement on the real role."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+
+
+def cpu_costs():  # noqa: ANN201 - bench/ is scripts, not a package
+    spec = importlib.util.spec_from_file_location("cpu_costs", ROOT / "bench" / "cpu_costs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_fit_recovers_a_decode_step_model() -> None:
+    bench = cpu_costs()
+    rng = random.Random(0)
+    points = []
+    for _ in range(200):
+        b, c = rng.randint(1, 64), rng.randint(10, 5000)
+        points.append((float(b), float(c), 8e-4 + 3e-5 * b + 2.5e-7 * c))
+    base, per_seq, per_ctx = bench.fit(points)
+    assert (base, per_seq, per_ctx) == pytest.approx((8e-4, 3e-5, 2.5e-7), rel=1e-6)
+
+
+def test_a_train_step_without_signal_costs_less(tmp_path: Path) -> None:
+    from pivotflow.config import resolve
+    from pivotflow.graph_check import build_graph, graph_defaults, import_graph_file
+    from pivotflow.params.shm_store import ShmParamStore
+    from pivotflow.run_models import prepare_models
+
+    bench = cpu_costs()
+    module = import_graph_file(bench.GRAPH)
+    graph = build_graph(module, resolve({}, graph_defaults(module)).graph)
+    store = ShmParamStore(tmp_path / "store")
+    tok = prepare_models(graph, store, seed=0, console=False).tokenizers["policy"]
+    prompts = [tok.encode("12+34=")]
+    batches = bench.train_batches(prompts, [[40] * 16, [60] * 16, [50] * 16])
+    got = bench.measure_train(str(store.root), batches, {"lr": 1e-5}, 1)
+    assert set(got) == {"train_per_token_s", "train_no_signal_per_token_s", "load_s"}
+    assert 0 < got["train_no_signal_per_token_s"] < got["train_per_token_s"]
