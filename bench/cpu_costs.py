@@ -54,22 +54,23 @@ ROOT = Path(__file__).resolve().parents[1]
 GRAPH = ROOT / "graphs" / "grpo_genrm_longtail.py"
 BATCHES = (1, 4, 8, 16, 32, 64)
 WORLDS = (1, 2, 3)  # trainer processes in a data-parallel step
+LOADS = 5  # role loads timed per round
 
 
-def fit(points: list[tuple[float, float, float]]) -> tuple[float, float, float]:
-    """Least squares ``s = base + per_seq * b + per_ctx * c`` over ``(b, c, s)`` points."""
-    x = torch.tensor([[1.0, b, c] for b, c, _ in points], dtype=torch.float64)
-    y = torch.tensor([s for _, _, s in points], dtype=torch.float64)
+def fit(points: list[tuple[float, ...]]) -> list[float]:
+    """Least squares ``s = base + k1 * x1 + k2 * x2 + ...`` over ``(x1, x2, ..., s)`` points;
+    returns ``[base, k1, k2, ...]``, each at least 0 (a negative one is noise, not a cost)."""
+    x = torch.tensor([[1.0, *p[:-1]] for p in points], dtype=torch.float64)
+    y = torch.tensor([p[-1] for p in points], dtype=torch.float64)
     coef = torch.linalg.lstsq(x, y.unsqueeze(1)).solution.squeeze(1)
-    base, per_seq, per_ctx = (max(float(v), 0.0) for v in coef)
-    return base, per_seq, per_ctx
+    return [max(float(v), 0.0) for v in coef]
 
 
 def generate_points(role: GenerateRole, prompts: list[list[int]], new: list[int],
-                    stops: list[str], job0: int) -> tuple[list[tuple[float, float, float]], float]:
+                    job0: int) -> tuple[list[tuple[float, float, float]], float]:
     """Runs one batch to the end; returns the decode points and the first step's seconds."""
     jobs = [GenerateJob(job_id=job0 + i, prompt_ids=p, max_tokens=n, min_tokens=n,
-                        temperature=1.0, seed=job0 + i, stop_strings=stops)
+                        temperature=1.0, seed=job0 + i)
             for i, (p, n) in enumerate(zip(prompts, new, strict=True))]
     ctx = {j.job_id: len(j.prompt_ids) for j in jobs}
     t0 = time.perf_counter()
@@ -94,28 +95,32 @@ def generate_points(role: GenerateRole, prompts: list[list[int]], new: list[int]
 
 
 def measure_generate(store: ShmParamStore, model: str, options: dict[str, Any],
-                     prompt_fn: Any, new_fn: Any, stops: list[str]) -> dict[str, float]:
-    t0 = time.perf_counter()
+                     prompt_fn: Any, new_fn: Any) -> dict[str, float]:
+    loads = []
+    for _ in range(LOADS):  # the first is cold (allocations, caches): a median of several
+        t0 = time.perf_counter()
+        role = GenerateRole(store, model, options)
+        loads.append(time.perf_counter() - t0)
+        role.release()
+    load_s = statistics.median(loads)
     role = GenerateRole(store, model, options)
-    load_s = time.perf_counter() - t0
     points: list[tuple[float, float, float]] = []
     firsts: list[tuple[int, int, int, float]] = []  # (batch, prompt tokens, longest, first s)
     job0 = 0
     for b in BATCHES:
         prompts = [prompt_fn(job0 + i) for i in range(b)]
-        pts, first = generate_points(role, prompts, [new_fn(job0 + i) for i in range(b)], stops,
-                                     job0)
+        pts, first = generate_points(role, prompts, [new_fn(job0 + i) for i in range(b)], job0)
         points += pts
         firsts.append((b, sum(len(p) for p in prompts), max(len(p) for p in prompts), first))
         job0 += b
     base, per_seq, per_ctx = fit(points)
-    per_token = [max(first - (base + per_seq * b + per_ctx * (p + b)), 0.0) / p
-                 for b, p, _, first in firsts]
+    # a batch's first step is its prefill plus one decode step (b sequences, p + b context)
+    prefills = [(b, p, w, max(first - (base + per_seq * b + per_ctx * (p + b)), 0.0))
+                for b, p, w, first in firsts]
+    per_token = [pre / p for _, p, _, pre in prefills]
     # The engine prefills the joining batch padded to its longest prompt: base + per padded
-    # token, fitted over the batches (the same least squares, the sequence term unused).
-    pre_base, _, per_padded = fit([(0.0, b * w, max(first - (base + per_seq * b
-                                                              + per_ctx * (p + b)), 0.0))
-                                   for b, p, w, first in firsts])
+    # token (batch x longest), fitted over the batches.
+    pre_base, per_padded = fit([(float(b * w), pre) for b, _, w, pre in prefills])
     t0 = time.perf_counter()
     role.release()
     release_s = time.perf_counter() - t0
@@ -242,12 +247,12 @@ def measure(repeats: int) -> dict[str, Any]:
         responses = lens(1, 256)
         for r in range(repeats):
             pol = measure_generate(store, "policy", gen_opts, lambda i: prompts[i % 64],
-                                   lambda i: responses[i % 256], [])
+                                   lambda i: responses[i % 256])
             # The judge reads prompt + response (+ "?") and writes a short verdict.
             jud = measure_generate(
                 store, "judge", judge_opts,
                 lambda i: tok_j.encode("4+4=") + [5] * responses[i % 256] + tok_j.encode("?"),
-                lambda i: 7, [])
+                lambda i: 7)
             batches = train_batches(prompts, [lens(1000 + 64 * (5 * r + k), 64)
                                               for k in range(5)])
             train: dict[str, float] = {}

@@ -26,8 +26,10 @@ def test_the_fit_recovers_a_decode_step_model() -> None:
     for _ in range(200):
         b, c = rng.randint(1, 64), rng.randint(10, 5000)
         points.append((float(b), float(c), 8e-4 + 3e-5 * b + 2.5e-7 * c))
-    base, per_seq, per_ctx = bench.fit(points)
-    assert (base, per_seq, per_ctx) == pytest.approx((8e-4, 3e-5, 2.5e-7), rel=1e-6)
+    assert bench.fit(points) == pytest.approx([8e-4, 3e-5, 2.5e-7], rel=1e-6)
+    # one variable (the padded prefill): base and slope
+    assert bench.fit([(x, 0.002 + 4e-5 * x) for x in (8.0, 100.0, 900.0)]) == pytest.approx(
+        [0.002, 4e-5], rel=1e-6)
 
 
 def test_a_train_step_without_signal_costs_less(tmp_path: Path) -> None:
