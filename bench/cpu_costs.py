@@ -40,7 +40,6 @@ from typing import Any
 
 import torch
 
-from pivotflow.config import resolve
 from pivotflow.controller.training import shards
 from pivotflow.graph_check import build_graph, graph_defaults, import_graph_file
 from pivotflow.params.shm_store import ShmParamStore
@@ -226,9 +225,8 @@ def measure_train(root: str, batches: list[list[TrainSeq]], options: dict[str, A
 def measure(repeats: int) -> dict[str, Any]:
     torch.set_num_threads(1)  # as every worker process runs
     module = import_graph_file(GRAPH)
-    cfg = resolve({}, graph_defaults(module))
-    knobs = cfg.graph
-    graph = build_graph(module, knobs)
+    knobs = graph_defaults(module)
+    graph = build_graph(module)
 
     def lens(first: int, n: int) -> list[int]:  # samples first.. as the graph's budget stage
         return [budget_length(first + i, knobs["median_tokens"], knobs["p99_ratio"],

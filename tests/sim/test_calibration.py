@@ -5,22 +5,17 @@ that moves a prediction out of 15% of what was measured fails here."""
 
 from __future__ import annotations
 
-import importlib.util
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).parents[2]
 
 
-def sim_paper():  # noqa: ANN201 - bench/ is scripts, not a package
-    spec = importlib.util.spec_from_file_location("sim_paper", ROOT / "bench" / "sim_paper.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_simulator_predicts_the_real_planners_within_15_percent() -> None:
-    bench = sim_paper()
+def test_the_simulator_predicts_the_real_planners_within_15_percent(
+    bench_script: Callable[[str], ModuleType],
+) -> None:
+    bench = bench_script("sim_paper")
     runs = sorted(str(p) for p in (ROOT / "bench" / "results" / "elastic").glob("*.json"))
     assert len(runs) >= 3
     real = bench.real_rates("", runs)

@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).parents[2]
 
-
-def cpu_costs():  # noqa: ANN201 - bench/ is scripts, not a package
-    spec = importlib.util.spec_from_file_location("cpu_costs", ROOT / "bench" / "cpu_costs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_fit_recovers_a_decode_step_model() -> None:
-    bench = cpu_costs()
+def test_the_fit_recovers_a_decode_step_model(bench_script: Callable[[str], ModuleType]) -> None:
+    bench = bench_script("cpu_costs")
     rng = random.Random(0)
     points = []
     for _ in range(200):
@@ -32,15 +23,15 @@ def test_the_fit_recovers_a_decode_step_model() -> None:
         [0.002, 4e-5], rel=1e-6)
 
 
-def test_a_train_step_without_signal_costs_less(tmp_path: Path) -> None:
-    from pivotflow.config import resolve
-    from pivotflow.graph_check import build_graph, graph_defaults, import_graph_file
+def test_a_train_step_without_signal_costs_less(
+    tmp_path: Path, bench_script: Callable[[str], ModuleType]
+) -> None:
+    from pivotflow.graph_check import load_graph
     from pivotflow.params.shm_store import ShmParamStore
     from pivotflow.run_models import prepare_models
 
-    bench = cpu_costs()
-    module = import_graph_file(bench.GRAPH)
-    graph = build_graph(module, resolve({}, graph_defaults(module)).graph)
+    bench = bench_script("cpu_costs")
+    graph = load_graph(bench.GRAPH)
     store = ShmParamStore(tmp_path / "store")
     tok = prepare_models(graph, store, seed=0, console=False).tokenizers["policy"]
     prompts = [tok.encode("12+34=")]
