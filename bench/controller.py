@@ -4,15 +4,18 @@ prompts -> rollout (echo) -> judge (echo) -> reward (map) -> advantage (group) -
 1-layer model, so the optimizer step is cheap). Reports end-to-end samples/s and the controller's
 CPU time per sample per hop (a hop = one dispatch + one result on a model stage; two per sample),
 one job per frame and up to 32 per frame, plus the unloaded job round trip seen by the
-controller and how much of it the worker held the job. Prints one JSON object on its last line.
+controller and how much of it the worker held the job. Each figure is the median of
+``--repeat`` runs (alternated, so drift on a shared machine hits every configuration alike);
+``runs`` lists the headline figures of every run. Prints one JSON object on its last line.
 
-    python bench/controller.py [--steps 20]
+    python bench/controller.py [--steps 20] [--repeat 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -51,9 +54,24 @@ def measure(graph: Path, out: Path, steps: int, sets: list[str]) -> dict[str, fl
     }
 
 
+def median_of(runs: list[dict]) -> dict:
+    """Field by field median of equally shaped measurements (nested per-stage dicts too)."""
+    out: dict = {}
+    for key, first in runs[0].items():
+        values = [r[key] for r in runs]
+        if isinstance(first, dict):
+            out[key] = median_of(values)
+        elif any(v is None for v in values):
+            out[key] = None
+        else:
+            out[key] = statistics.median(values)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="pf-bench-") as tmp:
@@ -65,11 +83,15 @@ def main() -> None:
         graph = write_echo_graph(root / "graph.py", name="controller_bench",
                                  policy=root / "policy", judge=root / "judge", group_size=8,
                                  groups_per_step=32)
-        one = measure(graph, root / "one", args.steps,
-                      ["max_jobs_per_frame=1", "results_per_frame=1"])
-        batched = measure(graph, root / "batched", args.steps, ["max_jobs_per_frame=32"])
-        unloaded = measure(graph, root / "unloaded", max(5, args.steps // 2),
-                           ["graph.group_size=2", "graph.groups_per_step=1"])
+        ones, batched_runs, unloaded_runs = [], [], []
+        for i in range(args.repeat):
+            ones.append(measure(graph, root / f"one{i}", args.steps,
+                                ["max_jobs_per_frame=1", "results_per_frame=1"]))
+            batched_runs.append(measure(graph, root / f"batched{i}", args.steps,
+                                        ["max_jobs_per_frame=32"]))
+            unloaded_runs.append(measure(graph, root / f"unloaded{i}", max(20, args.steps),
+                                         ["graph.group_size=2", "graph.groups_per_step=1"]))
+        one, batched, unloaded = median_of(ones), median_of(batched_runs), median_of(unloaded_runs)
     print(json.dumps({
         "bench": "controller",
         "one_per_frame": one,
@@ -80,6 +102,13 @@ def main() -> None:
         # wire both ways and the controller's own time
         "unloaded_job_worker_us_p50": unloaded["job_worker_us_p50"],
         "batched_speedup": batched["samples_per_s"] / one["samples_per_s"],
+        "repeat": args.repeat,
+        "runs": {
+            "one_per_frame_cpu_us": [r["controller_cpu_us_per_sample_per_hop"] for r in ones],
+            "batched_32_cpu_us": [r["controller_cpu_us_per_sample_per_hop"]
+                                  for r in batched_runs],
+            "unloaded_judge_rtt_us": [r["job_rtt_us_p50"]["judge"] for r in unloaded_runs],
+        },
         "python": sys.version.split()[0],
     }))
 

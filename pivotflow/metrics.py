@@ -278,7 +278,7 @@ class Rate:
         self.window_s = float(window_s)
         self._start = start
         self._last = -math.inf
-        self._events: deque[tuple[float, int]] = deque()
+        self._events: deque[list[Any]] = deque()  # [bucket start, count], mutable
         self._count = 0
         # Events closer than this share one entry, so memory stays ~RATE_BUCKETS entries
         # whatever the event rate (an event may leave the window up to one bucket early).
@@ -291,19 +291,24 @@ class Rate:
         if self._start is None:
             self._start = now
         horizon = now - self.window_s
-        while self._events and self._events[0][0] <= horizon:
-            self._count -= self._events.popleft()[1]
+        events = self._events
+        while events and events[0][0] <= horizon:
+            self._count -= events.popleft()[1]
 
     def observe(self, now: float, n: int = 1) -> None:
         """Count ``n`` events at time ``now``."""
+        events = self._events
+        # The hot path (every sample passes two edges, four calls): an event in the newest
+        # bucket only adds to it; events that left the window go at the next bucket or rate().
+        if events and n >= 0 and self._last <= now < events[-1][0] + self._bucket_s:
+            self._last = now
+            events[-1][1] += n
+            self._count += n
+            return
         if n < 0:
             raise MetricsError(f"Rate: event count must be >= 0, got {n}")
         self._advance(now)
-        if self._events and now - self._events[-1][0] < self._bucket_s:
-            t, c = self._events[-1]
-            self._events[-1] = (t, c + n)
-        else:
-            self._events.append((now, n))
+        events.append([now, n])
         self._count += n
 
     def rate(self, now: float) -> float:

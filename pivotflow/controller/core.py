@@ -250,11 +250,11 @@ class Controller:
         if w.state == "dead":  # declared dead (e.g. it was paused past the timeout): too late
             self.ledger.late_results += 1
             return
-        w.last_seen = self.clock.now()
+        w.last_seen = now = self.clock.now()
         match msg:
             case JobsDone(results=results):
                 for r in results:
-                    self._on_result(w, r)
+                    self._on_result(w, r, now)
             case TrainDone():
                 self._on_train_done(w, msg)
             case Heartbeat():
@@ -299,17 +299,17 @@ class Controller:
         now = self.clock.now()
         for group in self.source.admit(self, now):
             for sample in group:
-                self._advance(sample, 1)
+                self._advance(sample, 1, now)
         for idx in self.edges:
             self._dispatch(idx, now)
         self.training.maybe_start()
 
-    def _advance(self, sample: Sample, idx: int) -> None:
+    def _advance(self, sample: Sample, idx: int, now: float) -> None:
         """Move a sample to stage ``idx``: run Python stages at once, queue model stages."""
         while True:
             node = self.order[idx]
             if node.kind in ("generate", "judge"):
-                self.edges[idx].push(sample, self.clock.now())
+                self.edges[idx].push(sample, now)
                 return
             if node.kind == "map":
                 stages.apply_map_fn(node, sample)
@@ -320,10 +320,10 @@ class Controller:
             if len(group) < sample.group_size:
                 return
             del self.barriers[idx][sample.group_id]
-            self._on_group(idx, group)
+            self._on_group(idx, group, now)
             return
 
-    def _on_group(self, idx: int, group: list[Sample]) -> None:
+    def _on_group(self, idx: int, group: list[Sample], now: float) -> None:
         node = self.order[idx]
         if node.kind == "group":
             stages.apply_group_fn(node, group)
@@ -345,7 +345,7 @@ class Controller:
             self.train_buffer.add(group)
             return
         for sample in group:
-            self._advance(sample, idx + 1)
+            self._advance(sample, idx + 1, now)
 
     def checkpoint_soon(self, write: Callable[[], None]) -> None:
         """Call ``write`` once every generation in flight has come back as its partial state
@@ -381,6 +381,8 @@ class Controller:
         node = self.order[idx]
         pool = self.pools[node.pool or ""]
         workers = self.workers
+        tok = self.tok[node.model or ""]
+        generate, turns = node.kind == "generate", idx in self.tools.turns
         while len(edge):
             # the ready worker with the most free slots (the first of equals); inline, since
             # this runs on every result (a simulated 128-GPU cluster: millions of times)
@@ -393,14 +395,13 @@ class Controller:
                 return
             n = min(free, len(edge), self.cfg.max_jobs_per_frame)
             jobs = []
-            for _ in range(n):
-                sample = edge.pop(now)
+            for sample in edge.pop_many(n, now):
                 job_id = self.next_job
                 self.next_job += 1
-                tok = self.tok[node.model or ""]
-                if node.kind == "generate":
-                    job = self.tools.job(
-                        idx, stages.generate_job(node, sample, job_id, tok, self.version), sample)
+                if generate:
+                    job = stages.generate_job(node, sample, job_id, tok, self.version)
+                    if turns:
+                        job = self.tools.job(idx, job, sample)
                 else:
                     job = stages.judge_job(node, sample, job_id, tok)
                 self.jobs[job_id] = (sample, idx, worker.worker_id, now)
@@ -411,7 +412,7 @@ class Controller:
                 jobs.append(job)
             self.send(worker.worker_id, Jobs(jobs=jobs))
 
-    def _on_result(self, w: WorkerHandle, r: JobDone) -> None:
+    def _on_result(self, w: WorkerHandle, r: JobDone, now: float) -> None:
         entry = self.jobs.pop(r.job_id, None)
         if entry is None or entry[2] != w.worker_id:
             self.ledger.late_results += 1  # a result delivered twice, or after re-dispatch
@@ -419,25 +420,25 @@ class Controller:
         sample, idx, _, sent_at = entry
         w.jobs.discard(r.job_id)
         self.inflight[idx] -= 1
-        now = self.clock.now()
         self.job_rtt_s[idx].append(now - sent_at)
         if r.worker_s:
             self.job_worker_s[idx].append(r.worker_s)
         if not w.jobs and w.worker_id in self.busy_since:
             busy_pool, since = self.busy_since.pop(w.worker_id)
             self.pool_busy_s[busy_pool] += now - since
-        if r.finish_reason != "abort":
-            self.pool_done[self.order[idx].pool or ""] += 1
-        if r.finish_reason != "abort":
-            self.shifts.on_job_finished(w.worker_id, r.job_id)
         node = self.order[idx]
+        aborted = r.finish_reason == "abort"
+        if not aborted:
+            self.pool_done[node.pool or ""] += 1
+            if self.shifts.active:  # (a dict lookup per result, not a call, when none runs)
+                self.shifts.on_job_finished(w.worker_id, r.job_id)
         tok = self.tok[node.model or ""]
         if node.kind == "generate":
             self.tokens_generated += len(r.token_ids) - sample.private.pop(stages.COUNTED, 0)
-        if r.finish_reason == "abort":  # migration: resume elsewhere from the partial state
+        if aborted:  # migration: resume elsewhere from the partial state
             sample.private[stages.PARTIAL] = r
             sample.private[stages.COUNTED] = len(r.token_ids)
-            self.edges[idx].push(sample, self.clock.now(), front=True)
+            self.edges[idx].push(sample, now, front=True)
             if r.job_id in self._ckpt_pending:
                 self.checkpoint_job_back(r.job_id)
             else:
@@ -457,10 +458,11 @@ class Controller:
             self.source.check(sample)
         elif not stages.apply_verdict(node, sample, r, tok):
             self.ledger.judge_failures += 1
-        self._advance(sample, idx + 1)
+        self._advance(sample, idx + 1, now)
         # finished before a checkpoint's abort reached it; only now is the sample somewhere a
         # snapshot sees it (the next stage), so only now may the checkpoint be written
-        self.checkpoint_job_back(r.job_id)
+        if self._ckpt_pending:
+            self.checkpoint_job_back(r.job_id)
 
     # ------------------------------------------------------------ training
 

@@ -42,6 +42,15 @@ class Edge:
         self.served += 1
         return sample
 
+    def pop_many(self, n: int, now: float) -> list[Sample]:
+        """The first ``n`` samples at once (one frame's worth: one rate update, not ``n``)."""
+        queue = self._queue
+        out = [queue.popleft() for _ in range(n)]
+        self.services.observe(now, n)
+        self.wait_s_total += n * now - sum(s.enqueued_at for s in out)
+        self.served += n
+        return out
+
     def samples(self) -> list[Sample]:
         return list(self._queue)
 
