@@ -97,8 +97,10 @@ def planner_view(ctl: Controller) -> PlannerView:
         pool = ctl.pools[ctl.order[idx].pool or ""]
         here = len(ctl.edges[idx]) + ctl.inflight[idx]
         upstream += here
+        slots = max((ctl.workers[w].capacity for w in pool.workers), default=0)
         pools[pool.name] = PoolView(pool.name, _movable(ctl, pool.name), len(pool.workers),
-                                    upstream, _rate(ctl, pool.name, busy_now), "generate", here)
+                                    upstream, _rate(ctl, pool.name, busy_now), "generate", here,
+                                    inflight=ctl.inflight[idx], slots=slots)
     # The trainer pool: a step in flight cannot use workers that join now, so its work counts
     # only what is still to come; ``queued`` is a complete batch waiting, or the step running.
     tpool = ctl.training.pool
@@ -125,7 +127,8 @@ def planner_view(ctl: Controller) -> PlannerView:
         if p.per_worker_rate == 0 or first_step:
             pools[name] = PoolView(p.name, p.ready, p.workers, p.remaining,
                                    p.per_worker_rate or (min(rates) if rates else 0.0), p.role,
-                                   p.queued, measured=False, rate_by_size=p.rate_by_size)
+                                   p.queued, measured=False, rate_by_size=p.rate_by_size,
+                                   inflight=p.inflight, slots=p.slots)
     tracker = _last_shift.get(ctl)
     if tracker is None:
         tracker = _last_shift[ctl] = _LastShift()

@@ -28,6 +28,10 @@ class PoolView:
     # size (the trainer pool: a data-parallel step does not run w times faster on w workers;
     # empty: per_worker_rate * n)
     rate_by_size: tuple[tuple[int, float], ...] = ()
+    # Generate pools: jobs in flight at the pool now, and the job slots of one worker (its
+    # engine's batch); 0 where unknown.
+    inflight: int = 0
+    slots: int = 0
 
 
 @dataclass(slots=True, frozen=True)

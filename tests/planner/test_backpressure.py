@@ -193,3 +193,35 @@ def test_pool_rate_uses_the_sizes_measured() -> None:
     assert pool_rate(p, 4) == pytest.approx(200.0)  # past the largest: linear from it
     assert pool_rate(p, 2) == pytest.approx(125.0)  # between 1 and 3: interpolated
     assert pool_rate(PoolView("g", [], 2, 5, 10.0), 3) == 30.0  # nothing by size: per worker
+
+
+def test_a_rollout_tail_lets_go_workers_that_only_thin_its_batches() -> None:
+    # 40 sequences in flight on 4 rollout workers of 512 slots each: the tail. On the linear
+    # model a second worker leaving would stretch rollout 10 s -> 20 s; but the 40 fit one
+    # worker at TAIL_FILL of its slots and run one token a step wherever they are, so rollout
+    # stays 10 s, and the judge's 22 s -> 7.3 s: two move (a third gains nothing).
+    def v(inflight: int) -> PlannerView:
+        return PlannerView(now_s=100.0, pools={
+            "rollout": PoolView("rollout", ["w0", "w1", "w2", "w3"], 4, 40, 1.0, queued=40,
+                                inflight=inflight, slots=512),
+            "genrm": PoolView("genrm", ["w4"], 1, 440, 20.0, queued=400)}, shift_cost_s=0.1)
+    tail = BackpressurePlanner().decide(v(40))
+    assert [(m.from_pool, m.to_pool) for m in tail] == [("rollout", "genrm")] * 2
+    # 10 of them still wait for a slot: not a tail, every worker counts
+    waiting = BackpressurePlanner().decide(v(30))
+    assert [(m.from_pool, m.to_pool) for m in waiting] == [("rollout", "genrm")]
+
+
+def test_tail_workers_counts_the_workers_a_tail_needs() -> None:
+    from pivotflow.planner.backpressure import TAIL_FILL, drain_time, tail_workers
+
+    per_worker = int(64 * TAIL_FILL)
+    pool = PoolView("rollout", ["w0", "w1", "w2", "w3"], 4, 2 * per_worker, 1.0,
+                    queued=2 * per_worker, inflight=2 * per_worker, slots=64)
+    assert tail_workers(pool) == 2
+    assert drain_time(pool, 2) == drain_time(pool, 4) == pytest.approx(2 * per_worker / 4)
+    assert drain_time(pool, 1) == pytest.approx(2 * drain_time(pool, 2))
+    # no slots known, or work still upstream of the pool: not a tail
+    assert tail_workers(PoolView("rollout", [], 4, 10, 1.0, queued=10, inflight=10)) == 0
+    assert tail_workers(PoolView("rollout", [], 4, 20, 1.0, queued=10, inflight=10,
+                                 slots=64)) == 0
