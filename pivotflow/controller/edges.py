@@ -35,13 +35,6 @@ class Edge:
             self._queue.append(sample)
         self.arrivals.observe(now)
 
-    def pop(self, now: float) -> Sample:
-        sample = self._queue.popleft()
-        self.services.observe(now)
-        self.wait_s_total += now - sample.enqueued_at
-        self.served += 1
-        return sample
-
     def pop_many(self, n: int, now: float) -> list[Sample]:
         """The first ``n`` samples at once (one frame's worth: one rate update, not ``n``)."""
         queue = self._queue

@@ -10,6 +10,7 @@ definitions in the docstrings (same values, same order of floating-point additio
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
 
@@ -125,10 +126,8 @@ def planner_view(ctl: Controller) -> PlannerView:
     first_step = ctl.version == 0
     for name, p in pools.items():  # a pool that has not served yet borrows a rate, if any
         if p.per_worker_rate == 0 or first_step:
-            pools[name] = PoolView(p.name, p.ready, p.workers, p.remaining,
-                                   p.per_worker_rate or (min(rates) if rates else 0.0), p.role,
-                                   p.queued, measured=False, rate_by_size=p.rate_by_size,
-                                   inflight=p.inflight, slots=p.slots)
+            borrowed = p.per_worker_rate or (min(rates) if rates else 0.0)
+            pools[name] = replace(p, per_worker_rate=borrowed, measured=False)
     tracker = _last_shift.get(ctl)
     if tracker is None:
         tracker = _last_shift[ctl] = _LastShift()

@@ -79,10 +79,9 @@ def drain_time(pool: PoolView, workers: int) -> float:
         return 0.0
     if workers <= 0:
         return math.inf
-    need = tail_workers(pool)
-    if need and pool.workers > 0:
-        now = drain_time_linear(pool, pool.workers)
-        return now if workers >= min(need, pool.workers) else now * min(need, pool.workers) / workers
+    need = min(tail_workers(pool), pool.workers)
+    if need:  # as fast as now down to ``need`` workers, slower by need/workers below it
+        return drain_time_linear(pool, pool.workers) * max(1.0, need / workers)
     return drain_time_linear(pool, workers)
 
 
