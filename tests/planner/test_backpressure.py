@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pivotflow.planner import BackpressurePlanner, PlannerView, PoolView, StaticPlanner
@@ -138,6 +140,17 @@ def test_no_move_on_a_rate_that_was_never_measured() -> None:
     v = pipeline((1, 64, 64), (1, 64, 0), (1, 64, 0))
     v.pools["trainer"] = PoolView("trainer", ["w20"], 1, 64, 10.0, "train", 0, measured=False)
     assert all(m.from_pool != "trainer" for m in BackpressurePlanner().decide(v))
+
+
+def test_trainers_are_not_sized_on_borrowed_rates() -> None:
+    # the first step's batch is ready and no rate is measured yet (the trainer's borrowed one
+    # makes a step look long): the one trainer trains it, nobody is pulled in
+    v = pipeline((2, 0, 0), (1, 0, 0), (1, 64, 64))
+    measured = BackpressurePlanner().decide(v)
+    assert any("batch ready" in m.reason for m in measured)
+    borrowed = PlannerView(now_s=v.now_s, shift_cost_s=v.shift_cost_s, pools={
+        n: replace(p, measured=False) for n, p in v.pools.items()})
+    assert BackpressurePlanner().decide(borrowed) == []
 
 
 def test_no_trainers_join_a_step_whose_batch_is_not_ready() -> None:
