@@ -18,9 +18,11 @@ from pivotflow.errors import ConfigError
 
 class ChaosConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Fault injection (like Ray's chaos tests): SIGKILL a random serving worker every
-    ``kill_worker_every_s`` seconds (0: never)."""
+    ``kill_worker_every_s`` seconds, or after every ``kill_worker_every_steps`` optimizer steps
+    (0: never)."""
 
     kill_worker_every_s: float = 0.0
+    kill_worker_every_steps: int = 0
 
 
 class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -124,9 +126,9 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     for name in ("steps", "threads_per_worker", "max_batch", "max_jobs_per_frame"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--set {name}={getattr(cfg, name)}: must be >= 1")
-    if cfg.chaos.kill_worker_every_s < 0:
-        raise ConfigError(f"--set chaos.kill_worker_every_s={cfg.chaos.kill_worker_every_s}: "
-                          "must be >= 0")
+    for name in ("kill_worker_every_s", "kill_worker_every_steps"):
+        if getattr(cfg.chaos, name) < 0:
+            raise ConfigError(f"--set chaos.{name}={getattr(cfg.chaos, name)}: must be >= 0")
     if cfg.max_staleness < 0:
         raise ConfigError(f"--set max_staleness={cfg.max_staleness}: must be >= 0")
     return cfg

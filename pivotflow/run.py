@@ -250,7 +250,8 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     interrupt = Interrupt(ctl, write_checkpoint)
     loop.add_signal_handler(signal.SIGINT, interrupt.on_sigint)
     watcher = asyncio.ensure_future(_watch(launcher, ctl, live))
-    chaos = Chaos(launcher, ctl, cfg.chaos.kill_worker_every_s, cfg.seed)
+    chaos = Chaos(launcher, ctl, cfg.chaos.kill_worker_every_s, cfg.seed,
+                  cfg.chaos.kill_worker_every_steps)
     chaos_task = asyncio.ensure_future(chaos.run())
     started = time.perf_counter()
     error: BaseException | None = None

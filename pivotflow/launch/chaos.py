@@ -11,23 +11,40 @@ from pivotflow.launch.local import LocalLauncher
 
 class Chaos:
     """``--set chaos.kill_worker_every_s=S``: SIGKILL a random serving worker every S seconds
-    (counted from when the first worker serves),
-    so anyone can check that their setup loses nothing (the summary's ledger says)."""
+    (counted from when the first worker serves); ``chaos.kill_worker_every_steps=N``: one
+    after every N optimizer steps (the same kills on a fast machine and a slow one, which a
+    test needs). Anyone can check that their setup loses nothing (the summary's ledger says)."""
 
     def __init__(self, launcher: LocalLauncher, ctl: Controller, every_s: float,
-                 seed: int) -> None:
+                 seed: int, every_steps: int = 0) -> None:
         self.launcher, self.ctl, self.every_s = launcher, ctl, every_s
+        self.every_steps = every_steps
         self.rng = random.Random(seed + 7919)
         self.kills = 0
 
     async def run(self) -> None:
-        if self.every_s <= 0:
+        if self.every_s <= 0 and self.every_steps <= 0:
             return
         # the clock starts when workers serve: start-up (seconds of imports) is not a target
         while not any(h.state == "ready" for h in self.ctl.workers.values()):
             await asyncio.sleep(0.05)
+        await asyncio.gather(*([self._by_time()] if self.every_s > 0 else []),
+                             *([self._by_steps()] if self.every_steps > 0 else []))
+
+    async def _by_time(self) -> None:
         while True:
             await asyncio.sleep(self.every_s)
-            serving = sorted(w for w, h in self.ctl.workers.items() if h.state == "ready")
-            if serving and self.launcher.kill(self.rng.choice(serving)):
-                self.kills += 1
+            self._kill_one()
+
+    async def _by_steps(self) -> None:
+        next_step = self.every_steps
+        while True:
+            await asyncio.sleep(0.02)  # a poll: the step counter has no event to wait on
+            if self.ctl.version >= next_step:
+                self._kill_one()
+                next_step += self.every_steps
+
+    def _kill_one(self) -> None:
+        serving = sorted(w for w, h in self.ctl.workers.items() if h.state == "ready")
+        if serving and self.launcher.kill(self.rng.choice(serving)):
+            self.kills += 1
