@@ -4,7 +4,9 @@ prompts -> rollout (echo) -> judge (echo) -> reward (map) -> advantage (group) -
 1-layer model, so the optimizer step is cheap). Reports end-to-end samples/s and the controller's
 CPU time per sample per hop (a hop = one dispatch + one result on a model stage; two per sample),
 one job per frame and up to 32 per frame, plus the unloaded job round trip seen by the
-controller and how much of it the worker held the job. Each figure is the median of
+controller and how much of it the worker held the job, beside the bare transport's round trip
+to an echo process measured in the same run (``bench/transport.py``'s (c): the floor the
+machine sets now, so the two compare as a ratio). Each figure is the median of
 ``--repeat`` runs (alternated, so drift on a shared machine hits every configuration alike);
 ``runs`` lists the headline figures of every run. Prints one JSON object on its last line.
 
@@ -14,6 +16,7 @@ controller and how much of it the worker held the job. Each figure is the median
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import sys
@@ -29,6 +32,7 @@ from pivotflow.run import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from echo_graph import write_echo_graph  # noqa: E402 - a sibling file, not a package
+from transport import bench_router  # noqa: E402
 
 HOPS = 2  # rollout and judge
 
@@ -83,7 +87,7 @@ def main() -> None:
         graph = write_echo_graph(root / "graph.py", name="controller_bench",
                                  policy=root / "policy", judge=root / "judge", group_size=8,
                                  groups_per_step=32)
-        ones, batched_runs, unloaded_runs = [], [], []
+        ones, batched_runs, unloaded_runs, floors = [], [], [], []
         for i in range(args.repeat):
             ones.append(measure(graph, root / f"one{i}", args.steps,
                                 ["max_jobs_per_frame=1", "results_per_frame=1"]))
@@ -91,6 +95,7 @@ def main() -> None:
                                         ["max_jobs_per_frame=32"]))
             unloaded_runs.append(measure(graph, root / f"unloaded{i}", max(20, args.steps),
                                          ["graph.group_size=2", "graph.groups_per_step=1"]))
+            floors.append(asyncio.run(bench_router(0, rtt_n=500))["rtt_us"]["p50"])
         one, batched, unloaded = median_of(ones), median_of(batched_runs), median_of(unloaded_runs)
     print(json.dumps({
         "bench": "controller",
@@ -101,6 +106,11 @@ def main() -> None:
         # of which the worker held the job (arrival to its result's send); the rest is the
         # wire both ways and the controller's own time
         "unloaded_job_worker_us_p50": unloaded["job_worker_us_p50"],
+        # the bare transport's round trip to an echo process now (one job a frame, back to
+        # back); the judge's over it is what the controller and worker add
+        "transport_rtt_us_p50": statistics.median(floors),
+        "unloaded_judge_rtt_over_transport": (unloaded["job_rtt_us_p50"]["judge"]
+                                              / statistics.median(floors)),
         "batched_speedup": batched["samples_per_s"] / one["samples_per_s"],
         "repeat": args.repeat,
         "runs": {
@@ -108,6 +118,7 @@ def main() -> None:
             "batched_32_cpu_us": [r["controller_cpu_us_per_sample_per_hop"]
                                   for r in batched_runs],
             "unloaded_judge_rtt_us": [r["job_rtt_us_p50"]["judge"] for r in unloaded_runs],
+            "transport_rtt_us": floors,
         },
         "python": sys.version.split()[0],
     }))

@@ -109,7 +109,8 @@ async def _throughput(
 
 
 async def bench_router(n: int, rtt_n: int) -> dict[str, Any]:
-    """(a), (b), (c) on ZmqControllerTransport, the transport the controller ships with."""
+    """(a), (b), (c) on ZmqControllerTransport, the transport the controller ships with (with
+    ``n`` 0: (c) alone, the floor ``bench/controller.py`` sets its job round trip against)."""
     on_done: list[Callable[[int], None]] = [lambda k: None]
     hello = asyncio.get_running_loop().create_future()
 
@@ -129,8 +130,10 @@ async def bench_router(n: int, rtt_n: int) -> dict[str, Any]:
                 t.send("echo", jobs)
 
             await _throughput(send, on_done, WARMUP, 1)
-            out: dict[str, Any] = {"one_per_frame": await _throughput(send, on_done, n, 1)}
-            out["batched_32"] = await _throughput(send, on_done, n, 32)
+            out: dict[str, Any] = {}
+            if n:
+                out["one_per_frame"] = await _throughput(send, on_done, n, 1)
+                out["batched_32"] = await _throughput(send, on_done, n, 32)
             out["rtt_us"] = await _rtt(send, on_done, rtt_n)
             t.send("echo", Shutdown())
             proc.wait(10)
