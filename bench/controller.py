@@ -6,7 +6,9 @@ CPU time per sample per hop (a hop = one dispatch + one result on a model stage;
 one job per frame and up to 32 per frame, plus the unloaded job round trip seen by the
 controller and how much of it the worker held the job, beside the bare transport's round trip
 to an echo process measured in the same run (``bench/transport.py``'s (c): the floor the
-machine sets now, so the two compare as a ratio). Each figure is the median of
+machine sets now, so the two compare as a ratio), back to back and after idling as long as the
+unloaded run's step (the judge worker waits that long for each job, and on a VM a halted vCPU's
+wake-up grows with the idle time: 25 us back to back, 134 us after 5 ms, measured 2026-12-01). Each figure is the median of
 ``--repeat`` runs (alternated, so drift on a shared machine hits every configuration alike);
 ``runs`` lists the headline figures of every run. Prints one JSON object on its last line.
 
@@ -55,6 +57,7 @@ def measure(graph: Path, out: Path, steps: int, sets: list[str]) -> dict[str, fl
         "job_rtt_us_p50": result.summary.get("job_rtt_us_p50"),
         "job_worker_us_p50": result.summary.get("job_worker_us_p50"),
         "samples": samples,
+        "step_s": wall / (len(recs) - 2),
     }
 
 
@@ -87,7 +90,7 @@ def main() -> None:
         graph = write_echo_graph(root / "graph.py", name="controller_bench",
                                  policy=root / "policy", judge=root / "judge", group_size=8,
                                  groups_per_step=32)
-        ones, batched_runs, unloaded_runs, floors = [], [], [], []
+        ones, batched_runs, unloaded_runs, floors, idle_floors = [], [], [], [], []
         for i in range(args.repeat):
             ones.append(measure(graph, root / f"one{i}", args.steps,
                                 ["max_jobs_per_frame=1", "results_per_frame=1"]))
@@ -95,7 +98,10 @@ def main() -> None:
                                         ["max_jobs_per_frame=32"]))
             unloaded_runs.append(measure(graph, root / f"unloaded{i}", max(20, args.steps),
                                          ["graph.group_size=2", "graph.groups_per_step=1"]))
-            floors.append(asyncio.run(bench_router(0, rtt_n=500))["rtt_us"]["p50"])
+            idle = round(unloaded_runs[-1]["step_s"], 4)
+            bare = asyncio.run(bench_router(0, rtt_n=500, idle_s=(idle,)))
+            floors.append(bare["rtt_us"]["p50"])
+            idle_floors.append(bare["rtt_idle_us"][str(idle)]["p50"])
         one, batched, unloaded = median_of(ones), median_of(batched_runs), median_of(unloaded_runs)
     print(json.dumps({
         "bench": "controller",
@@ -111,6 +117,12 @@ def main() -> None:
         "transport_rtt_us_p50": statistics.median(floors),
         "unloaded_judge_rtt_over_transport": (unloaded["job_rtt_us_p50"]["judge"]
                                               / statistics.median(floors)),
+        # the same round trip after idling one unloaded step (``unloaded_step_s``): the floor
+        # the judge's job actually meets; the judge's minus it is the two processes' Python
+        "unloaded_step_s": unloaded["step_s"],
+        "transport_rtt_after_step_idle_us_p50": statistics.median(idle_floors),
+        "unloaded_judge_rtt_over_idle_transport": (unloaded["job_rtt_us_p50"]["judge"]
+                                                   / statistics.median(idle_floors)),
         "batched_speedup": batched["samples_per_s"] / one["samples_per_s"],
         "repeat": args.repeat,
         "runs": {
@@ -119,6 +131,7 @@ def main() -> None:
                                   for r in batched_runs],
             "unloaded_judge_rtt_us": [r["job_rtt_us_p50"]["judge"] for r in unloaded_runs],
             "transport_rtt_us": floors,
+            "transport_rtt_after_step_idle_us": idle_floors,
         },
         "python": sys.version.split()[0],
     }))

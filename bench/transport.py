@@ -3,7 +3,9 @@
 Run: python bench/transport.py [--n 20000]
 
 (a) one GenerateJob per frame -> one JobDone per frame; (b) 32 jobs per Jobs frame; (c) unloaded
-round trip of one job; (d) the naive comparison: zmq.asyncio awaiting one recv per message.
+round trip of one job, back to back and after both processes idled 1 and 5 ms (on a VM a vCPU
+that halted costs a wake-up: the round trip grows with the idle time before it); (d) the naive
+comparison: zmq.asyncio awaiting one recv per message.
 The controller runs here (uvloop if installed) on one core, the worker on another; CPU time is
 this process's (the zmq I/O thread included) divided by samples. Last line: one JSON object.
 """
@@ -108,9 +110,10 @@ async def _throughput(
     return {"samples_per_s": round(n / wall), "cpu_us_per_sample": round(cpu / n * 1e6, 2)}
 
 
-async def bench_router(n: int, rtt_n: int) -> dict[str, Any]:
+async def bench_router(n: int, rtt_n: int, idle_s: tuple[float, ...] = ()) -> dict[str, Any]:
     """(a), (b), (c) on ZmqControllerTransport, the transport the controller ships with (with
-    ``n`` 0: (c) alone, the floor ``bench/controller.py`` sets its job round trip against)."""
+    ``n`` 0: (c) alone, the floor ``bench/controller.py`` sets its job round trip against).
+    For each of ``idle_s``, ``rtt_idle_us[str(gap)]``: the round trip after idling that long."""
     on_done: list[Callable[[int], None]] = [lambda k: None]
     hello = asyncio.get_running_loop().create_future()
 
@@ -135,6 +138,9 @@ async def bench_router(n: int, rtt_n: int) -> dict[str, Any]:
                 out["one_per_frame"] = await _throughput(send, on_done, n, 1)
                 out["batched_32"] = await _throughput(send, on_done, n, 32)
             out["rtt_us"] = await _rtt(send, on_done, rtt_n)
+            if idle_s:
+                out["rtt_idle_us"] = {str(gap): await _rtt(send, on_done, rtt_n // 4, gap)
+                                      for gap in idle_s}
             t.send("echo", Shutdown())
             proc.wait(10)
             return out
@@ -145,11 +151,14 @@ async def bench_router(n: int, rtt_n: int) -> dict[str, Any]:
 
 
 async def _rtt(
-    send: Callable[[Jobs], None], on_done: list[Callable[[int], None]], n: int
+    send: Callable[[Jobs], None], on_done: list[Callable[[int], None]], n: int,
+    idle_s: float = 0.0,
 ) -> dict[str, float]:
     loop = asyncio.get_running_loop()
     samples: list[float] = []
     for i in range(n):
+        if idle_s:
+            await asyncio.sleep(idle_s)  # the loop waits in epoll, as the controller does
         reply: asyncio.Future[None] = loop.create_future()
         on_done[0] = functools.partial(_resolve, reply)
         t0 = time.perf_counter()
@@ -213,7 +222,7 @@ async def bench_zmq_asyncio(n: int) -> dict[str, float]:
 
 async def main(n: int) -> dict[str, Any]:
     result: dict[str, Any] = {"bench": "transport"}
-    result.update(await bench_router(n, rtt_n=2000))
+    result.update(await bench_router(n, rtt_n=2000, idle_s=(0.001, 0.005)))
     result["zmq_asyncio_one_per_frame"] = await bench_zmq_asyncio(n)
     one, batched, naive = (
         result["one_per_frame"],
@@ -260,4 +269,6 @@ if __name__ == "__main__":
             f"{key:>26}: {out[key]['samples_per_s']:>8} samples/s  {out[key]['cpu_us_per_sample']:>6} us/sample"
         )
     print(f"{'rtt_us':>26}: p50 {out['rtt_us']['p50']}  p99 {out['rtt_us']['p99']}")
+    for gap, rtt in out["rtt_idle_us"].items():
+        print(f"{'rtt_us after ' + gap + ' s idle':>26}: p50 {rtt['p50']}  p99 {rtt['p99']}")
     print(json.dumps(out))

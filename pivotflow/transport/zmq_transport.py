@@ -355,15 +355,16 @@ class ZmqWorkerChannel:
         consumed), TransportError if the channel is closed.
         """
         sock = self._socket()
-        try:
-            frame = sock.recv(zmq.NOBLOCK)  # the busy case skips a poll
-        except zmq.Again:
-            if timeout_s <= 0 or not sock.poll(math.ceil(timeout_s * 1000), zmq.POLLIN):
-                return None
-            frame = sock.recv(zmq.NOBLOCK)
-        if sock.rcvmore:
+        # Asking beats catching zmq.Again: a busy worker asks once per engine step, and raising
+        # costs more than the question (as in the controller's drain).
+        if not cast(int, sock.getsockopt(_EVENTS)) & _POLLIN and (
+            timeout_s <= 0 or not sock.poll(math.ceil(timeout_s * 1000), zmq.POLLIN)
+        ):
+            return None
+        frame = sock.recv(_NOBLOCK)
+        if sock.getsockopt(_RCVMORE):
             parts = 1
-            while sock.rcvmore:
+            while sock.getsockopt(_RCVMORE):
                 sock.recv(zmq.NOBLOCK)
                 parts += 1
             raise ProtocolError(
