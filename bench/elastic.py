@@ -4,19 +4,22 @@ Workload: graphs/grpo_genrm_longtail.py (the GenRM graph with log-normal respons
 p99 = 10x median). Every planner runs the same graph, seed and number of worker processes:
 
 * ``colocated`` — every worker in the same phase (rollout, then judge, then train, DP);
-* ``static`` — every split of the workers over the three pools; the best one is the baseline;
+* ``static`` — every static deployment of the workers: each split over the three pools and,
+  with fewer workers than pools (or as a candidate anyway), each partition of the pools into
+  groups that time-share their workers in phases (``colocate=rollout+genrm``: inference
+  workers that roll out and judge, as slime and AReaL deploy a GenRM); the best is the baseline;
 * ``backpressure`` — shifts workers where the work is.
 
 Throughput is steady state: samples trained from the end of step 1 to the last step, over that
-time (worker start-up and the first step's warm-up left out). The static baseline needs a
-worker in each of three pools, so on a 2-core machine it runs 3 processes on 2 cores, which
-*favours* it (an idle trainer hands its core to a busy worker, hiding its waste); the report
-says so (``oversubscribed``), and also compares colocated and backpressure at ``cores`` workers,
-where nothing is oversubscribed. Then shift latency (parts), and whether shifting changes RL:
-the plain GenRM graph's task_accuracy under static (3 workers) and backpressure (2 workers for
-3 pools, so it shifts every step), same seed and steps.
+time (worker start-up and the first step's warm-up left out). By default there are as many
+workers as cores: more would let an idle process hand its core to a busy one, hiding the very
+waste being measured. With ``--workers`` above the cores the report says so
+(``oversubscribed``) and also compares colocated and backpressure at ``cores`` workers. Then
+shift latency (parts), and whether shifting changes RL: the plain GenRM graph's task_accuracy
+under static (3 workers) and backpressure (2 workers for 3 pools, so it shifts every step), same
+seed and steps.
 
-    python bench/elastic.py [--steps 8] [--workers 3] [--accuracy-steps 30] [--out DIR]
+    python bench/elastic.py [--steps 8] [--workers CORES] [--accuracy-steps 30] [--out DIR]
 
 Prints one JSON object on its last line; writes elastic.png under --out.
 """
@@ -62,9 +65,42 @@ def one_run(graph: Path, out: Path, planner: str, steps: int, workers: int | Non
             "accuracy": [r["task_accuracy"] for r in recs]}
 
 
-def static_splits(workers: int) -> list[dict[str, int]]:
-    return [dict(zip(POOLS, c, strict=True))
-            for c in itertools.product(range(1, workers + 1), repeat=3) if sum(c) == workers]
+def static_deployments(workers: int) -> dict[str, list[str]]:
+    """name -> ``--set`` items of every static deployment of ``workers``: the pools split into
+    groups (singletons: a plain split, ``static-R-J-T``; a group of several time-shares its
+    workers, ``static-rollout+genrm:1-trainer:1``), each group given at least one worker. The
+    one-group partition is the colocated planner, measured on its own."""
+    out: dict[str, list[str]] = {}
+    for groups in _partitions(list(POOLS)):
+        if len(groups) < 2 or len(groups) > workers:
+            continue
+        for counts in itertools.product(range(1, workers + 1), repeat=len(groups)):
+            if sum(counts) != workers:
+                continue
+            sizes = dict.fromkeys(POOLS, 0)
+            for group, n in zip(groups, counts, strict=True):
+                sizes[group[0]] = n
+            sets = [f"pools.{p}={n}" for p, n in sizes.items()]
+            if len(groups) == len(POOLS):
+                out["static-" + "-".join(str(sizes[p]) for p in POOLS)] = sets
+            else:
+                shared = ",".join("+".join(g) for g in groups if len(g) > 1)
+                name = "-".join(f"{'+'.join(g)}:{n}" for g, n in zip(groups, counts, strict=True))
+                out[f"static-{name}"] = [*sets, f"colocate={shared}"]
+    return out
+
+
+def _partitions(items: list[str]) -> list[list[tuple[str, ...]]]:
+    """Every set partition of ``items`` (groups and their members in ``items`` order)."""
+    if not items:
+        return [[]]
+    first, rest = items[0], items[1:]
+    out = []
+    for part in _partitions(rest):
+        out.append([(first,), *part])
+        for i, group in enumerate(part):
+            out.append([*part[:i], (first, *group), *part[i + 1:]])
+    return [sorted(p, key=lambda g: POOLS.index(g[0])) for p in out]
 
 
 def shift_latency(records: list[dict[str, Any]]) -> dict[str, float | int | None]:
@@ -96,7 +132,7 @@ def plot(path: Path, rates: dict[str, float]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--accuracy-steps", type=int, default=30)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -104,23 +140,30 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
     w = args.workers
+    if w < 2:
+        raise SystemExit("--workers must be >= 2: a static deployment needs a worker for "
+                         "generation and one for training")
     runs: dict[str, dict[str, Any]] = {}
     for planner in ("colocated", "backpressure"):
         runs[planner] = one_run(LONGTAIL, out / planner, planner, args.steps, w, [])
         print(f"{planner}: {runs[planner]['samples_per_s']:.1f} samples/s", file=sys.stderr)
     static: dict[str, float] = {}
-    for split in static_splits(w):
-        name = "static-" + "-".join(str(split[p]) for p in POOLS)
-        sets = [f"pools.{p}={n}" for p, n in split.items()]
+    for name, sets in static_deployments(w).items():
         static[name] = one_run(LONGTAIL, out / name, "static", args.steps, None,
                                sets)["samples_per_s"]
         print(f"{name}: {static[name]:.1f} samples/s", file=sys.stderr)
     best = max(static, key=lambda k: static[k])
-    at_cores: dict[str, float] = {}
+    at_cores: dict[str, Any] = {}
     if cores < w:  # the same comparison with nothing oversubscribed
         for planner in ("colocated", "backpressure"):
             at_cores[planner] = one_run(LONGTAIL, out / f"{planner}-w{cores}", planner,
                                         args.steps, cores, [])["samples_per_s"]
+        at_static = {name: one_run(LONGTAIL, out / f"{name}-w{cores}", "static", args.steps,
+                                   None, sets)["samples_per_s"]
+                     for name, sets in static_deployments(cores).items()}
+        if at_static:
+            at_cores["static_best_split"] = max(at_static, key=lambda k: at_static[k])
+            at_cores["static_best"] = at_static[at_cores["static_best_split"]]
     # RL unchanged by shifting: backpressure on 2 workers for 3 pools must shift every step
     # (and trains data-parallel), static keeps one worker per pool; same seed and steps
     acc_runs = {"static": one_run(GENRM, out / "accuracy-static", "static",
@@ -144,7 +187,9 @@ def main() -> int:
         "static_best_split": best, "static_splits": static,
         "backpressure_vs_colocated": bp / co, "backpressure_vs_best_static": bp / static[best],
         "at_cores": {**at_cores, "ratio": (at_cores["backpressure"] / at_cores["colocated"])
-                     if at_cores else None},
+                     if at_cores else None,
+                     "ratio_vs_best_static": (at_cores["backpressure"] / at_cores["static_best"])
+                     if "static_best" in at_cores else None},
         "shifts": {p: runs[p]["shifts"] for p in runs},
         "migrations": {p: runs[p]["migrations"] for p in runs},
         "lost": {p: runs[p]["ledger"]["lost"] for p in runs},

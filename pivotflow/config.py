@@ -32,6 +32,9 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     seed: int = 0
     max_staleness: int = 0
     planner: str = "backpressure"
+    # static only: pools whose workers time-share them in phases, "a+b" per group, groups
+    # comma-separated (e.g. "rollout+genrm": inference workers roll out and judge)
+    colocate: str = ""
     threads_per_worker: int = 1
     max_batch: int = 64
     max_jobs_per_frame: int = 32
@@ -118,6 +121,8 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     if cfg.planner not in PLANNERS:
         raise ConfigError(f"--set planner={cfg.planner}: unknown planner; valid: "
                           f"{', '.join(PLANNERS)}")
+    if cfg.colocate:
+        colocate_groups(cfg, pools)
     from pivotflow.engines import ENGINE_KINDS
 
     if cfg.engine not in ENGINE_KINDS:
@@ -132,6 +137,25 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     if cfg.max_staleness < 0:
         raise ConfigError(f"--set max_staleness={cfg.max_staleness}: must be >= 0")
     return cfg
+
+
+def colocate_groups(cfg: RunConfig, pools: list[str] | None) -> list[tuple[str, ...]]:
+    """The pool groups ``--set colocate=...`` names (every pool in one; the unnamed alone);
+    raises ConfigError for a planner other than static or a name that is not a pool."""
+    from pivotflow.planner import parse_groups
+
+    if not cfg.colocate:
+        return [(p,) for p in pools or []]
+    if cfg.planner != "static":
+        raise ConfigError(f"--set colocate={cfg.colocate}: only the static planner takes pool "
+                          f"groups (planner is {cfg.planner!r}; colocated time-shares every "
+                          "pool, backpressure moves workers anywhere)")
+    if pools is None:
+        return []
+    try:
+        return parse_groups(cfg.colocate, pools)
+    except ValueError as exc:
+        raise ConfigError(f"--set colocate={cfg.colocate}: {exc}") from None
 
 
 def _convert(key: str, value: Any, typ: type) -> Any:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pivotflow import checkpoints
-from pivotflow.config import RunConfig, parse_overrides, resolve
+from pivotflow.config import RunConfig, colocate_groups, parse_overrides, resolve
 from pivotflow.controller.clock import LoopClock
 from pivotflow.controller.core import Controller, ControllerConfig
 from pivotflow.controller.snapshot import restore, snapshot
@@ -43,28 +43,40 @@ class RunResult:
     steps: list[dict[str, Any]] = field(default_factory=list)
 
 
+def pool_order(graph: Graph) -> list[str]:
+    """The graph's pools in pipeline order (of the first stage that uses each)."""
+    return list(dict.fromkeys(n.pool for n in graph.order() if n.pool))
+
+
 def plan_workers(graph: Graph, cfg: RunConfig, total: int | None) -> dict[str, str]:
     """worker id -> pool. ``--workers N`` spreads N over the pools: one each, the rest to the
     model stages in graph order; ``pools.NAME`` overrides win. Only the static planner needs a
-    worker in every pool; the colocated one starts every worker in the first pool."""
+    worker in every pool (in every group of ``colocate``: a group's workers start in its first
+    pool); the colocated one starts every worker in the first pool."""
+    order = pool_order(graph)
     sizes = {p.name: p.workers for p in graph.pools.values()}
     elastic = cfg.planner != "static"
+    groups = colocate_groups(cfg, order)  # static: the parts that each need a worker
     if total is not None:
-        if total < len(sizes) and not elastic:
-            raise ConfigError(f"--workers {total}: the graph has {len(sizes)} pools and the "
-                              "static planner needs at least one worker in each")
-        order = [n.pool for n in graph.order() if n.pool]
+        if total < len(groups) and not elastic:
+            raise ConfigError(f"--workers {total}: the graph has {len(groups)} pools (or "
+                              "colocate groups) and the static planner needs at least one "
+                              "worker in each")
+        firsts = [g[0] for g in groups] if cfg.colocate else order
         sizes = dict.fromkeys(sizes, 0)
-        gen = [p for p in order if p != order[-1]] or order
+        gen = [p for p in firsts if p != order[-1]] or firsts
         for i in range(total):
-            sizes[order[i] if i < len(order) else gen[(i - len(order)) % len(gen)]] += 1
+            sizes[firsts[i] if i < len(firsts) else gen[(i - len(firsts)) % len(gen)]] += 1
     sizes.update(cfg.pools)
     if cfg.planner == "colocated":
-        first = next(n.pool for n in graph.order() if n.pool)
-        sizes = {name: (sum(sizes.values()) if name == first else 0) for name in sizes}
+        sizes = {name: (sum(sizes.values()) if name == order[0] else 0) for name in sizes}
     for name, n in sizes.items():
-        if n < 0 or (n == 0 and not elastic):
-            raise ConfigError(f"pool {name!r} has {n} workers; the static planner needs >= 1")
+        if n < 0:
+            raise ConfigError(f"pool {name!r} has {n} workers")
+    for group in groups if not elastic else []:
+        if sum(sizes.get(p, 0) for p in group) == 0:
+            what = f"pool {group[0]!r}" if len(group) == 1 else f"colocate group {'+'.join(group)}"
+            raise ConfigError(f"{what} has 0 workers; the static planner needs >= 1")
     if sum(sizes.values()) < 1:
         raise ConfigError("no workers: give --workers N or pools.NAME=N")
     out, k = {}, 0
@@ -243,7 +255,8 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
                      tokenizers=models.tokenizers, source=source, assignments=assignments,
                      role_options=role_options(graph, cfg, models.tokenizers),
                      store_dir=str(store.root), on_step=on_step,
-                     planner=make_planner(cfg.planner), respawn=respawn, tool_pools=tool_pools)
+                     planner=make_planner(cfg.planner, colocate_groups(cfg, pool_order(graph))),
+                     respawn=respawn, tool_pools=tool_pools)
     if ckpt is not None:
         restore(ctl, ckpt.state)
     loop = asyncio.get_running_loop()

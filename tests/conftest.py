@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -36,3 +39,18 @@ def random_genrm_graph(tmp_path: Path, random_models: dict[str, Path]) -> Path:
     path = tmp_path / "grpo_genrm_random.py"
     path.write_text(text)
     return path
+
+
+def load_bench_script(name: str) -> ModuleType:
+    """``bench/<name>.py`` as a module (bench/ holds scripts, not a package)."""
+    path = ROOT / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def bench_script() -> Callable[[str], ModuleType]:
+    return load_bench_script

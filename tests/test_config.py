@@ -36,6 +36,7 @@ def test_int_given_for_float_knob_is_a_float() -> None:
         (["pools.rollout=-1"], r"pool size must be >= 0"),
         (["steps=0"], r"steps=0: must be >= 1"),
         (["planner=magic"], r"unknown planner"),
+        (["colocate=rollout"], r"only the static planner takes pool groups"),
         (["chaos.kill_worker_every_steps=-2"], r"chaos.kill_worker_every_steps=-2: must be >= 0"),
         (["chaos.kill_worker_every_s=-1"], r"chaos.kill_worker_every_s=-1.0: must be >= 0"),
         (["noequals"], r"expected KEY=VALUE"),

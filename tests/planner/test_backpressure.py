@@ -169,6 +169,24 @@ def test_colocated_moves_everyone_to_the_first_pool_with_work() -> None:
     assert ColocatedPlanner().decide(pipeline((0, 0, 0), (0, 0, 0), (3, 64, 64))) == []
 
 
+def test_a_colocate_group_phases_its_own_workers_and_keeps_them() -> None:
+    from pivotflow.planner import make_planner
+
+    # static, rollout+genrm time-share the inference workers; the trainer is its own part
+    planner = make_planner("static", [("rollout", "genrm"), ("trainer",)])
+    assert planner.name == "static"
+    # judging waits and rollout is done: the group's rollout worker judges; the idle trainer,
+    # in a group of its own, never leaves it (colocated would send it to the judge too)
+    moves = planner.decide(pipeline((1, 0, 0), (0, 64, 64), (1, 64, 0)))
+    assert [(m.worker, m.from_pool, m.to_pool) for m in moves] == [("w0", "rollout", "genrm")]
+    # rollout has work again: back, while the trainer trains
+    moves = planner.decide(pipeline((0, 64, 64), (1, 0, 0), (1, 64, 64)))
+    assert [(m.worker, m.to_pool) for m in moves] == [("w10", "rollout")]
+    # a group of one pool is a plain static split: no colocate group, no moves ever
+    assert type(make_planner("static", [("rollout",), ("genrm",), ("trainer",)])).__name__ \
+        == "StaticPlanner"
+
+
 def test_a_last_worker_takes_turns_instead_of_trading_every_interval() -> None:
     # rollout has work waiting and no worker; the judge's only worker moved in 0.1 s ago and
     # has work of its own: it stays until it has served 10 shift costs there, then goes

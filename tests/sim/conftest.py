@@ -1,9 +1,6 @@
 from __future__ import annotations
 
-import importlib.util
-from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import tomllib
@@ -26,18 +23,3 @@ def tiny(**workload: object) -> Workload:
 @pytest.fixture
 def tiny_workload() -> Workload:
     return tiny()
-
-
-def load_bench_script(name: str) -> ModuleType:
-    """``bench/<name>.py`` as a module (bench/ holds scripts, not a package)."""
-    path = Path(__file__).parents[2] / "bench" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture
-def bench_script() -> Callable[[str], ModuleType]:
-    return load_bench_script
