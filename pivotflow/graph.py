@@ -30,6 +30,8 @@ GENERATE_FIELDS = frozenset(
     {"response", "response_ids", "logprobs", "versions", "finish_reason", "completion"}
 )
 JUDGE_FIELDS = frozenset({"verdict", "reward", "judge_failed"})
+# ... and what the controller writes itself (the task's exact check of a response)
+RUNTIME_FIELDS = frozenset({"correct", "advantage"})
 TRAIN_READS = frozenset({"prompt_ids", "response_ids", "logprobs", "advantage"})
 # ... and what a generate stage with tools writes besides (the trainer reads loss_mask if there)
 TOOL_FIELDS = frozenset({"loss_mask", "trajectory", "turns", "tool_calls", "tool_errors"})
@@ -107,6 +109,25 @@ def _tool_options(node: str, where: str, tools: Iterable[Any], max_turns: int, p
             "max_total_tokens": max_total_tokens, "tool_pool": dict(pool)}
 
 
+def _prompt_table(name: str, where: str, path: str, prompt_key: str,
+                  answer_key: str | None) -> Any:
+    from pathlib import Path
+
+    from pivotflow.errors import TaskError
+    from pivotflow.tasks.datasets import load_prompt_file
+
+    file = Path(path)
+    if not file.is_absolute() and not file.exists():
+        beside = Path(where.rsplit(":", 1)[0]).parent / file  # beside the graph file
+        file = beside if beside.exists() else file
+    reserved = SOURCE_FIELDS | GENERATE_FIELDS | JUDGE_FIELDS | TOOL_FIELDS | RUNTIME_FIELDS
+    try:
+        return load_prompt_file(file, prompt_key=prompt_key, answer_key=answer_key,
+                                reserved=reserved)
+    except TaskError as exc:
+        raise GraphError(f"source {name!r} at {where}: {exc}") from None
+
+
 def _caller_where() -> str:
     """file:line of the first frame outside this module (the user's graph file)."""
     frame = sys._getframe(1)
@@ -177,14 +198,28 @@ class Graph:
         return node
 
     def source(self, name: str, *, task: str | None = None, path: str | None = None,
-               group_size: int = 8, groups_per_step: int = 8, **task_options: Any) -> Node:
-        """Prompts from a built-in task or a JSONL file; each prompt becomes a group."""
+               group_size: int = 8, groups_per_step: int = 8, prompt_key: str = "prompt",
+               answer_key: str | None = "answer", shuffle: bool = True,
+               **task_options: Any) -> Node:
+        """Prompts from a built-in task or a JSONL/Parquet file; each prompt becomes a group.
+
+        A file's rows are read and checked here (``pivotflow.tasks.datasets``): ``prompt_key``
+        and ``answer_key`` name its prompt and answer columns, and every other column becomes a
+        sample field the stages may read. A relative ``path`` is taken from the working
+        directory, else from the graph file's. With ``shuffle`` each pass over the file is in
+        a new seeded order (verl's and TRL's default); else in file order."""
         where = _caller_where()
         if (task is None) == (path is None):
             raise GraphError(f"source {name!r} at {where}: give exactly one of task= or path=")
-        opts = {"task": task, "path": path, "group_size": group_size,
-                "groups_per_step": groups_per_step, "task_options": task_options}
-        return self._add(Node(name, "source", where, writes=SOURCE_FIELDS, options=opts))
+        opts: dict[str, Any] = {"task": task, "path": path, "group_size": group_size,
+                                "groups_per_step": groups_per_step, "shuffle": shuffle,
+                                "task_options": task_options}
+        writes = SOURCE_FIELDS
+        if path is not None:
+            table = _prompt_table(name, where, path, prompt_key, answer_key)
+            opts["table"] = table
+            writes = writes | frozenset(table.columns)
+        return self._add(Node(name, "source", where, writes=writes, options=opts))
 
     def generate(self, name: str, *, model: str, pool: str, max_tokens: int = 8,
                  temperature: float = 1.0, top_p: float = 1.0, min_tokens: int = 0,

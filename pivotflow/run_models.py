@@ -12,7 +12,7 @@ import msgspec
 from pivotflow.errors import CheckpointError, GraphError
 from pivotflow.graph import Graph, Node
 from pivotflow.params.base import ParamStore
-from pivotflow.tasks.registry import Problem, get_task, load_jsonl
+from pivotflow.tasks.registry import Problem, get_task
 from pivotflow.tasks.tokenizer import CharTokenizer, default_tokenizer
 
 
@@ -73,31 +73,47 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
 
 
 class ProblemStream:
-    """The source's prompts: drawn from a task with a seed, or cycled from a JSONL file."""
+    """The source's prompts: drawn from a task with a seed, or passed over a file's rows (each
+    pass in a new order drawn from the seed and the pass, so ``cursor`` alone resumes it)."""
 
     def __init__(self, node: Node, *, seed: int) -> None:
         opts = node.options
+        self.seed = seed
         self.rng = random.Random(seed)
         self.cursor = 0
         self.task = None
-        self.problems: list[Problem] = []
+        self.rows: list[dict[str, Any]] = []
+        self.shuffle = bool(opts.get("shuffle", True))
+        self._order: tuple[int, list[int]] = (-1, [])  # (pass, row order)
         if opts["task"] is not None:
             self.task = get_task(opts["task"], **opts["task_options"])
         else:
-            self.problems = load_jsonl(opts["path"])
-            if not self.problems:
-                raise GraphError(f"source {node.name!r} at {node.where}: {opts['path']} has no "
-                                 "problems")
+            self.rows = opts["table"].rows
             task_name = opts["task_options"].get("check_with")
             self.task = get_task(task_name) if task_name else None
 
     def next(self) -> Problem:
+        """The next prompt; a file's row keeps its other columns in ``meta``."""
         self.cursor += 1
-        if self.problems:
-            return self.problems[(self.cursor - 1) % len(self.problems)]
+        if self.rows:
+            row = self.rows[self._row_index(self.cursor - 1)]
+            extra = {k: v for k, v in row.items() if k not in ("prompt", "answer")}
+            return Problem(prompt=row["prompt"], answer=row["answer"], meta=extra)
         assert self.task is not None
         return self.task.sample(self.rng)
 
-    def check(self, answer: str, completion: str) -> bool | None:
-        """The task's exact rule, or None when the prompts have no rule."""
-        return None if self.task is None else self.task.check(answer, completion)
+    def _row_index(self, i: int) -> int:
+        epoch, at = divmod(i, len(self.rows))
+        if not self.shuffle:
+            return at
+        if self._order[0] != epoch:
+            order = list(range(len(self.rows)))
+            random.Random(f"{self.seed}/{epoch}").shuffle(order)
+            self._order = (epoch, order)
+        return self._order[1][at]
+
+    def check(self, answer: str | None, completion: str) -> bool | None:
+        """The task's exact rule, or None when the prompts have no rule (or no answer)."""
+        if self.task is None or answer is None:
+            return None
+        return self.task.check(answer, completion)

@@ -41,3 +41,23 @@ def test_rloo_filter_example_runs(tmp_path: Path) -> None:
     # every trained group had signal; the ones without were dropped and replaced
     assert s["ledger"]["prompts_in"] == s["ledger"]["groups_trained"] + s["groups_filtered"]
     assert s["groups_filtered"] > 0
+
+
+def test_dataset_prompts_example_learns_from_its_parquet_table(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dataset_prompts",
+                                                  ROOT / "examples" / "dataset_prompts.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    data = example.write_table(tmp_path / "data.parquet")
+    result = run(ROOT / "examples" / "dataset_prompts.py", steps=60, out=tmp_path / "run",
+                 sets=["live=false", f"graph.data={data}"], console=False)
+    s = result.summary
+    assert s["ledger"]["lost"] == 0 and s["ledger"]["groups_trained"] == 60 * 8
+    # the reward read each row's data_source and ground truth (the exact rule agrees with it),
+    # and GRPO on it moved the policy: measured 0.38 -> 0.46 over 60 steps (deterministic)
+    steps = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert all(r["reward_mean"] == pytest.approx(r["task_accuracy"]) for r in steps)
+    assert s["task_accuracy_gain"] >= 0.04, s

@@ -32,6 +32,7 @@ class PromptSource:
         self.s = max_staleness
         self.rng = random.Random(seed)
         self.next_sample = 0
+        self.columns = node.options.get("table") is not None
 
     def quota(self, version: int, filtered: int) -> int:
         n = self.groups_per_step
@@ -46,11 +47,12 @@ class PromptSource:
             ledger.prompts_in += 1
             ctl.train_buffer.admitted(group_id, ctl.version)
             prompt_ids = self.tok.encode(problem.prompt, bos=True)
+            columns = problem.meta if self.columns else {}  # a prompt file's other columns
             group = []
             for _ in range(self.group_size):
                 sid = self.next_sample
                 self.next_sample += 1
-                fields = {"prompt": problem.prompt, "answer": problem.answer,
+                fields = {**columns, "prompt": problem.prompt, "answer": problem.answer,
                           "prompt_ids": prompt_ids, "prompt_id": self.problems.cursor - 1,
                           "group_id": group_id, "sample_id": sid}
                 group.append(Sample(sid, group_id, self.group_size, ctl.version,

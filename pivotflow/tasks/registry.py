@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import msgspec
 
 from pivotflow.errors import TaskError
+from pivotflow.tasks.datasets import jsonl_lines
 
 
 class Problem(msgspec.Struct, frozen=True, kw_only=True):
@@ -143,15 +144,8 @@ def load_jsonl(path: str | Path) -> list[Problem]:
     Raises TaskError naming the file and the 1-based line number of the first bad line, or the
     file if it cannot be read.
     """
-    path = Path(path)
-    try:
-        lines = path.read_bytes().splitlines()
-    except OSError as exc:
-        raise TaskError(f"cannot read dataset {path}: {exc}") from None
     out = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for lineno, line in jsonl_lines(Path(path), "dataset"):
         try:
             out.append(_decoder.decode(line))
         except msgspec.DecodeError as exc:
