@@ -110,7 +110,7 @@ def shift_latency(records: list[dict[str, Any]]) -> dict[str, float | int | None
         return round(vals[min(len(vals) - 1, int(q * len(vals)))] * 1e3, 2) if vals else None
     return {"n": len(records), "total_p50_ms": ms("total_s"), "total_p90_ms": ms("total_s", 0.9),
             "drain_p50_ms": ms("drain_s"), "release_p50_ms": ms("release_s"),
-            "load_p50_ms": ms("load_s")}
+            "load_p50_ms": ms("load_s"), "warmup_p50_ms": ms("warmup_s")}
 
 
 def plot(path: Path, rates: dict[str, float]) -> None:

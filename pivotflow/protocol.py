@@ -45,6 +45,9 @@ class RoleReady(msgspec.Struct, tag=True, kw_only=True, frozen=True):
     version: int
     load_s: float = 0.0
     release_s: float = 0.0
+    # of load_s, the role's own start beyond moving weights: building the engine and its KV
+    # cache (a trainer: its optimizer state), the part a warmer engine would save
+    warmup_s: float = 0.0
 
 
 class JobDone(msgspec.Struct, **_HOT):  # type: ignore[call-arg]

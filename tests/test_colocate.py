@@ -79,3 +79,7 @@ def test_a_colocate_group_time_shares_and_loses_nothing(tmp_path: Path,
     assert len(shifts) >= 4
     assert {(s["from"], s["to"]) for s in shifts} <= {("genrm", "trainer"), ("trainer", "genrm")}
     assert len({s["worker"] for s in shifts}) == 1
+    # each timed part by part; the warm-up (engine and KV cache, or the optimizer) is in load
+    for s in shifts:
+        assert 0 < s["warmup_s"] <= s["load_s"] <= s["total_s"], s
+        assert s["release_s"] > 0 and s["drain_s"] is not None

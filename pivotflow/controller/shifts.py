@@ -4,7 +4,8 @@ Order of a shift (each part timed): stop admitting to the worker → abort its i
 their partial state comes back as "abort" results and is re-queued at the front of its edge, so
 a worker that stays resumes each sequence from its prefix without resampling a token →
 the worker releases its old role (a trainer hands its optimizer state to the parameter store)
-and loads the new one from the store → it joins the new pool (RoleReady). Trainers move only
+and loads the new one from the store, of which its warm-up (building the engine and KV cache,
+or the optimizer) → it joins the new pool (RoleReady). Trainers move only
 between optimizer steps; the next step re-forms the trainers' group. Messages on one DEALER are
 ordered, so the abort is always answered before the role changes.
 """
@@ -34,6 +35,7 @@ class ShiftRecord:
     drained_s: float | None = None  # abort sent -> last partial state back
     release_s: float | None = None  # old role's engine/cache freed (worker-side)
     load_s: float | None = None  # new role loaded from the parameter store (worker-side)
+    warmup_s: float | None = None  # of load_s, the engine's (optimizer's) own start
     total_s: float | None = None  # shift ordered -> worker ready in its new pool
     pending_jobs: set[int] = field(default_factory=set)
 
@@ -41,7 +43,7 @@ class ShiftRecord:
         return {"worker": self.worker_id, "from": self.from_pool, "to": self.to_pool,
                 "time_s": self.started_s, "jobs_aborted": self.jobs_aborted,
                 "drain_s": self.drained_s, "release_s": self.release_s, "load_s": self.load_s,
-                "total_s": self.total_s, "reason": self.reason}
+                "warmup_s": self.warmup_s, "total_s": self.total_s, "reason": self.reason}
 
 
 class ShiftManager:
@@ -103,7 +105,7 @@ class ShiftManager:
         rec = self.active.pop(worker_id, None)
         if rec is None:
             return
-        rec.release_s, rec.load_s = msg.release_s, msg.load_s
+        rec.release_s, rec.load_s, rec.warmup_s = msg.release_s, msg.load_s, msg.warmup_s
         rec.total_s = self.ctl.clock.now() - self.ctl.started_at - rec.started_s
         self.done.append(rec)
 

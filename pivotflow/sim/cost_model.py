@@ -131,6 +131,10 @@ class CostModel:
             return m.measured["load_s"]
         return self.role_bytes_per_gpu(role, m) / (self.hw.load_gb_s * 1e9) + self.hw.engine_start_s
 
+    def warmup_s(self, m: ModelSpec) -> float:
+        """Of ``load_s``, the engine's start (none where a measured load stands for both)."""
+        return 0.0 if "load_s" in m.measured else self.hw.engine_start_s
+
     def weight_sync_s(self, m: ModelSpec) -> float:
         """A generate worker pulling a new policy version (weights only, no engine restart)."""
         return m.weight_bytes / m.tp / (self.hw.load_gb_s * 1e9)

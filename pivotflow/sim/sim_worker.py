@@ -204,13 +204,14 @@ class SimWorker:
         self.role, self.model_name = msg.role, msg.model
         self.engine = None
         self._group = (-1, 1)  # a new role: no trainers' group
+        m = self.cost.model(msg.model)
         if msg.role == "generate":
-            m = self.cost.model(msg.model)
             self.engine = SimBatchEngine(self.cost, m, self.gpus, self._loop.time())
         self.stats.loads.append((t, msg.role, msg.model, took))
         self._send(
             RoleReady(
-                role=msg.role, model=msg.model, version=self.version, load_s=load, release_s=release
+                role=msg.role, model=msg.model, version=self.version, load_s=load,
+                release_s=release, warmup_s=self.cost.warmup_s(m)
             )
         )
 

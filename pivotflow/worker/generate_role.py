@@ -48,7 +48,9 @@ class GenerateRole:
             if kind == "torch" and "tokenizer" in options:  # to match stop strings
                 tok = CharTokenizer.from_dict(json.loads(options["tokenizer"]))
                 engine_kw["detokenize"] = tok.decode
+        t_engine = time.perf_counter()
         self.engine = make_engine(kind, config, **engine_kw)
+        self.warmup_s = time.perf_counter() - t_engine
         self.engine.load_weights(tensors, version)
         self.load_s = time.perf_counter() - t0
         self.arrived: dict[int, float] = {}  # job id -> when its Jobs frame was handled

@@ -133,7 +133,8 @@ class Worker:
         else:
             raise WorkerError(f"unknown role {msg.role!r}")
         self.chan.send(RoleReady(role=msg.role, model=msg.model, version=self.role.version,
-                                 load_s=self.role.load_s, release_s=release_s))
+                                 load_s=self.role.load_s, release_s=release_s,
+                                 warmup_s=self.role.warmup_s))
 
     def close(self) -> None:
         if self.role is not None:

@@ -96,10 +96,12 @@ class TrainRole:
         self.model = build_model(self.config, tensors, "cpu", torch.float32).train()
         self.model.requires_grad_(True)
         self.opts = options
+        t_optim = time.perf_counter()
         self.optim = torch.optim.AdamW(self.model.parameters(), lr=float(options.get("lr", 3e-4)),
                                        betas=(0.9, 0.99), weight_decay=0.0)
         init_adam_state(self.model, self.optim)  # same tensors on every rank, for broadcasts
         self.group = TrainGroup()
+        self.warmup_s = time.perf_counter() - t_optim
         self.load_s = time.perf_counter() - t0
 
     def train(self, msg: TrainStep) -> TrainDone:

@@ -44,6 +44,7 @@ def test_backpressure_shifts_cost_what_the_cost_model_says(tiny_workload: Worklo
     for s in r.shifts:
         assert s["load_s"] >= fastest * 0.99
         assert s["total_s"] >= s["load_s"]
+        assert s["warmup_s"] == cost.hw.engine_start_s > 0  # the engine's start, in the load
 
 
 def test_a_split_that_does_not_fill_the_cluster_is_refused(tiny_workload: Workload) -> None:
