@@ -15,12 +15,13 @@ hour). Everything runs the real controller and planners in virtual time.
 ``<stem>_pools.png``); ``--merge`` keeps the groups already in that file that this run does not
 redo, so a long comparison can be made a few groups at a time.
 
-Calibration: ``--calibrate bench/workloads/cpu_tiny_longtail.toml --real colocated=54.6,...``
+Calibration: ``--calibrate bench/workloads/cpu_tiny_longtail_w2.toml --real colocated=54.6,...``
 (or ``--real-json`` with the output files of one or more ``bench/elastic.py`` runs) simulates
-that workload (split 1,1,1, its steps) under each planner measured, takes the steady rate as
-``bench/elastic.py`` does (samples after step 1 over the time from step 1 to the last), and
-prints the simulator's prediction error against the mean of the measured figures, with their
-spread.
+that workload (its workers started as the bench starts them, its steps) under each planner
+measured, the static baseline as the best of the bench's static deployments, takes the steady
+rate as ``bench/elastic.py`` does (samples after step 1 over the time from step 1 to the last),
+and prints the simulator's prediction error against the mean of the measured figures, with
+their spread.
 
 Prints one JSON object as the last line of stdout.
 """
@@ -35,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pivotflow.planner import PLANNERS
+from pivotflow.planner import PLANNERS, make_planner, parse_groups
 from pivotflow.sim.cluster import SimResult, Split, simulate
 from pivotflow.sim.fluid import fluid_bound, rank_splits
 from pivotflow.sim.workload import load_workload
@@ -132,14 +133,24 @@ def summarize(name: str, gpus: int, fluid: dict[str, float], rows: list[dict[str
     }
 
 
-def calibrate(path: str, real: dict[str, list[float]]) -> dict[str, Any]:
+def calibrate(path: str, real: dict[str, list[float]],
+              static_tried: set[str] | None = None) -> dict[str, Any]:
     """Simulated vs measured samples/s (the mean of each planner's runs in ``real``) on
-    workload ``path``."""
+    workload ``path``, each planner starting as ``bench/elastic.py`` starts it (the workers
+    spread over the pools as ``pivotflow run --workers N`` spreads them; colocated all in the
+    rollout) and the static baseline the best of the static deployments the measured runs tried
+    (``static_tried``, their names; None: every one the bench tries now)."""
     wl = load_workload(path)
+    workers = wl.gpus // wl.group_gpus
     out: dict[str, Any] = {"workload": wl.name, "planners": {}}
     for planner, runs in real.items():
-        recs = simulate(wl, planner, Split(1, 1, 1)).records
-        rate = sum(r["samples"] for r in recs[1:]) / (recs[-1]["time_s"] - recs[0]["time_s"])
+        if planner == "static":
+            rate = max(_steady(simulate(wl, make_planner("static", groups), split))
+                       for name, (groups, split) in static_deployments(workers).items()
+                       if static_tried is None or name in static_tried)
+        else:
+            split = Split(workers, 0, 0) if planner == "colocated" else _spread(workers)
+            rate = _steady(simulate(wl, planner, split))
         measured = sum(runs) / len(runs)
         out["planners"][planner] = {
             "simulated": round(rate, 2),
@@ -148,6 +159,45 @@ def calibrate(path: str, real: dict[str, list[float]]) -> dict[str, Any]:
             "error": round(rate / measured - 1, 3),
         }
     return out
+
+
+def _steady(r: SimResult) -> float:
+    """Samples after step 1 over the time from step 1 to the last, as bench/elastic.py."""
+    recs = r.records
+    return sum(x["samples"] for x in recs[1:]) / (recs[-1]["time_s"] - recs[0]["time_s"])
+
+
+def _spread(workers: int) -> Split:
+    """``--workers N`` as pivotflow run spreads it: one a pool in pipeline order, the rest to
+    the generate pools in turn."""
+    sizes = [0, 0, 0]
+    for i in range(workers):
+        sizes[i if i < 3 else (i - 3) % 2] += 1
+    return Split(*sizes)
+
+
+def static_deployments(workers: int) -> dict[str, tuple[list[tuple[str, ...]], Split]]:
+    """bench/elastic.py's static candidates by name, as (colocate groups, initial split)."""
+    sys.path.insert(0, str(HERE))
+    import elastic  # a sibling script
+
+    out = {}
+    for name, sets in elastic.static_deployments(workers).items():
+        items = dict(item.split("=", 1) for item in sets)
+        sizes = {p: int(items[f"pools.{p}"]) for p in elastic.POOLS}
+        groups = parse_groups(items.get("colocate", ""), list(elastic.POOLS))
+        out[name] = (groups, Split(**sizes))
+    return out
+
+
+def static_tried(files: list[str]) -> set[str] | None:
+    """The static deployments ``bench/elastic.py`` outputs tried (None without any)."""
+    names = {n for f in files for n in _last_json(f).get("static_splits", {})}
+    return names or None
+
+
+def _last_json(path: str) -> dict[str, Any]:
+    return json.loads(Path(path).read_text().strip().splitlines()[-1])
 
 
 def real_rates(sets: str, files: list[str]) -> dict[str, list[float]]:
@@ -159,8 +209,7 @@ def real_rates(sets: str, files: list[str]) -> dict[str, list[float]]:
         real.setdefault(planner, []).append(float(rate))
     names = {"colocated": "colocated", "static_best": "static", "backpressure": "backpressure"}
     for f in files:
-        lines = Path(f).read_text().strip().splitlines()
-        rates = json.loads(lines[-1])["samples_per_s"]
+        rates = _last_json(f)["samples_per_s"]
         for key, planner in names.items():
             real.setdefault(planner, []).append(rates[key])
     return real
@@ -184,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.calibrate:
         real = real_rates(args.real, args.real_json)
-        print(json.dumps({"bench": "sim_paper", "calibration": calibrate(args.calibrate, real)}))
+        got = calibrate(args.calibrate, real, static_tried(args.real_json))
+        print(json.dumps({"bench": "sim_paper", "calibration": got}))
         return 0
     t0 = time.perf_counter()
     keep: list[SimResult] = []

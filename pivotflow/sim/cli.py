@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from pivotflow.errors import ConfigError
-from pivotflow.sim.cluster import Split, simulate
+from pivotflow.planner import make_planner, parse_groups
+from pivotflow.sim.cluster import POOLS, Split, simulate
 from pivotflow.sim.fluid import fluid_bound, rank_splits
 from pivotflow.sim.workload import load_workload
 
@@ -37,6 +38,12 @@ def add_sim_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("workload", type=Path, help="workload file (bench/workloads/*.toml)")
     p.add_argument("--gpus", type=int, default=None, help="cluster size (default: the file's)")
     p.add_argument("--planner", default="backpressure", help="planner name (make_planner)")
+    p.add_argument(
+        "--colocate",
+        default="",
+        metavar="A+B[,C+D]",
+        help="static only: pools that time-share their workers in phases (as --set colocate)",
+    )
     p.add_argument(
         "--split",
         type=_split,
@@ -71,13 +78,26 @@ def run_sim(args: argparse.Namespace) -> int:
     wl = load_workload(args.workload)
     if args.gpus is not None:
         wl = wl.scaled(args.gpus)
-    split = args.split or Split(**rank_splits(wl, top=1)[0][1])
+    ranked = rank_splits(wl, top=1)
+    if args.split is None and not ranked:
+        raise ConfigError(f"{args.workload}: {wl.gpus // wl.group_gpus} workers for 3 pools: "
+                          "give --split R,J,T (a pool may start empty)")
+    split = args.split or Split(**ranked[0][1])
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps {args.steps}: must be at least 1")
     steps = args.steps or (10**6 if args.hours else wl.steps)
     horizon = args.hours * 3600 if args.hours else 10 * 24 * 3600.0
+    planner: Any = args.planner
+    if args.colocate:
+        if args.planner != "static":
+            raise ConfigError(f"--colocate {args.colocate}: only the static planner takes pool "
+                              f"groups, not {args.planner!r}")
+        try:
+            planner = make_planner("static", parse_groups(args.colocate, list(POOLS)))
+        except ValueError as exc:
+            raise ConfigError(f"--colocate {args.colocate}: {exc}") from None
     result = simulate(
-        wl, args.planner, split, steps=steps, horizon_s=horizon, seed=args.seed, wall_limit_s=3600.0
+        wl, planner, split, steps=steps, horizon_s=horizon, seed=args.seed, wall_limit_s=3600.0
     )
     summary = result.summary()
     fluid = fluid_bound(wl)

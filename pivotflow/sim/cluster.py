@@ -21,7 +21,7 @@ from pivotflow.controller.source import PromptSource
 from pivotflow.errors import ConfigError
 from pivotflow.graph import Graph
 from pivotflow.planner import make_planner
-from pivotflow.planner.base import Planner
+from pivotflow.planner.base import Planner, StaticPlanner
 from pivotflow.rl.group_fns import grpo_advantage
 from pivotflow.sim.cores import CoreShare
 from pivotflow.sim.cost_model import CostModel
@@ -262,12 +262,25 @@ def simulate(
 ) -> SimResult:
     """Run ``wl`` on its GPUs split as ``split`` under ``planner`` for ``steps`` optimizer
     steps (the workload's by default), stopping early at ``horizon_s`` virtual or
-    ``wall_limit_s`` wall seconds. Raises ConfigError for a split that does not fit the
-    cluster, and the controller's error if the run fails."""
-    if split.total * wl.group_gpus != wl.gpus or min(split.as_dict().values()) < 1:
+    ``wall_limit_s`` wall seconds. A pool may start empty under a planner that moves workers;
+    a static one needs a worker in each pool, or in each of its colocate groups. Raises
+    ConfigError for a split that does not fit the cluster, and the controller's error if the
+    run fails."""
+    chosen = _planner(planner)
+    sizes = split.as_dict()
+    if split.total * wl.group_gpus != wl.gpus:
         raise ConfigError(
-            f"split {split.as_dict()} x {wl.group_gpus} GPUs does not fill "
-            f"{wl.gpus} GPUs with at least one worker per pool"
+            f"split {sizes} x {wl.group_gpus} GPUs does not fill {wl.gpus} GPUs"
+        )
+    if isinstance(chosen, StaticPlanner):
+        parts: list[tuple[str, ...]] = [(p,) for p in POOLS]
+    else:  # a static partition's groups (ColocatedPlanner.groups); moving planners: the whole
+        parts = list(getattr(chosen, "groups", ())) or [POOLS]
+    empty = [g for g in parts if sum(sizes[p] for p in g) < 1]
+    if empty:
+        raise ConfigError(
+            f"split {sizes} under planner {chosen.name!r} leaves {'+'.join(empty[0])} without "
+            "a worker (a static planner needs one in every pool or colocate group)"
         )
     # The run allocates millions of small objects and frees them by reference count; the
     # cyclic collector found next to nothing to free yet took a third of the time.
@@ -277,7 +290,7 @@ def simulate(
         return run_virtual(
             _simulate(
                 wl,
-                _planner(planner),
+                chosen,
                 split,
                 steps or wl.steps,
                 horizon_s,

@@ -147,13 +147,18 @@ class Workload:
     def scaled(self, gpus: int) -> Workload:
         """The same workload on ``gpus`` GPUs, prompts per step scaled with the cluster (weak
         scaling, so a bigger cluster is not starved). Raises ConfigError for a bad size."""
-        if gpus < 3 * self.group_gpus or gpus % self.group_gpus:
+        if gpus < MIN_WORKERS * self.group_gpus or gpus % self.group_gpus:
             raise ConfigError(
                 f"{self.path}: --gpus {gpus} must be a multiple of the worker "
-                f"group ({self.group_gpus} GPUs) with room for 3 workers"
+                f"group ({self.group_gpus} GPUs) with room for {MIN_WORKERS} workers"
             )
         prompts = max(1, round(self.prompts_per_step * gpus / self.gpus))
         return _replace(self, gpus=gpus, prompts_per_step=prompts)
+
+
+# one generating and one training; fewer workers than pools need a planner that moves them, or a
+# static partition whose parts time-share pools
+MIN_WORKERS = 2
 
 
 def _replace(w: Workload, **kw: Any) -> Workload:
@@ -268,10 +273,10 @@ def parse_workload(data: dict[str, Any], path: str) -> Workload:
     )
     tr.done()
     w.done()
-    if wl.gpus % wl.group_gpus or wl.gpus < 3 * wl.group_gpus:
+    if wl.gpus % wl.group_gpus or wl.gpus < MIN_WORKERS * wl.group_gpus:
         raise ConfigError(
             f"{path}: [workload] gpus = {wl.gpus} must be a multiple of the "
-            f"largest tp ({wl.group_gpus}) with room for 3 workers"
+            f"largest tp ({wl.group_gpus}) with room for {MIN_WORKERS} workers"
         )
     for m in (wl.policy, wl.judge):
         if m.weight_bytes / m.tp > hardware.hbm_gb * 1e9 * hardware.mem_util:

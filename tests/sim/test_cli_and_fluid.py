@@ -72,3 +72,26 @@ def test_sim_command_prints_a_summary_and_writes_records(
     assert 0 < summary["fraction_of_fluid"] <= 1.05
     assert len((tmp_path / "out/metrics.jsonl").read_text().splitlines()) == 12
     assert (tmp_path / "out/plots/pools.png").stat().st_size > 1000
+
+
+def test_sim_command_takes_colocate_groups_and_says_what_a_small_cluster_needs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pivotflow.errors import ConfigError
+
+    ap = argparse.ArgumentParser()
+    add_sim_parser(ap.add_subparsers(dest="command"))
+    w2 = str(ROOT / "bench/workloads/cpu_tiny_longtail_w2.toml")
+    args = ap.parse_args(["sim", w2, "--planner", "static", "--colocate", "genrm+trainer",
+                          "--split", "1,1,0", "--steps", "4"])
+    assert run_sim(args) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["planner"] == "static" and summary["steps"] == 4
+    assert summary["shifts"] >= 4  # the shared worker judged, then trained, each step
+    with pytest.raises(ConfigError, match="2 workers for 3 pools: give --split"):
+        run_sim(ap.parse_args(["sim", w2]))
+    with pytest.raises(ConfigError, match="only the static planner takes pool groups"):
+        run_sim(ap.parse_args(["sim", w2, "--colocate", "genrm+trainer", "--split", "1,1,0"]))
+    with pytest.raises(ConfigError, match="'judge' is not a pool"):
+        run_sim(ap.parse_args(["sim", w2, "--planner", "static", "--colocate", "judge+trainer",
+                               "--split", "1,1,0"]))

@@ -47,6 +47,24 @@ def test_backpressure_shifts_cost_what_the_cost_model_says(tiny_workload: Worklo
         assert s["warmup_s"] == cost.hw.engine_start_s > 0  # the engine's start, in the load
 
 
+def test_pools_may_start_empty_under_planners_that_fill_them(tiny_workload: Workload) -> None:
+    from pivotflow.planner import make_planner
+
+    with pytest.raises(ConfigError, match="leaves genrm without a worker"):
+        simulate(tiny_workload, "static", Split(4, 0, 4))
+    with pytest.raises(ConfigError, match="leaves rollout\\+genrm without a worker"):
+        simulate(tiny_workload, make_planner("static", [("rollout", "genrm"), ("trainer",)]),
+                 Split(0, 0, 8))
+    # the rollout workers judge in phases; the backpressure planner fills the empty judge pool
+    shared = simulate(tiny_workload, make_planner("static", [("rollout", "genrm"), ("trainer",)]),
+                      Split(4, 0, 4), steps=3)
+    moved = simulate(tiny_workload, "backpressure", Split(4, 0, 4), steps=3)
+    for r in (shared, moved):
+        assert r.samples == 3 * tiny_workload.samples_per_step
+        assert any(s["to"] == "genrm" for s in r.shifts)
+    assert all(s["from"] != "trainer" and s["to"] != "trainer" for s in shared.shifts)
+
+
 def test_a_split_that_does_not_fill_the_cluster_is_refused(tiny_workload: Workload) -> None:
     with pytest.raises(ConfigError, match="does not fill"):
         simulate(tiny_workload, "static", Split(4, 2, 1))

@@ -82,8 +82,12 @@ def test_scaling_keeps_work_per_gpu() -> None:
     w = load_workload(BASE)
     big = w.scaled(1024)
     assert big.gpus == 1024 and big.prompts_per_step == w.prompts_per_step * 8
-    with pytest.raises(ConfigError, match="--gpus 2"):
-        w.scaled(2)
+    assert w.scaled(2).gpus == 2  # one worker generating, one training: planners that move
+    with pytest.raises(ConfigError, match="--gpus 1 .* room for 2 workers"):
+        w.scaled(1)
+    with pytest.raises(ConfigError, match="--gpus 129 must be a multiple"):
+        load_workload(BASE.with_name("dense32b_judge32b.toml")).scaled(129)
+
 
 
 def test_the_cpu_calibration_workload_uses_measured_costs() -> None:
