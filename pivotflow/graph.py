@@ -18,9 +18,11 @@ import inspect
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
-from pivotflow.errors import GraphError
+from pivotflow.errors import GraphError, TaskError
+from pivotflow.tasks.datasets import PromptTable, load_prompt_file
 
 NodeKind = Literal["source", "generate", "judge", "map", "group", "filter", "train"]
 
@@ -110,12 +112,7 @@ def _tool_options(node: str, where: str, tools: Iterable[Any], max_turns: int, p
 
 
 def _prompt_table(name: str, where: str, path: str, prompt_key: str,
-                  answer_key: str | None) -> Any:
-    from pathlib import Path
-
-    from pivotflow.errors import TaskError
-    from pivotflow.tasks.datasets import load_prompt_file
-
+                  answer_key: str | None) -> PromptTable:
     file = Path(path)
     if not file.is_absolute() and not file.exists():
         beside = Path(where.rsplit(":", 1)[0]).parent / file  # beside the graph file

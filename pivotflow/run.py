@@ -70,9 +70,6 @@ def plan_workers(graph: Graph, cfg: RunConfig, total: int | None) -> dict[str, s
     sizes.update(cfg.pools)
     if cfg.planner == "colocated":
         sizes = {name: (sum(sizes.values()) if name == order[0] else 0) for name in sizes}
-    for name, n in sizes.items():
-        if n < 0:
-            raise ConfigError(f"pool {name!r} has {n} workers")
     for group in groups if not elastic else []:
         if sum(sizes.get(p, 0) for p in group) == 0:
             what = f"pool {group[0]!r}" if len(group) == 1 else f"colocate group {'+'.join(group)}"
