@@ -78,8 +78,12 @@ def _shift_cost(ctl: Controller) -> float:
             recent.append(r.total_s)
             if len(recent) == SHIFT_COST_WINDOW:
                 break
-    if not recent:  # start-up loads are no guide (imports, all workers at once): a prior
-        return SHIFT_COST_PRIOR_S
+    if not recent:
+        # Start-up loads overstate a shift (imports, every worker at once), so they only raise
+        # the prior: a move must not assume 0.1 s where loading a role took seconds (128
+        # simulated GPUs: 3.3 s; moves at 0.1 s made 364 shifts in 6 steps)
+        loads = sorted(ctl.shifts.first_loads)
+        return max(SHIFT_COST_PRIOR_S, loads[len(loads) // 2] if loads else 0.0)
     recent.reverse()  # add in the order of the records, as a plain sum over them would
     return sum(recent) / len(recent)
 

@@ -54,6 +54,9 @@ class ShiftManager:
         self.done: list[ShiftRecord] = []
         self.active: dict[str, ShiftRecord] = {}
         self.migrations = 0
+        # the role loads that were no shift (start-up, a replacement): a floor for a shift's
+        # cost before any shift is measured
+        self.first_loads: list[float] = []
 
     def shift(self, worker_id: str, to_pool: str, reason: str = "") -> ShiftRecord:
         """Move ``worker_id`` to ``to_pool``; raises ConfigError for a move it cannot make."""
@@ -104,6 +107,7 @@ class ShiftManager:
     def on_ready(self, worker_id: str, msg: RoleReady) -> None:
         rec = self.active.pop(worker_id, None)
         if rec is None:
+            self.first_loads.append(msg.load_s)
             return
         rec.release_s, rec.load_s, rec.warmup_s = msg.release_s, msg.load_s, msg.warmup_s
         rec.total_s = self.ctl.clock.now() - self.ctl.started_at - rec.started_s

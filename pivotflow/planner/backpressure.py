@@ -174,6 +174,8 @@ class BackpressurePlanner:
         for src in view.pools.values():
             if not src.measured:  # no move on a borrowed rate
                 continue
+            if src.role == "train" and src.queued:
+                continue  # its ready step is being sized (_size_trainers): its workers stay
             # the last ready worker not moved yet and out of its cooldown
             worker = next((w for w in reversed(src.ready) if w not in taken
                            and view.now_s - view.last_shift_s.get(w, -math.inf) > cooldown),

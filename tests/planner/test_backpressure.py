@@ -153,6 +153,16 @@ def test_trainers_are_not_sized_on_borrowed_rates() -> None:
     assert BackpressurePlanner().decide(borrowed) == []
 
 
+def test_a_ready_step_keeps_its_trainers() -> None:
+    # the batch is ready and the rollout has 40 s of work on one worker: the bound says move
+    # every trainer to the rollout, but the step would then start with none (and pull one
+    # back next interval). It starts with its trainers; they may move when it is over.
+    assert BackpressurePlanner().decide(pipeline((1, 400, 400), (1, 400, 200), (3, 64, 64))) \
+        == []
+    moves = BackpressurePlanner().decide(pipeline((1, 400, 400), (1, 400, 200), (3, 64, 0)))
+    assert {m.from_pool for m in moves} == {"trainer"}  # no batch waiting: they go
+
+
 def test_no_trainers_join_a_step_whose_batch_is_not_ready() -> None:
     moves = BackpressurePlanner().decide(pipeline((2, 0, 0), (1, 5, 5), (1, 64, 0)))
     assert all(m.to_pool != "trainer" for m in moves)

@@ -10,16 +10,28 @@ from pivotflow.sim.workload import Workload, parse_workload
 BASE = Path(__file__).parents[2] / "bench/workloads/dense7b_judge7b.toml"
 
 
-def tiny(**workload: object) -> Workload:
-    """The 7B+7B workload shrunk to 8 GPUs and short responses, so a run takes well under 1s."""
+def tiny(hardware: dict[str, object] | None = None, **workload: object) -> Workload:
+    """The 7B+7B workload shrunk to 8 GPUs and short responses, so a run takes well under 1s.
+    ``hardware`` overrides ``[hardware]`` figures (``FAST_SHIFTS``: shifts that pay on steps
+    of a few seconds; the file's take ~2.6 s, as long as a step)."""
     data = tomllib.loads(BASE.read_text())
     data["workload"].update(gpus=8, prompts_per_step=8, group_size=4, steps=4)
     data["workload"].update(workload)
+    data["hardware"].update(hardware or {})
     data["response"].update(median_tokens=200, cap_tokens=1000)
     data["judge"].update(template_tokens=50, verdict_tokens=16)
     return parse_workload(data, "tiny.toml")
 
 
+FAST_SHIFTS = {"engine_start_s": 0.05, "load_gb_s": 2000.0, "release_s": 0.01}
+
+
 @pytest.fixture
 def tiny_workload() -> Workload:
     return tiny()
+
+
+@pytest.fixture
+def fast_shift_workload() -> Workload:
+    """``tiny_workload`` with shifts that pay on its steps of a few seconds."""
+    return tiny(FAST_SHIFTS)

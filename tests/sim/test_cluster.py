@@ -35,16 +35,24 @@ def test_starving_a_pool_is_slower_and_under_the_fluid_bound(tiny_workload: Work
     assert good.samples_per_s <= fluid_bound(tiny_workload)["samples_per_s"] * 1.05
 
 
-def test_backpressure_shifts_cost_what_the_cost_model_says(tiny_workload: Workload) -> None:
-    r = simulate(tiny_workload, "backpressure", Split(1, 1, 6), steps=4)
-    assert r.samples == 4 * tiny_workload.samples_per_step
+def test_backpressure_shifts_cost_what_the_cost_model_says(fast_shift_workload: Workload) -> None:
+    fast = fast_shift_workload
+    r = simulate(fast, "backpressure", Split(1, 1, 6), steps=4)
+    assert r.samples == 4 * fast.samples_per_step
     assert r.shifts, "the planner should move workers off an oversized trainer pool"
-    cost = CostModel(tiny_workload)
-    fastest = min(cost.load_s(role, tiny_workload.policy) for role in ("generate", "train"))
+    cost = CostModel(fast)
+    fastest = min(cost.load_s(role, fast.policy) for role in ("generate", "train"))
     for s in r.shifts:
         assert s["load_s"] >= fastest * 0.99
         assert s["total_s"] >= s["load_s"]
         assert s["warmup_s"] == cost.hw.engine_start_s > 0  # the engine's start, in the load
+
+
+def test_no_move_is_made_that_a_start_up_load_says_cannot_pay(tiny_workload: Workload) -> None:
+    # the same oversized trainer pool with shifts as long as a step (2.6 s: the role loads at
+    # start-up say so before any shift is measured): moving a worker cannot pay in 4 steps
+    r = simulate(tiny_workload, "backpressure", Split(1, 1, 6), steps=4)
+    assert r.shifts == []
 
 
 def test_pools_may_start_empty_under_planners_that_fill_them(tiny_workload: Workload) -> None:

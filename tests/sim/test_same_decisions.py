@@ -43,9 +43,9 @@ def test_the_simulator_drives_the_real_controller() -> None:
     assert cluster.Controller is Controller
 
 
-def test_simulated_decisions_replay_from_their_views(tiny_workload: Workload) -> None:
+def test_simulated_decisions_replay_from_their_views(fast_shift_workload: Workload) -> None:
     rec = RecordingPlanner(BackpressurePlanner())
-    r = simulate(tiny_workload, rec, Split(1, 1, 6), steps=4)
+    r = simulate(fast_shift_workload, rec, Split(1, 1, 6), steps=4)
     made = [m for _, moves in rec.log for m in moves]
     assert made and r.decisions == len(made)
     assert replay(rec.log) == [moves for _, moves in rec.log]
