@@ -36,10 +36,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pivotflow.config import RunConfig
 from pivotflow.planner import PLANNERS, make_planner, parse_groups
-from pivotflow.sim.cluster import SimResult, Split, simulate
+from pivotflow.run import plan_workers
+from pivotflow.sim.cluster import POOLS, SimResult, Split, sim_graph, simulate
 from pivotflow.sim.fluid import fluid_bound, rank_splits
-from pivotflow.sim.workload import load_workload
+from pivotflow.sim.workload import Workload, load_workload
 
 HERE = Path(__file__).parent
 
@@ -149,8 +151,7 @@ def calibrate(path: str, real: dict[str, list[float]],
                        for name, (groups, split) in static_deployments(workers).items()
                        if static_tried is None or name in static_tried)
         else:
-            split = Split(workers, 0, 0) if planner == "colocated" else _spread(workers)
-            rate = _steady(simulate(wl, planner, split))
+            rate = _steady(simulate(wl, planner, _started_as_run(wl, planner, workers)))
         measured = sum(runs) / len(runs)
         out["planners"][planner] = {
             "simulated": round(rate, 2),
@@ -167,13 +168,13 @@ def _steady(r: SimResult) -> float:
     return sum(x["samples"] for x in recs[1:]) / (recs[-1]["time_s"] - recs[0]["time_s"])
 
 
-def _spread(workers: int) -> Split:
-    """``--workers N`` as pivotflow run spreads it: one a pool in pipeline order, the rest to
-    the generate pools in turn."""
-    sizes = [0, 0, 0]
-    for i in range(workers):
-        sizes[i if i < 3 else (i - 3) % 2] += 1
-    return Split(*sizes)
+def _started_as_run(wl: Workload, planner: str, workers: int) -> Split:
+    """The split ``pivotflow run --workers N --set planner=P`` starts the graph with (its own
+    ``plan_workers``: one a pool in pipeline order, the rest to the generate pools; colocated
+    all in the first pool)."""
+    graph = sim_graph(wl, Split(1, 1, 1))  # the pools only; plan_workers sizes them
+    placed = plan_workers(graph, RunConfig(planner=planner), workers).values()
+    return Split(**{p: sum(1 for q in placed if q == p) for p in POOLS})
 
 
 def static_deployments(workers: int) -> dict[str, tuple[list[tuple[str, ...]], Split]]:
