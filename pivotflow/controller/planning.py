@@ -122,7 +122,8 @@ def planner_view(ctl: Controller) -> PlannerView:
                     if secs > 0)
     pools[tpool] = PoolView(tpool, _movable(ctl, tpool), len(ctl.pools[tpool].workers),
                             untrained, _rate(ctl, tpool, busy_now), "train", running or queued,
-                            rate_by_size=by_size)
+                            rate_by_size=by_size, batch=batch, step_running=running > 0,
+                            busy_share=ctl.training.busy_share(now))
     rates = [p.per_worker_rate for p in pools.values() if p.per_worker_rate > 0]
     # Before the first optimizer step no rate counts as measured: on a long tail only the short
     # sequences have finished, so completions per busy second read far too low (bounds of 1e5

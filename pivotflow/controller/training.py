@@ -54,6 +54,8 @@ class TrainSteps:
         self.planned_for = -1  # the step the planner was last asked to size the trainers for
         self.batch_samples = 0  # samples in ``batch`` (the planner asks every interval)
         self.by_size: dict[int, tuple[int, float]] = {}  # trainers -> (samples, step seconds)
+        self.first_started_at: float | None = None  # the run's first step began then
+        self.stepping_s = 0.0  # seconds some step ran since (the planner's trainer busy share)
 
     @property
     def in_flight(self) -> bool:
@@ -94,6 +96,8 @@ class TrainSteps:
         self.batch, self.waiting, self.rank0_msg = batch, set(order), None
         self.batch_samples = len(seqs)
         self.started_at = ctl.clock.now()
+        if self.first_started_at is None:
+            self.first_started_at = self.started_at
         rendezvous = os.path.join(self.rendezvous_dir, f"trainers-epoch{self.epoch}")
         total_tokens = sum(valid_tokens(s) for s in seqs)
         total_seqs = sum(1 for s in seqs if valid_tokens(s) > 0)
@@ -121,6 +125,7 @@ class TrainSteps:
         batch, self.batch, self.batch_samples = self.batch, None, 0
         # the pool's rate for the planner: samples per busy trainer-second
         took = ctl.clock.now() - self.started_at
+        self.stepping_s += took
         done = sum(len(g) for g in batch)
         ctl.pool_busy_s[self.pool] += took * len(self.members)
         ctl.pool_done[self.pool] += done
@@ -144,6 +149,13 @@ class TrainSteps:
         self.batch_samples = 0
         self.members, self.member_roles = [], []
         return blocked
+
+    def busy_share(self, now: float) -> float:
+        """Share of the time since the first step began that a step was running (0 before)."""
+        if self.first_started_at is None or now <= self.first_started_at:
+            return 0.0
+        running = now - self.started_at if self.batch is not None else 0.0
+        return min(1.0, (self.stepping_s + running) / (now - self.first_started_at))
 
     def samples(self) -> list[Sample]:
         return [s for group in self.batch or [] for s in group]

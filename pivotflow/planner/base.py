@@ -32,6 +32,11 @@ class PoolView:
     # engine's batch); 0 where unknown.
     inflight: int = 0
     slots: int = 0
+    # The trainer pool: samples one optimizer step takes, and whether the step is running now
+    # (``queued`` is then its batch; workers that join now serve only the next step).
+    batch: int = 0
+    step_running: bool = False
+    busy_share: float = 0.0  # the trainer pool: share of the time a step has been running
 
 
 @dataclass(slots=True, frozen=True)

@@ -92,10 +92,46 @@ def test_a_ready_batch_with_no_trainer_gets_one_at_once() -> None:
     # generation is done; the batch waits and the trainer pool is empty
     moves = BackpressurePlanner().decide(pipeline((2, 0, 0), (1, 0, 0), (0, 64, 64)))
     assert moves[0].to_pool == "trainer" and "no worker" in moves[0].reason
-    # and idle workers join in the same breath while each pays: 2 trainers take 0.16 s
-    # instead of 0.32 s (saves more than 1.5 shifts); a third would save only 0.053 s
-    assert [m.to_pool for m in moves] == ["trainer"] * 2
+    # and the idle workers join in the same breath: they load side by side, so the step
+    # waits one shift for all of them (3 trainers: 0.107 + 0.05 s, against 0.32 + 0.05 s
+    # alone), though the third alone saves only 0.053 s, less than a shift
+    assert [m.to_pool for m in moves] == ["trainer"] * 3
     assert "batch ready: 2 trainers" in moves[1].reason
+    assert "batch ready: 3 trainers" in moves[2].reason
+    assert all(m.reason.endswith("0.370s -> 0.157s") for m in moves[1:])
+
+
+def tail_view(busy_share: float) -> PlannerView:
+    """A ready 10 s step on 16 trainers (5 samples/s each, shifts cost 1 s); the rollout in its
+    tail (40 sequences on 8 workers of 64 slots: packed at an eighth, 5 workers hold them),
+    the judge with 90 samples to come; the trainer pool stepped ``busy_share`` of the time."""
+    view = pipeline((8, 40, 40), (8, 90, 10), (16, 1600, 800), cost=1.0)
+    pools = dict(view.pools)
+    pools["rollout"] = replace(pools["rollout"], inflight=40, slots=64)
+    pools["genrm"] = replace(pools["genrm"], inflight=10, slots=64)
+    pools["trainer"] = replace(pools["trainer"], per_worker_rate=5.0, batch=800,
+                               busy_share=busy_share)
+    return replace(view, pools=pools)
+
+
+def test_a_step_is_lent_workers_together_when_one_alone_would_not_pay() -> None:
+    # one more trainer saves 10 - 800/85 = 0.59 s, less than the 1.5 s a move must save;
+    # several together (they load side by side, the step waits one shift) save seconds
+    moves = BackpressurePlanner().decide(tail_view(busy_share=0.2))
+    lent = [m for m in moves if "batch ready" in m.reason]
+    assert len(lent) > 2 and all(m.to_pool == "trainer" for m in lent)
+    # a step that ran a fifth of the time is not what the run waits for: the rollout's
+    # tail is not packed to lend (it would slow every sequence in it); the judge lends
+    assert {m.from_pool for m in lent} == {"genrm"}
+
+
+def test_a_tail_is_packed_to_lend_only_while_the_steps_are_the_bottleneck() -> None:
+    lent = [m for m in BackpressurePlanner().decide(tail_view(busy_share=0.6))
+            if "batch ready" in m.reason]
+    from_rollout = [m for m in lent if m.from_pool == "rollout"]
+    # packed to 5 workers (40 sequences at an eighth of 64 slots), never below
+    assert 0 < len(from_rollout) <= 3
+
 
 
 def test_workers_lent_to_a_step_go_back_where_they_came_from_when_it_is_over() -> None:
