@@ -61,7 +61,7 @@ def pool_rate(pool: PoolView, workers: int) -> float:
     return r * workers / n
 
 
-BOTTLENECK_SHARE = 1 / 3  # a trainer pool stepping more than this share of the time counts
+BOTTLENECK_SHARE = 1 / 3  # steps running at least this share of the time are the bottleneck
 TAIL_FILL = 0.125  # share of a worker's slots the tail's sequences may be packed into
 
 
@@ -132,7 +132,7 @@ def makespan(view: PlannerView, sizes: dict[str, int]) -> float:
                      if p.role == "train")
 
 
-def step_time(view: PlannerView, pool: PoolView, workers: int) -> float:
+def step_time(pool: PoolView, workers: int) -> float:
     """Seconds of the trainer pool's ready step on ``workers`` trainers (its batch alone)."""
     work = pool.batch or pool.queued
     return work / max(pool_rate(pool, max(workers, 1)), 1e-9)
@@ -147,15 +147,15 @@ def lending_bound(view: PlannerView, trainer: PoolView, sizes: dict[str, int]) -
     balances the two only slows that generation (a makespan that added the two lent 17 of 46
     simulated rollout workers to a step and made the next step 22% slower)."""
     # A tail's sequences may be packed onto fewer workers (``tail_workers``) only while the
-    # steps are the bottleneck (a step runs most of the time): packing slows every sequence
-    # of the tail a little (long contexts; a MoE reads more experts at a larger batch), which
-    # pays only when the step it shortens is what the run waits for (simulated at 128 GPUs:
-    # dense32b, steps running 65% of the time, 13.8 -> 17.2 samples/s with packing; MoE,
-    # 30%, 53.0 -> 48.5). A tail drains no faster than its longest sequences, so a drain time
+    # steps are the bottleneck (``BOTTLENECK_SHARE``): packing slows every sequence of the
+    # tail a little (long contexts; a MoE reads more experts at a larger batch), which pays
+    # only when the step it shortens is what the run waits for (simulated at 128 GPUs:
+    # dense32b, steps running ~60% of the time, 13.8 -> 17.2 samples/s with packing; MoE,
+    # ~22%, 53.0 -> 48.5). A tail drains no faster than its longest sequences, so a drain time
     # from the mean rate (4 s for 534 such) is not trusted below that either.
     bottleneck = trainer.busy_share >= BOTTLENECK_SHARE
     n = sizes[trainer.name]
-    step = step_time(view, trainer, n) + (view.shift_cost_s if n > trainer.workers else 0.0)
+    step = step_time(trainer, n) + (view.shift_cost_s if n > trainer.workers else 0.0)
     gen = 0.0
     for name, p in view.pools.items():
         if p.role == "train" or p.remaining == 0:

@@ -133,7 +133,6 @@ def test_a_tail_is_packed_to_lend_only_while_the_steps_are_the_bottleneck() -> N
     assert 0 < len(from_rollout) <= 3
 
 
-
 def test_workers_lent_to_a_step_go_back_where_they_came_from_when_it_is_over() -> None:
     planner = BackpressurePlanner()
     # a batch is ready: idle generate workers join the trainer for this step
