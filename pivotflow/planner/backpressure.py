@@ -220,6 +220,7 @@ class BackpressurePlanner:
         lenders = set(self.lent.values())
         while block := self._best_move(view, sizes, taken):
             for move in block:
+                # (a trainer that moves in is not owed back: each step is lent its own)
                 if move.to_pool in lenders and view.pools[move.from_pool].role != "train":
                     self.stand_ins[move.worker] = (move.from_pool, move.to_pool)
                 moves.append(move)
