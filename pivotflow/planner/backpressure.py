@@ -30,9 +30,7 @@ step wherever it runs, and at an eighth of a batch a decode step is still its fi
 (weights read on a GPU, the engine's base on a CPU), so the rest only spread small batches thinner
 and may go where work waits (their sequences migrate; simulated dense32b at 128 GPUs: 16.4 ->
 17.6 samples/s, the other three groups unchanged; packing to half the slots instead cost them
-3-7%: at larger batches the per-sequence terms of a decode step count). Packing slows each of the
-tail's sequences a little, so a tail is packed only while the steps are the bottleneck
-(``BOTTLENECK_SHARE``), for a step and for any other move.
+3-7%: at larger batches the per-sequence terms of a decode step count).
 
 The trainer pool's rate is taken per size where it has trained at that size
 (``PoolView.rate_by_size``): data parallel is far from linear on small batches (on 2 CPU cores
@@ -240,14 +238,9 @@ class BackpressurePlanner:
         best_gain = view.shift_cost_s * (1 + self.hysteresis)
         cooldown = self.cooldown_costs * view.shift_cost_s
         block = max(1, round(sum(sizes.values()) * BLOCK_SHARE))
-        # (no trainer pool in view, nothing says the steps are not the bottleneck)
-        bottleneck = all(p.busy_share >= BOTTLENECK_SHARE for p in view.pools.values()
-                         if p.role == "train")
         for src in view.pools.values():
             if not src.measured:  # no move on a borrowed rate
                 continue
-            if tail_workers(src) and not bottleneck:
-                continue  # packing a tail pays only while the steps are the bottleneck
             if src.role == "train" and src.queued:
                 continue  # its ready step is being sized (_size_trainers): its workers stay
             # the last ready workers not moved yet and out of their cooldown
