@@ -346,3 +346,27 @@ def test_stand_ins_for_lent_workers_go_home_with_them() -> None:
     assert {(m.worker, m.to_pool) for m in back} >= {
         ("w12", "genrm"), ("w3", "rollout"), ("w2", "rollout")}
     assert not planner.lent and not planner.stand_ins
+
+
+@pytest.mark.parametrize("lender, busy_share, gives", [
+    (True, 0.2, False), (True, 0.6, True), (False, 0.2, True)])
+def test_a_tail_stands_in_for_lent_workers_only_while_the_steps_are_the_bottleneck(
+        lender: bool, busy_share: float, gives: bool) -> None:
+    # the rollout tail of test_a_rollout_tail_lets_go_workers_that_only_thin_its_batches and a
+    # judge with a backlog. While judge workers are lent to a step, rollout workers moved in
+    # would only stand in for them until they are back: packing the tail for that slows each of
+    # its sequences, which pays only when the steps are what the run waits for (a trainer
+    # pool stepping ``busy_share`` of the time). A judge that lent none gets them whatever
+    # the steps' share.
+    planner = BackpressurePlanner()
+    if lender:
+        planner.lent["w9"] = "genrm"
+    v = PlannerView(now_s=100.0, pools={
+        "rollout": PoolView("rollout", ["w0", "w1", "w2", "w3"], 4, 40, 1.0, queued=40,
+                            inflight=40, slots=512),
+        "genrm": PoolView("genrm", ["w4"], 1, 440, 20.0, queued=400),
+        "trainer": PoolView("trainer", [], 2, 440, 200.0, "train", 64, batch=64,
+                            step_running=True, busy_share=busy_share)},
+        shift_cost_s=0.1)
+    moves = planner.decide(v)
+    assert any(m.from_pool == "rollout" for m in moves) is gives
