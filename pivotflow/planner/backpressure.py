@@ -217,8 +217,8 @@ class BackpressurePlanner:
             moves.append(move)
             taken.add(move.worker)
             sizes = moved(sizes, move.from_pool, move.to_pool)
-        lenders = set(self.lent.values())
-        while block := self._best_move(view, sizes, taken):
+        lenders = set(self.lent.values())  # (the moves below lend nothing)
+        while block := self._best_move(view, sizes, taken, lenders):
             for move in block:
                 # (a trainer that moves in is not owed back: each step is lent its own)
                 if move.to_pool in lenders and view.pools[move.from_pool].role != "train":
@@ -228,19 +228,19 @@ class BackpressurePlanner:
                 sizes = moved(sizes, move.from_pool, move.to_pool)
         return moves
 
-    def _best_move(self, view: PlannerView, sizes: dict[str, int],
-                   taken: set[str]) -> list[Move]:
+    def _best_move(self, view: PlannerView, sizes: dict[str, int], taken: set[str],
+                   lenders: set[str]) -> list[Move]:
         """The move of one block of workers (``BLOCK_SHARE`` of the cluster, at least one)
         from a pool to another that lowers the bound the most, by more than ``hysteresis`` over
         a shift; empty when none does. The workers of a block load side by side, so the bound
         pays one shift for the block: moved one at a time, a worker of a large cluster saves
-        less than a shift and none ever moves."""
+        less than a shift and none ever moves. ``lenders``: the pools with workers lent to a
+        step (``decide`` takes them once for all the blocks of an interval)."""
         now = makespan(view, sizes)
         best: list[Move] = []
         best_gain = view.shift_cost_s * (1 + self.hysteresis)
         cooldown = self.cooldown_costs * view.shift_cost_s
         block = max(1, round(sum(sizes.values()) * BLOCK_SHARE))
-        lenders = set(self.lent.values())
         bottleneck = all(p.busy_share >= BOTTLENECK_SHARE for p in view.pools.values()
                          if p.role == "train")
         for src in view.pools.values():
