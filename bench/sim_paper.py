@@ -95,6 +95,7 @@ def run_group(
 def summarize(name: str, gpus: int, fluid: dict[str, float], rows: list[dict[str, Any]]) -> dict:
     """One group's comparison from its runs (any planner may be missing: None)."""
     f = fluid["samples_per_s"]
+    nc = fluid["nonclairvoyant_samples_per_s"]
     static = [r for r in rows if r["planner"] == "static"]
     best = max(static, key=lambda r: r["samples_per_s"]) if static else None
     bp = next((r for r in rows if r["planner"] == "backpressure"), None)
@@ -121,6 +122,17 @@ def summarize(name: str, gpus: int, fluid: dict[str, float], rows: list[dict[str
         "fraction_of_fluid": {
             k: None if r is None else round(r["samples_per_s"] / f, 4)
             for k, r in (("backpressure", bp), ("best_static", best), ("colocated", colo))
+        },
+        "fraction_of_nonclairvoyant": {
+            k: None if r is None else round(r["samples_per_s"] / nc, 4)
+            for k, r in (("backpressure", bp), ("best_static", best), ("colocated", colo))
+        },
+        # The most any planner could reach over each baseline: a bound over its simulated rate
+        # (an aim above one of these asks for more than a perfect scheduler does)
+        "ceilings": {
+            f"{bound}_over_{k}": None if r is None else round(v / r["samples_per_s"], 4)
+            for bound, v in (("fluid", f), ("nonclairvoyant", nc))
+            for k, r in (("best_static", best), ("colocated", colo))
         },
         "shift_s": {
             "backpressure_mean": None if bp is None else bp["shift_s_mean"],
@@ -159,6 +171,16 @@ def calibrate(path: str, real: dict[str, list[float]],
             "measured_runs": [round(x, 2) for x in runs],
             "error": round(rate / measured - 1, 3),
         }
+    # What a perfect scheduler could reach on this workload, over each simulated baseline
+    fluid = fluid_bound(wl)
+    keys = {"fluid": "samples_per_s", "nonclairvoyant": "nonclairvoyant_samples_per_s"}
+    out["bounds"] = {key: round(fluid[key], 2) for key in keys.values()}
+    out["ceilings"] = {
+        f"{bound}_over_{planner}": round(fluid[key] / got["simulated"], 4)
+        for bound, key in keys.items()
+        for planner, got in out["planners"].items()
+        if planner != "backpressure"
+    }
     return out
 
 
@@ -216,6 +238,20 @@ def real_rates(sets: str, files: list[str]) -> dict[str, list[float]]:
     return real
 
 
+def resummarize(args: argparse.Namespace) -> list[str]:
+    """Rewrite ``args.out``'s group summaries from the runs stored in it, with the bounds of
+    the workload files as they are now (for keys added since the runs were made); returns the
+    groups rewritten."""
+    paths = {load_workload(p).name: p for p in glob.glob(args.workloads)}
+    groups = json.loads(args.out.read_text())["results"]
+    out = []
+    for g in groups:
+        fluid = fluid_bound(load_workload(paths[g["workload"]]).scaled(g["gpus"]))
+        out.append(summarize(g["workload"], g["gpus"], fluid, g["runs"]))
+    args.out.write_text(json.dumps({"results": out}, indent=1) + "\n")
+    return [f"{g['workload']}@{g['gpus']}" for g in out]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default=str(HERE / "workloads" / "*.toml"))
@@ -231,7 +267,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibrate", default=None, help="a workload file to compare with --real")
     ap.add_argument("--real", default="", help="measured samples/s: planner=rate,...")
     ap.add_argument("--real-json", nargs="*", default=[], help="bench/elastic.py outputs")
+    ap.add_argument(
+        "--resummarize",
+        action="store_true",
+        help="recompute --out's summaries (bounds, ratios) from its stored runs; simulate nothing",
+    )
     args = ap.parse_args(argv)
+    if args.resummarize:
+        if args.out is None:
+            ap.error("--resummarize needs --out")
+        print(json.dumps({"bench": "sim_paper", "resummarized": resummarize(args)}))
+        return 0
     if args.calibrate:
         real = real_rates(args.real, args.real_json)
         got = calibrate(args.calibrate, real, static_tried(args.real_json))
@@ -284,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
                     "backpressure_over_static",
                     "backpressure_over_colocated",
                     "fraction_of_fluid",
+                    "fraction_of_nonclairvoyant",
+                    "ceilings",
                     "shift_s",
                     "sim_wall_s_per_sim_hour",
                 )

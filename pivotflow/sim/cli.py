@@ -103,6 +103,9 @@ def run_sim(args: argparse.Namespace) -> int:
     fluid = fluid_bound(wl)
     summary["fluid_bound"] = round(fluid["samples_per_s"], 4)
     summary["fraction_of_fluid"] = round(result.samples_per_s / fluid["samples_per_s"], 4)
+    nc = fluid["nonclairvoyant_samples_per_s"]  # the bound when lengths are not known ahead
+    summary["nonclairvoyant_bound"] = round(nc, 4)
+    summary["fraction_of_nonclairvoyant"] = round(result.samples_per_s / nc, 4)
     if args.out is not None:
         from pivotflow.sim.plots import plot_pools
 

@@ -6,6 +6,12 @@ Fluid bound: the throughput a perfect scheduler could reach, as the smaller of
 * critical path: each step's longest sequence must be decoded (alone, at batch 1, on its TP
   group), judged, and trained on before the step after next may start, so at most
   ``samples_per_step * (max_staleness + 1)`` samples finish per critical path.
+
+The fluid bound's critical path needs a scheduler that knows which sequence is the longest
+before it ends. The non-clairvoyant bound takes that away and nothing else: a response's
+length is known only at its end, so while ``S`` sequences of a step are unfinished each of
+them may be the longest, and the longest decodes no faster than at the batch of ``S`` spread
+evenly over every policy replica of the cluster (the cluster doing nothing else meanwhile).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class RoleRates:
     genrm: float
     trainer: float
     critical_path_s: float
+    decode_s: float = 0.0  # the longest sequence's decode at batch 1 (in ``critical_path_s``)
 
     def as_dict(self) -> dict[str, float]:
         return {"rollout": self.rollout, "genrm": self.genrm, "trainer": self.trainer}
@@ -97,7 +104,35 @@ def role_rates(wl: Workload) -> RoleRates:
     if measured:
         train = min([n / trainer, *measured])
     path = cost.prefill_s(pol, round(prompt)) + decode + judge + train
-    return RoleRates(rollout, genrm, trainer, path)
+    return RoleRates(rollout, genrm, trainer, path, decode)
+
+
+def nonclairvoyant_decode_s(wl: Workload) -> float:
+    """The longest sequence's decode when no response length is known before its end: at its
+    ``k``-th token every sequence still unfinished decodes one too (any of them may be the
+    longest), spread evenly over every policy replica of the cluster, at least one a replica."""
+    cost = CostModel(wl)
+    pol, g, r = wl.policy, wl.group_gpus, wl.response
+    replicas = _devices(wl) // g * cost.replicas(pol, g)
+    prompt = cost.mean_prompt() + 1  # BOS
+    n = wl.samples_per_step
+    nd = NormalDist()
+    total = 0.0
+    for k in range(math.ceil(expected_max(r, n))):
+        # unfinished after k tokens: P(length > k) of the capped log-normal (k is below the cap)
+        if k == 0 or r.sigma == 0:
+            alive = n if k < r.median else 0.0
+        else:
+            alive = n * (1 - nd.cdf(math.log(k / r.median) / r.sigma))
+        b = max(alive / replicas, 1.0)
+        total += cost.decode(pol, b).step_s(b, b * (prompt + k))
+    return total
+
+
+def _devices(wl: Workload) -> int:
+    """GPUs that can run at once: on a CPU machine the workers share ``cores``."""
+    g = wl.group_gpus
+    return min(wl.gpus, wl.hardware.cores * g) if wl.hardware.cores else wl.gpus
 
 
 def signal_chance(wl: Workload) -> float:
@@ -108,20 +143,24 @@ def signal_chance(wl: Workload) -> float:
 
 
 def fluid_bound(wl: Workload) -> dict[str, float]:
-    """The perfect scheduler's samples/s and the two limits it is the smaller of."""
+    """The perfect scheduler's samples/s and the two limits it is the smaller of; and the
+    same for a scheduler that cannot see response lengths ahead (``nonclairvoyant_*``: the
+    critical path with ``nonclairvoyant_decode_s`` in place of the batch-1 decode)."""
     r = role_rates(wl)
     g = wl.group_gpus
     work_gpu_s = g / r.rollout + g / r.genrm + g / r.trainer
-    # On a CPU machine the workers share its cores: no more than ``cores`` of them run at once.
-    devices = min(wl.gpus, wl.hardware.cores * g) if wl.hardware.cores else wl.gpus
-    work = devices / work_gpu_s
-    path = wl.samples_per_step * (wl.max_staleness + 1) / r.critical_path_s
+    work = _devices(wl) / work_gpu_s
+    per_path = wl.samples_per_step * (wl.max_staleness + 1)
+    path = per_path / r.critical_path_s
+    nc_path_s = r.critical_path_s - r.decode_s + max(r.decode_s, nonclairvoyant_decode_s(wl))
     return {
         "samples_per_s": min(work, path),
         "work_bound": work,
         "critical_path_bound": path,
         "critical_path_s": r.critical_path_s,
         "gpu_s_per_sample": work_gpu_s,
+        "nonclairvoyant_samples_per_s": min(work, per_path / nc_path_s),
+        "nonclairvoyant_critical_path_s": nc_path_s,
     }
 
 

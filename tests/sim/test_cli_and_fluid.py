@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -8,8 +9,15 @@ import pytest
 import tomllib
 
 from pivotflow.sim.cli import add_sim_parser, run_sim
-from pivotflow.sim.fluid import expected_max, fluid_bound, rank_splits, role_rates
-from pivotflow.sim.workload import Workload, load_workload
+from pivotflow.sim.cost_model import CostModel
+from pivotflow.sim.fluid import (
+    expected_max,
+    fluid_bound,
+    nonclairvoyant_decode_s,
+    rank_splits,
+    role_rates,
+)
+from pivotflow.sim.workload import Lengths, Workload, load_workload
 
 ROOT = Path(__file__).parents[2]
 
@@ -70,6 +78,7 @@ def test_sim_command_prints_a_summary_and_writes_records(
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["steps"] == 12 and summary["split"] == {"rollout": 4, "genrm": 2, "trainer": 2}
     assert 0 < summary["fraction_of_fluid"] <= 1.05
+    assert summary["fraction_of_fluid"] <= summary["fraction_of_nonclairvoyant"] <= 1.05
     assert len((tmp_path / "out/metrics.jsonl").read_text().splitlines()) == 12
     assert (tmp_path / "out/plots/pools.png").stat().st_size > 1000
 
@@ -95,3 +104,27 @@ def test_sim_command_takes_colocate_groups_and_says_what_a_small_cluster_needs(
     with pytest.raises(ConfigError, match="'judge' is not a pool"):
         run_sim(ap.parse_args(["sim", w2, "--planner", "static", "--colocate", "judge+trainer",
                                "--split", "1,1,0"]))
+
+
+@pytest.mark.parametrize(
+    "name", ["dense32b_judge32b", "dense7b_judge32b", "dense7b_judge7b", "moe30b_judge30b"]
+)
+def test_a_scheduler_blind_to_lengths_is_bounded_below_the_fluid_bound(name: str) -> None:
+    f = fluid_bound(load_workload(ROOT / f"bench/workloads/{name}.toml"))
+    assert f["nonclairvoyant_critical_path_s"] > f["critical_path_s"]
+    assert f["nonclairvoyant_samples_per_s"] <= f["samples_per_s"]
+    if name.startswith("moe"):  # an MoE step at the survivors' batch reads many more experts
+        assert f["nonclairvoyant_samples_per_s"] < 0.7 * f["samples_per_s"]
+
+
+def test_without_a_length_spread_the_blind_decode_runs_at_the_whole_batch(
+    tiny_workload: Workload,
+) -> None:
+    # every response exactly the median: all 32 decode side by side to their end
+    w = dataclasses.replace(tiny_workload, response=Lengths(200, 1.0, 1000))
+    cost = CostModel(w)
+    prompt = cost.mean_prompt() + 1
+    b = w.samples_per_step / (8 * cost.replicas(w.policy, 1))  # 8 GPUs, one a worker
+    want = sum(cost.decode(w.policy, b).step_s(b, b * (prompt + k)) for k in range(200))
+    assert b > 1
+    assert nonclairvoyant_decode_s(w) == pytest.approx(want)
