@@ -3,9 +3,11 @@
 Lengths and verdicts are pure functions of the job's seed, so a migrated sequence ends where it
 would have on any worker. Payloads are compact: token ids travel as ``bytes`` (the simulator's
 vocabulary has fewer than 256 ids), logprobs and versions as ``array``s. The controller only
-measures, decodes, stores and forwards them (``len``, iteration, ``bytes(ids)`` and ``min``
-behave as on lists), and they cost no Python object per token: a 128-GPU hour holds hundreds
-of thousands of ~2k-token responses.
+measures, decodes, stores and forwards them (``len``, iteration, indexing, ``bytes(ids)`` and
+``min`` behave as on lists), and they cost no Python object per token: a 128-GPU hour holds
+hundreds of thousands of ~2k-token responses. A fresh sequence's logprobs and versions are
+read-only views of one shared run of equal values (every token of it has the same logprob and
+version), so they cost no copy either; a resumed one's are arrays.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pivotflow.sim.workload import Lengths
 
 _INV_CDF = NormalDist().inv_cdf
 _MASK = (1 << 64) - 1
-_NEG_ONE = array("d", (-1.0,))  # the logprob of a simulated token (nothing reads it)
+_LOGPROB = -1.0  # the logprob of a simulated token (nothing reads it)
 
 
 def unit(seed: int, salt: int = 0) -> float:
@@ -48,6 +50,16 @@ class Outputs:
         self._fill = bytes(tok.encode(FILLER)[:1])
         self._eos = bytes([tok.eos_id])
         self._yes, self._no = bytes(tok.encode(":Yes")), bytes(tok.encode(":No"))
+        self._runs: dict[tuple[str, float], memoryview] = {}  # (typecode, value) -> long run
+
+    def _run(self, typecode: str, value: float, n: int) -> memoryview:
+        """A read-only view of ``n`` copies of ``value`` (one shared buffer per value)."""
+        run = self._runs.get((typecode, value))
+        if run is None or len(run) < n:
+            size = max(n, 2 * len(run) if run is not None else 1 << 14)
+            run = memoryview(array(typecode, (value,)) * size).toreadonly()
+            self._runs[(typecode, value)] = run
+        return run[:n]
 
     def result(
         self, job: GenerateJob, new: int, *, final: bool, stop: bool, judge: bool, version: int
@@ -65,11 +77,11 @@ class Outputs:
         else:
             ids += self._fill * new
             reason = "length" if final else "abort"
-        logprobs = _NEG_ONE * new
-        versions = array("l", (version,)) * new
+        logprobs: array[float] | memoryview = self._run("d", _LOGPROB, new)
+        versions: array[int] | memoryview = self._run("l", version, new)
         if job.prefix_ids:  # a resumed sequence: its earlier tokens first
-            logprobs = array("d", job.prefix_logprobs) + logprobs
-            versions = array("l", job.prefix_versions) + versions
+            logprobs = array("d", job.prefix_logprobs) + array("d", logprobs)
+            versions = array("l", job.prefix_versions) + array("l", versions)
         return JobDone(
             job_id=job.job_id,
             token_ids=ids,  # type: ignore[arg-type]  # compact stand-ins (module doc)
