@@ -249,7 +249,21 @@ def resummarize(args: argparse.Namespace) -> list[str]:
         fluid = fluid_bound(load_workload(paths[g["workload"]]).scaled(g["gpus"]))
         out.append(summarize(g["workload"], g["gpus"], fluid, g["runs"]))
     args.out.write_text(json.dumps({"results": out}, indent=1) + "\n")
+    from pivotflow.sim.plots import plot_throughput
+
+    rows = [row for g in out for row in g["runs"]]
+    plot_throughput(rows, Path(f"{args.out.with_suffix('')}_throughput.png"), blind_share(out))
     return [f"{g['workload']}@{g['gpus']}" for g in out]
+
+
+def blind_share(groups: list[dict[str, Any]]) -> dict[tuple[str, int], float]:
+    """(workload, gpus) -> the non-clairvoyant bound over the fluid one, for the plot."""
+    return {
+        (g["workload"], g["gpus"]): g["fluid"]["nonclairvoyant_samples_per_s"]
+        / g["fluid"]["samples_per_s"]
+        for g in groups
+        if "nonclairvoyant_samples_per_s" in g["fluid"]
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         rows = [row for r in everything for row in r["runs"]]
         stem = args.out.with_suffix("")
-        plots["throughput"] = str(plot_throughput(rows, Path(f"{stem}_throughput.png")))
+        plots["throughput"] = str(plot_throughput(rows, Path(f"{stem}_throughput.png"),
+                                                  blind_share(everything)))
         pools_png = Path(f"{stem}_pools.png")
         if keep and not (args.merge and pools_png.exists()):  # the first run's stays
             plots["pools"] = str(plot_pools(keep[0], pools_png))

@@ -37,8 +37,12 @@ def plot_pools(result: SimResult, path: Path) -> Path:
     return path
 
 
-def plot_throughput(rows: list[dict[str, Any]], path: Path) -> Path:
-    """Samples/s (as a fraction of the fluid bound) per workload, planner and GPU count.
+def plot_throughput(
+    rows: list[dict[str, Any]], path: Path, blind: dict[tuple[str, int], float] | None = None
+) -> Path:
+    """Samples/s (as a fraction of the fluid bound) per workload, planner and GPU count, and
+    the bound of a scheduler blind to response lengths (``blind``: (workload, gpus) -> that
+    bound over the fluid one) as a dashed line.
 
     ``rows``: dicts with ``workload``, ``gpus``, ``planner``, ``samples_per_s``, ``fluid``.
     """
@@ -56,6 +60,10 @@ def plot_throughput(rows: list[dict[str, Any]], path: Path) -> Path:
             ]
             pts.sort()
             ax.plot([g for g, _ in pts], [v for _, v in pts], marker="o", label=planner)
+        seen = [(g, blind[(wl, g)]) for g in gpus if blind and (wl, g) in blind]
+        if seen:
+            ax.plot([g for g, _ in seen], [v for _, v in seen], "k--", lw=1,
+                    label="non-clairvoyant bound")
         ax.set_xscale("log", base=2)
         ax.set_xticks(gpus, [str(g) for g in gpus])
         ax.set_ylim(0, 1.05)

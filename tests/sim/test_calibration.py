@@ -54,3 +54,4 @@ def test_resummarize_adds_the_bounds_to_stored_runs_without_simulating(
         nc / old["best_static"], rel=1e-3)
     assert new["fraction_of_nonclairvoyant"]["backpressure"] == pytest.approx(
         old["backpressure"] / nc, rel=1e-3)
+    assert (tmp_path / "results_throughput.png").stat().st_size > 1000  # with the bound drawn
