@@ -16,6 +16,7 @@ evenly over every policy replica of the cluster (the cluster doing nothing else 
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -50,6 +51,8 @@ class RoleRates:
     trainer: float
     critical_path_s: float
     decode_s: float = 0.0  # the longest sequence's decode at batch 1 (in ``critical_path_s``)
+    # (trainers, seconds of one step) where data parallel is measured (a CPU machine)
+    dp_step_s: tuple[tuple[int, float], ...] = ()
 
     def as_dict(self) -> dict[str, float]:
         return {"rollout": self.rollout, "genrm": self.genrm, "trainer": self.trainer}
@@ -95,16 +98,16 @@ def role_rates(wl: Workload) -> RoleRates:
     judge = cost.prefill_s(jud, round(jlen)) + wl.verdict_tokens * kj1.step_s(1, jlen)
     train = n * g / (trainer * wl.gpus)  # the whole cluster trains the step
     step_tokens = round(n * tokens)
-    measured = [  # data parallel as measured (far from linear on a CPU), new groups aside
-        p_sig * t + (1 - p_sig) * t0
+    dp = {  # data parallel as measured (far from linear on a CPU), new groups aside
+        w: p_sig * t + (1 - p_sig) * t0
         for w in range(2, wl.gpus // g + 1)
         if (t := cost.train_world_s(step_tokens, w, True, False)) is not None
         and (t0 := cost.train_world_s(step_tokens, w, False, False)) is not None
-    ]
-    if measured:
-        train = min([n / trainer, *measured])
+    }
+    if dp:
+        train = min([n / trainer, *dp.values()])
     path = cost.prefill_s(pol, round(prompt)) + decode + judge + train
-    return RoleRates(rollout, genrm, trainer, path, decode)
+    return RoleRates(rollout, genrm, trainer, path, decode, tuple(dp.items()))
 
 
 def nonclairvoyant_decode_s(wl: Workload) -> float:
@@ -129,6 +132,33 @@ def nonclairvoyant_decode_s(wl: Workload) -> float:
     return total
 
 
+def data_parallel_work_bound(wl: Workload, r: RoleRates) -> float:
+    """Samples/s with every device busy, steps one at a time. A sample takes ``a`` worker-
+    seconds of generation and judging, and ``t_w`` seconds of a step on ``w`` trainers, which
+    hold ``min(w, devices)`` devices meanwhile. Where data parallel is linear (the GPU cost
+    model) a step spreads over every device and this is the plain work bound; where it is
+    measured (2 CPU trainers run 1.3x one) it is the best mix of step widths: a linear
+    program whose optimum mixes at most two widths, so every pair is tried."""
+    workers = wl.gpus // wl.group_gpus
+    devices = _devices(wl) / wl.group_gpus
+    n = wl.samples_per_step
+    a, t1 = 1 / r.rollout + 1 / r.genrm, 1 / r.trainer
+    widths = [(t1, t1)]  # (step seconds a sample, device-seconds a sample)
+    widths += [(s / n, min(w, devices) * s / n) for w, s in r.dp_step_s]
+    if workers > 1 and workers not in dict(r.dp_step_s):  # the widest linear step
+        widths.append((t1 / workers, min(workers, devices) * t1 / workers))
+    best = math.inf
+    for (ti, ci), (tj, cj) in itertools.product(widths, repeat=2):
+        # a share f of the samples on width j: T(f) = max(trainers' time, devices' time)
+        da, db = tj - ti, (cj - ci) / devices
+        base = (a + ci) / devices
+        shares = [0.0, 1.0]
+        if da != db and 0 < (f := (base - ti) / (da - db)) < 1:
+            shares.append(f)
+        best = min(best, *(max(ti + f * da, base + f * db) for f in shares))
+    return 1 / best
+
+
 def _devices(wl: Workload) -> int:
     """GPUs that can run at once: on a CPU machine the workers share ``cores``."""
     g = wl.group_gpus
@@ -150,16 +180,18 @@ def fluid_bound(wl: Workload) -> dict[str, float]:
     g = wl.group_gpus
     work_gpu_s = g / r.rollout + g / r.genrm + g / r.trainer
     work = _devices(wl) / work_gpu_s
+    dp_work = min(work, data_parallel_work_bound(wl, r))  # (equal where it is linear)
     per_path = wl.samples_per_step * (wl.max_staleness + 1)
     path = per_path / r.critical_path_s
     nc_path_s = r.critical_path_s - r.decode_s + max(r.decode_s, nonclairvoyant_decode_s(wl))
     return {
-        "samples_per_s": min(work, path),
+        "samples_per_s": min(dp_work, path),
         "work_bound": work,
+        "data_parallel_work_bound": dp_work,
         "critical_path_bound": path,
         "critical_path_s": r.critical_path_s,
         "gpu_s_per_sample": work_gpu_s,
-        "nonclairvoyant_samples_per_s": min(work, per_path / nc_path_s),
+        "nonclairvoyant_samples_per_s": min(dp_work, per_path / nc_path_s),
         "nonclairvoyant_critical_path_s": nc_path_s,
     }
 

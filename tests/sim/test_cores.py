@@ -15,6 +15,7 @@ from pivotflow.sim.workload import Workload, load_workload
 from pivotflow.tasks.length_budget import budget_length
 
 CPU = Path(__file__).parents[2] / "bench/workloads/cpu_tiny_longtail.toml"
+CPU_W2 = Path(__file__).parents[2] / "bench/workloads/cpu_tiny_longtail_w2.toml"
 
 
 class Recorder:
@@ -128,3 +129,25 @@ def test_the_fluid_bound_counts_shared_cores_and_measured_data_parallel() -> Non
     lin = dataclasses.replace(w, policy=dataclasses.replace(w.policy, measured=linear))
     # three trainers measured at 1.15x one, not 3x: the step's training takes longer
     assert role_rates(w).critical_path_s > role_rates(lin).critical_path_s + 0.05
+
+
+def test_the_work_bound_mixes_step_widths_where_data_parallel_is_measured() -> None:
+    from pivotflow.sim.fluid import data_parallel_work_bound, fluid_bound, role_rates
+
+    w2 = dataclasses.replace(load_workload(CPU_W2), max_staleness=1)  # 2 workers, 2 cores
+    r = role_rates(w2)
+    (width, step_s), = r.dp_step_s  # 2 trainers measured, about 1.3x one
+    a, t1, t2 = 1 / r.rollout + 1 / r.genrm, 1 / r.trainer, step_s / w2.samples_per_step
+    assert width == 2 and t2 < t1 < 2 * t2
+    # brute force over the share f of samples trained on both workers: the trainers' time
+    # against the two devices' time, the larger one bounds a sample's time
+    best = min(max((1 - f) * t1 + f * t2, (a + (1 - f) * t1 + f * 2 * t2) / 2)
+               for f in (i / 10_000 for i in range(10_001)))
+    got = data_parallel_work_bound(w2, r)
+    assert got == pytest.approx(1 / best, rel=1e-4)
+    f = fluid_bound(w2)
+    assert r.trainer < got < f["work_bound"]  # above one trainer, below linear data parallel
+    assert f["samples_per_s"] == pytest.approx(got)
+    # GPU cost model: data parallel is linear, and the bound is the plain work bound
+    gpu = fluid_bound(load_workload(CPU.parent / "dense7b_judge7b.toml"))
+    assert gpu["data_parallel_work_bound"] == pytest.approx(gpu["work_bound"])
