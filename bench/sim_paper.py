@@ -23,6 +23,12 @@ rate as ``bench/elastic.py`` does (samples after step 1 over the time from step 
 and prints the simulator's prediction error against the mean of the measured figures, with
 their spread.
 
+Each group is also reported against two bounds: the fluid bound and the bound of a scheduler
+that learns a response's length only at its end (``fraction_of_nonclairvoyant``), and
+``ceilings`` says how far over each baseline any planner could go. ``--resummarize --out FILE``
+rewrites FILE's summaries and throughput plot from its stored runs (after a bound changed),
+simulating nothing.
+
 Prints one JSON object as the last line of stdout.
 """
 
