@@ -42,6 +42,9 @@ def test_corruption_is_named(tmp_path: Path, damage, match: str) -> None:  # typ
 
 
 @pytest.mark.slow
+# Two quick bootstraps (build, then rebuild after damage) train both tiny models each time: 220 s
+# on a slow sitting of this 2-core machine (2026-12-02), near the suite's 300 s hang guard.
+@pytest.mark.timeout(900)
 def test_quick_bootstrap_builds_once_reuses_and_rebuilds(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("PIVOTFLOW_CACHE", str(tmp_path))
