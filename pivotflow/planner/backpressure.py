@@ -264,10 +264,7 @@ class BackpressurePlanner:
                     continue
                 if packs and dst.name in lenders:
                     continue
-                trial = sizes
-                for _ in free:
-                    trial = moved(trial, src.name, dst.name)
-                after = makespan(view, trial)
+                after = makespan(view, moved(sizes, src.name, dst.name, len(free)))
                 gain = now - after if after < math.inf else -math.inf
                 if gain > best_gain:
                     best_gain = gain
@@ -407,10 +404,11 @@ class BackpressurePlanner:
         return None
 
 
-def moved(sizes: dict[str, int], src: str, dst: str) -> dict[str, int]:
+def moved(sizes: dict[str, int], src: str, dst: str, n: int = 1) -> dict[str, int]:
+    """``sizes`` with ``n`` workers moved from ``src`` to ``dst`` (a new dict)."""
     after = dict(sizes)
-    after[src] -= 1
-    after[dst] += 1
+    after[src] -= n
+    after[dst] += n
     return after
 
 
