@@ -113,6 +113,11 @@ def summarize(name: str, gpus: int, fluid: dict[str, float], rows: list[dict[str
     def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
         return None if a is None or b is None else round(a["samples_per_s"] / b["samples_per_s"], 4)
 
+    def share(r: dict[str, Any] | None, bound: float) -> float | None:
+        return None if r is None else round(r["samples_per_s"] / bound, 4)
+
+    planners = {"backpressure": bp, "best_static": best, "colocated": colo}
+
     return {
         "workload": name,
         "gpus": gpus,
@@ -125,21 +130,9 @@ def summarize(name: str, gpus: int, fluid: dict[str, float], rows: list[dict[str
         "backpressure": rate(bp),
         "backpressure_over_static": ratio(bp, best),
         "backpressure_over_colocated": ratio(bp, colo),
-        "fraction_of_fluid": {
-            k: None if r is None else round(r["samples_per_s"] / f, 4)
-            for k, r in (("backpressure", bp), ("best_static", best), ("colocated", colo))
-        },
-        "fraction_of_nonclairvoyant": {
-            k: None if r is None else round(r["samples_per_s"] / nc, 4)
-            for k, r in (("backpressure", bp), ("best_static", best), ("colocated", colo))
-        },
-        # The most any planner could reach over each baseline: a bound over its simulated rate
-        # (an aim above one of these asks for more than a perfect scheduler does)
-        "ceilings": {
-            f"{bound}_over_{k}": None if r is None else round(v / r["samples_per_s"], 4)
-            for bound, v in (("fluid", f), ("nonclairvoyant", nc))
-            for k, r in (("best_static", best), ("colocated", colo))
-        },
+        "fraction_of_fluid": {k: share(r, f) for k, r in planners.items()},
+        "fraction_of_nonclairvoyant": {k: share(r, nc) for k, r in planners.items()},
+        "ceilings": ceilings(fluid, {"best_static": rate(best), "colocated": rate(colo)}),
         "shift_s": {
             "backpressure_mean": None if bp is None else bp["shift_s_mean"],
             "backpressure_max": None if bp is None else bp["shift_s_max"],
@@ -177,17 +170,25 @@ def calibrate(path: str, real: dict[str, list[float]],
             "measured_runs": [round(x, 2) for x in runs],
             "error": round(rate / measured - 1, 3),
         }
-    # What a perfect scheduler could reach on this workload, over each simulated baseline
     fluid = fluid_bound(wl)
-    keys = {"fluid": "samples_per_s", "nonclairvoyant": "nonclairvoyant_samples_per_s"}
-    out["bounds"] = {key: round(fluid[key], 2) for key in keys.values()}
-    out["ceilings"] = {
-        f"{bound}_over_{planner}": round(fluid[key] / got["simulated"], 4)
-        for bound, key in keys.items()
-        for planner, got in out["planners"].items()
-        if planner != "backpressure"
-    }
+    out["bounds"] = {key: round(fluid[key], 2) for key in BOUNDS.values()}
+    baselines = {k: got["simulated"] for k, got in out["planners"].items() if k != "backpressure"}
+    out["ceilings"] = ceilings(fluid, baselines)
     return out
+
+
+BOUNDS = {"fluid": "samples_per_s", "nonclairvoyant": "nonclairvoyant_samples_per_s"}
+
+
+def ceilings(fluid: dict[str, float], baselines: dict[str, float | None]) -> dict[str, float | None]:
+    """The most any planner could reach over each baseline (``{name: samples/s}``): each bound
+    of ``fluid`` over its rate. An aim above one of these asks more than a perfect scheduler
+    does."""
+    return {
+        f"{bound}_over_{name}": None if rate is None else round(fluid[key] / rate, 4)
+        for bound, key in BOUNDS.items()
+        for name, rate in baselines.items()
+    }
 
 
 def _steady(r: SimResult) -> float:
