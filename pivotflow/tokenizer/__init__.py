@@ -1,0 +1,1 @@
+"""Tokenizers behind one interface (``base.Tokenizer``); importing this package loads no torch."""
