@@ -54,7 +54,7 @@ def grpo_advantages(
     G - 1). The paper does not say which; we match TRL's ``GRPOTrainer`` and verl's
     ``compute_grpo_outcome_advantage``, which both call ``torch.Tensor.std`` with its default
     (unbiased) so numbers agree with theirs (TRL adds eps=1e-4, verl 1e-6). A group whose rewards
-    are all equal has std 0 and gets all-zero advantages, never NaN.
+    are all equal gets advantages of exactly 0 in every dtype, never NaN (see ``_shifted``).
 
     Args:
         rewards: ``[G]`` or ``[N, G]`` rewards; integer tensors are converted to float32.
@@ -70,13 +70,24 @@ def grpo_advantages(
     """
     if eps < 0:
         raise RLError(f"grpo_advantages: eps must be >= 0, got {eps}")
-    r = _check_rewards(rewards, "grpo_advantages")
+    r = _shifted(_check_rewards(rewards, "grpo_advantages"))
     centered = r - r.mean(dim=-1, keepdim=True)
     if not normalize_std:
         return centered
     std = r.std(dim=-1, keepdim=True, unbiased=True)
     # With eps == 0 an all-equal group would divide 0 by 0; its advantages are zero by definition.
     return torch.where(std > 0, centered / (std + eps), torch.zeros_like(centered))
+
+
+def _shifted(r: torch.Tensor) -> torch.Tensor:
+    """Rewards minus their group's first reward: the advantages are unchanged (both estimators
+    are shift-invariant), but an all-equal group becomes exact zeros, so its mean, std and
+    advantages are exactly 0. Without the shift ``[4.2] * 16`` in float32 has a mean one
+    rounding off 4.2, a std of ~2e-7 instead of 0, and (r - mean) / (std + eps) gives +-0.32 to
+    every sample; a large common offset (1e6 + 0.1) gave +-0.97. The subtraction is exact for
+    rewards within a factor of 2 of the first (Sterbenz), so near-equal groups keep their
+    digits too."""
+    return r - r[..., :1]
 
 
 def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
@@ -99,7 +110,7 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     Raises:
         RLError: rewards are not 1-D or 2-D, the group size is below 2, or a reward is not finite.
     """
-    r = _check_rewards(rewards, "rloo_advantages")
+    r = _shifted(_check_rewards(rewards, "rloo_advantages"))
     group = r.shape[-1]
     others_mean = (r.sum(dim=-1, keepdim=True) - r) / (group - 1)
     return r - others_mean
@@ -122,6 +133,7 @@ def grpo_list(rewards: list[float], *, normalize_std: bool = True,
               eps: float = 1e-6) -> list[float]:
     """``grpo_advantages`` of one group given as a list of floats."""
     _check_list(rewards, "grpo_advantages")
+    rewards = [r - rewards[0] for r in rewards]  # an all-equal group is exact zeros (_shifted)
     g = len(rewards)
     mean = sum(rewards) / g
     centered = [r - mean for r in rewards]
@@ -134,5 +146,6 @@ def grpo_list(rewards: list[float], *, normalize_std: bool = True,
 def rloo_list(rewards: list[float]) -> list[float]:
     """``rloo_advantages`` of one group given as a list of floats."""
     _check_list(rewards, "rloo_advantages")
+    rewards = [r - rewards[0] for r in rewards]  # an all-equal group is exact zeros (_shifted)
     total, g = sum(rewards), len(rewards)
     return [r - (total - r) / (g - 1) for r in rewards]

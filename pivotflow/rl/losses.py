@@ -20,6 +20,10 @@ KLEstimator = Literal["k1", "k3"]
 _AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 _KL_ESTIMATORS = ("k1", "k3")
 
+# Bound of |log pi_theta - log pi_old| (and of the k3 KL's log-ratio) before exp(): verl's
+# ``compute_policy_loss`` and ``kl_penalty`` clamp at the same +-20.
+LOG_RATIO_CLAMP = 20.0
+
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Sum of ``x`` over the positions where ``mask`` is nonzero, over ``dim`` (all dims if None).
@@ -51,6 +55,8 @@ def kl_penalty(
         k1 = -d                      (unbiased, high variance, can be negative)
         k3 = exp(d) - d - 1          (unbiased, low variance, always >= 0; GRPO's choice, eq. 4)
 
+    For k3, ``d`` is clamped to +-``LOG_RATIO_CLAMP`` first (exp would overflow beyond ~88).
+
     Raises:
         RLError: ``estimator`` is not "k1" or "k3".
     """
@@ -58,6 +64,8 @@ def kl_penalty(
     if estimator == "k1":
         return -d
     if estimator == "k3":
+        # exp() of a log-ratio past ~88 is inf in float32: clamped as the importance ratio is
+        d = torch.clamp(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         return torch.exp(d) - d - 1.0
     raise RLError(f"kl_penalty: estimator must be one of {_KL_ESTIMATORS}, got {estimator!r}")
 
@@ -117,7 +125,8 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO/GRPO clipped surrogate loss with an optional KL penalty to a reference policy.
 
-    Per valid token t of sequence i, with ratio ``rho = exp(logprobs - old_logprobs)`` and the
+    Per valid token t of sequence i, with ratio ``rho = exp(logprobs - old_logprobs)`` (the
+    log-ratio clamped to +-``LOG_RATIO_CLAMP`` first, so it never overflows) and the
     sequence's advantage ``A_i`` (PPO, Schulman et al. 2017, arXiv:1707.06347; GRPO, Shao et al.
     2024, arXiv:2402.03300, eq. 3)::
 
@@ -181,14 +190,21 @@ def policy_loss(
     _check_shapes(logprobs, old_logprobs, advantages, mask, ref_logprobs)
 
     valid = mask.bool()
-    zeros = torch.zeros_like(logprobs)
+    # bf16/fp16 logprobs are scored in float32: fp16's exp overflows past 11 (its max is 65504)
+    work = torch.promote_types(logprobs.dtype, torch.float32)
+    zeros = torch.zeros_like(logprobs, dtype=work)
     # Zero the masked inputs before any exp: a padded -inf would otherwise make a NaN gradient
     # through exp() even where the result is thrown away.
-    new = torch.where(valid, logprobs, zeros)
-    old = torch.where(valid, old_logprobs.detach().to(logprobs.dtype), zeros)
-    adv = advantages.detach().to(logprobs.dtype).unsqueeze(-1)
+    new = torch.where(valid, logprobs.to(work), zeros)
+    old = torch.where(valid, old_logprobs.detach().to(work), zeros)
+    adv = advantages.detach().to(work).unsqueeze(-1)
 
-    log_ratio = new - old
+    # A real model's numbers reach here: a token the sampler drew at logprob -1e4, or weights
+    # far from the ones that generated it, give log-ratios of +-100s, and exp() of them is inf
+    # (a loss of inf, a gradient of inf * 0 = NaN). Clamped at +-LOG_RATIO_CLAMP as verl does
+    # (exp(20) ~ 4.9e8, finite in float32); inside it nothing changes, and beyond it the
+    # token's gradient is 0 (clamp), where clipping already stops most of them.
+    log_ratio = torch.clamp(new - old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
@@ -210,7 +226,7 @@ def policy_loss(
         }
 
     if ref_logprobs is not None:
-        ref = torch.where(valid, ref_logprobs.detach().to(logprobs.dtype), zeros)
+        ref = torch.where(valid, ref_logprobs.detach().to(work), zeros)
         per_token_kl = kl_penalty(new, ref, kl_estimator)
         kl_loss = _aggregate(per_token_kl, valid, aggregation)
         if kl_coef > 0.0:
@@ -221,6 +237,5 @@ def policy_loss(
 
     # One device-to-host transfer for all stats instead of one sync per number.
     names = list(stats)
-    stat_dtype = torch.promote_types(logprobs.dtype, torch.float32)  # bf16 stats would be coarse
-    values = torch.stack([stats[n].to(stat_dtype) for n in names]).tolist()
+    values = torch.stack([stats[n].to(work) for n in names]).tolist()
     return loss, dict(zip(names, values, strict=True))

@@ -136,3 +136,47 @@ def test_list_forms_reject_what_the_tensor_forms_reject() -> None:
         grpo_list([1.0])
     with pytest.raises(RLError, match=r"index 1 is not finite \(nan\)"):
         rloo_list([0.0, float("nan")])
+
+
+EQUAL_VALUES = [4.2, 1e6 + 0.1, 0.1, -3.7, 1e-30, 3e-8, 1e30]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("value", EQUAL_VALUES)
+def test_all_equal_group_gives_exact_zeros_in_every_dtype(dtype: torch.dtype,
+                                                           value: float) -> None:
+    # Before the shift, [4.2] * 16 in float32 gave +-0.32 and 1e6 + 0.1 gave +-0.97 to every
+    # sample: the group mean was one rounding off, so its std was ~1e-7, not 0.
+    for shape in ((16,), (3, 16), (5, 7)):
+        r = torch.full(shape, value, dtype=dtype)
+        for adv in (grpo_advantages(r), grpo_advantages(r, normalize_std=False),
+                    grpo_advantages(r, eps=0.0), rloo_advantages(r)):
+            assert adv.dtype == dtype
+            assert torch.equal(adv, torch.zeros_like(r)), (value, shape, adv)
+
+
+@pytest.mark.parametrize("value", EQUAL_VALUES)
+def test_all_equal_group_gives_exact_zeros_in_the_list_forms(value: float) -> None:
+    for g in (2, 7, 16):
+        assert grpo_list([value] * g) == [0.0] * g
+        assert grpo_list([value] * g, normalize_std=False) == [0.0] * g
+        assert rloo_list([value] * g) == [0.0] * g
+
+
+def test_equal_rows_are_zero_while_other_rows_keep_their_advantages() -> None:
+    r = torch.tensor([[4.2] * 8, [4.2] * 7 + [5.2]], dtype=torch.float32)
+    adv = grpo_advantages(r)
+    assert torch.equal(adv[0], torch.zeros(8))
+    expected = torch.tensor(_ref_grpo([4.2] * 7 + [5.2], True, 1e-6), dtype=torch.float32)
+    torch.testing.assert_close(adv[1], expected)
+    torch.testing.assert_close(rloo_advantages(r)[1],
+                               torch.tensor(_ref_rloo([4.2] * 7 + [5.2]), dtype=torch.float32))
+
+
+def test_a_large_common_offset_keeps_the_differences_in_float32() -> None:
+    # 1e6 + {0, 1}: the shift by the first reward is exact, so float32 gives the float64 answer
+    group = [1e6, 1e6 + 1.0, 1e6, 1e6 + 1.0]
+    got = grpo_advantages(torch.tensor(group, dtype=torch.float32))
+    want = torch.tensor(_ref_grpo(group, True, 1e-6), dtype=torch.float32)
+    torch.testing.assert_close(got, want)
+    assert grpo_list(group) == pytest.approx(_ref_grpo(group, True, 1e-6), abs=1e-12)

@@ -224,3 +224,63 @@ def test_bad_inputs_raise_rl_error() -> None:
         policy_loss(new, old, adv, mask, clip_eps=0.0)
     with pytest.raises(RLError, match="logprobs must be"):
         policy_loss(new[0], old[0], adv, mask[0])
+
+
+def _extreme_inputs(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Log-ratios of +-100 and +-1e4 (logprobs of -1e4 the sampler saw, or the trainer gives),
+    beside ordinary tokens, with advantages of both signs."""
+    old = torch.tensor([[-1.0, -1e4, -0.5, -2.0], [-100.0, -0.1, -1.0, -3.0],
+                        [-1e4, -1e4, -0.7, -0.2]], dtype=dtype)
+    new = torch.tensor([[-1e4, -1.0, -0.6, -2.1], [-0.1, -100.0, -1.0, -1e4],
+                        [-1e4, -0.5, -0.7, -0.3]], dtype=dtype).requires_grad_(True)
+    adv = torch.tensor([1.5, -2.0, -0.5], dtype=dtype)
+    return new, old, adv, torch.ones(3, 4, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16,
+                                   torch.float16])
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_overflowing_log_ratios_give_a_finite_loss_and_gradient(dtype: torch.dtype,
+                                                                aggregation: str) -> None:
+    new, old, adv, mask = _extreme_inputs(dtype)
+    ref = old.detach().clone().flip(0)  # log-ratios to the reference of +-1e4 too
+    loss, stats = policy_loss(new, old, adv, mask, aggregation=aggregation,  # type: ignore[arg-type]
+                              ref_logprobs=ref, kl_coef=0.1)
+    loss.backward()
+    assert new.grad is not None
+    assert torch.isfinite(loss).item(), loss
+    assert torch.isfinite(new.grad).all().item(), new.grad
+    assert all(math.isfinite(v) for v in stats.values()), stats
+    # the ordinary tokens (|log-ratio| < 20) still get their gradient
+    assert (new.grad[0, 2] != 0).item() and (new.grad[0, 3] != 0).item()
+
+
+def test_ratios_inside_the_clamp_are_unchanged() -> None:
+    # log-ratios up to +-19.9: the same loss and gradient as the unclamped formula
+    rng = random.Random(7)
+    old = [[rng.uniform(-30, -0.01) for _ in range(6)] for _ in range(4)]
+    new = [[o + rng.uniform(-19.9, 19.9) for o in row] for row in old]
+    adv = [rng.uniform(-2, 2) for _ in range(4)]
+    mask = [[1] * 6 for _ in range(4)]
+    want, _ = _ref_loss(new, old, adv, mask, 0.2, 0.2, "token-mean")
+    lp = torch.tensor(new, dtype=torch.float64, requires_grad=True)
+    loss, _ = policy_loss(lp, torch.tensor(old, dtype=torch.float64),
+                          torch.tensor(adv, dtype=torch.float64), torch.tensor(mask))
+    assert loss.item() == pytest.approx(want, rel=1e-12)
+    loss.backward()
+    # the unclamped surrogate's gradient: -A * rho / n where the unclipped branch is chosen
+    assert lp.grad is not None
+    for i in range(4):
+        for t in range(6):
+            rho = math.exp(new[i][t] - old[i][t])
+            a = adv[i]
+            chosen = rho * a <= min(max(rho, 0.8), 1.2) * a
+            g = -a * rho / 24 if chosen else 0.0
+            assert lp.grad[i, t].item() == pytest.approx(g, rel=1e-9, abs=1e-15)
+
+
+def test_a_clamped_ratio_is_exp_20() -> None:
+    new = torch.tensor([[0.0, -100.0]], requires_grad=True)
+    old = torch.tensor([[-100.0, 0.0]])
+    _, stats = policy_loss(new, old, torch.tensor([1.0]), torch.ones(1, 2))
+    assert stats["ratio_mean"] == pytest.approx((math.exp(20) + math.exp(-20)) / 2, rel=1e-6)
