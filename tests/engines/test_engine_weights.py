@@ -118,8 +118,14 @@ def _edit_config(path: Path, **changes: object) -> None:
         ({"num_hidden_layers": 1}, r"model\.safetensors.*unexpected tensor 'model\.layers\.1\."),
         ({"intermediate_size": 96}, r"model\.safetensors.*'model\.layers\.0\.mlp\..*' has shape"),
         ({"tie_word_embeddings": False}, r"'lm_head\.weight' is missing"),
-        ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, r"config\.json.*rope type"),
-        ({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, r"config\.json.*model_type"),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "factor": 2.0}},
+            r"config\.json: rope_parameters\.rope_type='yarn' is not supported",
+        ),
+        (
+            {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]},
+            r"config\.json: model_type='gpt2' is not supported",
+        ),
     ],
 )
 def test_mismatched_checkpoint_raises_model_config_error(

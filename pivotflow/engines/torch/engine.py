@@ -21,7 +21,7 @@ from pivotflow.engines.base import FinishReason, GenerationOutput, GenerationReq
 from pivotflow.engines.torch.kv_cache import PackedDecoder, SlotKVCache
 from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.engines.torch.sampling import SlotResponses, SlotSampler, seed_key
-from pivotflow.engines.torch.weights import build_model
+from pivotflow.engines.torch.weights import build_model, resolve_dtype
 from pivotflow.errors import EngineError, RequestError
 
 
@@ -36,9 +36,14 @@ class _Seq:
 class TorchEngine:
     """Continuous-batching inference over a ``Decoder`` (implements ``engines.base.Engine``).
 
-    Weights arrive through ``load_weights`` (HF names); until then serving raises EngineError.
-    Returned logprobs are log p(token) under the raw model distribution, before temperature and
-    top-p (see ``sampling``). Tokens are stamped with ``version`` as it was when they were sampled.
+    Weights arrive through ``load_weights`` (HF names, any float dtype: they are cast to
+    ``dtype``); until then serving raises EngineError. The model runs in ``dtype`` (a torch dtype
+    or a name: float32|bfloat16|float16|fp32|bf16|fp16) on ``device``; logits are taken to
+    float32 before sampling. Returned logprobs are log p(token) under the raw model
+    distribution, before temperature and top-p (see ``sampling``). Tokens are stamped with
+    ``version`` as it was when they were sampled. Every id in ``eos_token_ids`` (a real model's
+    generation config often has several) ends a request, as do its own stop ids;
+    ``eos_token_id`` is the older one-id spelling, added to them.
     """
 
     def __init__(
@@ -47,8 +52,9 @@ class TorchEngine:
         *,
         max_batch: int = 64,
         max_seq_len: int | None = None,
-        device: str = "cpu",
-        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | str = torch.float32,
+        eos_token_ids: Sequence[int] = (),
         eos_token_id: int | None = None,
         detokenize: Callable[[list[int]], str] | None = None,
     ) -> None:
@@ -59,8 +65,12 @@ class TorchEngine:
                 f"TorchEngine needs max_batch >= 1 (got {max_batch}) and 2 <= max_seq_len <= "
                 f"max_position_embeddings {model_config.max_position_embeddings} (got {max_seq_len})"
             )
+        if isinstance(dtype, str):
+            dtype = resolve_dtype({}, dtype)
         self.max_batch, self.device, self.dtype = max_batch, torch.device(device), dtype
-        self.eos_token_id, self.detokenize = eos_token_id, detokenize
+        ids = [*eos_token_ids, *(() if eos_token_id is None else (eos_token_id,))]
+        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(int(i) for i in ids))
+        self.detokenize = detokenize
         self.version = 0
         self._model: Decoder | None = None
         self._decode: PackedDecoder | None = None  # serves from _model's (packed) weights
@@ -253,9 +263,7 @@ class TorchEngine:
 
     def _install(self, slot: int, seq: _Seq) -> None:
         req = seq.request
-        stops = list(req.params.stop_token_ids)
-        if self.eos_token_id is not None:
-            stops.append(self.eos_token_id)
+        stops = list(dict.fromkeys((*req.params.stop_token_ids, *self.eos_token_ids)))
         prefix = (req.prefix_ids, req.prefix_logprobs, req.prefix_versions)
         self._resp.install(slot, prefix, seq.limit, stops, req.params.min_tokens)
         self._sampler.set(slot, req.params, seq.key)

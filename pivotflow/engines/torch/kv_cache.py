@@ -18,12 +18,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pivotflow.engines.torch.model import Decoder, DecoderLayer, ModelConfig, rotary_cos_sin
+from pivotflow.engines.torch.model import (
+    Decoder,
+    DecoderLayer,
+    ModelConfig,
+    rope_inv_freq,
+    rotary_cos_sin,
+)
 from pivotflow.errors import EngineError
 
 _T = torch.Tensor
-# One layer for PackedDecoder: (norm weights, q/k/v bias, [in, out] weights q/k/v, o, gate/up, down)
-_Packed = tuple[tuple[_T, _T], _T | None, tuple[_T, _T, _T, _T]]
+# One layer for PackedDecoder: (norm weights, q/k/v bias, [in, out] weights q/k/v, o, gate/up,
+# down, o bias, Qwen3's q/k norm weights)
+_Packed = tuple[tuple[_T, _T], _T | None, tuple[_T, _T, _T, _T], _T | None, tuple[_T, _T] | None]
 
 
 class SlotKVCache:
@@ -234,10 +241,13 @@ class PackedDecoder:
             norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
             # Transposed views, [in, out], as addmm/mm take them.
             weights = (w_qkv.t(), attn.o_proj.weight.t(), w_gate_up.t(), mlp.down_proj.weight.t())
-            self.layers.append((norms, b_qkv, weights))
+            qk_norms = None
+            if attn.q_norm is not None and attn.k_norm is not None:
+                qk_norms = (attn.q_norm.weight, attn.k_norm.weight)
+            self.layers.append((norms, b_qkv, weights, attn.o_proj.bias, qk_norms))
         device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
         positions = torch.arange(max_len, device=device)[None]
-        cos, sin = rotary_cos_sin(positions, self.d, cfg.rope_theta, torch.float32)
+        cos, sin = rotary_cos_sin(positions, rope_inv_freq(cfg, device), torch.float32)
         sin = sin.clone()
         sin[..., : self.d // 2] *= -1  # rotate_half(x) * sin == roll(x, D/2) * this sin
         # [max_len, cos|sin, heads + kv_heads, D]; query rows carry the 1/sqrt(D) score scale.
@@ -274,12 +284,21 @@ class PackedDecoder:
         (b, t), split = tokens.shape, (heads + kv_heads) * d
         cos, sin = rope[:, :, 0], rope[:, :, 1]
         x = self.model.model.embed_tokens.weight[tokens.view(-1)]
-        for i, ((norm1, norm2), b_qkv, (w_qkv, w_o, w_gate_up, w_down)) in enumerate(self.layers):
+        for i, (norms, b_qkv, weights, b_o, qk_norms) in enumerate(self.layers):
+            (norm1, norm2), (w_qkv, w_o, w_gate_up, w_down) = norms, weights
             h = torch.rms_norm(x, hidden, norm1, eps)
             qkv = torch.mm(h, w_qkv) if b_qkv is None else torch.addmm(b_qkv, h, w_qkv)
             qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
+            if qk_norms is not None:
+                # Qwen3: every head of q (of k) through one RMSNorm, before RoPE. Normalise
+                # all heads at once, then scale q's and k's heads by their own weights.
+                qk = torch.rms_norm(qk, (d,), None, eps)
+                qk[:, :, :heads].mul_(qk_norms[0])
+                qk[:, :, heads:].mul_(qk_norms[1])
             qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin).view(b * t, -1, d)
             x = torch.addmm(x, attend(i, qk, qkv[:, split:].view(b * t, -1, d), cache), w_o)
+            if b_o is not None:
+                x += b_o
             gate_up = torch.mm(torch.rms_norm(x, hidden, norm2, eps), w_gate_up)
             x = torch.addmm(x, F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:]), w_down)
         return x

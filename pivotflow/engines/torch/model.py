@@ -1,12 +1,15 @@
-"""A Llama/Qwen2-style decoder in plain PyTorch.
+"""A Llama/Qwen2/Qwen3-style decoder in plain PyTorch.
 
-Module and parameter names follow Hugging Face's Qwen2/Llama exactly (``model.layers.0.self_attn
-.q_proj.weight`` ...), so a state dict saved by ``transformers`` loads with ``load_state_dict``
-unchanged, and ours loads in ``transformers``.
+Module and parameter names follow Hugging Face's Qwen2/Llama/Qwen3 exactly (``model.layers.0
+.self_attn.q_proj.weight`` ...), so a state dict saved by ``transformers`` loads with
+``load_state_dict`` unchanged, and ours loads in ``transformers``. The three families differ in
+little: Qwen2 has q/k/v biases; Llama and Qwen3 have biases on all four attention projections
+only when ``attention_bias`` says so; Qwen3 RMS-normalises each head of q and k before RoPE.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import msgspec
@@ -16,9 +19,20 @@ from torch import nn
 
 from pivotflow.errors import ModelConfigError
 
+ARCHITECTURES = ("qwen2", "llama", "qwen3")
+ROPE_TYPES = ("default", "linear", "llama3")
+
 
 class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
-    """Architecture of a decoder. Field names are Hugging Face's, so config.json round-trips."""
+    """Architecture of a decoder. Field names are Hugging Face's where HF has one, so
+    config.json maps onto it (``weights.config_from_hf``/``config_to_hf``). Frozen and hashable:
+    it keys caches of expected tensor shapes.
+
+    ``head_dim`` 0 and ``qk_norm`` None mean "derive": hidden_size // num_attention_heads, and
+    whether the architecture is qwen3. They are filled in at construction, so a config built
+    with or without them compares (and hashes) equal. The ``rope_*`` fields flatten HF's
+    ``rope_parameters``/``rope_scaling`` dict into hashable scalars.
+    """
 
     vocab_size: int
     hidden_size: int = 128
@@ -26,23 +40,44 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
+    head_dim: int = 0
     max_position_embeddings: int = 64
     rope_theta: float = 10000.0
+    rope_type: str = "default"  # one of ROPE_TYPES
+    rope_factor: float = 1.0  # linear and llama3
+    rope_low_freq_factor: float = 1.0  # llama3
+    rope_high_freq_factor: float = 4.0  # llama3
+    rope_original_max_position_embeddings: int = 0  # llama3 (0: max_position_embeddings)
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = True
-    attention_bias: bool = True  # Qwen2 has q/k/v biases; Llama does not.
-    architecture: str = "qwen2"  # "qwen2" | "llama"; only changes the HF export names.
+    attention_bias: bool = True  # Qwen2 always has q/k/v biases; Llama/Qwen3 per config.
+    qk_norm: bool | None = None
+    architecture: str = "qwen2"  # one of ARCHITECTURES
+
+    def __post_init__(self) -> None:
+        # Derived defaults; force_setattr because the struct is frozen.
+        if not self.head_dim and self.num_attention_heads > 0:
+            msgspec.structs.force_setattr(
+                self, "head_dim", self.hidden_size // self.num_attention_heads
+            )
+        if self.qk_norm is None:
+            msgspec.structs.force_setattr(self, "qk_norm", self.architecture == "qwen3")
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def o_proj_bias(self) -> bool:
+        """Whether o_proj has a bias: Qwen2 never; Llama and Qwen3 when attention_bias."""
+        return self.attention_bias and self.architecture != "qwen2"
 
     def validate(self) -> ModelConfig:
         """Return self; raise ModelConfigError naming the first inconsistent field."""
-        if self.hidden_size % self.num_attention_heads:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim",
+                     "max_position_embeddings"):  # fmt: skip
+            if getattr(self, name) <= 0:
+                raise ModelConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.architecture not in ARCHITECTURES:
             raise ModelConfigError(
-                f"hidden_size {self.hidden_size} is not divisible by "
-                f"num_attention_heads {self.num_attention_heads}"
+                f"architecture {self.architecture!r} is not one of {', '.join(ARCHITECTURES)}"
             )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ModelConfigError(
@@ -51,11 +86,48 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
             )
         if self.head_dim % 2:
             raise ModelConfigError(f"head_dim {self.head_dim} must be even for rotary embeddings")
-        for name in ("vocab_size", "intermediate_size", "num_hidden_layers",
-                     "max_position_embeddings"):
-            if getattr(self, name) <= 0:
-                raise ModelConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.qk_norm != (self.architecture == "qwen3"):
+            raise ModelConfigError(
+                f"qk_norm={self.qk_norm} does not fit architecture {self.architecture!r} "
+                "(only qwen3 normalises q and k)"
+            )
+        if self.rope_type not in ROPE_TYPES:
+            raise ModelConfigError(
+                f"rope_type {self.rope_type!r} is not one of {', '.join(ROPE_TYPES)}"
+            )
+        if self.rope_type != "default" and not self.rope_factor > 0:
+            raise ModelConfigError(f"rope_factor must be positive, got {self.rope_factor}")
+        if (
+            self.rope_type == "llama3"
+            and not self.rope_high_freq_factor > self.rope_low_freq_factor
+        ):
+            raise ModelConfigError(
+                f"rope_high_freq_factor {self.rope_high_freq_factor} must exceed "
+                f"rope_low_freq_factor {self.rope_low_freq_factor}"
+            )
         return self
+
+
+def rope_inv_freq(cfg: ModelConfig, device: torch.device | str | None = None) -> torch.Tensor:
+    """Rotary inverse frequencies [head_dim / 2] (float32) for ``cfg``'s rope type, as
+    transformers' ``modeling_rope_utils`` computes them (default, linear, llama3). None of these
+    types scales cos/sin afterwards (their attention factor is 1)."""
+    d = cfg.head_dim
+    exponents = torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d
+    inv_freq = 1.0 / (cfg.rope_theta**exponents)
+    if cfg.rope_type == "linear":
+        return inv_freq / cfg.rope_factor
+    if cfg.rope_type == "llama3":
+        # Long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+        old_len = cfg.rope_original_max_position_embeddings or cfg.max_position_embeddings
+        low, high, factor = cfg.rope_low_freq_factor, cfg.rope_high_freq_factor, cfg.rope_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(medium, blended, scaled)
+    return inv_freq
 
 
 class KVCacheHook(Protocol):
@@ -75,6 +147,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # As transformers does: normalise in float32, round to the input dtype, then scale.
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -82,14 +155,11 @@ class RMSNorm(nn.Module):
 
 
 def rotary_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of shape [B, 1, T, D] for integer positions [B, T] (HF's rotate_half layout)."""
-    inv_freq = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
-                  / head_dim)
-    )
-    freqs = positions.to(torch.float32)[..., None] * inv_freq  # [B, T, D/2]
+    """cos/sin of shape [B, 1, T, D] for integer positions [B, T] (HF's rotate_half layout),
+    computed in float32 from ``rope_inv_freq`` and cast to ``dtype``."""
+    freqs = positions.to(torch.float32)[..., None] * inv_freq.to(positions.device)  # [B, T, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, D]
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -114,7 +184,12 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=cfg.o_proj_bias)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if cfg.qk_norm:  # Qwen3: one RMSNorm over head_dim, shared by all heads of q (of k)
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
     def forward(
         self,
@@ -125,8 +200,11 @@ class Attention(nn.Module):
         cache: KVCacheHook | None,
     ) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is not None:
@@ -220,7 +298,9 @@ class Decoder(nn.Module):
         if positions is None:
             positions = torch.arange(t, device=input_ids.device).expand(b, t)
         x = self.model.embed_tokens(input_ids)
-        cos, sin = rotary_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        # Recomputed per call (a few dozen floats), never stored: HF does not save it either.
+        inv_freq = rope_inv_freq(self.config, x.device)
+        cos, sin = rotary_cos_sin(positions, inv_freq, x.dtype)
         mask = None
         if attention_mask is not None and cache is None:
             # Right padding: causal and key-is-real. Padded query rows still see key 0 (no NaN).

@@ -1,8 +1,9 @@
-"""Weights in Hugging Face layout: ``config.json`` + ``model.safetensors``, and tensor-set checks.
+"""Model folders in Hugging Face layout, and tensor-set checks.
 
-A directory written by ``save_checkpoint`` loads with ``transformers.AutoModelForCausalLM
-.from_pretrained``; one written by ``save_pretrained(safe_serialization=True)`` for a Qwen2 or Llama
-model loads with ``load_checkpoint``.
+A folder is ``config.json``, ``model.safetensors`` or the shards ``model.safetensors.index.json``
+lists, and optionally ``generation_config.json``. One written by ``save_checkpoint`` loads with
+``transformers.AutoModelForCausalLM.from_pretrained``; one written by transformers'
+``save_pretrained`` for a Qwen2, Llama or Qwen3 model loads with ``load_model_folder``.
 """
 
 from __future__ import annotations
@@ -10,16 +11,29 @@ from __future__ import annotations
 import functools
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from pivotflow.engines.torch.hf_config import config_from_hf, config_to_hf, resolve_dtype
 from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.errors import CheckpointError, ModelConfigError
 
-_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+__all__ = [
+    "ModelFolder",
+    "build_model",
+    "check_tensors",
+    "config_from_hf",
+    "config_to_hf",
+    "expected_shapes",
+    "load_checkpoint",
+    "load_model_folder",
+    "resolve_dtype",
+    "save_checkpoint",
+]
 _OPTIONAL_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old exports carry; recomputed here
 
 
@@ -60,13 +74,16 @@ def check_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], where: str
 def build_model(
     cfg: ModelConfig,
     tensors: dict[str, torch.Tensor],
-    device: torch.device | str,
-    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | str = torch.float32,
     model: Decoder | None = None,
 ) -> Decoder:
-    """Copy checked ``tensors`` into ``model`` (or a new one, built without random init) and
-    return it. Raises ModelConfigError naming a tensor that does not fit."""
+    """Copy checked ``tensors`` (any float dtype; cast on copy) into ``model`` (or a new one in
+    ``dtype`` on ``device``, built without random init) and return it. ``dtype`` may be a name
+    (``resolve_dtype``'s). Raises ModelConfigError naming a tensor that does not fit."""
     check_tensors(cfg, tensors, "load_weights")
+    if isinstance(dtype, str):
+        dtype = resolve_dtype({}, dtype)
     if model is None:
         with torch.device("meta"):
             model = Decoder(cfg)
@@ -78,107 +95,6 @@ def build_model(
         for name, param in model.named_parameters():
             param.copy_(tensors[name])
     return model
-
-
-def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
-    """Map a Hugging Face Qwen2/Llama ``config.json`` onto ModelConfig. Raises ModelConfigError
-    for a missing field or a feature this decoder does not have (rope scaling, biased MLP...)."""
-    kind = raw.get("model_type")
-    if kind not in _ARCHITECTURES:
-        archs = raw.get("architectures") or []
-        kind = next((k for k, a in _ARCHITECTURES.items() if a in archs), kind)
-    if kind not in _ARCHITECTURES:
-        raise ModelConfigError(
-            f"{where}: model_type {kind!r} is not one of {sorted(_ARCHITECTURES)}"
-        )
-    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise ModelConfigError(f"{where}: rope type {rope.get('rope_type')!r} is not supported")
-    unsupported = {
-        "hidden_act": raw.get("hidden_act", "silu") != "silu",
-        "mlp_bias": bool(raw.get("mlp_bias", False)),
-        "use_sliding_window": bool(raw.get("use_sliding_window", False)),
-    }
-    for key, bad in unsupported.items():
-        if bad:
-            raise ModelConfigError(f"{where}: {key}={raw.get(key)!r} is not supported")
-    try:
-        fields: dict[str, Any] = {
-            k: raw[k]
-            for k in (
-                "vocab_size",
-                "hidden_size",
-                "intermediate_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "max_position_embeddings",
-            )
-        }
-    except KeyError as exc:
-        raise ModelConfigError(f"{where}: required field {exc.args[0]!r} is missing") from None
-    heads = fields["num_attention_heads"]
-    cfg = ModelConfig(
-        **fields,
-        num_key_value_heads=raw.get("num_key_value_heads") or heads,
-        rope_theta=float(raw.get("rope_theta", rope.get("rope_theta", 10000.0))),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        # Qwen2 always has q/k/v biases; Llama has them only when the config says so.
-        attention_bias=True if kind == "qwen2" else bool(raw.get("attention_bias", False)),
-        architecture=kind,
-    ).validate()
-    head_dim = raw.get("head_dim")
-    if head_dim is not None and head_dim != cfg.head_dim:
-        raise ModelConfigError(
-            f"{where}: head_dim {head_dim} differs from hidden_size/num_attention_heads "
-            f"{cfg.head_dim}, which this decoder requires"
-        )
-    return cfg
-
-
-def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
-    """The ``config.json`` transformers needs to rebuild ``cfg``."""
-    if cfg.architecture not in _ARCHITECTURES:
-        raise ModelConfigError(
-            f"architecture {cfg.architecture!r} is not one of {sorted(_ARCHITECTURES)}"
-        )
-    if cfg.architecture == "qwen2" and not cfg.attention_bias:
-        raise ModelConfigError(
-            "a qwen2 checkpoint always has q/k/v biases; use architecture='llama' for a model "
-            "with attention_bias=False"
-        )
-    dtype_name = str(dtype).removeprefix("torch.")
-    out: dict[str, Any] = {
-        "architectures": [_ARCHITECTURES[cfg.architecture]],
-        "model_type": cfg.architecture,
-        **{
-            f: getattr(cfg, f)
-            for f in (
-                "vocab_size",
-                "hidden_size",
-                "intermediate_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "num_key_value_heads",
-                "max_position_embeddings",
-                "rms_norm_eps",
-                "tie_word_embeddings",
-            )
-        },
-        "head_dim": cfg.head_dim,
-        "hidden_act": "silu",
-        # transformers 4.x reads rope_theta, 5.x reads rope_parameters: write both.
-        "rope_theta": cfg.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-        "torch_dtype": dtype_name,
-        "dtype": dtype_name,
-        "use_cache": True,
-    }
-    if cfg.architecture == "llama":
-        out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
-    else:
-        out.update(use_sliding_window=False, sliding_window=None)
-    return out
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -198,52 +114,135 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_checkpoint(
-    directory: str | os.PathLike[str],
-) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Read ``config.json`` and ``model.safetensors`` (or the shards its index lists).
+@dataclass(frozen=True)
+class ModelFolder:
+    """What ``load_model_folder`` read: ``hf_config`` is config.json as read, ``config`` its
+    ModelConfig, ``tensors`` the weights as stored (HF names, stored dtype), and ``eos_ids`` the
+    token ids that end a generation."""
 
-    Raises CheckpointError naming a missing or unreadable file, ModelConfigError naming the file
-    and tensor when the tensors do not match the config.
+    hf_config: dict[str, Any]
+    config: ModelConfig
+    tensors: dict[str, torch.Tensor]
+    generation_config: dict[str, Any]
+    eos_ids: tuple[int, ...]
+
+
+def _eos_ids(generation: dict[str, Any], hf_config: dict[str, Any], root: Path) -> tuple[int, ...]:
+    """generation_config.json's eos_token_id (int or list); transformers falls back on
+    config.json's when the generation config has none, and so do we."""
+    where, value = root / "generation_config.json", generation.get("eos_token_id")
+    if value is None:
+        where, value = root / "config.json", hf_config.get("eos_token_id")
+    if value is None:
+        return ()
+    ids = value if isinstance(value, list) else [value]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ModelConfigError(
+            f"{where}: eos_token_id={value!r} is not a token id or a list of token ids"
+        )
+    return tuple(dict.fromkeys(ids))  # unique, in order
+
+
+def _read_shards(root: Path, index_path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of every shard ``index_path``'s weight_map names, checked against it."""
+    weight_map = _read_json(index_path).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index_path}: weight_map is missing or empty")
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(map(str, weight_map.values()))):
+        path = root / shard
+        if Path(shard).name != shard or not path.is_file():  # shards live next to the index
+            raise CheckpointError(
+                f"{index_path}: weight_map names shard {shard!r}, not a file there"
+            )
+        tensors.update(_read_tensors(path))
+    for name, shard in weight_map.items():
+        if name not in tensors:
+            raise CheckpointError(
+                f"{index_path}: weight_map puts tensor {name!r} in {shard!r}, which does not hold it"
+            )
+    return tensors
+
+
+def load_model_folder(directory: str | os.PathLike[str]) -> ModelFolder:
+    """Read a Hugging Face model folder: config.json, model.safetensors (or the shards
+    model.safetensors.index.json lists) and generation_config.json when there is one.
+
+    Raises CheckpointError naming a missing or unreadable file (or shard, or a tensor the index
+    lists that no shard holds), ModelConfigError naming the file and key the engine cannot run
+    or the tensor that does not fit the config.
     """
     root = Path(directory)
-    cfg = config_from_hf(_read_json(root / "config.json"), str(root / "config.json"))
+    config_path = root / "config.json"
+    hf_config = _read_json(config_path)
+    cfg = config_from_hf(hf_config, str(config_path))
+    gen_path = root / "generation_config.json"
+    generation = _read_json(gen_path) if gen_path.exists() else {}
     single, index = root / "model.safetensors", root / "model.safetensors.index.json"
     if single.exists() or not index.exists():
         tensors, where = _read_tensors(single), single
     else:
-        weight_map = _read_json(index).get("weight_map", {})
-        tensors, where = {}, index
-        for shard in sorted(set(weight_map.values())):
-            tensors.update(_read_tensors(root / shard))
+        tensors, where = _read_shards(root, index), index
     check_tensors(cfg, tensors, str(where))
-    return cfg, tensors
+    return ModelFolder(hf_config, cfg, tensors, generation, _eos_ids(generation, hf_config, root))
+
+
+def load_checkpoint(
+    directory: str | os.PathLike[str],
+) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """``load_model_folder``'s (config, tensors), for callers that need only those."""
+    folder = load_model_folder(directory)
+    return folder.config, folder.tensors
+
+
+def _for_saving(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor safetensors can write: a view into a larger (packed) storage is copied,
+    because safetensors refuses tensors that share memory."""
+    t = t.detach().to("cpu").contiguous()
+    return t.clone() if t.untyped_storage().nbytes() != t.nbytes else t
 
 
 def save_checkpoint(
-    directory: str | os.PathLike[str], config: ModelConfig, state_dict: dict[str, torch.Tensor]
+    directory: str | os.PathLike[str],
+    config: ModelConfig | dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    generation_config: dict[str, Any] | None = None,
 ) -> None:
-    """Write ``config.json`` and ``model.safetensors`` that transformers and load_checkpoint read.
+    """Write config.json, model.safetensors and (when given) generation_config.json, which
+    transformers and ``load_model_folder`` read.
 
-    Raises ModelConfigError if ``state_dict`` does not fit ``config`` (or the config cannot be
-    expressed as a transformers model), CheckpointError if the files cannot be written.
+    ``config`` is a ModelConfig (written as ``config_to_hf`` maps it) or a Hugging Face config
+    dict, written verbatim but for ``torch_dtype``/``dtype``, set to the tensors' dtype, so a
+    user's config round-trips with all its keys. Raises ModelConfigError if ``tensors`` do not
+    fit the config (or it cannot be expressed as a transformers model), CheckpointError if the
+    files cannot be written.
     """
-    check_tensors(config, state_dict, "save_checkpoint state_dict")
-    tensors = {
-        name: t.detach().to("cpu").contiguous()
-        for name, t in state_dict.items()
-        if name
-        in expected_shapes(config)  # drops a tied lm_head.weight (safetensors forbids aliases)
-    }
-    dtype = tensors["model.embed_tokens.weight"].dtype
-    hf_config = config_to_hf(config, dtype)
+    cfg = (
+        config
+        if isinstance(config, ModelConfig)
+        else config_from_hf(config, "save_checkpoint config")
+    )
+    check_tensors(cfg, tensors, "save_checkpoint tensors")
+    # Only the parameters: drops a tied lm_head.weight (safetensors forbids aliases).
+    out = {name: _for_saving(tensors[name]) for name in expected_shapes(cfg)}
+    dtype = out["model.embed_tokens.weight"].dtype
+    if isinstance(config, ModelConfig):
+        hf_config = config_to_hf(config, dtype)
+    else:
+        dtype_name = str(dtype).removeprefix("torch.")
+        hf_config = {**config, "torch_dtype": dtype_name, "dtype": dtype_name}
+    texts = {"config.json": hf_config}
+    if generation_config is not None:
+        texts["generation_config.json"] = generation_config
     root = Path(directory)
     try:
         root.mkdir(parents=True, exist_ok=True)
         # Write then rename, so a reader never sees half a checkpoint.
-        save_file(tensors, str(root / "model.safetensors.tmp"), metadata={"format": "pt"})
-        (root / "config.json.tmp").write_text(json.dumps(hf_config, indent=2) + "\n")
+        save_file(out, str(root / "model.safetensors.tmp"), metadata={"format": "pt"})
+        for name, data in texts.items():
+            (root / f"{name}.tmp").write_text(json.dumps(data, indent=2) + "\n")
         os.replace(root / "model.safetensors.tmp", root / "model.safetensors")
-        os.replace(root / "config.json.tmp", root / "config.json")
-    except OSError as exc:
+        for name in texts:
+            os.replace(root / f"{name}.tmp", root / name)
+    except (OSError, TypeError, ValueError) as exc:  # TypeError: a value JSON cannot hold
         raise CheckpointError(f"{root}: cannot write checkpoint: {exc}") from exc

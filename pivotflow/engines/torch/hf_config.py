@@ -1,0 +1,210 @@
+"""Hugging Face ``config.json`` <-> ``ModelConfig``, and the dtype a model runs in.
+
+``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
+(Qwen2/Qwen2.5, Llama 3, Qwen3; rope default, linear, llama3) and names, in one line, the file
+and the first key it cannot run. Keys that change nothing the decoder computes (token ids,
+initializer_range, use_cache...) are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pivotflow.engines.torch.model import ARCHITECTURES, ROPE_TYPES, ModelConfig
+from pivotflow.errors import ModelConfigError
+
+HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+}  # fmt: skip
+_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+             "num_attention_heads", "max_position_embeddings")  # fmt: skip
+_ENGINE = "is not supported by the embedded engine"
+
+
+def resolve_dtype(
+    hf_config: dict[str, Any],
+    requested: str | torch.dtype | None,
+    where: str = "config.json",
+) -> torch.dtype:
+    """The dtype to run in: ``requested`` (float32|bfloat16|float16|fp32|bf16|fp16), or for
+    None/"auto" the config's ``dtype``/``torch_dtype`` (float32 when it has neither). Raises
+    ModelConfigError naming the bad value (and ``where`` for the config's)."""
+    if isinstance(requested, torch.dtype):
+        requested = str(requested).removeprefix("torch.")
+    if requested not in (None, "auto"):
+        if requested not in DTYPES:
+            raise ModelConfigError(f"dtype={requested!r} is not one of auto, {', '.join(DTYPES)}")
+        return DTYPES[requested]
+    key = "dtype" if hf_config.get("dtype") else "torch_dtype"
+    name = hf_config.get(key) or "float32"
+    if name not in DTYPES:
+        raise ModelConfigError(f"{where}: {key}={name!r} {_ENGINE} (float32, bfloat16, float16)")
+    return DTYPES[name]
+
+
+def _model_type(raw: dict[str, Any], where: str) -> str:
+    kind = raw.get("model_type")
+    if kind is None:  # very old exports name only the class
+        archs = raw.get("architectures") or []
+        kind = next((k for k, cls in HF_CLASSES.items() if cls in archs), None)
+    if kind not in ARCHITECTURES:
+        raise ModelConfigError(
+            f"{where}: model_type={kind!r} {_ENGINE} ({', '.join(ARCHITECTURES)})"
+        )
+    return str(kind)
+
+
+def _reject_unsupported(raw: dict[str, Any], where: str) -> None:
+    """Raise for the first key whose value asks for math this decoder does not do."""
+    layer_types = raw.get("layer_types") or []
+    checks = [  # (key, it asks for something else, what runs)
+        ("hidden_act", raw.get("hidden_act", "silu") != "silu", "silu"),
+        ("mlp_bias", bool(raw.get("mlp_bias", False)), "false"),
+        ("use_sliding_window", bool(raw.get("use_sliding_window", False)), "false"),
+        ("layer_types", any(t != "full_attention" for t in layer_types), "full_attention"),
+        ("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0) != 1.0, "1.0"),
+        ("quantization_config", bool(raw.get("quantization_config")), "unquantized weights"),
+    ]
+    for key, bad, runs in checks:
+        if bad:
+            raise ModelConfigError(f"{where}: {key}={raw.get(key)!r} {_ENGINE} ({runs})")
+
+
+def _rope_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """ModelConfig's rope_* fields. transformers 5 writes ``rope_parameters``; older configs
+    ``rope_scaling`` (None for plain RoPE) next to ``rope_theta``. When both are there,
+    transformers 5 takes ``rope_scaling``, and so do we."""
+    key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+    rope = raw.get(key) or {}
+    if not isinstance(rope, dict) or any(isinstance(v, dict) for v in rope.values()):
+        raise ModelConfigError(f"{where}: {key}={rope!r} {_ENGINE} (one dict for all layers)")
+    type_key = "rope_type" if "rope_type" in rope else "type"
+    kind = rope.get(type_key, "default")
+    if kind not in ROPE_TYPES:
+        raise ModelConfigError(
+            f"{where}: {key}.{type_key}={kind!r} {_ENGINE} ({', '.join(ROPE_TYPES)})"
+        )
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ModelConfigError(
+            f"{where}: {key}.partial_rotary_factor={rope['partial_rotary_factor']!r} {_ENGINE} "
+            "(1.0)"
+        )
+    theta_key = f"{key}.rope_theta" if "rope_theta" in rope else "rope_theta"
+    theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+    out: dict[str, Any] = {"rope_type": kind, "rope_theta": _number(theta, theta_key, where)}
+    needs = {"linear": ("factor",),
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor")}.get(kind, ())  # fmt: skip
+    for name in needs:
+        if name not in rope:
+            raise ModelConfigError(f"{where}: {key}.{name} is missing (rope_type {kind!r})")
+        out[f"rope_{name}"] = _number(rope[name], f"{key}.{name}", where)
+    if kind == "llama3":
+        # transformers' default for a missing original length is max_position_embeddings.
+        original = rope.get("original_max_position_embeddings",
+                            raw.get("original_max_position_embeddings", 0))  # fmt: skip
+        out["rope_original_max_position_embeddings"] = int(
+            _number(original, f"{key}.original_max_position_embeddings", where)
+        )
+    return out
+
+
+def _number(value: Any, key: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ModelConfigError(f"{where}: {key}={value!r} is not a number")
+    return float(value)
+
+
+def _positive_int(raw: dict[str, Any], key: str, where: str) -> int:
+    if key not in raw:
+        raise ModelConfigError(f"{where}: required key {key!r} is missing")
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModelConfigError(f"{where}: {key}={value!r} is not a positive integer")
+    return value
+
+
+def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
+    """Map a Hugging Face Qwen2/Llama/Qwen3 ``config.json`` onto ModelConfig. Raises
+    ModelConfigError naming ``where`` and the key for a missing field or a feature this decoder
+    does not have (another rope type, sliding windows, a biased MLP, another activation...)."""
+    kind = _model_type(raw, where)
+    _reject_unsupported(raw, where)
+    rope = _rope_fields(raw, where)
+    fields: dict[str, Any] = {k: _positive_int(raw, k, where) for k in _REQUIRED}
+    heads = fields["num_attention_heads"]
+    for key in ("num_key_value_heads", "head_dim"):
+        if raw.get(key) is not None:  # null means "derive", as in transformers
+            fields[key] = _positive_int(raw, key, where)
+    fields.setdefault("num_key_value_heads", heads)  # transformers' default: no GQA
+    if "head_dim" not in fields and fields["hidden_size"] % heads:
+        raise ModelConfigError(
+            f"{where}: hidden_size {fields['hidden_size']} is not divisible by "
+            f"num_attention_heads {heads} and there is no head_dim"
+        )
+    cfg = ModelConfig(
+        **fields,
+        **rope,
+        rms_norm_eps=_number(raw.get("rms_norm_eps", 1e-6), "rms_norm_eps", where),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        # Qwen2 always has q/k/v biases; Llama and Qwen3 only when the config says so.
+        attention_bias=True if kind == "qwen2" else bool(raw.get("attention_bias", False)),
+        architecture=kind,
+    )
+    try:
+        return cfg.validate()
+    except ModelConfigError as exc:
+        raise ModelConfigError(f"{where}: {exc}") from None
+
+
+def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
+    """The ``config.json`` transformers needs to rebuild ``cfg``."""
+    cfg.validate()
+    if cfg.architecture == "qwen2" and not cfg.attention_bias:
+        raise ModelConfigError(
+            "a qwen2 checkpoint always has q/k/v biases; use architecture='llama' for a model "
+            "with attention_bias=False"
+        )
+    dtype_name = str(dtype).removeprefix("torch.")
+    rope: dict[str, Any] = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta}
+    if cfg.rope_type != "default":
+        rope["factor"] = cfg.rope_factor
+    if cfg.rope_type == "llama3":
+        rope.update(
+            low_freq_factor=cfg.rope_low_freq_factor,
+            high_freq_factor=cfg.rope_high_freq_factor,
+            original_max_position_embeddings=cfg.rope_original_max_position_embeddings
+            or cfg.max_position_embeddings,
+        )
+    out: dict[str, Any] = {
+        "architectures": [HF_CLASSES[cfg.architecture]],
+        "model_type": cfg.architecture,
+        **{
+            f: getattr(cfg, f)
+            for f in (
+                *_REQUIRED,
+                "num_key_value_heads",
+                "head_dim",
+                "rms_norm_eps",
+                "tie_word_embeddings",
+            )
+        },  # fmt: skip
+        "hidden_act": "silu",
+        # transformers 4.x reads rope_theta, 5.x reads rope_parameters: write both.
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": rope,
+        "torch_dtype": dtype_name,
+        "dtype": dtype_name,
+        "use_cache": True,
+    }
+    if cfg.architecture == "llama":
+        out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
+    else:
+        out.update(use_sliding_window=False, sliding_window=None)
+    if cfg.architecture == "qwen3":
+        out.update(attention_bias=cfg.attention_bias)
+    return out

@@ -1,0 +1,105 @@
+"""Tiny random-weight models that transformers itself builds and saves, one per family and
+feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
+head_dim that is not hidden/heads; tied and untied), and a reference greedy decode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+VOCAB = 300
+SIZES: dict[str, Any] = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,  # head_dim 32 = 64 / 2
+    num_key_value_heads=1,
+    max_position_embeddings=128,
+)
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16,
+               "rope_theta": 500000.0}  # fmt: skip
+# Prompts of different lengths (ids below VOCAB), decoded together as one batch.
+PROMPTS = [[5, 17, 42], [7], [200, 13, 99, 150, 3, 77, 250], [31, 31], [120, 8, 64, 9, 11]]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One tiny model: its transformers config class and the keyword arguments it gets."""
+
+    name: str
+    config_class: str
+    tied: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+CASES = [
+    Case("qwen2-tied", "Qwen2Config", True),
+    Case("qwen2-untied", "Qwen2Config", False, {"rope_theta": 5000.0}),
+    Case("llama-llama3-rope", "LlamaConfig", False, {"rope_parameters": LLAMA3_ROPE}),
+    Case("llama-linear-rope-tied", "LlamaConfig", True,
+         {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}),
+    Case("qwen3-tied", "Qwen3Config", True, {"head_dim": 32}),
+    # head_dim 32 with 4 heads: q/k/v/o project to 128, not hidden_size 64.
+    Case("qwen3-wide-heads", "Qwen3Config", False,
+         {"head_dim": 32, "num_attention_heads": 4, "num_key_value_heads": 2}),
+]  # fmt: skip
+CASE_IDS = [c.name for c in CASES]
+
+
+def hf_model(case: Case, seed: int = 0):  # type: ignore[no-untyped-def]
+    """The transformers model for ``case``, with weights sharper than HF's init (so greedy
+    paths are not decided by near-ties) and random norm weights and biases (so a missing q/k
+    norm or bias shows)."""
+    transformers = pytest.importorskip("transformers")
+    config = getattr(transformers, case.config_class)(
+        **{**SIZES, **case.extra}, tie_word_embeddings=case.tied
+    )
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.15)
+            elif name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:  # biases
+                p.normal_(0.0, 0.1)
+    # The greedy reference decodes a fixed number of tokens: no eos, no suppression.
+    model.generation_config.eos_token_id = None
+    model.generation_config.bos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def save_folder(case: Case, root: Path, **save_kw: Any):  # type: ignore[no-untyped-def]
+    """Save ``case``'s model with ``save_pretrained`` into ``root``; return the model."""
+    model = hf_model(case)
+    model.save_pretrained(root, **save_kw)
+    return model
+
+
+def hf_greedy(model, prompts: list[list[int]], n: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """transformers' greedy continuation of each prompt, one prompt at a time (no padding)."""
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p])
+            gen = model.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n
+            )
+            out.append(gen[0, len(p) :].tolist())
+    return out
+
+
+def hf_logprobs(model, prompt: list[int], response: list[int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """log p(response token) from one full forward pass over prompt + response (float32)."""
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]

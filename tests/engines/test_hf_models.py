@@ -1,0 +1,134 @@
+"""Real model families in the embedded engine: folders transformers writes (Qwen2, Llama 3 with
+rope scaling, Qwen3; tied and untied) load, decode greedily as transformers does, and give the
+logprobs of a full forward pass, in float32, bfloat16 and float16 on CPU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hf_fixtures import CASE_IDS, CASES, PROMPTS, Case, hf_greedy, hf_logprobs, save_folder
+
+from pivotflow.engines.base import GenerationRequest, SamplingParams
+from pivotflow.engines.torch import ModelFolder, TorchEngine, load_model_folder
+
+N_TOKENS = 16
+Built = Callable[[Case], tuple[Any, Path]]
+# bfloat16 keeps 8 significant bits: each rounding is off by up to 2^-9 (0.2%) relative, and a
+# logit of magnitude ~5-10 passes a dozen roundings per layer. Measured on these models: the
+# bf16 engine's logprobs are off by at most 0.07 (mean 0.017) from float32 transformers, and
+# where its greedy token differs from float32's argmax the two logits are within 0.05. The
+# bounds are about twice that. float16 keeps 11 bits (8x finer): at most 0.014 measured.
+BF16_LOGPROB_MAX, BF16_LOGPROB_MEAN, BF16_ARGMAX_GAP = 0.15, 0.04, 0.15
+FP16_LOGPROB_MAX = 0.03
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """case -> (its transformers model, the folder save_pretrained wrote), each built once."""
+    cache: dict[str, tuple[Any, Path]] = {}
+
+    def get(case: Case) -> tuple[Any, Path]:
+        if case.name not in cache:
+            root = tmp_path_factory.mktemp(case.name)
+            cache[case.name] = (save_folder(case, root), root)
+        return cache[case.name]
+
+    return get
+
+
+def _engine(folder: ModelFolder, dtype: str = "fp32") -> TorchEngine:
+    engine = TorchEngine(folder.config, max_batch=8, dtype=dtype)
+    engine.load_weights(folder.tensors, version=0)
+    return engine
+
+
+def _run(engine: TorchEngine, temperature: float) -> list[Any]:
+    """All PROMPTS at once: one batch of different lengths."""
+    return engine.generate(
+        [
+            GenerationRequest(
+                f"p{i}", p, SamplingParams(temperature=temperature, max_tokens=N_TOKENS, seed=i)
+            )
+            for i, p in enumerate(PROMPTS)
+        ]
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
+    built: Built, case: Case
+) -> None:
+    model, root = built(case)
+    folder = load_model_folder(root)
+    cfg = folder.config
+    assert cfg.tie_word_embeddings == case.tied
+    assert cfg.architecture == {"Qwen2Config": "qwen2", "LlamaConfig": "llama",
+                                "Qwen3Config": "qwen3"}[case.config_class]  # fmt: skip
+    assert cfg.head_dim == 32 and cfg.qk_norm == (cfg.architecture == "qwen3")
+    assert set(folder.tensors) >= set(model.state_dict()) - {"lm_head.weight"}
+    engine = _engine(folder)
+    greedy = _run(engine, temperature=0.0)
+    assert [o.token_ids for o in greedy] == hf_greedy(model, PROMPTS, N_TOKENS)
+    sampled = _run(engine, temperature=1.0)
+    for out, prompt in zip(sampled, PROMPTS, strict=True):
+        assert len(out.token_ids) == N_TOKENS
+        expected = hf_logprobs(model, prompt, out.token_ids)
+        torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_rope_scaling_is_read_from_the_config(built: Built) -> None:
+    _, root = built(CASES[2])
+    cfg = load_model_folder(root).config
+    assert (cfg.rope_type, cfg.rope_factor, cfg.rope_theta) == ("llama3", 8.0, 500000.0)
+    assert (cfg.rope_low_freq_factor, cfg.rope_high_freq_factor) == (1.0, 4.0)
+    assert cfg.rope_original_max_position_embeddings == 16
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[5]], ids=lambda c: c.name)
+def test_bf16_runs_on_cpu_close_to_float32(built: Built, case: Case) -> None:
+    model, root = built(case)
+    folder = load_model_folder(root)
+    engine = _engine(folder, "bf16")
+    assert engine._model is not None and engine._model.lm_head.weight.dtype == torch.bfloat16
+    greedy = _run(engine, temperature=0.0)
+    reference = hf_greedy(model, PROMPTS, N_TOKENS)
+    same = sum(o.token_ids == r for o, r in zip(greedy, reference, strict=True))
+    assert same >= 3, f"only {same} of {len(PROMPTS)} prompts decode as in float32"
+    for out, prompt in zip(greedy, PROMPTS, strict=True):
+        # Where bf16 picks another token than float32 would, float32 all but ties the two.
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + out.token_ids])).logits[0, len(prompt) - 1 : -1]
+        picked = logits.gather(-1, torch.tensor(out.token_ids)[:, None])[:, 0]
+        assert float((logits.max(-1).values - picked).max()) < BF16_ARGMAX_GAP
+    errors = torch.cat(
+        [
+            (torch.tensor(o.logprobs) - hf_logprobs(model, p, o.token_ids)).abs()
+            for o, p in zip(_run(engine, temperature=1.0), PROMPTS, strict=True)
+        ]
+    )
+    assert float(errors.max()) < BF16_LOGPROB_MAX and float(errors.mean()) < BF16_LOGPROB_MEAN
+
+
+def test_fp16_runs_on_cpu_close_to_float32(built: Built) -> None:
+    model, root = built(CASES[4])
+    engine = _engine(load_model_folder(root), "float16")
+    for out, prompt in zip(_run(engine, temperature=1.0), PROMPTS, strict=True):
+        expected = hf_logprobs(model, prompt, out.token_ids)
+        assert float((torch.tensor(out.logprobs) - expected).abs().max()) < FP16_LOGPROB_MAX
+
+
+def test_sharded_checkpoint_loads(tmp_path: Path) -> None:
+    model = save_folder(CASES[5], tmp_path, max_shard_size="50KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
+    folder = load_model_folder(tmp_path)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(folder.tensors[name], tensor), name
+    out = _engine(folder).generate(
+        [GenerationRequest("a", PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=8))]
+    )
+    assert out[0].token_ids == hf_greedy(model, PROMPTS[:1], 8)[0]
