@@ -197,20 +197,29 @@ class Graph:
     def source(self, name: str, *, task: str | None = None, path: str | None = None,
                group_size: int = 8, groups_per_step: int = 8, prompt_key: str = "prompt",
                answer_key: str | None = "answer", shuffle: bool = True,
-               **task_options: Any) -> Node:
+               chat_template: bool = False, **task_options: Any) -> Node:
         """Prompts from a built-in task or a JSONL/Parquet file; each prompt becomes a group.
 
         A file's rows are read and checked here (``pivotflow.tasks.datasets``): ``prompt_key``
         and ``answer_key`` name its prompt and answer columns, and every other column becomes a
         sample field the stages may read. A relative ``path`` is taken from the working
         directory, else from the graph file's. With ``shuffle`` each pass over the file is in
-        a new seeded order (verl's and TRL's default); else in file order."""
+        a new seeded order (verl's and TRL's default); else in file order.
+
+        The prompt column may hold strings or lists of chat messages (``[{"role": "user",
+        "content": ...}]``, as verl's and TRL's datasets do). Messages are always rendered with
+        the policy's chat template (``add_generation_prompt=True``); a string prompt is encoded
+        raw (with the tokenizer's BOS, where it has one) unless ``chat_template=True``, which
+        renders it as one user message. The ``prompt`` field keeps what the row held."""
         where = _caller_where()
         if (task is None) == (path is None):
             raise GraphError(f"source {name!r} at {where}: give exactly one of task= or path=")
+        if not isinstance(chat_template, bool):
+            raise GraphError(f"source {name!r} at {where}: chat_template must be True or "
+                             f"False, got {chat_template!r}")
         opts: dict[str, Any] = {"task": task, "path": path, "group_size": group_size,
                                 "groups_per_step": groups_per_step, "shuffle": shuffle,
-                                "task_options": task_options}
+                                "chat_template": chat_template, "task_options": task_options}
         writes = SOURCE_FIELDS
         if path is not None:
             table = _prompt_table(name, where, path, prompt_key, answer_key)
@@ -244,11 +253,14 @@ class Graph:
         return self._add(Node(name, "generate", where, reads=frozenset({"prompt_ids"}),
                               writes=writes, model=model, pool=pool, options=opts))
 
-    def judge(self, name: str, *, model: str, pool: str, template: Callable[..., str],
+    def judge(self, name: str, *, model: str, pool: str, template: Callable[..., Any],
               parse: Callable[..., float | None], max_tokens: int = 8) -> Node:
-        """A generative reward model: ``template(**fields)`` makes the judge's prompt, the judge
-        generates a verdict, ``parse(verdict, **fields)`` turns it into a reward (None = failed
-        judgement, counted, never silently 0)."""
+        """A generative reward model: ``template(**fields)`` makes the judge's prompt (a string,
+        or chat messages rendered with the *judge's* chat template), the judge generates a
+        verdict greedily (up to ``max_tokens``), ``parse(verdict, **fields)`` turns its decoded
+        text into a reward (None = failed judgement, counted, never silently 0). The contract,
+        and parsers for the common forms (``\\boxed{}``, a final Yes/No, a score), are in
+        ``pivotflow.verdicts``."""
         where = _caller_where()
         reads = fn_reads(template, where, name) | (fn_reads(parse, where, name) - {"verdict"})
         opts = {"template": template, "parse": parse, "max_tokens": max_tokens}

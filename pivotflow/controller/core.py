@@ -50,7 +50,7 @@ from pivotflow.protocol import (
     Welcome,
     WorkerFailed,
 )
-from pivotflow.tasks.tokenizer import CharTokenizer
+from pivotflow.tokenizer.base import Tokenizer
 from pivotflow.tools.pool import ToolPool
 from pivotflow.transport.base import ControllerTransport
 
@@ -74,7 +74,7 @@ class Controller:
     """Runs one graph to ``steps`` optimizer steps on the workers that connect to it."""
 
     def __init__(self, graph: Graph, cfg: ControllerConfig, *, transport: ControllerTransport,
-                 clock: Clock, tokenizers: dict[str, CharTokenizer], source: PromptSource,
+                 clock: Clock, tokenizers: dict[str, Tokenizer], source: PromptSource,
                  assignments: dict[str, str], role_options: dict[str, dict[str, Any]],
                  store_dir: str, on_step: Callable[[dict[str, Any]], None] | None = None,
                  planner: Planner | None = None, respawn: Respawn | None = None,

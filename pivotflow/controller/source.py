@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from pivotflow.controller.sample import Sample
 from pivotflow.graph import Node
-from pivotflow.tasks.tokenizer import CharTokenizer
+from pivotflow.messages import encode_prompt
+from pivotflow.tokenizer.base import Tokenizer
 
 if TYPE_CHECKING:
     from pivotflow.controller.core import Controller
@@ -19,9 +20,12 @@ class PromptSource:
     Quota: groups in flight (admitted, not yet trained or filtered) stay under
     ``groups_per_step * (max_staleness + 1)``, and no more groups are admitted than the run's
     steps need; a filtered group frees its slot (dynamic sampling refills it).
+
+    A prompt of chat messages is rendered with the policy's chat template; a string is encoded
+    as is unless the source says ``chat_template=True`` (``pivotflow.messages``).
     """
 
-    def __init__(self, node: Node, problems: Any, tok: CharTokenizer, *, steps: int,
+    def __init__(self, node: Node, problems: Any, tok: Tokenizer, *, steps: int,
                  max_staleness: int, seed: int) -> None:
         self.node = node
         self.problems = problems  # a ProblemStream: next(), check(problem, completion)
@@ -33,6 +37,7 @@ class PromptSource:
         self.rng = random.Random(seed)
         self.next_sample = 0
         self.columns = node.options.get("table") is not None
+        self.chat_template = bool(node.options.get("chat_template", False))
 
     def quota(self, version: int, filtered: int) -> int:
         n = self.groups_per_step
@@ -46,7 +51,7 @@ class PromptSource:
             group_id = ledger.prompts_in
             ledger.prompts_in += 1
             ctl.train_buffer.admitted(group_id, ctl.version)
-            prompt_ids = self.tok.encode(problem.prompt, bos=True)
+            prompt_ids = encode_prompt(self.tok, problem.prompt, chat_template=self.chat_template)
             columns = problem.meta if self.columns else {}  # a prompt file's other columns
             group = []
             for _ in range(self.group_size):

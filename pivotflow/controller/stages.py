@@ -8,18 +8,20 @@ from __future__ import annotations
 from typing import Any
 
 from pivotflow.controller.sample import Sample
-from pivotflow.errors import GraphError
+from pivotflow.errors import GraphError, TokenizerError
 from pivotflow.graph import Node
+from pivotflow.messages import encode_prompt, message_problem
 from pivotflow.protocol import GenerateJob, JobDone, TrainSeq
-from pivotflow.tasks.tokenizer import CharTokenizer
+from pivotflow.tokenizer.base import Tokenizer
 
 PARTIAL = "_partial"  # private key of an aborted job's partial state, consumed on re-dispatch
 COUNTED = "_counted"  # private key: tokens of that partial state already counted as generated
 
 
-def generate_job(node: Node, sample: Sample, job_id: int, tok: CharTokenizer,
+def generate_job(node: Node, sample: Sample, job_id: int, tok: Tokenizer,
                  min_version: int) -> GenerateJob:
-    """The job that generates (or resumes) a rollout for ``sample``."""
+    """The job that generates (or resumes) a rollout for ``sample``; it stops on any of the
+    model's stop tokens (its EOS and generation_config's eos ids)."""
     opts = node.options
     partial: JobDone | None = sample.private.pop(PARTIAL, None)
     return GenerateJob(
@@ -30,7 +32,7 @@ def generate_job(node: Node, sample: Sample, job_id: int, tok: CharTokenizer,
         temperature=float(opts["temperature"]),
         top_p=float(opts["top_p"]),
         seed=sample.seed,
-        stop_token_ids=[tok.eos_id],
+        stop_token_ids=list(tok.eos_ids),
         prefix_ids=partial.token_ids if partial else [],
         prefix_logprobs=partial.logprobs if partial else [],
         prefix_versions=partial.versions if partial else [],
@@ -38,27 +40,36 @@ def generate_job(node: Node, sample: Sample, job_id: int, tok: CharTokenizer,
     )
 
 
-def judge_job(node: Node, sample: Sample, job_id: int, tok: CharTokenizer) -> GenerateJob:
-    """The job that asks the GenRM for a verdict on ``sample`` (greedy, judge weights v0+)."""
+def judge_job(node: Node, sample: Sample, job_id: int, tok: Tokenizer) -> GenerateJob:
+    """The job that asks the GenRM for a verdict on ``sample`` (greedy, judge weights v0+).
+    ``template`` returns a string (encoded as is) or chat messages (rendered with the judge's
+    chat template): the contract is in ``pivotflow.verdicts``."""
     prompt = node.options["template"](**sample.fields)
     if not isinstance(prompt, str):
-        raise GraphError(f"judge {node.name!r} at {node.where}: template returned "
-                         f"{type(prompt).__name__}, expected str")
+        problem = message_problem(prompt)
+        if problem is not None:
+            raise GraphError(f"judge {node.name!r} at {node.where}: template returned "
+                             f"{type(prompt).__name__}, expected a str or a list of chat "
+                             f"messages ({problem})")
+    try:
+        prompt_ids = encode_prompt(tok, prompt)
+    except TokenizerError as exc:  # e.g. messages for a judge without a chat template
+        raise GraphError(f"judge {node.name!r} at {node.where}: {exc}") from None
     partial: JobDone | None = sample.private.pop(PARTIAL, None)
     return GenerateJob(
         job_id=job_id,
-        prompt_ids=tok.encode(prompt, bos=True),
+        prompt_ids=prompt_ids,
         max_tokens=int(node.options["max_tokens"]),
         temperature=0.0,
         seed=sample.seed,
-        stop_token_ids=[tok.eos_id],
+        stop_token_ids=list(tok.eos_ids),
         prefix_ids=partial.token_ids if partial else [],
         prefix_logprobs=partial.logprobs if partial else [],
         prefix_versions=partial.versions if partial else [],
     )
 
 
-def apply_generation(sample: Sample, result: JobDone, tok: CharTokenizer) -> None:
+def apply_generation(sample: Sample, result: JobDone, tok: Tokenizer) -> None:
     """Write a finished rollout into the sample's fields."""
     text = tok.decode(result.token_ids)
     sample.fields.update(
@@ -71,8 +82,9 @@ def apply_generation(sample: Sample, result: JobDone, tok: CharTokenizer) -> Non
     )
 
 
-def apply_verdict(node: Node, sample: Sample, result: JobDone, tok: CharTokenizer) -> bool:
-    """Parse the judge's verdict into ``reward``; False when it could not be parsed."""
+def apply_verdict(node: Node, sample: Sample, result: JobDone, tok: Tokenizer) -> bool:
+    """Parse the judge's verdict (its text, special tokens left out) into ``reward``; False
+    when it could not be parsed."""
     verdict = tok.decode(result.token_ids)
     fields = sample.fields
     fields["verdict"] = verdict

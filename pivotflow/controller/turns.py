@@ -5,7 +5,10 @@ A sample's trajectory so far lives in its fields as token ids (``response_ids``)
 checkpoint saves it and any worker can run the next turn: each turn is a job whose prompt is the
 prompt plus the trajectory so far, and a turn cut short (a migration, a checkpoint) resumes from
 its partial tokens like any job. Nothing is ever re-tokenized from text: policy tokens are the
-engine's, observation tokens are the only text encoded here. Layout: ``tools/trajectory.py``.
+engine's, observation tokens are the only text encoded here (by the model's tokenizer). A
+turn's text is decoded in the context of the trajectory before it (``turn_text``), so a
+byte-level BPE token that completes a character begun in an earlier turn decodes right; a
+``</tool_call>`` split over tokens is seen whole. Layout: ``tools/trajectory.py``.
 
 Pure bookkeeping on samples; the controller owns the tool pool's calls and the queues.
 """
@@ -19,10 +22,10 @@ import msgspec
 from pivotflow.controller.sample import Sample
 from pivotflow.graph import Node
 from pivotflow.protocol import GenerateJob, JobDone
-from pivotflow.tasks.tokenizer import CharTokenizer
+from pivotflow.tokenizer.base import Tokenizer
 from pivotflow.tools.parsers import ToolCall, make_parser
 from pivotflow.tools.pool import ToolResult
-from pivotflow.tools.trajectory import encode_observation, observation_text
+from pivotflow.tools.trajectory import encode_observation, observation_text, turn_text
 
 AWAITING = "_awaiting_tool"  # the last turn's calls have not been answered yet
 TURN_TEXT = "_turn_text"  # that turn's text, to parse its calls again after a resume
@@ -32,7 +35,7 @@ Calls = list[ToolCall] | Any  # ... or the ToolCallError of a malformed call
 class ToolTurns:
     """The turn logic of one generate stage declared with ``tools=``."""
 
-    def __init__(self, node: Node, tok: CharTokenizer) -> None:
+    def __init__(self, node: Node, tok: Tokenizer) -> None:
         opts = node.options
         self.node, self.tok = node, tok
         self.parser = make_parser(opts["tool_parser"])
@@ -58,12 +61,12 @@ class ToolTurns:
         if not f.get("turns"):  # the first turn starts the trajectory
             f.update(response_ids=[], logprobs=[], versions=[], loss_mask=[], turns=0,
                      tool_calls=0, tool_errors=0)
+        text = turn_text(self.tok, f["response_ids"], r.token_ids)
         f["response_ids"] += r.token_ids
         f["logprobs"] += r.logprobs
         f["versions"] += r.versions
         f["loss_mask"] += [1] * len(r.token_ids)
         f["turns"] += 1
-        text = self.tok.decode(r.token_ids)
         room = self.max_total is None or len(f["response_ids"]) < self.max_total
         if (r.finish_reason == "stop" and not r.error and f["turns"] < self.max_turns and room
                 and self.parser.call_closed(text)):

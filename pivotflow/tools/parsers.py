@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from pivotflow.errors import ToolCallError
+from pivotflow.tokenizer.base import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,18 +167,17 @@ class HermesParser:
 class ToolCallWatcher:
     """Watches a generation token by token and says when a tool call has just closed.
 
-    ``push(ids)`` decodes only the new ids with ``decode`` (right for tokenizers whose tokens
-    decode independently, like the character tokenizer); with byte-level BPE feed the text of an
-    incremental detokenizer to ``push_text`` instead.
+    ``push(ids)`` feeds the ids through the tokenizer's incremental detokenizer
+    (``tokenizer.stream()``), so a ``</tool_call>`` split over byte-level BPE tokens, or a
+    multi-byte character split over them, is seen whole once its last byte arrives; text that
+    is already decoded goes to ``push_text``.
     """
 
-    def __init__(
-        self,
-        parser: ToolCallParser | None = None,
-        decode: Callable[[Sequence[int]], str] | None = None,
-    ) -> None:
+    def __init__(self, parser: ToolCallParser | None = None,
+                 tokenizer: Tokenizer | None = None) -> None:
         self.parser: ToolCallParser = parser if parser is not None else HermesParser()
-        self.decode = decode
+        self.tokenizer = tokenizer
+        self._stream = tokenizer.stream() if tokenizer is not None else None
         self.text = ""
 
     def push_text(self, piece: str) -> bool:
@@ -188,15 +188,17 @@ class ToolCallWatcher:
     def push(self, ids: Sequence[int]) -> bool:
         """Append token ids; True if a complete call closed inside them.
 
-        Raises ToolCallError if the watcher was built without ``decode``.
+        Raises ToolCallError if the watcher was built without ``tokenizer``.
         """
-        if self.decode is None:
-            raise ToolCallError("ToolCallWatcher.push needs a decode function; use push_text")
-        return self.push_text(self.decode(ids))
+        if self._stream is None:
+            raise ToolCallError("ToolCallWatcher.push needs a tokenizer; use push_text")
+        return self.push_text(self._stream.push(ids))
 
     def reset(self) -> None:
         """Forget the text so far (at the start of a new turn)."""
         self.text = ""
+        if self.tokenizer is not None:
+            self._stream = self.tokenizer.stream()
 
 
 # tool-call formats by the name a graph gives (``generate(..., tool_parser="hermes")``)

@@ -9,7 +9,10 @@ token ids with a loss mask, never re-tokenized from text::
     85<eos>                                                   policy turn   mask 1
 
 A policy turn ends at EOS, at its token budget, or right after a call closes (the engine stops on
-the parser's stop strings); the answer is the text of the last policy turn.
+the parser's stop strings); the answer is the text of the last policy turn. Observations are
+encoded on their own by the model's tokenizer and appended as ids, so with a BPE tokenizer the
+ids at a turn's edge are not what encoding the whole text would give: the trainer sees exactly
+the ids the policy was conditioned on (token-in, token-out).
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from pivotflow.tasks.tokenizer import CharTokenizer
+from pivotflow.errors import TokenizerError
+from pivotflow.tokenizer.base import Tokenizer
 from pivotflow.tools.parsers import ToolCallParser
 
 REPLACEMENT = "?"  # stands for a character of a tool's output the tokenizer cannot encode
+INCOMPLETE = "\ufffd"  # what decode shows for the bytes of an unfinished UTF-8 character
 
 
 class Observed(Protocol):
@@ -39,11 +44,34 @@ def observation_text(parser: ToolCallParser, results: Sequence[Observed]) -> str
     return "\n" + "\n".join(parser.format_result(r.name, r.content) for r in results) + "\n"
 
 
-def encode_observation(tok: CharTokenizer, text: str) -> list[int]:
-    """Ids of ``text`` with every character outside the tokenizer's alphabet replaced: a tool
-    may print anything, and what it printed must never crash the sample."""
-    known = frozenset(tok.chars)
-    return tok.encode("".join(c if c in known else REPLACEMENT for c in text))
+def encode_observation(tok: Tokenizer, text: str) -> list[int]:
+    """Ids of ``text`` by the model's tokenizer (a byte-level BPE encodes anything). A tokenizer
+    with a fixed alphabet (the char one) raises on a character it lacks: those characters are
+    replaced, since a tool may print anything and what it printed must never crash the sample."""
+    try:
+        return tok.encode(text)
+    except TokenizerError:
+        pass
+    known: dict[str, bool] = {}
+    for c in set(text):
+        try:
+            tok.encode(c)
+            known[c] = True
+        except TokenizerError:
+            known[c] = False
+    return tok.encode("".join(c if known[c] else REPLACEMENT for c in text))
+
+
+def turn_text(tok: Tokenizer, before: Sequence[int], new: Sequence[int]) -> str:
+    """The text the tokens ``new`` add after ``before`` (the trajectory so far): decoded in
+    context, so a byte-level token that completes a character begun in ``before`` counts here
+    (a character still incomplete at the end of ``new`` shows as U+FFFD, as ``decode`` shows
+    it)."""
+    if not before:
+        return tok.decode(new)
+    full = tok.decode([*before, *new])
+    prior = tok.decode(before).rstrip(INCOMPLETE)  # its unfinished character is not yet text
+    return full[len(prior):] if full.startswith(prior) else tok.decode(new)
 
 
 def answer_of(turn_texts: Sequence[str]) -> str:

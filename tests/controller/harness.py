@@ -30,7 +30,7 @@ from pivotflow.protocol import (
 )
 from pivotflow.rl.group_fns import grpo_advantage
 from pivotflow.run_models import ProblemStream
-from pivotflow.tasks.tokenizer import default_tokenizer
+from pivotflow.tokenizer import default_tokenizer
 from pivotflow.transport.local import LocalHub
 
 TOK = default_tokenizer()
@@ -74,7 +74,8 @@ class Harness:
                  assignments: dict[str, str] | None = None, planner: Any = None,
                  respawn: Any = None, worker_timeout_s: float = 30.0,
                  graph: Graph | None = None, tool_pools: dict[str, Any] | None = None,
-                 **graph_kw: Any) -> None:
+                 tok: Any = TOK, **graph_kw: Any) -> None:
+        """``tok``: the policy's and the judge's tokenizer (the char one unless given)."""
         self.graph = graph or make_graph(**graph_kw)
         self.expect = expected_tokens  # what TokenWorkers generate for a prompt
         self.records: list[dict[str, Any]] = []
@@ -84,13 +85,13 @@ class Harness:
         assignments = assignments or {"w-roll": "rollout", "w-judge": "genrm",
                                       "w-train": "trainer"}
         source = PromptSource(self.graph.order()[0],
-                              ProblemStream(self.graph.order()[0], seed=0), TOK, steps=steps,
+                              ProblemStream(self.graph.order()[0], seed=0), tok, steps=steps,
                               max_staleness=max_staleness, seed=0)
         cfg = ControllerConfig(steps=steps, max_staleness=max_staleness, heartbeat_s=0.05,
                                worker_timeout_s=worker_timeout_s)
         self.ctl = Controller(self.graph, cfg,
                               transport=self.hub.controller, clock=LoopClock(),
-                              tokenizers={"policy": TOK, "judge": TOK}, source=source,
+                              tokenizers={"policy": tok, "judge": tok}, source=source,
                               assignments=assignments, role_options={}, store_dir="/unused",
                               on_step=self.records.append, planner=planner, respawn=respawn,
                               tool_pools=tool_pools)

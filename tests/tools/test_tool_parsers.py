@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hf_folders import save_tokenizer, train_bpe
 
 from pivotflow.errors import ToolCallError
-from pivotflow.tasks.tokenizer import default_tokenizer
+from pivotflow.tokenizer import Tokenizer, default_tokenizer, load_tokenizer
 from pivotflow.tools import HermesParser, ToolCall, ToolCallParser, ToolCallWatcher
+from pivotflow.tools.trajectory import REPLACEMENT, encode_observation, turn_text
 
 P = HermesParser()
 
@@ -94,7 +96,7 @@ def test_watcher_on_a_token_id_stream() -> None:
     tok = default_tokenizer()
     text = "Let me compute. " + P.format_call("calculator", {"expression": "17*23"}) + " tail"
     ids = tok.encode(text)
-    watcher = ToolCallWatcher(P, decode=tok.decode)
+    watcher = ToolCallWatcher(P, tokenizer=tok)
     stops = [i for i, tid in enumerate(ids) if watcher.push([tid])]
     assert len(stops) == 1
     assert tok.decode(ids[: stops[0] + 1]).endswith("</tool_call>")
@@ -102,5 +104,50 @@ def test_watcher_on_a_token_id_stream() -> None:
     assert watcher.text == ""
     # a multi-character piece that holds the close tag and more still counts
     assert ToolCallWatcher(P).push_text(text)
-    with pytest.raises(ToolCallError, match="needs a decode function"):
+    with pytest.raises(ToolCallError, match="needs a tokenizer"):
         ToolCallWatcher(P).push([1])
+
+
+@pytest.fixture(scope="module")
+def bpe_without_tags(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    """A byte-level BPE where the tags are no tokens of their own (Llama 3's case)."""
+    folder = tmp_path_factory.mktemp("bpe")
+    save_tokenizer(train_bpe(tool_tags=False), folder)
+    return load_tokenizer(folder)
+
+
+def test_watcher_finds_a_close_tag_split_over_bpe_tokens(bpe_without_tags: Tokenizer) -> None:
+    tok = bpe_without_tags
+    call = P.format_call("calculator", {"expression": "17*23", "note": "é→ü"})
+    ids = tok.encode("Let me compute: " + call + " then more")
+    close = tok.encode("</tool_call>")
+    assert len(close) > 1  # the tag straddles tokens
+    pieces = [tok.decode([i]) for i in ids]
+    assert any("\ufffd" in p for p in pieces)  # and so do the multi-byte characters
+    watcher = ToolCallWatcher(P, tokenizer=tok)
+    stops = [i for i, tid in enumerate(ids) if watcher.push([tid])]
+    assert len(stops) == 1  # exactly once, at the token that completes the tag
+    assert tok.decode(ids[: stops[0] + 1]).endswith("</tool_call>")
+    assert not tok.decode(ids[: stops[0]]).endswith("</tool_call>")
+    assert P.parse(watcher.text)[0].arguments["note"] == "é→ü"  # nothing garbled
+    assert "\ufffd" not in watcher.text
+
+
+def test_a_turn_decodes_after_the_trajectory_before_it(bpe_without_tags: Tokenizer) -> None:
+    tok = bpe_without_tags
+    ids = tok.encode("x→y")
+    cut = next(i for i in range(1, len(ids)) if "\ufffd" in tok.decode(ids[:i]))
+    # the arrow's first bytes ended the last turn: this turn completes it
+    assert turn_text(tok, ids[:cut], ids[cut:]) == "→y"
+    assert turn_text(tok, [], ids) == "x→y"
+    assert turn_text(tok, [], ids[:cut]).startswith("x\ufffd")  # as decode shows it
+
+
+def test_observations_are_the_model_tokenizers_ids(bpe_without_tags: Tokenizer) -> None:
+    text = "\n<tool_response>\nnaïve ✓ \x00\n</tool_response>\n"
+    assert encode_observation(bpe_without_tags, text) == bpe_without_tags.encode(text)
+    assert bpe_without_tags.decode(encode_observation(bpe_without_tags, text)) == text
+    # a fixed alphabet cannot hold every character a tool prints: those are replaced
+    char = default_tokenizer()
+    assert char.decode(encode_observation(char, text)) == text.replace("ï", REPLACEMENT) \
+        .replace("✓", REPLACEMENT).replace("\x00", REPLACEMENT)
