@@ -23,6 +23,24 @@ LLAMA = ModelConfig(
     tie_word_embeddings=False,
     architecture="llama",
 )
+# Qwen3 with every option the packed path must honour: q/k norms, biases on all four attention
+# projections, heads * head_dim (4 * 16) unlike hidden_size 48, and llama3 rope scaling.
+QWEN3 = ModelConfig(
+    vocab_size=50,
+    hidden_size=48,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=40,
+    attention_bias=True,
+    tie_word_embeddings=False,
+    rope_type="llama3",
+    rope_factor=4.0,
+    rope_original_max_position_embeddings=8,
+    architecture="qwen3",
+)
 
 
 def _served(
@@ -31,8 +49,10 @@ def _served(
     """Logits [B, 1 + steps, vocab] of a prefill and greedy decode steps through the cache, and
     those a full forward pass over the same tokens gives at the same positions."""
     torch.manual_seed(0)
+    # Norm weights and biases off their init (ones, zeros), so one left out would show.
     weights = {
-        k: v.normal_(0.0, 0.2) if v.dim() == 2 else v for k, v in Decoder(cfg).state_dict().items()
+        k: v.normal_(0.0, 0.2) if v.dim() == 2 else v.add_(0.2 * torch.randn_like(v))
+        for k, v in Decoder(cfg).state_dict().items()
     }
     reference = Decoder(cfg)
     reference.load_state_dict(weights)
@@ -57,7 +77,9 @@ def _served(
     return torch.stack(served, 1), torch.stack(full)
 
 
-@pytest.mark.parametrize("cfg", [CONFIG, LLAMA], ids=["qwen2-tied-bias", "llama-untied"])
+@pytest.mark.parametrize(
+    "cfg", [CONFIG, LLAMA, QWEN3], ids=["qwen2-tied-bias", "llama-untied", "qwen3-wide-heads"]
+)
 def test_packed_path_matches_a_full_forward_pass(cfg: ModelConfig) -> None:
     prompts = [[1, 5, 9, 3], [1, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]
     served, full = _served(cfg, prompts, steps=20)  # crosses two capacity chunks

@@ -20,6 +20,7 @@ from pivotflow.engines.torch import (
     resolve_dtype,
     save_checkpoint,
 )
+from pivotflow.engines.torch.engine import DEFAULT_MAX_SEQ_LEN
 from pivotflow.errors import CheckpointError, ModelConfigError
 
 QWEN2, LLAMA, QWEN3 = CASES[1], CASES[2], CASES[5]
@@ -226,3 +227,11 @@ def test_config_from_hf_keeps_the_rope_theta_of_old_configs() -> None:
         1e6, "default", 32, 2
     )  # fmt: skip
     assert cfg.attention_bias and not cfg.tie_word_embeddings and not cfg.qk_norm
+
+
+def test_a_long_context_model_gets_a_bounded_default_context(tmp_path: Path) -> None:
+    save_folder(QWEN2, tmp_path)
+    _edit_json(tmp_path / "config.json", max_position_embeddings=32768)
+    cfg = load_model_folder(tmp_path).config
+    assert TorchEngine(cfg, max_batch=1).max_seq_len == DEFAULT_MAX_SEQ_LEN
+    assert TorchEngine(cfg, max_batch=1, max_seq_len=8192).max_seq_len == 8192

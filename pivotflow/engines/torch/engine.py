@@ -24,6 +24,11 @@ from pivotflow.engines.torch.sampling import SlotResponses, SlotSampler, seed_ke
 from pivotflow.engines.torch.weights import build_model, resolve_dtype
 from pivotflow.errors import EngineError, RequestError
 
+# The slot cache holds max_batch x max_seq_len positions up front: a real model's
+# max_position_embeddings (32768 for Qwen2.5-0.5B) would make that ~26 GB at 64 slots in bf16,
+# so the default context stops here; pass max_seq_len for longer ones.
+DEFAULT_MAX_SEQ_LEN = 4096
+
 
 @dataclass(slots=True)
 class _Seq:
@@ -43,7 +48,8 @@ class TorchEngine:
     distribution, before temperature and top-p (see ``sampling``). Tokens are stamped with
     ``version`` as it was when they were sampled. Every id in ``eos_token_ids`` (a real model's
     generation config often has several) ends a request, as do its own stop ids;
-    ``eos_token_id`` is the older one-id spelling, added to them.
+    ``eos_token_id`` is the older one-id spelling, added to them. ``max_seq_len`` (prompt plus
+    response) defaults to max_position_embeddings, at most DEFAULT_MAX_SEQ_LEN.
     """
 
     def __init__(
@@ -59,7 +65,9 @@ class TorchEngine:
         detokenize: Callable[[list[int]], str] | None = None,
     ) -> None:
         self.config = model_config.validate()
-        self.max_seq_len = max_seq_len or model_config.max_position_embeddings
+        self.max_seq_len = max_seq_len or min(
+            model_config.max_position_embeddings, DEFAULT_MAX_SEQ_LEN
+        )
         if max_batch < 1 or not 2 <= self.max_seq_len <= model_config.max_position_embeddings:
             raise EngineError(
                 f"TorchEngine needs max_batch >= 1 (got {max_batch}) and 2 <= max_seq_len <= "
