@@ -101,7 +101,8 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except Exception as exc:  # safetensors raises its own error types for bad headers
-        raise CheckpointError(f"{path}: cannot read safetensors file: {exc}") from exc
+        why = " ".join(str(exc).split())  # one line, whatever the library said
+        raise CheckpointError(f"{path}: cannot read safetensors file: {why}") from exc
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -179,7 +180,12 @@ def load_model_folder(directory: str | os.PathLike[str]) -> ModelFolder:
     gen_path = root / "generation_config.json"
     generation = _read_json(gen_path) if gen_path.exists() else {}
     single, index = root / "model.safetensors", root / "model.safetensors.index.json"
-    if single.exists() or not index.exists():
+    if not single.exists() and not index.exists():
+        raise CheckpointError(
+            f"{root}: no model.safetensors or model.safetensors.index.json (the embedded engine "
+            "reads safetensors weights only)"
+        )
+    if single.exists():
         tensors, where = _read_tensors(single), single
     else:
         tensors, where = _read_shards(root, index), index
