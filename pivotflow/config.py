@@ -15,6 +15,11 @@ import msgspec
 
 from pivotflow.errors import ConfigError
 
+# What models run in (weights and activations); "auto" is the dtype model's config.json names
+# (float32 when it names none). The short names are aliases, as in the engines' own flags.
+DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
+DEVICES = ("cpu", "cuda")  # "cuda:N" picks a GPU
+
 
 class ChaosConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Fault injection (like Ray's chaos tests): SIGKILL a random serving worker every
@@ -41,6 +46,8 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     heartbeat_s: float = 1.0
     worker_timeout_s: float = 60.0
     engine: str = "torch"
+    dtype: str = "auto"  # one of DTYPES, for every worker's model
+    device: str = "cpu"  # one of DEVICES, for every worker
     live: bool = True
     results_per_frame: int = 0
     max_worker_restarts: int = 50
@@ -128,6 +135,12 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     if cfg.engine not in ENGINE_KINDS:
         raise ConfigError(f"--set engine={cfg.engine}: unknown engine; valid: "
                           f"{', '.join(ENGINE_KINDS)}")
+    if cfg.dtype not in DTYPES:
+        raise ConfigError(f"--set dtype={cfg.dtype}: unknown dtype; valid: {', '.join(DTYPES)}")
+    kind, _, index = cfg.device.partition(":")
+    if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
+        raise ConfigError(f"--set device={cfg.device}: unknown device; valid: cpu, cuda, "
+                          "cuda:N")
     for name in ("steps", "threads_per_worker", "max_batch", "max_jobs_per_frame"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--set {name}={getattr(cfg, name)}: must be >= 1")

@@ -176,19 +176,23 @@ def _to_json(cfg: RunConfig) -> str:
 
 
 def role_options(graph: Graph, cfg: RunConfig,
-                 tokenizers: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+                 model_dirs: dict[str, Path] | None = None) -> dict[str, dict[str, Any]]:
+    """Each pool's worker options (flat: they travel in AssignRole). Every model stage gets
+    ``tokenizer_dir`` (its model's folder: engines decode to match stop strings, and vLLM and
+    SGLang load the tokenizer from it), ``dtype`` and ``device``; a trainer, its loss knobs."""
     opts: dict[str, dict[str, Any]] = {}
     for node in graph.order():
         if not node.pool:
             continue
         o: dict[str, Any] = {"threads": cfg.threads_per_worker, "max_batch": cfg.max_batch,
                              "engine": cfg.engine, "seed": cfg.seed,
-                             "results_per_frame": cfg.results_per_frame}
+                             "results_per_frame": cfg.results_per_frame,
+                             "dtype": cfg.dtype, "device": cfg.device}
         if node.kind == "train":
             o.update({k: v for k, v in node.options.items()
                       if isinstance(v, (int, float, str, bool))})
-        elif tokenizers and node.model in tokenizers:  # engines decode to match stop strings
-            o["tokenizer"] = json.dumps(tokenizers[node.model].to_dict())  # options are flat
+        if model_dirs and node.model in model_dirs:
+            o["tokenizer_dir"] = str(model_dirs[node.model])
         opts[node.pool] = o
     return opts
 
@@ -250,7 +254,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     tool_pools = start_tool_pools(graph)
     ctl = Controller(graph, ccfg, transport=transport, clock=LoopClock(),
                      tokenizers=models.tokenizers, source=source, assignments=assignments,
-                     role_options=role_options(graph, cfg, models.tokenizers),
+                     role_options=role_options(graph, cfg, models.dirs),
                      store_dir=str(store.root), on_step=on_step,
                      planner=make_planner(cfg.planner, colocate_groups(cfg, pool_order(graph))),
                      respawn=respawn, tool_pools=tool_pools)
@@ -375,9 +379,18 @@ def _summarize(ctl: Controller, steps: list[dict[str, Any]], wall: float,
     )
 
 
+# The files besides the weights that make a folder load with AutoTokenizer (and generate as
+# the model was meant to): copied from the model's folder into each checkpoint written.
+SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+              "chat_template.jinja", "generation_config.json", "added_tokens.json",
+              "vocab.json", "merges.txt", "tokenizer.model")
+
+
 def _save_checkpoint(store: ParamStore, graph: Graph, out: Path,
-                     tokenizer_dir: Path | None) -> None:
-    """The newest policy as safetensors + HF config.json (loadable by transformers)."""
+                     model_dir: Path | None) -> None:
+    """The newest policy as a Hugging Face folder: config.json (the config as the store holds
+    it), model.safetensors, and the model folder's tokenizer files, so transformers'
+    AutoModelForCausalLM and AutoTokenizer both load it."""
     from pivotflow.engines.torch.weights import save_checkpoint
 
     model = graph.order()[-1].model or ""
@@ -387,8 +400,12 @@ def _save_checkpoint(store: ParamStore, graph: Graph, out: Path,
         return
     dst = out / "checkpoints" / model
     save_checkpoint(dst, config, tensors)
-    if tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").exists():
-        shutil.copy(tokenizer_dir / "tokenizer.json", dst / "tokenizer.json")
+    for name in SIDE_FILES if model_dir is not None else ():
+        if (model_dir / name).is_file():
+            shutil.copy(model_dir / name, dst / name)
+    extra = model_dir / "additional_chat_templates" if model_dir is not None else None
+    if extra is not None and extra.is_dir():
+        shutil.copytree(extra, dst / extra.name, dirs_exist_ok=True)
     (dst / "version").write_text(str(version))
 
 

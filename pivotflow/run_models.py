@@ -7,69 +7,108 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
-from pivotflow.errors import CheckpointError, GraphError
-from pivotflow.graph import Graph, Node
+from pivotflow.errors import CheckpointError, GraphError, ModelConfigError, PivotflowError
+from pivotflow.graph import Graph, ModelSpec, Node
+from pivotflow.messages import is_messages
 from pivotflow.params.base import ParamStore
 from pivotflow.tasks.registry import Problem, get_task
-from pivotflow.tasks.tokenizer import CharTokenizer, default_tokenizer
+from pivotflow.tokenizer.base import Tokenizer
+
+# What a tokenizer folder holds (any of them); checked first so that a folder without any says
+# so in one line instead of failing on whichever file a loader looks for first.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 @dataclass
 class Models:
-    tokenizers: dict[str, CharTokenizer] = field(default_factory=dict)
+    tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     dirs: dict[str, Path] = field(default_factory=dict)
 
 
-def _tokenizer_of(model_dir: Path) -> CharTokenizer:
-    path = model_dir / "tokenizer.json"
-    if not path.exists():
-        return default_tokenizer()
-    import json
+def model_dir(spec: ModelSpec, seed: int, console: Any = None) -> Path:
+    """The folder of a declared model: a built-in one (bootstrapped into the cache once) or the
+    path the graph names."""
+    if not spec.source.startswith("builtin:"):
+        return Path(spec.source)
+    which = spec.source.split(":", 1)[1]
+    if which not in ("policy", "judge", "tool_policy"):
+        raise GraphError(f"model {spec.name!r} at {spec.where}: unknown built-in "
+                         f"{spec.source!r} (builtin:policy, builtin:judge or "
+                         "builtin:tool_policy)")
+    if which == "tool_policy":  # the policy taught the calculator's call format
+        from pivotflow.tasks.tool_policy import ensure_tool_policy
 
-    try:
-        return CharTokenizer.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: unreadable tokenizer: {exc}") from exc
+        return ensure_tool_policy(seed=seed, progress=console is not False)
+    from pivotflow.tasks.cache import ensure_models
+
+    policy, judge = ensure_models(seed=seed, progress=console is not False)
+    return policy if which == "policy" else judge
+
+
+def tokenizer_of(path: Path, vocab_size: int) -> Tokenizer:
+    """The tokenizer saved in a model folder; raises a one-line error for a folder without one
+    and for one with more ids than the model's embedding has rows."""
+    from pivotflow.tokenizer import load_tokenizer
+
+    if not any((path / name).exists() for name in TOKENIZER_FILES):
+        raise CheckpointError(f"{path}: no tokenizer files (none of {', '.join(TOKENIZER_FILES)});"
+                              " save the model's tokenizer next to its weights "
+                              "(tokenizer.save_pretrained(folder))")
+    tok = load_tokenizer(path)
+    if tok.vocab_size > vocab_size:
+        tok_file = next(path / n for n in TOKENIZER_FILES if (path / n).exists())
+        raise ModelConfigError(f"{tok_file}: the tokenizer has {tok.vocab_size} tokens, more "
+                               f"than {path / 'config.json'}: vocab_size {vocab_size} (ids "
+                               f">= {vocab_size} have no embedding)")
+    return tok
 
 
 def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
                    console: Any = None) -> Models:
-    """Resolve each declared model to a checkpoint (bootstrapping the built-in ones once) and
-    publish it to the store as version 0."""
-    from pivotflow.engines.torch.weights import load_checkpoint
+    """Resolve each declared model to its folder (bootstrapping the built-in ones once), load
+    its tokenizer, and publish its weights and config (as config.json holds it, ``context``
+    applied) to the store as version 0. Every error is one line naming the file and key."""
+    from pivotflow.engines.torch.weights import load_model_folder
 
     models = Models()
-    builtin: tuple[Path, Path] | None = None
     for spec in graph.models.values():
-        if spec.source.startswith("builtin:"):
-            which = spec.source.split(":", 1)[1]
-            if which not in ("policy", "judge", "tool_policy"):
-                raise GraphError(f"model {spec.name!r} at {spec.where}: unknown built-in "
-                                 f"{spec.source!r} (builtin:policy, builtin:judge or "
-                                 "builtin:tool_policy)")
-            if builtin is None:
-                from pivotflow.tasks.cache import ensure_models
-
-                builtin = ensure_models(seed=seed, progress=console is not False)
-            path = builtin[0] if which == "policy" else builtin[1]
-            if which == "tool_policy":  # the policy taught the calculator's call format
-                from pivotflow.tasks.tool_policy import ensure_tool_policy
-
-                path = ensure_tool_policy(seed=seed, progress=console is not False)
-        else:
-            path = Path(spec.source)
-        config, tensors = load_checkpoint(path)
-        if spec.context is not None:
-            if spec.context < 2:
-                raise GraphError(f"model {spec.name!r} at {spec.where}: context {spec.context} "
-                                 "must be >= 2")
-            config = msgspec.structs.replace(config, max_position_embeddings=spec.context)
-        store.publish(spec.name, 0, tensors, config)
-        models.tokenizers[spec.name] = _tokenizer_of(path)
+        path = model_dir(spec, seed, console)
+        if spec.context is not None and spec.context < 2:
+            raise GraphError(f"model {spec.name!r} at {spec.where}: context {spec.context} "
+                             "must be >= 2")
+        try:
+            if not path.is_dir():
+                raise CheckpointError(f"{path}: no such model folder")
+            folder = load_model_folder(path)
+            tok = tokenizer_of(path, folder.config.vocab_size)
+        except PivotflowError as exc:
+            raise type(exc)(f"model {spec.name!r} at {spec.where}: {exc}") from None
+        hf_config = dict(folder.hf_config)
+        if spec.context is not None:  # RoPE has no learned positions: serve more (or fewer)
+            hf_config["max_position_embeddings"] = spec.context
+        store.publish(spec.name, 0, folder.tensors, hf_config)
+        models.tokenizers[spec.name] = tok
         models.dirs[spec.name] = path
+    check_chat_templates(graph, models)
     return models
+
+
+def check_chat_templates(graph: Graph, models: Models) -> None:
+    """Before any process starts: a source whose prompts need the policy's chat template (chat
+    messages, or ``chat_template=True``) names a model that has one."""
+    source = graph.order()[0]
+    table = source.options.get("table")
+    needs = bool(source.options.get("chat_template")) or (
+        table is not None and any(is_messages(r["prompt"]) for r in table.rows))
+    policy = next((n.model for n in graph.order() if n.kind == "generate"), None)
+    if not needs or policy is None:
+        return
+    if models.tokenizers[policy].chat_template is None:
+        why = "chat_template=True" if source.options.get("chat_template") else \
+            f"{table.path} holds chat messages"
+        raise GraphError(f"source {source.name!r} at {source.where}: {why}, but the tokenizer "
+                         f"of model {policy!r} ({models.dirs[policy]}) has no chat template "
+                         "(no chat_template.jinja, no 'chat_template' in tokenizer_config.json)")
 
 
 class ProblemStream:

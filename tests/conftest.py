@@ -18,13 +18,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def random_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A policy and a judge with random weights (fast to load; they do not learn the task)."""
+    """A policy and a judge with random weights (fast to load; they do not learn the task), each
+    an ordinary Hugging Face folder: config.json, model.safetensors and a byte-level BPE
+    tokenizer trained here (with a ChatML template), whose size is the model's vocab_size (a
+    random model samples every id of its embedding, so none may lack a token)."""
+    from hf_folders import save_tokenizer, train_bpe
+
     root = tmp_path_factory.mktemp("models")
-    cfg = ModelConfig(vocab_size=99, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    bpe = train_bpe()
     torch.manual_seed(0)
     out = {}
     for name in ("policy", "judge"):
+        vocab = save_tokenizer(bpe, root / name)
+        cfg = ModelConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                          max_position_embeddings=64)
         save_checkpoint(root / name, cfg, Decoder(cfg).state_dict())
         out[name] = root / name
     return out

@@ -40,8 +40,20 @@ def test_int_given_for_float_knob_is_a_float() -> None:
         (["chaos.kill_worker_every_steps=-2"], r"chaos.kill_worker_every_steps=-2: must be >= 0"),
         (["chaos.kill_worker_every_s=-1"], r"chaos.kill_worker_every_s=-1.0: must be >= 0"),
         (["noequals"], r"expected KEY=VALUE"),
+        (["dtype=int8"], r"--set dtype=int8: unknown dtype; valid: auto, float32, bfloat16, "
+                         r"float16, fp32, bf16, fp16"),
+        (["device=tpu"], r"--set device=tpu: unknown device; valid: cpu, cuda, cuda:N"),
+        (["device=cpu:1"], r"unknown device"),
     ],
 )
 def test_bad_overrides(items: list[str], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         resolve(parse_overrides(items), DEFAULTS, ["rollout"])
+
+
+def test_dtype_and_device_default_to_the_config_and_cpu() -> None:
+    cfg = resolve({}, DEFAULTS)
+    assert (cfg.dtype, cfg.device) == ("auto", "cpu")
+    for name in ("bf16", "bfloat16", "fp16", "float32"):
+        assert resolve(parse_overrides([f"dtype={name}"]), DEFAULTS).dtype == name
+    assert resolve(parse_overrides(["device=cuda:1"]), DEFAULTS).device == "cuda:1"

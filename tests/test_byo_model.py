@@ -1,0 +1,207 @@
+"""Bring your own model: a Qwen2 that transformers saved, next to a BPE tokenizer trained here,
+named in a graph by its path, run by ``pivotflow run`` in its own process on chat-message
+prompts; and every bad input a newcomer may bring is one line naming the file and the key."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hf_folders import IM_END, save_tokenizer_hf, train_bpe
+
+from pivotflow.tasks.datasets import load_prompt_file
+
+pytestmark = pytest.mark.timeout(600)
+
+GRAPH = '''
+from pivotflow.graph import Graph
+from pivotflow.rl.group_fns import grpo_advantage
+from pivotflow.tasks.arithmetic import check_answer
+from pivotflow.tokenizer import load_tokenizer
+
+MODEL = %(model)r
+TOK = load_tokenizer(MODEL)
+
+
+def reward(prompt, prompt_ids, answer, completion, **_):
+    # the row's messages, rendered by the model's chat template: checked inside the run itself
+    if prompt_ids != TOK.encode(TOK.apply_chat_template(prompt, add_generation_prompt=True)):
+        raise ValueError("the prompt was not rendered with the chat template")
+    # the exact rule, and shorter is better: a random model is never right, and a reward that
+    # never varies gives GRPO nothing to train on
+    return float(check_answer(answer, completion)) - len(completion) / 100
+
+
+def build(config):
+    g = Graph("byo")
+    g.model("policy", source=MODEL)
+    g.pool("rollout", workers=1)
+    g.pool("trainer", workers=1)
+    src = g.source("prompts", path=%(prompts)r, group_size=4, groups_per_step=2,
+                   check_with="arithmetic")
+    gen = g.generate("rollout", model="policy", pool="rollout", max_tokens=8)
+    rew = g.map("reward", reward, writes=["reward"])
+    adv = g.group("advantage", grpo_advantage, writes=["advantage"])
+    g.chain(src, gen, rew, adv, g.train("train", model="policy", pool="trainer", lr=1e-3))
+    return g
+'''
+
+
+def save_qwen2(folder: Path, vocab_size: int, seed: int = 0) -> None:
+    """A random-weight Qwen2 (hidden 64, head_dim 32, 2 layers) as transformers saves one, with
+    a generation_config whose stop tokens are ``<|im_end|>`` and EOS, as Qwen's instruct
+    models have them."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                      head_dim=32, max_position_embeddings=256, tie_word_embeddings=True,
+                      eos_token_id=0, bos_token_id=None, pad_token_id=0)
+    model = Qwen2ForCausalLM(cfg)
+    model.generation_config = GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)
+    model.save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("qwen2")
+    bpe = train_bpe()
+    assert bpe.token_to_id(IM_END) == 2
+    save_qwen2(folder, save_tokenizer_hf(bpe, folder))
+    return folder
+
+
+def write_prompts(path: Path, rows: list[object] | None = None) -> Path:
+    rows = rows or [{"prompt": [{"role": "system", "content": "Add."},
+                                {"role": "user", "content": f"{a}+{b}="}], "answer": a + b}
+                    for a in range(10, 14) for b in range(20, 23)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def write_graph(tmp: Path, model: Path, prompts: Path) -> Path:
+    graph = tmp / "graph.py"
+    graph.write_text(GRAPH % {"model": str(model), "prompts": str(prompts)})
+    return graph
+
+
+def cli(*args: str, timeout: float = 500) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pivotflow.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_a_transformers_qwen2_runs_on_message_prompts_and_its_checkpoint_loads_back(
+        tmp_path: Path, qwen: Path) -> None:
+    graph = write_graph(tmp_path, qwen, write_prompts(tmp_path / "prompts.jsonl"))
+    out = tmp_path / "out"
+    done = cli("run", str(graph), "--out", str(out), "--steps", "3", "--set", "live=false")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["error"] is None
+    assert summary["ledger"]["groups_trained"] == 6
+    assert summary["ledger"]["lost"] == 0 and summary["ledger"]["duplicates"] == 0
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ckpt = out / "checkpoints" / "policy"
+    model = AutoModelForCausalLM.from_pretrained(ckpt)
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert model.config.head_dim == 32 and model.config.vocab_size == len(tok)
+    messages = [{"role": "user", "content": "12+34="}]
+    original = AutoTokenizer.from_pretrained(qwen)
+    assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
+        original.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert json.loads((ckpt / "generation_config.json").read_text())["eos_token_id"] == [2, 0]
+    # trained: the weights moved from the folder's
+    import torch
+    from safetensors.torch import load_file
+
+    before, after = load_file(qwen / "model.safetensors"), load_file(ckpt / "model.safetensors")
+    assert not torch.equal(before["model.layers.0.mlp.up_proj.weight"],
+                           after["model.layers.0.mlp.up_proj.weight"])
+    ids = tok("12+34=", return_tensors="pt").input_ids
+    assert model(ids).logits.shape == (1, ids.shape[1], len(tok))
+
+
+def copy_model(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> Path:
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name not in skip:
+            shutil.copy(f, dst / f.name)
+    return dst
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess[str], *names: str) -> str:
+    """Exit 2 with one line on stderr naming ``names``; no traceback, no file dumped."""
+    err = done.stderr.strip()
+    assert done.returncode == 2, err[-3000:]
+    assert err.startswith("error:") and "\n" not in err, err
+    assert "Traceback" not in err and len(err) < 600, err
+    assert '"version"' not in err and "merges" not in err, err  # no tokenizer.json content
+    for name in names:
+        assert name in err, (name, err)
+    return err
+
+
+def test_a_tokenizer_bigger_than_the_vocabulary_is_named(tmp_path: Path, qwen: Path) -> None:
+    small = copy_model(qwen, tmp_path / "small", skip=("model.safetensors", "config.json"))
+    save_qwen2(small, vocab_size=300)  # the tokenizer has 322 tokens
+    graph = write_graph(tmp_path, small, write_prompts(tmp_path / "p.jsonl"))
+    err = assert_one_line_error(cli("run", str(graph), "--set", "live=false"),
+                                str(small / "tokenizer.json"), str(small / "config.json"),
+                                "vocab_size 300", "322 tokens")
+    assert "model 'policy'" in err
+
+
+def test_a_folder_without_a_tokenizer_is_named(tmp_path: Path, qwen: Path) -> None:
+    bare = copy_model(qwen, tmp_path / "bare", skip=("tokenizer.json", "tokenizer_config.json",
+                                                     "chat_template.jinja"))
+    graph = write_graph(tmp_path, bare, write_prompts(tmp_path / "p.jsonl"))
+    # the graph file itself loads the tokenizer: keep its own load out of the way
+    graph.write_text(graph.read_text().replace("TOK = load_tokenizer(MODEL)", "TOK = None"))
+    assert_one_line_error(cli("run", str(graph), "--set", "live=false"), str(bare),
+                          "no tokenizer files", "tokenizer.json")
+
+
+def test_a_config_key_the_engine_cannot_run_is_named(tmp_path: Path, qwen: Path) -> None:
+    broken = copy_model(qwen, tmp_path / "broken")
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "hidden_act": "gelu"}))
+    graph = write_graph(tmp_path, broken, write_prompts(tmp_path / "p.jsonl"))
+    assert_one_line_error(cli("run", str(graph), "--set", "live=false"),
+                          str(broken / "config.json"), "hidden_act")
+
+
+@pytest.mark.parametrize(("row", "says"), [
+    ({"prompt": [{"role": "user"}], "answer": 1}, "message 0 needs a string 'content' (missing)"),
+    ({"prompt": [{"content": "1+1="}], "answer": 1},
+     "message 0 needs a non-empty string 'role' (missing)"),
+    ({"prompt": [{"role": "user", "content": "1"}, {"role": 3, "content": "x"}], "answer": 1},
+     "message 1 needs a non-empty string 'role' (int)"),
+    ({"prompt": [], "answer": 1}, "the message list is empty"),
+    ({"prompt": ["1+1="], "answer": 1}, "message 0 is a str, not an object with role and content"),
+    ({"prompt": {"role": "user", "content": "1+1="}, "answer": 1},
+     "must be a non-empty string (dict {'role': 'user', 'content': '1+1='}; columns: "
+     "['answer', 'prompt']) or a list of chat messages"),
+])
+def test_a_malformed_message_list_names_the_file_line_and_column(
+        tmp_path: Path, qwen: Path, row: dict[str, object], says: str) -> None:
+    prompts = write_prompts(tmp_path / "p.jsonl", [
+        {"prompt": [{"role": "user", "content": "1+2="}], "answer": 3}, row])
+    from pivotflow.errors import TaskError
+
+    with pytest.raises(TaskError) as info:
+        load_prompt_file(prompts)
+    sep = " " if says.startswith("must") else ": "
+    assert str(info.value) == f"{prompts}:line 2: the prompt column 'prompt'{sep}{says}"
+    if says.startswith("message 0 needs a string"):  # and through the CLI, once
+        graph = write_graph(tmp_path, qwen, prompts)
+        assert_one_line_error(cli("inspect", str(graph)), f"{prompts}:line 2", "'prompt'",
+                              says)
