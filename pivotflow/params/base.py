@@ -5,6 +5,15 @@ Backends: ``DirectoryParamStore`` (store.py; safetensors files in a folder, the 
 loads, versions held by kernel file locks). A run switches backend by constructing the other one.
 ``DirectoryParamStore`` has no ``acquire``; it satisfies ``ParamStore`` only in its other methods.
 
+What a version holds is engine-neutral: tensors under their Hugging Face names, with their shapes
+and dtypes as published, and the model's config as plain data (``dict``: what its ``config.json``
+holds). Each reader builds its own model description from that dict (the torch engine's
+``config_from_hf``; vLLM and SGLang read the same dict from an exported folder), so the store
+imports no engine and a model the embedded engine cannot run still travels through it.
+A trainer publishes every new version with the dict it loaded; an optimizer-state set
+(``policy.optim``) carries its model's dict too. Importing this module loads no torch: the
+controller names ``ParamStore`` in its types without paying for it.
+
 Design note: the torch.distributed backend (a later step; not built yet)
 -------------------------------------------------------------------------
 Across machines each machine keeps its own ``ShmParamStore``; workers read only their local one,
@@ -32,11 +41,12 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
+if TYPE_CHECKING:  # annotations only: the control plane imports this module without torch
+    import torch
 
-from pivotflow.engines.torch.model import ModelConfig
+HFConfig = dict[str, Any]  # a model's Hugging Face config.json, as data
 
 
 class HeldParams(Protocol):
@@ -45,7 +55,7 @@ class HeldParams(Protocol):
 
     model: str
     version: int
-    config: ModelConfig
+    config: HFConfig
     tensors: dict[str, torch.Tensor]
 
     def release(self) -> None:
@@ -71,9 +81,10 @@ class ParamStore(Protocol):
         ...
 
     def publish(
-        self, model: str, version: int, tensors: dict[str, torch.Tensor], config: ModelConfig
+        self, model: str, version: int, tensors: dict[str, torch.Tensor], config: HFConfig
     ) -> None:
-        """Write ``model@version`` whole, then make it visible; raises CheckpointError."""
+        """Write ``model@version`` whole, then make it visible; raises CheckpointError (also for
+        a ``config`` that is not a dict of JSON data)."""
         ...
 
     def latest(self, model: str) -> int:
@@ -82,7 +93,7 @@ class ParamStore(Protocol):
 
     def load(
         self, model: str, version: int | None = None
-    ) -> tuple[int, ModelConfig, dict[str, torch.Tensor]]:
+    ) -> tuple[int, HFConfig, dict[str, torch.Tensor]]:
         """(version, config, tensors) of ``model@version`` (latest when None); raises
         CheckpointError when it is missing or unreadable."""
         ...

@@ -46,8 +46,9 @@ def try_lock_exclusive(fd: int) -> bool:
 
 class HeldVersion:
     """``model@version`` mapped and held. ``tensors`` are zero-copy views into the mapping
-    (copy-on-write: writing one changes only this process's copy). The version stays held —
-    gc will not collect it — until ``release()`` *and* until every view is gone."""
+    (copy-on-write: writing one changes only this process's copy); ``config`` is the model's
+    Hugging Face config dict. The version stays held — gc will not collect it — until
+    ``release()`` *and* until every view is gone."""
 
     def __init__(self, index: ParamIndex, path: Path, fd: int, mapping: mmap.mmap) -> None:
         self.model, self.version, self.config = index.model, index.version, index.config

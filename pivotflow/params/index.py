@@ -5,6 +5,11 @@ Every tensor starts at a multiple of ``ALIGN`` bytes so a view of it is aligned 
 for device copies. The index is checked whole on decode: a file that does not decode, or whose
 entries fall outside the buffer, overlap, or disagree with their own dtype and shape, raises
 CheckpointError naming the file.
+
+The model's config is stored as plain data, exactly what its Hugging Face ``config.json`` holds,
+so every engine (the embedded one, vLLM, SGLang) builds what it needs from the same record and
+the store never depends on one engine's idea of a model. Format 1 stored the torch engine's
+``ModelConfig`` instead; such an index is refused with a one-line error.
 """
 
 from __future__ import annotations
@@ -13,14 +18,14 @@ import functools
 import math
 import zlib
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import torch
 
-from pivotflow.engines.torch.model import ModelConfig
 from pivotflow.errors import CheckpointError
 
-FORMAT = 1
+FORMAT = 2
 ALIGN = 256  # bytes; CUDA's allocation alignment, so a view can feed a device copy unaided
 _CRC_CHUNK = 64 << 20  # crc32 in slices: zlib takes a length that must fit in 32 bits
 
@@ -42,14 +47,22 @@ class ParamIndex(msgspec.Struct, kw_only=True, frozen=True):
     format: int = FORMAT
     model: str
     version: int
-    config: ModelConfig
+    config: dict[str, Any]  # the model's Hugging Face config.json, as data
     nbytes: int
     entries: list[TensorEntry]
     checksum: int | None = None
 
 
+class _Format(msgspec.Struct):
+    """Just the format number: read first, so an index of another format is named as such
+    instead of failing as 'corrupt' on whichever field changed."""
+
+    format: int = 0
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(ParamIndex)
+_format_decoder = msgspec.msgpack.Decoder(_Format)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -71,11 +84,28 @@ def itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+def config_data(config: Any, where: str) -> dict[str, Any]:
+    """``config`` as the JSON data ``config.json`` would hold (tuples become lists); raises
+    CheckpointError naming ``where`` when it is not a dict of JSON values."""
+    if not isinstance(config, dict):
+        raise CheckpointError(
+            f"{where}: the config must be the model's Hugging Face config as a dict "
+            f"(config.json's contents), got {type(config).__name__}"
+        )
+    try:  # number keys become strings, as json.dump writes them
+        data: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(config))
+    except (TypeError, msgspec.EncodeError, msgspec.DecodeError) as exc:
+        raise CheckpointError(f"{where}: the config is not JSON data: {exc}") from exc
+    return data
+
+
 def plan(
-    model: str, version: int, tensors: dict[str, torch.Tensor], config: ModelConfig
+    model: str, version: int, tensors: dict[str, torch.Tensor], config: dict[str, Any]
 ) -> ParamIndex:
     """Lay ``tensors`` out in one buffer (insertion order, each aligned); raises CheckpointError
-    naming a key that is not a string or a value that is not a tensor."""
+    naming a key that is not a string, a value that is not a tensor, or a config that is not
+    JSON data."""
+    data = config_data(config, f"publish {model}@v{version}")
     entries: list[TensorEntry] = []
     offset = 0
     for name, t in tensors.items():
@@ -89,7 +119,7 @@ def plan(
         offset += -(-nbytes // ALIGN) * ALIGN
     # A zero-length file cannot be mapped, so even an empty set owns one aligned block.
     return ParamIndex(
-        model=model, version=version, config=config, nbytes=max(offset, ALIGN), entries=entries
+        model=model, version=version, config=data, nbytes=max(offset, ALIGN), entries=entries
     )
 
 
@@ -101,14 +131,15 @@ def encode(index: ParamIndex) -> bytes:
 def decode(data: bytes, path: Path) -> ParamIndex:
     """Decode and check an index read from ``path``; raises CheckpointError naming ``path``."""
     try:
+        fmt = _format_decoder.decode(data).format
+        if fmt != FORMAT:
+            raise CheckpointError(
+                f"parameter index {path} has format {fmt}; this pivotflow reads format "
+                f"{FORMAT} (publish the model again)"
+            )
         index = _decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise CheckpointError(f"parameter index {path} is corrupt: {exc}") from exc
-    if index.format != FORMAT:
-        raise CheckpointError(
-            f"parameter index {path} has format {index.format}; this "
-            f"pivotflow reads format {FORMAT}"
-        )
     end = 0
     for e in sorted(index.entries, key=lambda e: e.offset):
         dtype = dtype_of(e.dtype, f"parameter index {path}, tensor {e.name!r}")

@@ -32,8 +32,8 @@ from pathlib import Path
 import msgspec
 import torch
 
-from pivotflow.engines.torch.model import ModelConfig
 from pivotflow.errors import CheckpointError, ConfigError, ModelConfigError
+from pivotflow.params.base import HFConfig
 from pivotflow.params.held import (
     BUFFER,
     INDEX,
@@ -98,13 +98,14 @@ class ShmParamStore:
     # ---- writing -----------------------------------------------------------------------------
 
     def publish(
-        self, model: str, version: int, tensors: dict[str, torch.Tensor], config: ModelConfig
+        self, model: str, version: int, tensors: dict[str, torch.Tensor], config: HFConfig
     ) -> None:
         """Write ``model@version`` whole, then make it visible and move LATEST forward to it (a
         lower version than LATEST is stored but LATEST stays). Re-publishing a version replaces
-        it; readers holding the old one keep it. An optimizer-state set ("policy.optim") is
-        published with its model's config. Raises ConfigError for a bad name or version and
-        CheckpointError for an entry that is not a dense tensor."""
+        it; readers holding the old one keep it. ``config`` is the model's Hugging Face config
+        as a dict (stored as data; an optimizer-state set, "policy.optim", is published with
+        its model's). Raises ConfigError for a bad name or version and CheckpointError for an
+        entry that is not a dense tensor or a config that is not a dict of JSON data."""
         mdir = self._model_dir(model)
         if not isinstance(version, int) or version < 0:
             raise ConfigError(f"publish {model}: version must be an int >= 0, got {version!r}")
@@ -205,8 +206,9 @@ class ShmParamStore:
 
     def load(
         self, model: str, version: int | None = None, *, copy: bool = False, verify: bool = False
-    ) -> tuple[int, ModelConfig, dict[str, torch.Tensor]]:
-        """(version, config, tensors) of ``model@version`` (latest when None). Without ``copy``
+    ) -> tuple[int, HFConfig, dict[str, torch.Tensor]]:
+        """(version, config, tensors) of ``model@version`` (latest when None); ``config`` is the
+        Hugging Face config dict it was published with (a fresh copy). Without ``copy``
         the tensors are zero-copy views and the version stays held while any of them lives;
         with it they are private copies and nothing stays held. ``verify`` checks the crc32.
         Raises CheckpointError (missing, corrupt, checksum mismatch)."""

@@ -14,14 +14,15 @@ from pathlib import Path
 
 import torch
 
-from pivotflow.engines.torch.model import ModelConfig
-from pivotflow.engines.torch.weights import load_checkpoint, save_checkpoint
 from pivotflow.errors import CheckpointError
+from pivotflow.params.base import HFConfig
+from pivotflow.params.hf_folder import read_folder, write_folder
+from pivotflow.params.index import config_data
 
 
 class DirectoryParamStore:
-    """``root/<model>/v<version>/`` holds model.safetensors and an HF config.json; ``LATEST``
-    names the newest whole version."""
+    """``root/<model>/v<version>/`` holds model.safetensors and the model's HF config.json (the
+    published dict, as it was); ``LATEST`` names the newest whole version."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
@@ -36,12 +37,18 @@ class DirectoryParamStore:
         return self._dir(model, version)
 
     def publish(self, model: str, version: int, tensors: dict[str, torch.Tensor],
-                config: ModelConfig) -> None:
-        """Write ``model@version`` whole, then point LATEST at it (readers never see half)."""
+                config: HFConfig) -> None:
+        """Write ``model@version`` whole, then point LATEST at it (readers never see half).
+        Raises CheckpointError for a config that is not a dict of JSON data."""
+        data = config_data(config, f"publish {model}@v{version}")
         final = self._dir(model, version)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=final.parent))
-        save_checkpoint(tmp, config, tensors)
+        try:
+            write_folder(tmp, data, tensors)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -60,11 +67,11 @@ class DirectoryParamStore:
                                   f"({pointer}: {exc})") from exc
 
     def load(self, model: str, version: int | None = None
-             ) -> tuple[int, ModelConfig, dict[str, torch.Tensor]]:
-        """(version, config, tensors) of ``model@version`` (the latest when None)."""
+             ) -> tuple[int, HFConfig, dict[str, torch.Tensor]]:
+        """(version, config dict, tensors) of ``model@version`` (the latest when None)."""
         if version is None:
             version = self.latest(model)
-        config, tensors = load_checkpoint(self._dir(model, version))
+        config, tensors = read_folder(self._dir(model, version))
         return version, config, tensors
 
     def gc(self, model: str, keep: int = 2) -> None:

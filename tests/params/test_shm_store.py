@@ -15,14 +15,22 @@ import msgspec
 import pytest
 import torch
 
-from pivotflow.engines.torch.model import ModelConfig
 from pivotflow.errors import CheckpointError, ConfigError, ModelConfigError
 from pivotflow.params.base import ParamStore
 from pivotflow.params.held import BUFFER, INDEX
-from pivotflow.params.index import TensorEntry, decode, encode
+from pivotflow.params.index import FORMAT, TensorEntry, decode, encode
 from pivotflow.params.shm_store import ShmParamStore, default_root
 
-CFG = ModelConfig(vocab_size=97)
+# The model's Hugging Face config as data, with what real ones hold: nested objects, lists, null.
+CFG = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": 97,
+    "rope_scaling": None,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    "eos_token_id": [1, 2],
+    "tie_word_embeddings": True,
+}
 
 # A process that holds model@version until its stdin closes (or it is killed).
 HOLDER = """
@@ -294,3 +302,37 @@ def test_cleanup_removes_everything_under_the_root(store: ShmParamStore) -> None
     assert Path(store.root, "policy", ".spare").is_dir()
     store.cleanup()
     assert not store.root.exists()
+
+
+def test_the_config_is_the_published_dict_and_each_load_gets_its_own(
+    store: ShmParamStore,
+) -> None:
+    store.publish("policy", 1, _params(1), CFG)
+    _, first, _ = store.load("policy")
+    assert first == CFG
+    first["vocab_size"] = 5  # a reader changing its copy changes nobody else's
+    with store.acquire("policy") as held:
+        assert held.config == CFG
+
+
+def test_a_config_that_is_not_data_is_refused(store: ShmParamStore) -> None:
+    class ModelConfig:  # what format 1 stored: an engine's own description of the model
+        vocab_size = 97
+
+    with pytest.raises(CheckpointError, match="must be the model's Hugging Face config as a "
+                       r"dict \(config.json's contents\), got ModelConfig"):
+        store.publish("policy", 0, _params(0), ModelConfig())  # type: ignore[arg-type]
+    with pytest.raises(CheckpointError, match="publish policy@v0: the config is not JSON data"):
+        store.publish("policy", 0, _params(0), {"vocab_size": object()})
+    assert store.versions("policy") == []
+
+
+def test_an_index_of_another_format_is_a_one_line_error(store: ShmParamStore) -> None:
+    store.publish("policy", 1, _params(1), CFG)
+    path = store.root / "policy" / "v0000000001" / INDEX
+    index = decode(path.read_bytes(), path)
+    path.write_bytes(encode(msgspec.structs.replace(index, format=FORMAT - 1)))
+    with pytest.raises(CheckpointError) as err:
+        store.load("policy")
+    assert str(err.value) == (f"parameter index {path} has format {FORMAT - 1}; this pivotflow "
+                              f"reads format {FORMAT} (publish the model again)")

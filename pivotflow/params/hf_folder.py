@@ -1,0 +1,131 @@
+"""A Hugging Face model folder as the parameter store sees it: ``config.json`` (kept as data) and
+safetensors weights, read and written without knowing the architecture.
+
+Used wherever weights leave or enter the store as files: the directory backend, run checkpoints,
+and the export an engine that loads by path (vLLM, SGLang) reads. Whether an engine can run the
+model is that engine's question (the torch engine's ``config_from_hf`` and ``check_tensors``);
+here a folder only has to be readable and whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pivotflow.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import torch
+
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+SHARD_INDEX = "model.safetensors.index.json"
+# What a model folder carries besides config and weights, so a copy of it still loads with
+# transformers' AutoTokenizer and keeps its stop tokens (generation_config.json's eos ids).
+SIDE_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "generation_config.json",
+)
+
+
+def read_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """``config.json`` of a model folder as a dict; raises CheckpointError naming the file."""
+    path = Path(directory) / CONFIG
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot read JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_folder(
+    directory: str | os.PathLike[str],
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(config dict, tensors) of a model folder: ``model.safetensors``, or the shards that
+    ``model.safetensors.index.json`` lists. Raises CheckpointError naming a missing or
+    unreadable file."""
+    root = Path(directory)
+    config = read_config(root)
+    single, index = root / WEIGHTS, root / SHARD_INDEX
+    if single.exists() or not index.exists():
+        return config, _read_tensors(single)
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{index}: no readable 'weight_map': {exc}") from exc
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        tensors.update(_read_tensors(root / shard))
+    return config, tensors
+
+
+def write_folder(
+    directory: str | os.PathLike[str],
+    config: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    *,
+    side_files_from: str | os.PathLike[str] | None = None,
+) -> None:
+    """Write ``config`` as ``config.json`` and ``tensors`` (as they are: names, dtypes) as
+    ``model.safetensors``, each through a temporary name so a reader never sees half a file;
+    then copy the tokenizer and generation files ``side_files_from`` has (SIDE_FILES). A tensor
+    that shares storage with an earlier one (a tied head, a view) is written as its own copy:
+    safetensors refuses shared storage, and a loader that ties the weights ignores the
+    duplicate. Raises
+    CheckpointError if the files cannot be written."""
+    from safetensors.torch import save_file
+
+    root = Path(directory)
+    seen: set[int] = set()
+    flat: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        t = t.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        flat[name] = t.clone() if ptr in seen else t
+        if t.numel():
+            seen.add(ptr)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        save_file(flat, str(root / f"{WEIGHTS}.tmp"), metadata={"format": "pt"})
+        (root / f"{CONFIG}.tmp").write_text(json.dumps(config, indent=2) + "\n")
+        os.replace(root / f"{WEIGHTS}.tmp", root / WEIGHTS)
+        os.replace(root / f"{CONFIG}.tmp", root / CONFIG)
+        if side_files_from is not None:
+            copy_side_files(side_files_from, root)
+    except (OSError, ValueError, RuntimeError) as exc:  # safetensors raises the latter two
+        raise CheckpointError(f"{root}: cannot write model folder: {exc}") from exc
+
+
+def copy_side_files(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> list[str]:
+    """Copy the SIDE_FILES that ``src`` has into ``dst``; returns their names."""
+    copied = []
+    for name in SIDE_FILES:
+        if (Path(src) / name).is_file():
+            shutil.copyfile(Path(src) / name, Path(dst) / name)
+            copied.append(name)
+    return copied
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if not path.exists():
+        raise CheckpointError(f"{path} is missing (and there is no {SHARD_INDEX} next to it)")
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # safetensors raises its own error types for bad headers
+        raise CheckpointError(f"{path}: cannot read safetensors file: {exc}") from exc
