@@ -1,11 +1,13 @@
 """Run checkpoints: what ``pivotflow run --resume`` continues from.
 
-``RUN/checkpoints/step-000040/`` holds the policy (safetensors + a transformers-loadable
-config), its AdamW state (``optimizer.safetensors``), the controller's state (``state.msgpack``:
+``RUN/checkpoints/step-000040/`` holds the policy (a Hugging Face folder: safetensors, the
+model's own config.json as the store holds it, and its tokenizer files, so it loads with
+transformers' ``AutoModelForCausalLM`` and ``AutoTokenizer``), its AdamW state (``optimizer.safetensors``), the controller's state (``state.msgpack``:
 ledger, prompt cursor and random states, every admitted-but-untrained sample) and, written
 last, ``manifest.json``. Each is written into a temporary folder that is renamed into place
 only when whole, then ``LATEST`` moves to it; so a controller killed at any moment — even
-mid-write — leaves the previous checkpoint intact and loadable.
+mid-write — leaves the previous checkpoint intact and loadable. Importing this module loads no
+torch (``pivotflow run`` imports it before it needs any).
 """
 
 from __future__ import annotations
@@ -16,14 +18,17 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
-import torch
-from safetensors.torch import load_file, save_file
 
 from pivotflow.controller.snapshot import ControllerState
 from pivotflow.errors import CheckpointError, PivotflowError
 from pivotflow.params.base import ParamStore
+from pivotflow.params.hf_folder import read_folder, write_folder
+
+if TYPE_CHECKING:
+    import torch
 
 KEEP = 2  # whole checkpoints kept; older ones are removed after a new one is in place
 
@@ -37,10 +42,13 @@ class Checkpoint:
     state: ControllerState
 
 
-def write(run_dir: Path, model: str, store: ParamStore, state: ControllerState) -> Path:
+def write(run_dir: Path, model: str, store: ParamStore, state: ControllerState, *,
+          tokenizer_dir: Path | None = None) -> Path:
     """Checkpoint version ``state.version`` of ``model`` (taken from the store) with ``state``;
-    returns its folder. Raises CheckpointError if the store no longer has that version."""
-    from pivotflow.engines.torch.weights import save_checkpoint
+    the tokenizer and generation files in ``tokenizer_dir`` (the model's folder) go into the
+    policy folder. Returns the checkpoint's folder. Raises CheckpointError if the store no
+    longer has that version."""
+    from safetensors.torch import save_file
 
     step = state.version
     root = run_dir / "checkpoints"
@@ -50,8 +58,8 @@ def write(run_dir: Path, model: str, store: ParamStore, state: ControllerState) 
     shutil.rmtree(tmp, ignore_errors=True)
     t0 = time.perf_counter()
     _, config, tensors = store.load(model, step)
-    save_checkpoint(tmp / "policy", config, tensors)
-    files = ["policy/model.safetensors", "policy/config.json", "state.msgpack"]
+    write_folder(tmp / "policy", config, tensors, side_files_from=tokenizer_dir)
+    files = [f"policy/{p.name}" for p in sorted((tmp / "policy").iterdir())] + ["state.msgpack"]
     try:
         _, _, optim = store.load(f"{model}.optim", step)
     except PivotflowError:
@@ -90,6 +98,8 @@ def latest(run_dir: Path) -> Path | None:
 
 def read(path: Path) -> Checkpoint:
     """Load a checkpoint folder; raises CheckpointError naming what is missing or broken."""
+    from safetensors.torch import load_file
+
     try:
         manifest = json.loads((path / "manifest.json").read_text())
         for name in manifest["files"]:
@@ -106,10 +116,9 @@ def read(path: Path) -> Checkpoint:
 
 def publish(ckpt: Checkpoint, model: str, store: ParamStore) -> None:
     """Put the checkpoint's policy and optimizer state into the store as its version, so
-    workers and the first trainer pick them up as if the run had never stopped."""
-    from pivotflow.engines.torch.weights import load_checkpoint
-
-    config, tensors = load_checkpoint(ckpt.policy_dir)
+    workers and the first trainer pick them up as if the run had never stopped (with the
+    config dict the checkpoint holds, which is the one the run published)."""
+    config, tensors = read_folder(ckpt.policy_dir)
     store.publish(model, ckpt.step, tensors, config)
     if ckpt.optimizer is not None:
         store.publish(f"{model}.optim", ckpt.step, ckpt.optimizer, config)

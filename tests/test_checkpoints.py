@@ -1,5 +1,6 @@
 """Checkpoints are whole or invisible: a write cut short (the controller killed mid-write)
-leaves the previous checkpoint as the one to resume from."""
+leaves the previous checkpoint as the one to resume from; a checkpoint's policy is a Hugging
+Face folder transformers loads, and resuming puts back exactly what the store held."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import torch
 from pivotflow import checkpoints
 from pivotflow.controller.snapshot import ControllerState
 from pivotflow.engines.torch.model import Decoder, ModelConfig
+from pivotflow.engines.torch.weights import config_to_hf
 from pivotflow.errors import CheckpointError
 from pivotflow.params.shm_store import ShmParamStore
 
 CFG = ModelConfig(vocab_size=99, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+HF = config_to_hf(CFG, torch.float32)  # what the store holds: the model's config.json
 
 
 def state(version: int) -> ControllerState:
@@ -30,7 +33,7 @@ def test_a_torn_write_is_never_resumed_from(tmp_path: Path) -> None:
     store = ShmParamStore(tmp_path / "store")
     torch.manual_seed(0)
     for v in (2, 4):
-        store.publish("policy", v, Decoder(CFG).state_dict(), CFG)
+        store.publish("policy", v, Decoder(CFG).state_dict(), HF)
     first = checkpoints.write(tmp_path / "run", "policy", store, state(2))
     second = checkpoints.write(tmp_path / "run", "policy", store, state(4))
     assert checkpoints.latest(tmp_path / "run") == second
@@ -47,8 +50,54 @@ def test_a_torn_write_is_never_resumed_from(tmp_path: Path) -> None:
 
 def test_a_damaged_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     store = ShmParamStore(tmp_path / "store")
-    store.publish("policy", 1, Decoder(CFG).state_dict(), CFG)
+    store.publish("policy", 1, Decoder(CFG).state_dict(), HF)
     path = checkpoints.write(tmp_path / "run", "policy", store, state(1))
     (path / "state.msgpack").write_bytes(b"\x00garbage")
     with pytest.raises(CheckpointError, match="unreadable"):
         checkpoints.read(path)
+
+
+def tokenizer_folder(path: Path) -> Path:
+    """A byte-level BPE trained here, saved by transformers (what a model folder carries)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(["12 + 34 = 46", "7 * 8 = 56"] * 20, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    fast.save_pretrained(path)
+    (path / "generation_config.json").write_text('{"eos_token_id": 0}')
+    return path
+
+
+def test_a_checkpoint_loads_in_transformers_and_resumes_exactly(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg = ModelConfig(vocab_size=300, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+    hf = {**config_to_hf(cfg, torch.float32), "eos_token_id": 0, "bos_token_id": None}
+    store = ShmParamStore(tmp_path / "store")
+    torch.manual_seed(0)
+    weights = Decoder(cfg).state_dict()
+    weights.pop("lm_head.weight", None)  # tied: the trainer publishes the embedding once
+    optim = {"model.norm.weight.exp_avg": torch.full((16,), 0.5),
+             "model.norm.weight.step": torch.tensor(3.0)}
+    store.publish("policy", 3, weights, hf)
+    store.publish("policy.optim", 3, optim, hf)
+    path = checkpoints.write(tmp_path / "run", "policy", store, state(3),
+                             tokenizer_dir=tokenizer_folder(tmp_path / "model"))
+    model = AutoModelForCausalLM.from_pretrained(path / "policy")
+    torch.testing.assert_close(model.get_input_embeddings().weight.detach(),
+                               weights["model.embed_tokens.weight"], rtol=0, atol=0)
+    assert AutoTokenizer.from_pretrained(path / "policy").encode("12 + 34") != []
+    fresh = ShmParamStore(tmp_path / "fresh")
+    checkpoints.publish(checkpoints.read(path), "policy", fresh)
+    version, config, back = fresh.load("policy")
+    assert (version, config) == (3, hf)
+    assert back.keys() == weights.keys() and all(torch.equal(back[k], weights[k]) for k in back)
+    _, optim_config, optim_back = fresh.load("policy.optim")
+    assert optim_config == hf and all(torch.equal(optim_back[k], optim[k]) for k in optim)

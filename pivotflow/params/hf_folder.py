@@ -37,6 +37,7 @@ SIDE_FILES = (
     "tokenizer.model",
     "generation_config.json",
 )
+SIDE_DIRS = ("additional_chat_templates",)  # transformers 5 keeps named chat templates here
 
 
 def read_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
@@ -111,11 +112,15 @@ def write_folder(
 
 
 def copy_side_files(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> list[str]:
-    """Copy the SIDE_FILES that ``src`` has into ``dst``; returns their names."""
+    """Copy the SIDE_FILES (and SIDE_DIRS) that ``src`` has into ``dst``; returns their names."""
     copied = []
     for name in SIDE_FILES:
         if (Path(src) / name).is_file():
             shutil.copyfile(Path(src) / name, Path(dst) / name)
+            copied.append(name)
+    for name in SIDE_DIRS:
+        if (Path(src) / name).is_dir():
+            shutil.copytree(Path(src) / name, Path(dst) / name, dirs_exist_ok=True)
             copied.append(name)
     return copied
 
