@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from pivotflow.errors import TokenizerError
 from pivotflow.tasks.registry import Problem
-from pivotflow.tasks.tokenizer import TASK_ALPHABET, CharTokenizer
+from pivotflow.tokenizer.char import TASK_ALPHABET, CharTokenizer
 
 # Filler characters of simulated text; any printable character of the alphabet would do.
 FILLER = "a"
@@ -44,20 +44,22 @@ class SimTokenizer(CharTokenizer):
         self._drop = bytes(range(n))  # specials are skipped by decode
         self._known = chars.encode("ascii")  # deleting these leaves only unknown characters
         self._ids = bytes(range(self.vocab_size))  # deleting these leaves only unknown ids
-        self._bos = bytes([self.bos_id])
+        self._bos = bytes([self._bos_id])
 
-    def encode(self, text: str, *, bos: bool = False) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = False,
+               bos: bool | None = None) -> list[int]:
         """Ids of ``text``; raises TokenizerError naming the first unknown character."""
+        lead = add_special_tokens if bos is None else bos  # bos= is the old keyword
         try:
             raw = text.encode("ascii")
         except UnicodeEncodeError:
-            return super().encode(text, bos=bos)  # the slow path names the bad character
+            return super().encode(text, add_special_tokens=lead)  # the slow path names it
         if raw.translate(None, self._known):
-            return super().encode(text, bos=bos)
+            return super().encode(text, add_special_tokens=lead)
         ids = raw.translate(self._enc)
         if self.compact:
-            return self._bos + ids if bos else ids  # type: ignore[return-value]  # see class doc
-        return [self.bos_id, *ids] if bos else list(ids)
+            return self._bos + ids if lead else ids  # type: ignore[return-value]  # see class doc
+        return [self._bos_id, *ids] if lead else list(ids)
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
         """Text of ``ids``; raises TokenizerError for an id outside the vocabulary."""
