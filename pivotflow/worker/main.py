@@ -1,57 +1,93 @@
 """A worker process: connects, takes a role, serves it until told to shut down.
 
-The loop is synchronous on purpose: between engine steps it drains the socket without waiting,
-and when idle it blocks on the socket until the next heartbeat is due.
+Two threads, one owner each. The socket loop (this module) owns the zmq socket: it reads every
+frame as it arrives, heartbeats on time and watches for its controller's exit, whatever compute
+is doing. The compute thread (``compute.py``) owns the role: loads, train steps and engine steps
+run there, for seconds or minutes on a real model, without the controller taking the silence
+for a death. Messages cross in arrival order through a queue; answers come back through
+another, and a ``WakePipe`` wakes the loop the moment one is ready.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import sys
 import time
 import traceback
 from pathlib import Path
 
 import torch
+import zmq
 
+# The real roles and what they load are imported here, before the handshake, not by the
+# compute thread at its first AssignRole: an import loads C extensions with the GIL held, which
+# would stall the heartbeats.
+import pivotflow.engines.torch.engine  # noqa: F401
+import pivotflow.engines.torch.weights  # noqa: F401
+import pivotflow.tokenizer  # noqa: F401
 from pivotflow.errors import ProtocolError, WorkerError
 from pivotflow.params.shm_store import ShmParamStore
 from pivotflow.protocol import (
     PROTOCOL_VERSION,
-    AbortJobs,
-    AssignRole,
     Heartbeat,
     Hello,
-    Jobs,
-    JobsDone,
     Reject,
-    RoleReady,
     Shutdown,
-    TrainStep,
+    ToWorker,
     Welcome,
     WorkerFailed,
 )
+from pivotflow.transport.codec import BadFrameLog
 from pivotflow.transport.curve import CurveKeys, load_worker_keys
 from pivotflow.transport.zmq_transport import ZmqWorkerChannel
-from pivotflow.worker.generate_role import GenerateRole
-from pivotflow.worker.train_role import TrainRole
+from pivotflow.worker import generate_role, train_role  # noqa: F401  (imported early: above)
+from pivotflow.worker.compute import ComputeFailed, ComputeThread, WakePipe
+from pivotflow.worker.host import RoleHost
 
 log = logging.getLogger("pivotflow.worker")
 
 HANDSHAKE_TIMEOUT_S = 60.0
+# After a Shutdown, how long the current step may run on before the process exits without it:
+# an engine step ends well within it; a train step or role load of minutes is not waited for.
+SHUTDOWN_GRACE_S = 2.0
+
+
+class RoleFailed(WorkerError):
+    """The role raised on the compute thread; the message is its type, text and traceback."""
+
+
+class WakeableChannel(ZmqWorkerChannel):
+    """The worker's DEALER, able to sleep until a frame arrives *or* a ``WakePipe`` rings."""
+
+    def __init__(self, endpoint: str, worker_id: str, wake: WakePipe,
+                 curve: CurveKeys | None = None) -> None:
+        super().__init__(endpoint, worker_id, curve=curve)
+        self._poller = zmq.Poller()
+        self._poller.register(self._socket(), zmq.POLLIN)
+        self._poller.register(wake.fileno(), zmq.POLLIN)
+
+    def wait(self, timeout_s: float) -> None:
+        """Return when a frame waits, the pipe rang, or after ``timeout_s``. zmq_poll asks the
+        socket's EVENTS itself, so a frame already queued (its FD edge spent) returns at once."""
+        self._poller.poll(max(0, math.ceil(timeout_s * 1000)))
 
 
 class Worker:
     def __init__(self, endpoint: str, worker_id: str, curve: CurveKeys | None = None) -> None:
         self.worker_id = worker_id
-        self.chan = ZmqWorkerChannel(endpoint, worker_id, curve=curve)
-        self.role: GenerateRole | TrainRole | None = None
+        self.wake = WakePipe()
+        self.chan = WakeableChannel(endpoint, worker_id, self.wake, curve=curve)
+        self.compute: ComputeThread | None = None
         self.store: ShmParamStore | None = None
         self.heartbeat_s = 1.0
         self.running = True
         self.parent_pid = os.getppid()  # the controller that launched this worker
-        self.results_per_frame = 0  # 0: every result finished in a step shares one frame
+        self.bad_frames = 0
+        self._bad_log = BadFrameLog(log)
+        self.abandoned = False  # a Shutdown found compute in a step it did not wait for
 
     def handshake(self) -> None:
         self.chan.send(Hello(protocol_version=PROTOCOL_VERSION, worker_id=self.worker_id,
@@ -72,90 +108,92 @@ class Worker:
                 raise ProtocolError(f"expected Welcome, got {type(msg).__name__}")
 
     def serve(self) -> None:
-        last_hb = time.monotonic()
-        while self.running:
-            busy = isinstance(self.role, GenerateRole) and self.role.has_work()
-            msg = self.chan.recv(0.0 if busy else self.heartbeat_s / 2)
-            while msg is not None and self.running:
-                self.handle(msg)
-                msg = self.chan.recv(0.0)
-            if isinstance(self.role, GenerateRole) and self.role.has_work():
-                done = self.role.step()
-                n = self.results_per_frame or len(done) or 1
-                for i in range(0, len(done), n):
-                    self.chan.send(JobsDone(results=done[i : i + n]))
-            now = time.monotonic()
-            if now - last_hb >= self.heartbeat_s and os.getppid() != self.parent_pid:
-                log.warning("worker %s: the controller is gone; exiting", self.worker_id)
-                self.running = False  # never outlive a controller killed without a goodbye
-            if now - last_hb >= self.heartbeat_s:
-                busy_n = 1 if busy else 0
-                self.chan.send(Heartbeat(worker_id=self.worker_id, busy=busy_n))
-                last_hb = now
-
-    def handle(self, msg: object) -> None:
-        match msg:
-            case Jobs(jobs=jobs):
-                if not isinstance(self.role, GenerateRole):
-                    raise WorkerError(f"worker {self.worker_id} got jobs without a generate role")
-                rejected = self.role.add(jobs)
-                if rejected:
-                    self.chan.send(JobsDone(results=rejected))
-            case TrainStep():
-                if not isinstance(self.role, TrainRole):
-                    raise WorkerError(f"worker {self.worker_id} got a train step without the "
-                                      "train role")
-                self.chan.send(self.role.train(msg))
-            case AbortJobs(job_ids=ids):
-                if isinstance(self.role, GenerateRole):
-                    self.chan.send(JobsDone(results=self.role.abort(list(ids))))
-            case AssignRole():
-                self.assign(msg)
-            case Shutdown():
-                self.running = False
-            case _:
-                log.warning("worker %s ignores %s", self.worker_id, type(msg).__name__)
-
-    def assign(self, msg: AssignRole) -> None:
-        t0 = time.perf_counter()
-        if self.role is not None:
-            self.role.release()
-            self.role = None
-        release_s = time.perf_counter() - t0
-        threads = int(msg.options.get("threads", 1))
-        self.results_per_frame = int(msg.options.get("results_per_frame", 0))
-        torch.set_num_threads(threads)
+        """Relay frames to compute and its answers back, heartbeating on time, until a
+        Shutdown or the controller's exit. Raises RoleFailed if the role raised."""
         assert self.store is not None  # set by handshake, which always runs first
-        if msg.role == "generate":
-            self.role = GenerateRole(self.store, msg.model, dict(msg.options))
-        elif msg.role == "train":
-            self.role = TrainRole(self.store, msg.model, dict(msg.options))
-        else:
-            raise WorkerError(f"unknown role {msg.role!r}")
-        self.chan.send(RoleReady(role=msg.role, model=msg.model, version=self.role.version,
-                                 load_s=self.role.load_s, release_s=release_s,
-                                 warmup_s=self.role.warmup_s))
+        compute = self.compute = ComputeThread(RoleHost(self.worker_id, self.store), self.wake)
+        compute.start()
+        next_beat = time.monotonic() + self.heartbeat_s
+        while self.running:
+            self.chan.wait(next_beat - time.monotonic())
+            self.wake.clear()  # before taking: a ring after it announces a later answer
+            for out in compute.take():
+                if isinstance(out, ComputeFailed):
+                    raise RoleFailed(out.error)
+                self.chan.send(out)
+            while self.running and (msg := self._recv()) is not None:
+                if isinstance(msg, Shutdown):
+                    self.running = False
+                elif isinstance(msg, Welcome | Reject):
+                    log.warning("worker %s ignores a late %s", self.worker_id, type(msg).__name__)
+                else:
+                    compute.submit(msg)
+            now = time.monotonic()
+            if now >= next_beat:
+                if os.getppid() != self.parent_pid:
+                    log.warning("worker %s: the controller is gone; exiting", self.worker_id)
+                    self.running = False  # never outlive a controller killed without a goodbye
+                self.chan.send(Heartbeat(worker_id=self.worker_id, busy=int(compute.busy)))
+                next_beat = now + self.heartbeat_s
+
+    def _recv(self) -> ToWorker | None:
+        """The next waiting frame; a frame that does not decode is counted and dropped, as the
+        controller does, rather than taken for the controller's intent."""
+        while True:
+            try:
+                return self.chan.recv(0.0)
+            except ProtocolError as exc:
+                self.bad_frames += 1
+                self._bad_log.warn(f"worker {self.worker_id}", "controller", str(exc))
 
     def close(self) -> None:
-        if self.role is not None:
-            self.role.release()
+        """Stop compute (its role is released on its thread), then the socket."""
+        if self.compute is not None and not self.compute.stop(SHUTDOWN_GRACE_S):
+            self.abandoned = True
+            log.warning("worker %s: exiting without waiting for its current step",
+                        self.worker_id)
         self.chan.close()
+        if not self.abandoned:  # a step still running would ring a closed fd
+            self.wake.close()
+
+
+def warm_torch() -> None:
+    """Import now what torch imports lazily when the first model is built: ``nn.init`` on the
+    meta device runs through ``torch._refs`` and imports torch._dynamo and sympy, ~800 modules
+    and seconds, with the GIL held for up to 0.8 s at a time. On the compute thread that would
+    stall the heartbeats of the first role load; here, before Hello, nobody is waiting."""
+    with torch.device("meta"):
+        probe = torch.nn.Sequential(torch.nn.Embedding(2, 2), torch.nn.Linear(2, 2))
+    probe.to_empty(device="cpu")
 
 
 def run_worker(endpoint: str, worker_id: str, curve_keys: str = "") -> int:
-    """Process entry: returns the exit code (0 on a clean shutdown)."""
+    """Process entry: returns the exit code (0 on a clean shutdown). A step still running
+    after a Shutdown's grace is not waited for: the process ends at once (``os._exit``)."""
     torch.manual_seed(0)
+    warm_torch()
     curve = load_worker_keys(Path(curve_keys)) if curve_keys else None
     worker = Worker(endpoint, worker_id, curve)
+    code = 1
     try:
         worker.handshake()
         worker.serve()
-        return 0
+        code = 0
+    except RoleFailed as exc:  # formatted and logged on the compute thread
+        with contextlib.suppress(Exception):
+            worker.chan.send(WorkerFailed(error=str(exc)))
     except Exception as exc:
         tb = traceback.format_exc(limit=8)
         log.error("worker %s failed: %s", worker_id, tb)
+        error = f"{type(exc).__name__}: {exc}\n{tb[-2000:]}"
         with contextlib.suppress(Exception):
-            worker.chan.send(WorkerFailed(error=f"{type(exc).__name__}: {exc}\n{tb[-2000:]}"))
-        return 1
+            worker.chan.send(WorkerFailed(error=error))
     finally:
         worker.close()
+    if worker.abandoned:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # nothing is left to clean up, and finalizing the interpreter under a daemon thread
+        # that is inside torch can crash or hang the exit
+        os._exit(code)
+    return code

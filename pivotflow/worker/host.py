@@ -1,0 +1,154 @@
+"""The worker's state machine with no socket: which role it hosts, and what each message does.
+
+``RoleHost`` takes one controller message at a time and returns the messages to send back; it
+knows nothing of threads or sockets. The real worker runs it on its compute thread
+(``compute.py``) behind the socket loop (``main.py``); a simulated worker can run the same
+state machine with other roles (``make_role``) on a virtual clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from pivotflow.errors import WorkerError
+from pivotflow.params.base import ParamStore
+from pivotflow.protocol import (
+    AbortJobs,
+    AssignRole,
+    GenerateJob,
+    JobDone,
+    Jobs,
+    JobsDone,
+    RoleReady,
+    ToController,
+    ToWorker,
+    TrainDone,
+    TrainStep,
+)
+
+log = logging.getLogger("pivotflow.worker")
+
+
+class Role(Protocol):
+    """What every role has: the weights' version it holds, how long it took to start, and a way
+    to let go of its memory."""
+
+    @property
+    def version(self) -> int: ...
+    @property
+    def load_s(self) -> float: ...
+    @property
+    def warmup_s(self) -> float: ...
+
+    def release(self) -> None: ...
+
+
+class GenerateLike(Role, Protocol):
+    """A role that serves generation jobs by continuous batching, one engine step at a time."""
+
+    def add(self, jobs: list[GenerateJob]) -> list[JobDone]: ...
+    def has_work(self) -> bool: ...
+    def step(self) -> list[JobDone]: ...
+    def abort(self, job_ids: list[int]) -> list[JobDone]: ...
+
+
+class TrainLike(Role, Protocol):
+    """A role that takes one optimizer step per TrainStep."""
+
+    def train(self, msg: TrainStep) -> TrainDone: ...
+
+
+# (role name, store, model, options) -> the loaded role; raises WorkerError for an unknown role
+RoleFactory = Callable[[str, ParamStore, str, dict[str, Any]], Role]
+
+
+def load_role(role: str, store: ParamStore, model: str, options: dict[str, Any]) -> Role:
+    """The real roles: a torch (or vLLM/SGLang) engine, or the trainer."""
+    import torch  # the host itself is torch-free; the real roles are not
+
+    torch.set_num_threads(int(options.get("threads", 1)))
+    if role == "generate":
+        from pivotflow.worker.generate_role import GenerateRole
+
+        return GenerateRole(store, model, options)
+    if role == "train":
+        from pivotflow.worker.train_role import TrainRole
+
+        return TrainRole(store, model, options)
+    raise WorkerError(f"unknown role {role!r} (expected 'generate' or 'train')")
+
+
+class RoleHost:
+    """One role at a time, and the jobs it serves. Not thread-safe: one thread drives it."""
+
+    def __init__(self, worker_id: str, store: ParamStore,
+                 make_role: RoleFactory = load_role) -> None:
+        self.worker_id = worker_id
+        self.store = store
+        self.make_role = make_role
+        self.role: Role | None = None
+        self.role_name = ""
+        self.results_per_frame = 0  # 0: every result finished in a step shares one frame
+
+    def handle(self, msg: ToWorker) -> list[ToController]:
+        """Act on one message; returns what to send. Raises WorkerError for a message this
+        role cannot take (jobs without a generate role, a train step without the train
+        role), and whatever the role raises."""
+        match msg:
+            case Jobs(jobs=jobs):
+                rejected = self._generator("jobs").add(list(jobs))
+                return [JobsDone(results=rejected)] if rejected else []
+            case TrainStep():
+                return [self._trainer().train(msg)]
+            case AbortJobs(job_ids=ids):
+                if self.role_name != "generate":
+                    return []  # nothing runs that an abort could stop
+                return [JobsDone(results=self._generator("an abort").abort(list(ids)))]
+            case AssignRole():
+                return [self._assign(msg)]
+            case _:
+                log.warning("worker %s ignores %s", self.worker_id, type(msg).__name__)
+                return []
+
+    def has_work(self) -> bool:
+        """Whether an engine step would do anything (a generate role with jobs in flight)."""
+        return self.role_name == "generate" and self._generator("a step").has_work()
+
+    def step(self) -> list[ToController]:
+        """One engine step; the jobs it finished, in frames of ``results_per_frame``."""
+        done = self._generator("a step").step()
+        n = self.results_per_frame or len(done) or 1
+        return [JobsDone(results=done[i : i + n]) for i in range(0, len(done), n)]
+
+    def release(self) -> None:
+        """Let go of the role's memory (idempotent)."""
+        role, self.role, self.role_name = self.role, None, ""
+        if role is not None:
+            role.release()
+
+    def _assign(self, msg: AssignRole) -> RoleReady:
+        t0 = time.perf_counter()
+        self.release()
+        release_s = time.perf_counter() - t0
+        options = dict(msg.options)
+        self.results_per_frame = int(options.get("results_per_frame", 0))
+        self.role = self.make_role(msg.role, self.store, msg.model, options)
+        self.role_name = msg.role
+        return RoleReady(role=msg.role, model=msg.model, version=self.role.version,
+                         load_s=self.role.load_s, release_s=release_s,
+                         warmup_s=self.role.warmup_s)
+
+    def _generator(self, what: str) -> GenerateLike:
+        if self.role_name != "generate":
+            raise WorkerError(f"worker {self.worker_id} got {what} without a generate role "
+                              f"(it holds {self.role_name or 'no role'})")
+        return self.role  # type: ignore[return-value]
+
+    def _trainer(self) -> TrainLike:
+        if self.role_name != "train":
+            raise WorkerError(f"worker {self.worker_id} got a train step without the train "
+                              f"role (it holds {self.role_name or 'no role'})")
+        return self.role  # type: ignore[return-value]
