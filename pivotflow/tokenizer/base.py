@@ -31,6 +31,11 @@ class IncrementalDetokenizer(Protocol):
         """Append ids; return the newly final text (may be empty)."""
         ...
 
+    def finish(self) -> str:
+        """At the end of the stream: the text still held back (a trailing incomplete character,
+        as ``decode`` shows it), so the pushes plus ``finish`` add up to ``decode(all ids)``."""
+        ...
+
 
 @runtime_checkable
 class Tokenizer(Protocol):
