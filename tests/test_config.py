@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pivotflow.config import parse_overrides, resolve
@@ -57,3 +59,25 @@ def test_dtype_and_device_default_to_the_config_and_cpu() -> None:
     for name in ("bf16", "bfloat16", "fp16", "float32"):
         assert resolve(parse_overrides([f"dtype={name}"]), DEFAULTS).dtype == name
     assert resolve(parse_overrides(["device=cuda:1"]), DEFAULTS).device == "cuda:1"
+
+
+def test_workers_are_told_the_model_folder_dtype_and_device(tmp_path: Path) -> None:
+    from pivotflow.graph import Graph
+    from pivotflow.rl.group_fns import grpo_advantage
+    from pivotflow.run import role_options
+
+    g = Graph("g")
+    g.model("policy", source=str(tmp_path))
+    g.pool("rollout")
+    g.pool("trainer")
+    g.chain(g.source("prompts", task="arithmetic"),
+            g.generate("rollout", model="policy", pool="rollout"),
+            g.map("reward", lambda **_: 1.0, writes=["reward"]),
+            g.group("advantage", grpo_advantage, writes=["advantage"]),
+            g.train("train", model="policy", pool="trainer", lr=1e-4))
+    cfg = resolve(parse_overrides(["dtype=bf16", "device=cuda"]), {})
+    opts = role_options(g, cfg, {"policy": tmp_path})
+    for pool in ("rollout", "trainer"):
+        assert opts[pool]["tokenizer_dir"] == str(tmp_path)
+        assert (opts[pool]["dtype"], opts[pool]["device"]) == ("bf16", "cuda")
+    assert opts["trainer"]["lr"] == 1e-4 and "tokenizer" not in opts["rollout"]

@@ -193,3 +193,23 @@ def test_tools_load_from_paths_and_objects_and_widen_the_fields() -> None:
     assert by_object.options["tools"].names == ["calculator"]
     assert {"loss_mask", "trajectory", "turns", "tool_calls"} <= by_object.writes
     assert "loss_mask" not in g.generate("c", model="m", pool="p").writes
+
+
+def test_chat_template_is_a_bool_and_reaches_the_source() -> None:
+    g = Graph("g")
+    src = g.source("prompts", task="arithmetic", chat_template=True)
+    assert src.options["chat_template"] is True and "chat_template" not in \
+        src.options["task_options"]  # the task is not handed the knob
+    with pytest.raises(GraphError, match=r"source 'p' at .*test_graph.py:\d+: chat_template "
+                                         r"must be True or False, got 'yes'"):
+        g.source("p", task="arithmetic", chat_template="yes")
+
+
+def test_a_prompt_file_of_messages_widens_nothing_and_keeps_them(tmp_path: Path) -> None:
+    rows = ['{"prompt": [{"role": "user", "content": "1+2="}], "answer": 3, "level": 1}',
+            '{"prompt": "2+2=", "answer": 4, "level": 2}']  # strings and messages may mix
+    (tmp_path / "p.jsonl").write_text("\n".join(rows) + "\n")
+    src = Graph("g").source("prompts", path=str(tmp_path / "p.jsonl"))
+    table = src.options["table"]
+    assert table.rows[0]["prompt"] == [{"role": "user", "content": "1+2="}]
+    assert table.rows[1]["prompt"] == "2+2=" and table.columns == ("level",)

@@ -80,3 +80,26 @@ def test_a_run_on_a_prompt_file_resumes_where_it_stopped(tmp_path: Path,
     resumed = rows_per_step(out / "metrics.jsonl")
     assert resumed == pytest.approx(rows_per_step(straight.out / "metrics.jsonl"))
     assert len(set(resumed)) >= 4  # the steps hold different rows: the check tells them apart
+
+
+def test_message_prompts_need_a_model_with_a_chat_template(
+        tmp_path: Path, random_models: dict[str, Path]) -> None:
+    """Refused before any worker starts, naming the source, the file and the model folder."""
+    import shutil
+
+    from pivotflow.errors import GraphError
+
+    bare = tmp_path / "no_template"
+    shutil.copytree(random_models["policy"], bare)
+    (bare / "chat_template.jinja").unlink()
+    (tmp_path / "prompts.jsonl").write_text(
+        '{"question": [{"role": "user", "content": "1+2="}], "solution": 3, "weight": 1.0}\n')
+    graph = tmp_path / "graph.py"
+    graph.write_text((GRAPH % {"policy": str(bare)}).replace("prompts.parquet", "prompts.jsonl"))
+    with pytest.raises(GraphError, match=rf"source 'prompts' at .*graph.py:\d+: "
+                                         rf"{tmp_path / 'prompts.jsonl'} holds chat messages, "
+                                         rf"but the tokenizer of model 'policy' \({bare}\) has "
+                                         "no chat template"):
+        run(graph, sets=["live=false"], out=tmp_path / "out", steps=1, console=False)
+    assert not (tmp_path / "out" / "logs").exists() or not any((tmp_path / "out" / "logs")
+                                                               .iterdir())  # no worker ran
