@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from chat_templates import EXTENSIONS, LLAMA3, QWEN3, QWEN25
-from conftest import Saver
+from tok_fixtures import Saver
 from transformers import AutoTokenizer
 
 from pivotflow.errors import TokenizerError

@@ -8,7 +8,7 @@ import json
 import random
 
 import pytest
-from conftest import SPECIALS, train_bpe
+from tok_fixtures import SPECIALS, train_bpe
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from pivotflow.tokenizer import HFTokenizer, StopScanner, default_tokenizer

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import Saver
+from tok_fixtures import Saver
 
 from pivotflow.errors import TokenizerError
 from pivotflow.tokenizer import CharTokenizer, load_tokenizer

@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
-from conftest import CORPUS, Saver
+from tok_fixtures import CORPUS, Saver
 from tokenizers import Tokenizer, processors
 from transformers import AutoTokenizer
 
