@@ -25,9 +25,10 @@ from pivotflow.engines.torch.model import Decoder
 from pivotflow.engines.torch.weights import load_checkpoint
 from pivotflow.tasks.registry import Problem, get_task
 from pivotflow.tasks.sft import encode_pairs
-from pivotflow.tasks.tokenizer import default_tokenizer
 from pivotflow.tasks.tool_policy import ensure_tool_policy
 from pivotflow.tasks.tool_rollout import rollout_eval
+from pivotflow.tokenizer import load_tokenizer
+from pivotflow.tokenizer.base import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,9 +41,9 @@ def load(path: Path) -> Decoder:
 
 
 @torch.no_grad()
-def direct_probability(model: Decoder, problems: list[Problem]) -> list[float]:
+def direct_probability(model: Decoder, tok: Tokenizer, problems: list[Problem]) -> list[float]:
     """P(answer + EOS right after the prompt) under ``model``, per problem."""
-    ids, mask = encode_pairs(default_tokenizer(), [(p.prompt, p.answer) for p in problems])
+    ids, mask = encode_pairs(tok, [(p.prompt, p.answer) for p in problems])
     logp = torch.log_softmax(model(ids[:, :-1]), -1).gather(-1, ids[:, 1:, None])[..., 0]
     return torch.exp((logp * mask).sum(1)).tolist()
 
@@ -61,17 +62,20 @@ def main() -> None:
         run_dir = Path(tempfile.mkdtemp(prefix="pf-agentic-"))
         run(ROOT / "graphs" / "agentic_tools.py", sets=["live=false"], out=run_dir,
             console=False)
-    start, end = load(ensure_tool_policy(0, progress=False)), load(run_dir / "checkpoints" / "policy")
+    start_dir = ensure_tool_policy(0, progress=False)
+    start, end = load(start_dir), load(run_dir / "checkpoints" / "policy")
+    tok = load_tokenizer(start_dir)  # the run trains the weights, never the tokenizer
     rng = random.Random(20261129)  # problems the run never trained on, most likely
     task = get_task("arithmetic")
     problems = [task.sample(rng) for _ in range(args.problems)]
-    p_direct = direct_probability(start, problems)
+    p_direct = direct_probability(start, tok, problems)
     ranked = [p for _, p in sorted(zip(p_direct, problems, strict=True), key=lambda x: x[0])]
     third = len(ranked) // 3
     splits = {"needed": ranked[:third], "least_needed": ranked[-third:]}
     out: dict[str, object] = {"bench": "agentic_tool_use", "run": str(run_dir)}
     for name, subset in splits.items():
-        before, after = rollout_eval(start, subset, seed=1), rollout_eval(end, subset, seed=1)
+        before = rollout_eval(start, tok, subset, seed=1)
+        after = rollout_eval(end, tok, subset, seed=1)
         probs = sorted(p_direct)[:third] if name == "needed" else sorted(p_direct)[-third:]
         out[name] = {"problems": len(subset),
                      "p_direct_mean": round(sum(probs) / len(probs), 3),

@@ -21,9 +21,9 @@ DEFAULTS = {
     "group_size": 8,
     "groups_per_step": 8,
     "lr": 2e-5,
-    "max_tokens": 96,  # per turn: a call in the Hermes format is ~75 characters
+    "max_tokens": 96,  # per turn: a call in the Hermes format is 23 tokens (75 characters)
     "max_turns": 3,
-    "max_total_tokens": 150,  # the tool policy serves 160 positions; prompts are ~7
+    "max_total_tokens": 150,  # the tool policy serves 160 positions; prompts are ~6 tokens
     "temperature": 1.0,
     "rollout_workers": 1,
     "judge_workers": 1,

@@ -1,6 +1,6 @@
 """Multi-digit arithmetic: the kit's default verifiable task ("47+38=" -> "85").
 
-The policy sees the prompt after BOS and must write the answer's digits, then EOS.
+The policy sees the prompt as raw text and must write the answer's digits, then EOS.
 """
 
 from __future__ import annotations

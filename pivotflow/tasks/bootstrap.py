@@ -9,13 +9,18 @@
   distribution, and the gain generalises across prompts because the slips are the same kind
   everywhere. (A policy merely stopped early on right labels is sharp where it is wrong; GRPO
   moved it by ~0.05 in 600 steps.);
-* the **judge** (GenRM, ~0.2M parameters) reads ``"47+38=84?"`` and generates ``"85:No"``: the
-  sum it computes, then its verdict. It trains until its greedy verdicts are right on at least
-  97% of held-out pairs (half right answers, near misses like 47+38=84, some garbage) and 93%
-  of the near misses alone.
+* the **judge** (GenRM, ~0.25M parameters) reads ``"47+38=84?"`` and generates ``"85:No"``:
+  the sum it computes, then its verdict. It trains until its greedy verdicts are right on at
+  least 97% of held-out pairs (half right answers, near misses like 47+38=84, some garbage) and
+  93% of the near misses alone.
 
-The two train at once in two processes (one core each). ``python -m pivotflow.tasks.bootstrap
-[--seed N] [--quick] [--out DIR]`` rebuilds them and prints the figures as JSON.
+Both share one tokenizer, a small byte-level BPE trained first on the kit's text (``bpe.py``),
+and every model folder is an ordinary Hugging Face one: config.json, model.safetensors,
+generation_config.json and the tokenizer's files, loadable by ``AutoModelForCausalLM`` and
+``AutoTokenizer``. Heads are 32 wide in both models (vLLM's CPU backend needs head_dim >= 32).
+Prompts are raw text (no chat template). The two train at once in two processes (one core
+each). ``python -m pivotflow.tasks.bootstrap [--seed N] [--quick] [--out DIR]`` rebuilds them
+and prints the figures as JSON.
 """
 
 from __future__ import annotations
@@ -38,8 +43,15 @@ from pivotflow.engines.torch.weights import save_checkpoint
 from pivotflow.errors import PivotflowError
 from pivotflow.tasks.judge_format import judge_examples, near_miss, parse_verdict
 from pivotflow.tasks.registry import get_task, make_dataset, split_dataset
-from pivotflow.tasks.sft import SFTConfig, greedy_complete, teacher_forced_accuracy, train_sft
-from pivotflow.tasks.tokenizer import default_tokenizer
+from pivotflow.tasks.sft import (
+    SFTConfig,
+    greedy_complete,
+    prompt_ids,
+    teacher_forced_accuracy,
+    train_sft,
+)
+from pivotflow.tokenizer import load_tokenizer
+from pivotflow.tokenizer.base import Tokenizer
 
 POLICY_RIGHT_LABELS = 0.4  # the share of right answers in the policy's fine-tuning labels
 POLICY_LABELS_PER_SUM = 8  # labels drawn per training sum, so it learns the slip distribution
@@ -63,33 +75,35 @@ def policy_config(vocab: int) -> ModelConfig:
 
 
 def judge_config(vocab: int) -> ModelConfig:
+    # Two heads of 32 (v2 had four of 16, which vLLM's CPU backend cannot run).
     return ModelConfig(vocab_size=vocab, hidden_size=64, intermediate_size=192,
-                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                       num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2,
                        max_position_embeddings=64)
 
 
-def sampled_accuracy(model: Decoder, problems: list[Any], seed: int) -> float:
+def sampled_accuracy(model: Decoder, tok: Tokenizer, problems: list[Any], seed: int) -> float:
     """Exact-match accuracy of temperature-1 samples from the embedded engine."""
     from pivotflow.engines.torch.engine import TorchEngine
 
-    tok, task = default_tokenizer(), get_task("arithmetic")
+    task = get_task("arithmetic")
     engine = TorchEngine(model.config, max_batch=64, eos_token_id=tok.eos_id)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     engine.load_weights(state, 0)
-    reqs = [GenerationRequest(str(i), tok.encode(p.prompt, bos=True),
+    reqs = [GenerationRequest(str(i), prompt_ids(tok, p.prompt),
                               SamplingParams(temperature=1.0, max_tokens=6, seed=seed + i,
-                                             stop_token_ids=(tok.eos_id,)))
+                                             stop_token_ids=tok.eos_ids))
             for i, p in enumerate(problems)]
     outs = {o.request_id: o for o in engine.generate(reqs)}
     hits = sum(task.check(p, tok.decode(outs[str(i)].token_ids)) for i, p in enumerate(problems))
     return hits / len(problems)
 
 
-def train_policy(seed: int, quick: bool, report: Callable[[dict], None]) -> tuple[Decoder, dict]:
+def train_policy(seed: int, quick: bool, report: Callable[[dict], None],
+                 tok: Tokenizer) -> tuple[Decoder, dict]:
     torch.manual_seed(seed)
-    tok, task = default_tokenizer(), get_task("arithmetic")
+    task = get_task("arithmetic")
     train, held = split_dataset(make_dataset(task, 8100, seed), 500, seed)
     rng = random.Random(seed)
     pairs = [(p.prompt, p.answer if rng.random() < POLICY_RIGHT_LABELS
@@ -104,7 +118,7 @@ def train_policy(seed: int, quick: bool, report: Callable[[dict], None]) -> tupl
     min_greedy = 0.0 if quick else POLICY_MIN_GREEDY
 
     def stop(step: int) -> bool:
-        acc = sampled_accuracy(model, held[:300], seed)
+        acc = sampled_accuracy(model, tok, held[:300], seed)
         greedy = teacher_forced_accuracy(model, tok, held_pairs)
         report({"model": "policy", "step": step, "sampled_accuracy": acc, "greedy": greedy})
         if lo <= acc <= hi and greedy >= min_greedy:
@@ -122,9 +136,10 @@ def train_policy(seed: int, quick: bool, report: Callable[[dict], None]) -> tupl
                    "params": sum(p.numel() for p in model.parameters())}
 
 
-def train_judge(seed: int, quick: bool, report: Callable[[dict], None]) -> tuple[Decoder, dict]:
+def train_judge(seed: int, quick: bool, report: Callable[[dict], None],
+                tok: Tokenizer) -> tuple[Decoder, dict]:
     torch.manual_seed(seed + 1)
-    tok, task = default_tokenizer(), get_task("arithmetic")
+    task = get_task("arithmetic")
     train, held = split_dataset(make_dataset(task, 8100, seed + 1), 500, seed + 1)
     # Hard negatives weigh more than in the held-out mix: a judge that says Yes to 47+38=84
     # rewards exactly the mistakes RL should remove.
@@ -163,28 +178,43 @@ def train_judge(seed: int, quick: bool, report: Callable[[dict], None]) -> tuple
                    "train_s": res.seconds, "params": sum(p.numel() for p in model.parameters())}
 
 
-def save_model(model: Decoder, out: Path, meta: dict) -> None:
-    """safetensors + HF config.json + tokenizer.json + meta.json under ``out``."""
-    save_checkpoint(out, model.config, model.state_dict())
-    (out / "tokenizer.json").write_text(json.dumps(default_tokenizer().to_dict()))
+def save_model(model: Decoder, tok: Tokenizer, out: Path, meta: dict) -> None:
+    """An HF model folder at ``out``: config.json and model.safetensors, generation_config.json
+    (its eos ids are the stop tokens), the tokenizer's files, and meta.json (the figures)."""
+    generation = {"eos_token_id": tok.eos_id if len(tok.eos_ids) == 1 else list(tok.eos_ids),
+                  "pad_token_id": tok.pad_id}
+    if tok.bos_id is not None:
+        generation["bos_token_id"] = tok.bos_id
+    save_checkpoint(out, model.config, model.state_dict(), generation_config=generation)
+    tok.save(out)
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
 
 
 def _child(which: str, seed: int, quick: bool, out: str, q: Any) -> None:
     try:
         train = train_policy if which == "policy" else train_judge
-        model, meta = train(seed, quick, q.put)
-        save_model(model, Path(out), {**meta, "seed": seed, "quick": quick})
+        tok = load_tokenizer(out)  # the parent trained it and saved it there
+        model, meta = train(seed, quick, q.put, tok)
+        save_model(model, tok, Path(out), {**meta, "seed": seed, "quick": quick})
         q.put({"model": which, "done": meta})
     except BaseException as exc:  # reported to the parent, which raises it
         q.put({"model": which, "error": f"{type(exc).__name__}: {exc}"})
 
 
 def bootstrap(out: Path, seed: int = 0, *, quick: bool = False, progress: bool = True) -> dict:
-    """Train policy and judge into ``out/policy`` and ``out/judge`` (in parallel processes);
-    returns their figures. Raises PivotflowError when a model misses its target."""
+    """Train the tokenizer, then policy and judge into ``out/policy`` and ``out/judge`` (in
+    parallel processes); returns their figures. Raises PivotflowError when a model misses its
+    target."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from pivotflow.tasks.bpe import build_tokenizer
+
+    t_tok = time.perf_counter()
+    tok = build_tokenizer(seed)
+    for which in ("policy", "judge"):
+        (out / which).mkdir(parents=True, exist_ok=True)
+        tok.save(out / which)
+    tokenizer_s = time.perf_counter() - t_tok
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = {w: ctx.Process(target=_child, args=(w, seed, quick, str(out / w), q), daemon=True)
@@ -223,7 +253,8 @@ def bootstrap(out: Path, seed: int = 0, *, quick: bool = False, progress: bool =
                 p.join(timeout=5)
                 if p.is_alive():
                     p.kill()
-    return {**results, "wall_s": time.perf_counter() - t0, "seed": seed}
+    return {**results, "tokenizer": {"vocab_size": tok.vocab_size, "train_s": tokenizer_s},
+            "wall_s": time.perf_counter() - t0, "seed": seed}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,10 @@ The package ships the models ``python -m pivotflow.tasks.bootstrap`` made for se
 (``pivotflow/tasks/data``), so a first run copies them instead of training for minutes; any other
 seed, or a missing or damaged shipped copy, is trained here.
 
+Each model is an ordinary Hugging Face model folder (``FILES``: the weights, config.json,
+generation_config.json, the tokenizer's files and the chat template, plus the bootstrap's
+meta.json), so ``AutoModelForCausalLM`` and ``AutoTokenizer`` load it as they load a Qwen's.
+
 ``cache_root()/models-<FORMAT>-seed<N>/{policy,judge}``, built once (under a file lock, so two
 processes never both train), written to a temp folder and renamed into place, and checked on
 every use: a missing file, unreadable JSON or a model file whose hash is not the one recorded
@@ -27,8 +31,13 @@ import platformdirs
 
 from pivotflow.errors import CheckpointError
 
-FORMAT = "v2"  # bump when the bootstrap's models change, so old caches are not reused
-FILES = ("model.safetensors", "config.json", "tokenizer.json", "meta.json")
+# bump when the bootstrap's models change, so old caches are not reused (v3: HF model folders
+# with a byte-level BPE tokenizer; v2 had the character tokenizer)
+FORMAT = "v3"
+# Every built-in model folder holds these: what AutoModelForCausalLM and AutoTokenizer read, and
+# the bootstrap's figures (meta.json)
+FILES = ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+         "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "meta.json")
 log = logging.getLogger("pivotflow.cache")
 
 
@@ -137,6 +146,8 @@ def _build(seed: int, quick: bool, progress: bool) -> dict:
 
     def fill(tmp: Path) -> dict:
         figures = bootstrap(tmp, seed, quick=quick, progress=progress)
+        figures["command"] = (f"python -m pivotflow.tasks.bootstrap --seed {seed}"
+                              + (" --quick" if quick else ""))
         hashes = {w: _digest(tmp / w / "model.safetensors") for w in ("policy", "judge")}
         (tmp / "hashes.json").write_text(json.dumps(hashes))
         (tmp / "figures.json").write_text(json.dumps(figures, indent=2))

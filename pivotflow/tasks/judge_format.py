@@ -3,7 +3,7 @@
 The judge reads a question and a candidate answer and *generates* its verdict after a one-step
 chain of thought, the value it computes itself::
 
-    prompt  "47+38=84?"      (BOS first, like every prompt of the kit)
+    prompt  "47+38=84?"      (raw text, no chat template, like every prompt of the kit)
     target  "85:No"          (then EOS)
 
 `parse_verdict` turns the generated text into a reward: 1.0 for Yes, 0.0 for No, and None when
@@ -20,13 +20,14 @@ import msgspec
 
 from pivotflow.tasks.arithmetic import check_answer
 from pivotflow.tasks.registry import Problem
-from pivotflow.tasks.tokenizer import TASK_ALPHABET
 
 # Longer than any answer of the built-in arithmetic (9-digit products have 18 digits), so a
 # truncated candidate can never look right.
 MAX_CANDIDATE_CHARS = 24
-# Printable ASCII without newline: a candidate is shown on the judge's one line.
-_SHOWN = frozenset(TASK_ALPHABET) - {"\n"}
+# Printable ASCII without newline: a candidate is shown on the judge's one line. (The judge's
+# byte-level tokenizer could encode anything; the rule keeps what it reads what it trained on.)
+PRINTABLE = "".join(chr(c) for c in range(32, 127))
+_SHOWN = frozenset(PRINTABLE)
 _VERDICT = re.compile(r"(?:.*:)?\s*(Yes|No)", re.DOTALL)
 
 
@@ -115,7 +116,7 @@ def _garbage(rng: random.Random) -> str:
         n = rng.randrange(1, MAX_CANDIDATE_CHARS + 4)
         return "".join(rng.choice("0123456789+-=?: ") for _ in range(n))
     n = rng.randrange(1, MAX_CANDIDATE_CHARS + 4)
-    return "".join(rng.choice(TASK_ALPHABET[:-1]) for _ in range(n))
+    return "".join(rng.choice(PRINTABLE) for _ in range(n))
 
 
 def judge_examples(

@@ -1,6 +1,9 @@
 """Supervised fine-tuning of a `Decoder` on (prompt, completion) pairs, and its exact metrics.
 
-Every sequence is ``BOS prompt completion EOS``; the loss counts only the completion and EOS.
+Every sequence is ``prompt completion EOS``, each part encoded on its own by the model's
+tokenizer (``prompt_ids``: a BOS only where the tokenizer's post-processor adds one, as Llama 3's
+does; the built-in one, like Qwen's, has none), so training sees the tokens a rollout produces:
+the prompt's ids, then the generated ones. The loss counts only the completion and EOS.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pivotflow.engines.torch.model import Decoder
 from pivotflow.errors import ConfigError
-from pivotflow.tasks.tokenizer import CharTokenizer, pad_batch
+from pivotflow.tokenizer.base import Tokenizer
 
 Pair = tuple[str, str]
 
@@ -59,21 +62,47 @@ class SFTResult(msgspec.Struct, kw_only=True):
     stopped_early: bool
 
 
-def encode_pairs(tok: CharTokenizer, pairs: Sequence[Pair]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids [N, T] of ``BOS prompt completion EOS`` and a target mask [N, T-1] that is
-    1 where ``ids[:, 1:]`` is a completion token or EOS. Raises TokenizerError on unknown text."""
+def prompt_ids(tok: Tokenizer, prompt: str) -> list[int]:
+    """The ids a raw-text prompt starts a sequence with (what the rollout sends the engine);
+    ConfigError if there are none (without a BOS, nothing to predict the first token from)."""
+    ids = tok.encode(prompt, add_special_tokens=True)
+    if not ids:
+        raise ConfigError(f"sft prompt {prompt[:40]!r} encodes to no tokens")
+    return ids
+
+
+def pad_right(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+    """[N, T] long tensor of ``seqs`` right-padded with ``pad_id`` to the longest."""
+    width = max((len(s) for s in seqs), default=0)
+    out = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        out[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return out
+
+
+def encode_pairs(tok: Tokenizer, pairs: Sequence[Pair]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids [N, T] of ``prompt completion EOS`` and a target mask [N, T-1] that is
+    1 where ``ids[:, 1:]`` is a completion token or EOS. A prompt must encode to at least one
+    token (the first one is never a target)."""
     seqs, spans = [], []
     for prompt, completion in pairs:
-        p = tok.encode(prompt, bos=True)
+        p = prompt_ids(tok, prompt)
         c = tok.encode(completion) + [tok.eos_id]
         seqs.append(p + c)
         spans.append((len(p), len(p) + len(c)))
-    ids, _ = pad_batch(seqs, tok.pad_id)
-    ids_t = torch.tensor(ids, dtype=torch.long).reshape(len(seqs), -1)
+    ids_t = pad_right(seqs, tok.pad_id)
     mask = torch.zeros(ids_t.shape[0], max(ids_t.shape[1] - 1, 0), dtype=torch.bool)
     for row, (start, end) in enumerate(spans):
         mask[row, start - 1 : end - 1] = True  # logits at t predict token t+1
     return ids_t, mask
+
+
+def sequence_lengths(mask: torch.Tensor) -> torch.Tensor:
+    """Each row's length from its target mask (the last target is the sequence's last token):
+    the pad id may equal EOS (it does for Qwen and the built-in models), so counting non-pad
+    ids would not do."""
+    last = mask.shape[1] - 1 - mask.flip(1).to(torch.uint8).argmax(1)
+    return last + 2
 
 
 def _lr_factor(step: int, cfg: SFTConfig) -> float:
@@ -87,7 +116,7 @@ def _lr_factor(step: int, cfg: SFTConfig) -> float:
 
 def train_sft(
     model: Decoder,
-    tok: CharTokenizer,
+    tok: Tokenizer,
     pairs: Sequence[Pair],
     cfg: SFTConfig,
     *,
@@ -99,7 +128,7 @@ def train_sft(
 
     Every ``cfg.eval_every`` steps (and after the last) ``should_stop(step)`` is called with the
     model in eval mode; True ends training there. Raises ConfigError for a bad config and
-    TokenizerError for text outside the tokenizer's alphabet.
+    TokenizerError where the tokenizer cannot encode the text.
     """
     cfg.validate()
     if not pairs:
@@ -107,7 +136,7 @@ def train_sft(
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     ids, mask = encode_pairs(tok, pairs)
-    lengths = (ids != tok.pad_id).sum(1)
+    lengths = sequence_lengths(mask)
     gen = torch.Generator().manual_seed(cfg.seed)
     opt = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98)
@@ -183,7 +212,7 @@ def sft_loss(model: Decoder, ids: torch.Tensor, mask: torch.Tensor) -> torch.Ten
 
 @torch.no_grad()
 def teacher_forced_accuracy(
-    model: Decoder, tok: CharTokenizer, pairs: Sequence[Pair], batch_size: int = 1024
+    model: Decoder, tok: Tokenizer, pairs: Sequence[Pair], batch_size: int = 1024
 ) -> float:
     """Fraction of pairs whose completion + EOS is the argmax at every target position.
 
@@ -210,19 +239,20 @@ def teacher_forced_accuracy(
 @torch.no_grad()
 def greedy_complete(
     model: Decoder,
-    tok: CharTokenizer,
+    tok: Tokenizer,
     prompts: Sequence[str],
     max_new_tokens: int,
     batch_size: int = 512,
 ) -> list[str]:
-    """Greedy continuation text of each prompt (after BOS), up to EOS or ``max_new_tokens``.
+    """Greedy continuation text of each prompt, up to a stop token (``tok.eos_ids``) or
+    ``max_new_tokens``; special tokens are dropped from the text.
 
     Full forward passes without a KV cache: sequences here are ~15 tokens, so recomputing is
-    cheap and the result does not depend on any engine. Raises TokenizerError on unknown text.
+    cheap and the result does not depend on any engine.
     """
     was_training = model.training
     model.eval()
-    encoded = [tok.encode(p, bos=True) for p in prompts]
+    encoded = [prompt_ids(tok, p) for p in prompts]
     # Similar lengths share a batch so few positions are padding; results go back in order.
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     out: list[str] = [""] * len(encoded)
@@ -239,12 +269,13 @@ def greedy_complete(
 
 
 def _greedy_batch(
-    model: Decoder, tok: CharTokenizer, chunk: list[list[int]], max_new_tokens: int
+    model: Decoder, tok: Tokenizer, chunk: list[list[int]], max_new_tokens: int
 ) -> list[str]:
     lens = torch.tensor([len(c) for c in chunk])
-    ids, _ = pad_batch(chunk, tok.pad_id)
+    ids = pad_right(chunk, tok.pad_id)
     buf = torch.full((len(chunk), int(lens.max()) + max_new_tokens), tok.pad_id)
-    buf[:, : len(ids[0])] = torch.tensor(ids)
+    buf[:, : ids.shape[1]] = ids
+    stops = set(tok.eos_ids)
     done = torch.zeros(len(chunk), dtype=torch.bool)
     gen: list[list[int]] = [[] for _ in chunk]
     rows = torch.arange(len(chunk))
@@ -253,7 +284,7 @@ def _greedy_batch(
         logits = model(buf[:, : int(lens.max())])
         nxt = logits[rows, lens - 1].argmax(-1)
         for r in (~done).nonzero().flatten().tolist():
-            if nxt[r] == tok.eos_id:
+            if int(nxt[r]) in stops:
                 done[r] = True
             else:
                 gen[r].append(int(nxt[r]))

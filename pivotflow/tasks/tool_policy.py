@@ -42,9 +42,10 @@ from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.engines.torch.weights import load_checkpoint
 from pivotflow.errors import PivotflowError
 from pivotflow.tasks.registry import get_task, make_dataset, split_dataset
-from pivotflow.tasks.tokenizer import default_tokenizer
 from pivotflow.tasks.tool_policy_cache import ensure_tool_policy
 from pivotflow.tasks.tool_rollout import encode_segments, rollout_eval, self_samples, tool_segments
+from pivotflow.tokenizer import load_tokenizer
+from pivotflow.tokenizer.base import Tokenizer
 
 __all__ = [
     "encode_segments",
@@ -54,7 +55,9 @@ __all__ = [
     "train_tool_policy",
 ]
 
-CONTEXT = 160  # a tool trajectory of 2-digit addition is ~135 tokens
+# A tool trajectory of 2-digit addition is ~50 tokens with the built-in BPE (135 characters);
+# the rest is room for turns that wander (the agentic graph allows 150 tokens in all).
+CONTEXT = 160
 COPY_CHARS = "0123456789+-*"  # targets a tool trajectory copies (expression and answer)
 
 
@@ -63,9 +66,15 @@ def tool_policy_config(base: ModelConfig) -> ModelConfig:
     return msgspec.structs.replace(base, max_position_embeddings=CONTEXT)
 
 
-def load_base_policy(seed: int) -> tuple[Decoder, str]:
-    """The bootstrapped policy for ``seed`` (built or copied once) in a 160-token context, and
-    the sha256 of its weights. Raises CheckpointError/ModelConfigError for a bad checkpoint."""
+def copy_token_ids(tok: Tokenizer) -> torch.Tensor:
+    """The ids of COPY_CHARS, each character encoded alone (together they might merge)."""
+    return torch.tensor(sorted({i for c in COPY_CHARS for i in tok.encode(c)}))
+
+
+def load_base_policy(seed: int) -> tuple[Decoder, Tokenizer, str]:
+    """The bootstrapped policy for ``seed`` (built or copied once) in a 160-token context, its
+    tokenizer and the sha256 of its weights. Raises CheckpointError/ModelConfigError for a bad
+    checkpoint."""
     from pivotflow.tasks.cache import _digest, ensure_models
 
     policy_dir, _ = ensure_models(seed, progress=False)
@@ -74,7 +83,7 @@ def load_base_policy(seed: int) -> tuple[Decoder, str]:
     with torch.no_grad():  # named_parameters skips the tied head, which the file lacks too
         for name, param in model.named_parameters():
             param.copy_(tensors[name])
-    return model.eval(), _digest(policy_dir / "model.safetensors")
+    return model.eval(), load_tokenizer(policy_dir), _digest(policy_dir / "model.safetensors")
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,9 +205,10 @@ def train_tool_policy(
     report: Callable[[dict], None] | None = None,
     *,
     tool_fraction: float = 0.2,
-) -> tuple[Decoder, dict]:
+) -> tuple[Decoder, Tokenizer, dict]:
     """Fine-tune the built-in policy into the tool policy on one thread (the caller's thread
-    setting is restored); returns the model and its figures. ``report`` gets progress dicts.
+    setting is restored); returns the model, its tokenizer (the base policy's) and its figures.
+    ``report`` gets progress dicts.
 
     The stop rule (``RULE``, or the looser ``QUICK``) is checked on 300 held-out problems with
     ``rollout_eval`` every ``SETTLE.check_every`` steps of the settle phase; training stops when
@@ -214,17 +224,17 @@ def train_tool_policy(
 
 def _train(
     seed: int, quick: bool, report: Callable[[dict], None], tool_fraction: float
-) -> tuple[Decoder, dict]:
-    model, base_digest = load_base_policy(seed)  # may bootstrap it first: not timed below
+) -> tuple[Decoder, Tokenizer, dict]:
+    model, tok, base_digest = load_base_policy(seed)  # may bootstrap it first: not timed below
     start, cpu0 = time.perf_counter(), time.process_time()
-    tok, task = default_tokenizer(), get_task("arithmetic")
+    task = get_task("arithmetic")
     train, held = split_dataset(make_dataset(task, 8100, seed), 500, seed)  # as the policy's
-    base = rollout_eval(model, held[:300], seed)
+    base = rollout_eval(model, tok, held[:300], seed)
     report({"phase": "start", "step": 0, **base})
-    d_ids, d_mask = encode_segments(tok, self_samples(model, train, seed + 100_000))
+    d_ids, d_mask = encode_segments(tok, self_samples(model, tok, train, seed + 100_000))
     teacher = teacher_logprobs(model, d_ids)
     tool = encode_segments(tok, [(p.prompt, tool_segments(p)) for p in train])
-    copy_ids = torch.tensor(tok.encode(COPY_CHARS))
+    copy_ids = copy_token_ids(tok)
     rule = QUICK if quick else RULE
 
     gen = torch.Generator().manual_seed(seed)
@@ -258,7 +268,7 @@ def _train(
             if k % (phase.check_every or 100):
                 continue
             model.eval()
-            figs = rollout_eval(model, held[:300], seed)
+            figs = rollout_eval(model, tok, held[:300], seed)
             model.train()
             report({"phase": name, "step": step, "loss": loss.item(), **figs})
             counts = phase.check_every and k >= phase.check_from * rule.steps_scale
@@ -274,7 +284,7 @@ def _train(
             f"tool policy bootstrap never met {rule} (starting accuracy "
             f"{base['accuracy']:.3f}) in {step} steps (seed {seed})"
         )
-    return model, {
+    return model, tok, {
         **found,
         "seconds": time.perf_counter() - start,
         "cpu_s": time.process_time() - cpu0,

@@ -1,7 +1,8 @@
 """Where ``builtin:tool_policy`` lives, under the same rules as the other built-in models.
 
-``cache_root()/tool-policy-<FORMAT>-seed<N>/`` holds one checkpoint (model.safetensors,
-config.json, tokenizer.json, meta.json) and ``hashes.json``. It is built once under a file lock,
+``cache_root()/tool-policy-<FORMAT>-seed<N>/`` holds one Hugging Face model folder (the
+files of ``cache.FILES``: weights, configs, the tokenizer's files, meta.json) and
+``hashes.json``. It is built once under a file lock,
 written to a temp folder and renamed into place, and checked on every use: a missing file,
 unreadable JSON or weights whose hash is not the recorded one mean a corrupt cache, which is
 reported and rebuilt. The package ships the seed-0 build (``pivotflow/tasks/data``), so a first
@@ -51,11 +52,12 @@ def check_tool_policy(root: Path) -> None:
         )
 
 
-def write_tool_policy(model: Any, out: Path, meta: dict) -> None:
-    """Save ``model`` (a Decoder) with ``meta`` as a whole checkpoint folder at ``out``."""
+def write_tool_policy(model: Any, tok: Any, out: Path, meta: dict) -> None:
+    """Save ``model`` (a Decoder) and its tokenizer with ``meta`` as a whole model folder at
+    ``out``."""
     from pivotflow.tasks.bootstrap import save_model
 
-    save_model(model, out, meta)
+    save_model(model, tok, out, meta)
     (out / "hashes.json").write_text(json.dumps({WEIGHTS: _digest(out / WEIGHTS)}))
 
 
@@ -93,9 +95,9 @@ def _build(seed: int, final: Path, progress: bool) -> dict:
                 ),
             )
 
-        model, figures = train_tool_policy(seed, False, report)
+        model, tok, figures = train_tool_policy(seed, False, report)
     meta = {**figures, "command": f"python -m pivotflow.tasks.tool_policy --seed {seed}"}
-    replace_dir(final, lambda tmp: write_tool_policy(model, tmp, meta))
+    replace_dir(final, lambda tmp: write_tool_policy(model, tok, tmp, meta))
     return meta
 
 

@@ -5,6 +5,11 @@ A trajectory follows ``pivotflow.tools.trajectory``: the prompt, a policy turn t
 writes the answer. ``tool_segments`` writes the ideal one for the bootstrap, ``encode_segments``
 turns examples into ids and a loss mask, ``self_samples`` draws a model's direct answers and
 ``rollout_eval`` samples whole trajectories with the embedded engine, running calls in-process.
+
+Everything is in the model's own tokenizer and stays token-in/token-out: a sampled turn keeps
+the ids the engine sampled (never decoded and encoded again), observations are encoded by the
+tokenizer and appended, and whether a turn closed a call is read from its *decoded* text (the
+built-in tokenizer has ``</tool_call>`` as one token, a user's may not).
 """
 
 from __future__ import annotations
@@ -18,15 +23,17 @@ from pivotflow.engines.base import GenerationOutput, GenerationRequest, Sampling
 from pivotflow.engines.torch.model import Decoder
 from pivotflow.errors import ToolCallError, ToolError
 from pivotflow.tasks.registry import Problem, get_task
-from pivotflow.tasks.tokenizer import CharTokenizer, default_tokenizer, pad_batch
+from pivotflow.tasks.sft import pad_right, prompt_ids
+from pivotflow.tokenizer.base import Tokenizer
 from pivotflow.tools.builtin import calculator
 from pivotflow.tools.parsers import HermesParser
 from pivotflow.tools.pool import ToolResult
 from pivotflow.tools.trajectory import answer_of, encode_observation, observation_text
 
-Segment = tuple[str, bool]  # (text, trained): a policy turn is trained, an observation is not
-TURN_TOKENS = 96  # most tokens of one policy turn
-Example = tuple[str, list[Segment]]  # (prompt, segments after BOS prompt; EOS follows them)
+# (text, or ids as sampled; trained): a policy turn is trained, an observation is not
+Segment = tuple[str | list[int], bool]
+TURN_TOKENS = 96  # most tokens of one policy turn (a call is 23 with the built-in tokenizer)
+Example = tuple[str, list[Segment]]  # (prompt, segments after the prompt; EOS follows them)
 
 
 def call_tool(text: str, parser: HermesParser) -> tuple[list[ToolResult], bool]:
@@ -54,7 +61,7 @@ def call_tool(text: str, parser: HermesParser) -> tuple[list[ToolResult], bool]:
 
 
 def tool_segments(problem: Problem, parser: HermesParser | None = None) -> list[Segment]:
-    """The ideal tool trajectory after ``BOS prompt``: the call (trained), the calculator's
+    """The ideal tool trajectory after the prompt: the call (trained), the calculator's
     observation (not trained) and its answer copied (trained; EOS follows). Raises ValueError
     if the prompt is not an expression the calculator reads."""
     parser = parser or HermesParser()
@@ -65,60 +72,67 @@ def tool_segments(problem: Problem, parser: HermesParser | None = None) -> list[
     return [(call, True), (observation, False), (content, True)]
 
 
+def segment_ids(tok: Tokenizer, segment: Segment) -> list[int]:
+    """A segment's ids: kept as sampled, else a trained turn's text encoded, an observation's
+    through ``encode_observation`` (as the controller encodes a tool's result)."""
+    text, train = segment
+    if not isinstance(text, str):
+        return list(text)
+    return tok.encode(text) if train else encode_observation(tok, text)
+
+
 def encode_segments(
-    tok: CharTokenizer, examples: Sequence[Example]
+    tok: Tokenizer, examples: Sequence[Example]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids [N, T] of ``BOS prompt segment... EOS`` and a target mask [N, T-1] that is
+    """Right-padded ids [N, T] of ``prompt segment... EOS`` and a target mask [N, T-1] that is
     1 where ``ids[:, 1:]`` is a token of a trained segment or the final EOS (as
-    ``sft.encode_pairs``). Untrained segments go through ``encode_observation``; raises
-    TokenizerError for a prompt or trained segment outside the alphabet."""
+    ``sft.encode_pairs``); each segment is encoded on its own (``segment_ids``)."""
     seqs: list[list[int]] = []
     trained: list[list[bool]] = []
     for prompt, segments in examples:
-        ids = tok.encode(prompt, bos=True)
+        ids = prompt_ids(tok, prompt)
         flags = [False] * len(ids)
-        for text, train in segments:
-            piece = tok.encode(text) if train else encode_observation(tok, text)
+        for segment in segments:
+            piece = segment_ids(tok, segment)
             ids += piece
-            flags += [train] * len(piece)
+            flags += [segment[1]] * len(piece)
         seqs.append(ids + [tok.eos_id])
         trained.append(flags + [True])
-    padded, _ = pad_batch(seqs, tok.pad_id)
-    ids_t = torch.tensor(padded, dtype=torch.long).reshape(len(seqs), -1)
+    ids_t = pad_right(seqs, tok.pad_id)
     mask = torch.zeros(ids_t.shape[0], max(ids_t.shape[1] - 1, 0), dtype=torch.bool)
     for row, flags in enumerate(trained):
         mask[row, : len(flags) - 1] = torch.tensor(flags[1:], dtype=torch.bool)
     return ids_t, mask
 
 
-def self_samples(model: Decoder, problems: Sequence[Problem], seed: int) -> list[Example]:
-    """One temperature-1 direct answer of ``model`` per problem, as a training example (samples
-    cut off before EOS are dropped: the policy hardly makes them and they teach nothing)."""
-    tok = default_tokenizer()
-    engine = engine_for(model, 512, None)
+def self_samples(
+    model: Decoder, tok: Tokenizer, problems: Sequence[Problem], seed: int
+) -> list[Example]:
+    """One temperature-1 direct answer of ``model`` per problem, as a training example with the
+    sampled ids (samples cut off before EOS are dropped: the policy hardly makes them and they
+    teach nothing; the EOS itself is not kept, ``encode_segments`` appends it)."""
+    engine = engine_for(model, tok, 512, None)
     reqs = [
         GenerationRequest(
             str(i),
-            tok.encode(p.prompt, bos=True),
-            SamplingParams(
-                temperature=1.0, max_tokens=6, seed=seed + i, stop_token_ids=(tok.eos_id,)
-            ),
+            prompt_ids(tok, p.prompt),
+            SamplingParams(temperature=1.0, max_tokens=6, seed=seed + i, stop_token_ids=tok.eos_ids),
         )
         for i, p in enumerate(problems)
     ]
     outs = engine.generate(reqs)
+    stops = set(tok.eos_ids)
     return [
-        (p.prompt, [(tok.decode(o.token_ids), True)])
+        (p.prompt, [([t for t in o.token_ids if t not in stops], True)])
         for p, o in zip(problems, outs, strict=True)
         if o.finish_reason == "stop"
     ]
 
 
-def engine_for(model: Decoder, batch: int, detokenize: Any) -> Any:
+def engine_for(model: Decoder, tok: Tokenizer, batch: int, detokenize: Any) -> Any:
     """A TorchEngine serving a copy of ``model``'s weights (context: the model's)."""
     from pivotflow.engines.torch.engine import TorchEngine
 
-    tok = default_tokenizer()
     engine = TorchEngine(
         model.config, max_batch=batch, eos_token_id=tok.eos_id, detokenize=detokenize
     )
@@ -129,19 +143,24 @@ def engine_for(model: Decoder, batch: int, detokenize: Any) -> Any:
     return engine
 
 
-def rollout_eval(model: Decoder, problems: Sequence[Problem], seed: int) -> dict[str, Any]:
-    """Sampled (temperature 1) multi-turn accuracy of ``model`` on ``problems``.
+def rollout_eval(
+    model: Decoder, tok: Tokenizer, problems: Sequence[Problem], seed: int
+) -> dict[str, Any]:
+    """Sampled (temperature 1) multi-turn accuracy of ``model`` (with its tokenizer ``tok``) on
+    ``problems``.
 
-    Turn 1 stops at EOS or right after ``</tool_call>``; a turn holding a closed call has the
+    Turn 1 stops at a stop token (``tok.eos_ids``) or as soon as the decoded text holds
+    ``</tool_call>`` (the engine's stop string, checked on the decoded tail of the stream, so a
+    tag split over several tokens stops it too); a turn holding a closed call has the
     calculator run in-process and its observation appended, then turn 2 is sampled from
     prompt + turn 1 + observation (two turns at most: a call in turn 2 is not run). The answer
     is the last turn's text, checked exactly.
     Returns accuracy, tool_rate (share that closed a call), tool_accuracy (accuracy among
     those), direct_accuracy (among the rest), malformed_calls (count of turns that opened a call
-    that did not parse or run) and n. Raises TokenizerError if a prompt is outside the alphabet.
+    that did not parse or run) and n.
     """
-    tok, task, parser = default_tokenizer(), get_task("arithmetic"), HermesParser()
-    engine = engine_for(model, max(1, min(len(problems), 512)), tok.decode)
+    task, parser = get_task("arithmetic"), HermesParser()
+    engine = engine_for(model, tok, max(1, min(len(problems), 512)), tok.decode)
     context = model.config.max_position_embeddings
 
     def params(i: int, turn: int) -> SamplingParams:
@@ -149,11 +168,11 @@ def rollout_eval(model: Decoder, problems: Sequence[Problem], seed: int) -> dict
             temperature=1.0,
             max_tokens=TURN_TOKENS,
             seed=seed + 7919 * turn + i,
-            stop_token_ids=(tok.eos_id,),
+            stop_token_ids=tok.eos_ids,
             stop_strings=parser.stop_strings,
         )
 
-    prompts = [tok.encode(p.prompt, bos=True) for p in problems]
+    prompts = [prompt_ids(tok, p.prompt) for p in problems]
     first = engine.generate(
         [GenerationRequest(str(i), ids, params(i, 0)) for i, ids in enumerate(prompts)]
     )

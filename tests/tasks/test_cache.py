@@ -14,14 +14,15 @@ from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.errors import CheckpointError
 from pivotflow.tasks.bootstrap import save_model
 from pivotflow.tasks.cache import _digest, check_models, ensure_models, models_dir
+from pivotflow.tokenizer.base import Tokenizer
 
 
-def fake_cache(root: Path) -> None:
+def fake_cache(root: Path, tok: Tokenizer) -> None:
     """A cache laid out as the bootstrap leaves it (random weights: only the layout matters)."""
-    cfg = ModelConfig(vocab_size=99, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=32,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
     for which in ("policy", "judge"):
-        save_model(Decoder(cfg), root / which, {"seed": 0})
+        save_model(Decoder(cfg), tok, root / which, {"seed": 0})
     hashes = {w: _digest(root / w / "model.safetensors") for w in ("policy", "judge")}
     (root / "hashes.json").write_text(json.dumps(hashes))
 
@@ -30,11 +31,16 @@ def fake_cache(root: Path) -> None:
     (lambda r: (r / "policy" / "model.safetensors").write_bytes(b"x" * 10), "policy/model.safe"),
     (lambda r: (r / "judge" / "config.json").write_text("{not json"), "judge/config.json is not"),
     (lambda r: (r / "judge" / "tokenizer.json").unlink(), "judge/tokenizer.json is missing"),
+    (lambda r: (r / "policy" / "generation_config.json").unlink(),
+     "policy/generation_config.json is missing"),
+    (lambda r: (r / "policy" / "tokenizer_config.json").write_text("{"),
+     "policy/tokenizer_config.json is not JSON"),
     (lambda r: (r / "hashes.json").unlink(), "hashes.json: unreadable"),
     (lambda r: (r / "hashes.json").write_text("[1]"), r"hashes.json: unreadable \(not a JSON obj"),
 ])
-def test_corruption_is_named(tmp_path: Path, damage, match: str) -> None:  # type: ignore[no-untyped-def]
-    fake_cache(tmp_path)
+def test_corruption_is_named(tmp_path: Path, damage, match: str,  # type: ignore[no-untyped-def]
+                             bpe: Tokenizer) -> None:
+    fake_cache(tmp_path, bpe)
     check_models(tmp_path)
     damage(tmp_path)
     with pytest.raises(CheckpointError, match=match):

@@ -15,7 +15,6 @@ from pivotflow.tasks.judge_format import (
     parse_verdict,
 )
 from pivotflow.tasks.registry import Problem, get_task, make_dataset
-from pivotflow.tasks.tokenizer import default_tokenizer
 
 
 def test_candidate_is_cleaned_without_turning_wrong_into_right() -> None:
@@ -26,7 +25,8 @@ def test_candidate_is_cleaned_without_turning_wrong_into_right() -> None:
     p = Problem(prompt="47+38=", answer="85")
     assert judge_target(p, "8\t5") == "85:No" and judge_target(p, "") == "85:No"
     assert judge_prompt(p.prompt, "") == "47+38=?"
-    default_tokenizer().encode(judge_prompt(p.prompt, "\x00\u2603" * 40))  # always encodable
+    shown = judge_prompt(p.prompt, "\x00\u2603" * 40)  # one printable line, what it trained on
+    assert shown == "47+38=" + "#" * MAX_CANDIDATE_CHARS + "?" and shown.isprintable()
 
 
 def test_near_misses_differ_and_are_judged_no() -> None:

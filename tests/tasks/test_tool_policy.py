@@ -14,10 +14,11 @@ from pivotflow.errors import CheckpointError
 from pivotflow.tasks import tool_policy_cache
 from pivotflow.tasks.cache import _digest
 from pivotflow.tasks.registry import Problem, get_task, make_dataset, split_dataset
-from pivotflow.tasks.tokenizer import default_tokenizer
 from pivotflow.tasks.tool_policy import encode_segments, ensure_tool_policy
 from pivotflow.tasks.tool_policy_cache import check_tool_policy, shipped_tool_policy
 from pivotflow.tasks.tool_rollout import call_tool, rollout_eval, tool_segments
+from pivotflow.tokenizer import load_tokenizer
+from pivotflow.tokenizer.base import Tokenizer
 from pivotflow.tools.parsers import HermesParser
 from pivotflow.tools.pool import ToolResult
 from pivotflow.tools.trajectory import observation_text
@@ -36,16 +37,18 @@ def test_tool_trajectory_text_is_the_fixed_layout() -> None:
     assert [trained for _, trained in tool_segments(PROBLEM)] == [True, False, True]
 
 
-def test_segment_mask_covers_turns_and_eos_only() -> None:
-    tok = default_tokenizer()
+def test_segment_mask_covers_turns_and_eos_only(bpe: Tokenizer) -> None:
+    tok = bpe
     segments = tool_segments(PROBLEM)
     ids, mask = encode_segments(tok, [(PROBLEM.prompt, segments), ("1+2=", [("3", True)])])
-    prompt = len(tok.encode(PROBLEM.prompt, bos=True))
-    call, obs, ans = (len(text) for text, _ in segments)
+    prompt = len(tok.encode(PROBLEM.prompt))
+    call, obs, ans = (len(tok.encode(text)) for text, _ in segments)
+    # the tags are one token each, the call's JSON keys a few: 47 tokens for 135 characters in all
+    assert tok.encode(segments[0][0])[0] == tok.encode("<tool_call>")[0] and call == 23
     total = prompt + call + obs + ans + 1
     assert ids.shape == (2, total) and mask.shape == (2, total - 1)
     assert tok.decode(ids[0].tolist(), skip_special=False) == (
-        "<bos>" + PROBLEM.prompt + "".join(t for t, _ in segments) + "<eos>"
+        PROBLEM.prompt + "".join(t for t, _ in segments) + "<|endoftext|>"
     )
     # mask[t] says whether ids[t + 1] is trained
     expected = torch.zeros(total, dtype=torch.bool)
@@ -55,10 +58,19 @@ def test_segment_mask_covers_turns_and_eos_only() -> None:
     assert ids[0, -1] == tok.eos_id and mask[0, -1]
     # the direct row: "3" and EOS only, nothing on its prompt or its padding
     direct = torch.zeros(total, dtype=torch.bool)
-    direct[5:7] = True
+    direct[4:6] = True
     assert torch.equal(mask[1], direct[1:])
-    assert tok.decode(ids[1, :7].tolist(), skip_special=False) == "<bos>1+2=3<eos>"
-    assert (ids[1, 7:] == tok.pad_id).all()
+    assert tok.decode(ids[1, :6].tolist(), skip_special=False) == "1+2=3<|endoftext|>"
+    assert (ids[1, 6:] == tok.pad_id).all()
+
+
+def test_sampled_ids_are_kept_not_encoded_again(bpe: Tokenizer) -> None:
+    # "=?" is one merged token; sampled as "=" then "?" it must stay two (token-in/token-out)
+    apart = [bpe.encode("=")[0], bpe.encode("?")[0]]
+    assert len(bpe.encode("=?")) == 1
+    ids, mask = encode_segments(bpe, [("1+2", [(apart, True)])])
+    assert ids[0].tolist() == [*bpe.encode("1+2"), *apart, bpe.eos_id]
+    assert mask[0].tolist() == [False, False, True, True, True]
 
 
 @pytest.mark.parametrize(
@@ -106,7 +118,7 @@ def test_ensure_copies_the_shipped_checkpoint_and_repairs_corruption(
     shipped = shipped_tool_policy(0)
     check_tool_policy(shipped)
     root = ensure_tool_policy(0, progress=False)
-    assert root == cache / "tool-policy-v2-seed0"
+    assert root == cache / "tool-policy-v3-seed0"
     check_tool_policy(root)
     config, tensors = load_checkpoint(root)
     assert config.max_position_embeddings == 160
@@ -142,10 +154,11 @@ def test_corruption_is_named(tmp_path: Path, damage, match: str) -> None:  # typ
 def test_shipped_model_sometimes_calls_and_copies_the_answer() -> None:
     config, tensors = load_checkpoint(shipped_tool_policy(0))
     model = build_model(config, tensors, "cpu", torch.float32)
+    tok = load_tokenizer(shipped_tool_policy(0))
     _, held = split_dataset(make_dataset(get_task("arithmetic"), 8100, 0), 500, 0)
     problems = held[300:400]  # not the 300 that decided when training stopped
-    figs = rollout_eval(model, problems, seed=1)
-    assert figs == rollout_eval(model, problems, seed=1)  # seeded: the same samples again
+    figs = rollout_eval(model, tok, problems, seed=1)
+    assert figs == rollout_eval(model, tok, problems, seed=1)  # seeded: the same samples again
     assert figs["n"] == 100
     assert 0.05 <= figs["tool_rate"] <= 0.45
     # the base policy slips copying too (v2 models): 0.63 here, ~0.3 without the tool
