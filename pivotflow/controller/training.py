@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 from pivotflow.controller import stages
 from pivotflow.controller.sample import Sample
+from pivotflow.controller.train_tokens import valid_tokens
 from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
-from pivotflow.worker.train_role import valid_tokens
 
 if TYPE_CHECKING:
     from pivotflow.controller.core import Controller

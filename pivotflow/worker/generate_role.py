@@ -1,28 +1,58 @@
-"""The generate role: an inference engine serving rollout or judge jobs for one model."""
+"""The generate role: an inference engine serving rollout or judge jobs for one model.
+
+The store hands over the model's Hugging Face config as a dict; the embedded engine builds its
+own description from it (``config_from_hf``), vLLM and SGLang read it from an exported folder.
+Options the controller sets: ``engine``, ``max_batch``, ``device`` (default cpu), ``dtype``
+("auto": the config's), and ``tokenizer_dir``: the model's tokenizer folder, which gives the
+embedded engine its stop tokens (eos and generation_config's) and the text that stop strings
+are matched against. Without it stop strings are refused and jobs bring their own stop ids.
+"""
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from pivotflow.engines import make_engine
 from pivotflow.engines.base import GenerationOutput, GenerationRequest, SamplingParams
-from pivotflow.engines.torch.model import ModelConfig
-from pivotflow.errors import CheckpointError, RequestError
+from pivotflow.errors import CheckpointError, ModelConfigError, RequestError
 from pivotflow.params.base import ParamStore
+from pivotflow.params.hf_folder import write_folder
 from pivotflow.protocol import GenerateJob, JobDone
-from pivotflow.tasks.tokenizer import CharTokenizer
 
 
-def _export(config: ModelConfig, tensors: dict) -> Path:
-    """An HF checkpoint folder of these weights, for engines that load from a path."""
-    from pivotflow.engines.torch.weights import save_checkpoint
-
+def _export(config: dict[str, Any], tensors: dict, tokenizer_dir: str | None) -> Path:
+    """An HF folder of these weights and this config (with the tokenizer's files, when given),
+    for engines that load from a path."""
     path = Path(tempfile.mkdtemp(prefix="pivotflow-export-"))
-    save_checkpoint(path, config, tensors)
+    write_folder(path, config, tensors, side_files_from=tokenizer_dir)
     return path
+
+
+def _torch_engine(config: dict[str, Any], options: dict, where: str) -> tuple[Any, dict]:
+    """The embedded engine's model description and constructor arguments."""
+    from pivotflow.engines.torch.weights import config_from_hf, resolve_dtype
+
+    cfg = config_from_hf(config, where)
+    kw: dict[str, Any] = {"max_batch": int(options.get("max_batch", 64)),
+                          "device": str(options.get("device", "cpu")),
+                          "dtype": resolve_dtype(config, options.get("dtype", "auto"), where)}
+    tokenizer_dir = options.get("tokenizer_dir")
+    if tokenizer_dir:
+        from pivotflow.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(tokenizer_dir)
+        if tok.vocab_size > cfg.vocab_size:
+            raise ModelConfigError(
+                f"tokenizer {tokenizer_dir} has {tok.vocab_size} ids but {where} has "
+                f"vocab_size {cfg.vocab_size}"
+            )
+        # Special tokens print too: a stop string or a tag that is an added token is matched.
+        kw["detokenize"] = lambda ids: tok.decode(ids, skip_special=False)
+        kw["eos_token_ids"] = tuple(tok.eos_ids)
+    return cfg, kw
 
 
 def _done(out: GenerationOutput, arrived: dict[int, float], now: float) -> JobDone:
@@ -41,15 +71,15 @@ class GenerateRole:
         t0 = time.perf_counter()
         version, config, tensors = store.load(model)
         kind = str(options.get("engine", "torch"))
+        model_config: Any = config
+        engine_kw: dict[str, Any] = {}
         if kind in ("vllm", "sglang"):  # they load a checkpoint folder themselves
-            engine_kw: dict = {"model_path": str(_export(config, tensors))}
-        else:
-            engine_kw = {"max_batch": int(options.get("max_batch", 64)), "eos_token_id": 2}
-            if kind == "torch" and "tokenizer" in options:  # to match stop strings
-                tok = CharTokenizer.from_dict(json.loads(options["tokenizer"]))
-                engine_kw["detokenize"] = tok.decode
+            engine_kw["model_path"] = str(_export(config, tensors, options.get("tokenizer_dir")))
+        elif kind == "torch":
+            where = f"config of {model}@v{version} (parameter store {store.root})"
+            model_config, engine_kw = _torch_engine(config, options, where)
         t_engine = time.perf_counter()
-        self.engine = make_engine(kind, config, **engine_kw)
+        self.engine = make_engine(kind, model_config, **engine_kw)
         self.warmup_s = time.perf_counter() - t_engine
         self.engine.load_weights(tensors, version)
         self.load_s = time.perf_counter() - t0

@@ -5,16 +5,26 @@ its loss by the whole batch's totals, and the summed gradients are the batch's g
 step is the same with one trainer or four. Rank 0 publishes the AdamW state with every version
 (``<model>.optim``), so a trainer that leaves, or dies, never takes it along: the next rank 0
 that did not take the last step picks it up from the store.
+
+Precision: the weights and AdamW state are kept in float32 (``train_dtype``, default float32)
+whatever the model's own dtype, because a bf16 weight rounds away every update smaller than
+1/256 of itself, so small learning-rate steps would vanish; the store then holds float32
+versions and each engine casts them to the dtype it serves in. When the run's ``dtype`` is
+bfloat16 (given, or "auto" on a bf16 model) the forward and backward run under bf16 autocast
+over those float32 weights. float16 compute is not used: its gradients underflow without loss
+scaling. ``device`` (default cpu) is where the model and its optimizer state live.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
 
+from pivotflow.controller.train_tokens import valid_tokens
 from pivotflow.engines.torch.model import token_logprobs
-from pivotflow.engines.torch.weights import build_model
+from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve_dtype
 from pivotflow.errors import CheckpointError, WorkerError
 from pivotflow.params.base import ParamStore
 from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
@@ -82,18 +92,22 @@ def batch_weight(aggregation: str, mask: torch.Tensor, total_tokens: int,
     return local / total if total > 0 else 0.0
 
 
-def valid_tokens(s: TrainSeq) -> int:
-    return sum(s.loss_mask) if s.loss_mask else len(s.response_ids)
-
-
 class TrainRole:
     """Holds the policy and its AdamW state; one ``train`` call is one optimizer step."""
 
     def __init__(self, store: ParamStore, model: str, options: dict) -> None:
         self.store, self.model_name = store, model
         t0 = time.perf_counter()
-        self.version, self.config, tensors = store.load(model)
-        self.model = build_model(self.config, tensors, "cpu", torch.float32).train()
+        # The HF dict is kept as it came: every version this trainer publishes carries it.
+        self.version, self.hf_config, tensors = store.load(model)
+        where = f"config of {model}@v{self.version} (parameter store {store.root})"
+        self.config = config_from_hf(self.hf_config, where)
+        self.device = torch.device(str(options.get("device", "cpu")))
+        master = resolve_dtype(self.hf_config, str(options.get("train_dtype", "float32")), where)
+        compute = resolve_dtype(self.hf_config, str(options.get("dtype", "auto")), where)
+        bf16_compute = compute == torch.bfloat16 and master != torch.bfloat16
+        self.autocast = torch.bfloat16 if bf16_compute else None
+        self.model = build_model(self.config, tensors, self.device, master).train()
         self.model.requires_grad_(True)
         self.opts = options
         t_optim = time.perf_counter()
@@ -118,8 +132,9 @@ class TrainRole:
         self.optim.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         for part in micro_batches(msg.seqs, budget):
-            batch = pack(part)
-            logits = self.model(batch["ids"], attention_mask=batch["attn"])
+            batch = {k: v.to(self.device) for k, v in pack(part).items()}
+            with self._compute():
+                logits = self.model(batch["ids"], attention_mask=batch["attn"])
             pos = batch["gather"].unsqueeze(-1).expand(-1, -1, logits.shape[-1])
             logp = token_logprobs(logits.gather(1, pos), batch["targets"])
             loss, stats = policy_loss(
@@ -150,14 +165,20 @@ class TrainRole:
         self.version = msg.step + 1
         if msg.rank == 0:  # the optimizer state too: a trainer may die, or leave, any time
             self.store.publish(f"{self.model_name}.optim", self.version,
-                               adam_tensors(self.model, self.optim), self.config)
+                               adam_tensors(self.model, self.optim), self.hf_config)
             self.store.gc(f"{self.model_name}.optim", keep=2)
-            self.store.publish(self.model_name, self.version, self.state_dict(), self.config)
+            self.store.publish(self.model_name, self.version, self.state_dict(), self.hf_config)
             self.store.gc(self.model_name, keep=3)
         out.update({"grad_norm": float(grad_norm), "step_s": time.perf_counter() - t0,
                     "sync_s": sync_s, "world": float(msg.world)})
         return TrainDone(step=msg.step, version=self.version, stats=out,
                          job_ids=[s.job_id for s in msg.seqs], rank=msg.rank)
+
+    def _compute(self) -> contextlib.AbstractContextManager[object]:
+        """bf16 autocast over the float32 weights when the run computes in bf16."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         sd = self.model.state_dict()

@@ -1,11 +1,17 @@
-"""The generate role on the echo engine: how long it held each job, and what it sends back."""
+"""The generate role: how long it held each job and what it sends back (echo engine), and the
+embedded engine built from the store's HF config dict and the model folder's tokenizer."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
+import pytest
+import torch
+
 from pivotflow.engines.torch.model import Decoder, ModelConfig
+from pivotflow.engines.torch.weights import config_to_hf, load_model_folder
+from pivotflow.errors import ModelConfigError
 from pivotflow.params.shm_store import ShmParamStore
 from pivotflow.protocol import GenerateJob, JobDone, JobsDone
 from pivotflow.transport.codec import decode_to_controller, encode
@@ -17,7 +23,7 @@ CFG = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidde
 
 def role(tmp_path: Path) -> GenerateRole:
     store = ShmParamStore(tmp_path / "store")
-    store.publish("judge", 0, Decoder(CFG).state_dict(), CFG)
+    store.publish("judge", 0, Decoder(CFG).state_dict(), config_to_hf(CFG, torch.float32))
     return GenerateRole(store, "judge", {"engine": "echo"})
 
 
@@ -50,3 +56,54 @@ def test_aborted_and_rejected_jobs_leave_nothing_behind(tmp_path: Path) -> None:
     [aborted] = r.abort([1])
     assert aborted.finish_reason == "abort" and aborted.worker_s >= 0
     assert r.arrived == {}
+
+
+def folder_role(tmp_path: Path, folder: Path, **options: object) -> GenerateRole:
+    """A torch-engine role on a model folder, published as a run publishes it."""
+    model = load_model_folder(folder)
+    store = ShmParamStore(tmp_path / "store")
+    store.publish("policy", 0, model.tensors, model.hf_config)
+    return GenerateRole(store, "policy", {"engine": "torch", "max_batch": 4, **options})
+
+
+def test_the_tokenizer_folder_gives_stop_tokens_and_stop_strings(
+    tmp_path: Path, random_models: dict[str, Path]
+) -> None:
+    from pivotflow.tokenizer import load_tokenizer
+
+    folder = random_models["policy"]
+    eos = load_tokenizer(folder).eos_ids
+    with_tok = folder_role(tmp_path / "a", folder, tokenizer_dir=str(folder))
+    assert with_tok.engine.eos_token_ids == eos  # type: ignore[attr-defined]
+    tok = load_tokenizer(folder)
+    stops = ["1", "2", "3", "+"]
+    stop = GenerateJob(job_id=7, prompt_ids=[5, 6, 7], max_tokens=24, stop_strings=stops)
+    assert with_tok.add([stop]) == []
+    while with_tok.has_work():
+        done = with_tok.step()
+    [out] = done
+    text, before = (tok.decode(ids, skip_special=False)
+                    for ids in (out.token_ids, out.token_ids[:-1]))
+    # It stops on the token that completes a stop string, and on no other.
+    assert out.finish_reason == ("stop" if any(s in text for s in stops) else "length"), text
+    assert not any(s in before for s in stops), before
+    # Without a tokenizer: no stop strings, and only the job's own stop ids end it.
+    bare = folder_role(tmp_path / "b", folder)
+    assert bare.engine.eos_token_ids == ()  # type: ignore[attr-defined]
+    [refused] = bare.add([stop])
+    assert refused.finish_reason == "error" and "stop_strings" in refused.error
+
+
+def test_dtype_comes_from_the_config_or_the_option(
+    tmp_path: Path, random_models: dict[str, Path]
+) -> None:
+    folder = random_models["policy"]
+    assert folder_role(tmp_path / "auto", folder).engine.dtype == torch.float32  # type: ignore[attr-defined]
+    bf16 = folder_role(tmp_path / "bf16", folder, dtype="bfloat16")
+    assert bf16.engine.dtype == torch.bfloat16  # type: ignore[attr-defined]
+    assert bf16.add([job(1)]) == []
+    while bf16.has_work():
+        done = bf16.step()
+    assert len(done[0].token_ids) == 2 and all(lp <= 0 for lp in done[0].logprobs)
+    with pytest.raises(ModelConfigError, match="dtype='int8' is not one of auto"):
+        folder_role(tmp_path / "bad", folder, dtype="int8")

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pivotflow.engines.torch.model import Decoder, ModelConfig
+from pivotflow.engines.torch.weights import config_to_hf
 from pivotflow.params.shm_store import ShmParamStore
 from pivotflow.protocol import TrainSeq, TrainStep
 from pivotflow.worker.adam_state import adam_tensors
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.timeout(120)
 
 CFG = ModelConfig(vocab_size=99, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+HF = config_to_hf(CFG, torch.float32)  # what the store holds: the model's config.json
 OPTS = {"lr": 1e-2}
 
 
@@ -37,8 +39,8 @@ def batch(step: int) -> list[TrainSeq]:
 
 def step_msgs(step: int, world: int, epoch: int, rendezvous: str,
               optim_version: int = -1) -> list[TrainStep]:
+    from pivotflow.controller.train_tokens import valid_tokens
     from pivotflow.controller.training import shards
-    from pivotflow.worker.train_role import valid_tokens
 
     seqs = batch(step)
     parts = shards(seqs, world)
@@ -77,7 +79,7 @@ def fresh_store(root: Path) -> ShmParamStore:
     """A store holding only policy@v0 (the same random weights every time)."""
     s = ShmParamStore(root)
     torch.manual_seed(0)
-    s.publish("policy", 0, Decoder(CFG).state_dict(), CFG)
+    s.publish("policy", 0, Decoder(CFG).state_dict(), config_to_hf(CFG, torch.float32))
     return s
 
 
@@ -118,3 +120,20 @@ def test_a_trainer_that_joins_later_takes_over_the_state(tmp_path: Path) -> None
     b, a = run_trainers(store.root, [b_plan, a_plan])
     assert_same(b, solo)
     assert_same(a, solo)
+
+
+def test_float32_masters_under_bf16_compute_publish_the_loaded_dict(tmp_path: Path) -> None:
+    store = ShmParamStore(tmp_path / "store")
+    torch.manual_seed(0)
+    hf = {**HF, "dtype": "bfloat16", "torch_dtype": "bfloat16", "user_key": [1, {"a": None}]}
+    store.publish("policy", 0, {k: v.bfloat16() for k, v in Decoder(CFG).state_dict().items()},
+                  hf)
+    role = TrainRole(store, "policy", {**OPTS, "dtype": "auto"})  # auto: the config's bf16
+    assert role.autocast == torch.bfloat16
+    done = role.train(step_msgs(0, 1, 1, "")[0])
+    assert done.version == 1 and done.stats["grad_norm"] > 0
+    version, config, tensors = store.load("policy")
+    assert (version, config) == (1, hf)
+    assert {t.dtype for t in tensors.values()} == {torch.float32}
+    assert store.load("policy.optim")[1] == hf
+    role.release()

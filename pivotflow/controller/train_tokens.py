@@ -1,0 +1,15 @@
+"""How many tokens of a training sequence the loss counts: one definition for the controller,
+which sizes each step's totals, and the trainers, which scale their shard's loss by them.
+
+It lives here, away from the trainer, because the controller must not import torch (the trainer
+module does): counting is plain list arithmetic.
+"""
+
+from __future__ import annotations
+
+from pivotflow.protocol import TrainSeq
+
+
+def valid_tokens(s: TrainSeq) -> int:
+    """Response tokens the loss mask keeps (all of them when the sequence has no mask)."""
+    return sum(s.loss_mask) if s.loss_mask else len(s.response_ids)
