@@ -6,11 +6,12 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-
-from rich.console import Console
-from rich.markup import escape
+from typing import TYPE_CHECKING
 
 from pivotflow.errors import PivotflowError, RunInterrupted
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
@@ -38,7 +39,11 @@ def _cmd_inspect(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+SIM_HELP = "simulate a workload on a virtual GPU cluster"  # as pivotflow.sim.cli says
+
+
+def build_parser(*, with_sim: bool = True) -> argparse.ArgumentParser:
+    """The command line; ``with_sim=False`` names ``sim`` without loading its arguments."""
     ap = argparse.ArgumentParser(prog="pivotflow", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a graph file")
@@ -54,14 +59,23 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="validate a graph file and print its stages and pools")
     i.add_argument("graph", type=Path)
     i.set_defaults(func=_cmd_inspect)
-    from pivotflow.sim.cli import add_sim_parser  # light: the simulator imports no torch model
+    if with_sim:
+        from pivotflow.sim.cli import add_sim_parser
 
-    add_sim_parser(sub)
+        add_sim_parser(sub)
+    else:  # listed, but the simulator (which imports the whole controller) is not loaded
+        sub.add_parser("sim", help=SIM_HELP)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # Only ``pivotflow sim ...`` needs the simulator's own arguments; --help, run and inspect
+    # start faster without importing it.
+    args = build_parser(with_sim=argv[:1] == ["sim"]).parse_args(argv)
+    from rich.console import Console  # after parsing: --help prints without loading rich
+    from rich.markup import escape
+
     console = Console(stderr=True)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
