@@ -27,7 +27,6 @@ from pivotflow.launch.chaos import Chaos
 from pivotflow.launch.local import LocalLauncher
 from pivotflow.metrics import STEP_KEYS, Ledger, RunRecorder, RunSummary, StepRecord
 from pivotflow.params.base import ParamStore
-from pivotflow.params.shm_store import ShmParamStore, default_root
 from pivotflow.planner import make_planner
 from pivotflow.run_models import ProblemStream, prepare_models
 from pivotflow.transport.curve import load_controller_keys
@@ -122,6 +121,7 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
         recorder.truncate_after(ckpt.step)  # the metrics continue the same file
     recorder.write_config({"graph": str(graph_path), "graph_name": graph.name,
                            "workers": assignments, **json.loads(_to_json(cfg))})
+    from pivotflow.params.shm_store import ShmParamStore, default_root  # torch: not at import
     root = default_root(f"{out.name}-{os.getpid()}")
     sweep_dead_stores(root.parent)
     store = ShmParamStore(root)

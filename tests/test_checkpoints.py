@@ -57,27 +57,13 @@ def test_a_damaged_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
         checkpoints.read(path)
 
 
-def tokenizer_folder(path: Path) -> Path:
-    """A byte-level BPE trained here, saved by transformers (what a model folder carries)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(["12 + 34 = 46", "7 * 8 = 56"] * 20, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-    fast.save_pretrained(path)
-    (path / "generation_config.json").write_text('{"eos_token_id": 0}')
-    return path
-
-
 def test_a_checkpoint_loads_in_transformers_and_resumes_exactly(tmp_path: Path) -> None:
+    from hf_folders import save_tokenizer_hf, train_bpe
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    cfg = ModelConfig(vocab_size=300, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    vocab = save_tokenizer_hf(train_bpe(), tmp_path / "model")  # the model folder's tokenizer
+    (tmp_path / "model" / "generation_config.json").write_text('{"eos_token_id": 0}')
+    cfg = ModelConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
     hf = {**config_to_hf(cfg, torch.float32), "eos_token_id": 0, "bos_token_id": None}
     store = ShmParamStore(tmp_path / "store")
@@ -89,11 +75,12 @@ def test_a_checkpoint_loads_in_transformers_and_resumes_exactly(tmp_path: Path) 
     store.publish("policy", 3, weights, hf)
     store.publish("policy.optim", 3, optim, hf)
     path = checkpoints.write(tmp_path / "run", "policy", store, state(3),
-                             tokenizer_dir=tokenizer_folder(tmp_path / "model"))
+                             tokenizer_dir=tmp_path / "model")
     model = AutoModelForCausalLM.from_pretrained(path / "policy")
     torch.testing.assert_close(model.get_input_embeddings().weight.detach(),
                                weights["model.embed_tokens.weight"], rtol=0, atol=0)
     assert AutoTokenizer.from_pretrained(path / "policy").encode("12 + 34") != []
+    assert (path / "policy" / "generation_config.json").read_text() == '{"eos_token_id": 0}'
     fresh = ShmParamStore(tmp_path / "fresh")
     checkpoints.publish(checkpoints.read(path), "policy", fresh)
     version, config, back = fresh.load("policy")

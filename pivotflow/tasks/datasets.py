@@ -1,8 +1,9 @@
 """Prompt files: JSONL or Parquet rows, one prompt each, whose other columns become sample fields.
 
-A row needs a prompt (``prompt_key``, a non-empty string) and, unless ``answer_key`` is None, an
-answer (a string, or a number written as one). Every other column reaches the stage functions
-by name, as a dataset's columns reach a reward function in TRL: a row
+A row needs a prompt (``prompt_key``: a non-empty string, or a list of chat messages
+``[{"role": "user", "content": ...}]`` that the model's chat template renders) and, unless
+``answer_key`` is None, an answer (a string, or a number written as one). Every other column
+reaches the stage functions by name, as a dataset's columns reach a reward function in TRL: a row
 ``{"prompt": "2+2=", "answer": "4", "level": 3}`` lets ``def reward(completion, level, **_)``
 read ``level``. All rows have the same columns. Parquet needs pyarrow (``pip install
 'pivotflow[parquet]'``), imported only to read one.
@@ -17,6 +18,7 @@ from typing import Any
 import msgspec
 
 from pivotflow.errors import TaskError
+from pivotflow.messages import message_problem
 
 SUFFIXES = (".jsonl", ".parquet")
 
@@ -61,10 +63,15 @@ def load_prompt_file(path: str | Path, *, prompt_key: str = "prompt",
 def _row(path: Path, where: str, row: dict[str, Any], prompt_key: str,
          answer_key: str | None, columns: tuple[str, ...]) -> dict[str, Any]:
     prompt = row.get(prompt_key)
-    if not isinstance(prompt, str) or not prompt:
-        got = "no such column" if prompt_key not in row else f"{type(prompt).__name__} {prompt!r}"
+    if isinstance(prompt, list):  # chat messages, as verl's and TRL's datasets hold them
+        problem = message_problem(prompt)
+        if problem is not None:
+            raise TaskError(f"{path}:{where}: the prompt column {prompt_key!r}: {problem}")
+    elif not isinstance(prompt, str) or not prompt:
+        shown = repr(prompt) if len(repr(prompt)) <= 40 else repr(prompt)[:37] + "..."
+        got = "no such column" if prompt_key not in row else f"{type(prompt).__name__} {shown}"
         raise TaskError(f"{path}:{where}: the prompt column {prompt_key!r} must be a non-empty "
-                        f"string ({got}; columns: {sorted(row)})")
+                        f"string ({got}; columns: {sorted(row)}) or a list of chat messages")
     answer: str | None = None
     if answer_key is not None:
         value = row.get(answer_key)
