@@ -29,6 +29,7 @@ import torch
 
 from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.engines.torch.weights import save_checkpoint
+from pivotflow.tokenizer import default_tokenizer
 from pivotflow.metrics import read_metrics
 from pivotflow.run import run
 
@@ -87,6 +88,7 @@ def main() -> None:
                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
         for name in ("policy", "judge"):
             save_checkpoint(root / name, cfg, Decoder(cfg).state_dict())
+            default_tokenizer().save(root / name)  # a model folder carries its tokenizer
         graph = write_echo_graph(root / "graph.py", name="controller_bench",
                                  policy=root / "policy", judge=root / "judge", group_size=8,
                                  groups_per_step=32)

@@ -35,6 +35,7 @@ import pivotflow.run as pf_run
 from pivotflow.controller.source import PromptSource
 from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.engines.torch.weights import save_checkpoint
+from pivotflow.tokenizer import default_tokenizer
 from pivotflow.errors import ConfigError
 from pivotflow.metrics import read_metrics
 
@@ -162,6 +163,7 @@ def write_models(root: Path, policy: ModelConfig = POLICY) -> dict[str, str]:
     dirs = {}
     for name, cfg in (("policy", policy), ("judge", JUDGE)):
         save_checkpoint(root / name, cfg, Decoder(cfg).state_dict())
+        default_tokenizer().save(root / name)  # a model folder carries its tokenizer
         dirs[name] = str(root / name)
     return dirs
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 import torch
 
 from pivotflow.engines.torch.model import ModelConfig
-from pivotflow.engines.torch.weights import expected_shapes
+from pivotflow.engines.torch.weights import config_to_hf, expected_shapes
 from pivotflow.params.shm_store import ShmParamStore, default_root
 
 CFG = ModelConfig(
@@ -47,6 +47,7 @@ CFG = ModelConfig(
     max_position_embeddings=2048,
     tie_word_embeddings=False,
 )
+HF_CFG = config_to_hf(CFG, torch.float32)  # the store holds the model's HF config as data
 
 COLD = """
 import json, sys, time
@@ -103,7 +104,7 @@ def main() -> None:
     times: dict[str, list[float]] = {"memcpy": [], "publish": [], "load": [], "load_into": []}
     try:
         version = 0
-        cold_publish = timed(lambda: store.publish("policy", 0, src, CFG))
+        cold_publish = timed(lambda: store.publish("policy", 0, src, HF_CFG))
         argv = [
             sys.executable,
             "-c",
@@ -122,7 +123,7 @@ def main() -> None:
         ]
 
         def publish() -> None:
-            store.publish("policy", version, src, CFG)
+            store.publish("policy", version, src, HF_CFG)
             store.gc("policy", keep=1)
 
         def load() -> None:
