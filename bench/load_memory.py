@@ -35,9 +35,9 @@ import pivotflow.run as pf_run
 from pivotflow.controller.source import PromptSource
 from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.engines.torch.weights import save_checkpoint
-from pivotflow.tokenizer import default_tokenizer
 from pivotflow.errors import ConfigError
 from pivotflow.metrics import read_metrics
+from pivotflow.tokenizer import default_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from echo_graph import write_echo_graph  # noqa: E402 - a sibling file, not a package
