@@ -40,9 +40,9 @@ SIDE_FILES = (
 SIDE_DIRS = ("additional_chat_templates",)  # transformers 5 keeps named chat templates here
 
 
-def read_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """``config.json`` of a model folder as a dict; raises CheckpointError naming the file."""
-    path = Path(directory) / CONFIG
+def read_json(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A JSON object file of a model folder; raises CheckpointError naming the file."""
+    path = Path(path)
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -52,26 +52,46 @@ def read_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
+def read_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """``config.json`` of a model folder as a dict; raises CheckpointError naming the file."""
+    return read_json(Path(directory) / CONFIG)
+
+
 def read_folder(
     directory: str | os.PathLike[str],
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(config dict, tensors) of a model folder: ``model.safetensors``, or the shards that
-    ``model.safetensors.index.json`` lists. Raises CheckpointError naming a missing or
-    unreadable file."""
+    """(config dict, tensors) of a model folder (``read_weights``). Raises CheckpointError
+    naming a missing or unreadable file."""
+    return read_config(directory), read_weights(directory)[0]
+
+
+def read_weights(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], Path]:
+    """(tensors, the file they came from) of ``model.safetensors``, or of the shards that
+    ``model.safetensors.index.json`` lists, checked against its weight_map. Raises
+    CheckpointError naming a missing or unreadable file, or the shard or tensor the index
+    names that is not there."""
     root = Path(directory)
-    config = read_config(root)
     single, index = root / WEIGHTS, root / SHARD_INDEX
     if single.exists() or not index.exists():
-        return config, _read_tensors(single)
-    try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-        shards = sorted(set(weight_map.values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CheckpointError(f"{index}: no readable 'weight_map': {exc}") from exc
+        return _read_tensors(single), single
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index}: weight_map is missing or empty")
     tensors: dict[str, torch.Tensor] = {}
-    for shard in shards:
-        tensors.update(_read_tensors(root / shard))
-    return config, tensors
+    for shard in sorted(set(map(str, weight_map.values()))):
+        path = root / shard
+        if Path(shard).name != shard:  # shards live next to the index
+            raise CheckpointError(f"{index}: weight_map names shard {shard!r}, not a file there")
+        if not path.is_file():
+            raise CheckpointError(f"{index}: weight_map names shard {shard!r}, but {path} is "
+                                  "missing")
+        tensors.update(_read_tensors(path))
+    for name, shard in weight_map.items():
+        if name not in tensors:
+            raise CheckpointError(
+                f"{index}: weight_map puts tensor {name!r} in {shard!r}, which does not hold it"
+            )
+    return tensors, index
 
 
 def write_folder(
@@ -133,4 +153,5 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except Exception as exc:  # safetensors raises its own error types for bad headers
-        raise CheckpointError(f"{path}: cannot read safetensors file: {exc}") from exc
+        why = " ".join(str(exc).split())  # one line, whatever the library said
+        raise CheckpointError(f"{path}: cannot read safetensors file: {why}") from exc

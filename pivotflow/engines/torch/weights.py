@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from pivotflow.engines.torch.hf_config import config_from_hf, config_to_hf, resolve_dtype
 from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.errors import CheckpointError, ModelConfigError
+from pivotflow.params.hf_folder import read_json, read_weights
 
 __all__ = [
     "ModelFolder",
@@ -97,24 +98,6 @@ def build_model(
     return model
 
 
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        return load_file(str(path))
-    except Exception as exc:  # safetensors raises its own error types for bad headers
-        why = " ".join(str(exc).split())  # one line, whatever the library said
-        raise CheckpointError(f"{path}: cannot read safetensors file: {why}") from exc
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: cannot read JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
 @dataclass(frozen=True)
 class ModelFolder:
     """What ``load_model_folder`` read: ``hf_config`` is config.json as read, ``config`` its
@@ -144,27 +127,6 @@ def _eos_ids(generation: dict[str, Any], hf_config: dict[str, Any], root: Path) 
     return tuple(dict.fromkeys(ids))  # unique, in order
 
 
-def _read_shards(root: Path, index_path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of every shard ``index_path``'s weight_map names, checked against it."""
-    weight_map = _read_json(index_path).get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointError(f"{index_path}: weight_map is missing or empty")
-    tensors: dict[str, torch.Tensor] = {}
-    for shard in sorted(set(map(str, weight_map.values()))):
-        path = root / shard
-        if Path(shard).name != shard or not path.is_file():  # shards live next to the index
-            raise CheckpointError(
-                f"{index_path}: weight_map names shard {shard!r}, not a file there"
-            )
-        tensors.update(_read_tensors(path))
-    for name, shard in weight_map.items():
-        if name not in tensors:
-            raise CheckpointError(
-                f"{index_path}: weight_map puts tensor {name!r} in {shard!r}, which does not hold it"
-            )
-    return tensors
-
-
 def load_model_folder(directory: str | os.PathLike[str]) -> ModelFolder:
     """Read a Hugging Face model folder: config.json, model.safetensors (or the shards
     model.safetensors.index.json lists) and generation_config.json when there is one.
@@ -175,20 +137,17 @@ def load_model_folder(directory: str | os.PathLike[str]) -> ModelFolder:
     """
     root = Path(directory)
     config_path = root / "config.json"
-    hf_config = _read_json(config_path)
+    hf_config = read_json(config_path)
     cfg = config_from_hf(hf_config, str(config_path))
     gen_path = root / "generation_config.json"
-    generation = _read_json(gen_path) if gen_path.exists() else {}
+    generation = read_json(gen_path) if gen_path.exists() else {}
     single, index = root / "model.safetensors", root / "model.safetensors.index.json"
     if not single.exists() and not index.exists():
         raise CheckpointError(
             f"{root}: no model.safetensors or model.safetensors.index.json (the embedded engine "
             "reads safetensors weights only)"
         )
-    if single.exists():
-        tensors, where = _read_tensors(single), single
-    else:
-        tensors, where = _read_shards(root, index), index
+    tensors, where = read_weights(root)
     check_tensors(cfg, tensors, str(where))
     return ModelFolder(hf_config, cfg, tensors, generation, _eos_ids(generation, hf_config, root))
 
