@@ -41,17 +41,19 @@ def corpus(n: int = 400, seed: int = 0) -> list[str]:
 
 
 def train_bpe(vocab_size: int = 320, texts: list[str] | None = None,
-              tool_tags: bool = True) -> tokenizers.Tokenizer:
+              tool_tags: bool = True,
+              specials: list[str] | None = None) -> tokenizers.Tokenizer:
     """A byte-level BPE with every digit its own pre-token (Qwen's and Llama 3's rule), the
     ChatML specials first (eos ``<|endoftext|>`` is id 0) and, with ``tool_tags``, the tool tags
     as plain added tokens (decoded text keeps them, as in Qwen2.5; without, a tag is several
-    byte-level tokens, as in Llama 3)."""
+    byte-level tokens, as in Llama 3). ``specials`` replaces the ChatML specials (eos first)."""
     tok = tokenizers.Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, IM_START, IM_END],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size,
+                                  special_tokens=specials or [EOS, IM_START, IM_END],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(texts or corpus(), trainer)

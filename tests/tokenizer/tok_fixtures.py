@@ -7,8 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import hf_folders
 import pytest
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|eot_id|>",
             "<|start_header_id|>", "<|end_header_id|>"]
@@ -26,17 +27,9 @@ CORPUS = [
 
 
 def train_bpe(vocab_size: int = 600) -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\d"), "isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(CORPUS * 20, trainer)
-    return tok
+    """The test suite's byte-level BPE (``hf_folders.train_bpe``) on this module's corpus, with
+    ChatML and Llama 3 specials and the tool tags left as plain text."""
+    return hf_folders.train_bpe(vocab_size, CORPUS * 20, tool_tags=False, specials=SPECIALS)
 
 
 @pytest.fixture(scope="session")
