@@ -379,19 +379,13 @@ def _summarize(ctl: Controller, steps: list[dict[str, Any]], wall: float,
     )
 
 
-# The files besides the weights that make a folder load with AutoTokenizer (and generate as
-# the model was meant to): copied from the model's folder into each checkpoint written.
-SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-              "chat_template.jinja", "generation_config.json", "added_tokens.json",
-              "vocab.json", "merges.txt", "tokenizer.model")
-
-
 def _save_checkpoint(store: ParamStore, graph: Graph, out: Path,
                      model_dir: Path | None) -> None:
     """The newest policy as a Hugging Face folder: config.json (the config as the store holds
     it), model.safetensors, and the model folder's tokenizer files, so transformers'
     AutoModelForCausalLM and AutoTokenizer both load it."""
     from pivotflow.engines.torch.weights import save_checkpoint
+    from pivotflow.params.hf_folder import copy_side_files
 
     model = graph.order()[-1].model or ""
     try:
@@ -400,12 +394,8 @@ def _save_checkpoint(store: ParamStore, graph: Graph, out: Path,
         return
     dst = out / "checkpoints" / model
     save_checkpoint(dst, config, tensors)
-    for name in SIDE_FILES if model_dir is not None else ():
-        if (model_dir / name).is_file():
-            shutil.copy(model_dir / name, dst / name)
-    extra = model_dir / "additional_chat_templates" if model_dir is not None else None
-    if extra is not None and extra.is_dir():
-        shutil.copytree(extra, dst / extra.name, dirs_exist_ok=True)
+    if model_dir is not None:  # the tokenizer and generation files, as the store's folders do
+        copy_side_files(model_dir, dst)
     (dst / "version").write_text(str(version))
 
 
