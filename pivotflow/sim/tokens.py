@@ -46,10 +46,9 @@ class SimTokenizer(CharTokenizer):
         self._ids = bytes(range(self.vocab_size))  # deleting these leaves only unknown ids
         self._bos = bytes([self._bos_id])
 
-    def encode(self, text: str, *, add_special_tokens: bool = False,
-               bos: bool | None = None) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """Ids of ``text``; raises TokenizerError naming the first unknown character."""
-        lead = add_special_tokens if bos is None else bos  # bos= is the old keyword
+        lead = add_special_tokens
         try:
             raw = text.encode("ascii")
         except UnicodeEncodeError:

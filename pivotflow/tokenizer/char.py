@@ -60,10 +60,9 @@ class CharTokenizer:
         self._text = ["" for _ in self.specials] + list(chars)
         self._text_specials = list(self.specials) + list(chars)
 
-    def encode(self, text: str, *, add_special_tokens: bool = False,
-               bos: bool | None = None) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """Ids of ``text``, led by BOS when ``add_special_tokens``; raises TokenizerError naming
-        the first unknown character. ``bos=`` is the old name of ``add_special_tokens``."""
+        the first unknown character."""
         to_id = self._to_id
         try:
             ids = [to_id[ch] for ch in text]
@@ -73,7 +72,7 @@ class CharTokenizer:
                 f"character {text[pos]!r} at position {pos} of {text!r} is not in the alphabet "
                 f"{self.chars!r}"
             ) from None
-        return [self._bos_id, *ids] if _lead_bos(add_special_tokens, bos) else ids
+        return [self._bos_id, *ids] if add_special_tokens else ids
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
         """Text of ``ids``; raises TokenizerError for an id outside the vocabulary."""
@@ -117,10 +116,6 @@ class CharTokenizer:
         if not isinstance(chars, str):
             raise TokenizerError(f"{where}: key 'chars' must be a string of characters")
         return cls(chars, name_or_path=name_or_path)
-
-
-def _lead_bos(add_special_tokens: bool, bos: bool | None) -> bool:
-    return add_special_tokens if bos is None else bos
 
 
 def default_tokenizer() -> CharTokenizer:

@@ -9,7 +9,7 @@ import torch
 
 from pivotflow.engines.base import GenerationRequest, SamplingParams
 from pivotflow.engines.torch import Decoder, ModelConfig, TorchEngine
-from pivotflow.tasks.tokenizer import default_tokenizer
+from pivotflow.tokenizer import default_tokenizer
 
 TOKENIZER = default_tokenizer()
 CONFIG = ModelConfig(
@@ -72,7 +72,7 @@ def req(
         stop_token_ids=stop_token_ids,
         stop_strings=stop_strings,
     )
-    return GenerationRequest(rid, TOKENIZER.encode(text, bos=True), params)
+    return GenerationRequest(rid, TOKENIZER.encode(text, add_special_tokens=True), params)
 
 
 def mixed_requests() -> list[GenerationRequest]:

@@ -109,7 +109,7 @@ def test_min_tokens_keeps_stop_tokens_out_until_reached(make) -> None:  # type: 
     (free,) = engine.generate([req("free", max_tokens=12)])
     first = free.token_ids[0]
     stop = SamplingParams(temperature=0.0, max_tokens=12, seed=0, stop_token_ids=(first,))
-    prompt = TOKENIZER.encode("ab", bos=True)  # what req() sends
+    prompt = TOKENIZER.encode("ab", add_special_tokens=True)  # what req() sends
     (early,) = engine.generate([GenerationRequest("early", prompt, stop)])
     assert early.token_ids == [first] and early.finish_reason == "stop"
     held = dataclasses.replace(stop, min_tokens=6)

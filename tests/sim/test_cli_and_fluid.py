@@ -3,10 +3,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from pivotflow.sim.cli import add_sim_parser, run_sim
 from pivotflow.sim.cost_model import CostModel

@@ -11,7 +11,7 @@ from pivotflow.errors import ProtocolError
 from pivotflow.protocol import PROTOCOL_VERSION, GenerateJob, Heartbeat, Hello, Jobs, Shutdown
 from pivotflow.sim.outputs import unit
 from pivotflow.sim.tokens import SimTokenizer
-from pivotflow.tasks.tokenizer import default_tokenizer
+from pivotflow.tokenizer import default_tokenizer
 from pivotflow.transport.local import LocalHub
 
 
@@ -49,8 +49,8 @@ def test_without_codec_messages_arrive_as_sent_in_order_and_later() -> None:
 def test_compact_ids_are_the_char_tokenizers_ids_as_bytes() -> None:
     ref, compact = default_tokenizer(), SimTokenizer(compact=True)
     text = "12+34=46\nok"
-    ids = compact.encode(text, bos=True)
-    assert isinstance(ids, bytes) and list(ids) == ref.encode(text, bos=True)
+    ids = compact.encode(text, add_special_tokens=True)
+    assert isinstance(ids, bytes) and list(ids) == ref.encode(text, add_special_tokens=True)
     assert compact.decode(ids) == ref.decode(list(ids)) == text
     assert isinstance(SimTokenizer().encode(text), list)  # the default stays a list
 

@@ -6,7 +6,7 @@ import pytest
 
 from pivotflow.errors import TokenizerError
 from pivotflow.sim.tokens import SimProblems, SimTokenizer
-from pivotflow.tasks.tokenizer import default_tokenizer
+from pivotflow.tokenizer import default_tokenizer
 
 
 def test_sim_tokenizer_matches_char_tokenizer() -> None:
@@ -16,7 +16,7 @@ def test_sim_tokenizer_matches_char_tokenizer() -> None:
         ids = [rng.randrange(ref.vocab_size) for _ in range(rng.randrange(0, 300))]
         text = ref.decode(ids)
         assert fast.decode(ids) == text
-        assert fast.encode(text, bos=True) == ref.encode(text, bos=True)
+        assert fast.encode(text, add_special_tokens=True) == ref.encode(text, add_special_tokens=True)
         assert fast.decode(ids, skip_special=False) == ref.decode(ids, skip_special=False)
 
 

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import copy
 import glob
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from pivotflow.errors import ConfigError
 from pivotflow.sim.workload import load_workload, parse_workload

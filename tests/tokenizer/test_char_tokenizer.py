@@ -18,8 +18,6 @@ def test_char_tokenizer_interface(tok: CharTokenizer) -> None:
     assert (tok.pad_id, tok.bos_id, tok.chat_template) == (0, 1, None)
     ids = tok.encode("7*6=42")
     assert tok.encode("7*6=42", add_special_tokens=True) == [tok.bos_id, *ids]
-    assert tok.encode("7*6=42", bos=True) == [tok.bos_id, *ids]  # the old keyword
-    assert tok.encode("7*6=42", add_special_tokens=True, bos=False) == ids  # bos= wins
     assert tok.decode([tok.bos_id, *ids, tok.eos_id]) == "7*6=42"
     assert tok.decode([tok.bos_id, *ids], skip_special=False) == "<bos>7*6=42"
     stream = tok.stream()
