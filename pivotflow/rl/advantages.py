@@ -7,11 +7,15 @@ gradient (rewards are outcomes, not functions of the policy).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from pivotflow.errors import RLError
+
+# The list forms of one group (what group functions use) live in list_math.py, which imports no
+# torch, so graph files and the controller can use them; re-exported for existing imports.
+from pivotflow.rl.list_math import grpo_list, rloo_list
+
+__all__ = ["grpo_advantages", "grpo_list", "rloo_advantages", "rloo_list"]
 
 
 def _check_rewards(rewards: torch.Tensor, what: str) -> torch.Tensor:
@@ -114,38 +118,3 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     group = r.shape[-1]
     others_mean = (r.sum(dim=-1, keepdim=True) - r) / (group - 1)
     return r - others_mean
-
-
-# One group as a Python list: what group functions get per prompt. The same formulas as above,
-# in float64 without tensors, since a tensor round trip costs ~50x more than eight floats' math
-# on the controller's hot path (it runs once per group).
-
-
-def _check_list(rewards: list[float], what: str) -> None:
-    if len(rewards) < 2:
-        raise RLError(f"{what}: group size must be >= 2, got {len(rewards)}")
-    for i, r in enumerate(rewards):
-        if not math.isfinite(r):
-            raise RLError(f"{what}: reward at index {i} is not finite ({r})")
-
-
-def grpo_list(rewards: list[float], *, normalize_std: bool = True,
-              eps: float = 1e-6) -> list[float]:
-    """``grpo_advantages`` of one group given as a list of floats."""
-    _check_list(rewards, "grpo_advantages")
-    rewards = [r - rewards[0] for r in rewards]  # an all-equal group is exact zeros (_shifted)
-    g = len(rewards)
-    mean = sum(rewards) / g
-    centered = [r - mean for r in rewards]
-    if not normalize_std:
-        return centered
-    std = math.sqrt(sum(c * c for c in centered) / (g - 1))
-    return [c / (std + eps) for c in centered] if std > 0 else [0.0] * g
-
-
-def rloo_list(rewards: list[float]) -> list[float]:
-    """``rloo_advantages`` of one group given as a list of floats."""
-    _check_list(rewards, "rloo_advantages")
-    rewards = [r - rewards[0] for r in rewards]  # an all-equal group is exact zeros (_shifted)
-    total, g = sum(rewards), len(rewards)
-    return [r - (total - r) / (g - 1) for r in rewards]

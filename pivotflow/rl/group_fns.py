@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pivotflow.rl.advantages import grpo_list, rloo_list
+from pivotflow.rl.list_math import grpo_list, rloo_list
 
 
 def _with_failures(reward: list[float | None], fn: Any) -> dict[str, list[float]]:
