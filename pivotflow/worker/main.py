@@ -50,6 +50,7 @@ from pivotflow.worker.host import RoleHost
 log = logging.getLogger("pivotflow.worker")
 
 HANDSHAKE_TIMEOUT_S = 60.0
+PARENT_CHECK_S = 1.0  # how often a worker waiting for its Welcome checks its controller lives
 # After a Shutdown, how long the current step may run on before the process exits without it:
 # an engine step ends well within it; a train step or role load of minutes is not waited for.
 SHUTDOWN_GRACE_S = 2.0
@@ -92,7 +93,13 @@ class Worker:
     def handshake(self) -> None:
         self.chan.send(Hello(protocol_version=PROTOCOL_VERSION, worker_id=self.worker_id,
                              pid=os.getpid()))
-        msg = self.chan.recv(HANDSHAKE_TIMEOUT_S)
+        msg = None
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
+        while msg is None and time.monotonic() < deadline:  # in slices: the controller may go
+            msg = self.chan.recv(min(PARENT_CHECK_S, max(0.0, deadline - time.monotonic())))
+            if msg is None and os.getppid() != self.parent_pid:
+                raise WorkerError(f"worker {self.worker_id}: the controller exited during the "
+                                  "handshake")
         match msg:
             case Welcome():
                 if msg.protocol_version != PROTOCOL_VERSION:
