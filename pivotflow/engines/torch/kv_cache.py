@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pivotflow.engines.torch.linear import Linears
 from pivotflow.engines.torch.model import (
     Decoder,
     DecoderLayer,
@@ -28,7 +29,7 @@ from pivotflow.engines.torch.model import (
 from pivotflow.errors import EngineError
 
 _T = torch.Tensor
-# One layer for PackedDecoder: (norm weights, q/k/v bias, [in, out] weights q/k/v, o, gate/up,
+# One layer for PackedDecoder: (norm weights, q/k/v bias, [out, in] weights q/k/v, o, gate/up,
 # down, o bias, Qwen3's q/k norm weights)
 _Packed = tuple[tuple[_T, _T], _T | None, tuple[_T, _T, _T, _T], _T | None, tuple[_T, _T] | None]
 
@@ -239,13 +240,13 @@ class PackedDecoder:
             w_qkv, b_qkv = pack_linears([attn.q_proj, attn.k_proj, attn.v_proj])
             w_gate_up, _ = pack_linears([mlp.gate_proj, mlp.up_proj])
             norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-            # Transposed views, [in, out], as addmm/mm take them.
-            weights = (w_qkv.t(), attn.o_proj.weight.t(), w_gate_up.t(), mlp.down_proj.weight.t())
+            weights = (w_qkv, attn.o_proj.weight, w_gate_up, mlp.down_proj.weight)
             qk_norms = None
             if attn.q_norm is not None and attn.k_norm is not None:
                 qk_norms = (attn.q_norm.weight, attn.k_norm.weight)
             self.layers.append((norms, b_qkv, weights, attn.o_proj.bias, qk_norms))
         device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
+        self.mm = Linears.for_weights(model.lm_head.weight)
         positions = torch.arange(max_len, device=device)[None]
         cos, sin = rotary_cos_sin(positions, rope_inv_freq(cfg, device), torch.float32)
         sin = sin.clone()
@@ -279,7 +280,7 @@ class PackedDecoder:
     ) -> torch.Tensor:
         """Hidden states [B * T, hidden] after the decoder layers, for token ids [B, T] with
         rotary tables ``rope`` [B or 1, T, 2, heads + kv_heads, D]."""
-        cfg, heads, kv_heads, d = self.cfg, self.heads, self.kv_heads, self.d
+        cfg, heads, kv_heads, d, mm = self.cfg, self.heads, self.kv_heads, self.d, self.mm
         hidden, eps, inter = (cfg.hidden_size,), cfg.rms_norm_eps, cfg.intermediate_size
         (b, t), split = tokens.shape, (heads + kv_heads) * d
         cos, sin = rope[:, :, 0], rope[:, :, 1]
@@ -287,7 +288,7 @@ class PackedDecoder:
         for i, (norms, b_qkv, weights, b_o, qk_norms) in enumerate(self.layers):
             (norm1, norm2), (w_qkv, w_o, w_gate_up, w_down) = norms, weights
             h = torch.rms_norm(x, hidden, norm1, eps)
-            qkv = torch.mm(h, w_qkv) if b_qkv is None else torch.addmm(b_qkv, h, w_qkv)
+            qkv = mm.linear(h, w_qkv, b_qkv)
             qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
             if qk_norms is not None:
                 # Qwen3: every head of q (of k) through one RMSNorm, before RoPE. Normalise
@@ -296,11 +297,9 @@ class PackedDecoder:
                 qk[:, :, :heads].mul_(qk_norms[0])
                 qk[:, :, heads:].mul_(qk_norms[1])
             qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin).view(b * t, -1, d)
-            x = torch.addmm(x, attend(i, qk, qkv[:, split:].view(b * t, -1, d), cache), w_o)
-            if b_o is not None:
-                x += b_o
-            gate_up = torch.mm(torch.rms_norm(x, hidden, norm2, eps), w_gate_up)
-            x = torch.addmm(x, F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:]), w_down)
+            x = mm.linear_add(attend(i, qk, qkv[:, split:].view(b * t, -1, d), cache), w_o, b_o, x)
+            act = mm.gated(torch.rms_norm(x, hidden, norm2, eps), w_gate_up, inter)
+            x = mm.linear_add(act, w_down, None, x)
         return x
 
     def _attend_decode(
@@ -329,6 +328,5 @@ class PackedDecoder:
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         norm, eps = self.model.model.norm.weight, self.cfg.rms_norm_eps
-        return torch.mm(
-            torch.rms_norm(x, (self.cfg.hidden_size,), norm, eps), self.model.lm_head.weight.t()
-        )
+        h = torch.rms_norm(x, (self.cfg.hidden_size,), norm, eps)
+        return self.mm.linear(h, self.model.lm_head.weight)
