@@ -50,6 +50,10 @@ class TorchEngine:
     generation config often has several) ends a request, as do its own stop ids;
     ``eos_token_id`` is the older one-id spelling, added to them. ``max_seq_len`` (prompt plus
     response) defaults to max_position_embeddings, at most DEFAULT_MAX_SEQ_LEN.
+
+    ``vocab_limit`` (the tokenizer's size) keeps ids at or above it from ever being sampled:
+    a model's embedding is often padded past its tokenizer (Qwen2.5-0.5B: 151936 rows, 151665
+    tokens), and an id without text would break decoding. None: every id of the model.
     """
 
     def __init__(
@@ -63,6 +67,7 @@ class TorchEngine:
         eos_token_ids: Sequence[int] = (),
         eos_token_id: int | None = None,
         detokenize: Callable[[list[int]], str] | None = None,
+        vocab_limit: int | None = None,
     ) -> None:
         self.config = model_config.validate()
         self.max_seq_len = max_seq_len or min(
@@ -72,6 +77,10 @@ class TorchEngine:
             raise EngineError(
                 f"TorchEngine needs max_batch >= 1 (got {max_batch}) and 2 <= max_seq_len <= "
                 f"max_position_embeddings {model_config.max_position_embeddings} (got {max_seq_len})"
+            )
+        if vocab_limit is not None and not 0 < vocab_limit <= model_config.vocab_size:
+            raise EngineError(
+                f"vocab_limit {vocab_limit} must be in 1..vocab_size {model_config.vocab_size}"
             )
         if isinstance(dtype, str):
             dtype = resolve_dtype({}, dtype)
@@ -91,7 +100,8 @@ class TorchEngine:
         # Per-slot responses and sampling parameters are bookkeeping (a few ints per token),
         # kept across release_memory; the KV cache and the weights are what it frees.
         self._resp = SlotResponses(max_batch, self.max_seq_len, self.device)
-        self._sampler = SlotSampler(max_batch, self.device)
+        limit = None if vocab_limit == model_config.vocab_size else vocab_limit
+        self._sampler = SlotSampler(max_batch, self.device, limit)
         self.resume_memory()
 
     # ---- the Engine interface ------------------------------------------------------------

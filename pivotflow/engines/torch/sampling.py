@@ -9,6 +9,12 @@ its batch companions.
 Logprobs are ``log_softmax`` of the raw logits, before temperature and top-p: the probability the
 unmodified policy gives the sampled token, which is what RL importance ratios compare.
 
+A vocabulary limit (the tokenizer's size, when the model's embedding is padded past it, as
+Qwen's is to a multiple of 64) restricts which ids can be *chosen*: ids at or above it have no
+text. Like temperature and top-p it leaves the logprobs alone: they stay over the model's whole
+vocabulary, as the trainer's forward pass scores them (a trained model gives the padded ids
+next to no mass, so the two differ by almost nothing; a random one may not).
+
 ``SlotSampler`` holds each slot's sampling parameters; ``SlotResponses`` what each slot has sampled
 so far (tokens, logprobs, versions) and when it must stop.
 """
@@ -73,7 +79,10 @@ def top_p_filter(scores: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 class SlotSampler:
     """Per-slot sampling parameters for up to ``max_batch`` running sequences."""
 
-    def __init__(self, max_batch: int, device: torch.device | str) -> None:
+    def __init__(
+        self, max_batch: int, device: torch.device | str, vocab_limit: int | None = None
+    ) -> None:
+        self.vocab_limit = vocab_limit  # ids >= this are never drawn (None: no limit)
         self.temperature = torch.zeros(max_batch, device=device)
         self.top_p = torch.ones(max_batch, device=device)
         self.keys = torch.zeros(max_batch, dtype=torch.long, device=device)
@@ -111,10 +120,15 @@ class SlotSampler:
         self, logits: torch.Tensor, start: int, index: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw one token for slots ``start..start+n-1`` from ``logits`` [n, vocab], where
-        ``index`` [n] is each row's token index in its response. Returns (tokens, logprobs)."""
+        ``index`` [n] is each row's token index in its response. Returns (tokens, logprobs).
+
+        The logprob is ``log_softmax`` at the chosen token, from one fused pass over the
+        logits: on CPU it outruns ``logsumexp`` + gather (measured 0.3 vs 0.8 ms at 64 x 8192)."""
         logits = logits.float()
         n = logits.shape[0]
-        tokens = logits.argmax(dim=-1)
+        # A view of the ids that may be drawn: the noise of id v is the same whatever the width.
+        allowed = logits if self.vocab_limit is None else logits[:, : self.vocab_limit]
+        tokens = allowed.argmax(dim=-1)
         rows = sorted(s - start for s in self._sampled if start <= s < start + n)
         if rows:
             # Noise (and top-p) only for the sampled rows: greedy rows keep their argmax.
@@ -122,10 +136,10 @@ class SlotSampler:
             if len(rows) < n:
                 pick = torch.tensor(rows, device=logits.device)
             span = slice(start, start + n)
-            scores = logits[pick] / self.temperature[span][pick][:, None]
+            scores = allowed[pick] / self.temperature[span][pick][:, None]
             if any(start <= s < start + n for s in self._nucleus):
                 scores = top_p_filter(scores, self.top_p[span][pick])
-            noise = gumbel_noise(self.keys[span][pick], index[pick], logits.shape[-1])
+            noise = gumbel_noise(self.keys[span][pick], index[pick], allowed.shape[-1])
             tokens[pick] = (scores + noise).argmax(dim=-1)
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
         return tokens, logprobs
