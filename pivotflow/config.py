@@ -8,6 +8,7 @@ pool the graph declares.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from typing import Any
 
@@ -28,6 +29,23 @@ class ChaosConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     kill_worker_every_s: float = 0.0
     kill_worker_every_steps: int = 0
+
+
+LAUNCHERS = ("local", "ray")
+RAY_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+class RayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``launcher=ray``: which cluster (``auto``: the one ``ray start`` left on this host, or
+    HOST:PORT of its GCS), what each worker's placement bundle reserves (``gpus_per_worker``
+    -1: one GPU when ``device`` is cuda, else none), how bundles spread over nodes, and how
+    long to wait for the cluster to place them."""
+
+    address: str = "auto"
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = -1.0
+    strategy: str = "PACK"
+    place_timeout_s: float = 60.0
 
 
 class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -55,6 +73,8 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     endpoint: str = ""  # where the controller binds; "" = a private ipc path
     curve_keys: str = ""  # a key dir (python -m pivotflow.transport.curve keygen DIR)
     chaos: ChaosConfig = msgspec.field(default_factory=ChaosConfig)
+    launcher: str = "local"  # one of LAUNCHERS: worker processes on this host, or on Ray
+    ray: RayConfig = msgspec.field(default_factory=RayConfig)
     pools: dict[str, int] = {}
     graph: dict[str, Any] = {}
 
@@ -83,9 +103,13 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
+_NESTED = ("pools", "graph", "chaos", "ray")  # set through KEY.NAME, never whole
+
+
 def valid_keys(graph_defaults: dict[str, Any], pools: list[str]) -> list[str]:
-    keys = [k for k in RunConfig.__struct_fields__ if k not in ("pools", "graph", "chaos")]
+    keys = [k for k in RunConfig.__struct_fields__ if k not in _NESTED]
     keys += [f"chaos.{k}" for k in ChaosConfig.__struct_fields__]
+    keys += [f"ray.{k}" for k in RayConfig.__struct_fields__]
     keys += [f"pools.{p}" for p in pools] + [f"graph.{k}" for k in graph_defaults]
     return sorted(keys)
 
@@ -97,6 +121,7 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     graph = dict(graph_defaults)
     pool_sizes: dict[str, int] = {}
     chaos: dict[str, Any] = {}
+    ray: dict[str, Any] = {}
     for key, value in overrides.items():
         head, _, rest = key.partition(".")
         if head == "graph" and rest:
@@ -113,14 +138,16 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
                 raise ConfigError(f"--set {key}: a pool size must be >= 0")
         elif head == "chaos" and rest in ChaosConfig.__struct_fields__:
             chaos[rest] = value
-        elif key in RunConfig.__struct_fields__ and key not in ("pools", "graph", "chaos"):
+        elif head == "ray" and rest in RayConfig.__struct_fields__:
+            ray[rest] = value
+        elif key in RunConfig.__struct_fields__ and key not in _NESTED:
             top[key] = value
         else:
             raise ConfigError(f"--set {key}: unknown key; valid keys: "
                               f"{', '.join(valid_keys(graph_defaults, pools or []))}")
     try:
-        cfg = msgspec.convert({**top, "pools": pool_sizes, "graph": graph, "chaos": chaos},
-                              RunConfig, strict=False)
+        cfg = msgspec.convert({**top, "pools": pool_sizes, "graph": graph, "chaos": chaos,
+                               "ray": ray}, RunConfig, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"--set: {exc}") from exc
     from pivotflow.planner import PLANNERS
@@ -147,9 +174,28 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     for name in ("kill_worker_every_s", "kill_worker_every_steps"):
         if getattr(cfg.chaos, name) < 0:
             raise ConfigError(f"--set chaos.{name}={getattr(cfg.chaos, name)}: must be >= 0")
+    _check_launcher(cfg)
     if cfg.max_staleness < 0:
         raise ConfigError(f"--set max_staleness={cfg.max_staleness}: must be >= 0")
     return cfg
+
+
+def _check_launcher(cfg: RunConfig) -> None:
+    if cfg.launcher not in LAUNCHERS:
+        raise ConfigError(f"--set launcher={cfg.launcher}: unknown launcher; valid: "
+                          f"{', '.join(LAUNCHERS)}")
+    if cfg.ray.strategy not in RAY_STRATEGIES:
+        raise ConfigError(f"--set ray.strategy={cfg.ray.strategy}: unknown placement strategy; "
+                          f"valid: {', '.join(RAY_STRATEGIES)}")
+    if cfg.ray.cpus_per_worker < 0 or cfg.ray.place_timeout_s <= 0:
+        bad = "cpus_per_worker" if cfg.ray.cpus_per_worker < 0 else "place_timeout_s"
+        raise ConfigError(f"--set ray.{bad}={getattr(cfg.ray, bad)}: must be "
+                          f"{'>= 0' if bad == 'cpus_per_worker' else '> 0'}")
+    if not cfg.ray.address:
+        raise ConfigError("--set ray.address=: give 'auto' or the cluster's HOST:PORT")
+    if cfg.launcher == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("--set launcher=ray: ray is not installed "
+                          "(pip install 'pivotflow[ray]')")
 
 
 def colocate_groups(cfg: RunConfig, pools: list[str] | None) -> list[tuple[str, ...]]:

@@ -23,14 +23,14 @@ from pivotflow.controller.source import PromptSource
 from pivotflow.errors import ConfigError, PivotflowError, RunInterrupted
 from pivotflow.graph import Graph
 from pivotflow.graph_check import build_graph, graph_defaults, import_graph_file
+from pivotflow.launch.base import Launcher
 from pivotflow.launch.chaos import Chaos
-from pivotflow.launch.local import LocalLauncher
+from pivotflow.launch.workers import attach, launcher_summary, open_workers
 from pivotflow.metrics import STEP_KEYS, Ledger, RunRecorder, RunSummary, StepRecord
 from pivotflow.params.base import ParamStore
 from pivotflow.planner import make_planner
 from pivotflow.run_models import ProblemStream, prepare_models
 from pivotflow.transport.curve import load_controller_keys
-from pivotflow.transport.zmq_transport import ZmqControllerTransport
 
 log = logging.getLogger("pivotflow.run")
 
@@ -239,9 +239,8 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
             ctl.checkpoint_soon(write_checkpoint)
 
     curve = load_controller_keys(Path(cfg.curve_keys)) if cfg.curve_keys else None
-    transport = ZmqControllerTransport(cfg.endpoint or None, curve=curve)
-    launcher = LocalLauncher(transport.endpoint, out / "logs", threads=cfg.threads_per_worker,
-                             curve_keys=cfg.curve_keys)
+    transport, launcher = open_workers(cfg, curve, out / "logs", len(assignments),
+                                       f"{out.name}-{os.getpid()}")
     ccfg = ControllerConfig(steps=cfg.steps, max_staleness=cfg.max_staleness,
                             heartbeat_s=cfg.heartbeat_s, worker_timeout_s=cfg.worker_timeout_s,
                             max_jobs_per_frame=cfg.max_jobs_per_frame,
@@ -258,6 +257,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
                      store_dir=str(store.root), on_step=on_step,
                      planner=make_planner(cfg.planner, colocate_groups(cfg, pool_order(graph))),
                      respawn=respawn, tool_pools=tool_pools)
+    attach(launcher, ctl)
     if ckpt is not None:
         restore(ctl, ckpt.state)
     loop = asyncio.get_running_loop()
@@ -292,6 +292,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     summary = _summarize(ctl, steps, wall, error)
     summary.extra["worker_pids"] = [p.pid for p in launcher.procs.values()]
     summary.extra["chaos_kills"] = chaos.kills
+    summary.extra.update(launcher_summary(launcher, cfg))
     if tool_pools:  # what the tool calls gave, by kind (ok, timeout, parse, ...), all stages
         kinds: dict[str, int] = {}
         for pool in tool_pools.values():
@@ -309,7 +310,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     return RunResult(out, json.loads((out / "summary.json").read_text()), steps)
 
 
-async def _watch(launcher: LocalLauncher, ctl: Controller, live: Any) -> None:
+async def _watch(launcher: Launcher, ctl: Controller, live: Any) -> None:
     """Turn a worker process's exit into a typed event, and refresh the live view."""
     while True:
         await asyncio.sleep(0.25)

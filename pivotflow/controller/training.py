@@ -11,6 +11,7 @@ left, rank 0 first takes the policy and optimizer state from the parameter store
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pivotflow.controller import stages
@@ -44,6 +45,9 @@ class TrainSteps:
         self.ctl = ctl
         self.pool = pool
         self.rendezvous_dir = rendezvous_dir
+        # (rank 0's worker id, epoch) -> the group's address, set by a launcher whose trainers
+        # may be on several hosts (Ray: tcp:// on rank 0's node); else a FileStore path here
+        self.rendezvous_for: Callable[[str, int], str] | None = None
         self.batch: list[list[Sample]] | None = None  # the step in flight
         self.waiting: set[str] = set()  # trainers whose shard is not done yet
         self.rank0_msg: TrainDone | None = None
@@ -98,7 +102,10 @@ class TrainSteps:
         self.started_at = ctl.clock.now()
         if self.first_started_at is None:
             self.first_started_at = self.started_at
-        rendezvous = os.path.join(self.rendezvous_dir, f"trainers-epoch{self.epoch}")
+        rendezvous = ""
+        if len(order) > 1:
+            rendezvous = (self.rendezvous_for(order[0], self.epoch) if self.rendezvous_for
+                          else os.path.join(self.rendezvous_dir, f"trainers-epoch{self.epoch}"))
         total_tokens = sum(valid_tokens(s) for s in seqs)
         total_seqs = sum(1 for s in seqs if valid_tokens(s) > 0)
         any_signal = any(s.advantage != 0 for s in seqs)
@@ -106,7 +113,7 @@ class TrainSteps:
             ctl.workers[wid].training = True
             ctl.send(wid, TrainStep(
                 step=ctl.version, seqs=part, rank=rank, world=len(order), epoch=self.epoch,
-                rendezvous=rendezvous if len(order) > 1 else "",
+                rendezvous=rendezvous,
                 optim_version=optim_version if rank == 0 else -1, total_tokens=total_tokens,
                 total_seqs=total_seqs, any_signal=any_signal))
 

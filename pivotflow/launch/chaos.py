@@ -6,7 +6,7 @@ import asyncio
 import random
 
 from pivotflow.controller.core import Controller
-from pivotflow.launch.local import LocalLauncher
+from pivotflow.launch.base import Launcher
 
 
 class Chaos:
@@ -15,7 +15,7 @@ class Chaos:
     after every N optimizer steps (the same kills on a fast machine and a slow one, which a
     test needs). Anyone can check that their setup loses nothing (the summary's ledger says)."""
 
-    def __init__(self, launcher: LocalLauncher, ctl: Controller, every_s: float,
+    def __init__(self, launcher: Launcher, ctl: Controller, every_s: float,
                  seed: int, every_steps: int = 0) -> None:
         self.launcher, self.ctl, self.every_s = launcher, ctl, every_s
         self.every_steps = every_steps

@@ -1,0 +1,368 @@
+"""Worker processes on a Ray cluster: Ray places them, the controller talks to them over ZeroMQ.
+
+``--set launcher=ray [--set ray.address=auto|HOST:PORT]``. One placement group per run, one
+bundle per worker (``{"CPU": c}``, plus ``{"GPU": g}`` on GPUs); each worker gets a small host
+actor (``launch/ray_host.py``) scheduled into its bundle, which starts the unchanged
+``python -m pivotflow.worker`` on that node and reports its exit. Bundles are handed out in a
+stable order, by (node IP, GPU id), as slime and verl order theirs. The interface is the local
+launcher's, so chaos kills, recovery and respawn work unchanged: a worker whose node vanished
+is reported exited (code -9) with the reason as its stderr tail, and its replacement waits for
+Ray to re-place the bundle on a node that remains.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pivotflow.errors import ConfigError
+
+NODE_LOST_CODE = -9  # the process went with its node (or its host actor): as if SIGKILLed
+MAX_LOG_BYTES = 1 << 20  # of each worker's log, copied to the run folder
+CALL_TIMEOUT_S = 10.0  # for one call to a host actor on a live node
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--set launcher=ray: ray is not installed "
+                          "(pip install 'pivotflow[ray]')") from None
+    return ray
+
+
+class RayCluster:
+    """This process's connection to the cluster (``close`` drops it if it made it)."""
+
+    def __init__(self, address: str) -> None:
+        ray = import_ray()
+        self.address = address
+        self.owned = not ray.is_initialized()  # a caller (a test) may have connected already
+        if not self.owned:
+            return
+        if address.startswith("ray://"):
+            raise ConfigError(f"--set ray.address={address}: Ray Client addresses are not "
+                              "supported; run on a cluster node and give auto or its GCS "
+                              "HOST:PORT")
+        if address != "auto":
+            _check_reachable(address)
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except ConnectionError as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ConfigError(f"--set ray.address={address}: no Ray cluster there ({first})") \
+                from None
+
+    def controller_endpoint(self, curve_keys: str) -> str:
+        """Where the controller listens: loopback when every node is this host; else this
+        host's address, which needs CurveZMQ keys (a reachable socket without them would take
+        frames from anyone)."""
+        import ray
+
+        here = ray.util.get_node_ip_address()
+        hosts = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+        if hosts <= {here}:
+            return "tcp://127.0.0.1:*"
+        if not curve_keys:
+            raise ConfigError(f"--set launcher=ray: the cluster spans {len(hosts)} hosts, so the "
+                              "controller listens on TCP and needs CurveZMQ keys: --set "
+                              "curve_keys=DIR (python -m pivotflow.transport.curve keygen DIR; "
+                              "the same folder on every node)")
+        return f"tcp://[{here}]:*" if ":" in here else f"tcp://{here}:*"
+
+    def close(self) -> None:
+        import ray
+
+        if self.owned and ray.is_initialized():
+            ray.shutdown()
+
+
+def _check_reachable(address: str) -> None:
+    """A HOST:PORT that nothing answers on fails here in seconds (ray.init retries for
+    minutes)."""
+    host, sep, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"--set ray.address={address}: expected auto or HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=5.0).close()
+    except OSError as exc:
+        raise ConfigError(f"--set ray.address={address}: cannot reach a Ray cluster there "
+                          f"({exc.strerror or exc})") from None
+
+
+@dataclass
+class Slot:
+    """One bundle of the placement group and the host actor in it (one per worker run)."""
+
+    bundle: int
+    actor: Any = None
+    where: Any = None  # the actor's where(): a dict, or the ObjectRef until it is asked
+    worker: str | None = None
+
+
+@dataclass
+class HostedWorker:
+    """A worker started on the cluster. ``pid`` is on its node (the same host on a fake
+    cluster); ``code`` is set once its exit is known."""
+
+    worker_id: str
+    slot: Slot
+    pid_ref: Any
+    wait_ref: Any
+    code: int | None = None
+    lost: str = ""  # why its host went (the stderr tail can no longer be read)
+    killed: bool = False
+    _pid: int | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        if self._pid is None:
+            import ray
+
+            try:
+                self._pid = int(ray.get(self.pid_ref, timeout=CALL_TIMEOUT_S))
+            except Exception:  # noqa: BLE001 - its host never started it: no pid to name
+                self._pid = -1
+        return self._pid
+
+
+class RayLauncher:
+    """Starts workers in the bundles of one placement group; same interface as LocalLauncher.
+    Raises ConfigError when the cluster cannot place ``slots`` bundles in ``place_timeout_s``."""
+
+    def __init__(self, endpoint: str, log_dir: Path, threads: int = 1, curve_keys: str = "",
+                 *, slots: int, cpus: float = 1.0, gpus: float = 0.0, strategy: str = "PACK",
+                 place_timeout_s: float = 60.0, run_tag: str = "run",
+                 cluster: RayCluster | None = None) -> None:
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        from pivotflow.launch.ray_host import WorkerHost
+
+        self.endpoint, self.curve_keys, self.threads = endpoint, curve_keys, threads
+        self.cluster = cluster  # closed by ``stop`` (its connection, if it made it)
+        self.log_dir, self.run_tag = log_dir, run_tag
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.bundle = {k: v for k, v in (("CPU", cpus), ("GPU", gpus)) if v > 0}
+        if not self.bundle:
+            raise ConfigError("--set ray.cpus_per_worker=0 with no GPUs: a worker's bundle "
+                              "must reserve something")
+        self.host_cls = ray.remote(max_concurrency=4)(WorkerHost)
+        self.procs: dict[str, HostedWorker] = {}
+        self.nodes_used: set[str] = set()
+        self.nodes_lost: set[str] = set()
+        self.rendezvous_made = 0
+        self.stopped = False
+        t0 = time.perf_counter()
+        self.pg = placement_group([dict(self.bundle)] * slots, strategy=strategy,
+                                  name=f"pivotflow-{run_tag}")
+        ready, _ = ray.wait([self.pg.ready()], timeout=place_timeout_s)
+        if not ready:
+            remove_placement_group(self.pg)
+            have = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
+            raise ConfigError(f"--set launcher=ray: the cluster did not place {slots} workers "
+                              f"of {self.bundle} ({strategy}) in {place_timeout_s:g} s (free "
+                              f"now: {have}); lower ray.cpus_per_worker or add nodes")
+        self.place_s = 0.0
+        self.slots = [Slot(i, actor=self._new_actor(i)) for i in range(slots)]
+        try:
+            wheres = ray.get([s.actor.where.remote() for s in self.slots],
+                             timeout=place_timeout_s)
+        except Exception:
+            self.stop()
+            raise
+        for s, w in zip(self.slots, wheres, strict=True):
+            s.where = w
+        self.slots.sort(key=lambda s: _placement_key(s.where, s.bundle))
+        self.place_s = time.perf_counter() - t0
+
+    def _new_actor(self, bundle: int) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return self.host_cls.options(
+            num_cpus=self.bundle.get("CPU", 0), num_gpus=self.bundle.get("GPU", 0),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self.pg, placement_group_bundle_index=bundle),
+        ).remote(self.run_tag)
+
+    def start(self, worker_id: str) -> None:
+        slot = self._free_slot()
+        if slot.actor is None:  # its last actor is gone: a new one (Ray re-places the bundle)
+            slot.actor = self._new_actor(slot.bundle)
+            slot.where = slot.actor.where.remote()
+        slot.worker = worker_id
+        argv = ["--endpoint", self.endpoint, "--id", worker_id,
+                *(["--curve-keys", self.curve_keys] if self.curve_keys else [])]
+        self.procs[worker_id] = HostedWorker(
+            worker_id, slot, pid_ref=slot.actor.start.remote(worker_id, argv, self.threads),
+            wait_ref=slot.actor.wait.remote())
+
+    def _free_slot(self) -> Slot:
+        """The first bundle, in placement order, with no worker, else one whose worker ended
+        (its log is copied to the run folder and its host actor let go first)."""
+        for s in self.slots:
+            if s.worker is None:
+                return s
+        self.exited()
+        for s in self.slots:
+            h = self.procs[s.worker] if s.worker else None
+            if h is not None and (h.code is not None or h.killed):
+                self._retire(s)
+                return s
+        raise RuntimeError(f"every one of the {len(self.slots)} bundles holds a running worker")
+
+    def _retire(self, slot: Slot) -> None:
+        import ray
+
+        h = self.procs[slot.worker] if slot.worker else None
+        if h is not None and not h.lost:
+            self._save_log(h)
+        if slot.actor is not None:
+            ray.kill(slot.actor)  # its worker dies with it (PDEATHSIG) if it still ran
+        slot.actor, slot.worker = None, None
+
+    def _save_log(self, h: HostedWorker) -> None:
+        import ray
+
+        try:
+            data = ray.get(h.slot.actor.read_log.remote(MAX_LOG_BYTES), timeout=CALL_TIMEOUT_S)
+            h.slot.actor.close.remote()
+        except Exception as exc:  # noqa: BLE001 - its node went as we asked
+            data = f"(log not read from its node: {type(exc).__name__})\n".encode()
+        (self.log_dir / f"{h.worker_id}.log").write_bytes(data)
+
+    def kill(self, worker_id: str) -> bool:
+        """SIGKILL a worker (on its node); True if it was alive. Its actor stays, for its log,
+        until the bundle is needed again or ``stop``."""
+        import ray
+
+        h = self.procs.get(worker_id)
+        if h is None or h.code is not None or h.slot.actor is None:
+            return False
+        h.killed = True
+        try:
+            return bool(ray.get(h.slot.actor.kill.remote(), timeout=CALL_TIMEOUT_S))
+        except Exception:  # noqa: BLE001 - the actor (its node) is gone: so is the worker
+            return False
+
+    def stderr_tail(self, worker_id: str, chars: int = 2000) -> str:
+        import ray
+
+        h = self.procs.get(worker_id)
+        if h is None:
+            return ""
+        if h.lost or h.slot.actor is None or h.slot.worker != worker_id:
+            saved = self.log_dir / f"{worker_id}.log"
+            text = saved.read_text(errors="replace")[-chars:] if saved.is_file() else ""
+            return (h.lost + "\n" + text).strip()[-chars:]
+        try:
+            return str(ray.get(h.slot.actor.tail.remote(chars), timeout=CALL_TIMEOUT_S))
+        except Exception as exc:  # noqa: BLE001
+            return f"(stderr not read from its node: {type(exc).__name__})"
+
+    def exited(self) -> list[tuple[str, int]]:
+        """Workers whose process ended since they started: (worker_id, return code); a worker
+        whose node (or host actor) went counts as killed, ``NODE_LOST_CODE``."""
+        import ray
+
+        pending = {h.wait_ref: h for h in self.procs.values() if h.code is None}
+        if pending:
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
+            for ref in ready:
+                self._ended(pending[ref], ref)
+        return [(w, h.code) for w, h in self.procs.items() if h.code is not None]
+
+    def _ended(self, h: HostedWorker, ref: Any) -> None:
+        import ray
+
+        try:
+            h.code = int(ray.get(ref))
+        except ray.exceptions.RayError as exc:
+            h.code = NODE_LOST_CODE
+            node = self._node_of(h.slot)
+            if node and not _node_alive(node):
+                self.nodes_lost.add(node)
+                h.lost = f"its Ray node {node[:12]} left the cluster (the worker went with it)"
+            else:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                h.lost = f"its Ray host actor died ({type(exc).__name__}: {first})"
+            h.slot.actor = None  # dead: the bundle takes a new one
+
+    def _node_of(self, slot: Slot) -> str:
+        import ray
+
+        if not isinstance(slot.where, dict):
+            try:
+                slot.where = ray.get(slot.where, timeout=0.5)
+            except Exception:  # noqa: BLE001 - the actor died before it answered
+                return ""
+        node = str(slot.where.get("node_id", ""))
+        self.nodes_used.add(node)
+        return node
+
+    def rendezvous(self, worker_id: str, epoch: int) -> str:
+        """The trainers' group address for ``epoch``: a port free now on rank 0's node
+        (``worker_id``), where rank 0 then serves the TCPStore the others join."""
+        import ray
+
+        h = self.procs[worker_id]
+        ip, port = ray.get(h.slot.actor.free_port.remote(), timeout=CALL_TIMEOUT_S)
+        self.rendezvous_made += 1
+        return f"tcp://[{ip}]:{port}" if ":" in ip else f"tcp://{ip}:{port}"
+
+    def stats(self) -> dict[str, Any]:
+        """For the run's summary (``ray``): where workers ran, what went, placement time."""
+        for s in self.slots:
+            if s.actor is not None:
+                self._node_of(s)
+        return {"bundles": len(self.slots), "bundle": self.bundle,
+                "nodes_used": len(self.nodes_used), "node_failures": len(self.nodes_lost),
+                "place_s": round(self.place_s, 3), "rendezvous": self.rendezvous_made}
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Wait for workers to exit, then terminate, then kill; copy every log to the run
+        folder; kill the host actors and remove the placement group."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        if self.stopped:
+            return
+        self.stopped = True
+        self.stats()  # the nodes, while the actors still answer
+        for h in self.procs.values():
+            _ = h.pid  # now: once the connection is closed, a ray.get would open a new one
+        running = [h for h in self.procs.values() if h.code is None and h.slot.actor]
+        if running:
+            ray.wait([h.wait_ref for h in running], num_returns=len(running), timeout=timeout_s)
+            ends = [h.slot.actor.terminate.remote(2.0) for h in running]
+            ray.wait(ends, num_returns=len(ends), timeout=CALL_TIMEOUT_S)
+        self.exited()
+        for s in self.slots:
+            if s.worker is not None and s.actor is not None:
+                self._save_log(self.procs[s.worker])
+            if s.actor is not None:
+                ray.kill(s.actor)
+                s.actor = None
+        for h in self.procs.values():
+            if h.lost and not (self.log_dir / f"{h.worker_id}.log").exists():
+                (self.log_dir / f"{h.worker_id}.log").write_text(h.lost + "\n")
+        remove_placement_group(self.pg)
+        if self.cluster is not None:
+            self.cluster.close()
+
+
+def _placement_key(where: dict[str, Any], bundle: int) -> tuple[Any, ...]:
+    ip = ipaddress.ip_address(where["ip"])
+    gpus = [int(g) for g in where["gpus"] if str(g).isdigit()]
+    return (ip.version, int(ip), gpus, where["node_id"], bundle)
+
+
+def _node_alive(node_id: str) -> bool:
+    import ray
+
+    return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())
