@@ -3,6 +3,9 @@
 A workload is a TOML (or JSON) file with the tables ``[workload]``, ``[prompt]``,
 ``[response]``, ``[policy]``, ``[judge]``, ``[train]`` and ``[hardware]``; ``[policy.measured]``
 and ``[judge.measured]`` optionally replace roofline terms by measured ones (calibration).
+An optional ``[schedule]`` makes it drift: piecewise-linear points over the policy
+version for the response lengths, the verdict length and prompts per step
+(``pivotflow/sim/schedule.py``); ``Workload.at(step)`` is the stationary workload of one step.
 ``bench/workloads/README.md`` documents every key. Every mistake is a ``ConfigError`` naming
 the file, the table and the key; unknown keys are errors, not silently ignored.
 """
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pivotflow.errors import ConfigError
+from pivotflow.sim.schedule import Schedule, parse_schedule
 from pivotflow.sim.table import Table
 
 Z99 = 2.3263478740408408  # standard normal quantile at 0.99: p99/median = exp(Z99 * sigma)
@@ -134,6 +138,51 @@ class Workload:
     optimizer_bytes_per_param: float
     hardware: Hardware
     description: str = ""
+    schedule: Schedule | None = None  # drift over steps; None: stationary
+
+    def response_at(self, step: float) -> Lengths:
+        """The response lengths of policy version ``step`` (the table's without a schedule)."""
+        s, r = self.schedule, self.response
+        if s is None:
+            return r
+        return Lengths(
+            int(s.at("response_median_tokens", step, r.median)),
+            s.at("response_p99_over_median", step, r.p99_over_median),
+            int(s.at("response_cap_tokens", step, r.cap)),
+            r.draw,
+        )
+
+    def verdict_at(self, step: float) -> int:
+        s = self.schedule
+        return self.verdict_tokens if s is None else int(s.at("verdict_tokens", step,
+                                                              self.verdict_tokens))
+
+    def at(self, step: float) -> Workload:
+        """The stationary workload of policy version ``step``: its lengths, verdict and batch
+        held for the whole run (what a regime of a drifting run is alone)."""
+        s = self.schedule
+        if s is None:
+            return self
+        return _replace(
+            self,
+            response=self.response_at(step),
+            verdict_tokens=self.verdict_at(step),
+            prompts_per_step=int(s.at("prompts_per_step", step, self.prompts_per_step)),
+            schedule=None,
+        )
+
+    @property
+    def max_response_cap(self) -> int:
+        """The longest cap over the run (the generate stage's ``max_tokens``)."""
+        s = self.schedule
+        return self.response.cap if s is None else int(s.max("response_cap_tokens",
+                                                              self.response.cap))
+
+    @property
+    def max_verdict_tokens(self) -> int:
+        s = self.schedule
+        return self.verdict_tokens if s is None else int(s.max("verdict_tokens",
+                                                               self.verdict_tokens))
 
     @property
     def group_gpus(self) -> int:
@@ -152,8 +201,14 @@ class Workload:
                 f"{self.path}: --gpus {gpus} must be a multiple of the worker "
                 f"group ({self.group_gpus} GPUs) with room for {MIN_WORKERS} workers"
             )
-        prompts = max(1, round(self.prompts_per_step * gpus / self.gpus))
-        return _replace(self, gpus=gpus, prompts_per_step=prompts)
+        factor = gpus / self.gpus
+        prompts = max(1, round(self.prompts_per_step * factor))
+        sched = self.schedule
+        if sched is not None and "prompts_per_step" in sched.curves:
+            curves = dict(sched.curves)
+            curves["prompts_per_step"] = curves["prompts_per_step"].scaled(factor)
+            sched = Schedule(curves, sched.source)
+        return _replace(self, gpus=gpus, prompts_per_step=prompts, schedule=sched)
 
 
 # one generating and one training; fewer workers than pools need a planner that moves them, or a
@@ -230,7 +285,8 @@ def parse_workload(data: dict[str, Any], path: str) -> Workload:
     jt = Table(path, "judge", data.get("judge"))
     tr = Table(path, "train", data.get("train"))
     hw = Table(path, "hardware", data.get("hardware"))
-    for key in ("workload", "prompt", "response", "policy", "judge", "train", "hardware"):
+    for key in ("workload", "prompt", "response", "policy", "judge", "train", "hardware",
+                "schedule"):
         top.used.add(key)
     top.done()
     hardware = Hardware(
@@ -270,9 +326,11 @@ def parse_workload(data: dict[str, Any], path: str) -> Workload:
         train_shard_gpus=tr.num("shard_gpus", integer=True),
         optimizer_bytes_per_param=tr.num("optimizer_bytes_per_param", lo=0.0, lo_open=False),
         hardware=hardware,
+        schedule=parse_schedule(data.get("schedule"), path),
     )
     tr.done()
     w.done()
+    _check_schedule(wl)
     if wl.gpus % wl.group_gpus or wl.gpus < MIN_WORKERS * wl.group_gpus:
         raise ConfigError(
             f"{path}: [workload] gpus = {wl.gpus} must be a multiple of the "
@@ -288,12 +346,28 @@ def parse_workload(data: dict[str, Any], path: str) -> Workload:
     return wl
 
 
-def load_workload(path: str | Path) -> Workload:
-    """Read and validate a workload file (``.toml`` or ``.json``).
+def _check_schedule(wl: Workload) -> None:
+    """What no single curve shows: the cap stays at or above the median at every point where
+    either bends (both are linear between), and a drifting file draws lengths in the engine."""
+    s = wl.schedule
+    if s is None:
+        return
+    if wl.response.draw != "engine":
+        raise ConfigError(
+            f"{wl.path}: [schedule] needs [response] draw = \"engine\" (a drifting budget "
+            "stage is not built yet)"
+        )
+    for step in s.breakpoints():
+        r = wl.response_at(step)
+        if r.cap < r.median:
+            raise ConfigError(
+                f"{wl.path}: [schedule] at step {step} response_cap_tokens {r.cap} is below "
+                f"response_median_tokens {r.median}"
+            )
 
-    Raises ConfigError naming the file for a missing or unparsable file, and the table and key
-    for every invalid or unknown value.
-    """
+
+def load_workload_data(path: str | Path, _seen: set[Path] | None = None) -> dict[str, Any]:
+    """A workload file's tables as parsed, its ``extends`` resolved (not validated yet)."""
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -310,4 +384,30 @@ def load_workload(path: str | Path) -> Workload:
         raise ConfigError(f"workload file {p} cannot be parsed: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"workload file {p}: the top level must be a table")
-    return parse_workload(data, str(p))
+    base = data.pop("extends", None)
+    if base is not None:  # a variant: the base file's tables, with this file's keys over them
+        if not isinstance(base, str):
+            raise ConfigError(f"{p}: extends must be a file name, not {type(base).__name__}")
+        if _seen is not None and p.resolve() in _seen:
+            raise ConfigError(f"{p}: extends {base!r} loops back to itself")
+        seen = (_seen or set()) | {p.resolve()}
+        parent = load_workload_data(p.parent / base, seen)
+        data = _merged(parent, data)
+    return data
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_workload(path: str | Path) -> Workload:
+    """Read and validate a workload file (``.toml`` or ``.json``); ``extends = "FILE"`` (a
+    path relative to it) takes every table of FILE, this file's keys replacing FILE's.
+
+    Raises ConfigError naming the file for a missing or unparsable file, and the table and key
+    for every invalid or unknown value.
+    """
+    return parse_workload(load_workload_data(path), str(path))
