@@ -72,6 +72,9 @@ class SimResult:
     busy_share: dict[str, float] = field(default_factory=dict)  # role -> share of GPU time
     timed_out: bool = False
     decisions: int = 0
+    # the controller's decision log (every move with its numbers; a re-size's carry resize=1)
+    decision_log: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    planner_log: list[dict[str, Any]] = field(default_factory=list, repr=False)  # (adaptive)
 
     def summary(self) -> dict[str, Any]:
         totals = [s["total_s"] for s in self.shifts if s.get("total_s") is not None]
@@ -118,14 +121,15 @@ def sim_graph(wl: Workload, split: Split) -> Graph:
         r = wl.response
         budget = length_budget(r.median, r.p99_over_median, r.cap)
         stages.append(g.map("budget", budget, writes=["min_tokens", "max_tokens"]))
-    gen = g.generate("rollout", model="policy", pool="rollout", max_tokens=wl.response.cap)
+    # (a drifting workload's longest cap: the simulated engine cuts each at its step's cap)
+    gen = g.generate("rollout", model="policy", pool="rollout", max_tokens=wl.max_response_cap)
     jud = g.judge(
         "genrm",
         model="judge",
         pool="genrm",
         template=template,
         parse=parse,
-        max_tokens=wl.verdict_tokens,
+        max_tokens=wl.max_verdict_tokens,
     )
     adv = g.group("advantage", grpo_advantage, writes=["advantage"])
     tr = g.train("train", model="policy", pool="trainer")
@@ -141,6 +145,20 @@ def role_options(wl: Workload, cost: CostModel) -> dict[str, dict[str, Any]]:
     jctx = cost.judge_prompt_tokens(p, r) + wl.verdict_tokens
     judge = cost.replicas(wl.judge, g) * cost.max_seqs(wl.judge, jctx)
     return {"rollout": {"max_batch": roll}, "genrm": {"max_batch": judge}, "trainer": {}}
+
+
+def follow_lengths(ctl: Controller, wl: Workload) -> None:
+    """A drifting workload's engines hold the batch its current lengths fit in memory: after
+    each optimizer step the batch each generate worker holds (the controller's job slots, as
+    its engine's KV budget bounds them) is that of the new policy version's lengths."""
+    opts = role_options(wl.at(ctl.version), CostModel(wl.at(ctl.version)))
+    for name, pool in ctl.pools.items():
+        batch = opts.get(name, {}).get("max_batch")
+        if batch is None:
+            continue
+        ctl.role_options.setdefault(name, {})["max_batch"] = batch
+        for w in pool.workers:
+            ctl.workers[w].capacity = batch
 
 
 def _planner(name: str | Planner) -> Planner:
@@ -175,6 +193,12 @@ async def _simulate(
         seed=seed,
     )
     records: list[dict[str, Any]] = []
+
+    def on_step(rec: dict[str, Any]) -> None:
+        records.append(rec)
+        if wl.schedule is not None:
+            follow_lengths(ctl, wl)
+
     cfg = ControllerConfig(
         steps=steps, max_staleness=wl.max_staleness, heartbeat_s=30.0, worker_timeout_s=600.0
     )
@@ -186,9 +210,9 @@ async def _simulate(
         tokenizers={"policy": tok, "judge": tok},
         source=source,
         assignments=assignments,
-        role_options=role_options(wl, cost),
+        role_options=role_options(wl.at(0), CostModel(wl.at(0))),
         store_dir="/nonexistent/pivotflow-sim",
-        on_step=records.append,
+        on_step=on_step,
         planner=planner,
     )
     cores = CoreShare(wl.hardware.cores) if wl.hardware.cores else None
@@ -246,6 +270,8 @@ async def _simulate(
         busy,
         timed_out,
         len(ctl.decisions),
+        list(ctl.decisions),
+        list(getattr(planner, "log", [])),
     )
 
 
@@ -268,6 +294,11 @@ def simulate(
     run fails."""
     chosen = _planner(planner)
     sizes = split.as_dict()
+    if wl.schedule is not None and wl.schedule.varies("prompts_per_step"):
+        raise ConfigError(
+            f"{wl.path}: [schedule] prompts_per_step varies, but the controller's source admits "
+            "a fixed groups_per_step: the simulator cannot run it yet"
+        )
     if split.total * wl.group_gpus != wl.gpus:
         raise ConfigError(
             f"split {sizes} x {wl.group_gpus} GPUs does not fill {wl.gpus} GPUs"

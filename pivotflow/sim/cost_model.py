@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pivotflow.sim.workload import ModelSpec, Workload
+from pivotflow.sim.workload import Lengths, ModelSpec, Workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +45,17 @@ class CostModel:
         self.hw = hw
         self._flops = hw.tflops * 1e12
         self._bw = hw.hbm_tb_s * 1e12 * hw.hbm_eff
+        self._response: dict[int, Lengths] = {}  # policy version -> its lengths (drift)
+
+    def response_at(self, step: int) -> Lengths:
+        """The response lengths of policy version ``step`` (cached: asked once per job)."""
+        got = self._response.get(step)
+        if got is None:
+            got = self._response[step] = self.wl.response_at(step)
+        return got
+
+    def verdict_at(self, step: int) -> int:
+        return self.wl.verdict_tokens if self.wl.schedule is None else self.wl.verdict_at(step)
 
     def model(self, name: str) -> ModelSpec:
         """The workload's model called ``name`` ("policy" or "judge")."""

@@ -172,10 +172,29 @@ def signal_chance(wl: Workload) -> float:
     return 1 - flat**wl.prompts_per_step
 
 
+def drift_steps(wl: Workload) -> range:
+    """The steps a drifting run's bounds and rates are taken over: after the first (the
+    pipeline's fill, which the measured rates leave out too) to the last."""
+    return range(1, wl.steps) if wl.steps > 1 else range(wl.steps)
+
+
 def fluid_bound(wl: Workload) -> dict[str, float]:
     """The perfect scheduler's samples/s and the two limits it is the smaller of; and the
     same for a scheduler that cannot see response lengths ahead (``nonclairvoyant_*``: the
-    critical path with ``nonclairvoyant_decode_s`` in place of the batch-1 decode)."""
+    critical path with ``nonclairvoyant_decode_s`` in place of the batch-1 decode).
+
+    A drifting workload's bound is each step's (``wl.at(step)``) run for one step: the run's
+    samples over the sum of the steps' bounded times (``drift_steps``); its seconds (paths,
+    GPU-seconds) are the mean over those steps."""
+    if wl.schedule is not None:
+        per = [fluid_bound(wl.at(k)) for k in drift_steps(wl)]
+        out = {}
+        for key in per[0]:
+            if key.endswith(("path_s", "per_sample")):  # seconds
+                out[key] = sum(b[key] for b in per) / len(per)
+            else:  # a rate: the same samples each step, so the harmonic mean
+                out[key] = len(per) / sum(1 / b[key] for b in per)
+        return out
     r = role_rates(wl)
     g = wl.group_gpus
     work_gpu_s = g / r.rollout + g / r.genrm + g / r.trainer
@@ -199,17 +218,27 @@ def fluid_bound(wl: Workload) -> dict[str, float]:
 def rank_splits(wl: Workload, top: int = 8) -> list[tuple[float, dict[str, int]]]:
     """Every split of the workers into (rollout, genrm, trainer), each >= 1, scored by the
     pipeline's analytic throughput (the slowest pool, capped by the critical path); the best
-    ``top`` first."""
-    r = role_rates(wl)
+    ``top`` first. A drifting workload's score is over its whole run (the split chosen with
+    hindsight): each step at its own rates, the run's samples over the sum of the steps'
+    times."""
+    stationary = [wl] if wl.schedule is None else [wl.at(k) for k in drift_steps(wl)]
+    per = []
+    for w in stationary:
+        r = role_rates(w)
+        per.append((r, w.samples_per_step * (w.max_staleness + 1) / r.critical_path_s))
     workers = wl.gpus // wl.group_gpus
-    cap = wl.samples_per_step * (wl.max_staleness + 1) / r.critical_path_s
     scored = []
     for nr in range(1, workers - 1):
         for nj in range(1, workers - nr):
             nt = workers - nr - nj
-            rates = (nr * r.rollout, nj * r.genrm, nt * r.trainer)
-            score = min(min(rates), cap)
+            steps = [(min(nr * r.rollout, nj * r.genrm, nt * r.trainer), cap) for r, cap in per]
+            rates = [min(slowest, cap) for slowest, cap in steps]
+            if len(per) == 1:  # (stationary: the plain numbers, no round trip through 1/x)
+                score, slack = rates[0], steps[0][0]
+            else:
+                score = len(rates) / sum(1 / x for x in rates)
+                slack = len(steps) / sum(1 / x for x, _ in steps)
             # Ties (all capped) break toward the split with the most slack in its slowest pool.
-            scored.append((score, min(rates), {"rollout": nr, "genrm": nj, "trainer": nt}))
+            scored.append((score, slack, {"rollout": nr, "genrm": nj, "trainer": nt}))
     scored.sort(key=lambda x: (-x[0], -x[1]))
     return [(s, split) for s, _, split in scored[:top]]

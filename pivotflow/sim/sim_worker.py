@@ -231,9 +231,12 @@ class SimWorker:
 
     def _target(self, job: GenerateJob) -> tuple[int, bool]:
         """Total tokens this job's sequence generates and whether it ends with EOS."""
+        # A drifting workload's lengths are those of the policy version that generates the
+        # sequence: the version its first token came from (a migrated one keeps its length).
+        step = job.prefix_versions[0] if job.prefix_versions else self.version
         if self.model_name == "judge":
-            return self.cost.wl.verdict_tokens, True
-        n, stop = response_length(self.cost.wl.response, job.seed, job.max_tokens)
+            return self.cost.verdict_at(job.min_version), True
+        n, stop = response_length(self.cost.response_at(step), job.seed, job.max_tokens)
         if n < job.min_tokens:  # as a real engine, no EOS before min_tokens
             n = min(job.min_tokens, job.max_tokens)
             stop = n < job.max_tokens
