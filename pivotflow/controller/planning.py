@@ -60,8 +60,12 @@ def _busy_now(ctl: Controller, now: float) -> dict[str, float]:
 
 def _rate(ctl: Controller, pool: str, busy_now: dict[str, float]) -> float:
     """Completions per busy worker-second (0 before the pool has served)."""
-    busy = ctl.pool_busy_s[pool] + busy_now.get(pool, 0)
+    busy = _busy(ctl, pool, busy_now)
     return ctl.pool_done[pool] / busy if busy > 0 else 0.0
+
+
+def _busy(ctl: Controller, pool: str, busy_now: dict[str, float]) -> float:
+    return ctl.pool_busy_s[pool] + busy_now.get(pool, 0)
 
 
 def _movable(ctl: Controller, pool: str) -> list[str]:
@@ -105,7 +109,9 @@ def planner_view(ctl: Controller) -> PlannerView:
         slots = max((ctl.workers[w].capacity for w in pool.workers), default=0)
         pools[pool.name] = PoolView(pool.name, _movable(ctl, pool.name), len(pool.workers),
                                     upstream, _rate(ctl, pool.name, busy_now), "generate", here,
-                                    inflight=ctl.inflight[idx], slots=slots)
+                                    inflight=ctl.inflight[idx], slots=slots,
+                                    done=ctl.pool_done[pool.name],
+                                    busy_s=_busy(ctl, pool.name, busy_now))
     # The trainer pool: a step in flight cannot use workers that join now, so its work counts
     # only what is still to come; ``queued`` is a complete batch waiting, or the step running.
     tpool = ctl.training.pool
@@ -123,7 +129,8 @@ def planner_view(ctl: Controller) -> PlannerView:
     pools[tpool] = PoolView(tpool, _movable(ctl, tpool), len(ctl.pools[tpool].workers),
                             untrained, _rate(ctl, tpool, busy_now), "train", running or queued,
                             rate_by_size=by_size, batch=batch, step_running=running > 0,
-                            busy_share=ctl.training.busy_share(now))
+                            busy_share=ctl.training.busy_share(now),
+                            done=ctl.pool_done[tpool], busy_s=_busy(ctl, tpool, busy_now))
     rates = [p.per_worker_rate for p in pools.values() if p.per_worker_rate > 0]
     # Before the first optimizer step no rate counts as measured: on a long tail only the short
     # sequences have finished, so completions per busy second read far too low (bounds of 1e5
@@ -136,4 +143,4 @@ def planner_view(ctl: Controller) -> PlannerView:
     tracker = _last_shift.get(ctl)
     if tracker is None:
         tracker = _last_shift[ctl] = _LastShift()
-    return PlannerView(now, pools, _shift_cost(ctl), tracker.update(ctl))
+    return PlannerView(now, pools, _shift_cost(ctl), tracker.update(ctl), ctl.version)

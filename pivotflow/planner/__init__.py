@@ -1,14 +1,15 @@
-"""Planners: static (fixed split), colocated (phases) and backpressure (shifts workers where the
-work is)."""
+"""Planners: static (fixed split), colocated (phases), backpressure (shifts workers where the
+work is) and adaptive (backpressure that re-sizes its standing split as the workload drifts)."""
 
 from __future__ import annotations
 
 from pivotflow.errors import ConfigError
+from pivotflow.planner.adaptive import AdaptivePlanner
 from pivotflow.planner.backpressure import BackpressurePlanner
 from pivotflow.planner.base import Move, Planner, PlannerView, PoolView, StaticPlanner
 from pivotflow.planner.colocated import ColocatedPlanner, parse_groups
 
-PLANNERS = ("backpressure", "static", "colocated")
+PLANNERS = ("backpressure", "static", "colocated", "adaptive")
 
 
 def make_planner(name: str, colocate: list[tuple[str, ...]] | None = None) -> Planner:
@@ -22,8 +23,10 @@ def make_planner(name: str, colocate: list[tuple[str, ...]] | None = None) -> Pl
         return BackpressurePlanner()
     if name == "colocated":
         return ColocatedPlanner()
+    if name == "adaptive":  # backpressure that also re-sizes its standing split (drift)
+        return AdaptivePlanner()
     raise ConfigError(f"unknown planner {name!r}; valid: {', '.join(PLANNERS)}")
 
 
-__all__ = ["PLANNERS", "BackpressurePlanner", "ColocatedPlanner", "Move", "Planner",
+__all__ = ["PLANNERS", "AdaptivePlanner", "BackpressurePlanner", "ColocatedPlanner", "Move", "Planner",
            "PlannerView", "PoolView", "StaticPlanner", "make_planner", "parse_groups"]

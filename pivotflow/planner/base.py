@@ -37,6 +37,10 @@ class PoolView:
     batch: int = 0
     step_running: bool = False
     busy_share: float = 0.0  # the trainer pool: share of the time a step has been running
+    # Totals since the run began: samples completed here and busy worker-seconds they took
+    # (``per_worker_rate`` is their ratio; a planner takes differences for a recent rate)
+    done: int = 0
+    busy_s: float = 0.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,6 +49,7 @@ class PlannerView:
     pools: dict[str, PoolView]
     shift_cost_s: float  # mean measured shift time (a prior before the first shift)
     last_shift_s: dict[str, float] = field(default_factory=dict)  # worker -> when it last moved
+    version: int = 0  # optimizer steps done (the policy version)
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,0 +1,169 @@
+"""The adaptive planner: backpressure's moves within a step, plus re-sizing the standing split
+as the workload drifts.
+
+Backpressure moves workers to where the admitted work is and lends trainers to a ready step,
+but the pools it returns to are the ones it started with: carried over from a split tuned on
+early steps into a regime with 4x longer responses, it kept 13-18 rollout workers where that
+regime wants 26-32 (issue 24). After every optimizer step this planner re-solves the split the
+bench starts from (``pivotflow.sim.fluid.rank_splits``: a pipeline runs at its slowest pool's
+rate ``n_i * mu_i``) from the per-worker rates ``mu_i`` measured over the last step (samples done
+per busy worker-second, differences of the view's totals), and moves toward it when
+
+* the predicted rate gains more than ``min_gain`` (the step-to-step noise of measured rates),
+* and the time that saves over one step at the current rate pays the shift, with hysteresis:
+  ``step_s * (1 - now / after) > (1 + hysteresis) * shift_cost`` (the moved workers load side
+  by side, so the pipeline pays about one shift for them, as backpressure's lending rule counts).
+
+Every evaluation is kept in ``log`` (taken or not), and every move of a re-size carries its
+numbers (rates, sizes before and after, predicted rates, gain, cost) into the controller's
+decision log, as every move does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pivotflow.planner.backpressure import BackpressurePlanner
+from pivotflow.planner.base import Move, PlannerView
+
+MIN_GAIN = 0.05  # measured rates move a few % from step to step with nothing changed
+
+
+def solve_split(rates: dict[str, float], workers: int) -> dict[str, int]:
+    """Workers per pool (each >= 1) maximizing the slowest pool's ``n_i * rates[i]``:
+    greedily, one worker at a time to the slowest pool (exact for linear pool rates)."""
+    sizes = dict.fromkeys(rates, 1)
+    for _ in range(workers - len(rates)):
+        slowest = min(rates, key=lambda p: (sizes[p] * rates[p], p))
+        sizes[slowest] += 1
+    return sizes
+
+
+def pipeline_rate(rates: dict[str, float], sizes: dict[str, int]) -> float:
+    return min(sizes[p] * rates[p] for p in rates)
+
+
+class AdaptivePlanner(BackpressurePlanner):
+    name = "adaptive"
+
+    def __init__(self, *args: Any, min_gain: float = MIN_GAIN, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.min_gain = min_gain
+        self.snapshots: dict[int, dict[str, tuple[int, float]]] = {}  # version -> totals
+        self.solved: int = -1  # the last version whose re-size was decided
+        self.log: list[dict[str, Any]] = []  # every evaluation, with its numbers
+        # the split re-sized to in this version, and the numbers its moves carry
+        self.target: dict[str, int] | None = None
+        self.target_numbers: dict[str, float | None] = {}
+        self.target_reason = ""
+
+    def decide(self, view: PlannerView) -> list[Move]:
+        if view.version not in self.snapshots:
+            self.snapshots[view.version] = {n: (p.done, p.busy_s) for n, p in view.pools.items()}
+            self.target = None  # a new step: decided afresh below
+        moves = super().decide(view)
+        if moves or view.version < 2:
+            return moves  # (version 1's window holds the start-up: loads, the first fill)
+        if self.solved < view.version:
+            self._resize(view)
+        return self._toward(view) if self.target is not None else []
+
+    def _best_move(self, view: PlannerView, sizes: dict[str, int], taken: set[str],
+                   lenders: set[str]) -> list[Move]:
+        """Backpressure's best move of a block, unless it undoes this step's re-size (takes
+        from a pool at or below its target for a pool at or above it): the block follows the
+        admitted work for this step only, and would walk the standing split back to the one
+        the measured rates just replaced (simulated 8 GPUs: every re-size moved back within a
+        second). Lending to a step, and its return, are not blocks: they go on."""
+        block = super()._best_move(view, sizes, taken, lenders)
+        if self.target is None or not block:
+            return block
+        stand = self.standing(view)
+        src, dst = block[0].from_pool, block[0].to_pool
+        if stand[src] <= self.target[src] and stand[dst] >= self.target[dst]:
+            return []
+        return block
+
+    def standing(self, view: PlannerView) -> dict[str, int]:
+        """Pool sizes with the workers lent to a step, and their stand-ins, counted at home:
+        a lent worker is in the trainer pool (training, so in no ready list) until it is seen
+        ready in another pool, a stand-in at the pool it stands in at."""
+        sizes = {n: p.workers for n, p in view.pools.items()}
+        trainer = next((n for n, p in view.pools.items() if p.role == "train"), None)
+        seen = {w: n for n, p in view.pools.items() for w in p.ready}
+        for worker, home in self.lent.items():
+            at = seen.get(worker, trainer)
+            if at == trainer and home in sizes and at is not None and sizes[at] > 0:
+                sizes[at] -= 1
+                sizes[home] += 1
+        for worker, (home, at) in self.stand_ins.items():
+            if seen.get(worker, at) == at and home in sizes and sizes.get(at, 0) > 0:
+                sizes[at] -= 1
+                sizes[home] += 1
+        return sizes
+
+    def recent_rates(self, view: PlannerView) -> dict[str, float] | None:
+        """Per-worker samples/s of each pool over the last step (None before one is known)."""
+        before = self.snapshots.get(view.version - 1)
+        if before is None:
+            return None
+        rates = {}
+        for name, p in view.pools.items():
+            done0, busy0 = before.get(name, (0, 0.0))
+            if p.busy_s - busy0 <= 0 or p.done - done0 <= 0:
+                return None
+            rates[name] = (p.done - done0) / (p.busy_s - busy0)
+        return rates
+
+    def _resize(self, view: PlannerView) -> None:
+        """Re-solve the split from the last step's rates; keep it as ``target`` when it pays."""
+        rates = self.recent_rates(view)
+        if rates is None:
+            return
+        now_sizes = self.standing(view)
+        workers = sum(now_sizes.values())
+        target = solve_split(rates, workers)
+        now_rate, after_rate = pipeline_rate(rates, now_sizes), pipeline_rate(rates, target)
+        trainer = next((p for p in view.pools.values() if p.role == "train"), None)
+        batch = trainer.batch if trainer is not None and trainer.batch else workers
+        step_s = batch / max(now_rate, 1e-9)
+        gain_s = step_s * (1 - now_rate / max(after_rate, 1e-9))
+        cost_s = view.shift_cost_s * (1 + self.hysteresis)
+        moving = sum(max(0, now_sizes[p] - target[p]) for p in target)
+        take = (moving > 0 and after_rate > now_rate * (1 + self.min_gain) and gain_s > cost_s)
+        numbers: dict[str, float | None] = {
+            "resize": 1.0, "version": float(view.version), "step_s": step_s,
+            "rate_now": now_rate, "rate_after": after_rate, "gain_s": gain_s,
+            "cost_s": cost_s, "shift_cost_s": view.shift_cost_s, "moving": float(moving),
+            **{f"mu_{p}": r for p, r in rates.items()},
+            **{f"size_{p}": float(n) for p, n in now_sizes.items()},
+            **{f"target_{p}": float(n) for p, n in target.items()},
+        }
+        self.log.append({"time_s": view.now_s, "taken": take, **numbers})
+        self.solved = view.version
+        if take:
+            self.target, self.target_numbers = target, numbers
+            self.target_reason = (
+                "re-size: " + ", ".join(f"{p} {now_sizes[p]}->{target[p]}" for p in target)
+                + f" (predicted {now_rate:.2f} -> {after_rate:.2f} samples/s)")
+
+    def _toward(self, view: PlannerView) -> list[Move]:
+        """Moves toward ``target`` of the workers movable now; the rest follow as they become
+        movable (trainers mid-step), within this step."""
+        assert self.target is not None
+        now_sizes = self.standing(view)
+        target = self.target
+        # Sources give their surplus from their movable workers that are theirs (not lent nor
+        # standing in; last first); what is not movable now (trainers mid-step) stays: the
+        # next step re-decides.
+        away = set(self.lent) | set(self.stand_ins)
+        give = {p: [w for w in reversed(view.pools[p].ready) if w not in away]
+                [: max(0, now_sizes[p] - target[p])] for p in target}
+        need = [p for p in target for _ in range(max(0, target[p] - now_sizes[p]))]
+        moves = []
+        for src, ws in give.items():
+            for w in ws:
+                if need:
+                    moves.append(Move(w, src, need.pop(0), self.target_reason,
+                                      dict(self.target_numbers)))
+        return moves

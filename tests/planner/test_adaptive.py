@@ -1,0 +1,77 @@
+"""The adaptive planner's re-sizing from given measurements (no processes involved)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pivotflow.planner import AdaptivePlanner, PlannerView, PoolView, make_planner
+from pivotflow.planner.adaptive import pipeline_rate, solve_split
+
+pytestmark = pytest.mark.timeout(30)
+
+POOL_WORKERS = {"rollout": ["w0", "w1", "w2", "w3"], "genrm": ["w4", "w5", "w6", "w7"],
+                "trainer": ["w8", "w9", "w10", "w11"]}
+
+
+def view(version: int, done: dict[str, int], busy: dict[str, float], *,
+         cost: float = 0.1) -> PlannerView:
+    """Four workers a pool, nothing admitted (so backpressure itself has nothing to move),
+    and the totals ``done`` / ``busy`` each pool has reached by ``version``."""
+    pools = {}
+    for name, ws in POOL_WORKERS.items():
+        role = "train" if name == "trainer" else "generate"
+        rate = done[name] / busy[name] if busy[name] else 0.0
+        pools[name] = PoolView(name, list(ws), len(ws), 0, rate, role, batch=64 if
+                               role == "train" else 0, done=done[name], busy_s=busy[name])
+    return PlannerView(now_s=10.0 * version, pools=pools, shift_cost_s=cost, version=version)
+
+
+def test_solve_split_balances_the_slowest_pool() -> None:
+    rates = {"rollout": 1.0, "genrm": 2.0, "trainer": 4.0}
+    sizes = solve_split(rates, 14)
+    assert sizes == {"rollout": 8, "genrm": 4, "trainer": 2}
+    assert pipeline_rate(rates, sizes) == 8.0
+    assert min(solve_split(rates, 3).values()) == 1  # every pool keeps a worker
+
+
+def _two_steps(planner: AdaptivePlanner, mu: dict[str, float], cost: float = 0.1) -> list:
+    """Version 1 at totals zero, version 2 after one step at per-worker rates ``mu``."""
+    zero = dict.fromkeys(POOL_WORKERS, 0)
+    assert planner.decide(view(1, zero, dict.fromkeys(POOL_WORKERS, 0.0), cost=cost)) == []
+    busy = dict.fromkeys(POOL_WORKERS, 100.0)
+    done = {p: round(mu[p] * 100.0) for p in POOL_WORKERS}
+    return planner.decide(view(2, done, busy, cost=cost))
+
+
+def test_resizes_toward_the_slow_pool_with_its_numbers_logged() -> None:
+    # rollout 4x slower per worker than the others: 4/4/4 runs at 4 samples/s, 8/2/2 at 8
+    planner = make_planner("adaptive")
+    assert isinstance(planner, AdaptivePlanner)
+    moves = _two_steps(planner, {"rollout": 1.0, "genrm": 4.0, "trainer": 4.0})
+    assert len(moves) == 4 and all(m.to_pool == "rollout" for m in moves)
+    assert sorted(m.from_pool for m in moves) == ["genrm", "genrm", "trainer", "trainer"]
+    n = moves[0].numbers
+    assert (n["size_rollout"], n["target_rollout"]) == (4.0, 8.0)
+    assert n["mu_rollout"] == pytest.approx(1.0) and n["mu_genrm"] == pytest.approx(4.0)
+    assert (n["rate_now"], n["rate_after"]) == (pytest.approx(4.0), pytest.approx(8.0))
+    assert n["gain_s"] == pytest.approx(64 / 4.0 * 0.5)  # one step at 4/s, half of it saved
+    assert "re-size: rollout 4->8" in moves[0].reason
+    [entry] = planner.log
+    assert entry["taken"] and entry["version"] == 2.0
+
+
+def test_balanced_rates_or_a_dear_shift_keep_the_split() -> None:
+    balanced = AdaptivePlanner()
+    assert _two_steps(balanced, {"rollout": 2.0, "genrm": 2.0, "trainer": 2.0}) == []
+    assert balanced.log[0]["taken"] is False and balanced.log[0]["moving"] == 0.0
+    dear = AdaptivePlanner()  # the same imbalance as above, a shift dearer than a step saves
+    assert _two_steps(dear, {"rollout": 1.0, "genrm": 4.0, "trainer": 4.0}, cost=20.0) == []
+    assert dear.log[0]["gain_s"] < dear.log[0]["cost_s"]
+
+
+def test_decides_once_a_step() -> None:
+    planner = AdaptivePlanner()
+    _two_steps(planner, {"rollout": 2.0, "genrm": 2.0, "trainer": 2.0})
+    again = view(2, {"rollout": 200, "genrm": 200, "trainer": 200},
+                 dict.fromkeys(POOL_WORKERS, 100.0))
+    assert planner.decide(again) == [] and len(planner.log) == 1
