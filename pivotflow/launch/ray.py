@@ -115,6 +115,8 @@ class HostedWorker:
     pid_ref: Any
     wait_ref: Any
     code: int | None = None
+    started_at: float = field(default_factory=time.monotonic)
+    placed: bool = False  # its host started it (before: the bundle may wait for a node)
     lost: str = ""  # why its host went (the stderr tail can no longer be read)
     killed: bool = False
     _pid: int | None = field(default=None, repr=False)
@@ -146,6 +148,7 @@ class RayLauncher:
 
         self.endpoint, self.curve_keys, self.threads = endpoint, curve_keys, threads
         self.cluster = cluster  # closed by ``stop`` (its connection, if it made it)
+        self.place_timeout_s = place_timeout_s
         self.log_dir, self.run_tag = log_dir, run_tag
         log_dir.mkdir(parents=True, exist_ok=True)
         self.bundle = {k: v for k, v in (("CPU", cpus), ("GPU", gpus)) if v > 0}
@@ -275,7 +278,29 @@ class RayLauncher:
             ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
             for ref in ready:
                 self._ended(pending[ref], ref)
+        self._check_placed()
         return [(w, h.code) for w, h in self.procs.items() if h.code is not None]
+
+    def _check_placed(self) -> None:
+        """A replacement whose bundle no node takes (the cluster shrank below the run) ends
+        after ``place_timeout_s``, named as such, instead of waiting for ever."""
+        import ray
+
+        waiting = {h.pid_ref: h for h in self.procs.values() if h.code is None and not h.placed}
+        if not waiting:
+            return
+        ready, _ = ray.wait(list(waiting), num_returns=len(waiting), timeout=0)
+        for ref in ready:
+            waiting.pop(ref).placed = True
+        now = time.monotonic()
+        for h in waiting.values():
+            if now - h.started_at > self.place_timeout_s and h.slot.actor is not None:
+                h.code = NODE_LOST_CODE
+                h.lost = (f"no Ray node took its bundle {self.bundle} in "
+                          f"{self.place_timeout_s:g} s (ray.place_timeout_s): the cluster has "
+                          "too few resources left for the run's workers")
+                ray.kill(h.slot.actor)
+                h.slot.actor = None
 
     def _ended(self, h: HostedWorker, ref: Any) -> None:
         import ray

@@ -4,13 +4,17 @@ mid-run taking its worker with it while the run goes on and loses nothing."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from ray_fixtures import FakeCluster, left_on_cluster
+from ray_fixtures import FakeCluster, left_on_cluster, listening_addresses
 
+from pivotflow.errors import ConfigError
 from pivotflow.metrics import read_metrics
 from pivotflow.run import run
 
@@ -20,6 +24,21 @@ pytestmark = pytest.mark.timeout(300)
 GRAPH = Path(__file__).resolve().parents[2] / "graphs" / "grpo_rule.py"
 FAST = ["live=false", "graph.groups_per_step=2", "graph.group_size=4", "launcher=ray",
         "ray.strategy=SPREAD"]
+
+
+def test_the_cluster_listens_on_loopback_only(ray_cluster: FakeCluster) -> None:
+    found = listening_addresses()
+    assert found and found <= {"127.0.0.1", "::1"}, found
+
+
+def test_bundles_the_cluster_cannot_place_are_a_clear_error(tmp_path: Path,
+                                                            ray_cluster: FakeCluster) -> None:
+    with pytest.raises(ConfigError, match=r"the cluster did not place 2 workers of "
+                                          r"\{'CPU': 8.0\} \(SPREAD\) in 3 s") as err:
+        run(GRAPH, sets=[*FAST, "ray.cpus_per_worker=8", "ray.place_timeout_s=3"],
+            out=tmp_path / "out", steps=2, console=False)
+    assert "\n" not in str(err.value)
+    assert left_on_cluster() == {"placement_groups": [], "actors": []}
 
 
 def test_a_run_on_two_nodes_with_a_trainer_group_over_tcp(tmp_path: Path,
@@ -74,4 +93,41 @@ def test_a_node_removed_mid_run_loses_nothing(tmp_path: Path,
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, 7))
     lost_logs = [p.read_text() for p in (out / "logs").iterdir()]
     assert any("left the cluster" in text for text in lost_logs)
+    assert left_on_cluster() == {"placement_groups": [], "actors": []}
+
+
+def test_a_node_that_joins_later_takes_the_lost_bundle(tmp_path: Path,
+                                                       ray_cluster: FakeCluster) -> None:
+    """From the command line, as a user runs it (the run in its own process, so that this
+    one's main thread can add a node: Ray starts nodes only from a main thread)."""
+    import ray
+
+    while len(ray_cluster.nodes) < 2:  # an earlier test removed one
+        ray_cluster.add_node()
+    out = tmp_path / "out"
+    # a bundle of 2 CPUs: each node holds one worker, none has room for the lost one's
+    sets = [*FAST, "planner=static", "ray.cpus_per_worker=2",
+            f"ray.address={ray_cluster.address}"]
+    proc = subprocess.Popen([sys.executable, "-m", "pivotflow.cli", "run", str(GRAPH),
+                             "--out", str(out), "--steps", "5",
+                             *[f"--set={s}" for s in sets]],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        done: dict = {}
+        remove_a_node_after(out, ray_cluster, 2, done)
+        time.sleep(3)
+        [group] = [g for g in ray.util.placement_group_table().values()
+                   if g["name"].startswith("pivotflow-") and g["state"] != "REMOVED"]
+        assert group["state"] == "RESCHEDULING"  # no room: the lost bundle waits
+        ray_cluster.add_node()
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode()[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["ray"]["node_failures"] == 1 and s["ray"]["nodes_used"] == 3
+    assert s["worker_restarts"] >= 1
+    assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
+    assert s["ledger"]["groups_trained"] == s["ledger"]["prompts_in"] == 10
     assert left_on_cluster() == {"placement_groups": [], "actors": []}
