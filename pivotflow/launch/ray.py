@@ -155,7 +155,8 @@ class RayLauncher:
         if not self.bundle:
             raise ConfigError("--set ray.cpus_per_worker=0 with no GPUs: a worker's bundle "
                               "must reserve something")
-        self.host_cls = ray.remote(max_concurrency=4)(WorkerHost)
+        # threaded: wait() blocks while kill, tail and free_port answer
+        self.host_cls = ray.remote(max_concurrency=4)(WorkerHost)  # type: ignore[call-overload]
         self.procs: dict[str, HostedWorker] = {}
         self.nodes_used: set[str] = set()
         self.nodes_lost: set[str] = set()

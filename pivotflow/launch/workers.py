@@ -32,25 +32,25 @@ def open_workers(cfg: RunConfig, curve: CurveKeys | None, log_dir: Path, slots: 
     from pivotflow.launch.ray import RayCluster, RayLauncher
 
     cluster = RayCluster(cfg.ray.address)
-    transport = None
+    tcp: ZmqControllerTransport | None = None
     try:
-        transport = ZmqControllerTransport(
+        tcp = ZmqControllerTransport(
             cfg.endpoint or cluster.controller_endpoint(cfg.curve_keys), curve=curve)
         gpus = cfg.ray.gpus_per_worker
         if gpus < 0:  # auto: a GPU per worker when the workers run on CUDA
             gpus = 1.0 if cfg.device.startswith("cuda") else 0.0
-        launcher = RayLauncher(transport.endpoint, log_dir, threads=cfg.threads_per_worker,
+        launcher = RayLauncher(tcp.endpoint, log_dir, threads=cfg.threads_per_worker,
                                curve_keys=cfg.curve_keys, slots=slots,
                                cpus=cfg.ray.cpus_per_worker, gpus=gpus,
                                strategy=cfg.ray.strategy,
                                place_timeout_s=cfg.ray.place_timeout_s, run_tag=run_tag,
                                cluster=cluster)
     except BaseException:
-        if transport is not None:
-            transport.close()
+        if tcp is not None:
+            tcp.close()
         cluster.close()
         raise
-    return transport, launcher
+    return tcp, launcher
 
 
 def attach(launcher: Launcher, ctl: Controller) -> None:
