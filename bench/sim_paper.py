@@ -29,6 +29,15 @@ that learns a response's length only at its end (``fraction_of_nonclairvoyant``)
 rewrites FILE's summaries and throughput plot from its stored runs (after a bound changed),
 simulating nothing.
 
+Drift (issue 24): ``--drift [--gpus N]`` runs the drifting workloads of
+``bench/workloads/drift/`` instead (``bench/sim_drift.py`` says what each baseline is): per group
+and size ``carried_over_over_fresh``, ``vs_early_static``, ``vs_best_static``, ``vs_colocated``,
+``fraction_of_nonclairvoyant`` and the bounds; ``--out`` writes them with the plots
+``<stem>_regimes.png`` (samples/s per planner and regime) and ``<stem>_pools.png`` (pool sizes
+over each drifting run, re-sizings marked).
+
+    python bench/sim_paper.py --drift --out bench/results/sim_drift.json
+
 Prints one JSON object as the last line of stdout.
 """
 
@@ -273,6 +282,51 @@ def blind_share(groups: list[dict[str, Any]]) -> dict[tuple[str, int], float]:
     }
 
 
+def drift_main(args: argparse.Namespace) -> int:
+    """``--drift``: the drifting groups; one JSON line per group, then the summary."""
+    sys.path.insert(0, str(HERE))
+    import sim_drift  # a sibling script
+
+    t0 = time.perf_counter()
+    command = " ".join(["python", *sys.argv])
+    plots: dict[str, str] = {}
+    keys = ("carried_over_over_fresh", "vs_early_static", "vs_best_static", "vs_colocated",
+            "fraction_of_nonclairvoyant", "bound", "ceilings", "samples_per_s", "resizes",
+            "sim_wall_s_per_sim_hour")
+    old: list[dict[str, Any]] = []
+    if args.out is not None and args.merge and args.out.exists():
+        old = json.loads(args.out.read_text())["results"]
+
+    def write(groups: list[dict[str, Any]]) -> None:
+        g = groups[-1]
+        print(json.dumps({"workload": g["workload"], "gpus": g["gpus"],
+                          **{k: g[k] for k in keys}}), flush=True)
+        if args.out is None:
+            return
+        from pivotflow.sim.plots import plot_pools_grid, plot_regimes
+
+        stem = args.out.with_suffix("")
+        first = [g for g in groups if g["gpus"] == min(x["gpus"] for x in groups)]
+        plots["regimes"] = str(plot_regimes(groups, Path(f"{stem}_regimes.png")))
+        plots["pools"] = str(plot_pools_grid([g["_results"][args.planner] for g in first],
+                                             Path(f"{stem}_pools.png")))
+        rows = [{**{k: v for k, v in g.items() if k != "_results"}, "command": command}
+                for g in groups]
+        done = {(g["workload"], g["gpus"]) for g in rows}
+        kept = [g for g in old if (g["workload"], g["gpus"]) not in done]
+        everything = sorted([*kept, *rows], key=lambda g: (g["workload"], g["gpus"]))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"results": everything}, indent=1) + "\n")
+
+    groups = sim_drift.run_drift(args, on_group=write)
+    print(json.dumps({
+        "bench": "sim_paper", "drift": True, "gpus": args.gpus, "planner": args.planner,
+        "groups": {f"{g['workload']}@{g['gpus']}": {k: g[k] for k in keys} for g in groups},
+        "plots": plots, "wall_s": round(time.perf_counter() - t0, 1),
+    }))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default=str(HERE / "workloads" / "*.toml"))
@@ -293,7 +347,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="recompute --out's summaries (bounds, ratios) from its stored runs; simulate nothing",
     )
+    ap.add_argument("--drift", action="store_true", help="the drifting workloads (issue 24)")
+    ap.add_argument("--drift-workloads", default=str(HERE / "workloads" / "drift" / "*.toml"))
+    ap.add_argument("--planner", default="adaptive", help="--drift: the planner carried over")
+    ap.add_argument("--late-steps", type=int, default=6, help="--drift: steps of a fresh late run")
+    ap.add_argument("--jobs", type=int, default=1, help="--drift: simulations run side by side")
+    ap.add_argument("--early-candidates", type=int, default=1,
+                    help="--drift: early-regime splits simulated to tune the static baseline "
+                    "(1: the early regime's analytic split)")
     args = ap.parse_args(argv)
+    if args.drift:
+        return drift_main(args)
     if args.resummarize:
         if args.out is None:
             ap.error("--resummarize needs --out")

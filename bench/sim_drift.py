@@ -1,0 +1,231 @@
+"""The drift comparison of issue 24 (``python bench/sim_paper.py --drift``): what a user would
+deploy against a planner that follows the workload, on drifting workloads.
+
+Per workload of ``bench/workloads/drift/`` and cluster size, all on the simulated cluster:
+
+* ``early_static``: the static split tuned on the first steps (the best of the early regime's
+  top analytic splits, each simulated on the early regime held), then kept for the whole run;
+* ``best_static``: the best single static split with hindsight (the whole run's top analytic
+  splits, and the early one, each simulated over the whole drifting run);
+* ``colocated`` over the whole run;
+* ``backpressure`` and ``adaptive`` (backpressure that re-sizes its standing split) carried
+  over: started from the early-tuned split and never restarted;
+* ``fresh_early`` / ``fresh_late``: the planner started from each regime's own analytic split
+  with that regime held, the reference ``carried_over_over_fresh`` is taken against.
+
+Rates: a whole run's is the samples after its first step over the time from the first step to
+the last (the fill left out, as the bound leaves it out); a regime's inside a drifting run is
+the same over the steps whose samples were all generated in that regime (the early regime's
+versions before the first bend of the schedule, the late regime's from its last point plus
+``max_staleness``); a fresh run's is its steady rate (first and last step left out). Bounds: the
+fluid and non-clairvoyant bounds of each step's workload, over the same steps
+(``pivotflow.sim.fluid.fluid_bound``).
+"""
+
+from __future__ import annotations
+
+import glob
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from pivotflow.sim.cluster import SimResult, Split, simulate
+from pivotflow.sim.fluid import fluid_bound, rank_splits
+from pivotflow.sim.workload import Workload, load_workload
+
+HERE = Path(__file__).parent
+PLANNERS = ("backpressure", "adaptive")
+
+
+def regime_steps(wl: Workload) -> tuple[int, int]:
+    """(first step whose lengths differ from step 0's, the step from which they hold at the
+    last point); a stationary workload: (steps, 0)."""
+    if wl.schedule is None:
+        return wl.steps, 0
+    bends = wl.schedule.breakpoints()
+    moving = [b for b in bends if wl.at(b) != wl.at(0)]
+    first = min(moving, default=wl.steps)
+    early_end = max([b for b in bends if b < first], default=0)
+    return max(early_end, 1), max(bends)
+
+
+def window_rate(records: list[dict[str, Any]], a: int, b: int) -> float | None:
+    """Samples of steps ``a+1 .. b`` over the time between step ``a``'s end and ``b``'s."""
+    if not 0 <= a < b < len(records):
+        return None
+    samples = sum(r["samples"] for r in records[a + 1: b + 1])
+    return samples / (records[b]["time_s"] - records[a]["time_s"])
+
+
+def run_rate(r: SimResult) -> float | None:
+    return window_rate(r.records, 0, len(r.records) - 1)
+
+
+def _sim(job: tuple[str, int, int | None, str, dict[str, int], int, float]) -> SimResult:
+    """One simulation in a worker process: (file, gpus, regime step or None: the whole
+    drifting run, planner, split, steps, wall limit)."""
+    path, gpus, at, planner, split, steps, wall = job
+    wl = load_workload(path).scaled(gpus)
+    if at is not None:
+        wl = wl.at(at)
+    r = simulate(wl, planner, Split(**split), steps=steps, wall_limit_s=wall)
+    r.records = [{"samples": x["samples"], "time_s": x["time_s"]} for x in r.records]
+    return r
+
+
+class Runner:
+    """Runs simulations ``jobs`` at a time (processes), or in this process for 1."""
+
+    def __init__(self, jobs: int) -> None:
+        self.pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
+
+    def map(self, jobs: list[tuple[Any, ...]]) -> list[SimResult]:
+        if self.pool is None:
+            return [_sim(j) for j in jobs]
+        return list(self.pool.map(_sim, jobs))
+
+
+def early_steps(wl: Workload) -> int:
+    """Steps of an early-regime run: its steps plus a fill and a drain, at least 4."""
+    return max(4, regime_steps(wl)[0] + 2)
+
+
+def group_jobs(path: str, gpus: int, args: Any) -> tuple[Workload, dict[str, tuple]]:
+    """The simulations of one group that need no early-tuned split: the early regime's
+    candidates (only when more than one is tried: with one, the early regime's analytic split
+    is the tuned one), the whole run's best analytic split with hindsight, colocated, and the
+    planner started fresh in each regime."""
+    wl = load_workload(path).scaled(gpus)
+    workers = wl.gpus // wl.group_gpus
+    wall, es = args.wall_limit_s, early_steps(wl)
+    jobs: dict[str, tuple] = {}
+    early = rank_splits(wl.at(0), top=args.early_candidates)
+    if len(early) > 1:
+        for i, (_, split) in enumerate(early):
+            jobs[f"tune{i}"] = (path, gpus, 0, "static", split, es, wall)
+    hind = rank_splits(wl, top=1)[0][1]
+    if hind != early[0][1] or len(early) > 1:
+        jobs["hindsight"] = (path, gpus, None, "static", hind, wl.steps, wall)
+    jobs["colocated"] = (path, gpus, None, "colocated",
+                         {"rollout": workers - 2, "genrm": 1, "trainer": 1}, wl.steps, wall)
+    if wl.schedule is not None:
+        jobs["fresh_early"] = (path, gpus, 0, args.planner, early[0][1], es, wall)
+        late = rank_splits(wl.at(wl.steps), top=1)[0][1]
+        jobs["fresh_late"] = (path, gpus, wl.steps, args.planner, late, args.late_steps, wall)
+    return wl, jobs
+
+
+def run_drift(args: Any, on_group: Any = None) -> list[dict[str, Any]]:
+    """Every drifting group at every size, one group at a time (its runs side by side,
+    ``args.jobs`` at once): the runs above and the summary of each; ``on_group(summary)``
+    after each group (to write results as they come)."""
+    runner = Runner(args.jobs)
+    files = [f for pattern in args.drift_workloads.split(",") for f in sorted(glob.glob(pattern))]
+    out = []
+    for g in args.gpus.split(","):
+        for path in files:
+            t0 = time.perf_counter()
+            wl, jobs = group_jobs(path, int(g), args)
+            names = list(jobs)
+            first = dict(zip(names, runner.map([jobs[n] for n in names]), strict=True))
+            tuned = [r for n, r in first.items() if n.startswith("tune")]
+            early = (max(tuned, key=lambda r: r.samples_per_s).split if tuned
+                     else rank_splits(wl.at(0), top=1)[0][1])
+            second = {k: (path, int(g), None, k, early, wl.steps, args.wall_limit_s)
+                      for k in PLANNERS}
+            second["early_static"] = (path, int(g), None, "static", early, wl.steps,
+                                      args.wall_limit_s)
+            names2 = list(second)
+            done = dict(zip(names2, runner.map([second[n] for n in names2]), strict=True))
+            whole = {"colocated": first["colocated"], **done}
+            candidates = [done["early_static"]] + ([first["hindsight"]] if "hindsight" in first
+                                                   else [])
+            whole["best_static"] = max(candidates, key=lambda r: run_rate(r) or 0.0)
+            pl = {"wl": wl, "whole": whole, "early_split": early, "tuned": tuned,
+                  "fresh": {k: first[k] for k in ("fresh_early", "fresh_late") if k in first}}
+            summary = summarize_drift(pl, args)
+            summary["bench_group_wall_s"] = round(time.perf_counter() - t0, 1)
+            out.append(summary)
+            if on_group is not None:
+                on_group(out)
+    if runner.pool is not None:
+        runner.pool.shutdown()
+    return out
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else round(a / b, 4)
+
+
+def summarize_drift(pl: dict[str, Any], args: Any) -> dict[str, Any]:
+    wl: Workload = pl["wl"]
+    whole: dict[str, SimResult] = pl["whole"]
+    rates = {k: run_rate(r) for k, r in whole.items()}
+    fluid = fluid_bound(wl)
+    nc, fl = fluid["nonclairvoyant_samples_per_s"], fluid["samples_per_s"]
+    main = args.planner
+    early_end, late_from = regime_steps(wl)
+    s = wl.max_staleness
+    regimes: dict[str, Any] = {}
+    if wl.schedule is not None:
+        n = len(whole[main].records)
+        windows = {"early": (0, early_end - 1), "late": (late_from + s - 1, n - 2)}
+        for regime, (a, b) in windows.items():
+            fresh = pl["fresh"][f"fresh_{regime}"]
+            row = {"fresh": _r(fresh.samples_per_s), "fresh_split": fresh.split,
+                   "bound_nonclairvoyant": _r(fluid_bound(
+                       wl.at(0 if regime == "early" else wl.steps))[
+                       "nonclairvoyant_samples_per_s"])}
+            for k, r in whole.items():
+                row[k] = _r(window_rate(r.records, a, b))
+            row["carried_over_over_fresh"] = _ratio(row[main], row["fresh"])
+            row["backpressure_carried_over_over_fresh"] = _ratio(row["backpressure"],
+                                                                 row["fresh"])
+            regimes[regime] = row
+    carried = [r["carried_over_over_fresh"] for r in regimes.values()]
+    resizes = [d for d in whole[main].decision_log if d.get("resize")]
+    ceilings = {f"nonclairvoyant_over_{k}": _ratio(nc, rates[k])
+                for k in ("early_static", "best_static", "colocated")}
+    res = whole[main]
+    return {
+        "workload": wl.name,
+        "gpus": wl.gpus,
+        "planner": main,
+        "steps": wl.steps,
+        "schedule_source": wl.schedule.source if wl.schedule is not None else "stationary",
+        "carried_over_over_fresh": None if not carried or None in carried else min(carried),
+        "vs_early_static": _ratio(rates[main], rates["early_static"]),
+        "vs_best_static": _ratio(rates[main], rates["best_static"]),
+        "vs_colocated": _ratio(rates[main], rates["colocated"]),
+        "fraction_of_nonclairvoyant": {k: _ratio(v, nc) for k, v in rates.items()},
+        "fraction_of_fluid": {k: _ratio(v, fl) for k, v in rates.items()},
+        "bound": {"fluid": _r(fl), "nonclairvoyant": _r(nc),
+                  "work": _r(fluid["data_parallel_work_bound"]),
+                  "critical_path": _r(fluid["critical_path_bound"])},
+        "ceilings": ceilings,
+        "samples_per_s": {k: _r(v) for k, v in rates.items()},
+        "backpressure_vs_early_static": _ratio(rates["backpressure"], rates["early_static"]),
+        "backpressure_vs_colocated": _ratio(rates["backpressure"], rates["colocated"]),
+        "regimes": regimes,
+        "splits": {"early_static": pl["early_split"],
+                   "best_static": whole["best_static"].split,
+                   "early_candidates": {str(i): (r.split, _r(r.samples_per_s))
+                                        for i, r in enumerate(pl["tuned"])}},
+        "resizes": len(resizes),
+        "resizes_evaluated": len(res.planner_log),
+        "resize_log": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in e.items()}
+                       for e in res.planner_log],
+        "shifts": {k: len(r.shifts) for k, r in whole.items()},
+        "sim_wall_s_per_sim_hour": round(res.wall_s / res.sim_s * 3600, 1),
+        "runs": {k: {"split": r.split, "samples_per_s": _r(rates[k]), "sim_s": round(r.sim_s, 1),
+                     "wall_s": round(r.wall_s, 1), "step_times_s": [round(x["time_s"], 1)
+                                                                   for x in r.records],
+                     "timed_out": r.timed_out}
+                 for k, r in whole.items()},
+        "_results": whole,  # (for the plots; not written)
+    }

@@ -1,0 +1,62 @@
+"""``bench/sim_paper.py --drift`` end to end on a tiny drifting workload: the keys issue 24 asks
+for, per group, and the plots next to the results."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+
+TINY = f"""extends = "{ROOT / 'bench/workloads/dense7b_judge7b.toml'}"
+[workload]
+name = "tiny-drift"
+gpus = 8
+prompts_per_step = 8
+group_size = 4
+steps = 8
+[response]
+median_tokens = 100
+cap_tokens = 1000
+[judge]
+template_tokens = 50
+verdict_tokens = 16
+[hardware]
+engine_start_s = 0.05
+load_gb_s = 2000.0
+release_s = 0.01
+[schedule]
+source = "a test"
+response_median_tokens = [[0, 100], [2, 100], [4, 400]]
+response_cap_tokens = [[0, 1000], [2, 1000], [4, 3000]]
+"""
+
+
+@pytest.mark.timeout(600)
+def test_drift_bench_reports_every_baseline_against_the_bounds(
+    bench_script: Callable[[str], ModuleType], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = bench_script("sim_paper")
+    (tmp_path / "tiny.toml").write_text(TINY)
+    out = tmp_path / "drift.json"
+    assert bench.main(["--drift", "--drift-workloads", str(tmp_path / "*.toml"), "--gpus", "8",
+                       "--late-steps", "4", "--out", str(out)]) == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    g = last["groups"]["tiny-drift@8"]
+    for key in ("carried_over_over_fresh", "vs_early_static", "vs_best_static", "vs_colocated"):
+        assert isinstance(g[key], float) and g[key] > 0, key
+    frac = g["fraction_of_nonclairvoyant"]
+    assert set(frac) == {"early_static", "best_static", "colocated", "backpressure", "adaptive"}
+    assert all(0 < v <= 1.0 for v in frac.values())  # nothing beats the bound
+    assert g["bound"]["nonclairvoyant"] <= g["bound"]["fluid"]
+    assert g["ceilings"]["nonclairvoyant_over_early_static"] >= 1.0
+    (stored,) = json.loads(out.read_text())["results"]
+    assert set(stored["regimes"]) == {"early", "late"}
+    assert stored["regimes"]["late"]["fresh"] < stored["regimes"]["early"]["fresh"]
+    assert stored["resize_log"] and stored["command"].startswith("python")
+    for plot in ("drift_regimes.png", "drift_pools.png"):
+        assert (tmp_path / plot).stat().st_size > 1000
