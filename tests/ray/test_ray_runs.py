@@ -57,6 +57,21 @@ def test_a_run_on_two_nodes_with_a_trainer_group_over_tcp(tmp_path: Path,
     assert left_on_cluster() == {"placement_groups": [], "actors": []}
 
 
+def test_chaos_kills_on_the_cluster_lose_nothing(tmp_path: Path,
+                                                 ray_cluster: FakeCluster) -> None:
+    """Chaos kills go through the host actors; each replacement takes the freed bundle."""
+    result = run(GRAPH, sets=[*FAST, "planner=static", "chaos.kill_worker_every_steps=2"],
+                 out=tmp_path / "out", steps=6, console=False)
+    s = result.summary
+    assert s["chaos_kills"] >= 2 and s["worker_restarts"] >= 2
+    assert s["ray"]["node_failures"] == 0
+    assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
+    assert s["ledger"]["groups_trained"] == s["ledger"]["prompts_in"] == 12
+    killed = [p for p in (tmp_path / "out" / "logs").iterdir() if "~r" in p.name]
+    assert killed, "the replacements' logs are in the run folder"
+    assert left_on_cluster() == {"placement_groups": [], "actors": []}
+
+
 def remove_a_node_after(out: Path, cluster: FakeCluster, step: int, done: dict) -> None:
     """Once ``step`` steps are recorded, remove a node that holds one of the run's bundles."""
     import ray
