@@ -15,7 +15,9 @@ from pivotflow.tasks.judge_format import judge_prompt, parse_verdict
 DEFAULTS = {
     "group_size": 8,
     "groups_per_step": 8,
-    "lr": 1e-5,
+    # Swept on the BPE built-in models (200 steps, seed 0; gain in task_accuracy, first vs last
+    # tenth): 1e-5 +0.143, 2e-5 +0.185, 3e-5 +0.216, 5e-5 +0.186.
+    "lr": 3e-5,
     "max_tokens": 6,
     "temperature": 1.0,
     "rollout_workers": 1,

@@ -20,8 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_grpo_genrm_learns_end_to_end(tmp_path: Path) -> None:
     """The README's main command as it ships (the full task, default settings, 200 steps):
     through rollout workers, the judge's verdicts, GRPO and weight sync, rule-checked accuracy
-    rises by the issue's 0.15 at least. Measured 0.39 -> 0.61 (+0.22) in ~35 s; the run is
-    seeded and deterministic."""
+    rises by issue 21's 0.15 at least. The run is seeded and deterministic."""
     result = run(ROOT / "graphs" / "grpo_genrm.py", sets=["live=false"], out=tmp_path / "run",
                  console=False)
     s = result.summary
@@ -30,9 +29,34 @@ def test_grpo_genrm_learns_end_to_end(tmp_path: Path) -> None:
     assert s["ledger"]["groups_trained"] == 200 * 8
     steps = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert steps[-1]["judge_failures"] < 0.05 * 200 * 64  # the judge's verdicts parse
-    # The run is deterministic: on the BPE built-in models it measured 0.380 -> 0.523 (+0.143);
-    # issue 21 asks for +0.15, not met yet. This guards that it learns clearly, not the aim.
-    assert s["task_accuracy_gain"] >= 0.12, s
+    # `pivotflow run graphs/grpo_genrm.py` (lr 3e-5) on the BPE built-in models measured
+    # 0.378 -> 0.595 (+0.216), the same figures on a quiet and on a loaded machine (55 s / 134 s
+    # wall); the margin leaves room for a small change of numerics, not for a policy that stalls.
+    assert s["task_accuracy_gain"] >= 0.18, s
+
+
+@pytest.mark.timeout(600)
+def test_agentic_tools_learns_to_call_the_calculator(tmp_path: Path) -> None:
+    """graphs/agentic_tools.py as it ships, cut to 60 steps to fit CI: the BPE tool policy's
+    Hermes calls are stopped on </tool_call>, answered by the calculator in the tool pool,
+    appended as tokenized observations and masked out of the loss, and RL raises both how often
+    it calls and how often it is right. The full 200 steps measured 0.484 -> 0.905 (+0.42) and
+    calls 0.23 -> 0.86 (first/last tenth) in ~350 s on a loaded machine."""
+    out = tmp_path / "run"
+    result = run(ROOT / "graphs" / "agentic_tools.py", sets=["live=false"], steps=60, out=out,
+                 console=False)
+    s = result.summary
+    assert s["steps"] == 60 and s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
+    steps = read_metrics(out / "metrics.jsonl")
+    k = len(steps) // 10
+    use_start = sum(r["tool_use_rate"] for r in steps[:k]) / k
+    use_end = sum(r["tool_use_rate"] for r in steps[-k:]) / k
+    # `pivotflow run graphs/agentic_tools.py --steps 60` measured accuracy 0.453 -> 0.654
+    # (+0.201) and samples that call 0.195 -> 0.424 (deterministic: the 200-step run's first
+    # 60 steps are the same step for step), ~112 s wall on a loaded machine.
+    assert s["task_accuracy_gain"] >= 0.15, s
+    assert use_end >= use_start + 0.12, (use_start, use_end)
+    assert s["tool_results"].get("ok", 0) > 1000, s["tool_results"]  # calls ran, not failed
 
 
 def test_rloo_filter_example_runs(tmp_path: Path) -> None:
