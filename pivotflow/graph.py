@@ -38,7 +38,8 @@ TRAIN_READS = frozenset({"prompt_ids", "response_ids", "logprobs", "advantage"})
 # ... and what a generate stage with tools writes besides (the trainer reads loss_mask if there)
 TOOL_FIELDS = frozenset({"loss_mask", "trajectory", "turns", "tool_calls", "tool_errors"})
 TOOL_POOL_OPTIONS = frozenset({"workers", "timeout_s", "cpu_s", "memory_mb", "max_output_chars",
-                               "max_argument_chars", "max_calls_per_worker", "net_namespace"})
+                               "max_argument_chars", "max_calls_per_worker", "net_namespace",
+                               "isolation", "nproc", "file_size_mb", "open_files", "tmp_mb"})
 
 
 @dataclass(slots=True)

@@ -1,8 +1,11 @@
 """ToolPool: run tool calls in sandboxed worker processes; every failure is an observation.
 
 Each call is checked here first (known tool, argument size, argument schema), then runs in one
-of ``workers`` long-lived processes (``pivotflow.tools.sandbox``) under a wall timeout, a CPU-time
-limit, a memory limit, no network and an output cap. A worker that hangs, crashes, loops,
+of ``workers`` long-lived processes (``pivotflow.tools.sandbox``), each in a bubblewrap sandbox
+of its own (``bwrap.py``: uid 65534, read-only system, private /tmp, own pid and network
+namespaces), under a wall timeout, CPU-time, memory, process-count and file-size limits and an
+output cap. Without bubblewrap the pool refuses to start unless ``isolation="none"`` says so
+(then a warning is logged: tools run with the controller's uid and filesystem view). A worker that hangs, crashes, loops,
 forks, runs out of memory or writes too much is killed with its process group and replaced.
 The caller always gets a ``ToolResult``; its ``content`` is what the policy reads (for a failure,
 ``"Error: ..."``), ``kind`` says what happened and ``counters[kind]`` counts it.
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
 import queue
 import sys
 import threading
@@ -25,9 +30,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from pivotflow.errors import ConfigError, ToolCallError, ToolError
+from pivotflow.tools import bwrap
 from pivotflow.tools.parsers import ToolCall
 from pivotflow.tools.process import WorkerProcess, describe_exit
 from pivotflow.tools.registry import ToolRegistry
+
+log = logging.getLogger("pivotflow.tools")
+
+ISOLATION = ("bwrap", "none")
+ROOT_NPROC = 64  # processes + threads of uid 65534, shared by every isolated worker
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,15 +78,24 @@ class ToolPool:
         max_calls_per_worker: int = 1000,
         net_namespace: bool = True,
         nproc: int | None = None,
+        isolation: str = "bwrap",
+        file_size_mb: int | None = 16,
+        open_files: int | None = 256,
+        tmp_mb: int = 64,
+        hidden_paths: tuple[str, ...] = (),
     ) -> None:
         """Start ``workers`` processes and wait until each is ready.
 
         ``cpu_s`` defaults to ``timeout_s``; ``memory_mb`` is address space a tool may add over
         the worker's size after importing its tools (None: no limit); ``nproc`` sets
-        RLIMIT_NPROC (a cap on all processes
-        and threads of the user, not just this worker's; root ignores it) for non-root users. Raises ConfigError for a
-        non-positive limit, ToolError if a tool cannot be imported by path or a worker fails
-        to start.
+        RLIMIT_NPROC, a cap on all processes and threads of the worker's uid, not just this
+        worker's (default: ROOT_NPROC when the pool, run as root, isolates to uid 65534;
+        else none); ``file_size_mb`` caps each file a tool writes, ``open_files`` its file
+        descriptors, ``tmp_mb`` its private /tmp. ``isolation`` is "bwrap" (the default) or
+        "none" (explicitly no OS isolation; logged as a warning); ``hidden_paths`` (e.g. the
+        run folder) are masked if they lie inside a folder the workers see.
+        Raises ConfigError for a non-positive limit or an unknown ``isolation``, ToolError if
+        bubblewrap is unavailable, a tool cannot be imported by path or a worker fails to start.
         """
         for key, val in (
             ("workers", workers),
@@ -86,8 +106,15 @@ class ToolPool:
             ("max_calls_per_worker", max_calls_per_worker),
             ("cpu_s", cpu_s or 1),
             ("memory_mb", memory_mb or 1),
+            ("file_size_mb", file_size_mb or 1),
+            ("open_files", open_files or 1),
+            ("tmp_mb", tmp_mb),
         ):
             _positive(key, val)
+        if isolation not in ISOLATION:
+            raise ConfigError(
+                f"ToolPool: isolation must be one of {', '.join(ISOLATION)}, got {isolation!r}"
+            )
         refs = {}
         for t in registry:
             if t.ref is None:
@@ -102,13 +129,21 @@ class ToolPool:
         self.memory_mb, self.max_output_chars = memory_mb, max_output_chars
         self.max_argument_chars, self.start_timeout_s = max_argument_chars, start_timeout_s
         self.max_calls_per_worker = max_calls_per_worker
+        self._wall = self._isolate(isolation, list(refs.values()), hidden_paths, tmp_mb)
+        isolated = self._wall is not None
+        if nproc is None and isolated and os.geteuid() == 0:
+            nproc = ROOT_NPROC
         self._config = {
-            "sys_path": list(sys.path),
+            # absolute: a worker's working folder is its own (with bwrap, its private /tmp)
+            "sys_path": [os.path.abspath(p) for p in sys.path],
             "tools": refs,
             "memory_mb": memory_mb,
             "max_output_chars": max_output_chars,
             "netns": net_namespace,
             "nproc": nproc,
+            "isolated": isolated,
+            "file_size_mb": file_size_mb,
+            "open_files": open_files,
         }
         self._reply_cap = max_output_chars * 6 + 4096  # JSON escapes take at most 6 bytes a char
         self.counters: Counter[str] = Counter()
@@ -129,6 +164,30 @@ class ToolPool:
         except BaseException:
             self.close()
             raise
+
+    @staticmethod
+    def _isolate(
+        isolation: str, refs: list[str], hidden: tuple[str, ...], tmp_mb: int
+    ) -> list[str] | None:
+        """The bwrap command line the workers start behind, or None for ``isolation="none"``;
+        raises ToolError if bubblewrap cannot sandbox here (untrusted code must not run
+        unconfined because a package is missing)."""
+        if isolation == "none":
+            log.warning(
+                "tool pool: isolation=none: tools run WITHOUT operating-system isolation, "
+                "with this process's uid and view of the filesystem (only rlimits and an "
+                "audit hook confine them); use it for trusted tools only"
+            )
+            return None
+        roots = tuple(bwrap.read_only_roots(refs))
+        why = bwrap.unavailable(roots)
+        if why is not None:
+            raise ToolError(
+                f"tool pool: cannot isolate tool calls: {why}; install bubblewrap "
+                "(apt-get install bubblewrap) or set tool_pool.isolation=none to run tools "
+                "without isolation"
+            )
+        return bwrap.command(list(roots), hidden, tmp_mb)
 
     # -- calls ------------------------------------------------------------------------------
 
@@ -266,7 +325,7 @@ class ToolPool:
         return result
 
     def _spawn(self) -> WorkerProcess:
-        w = WorkerProcess(self._config)
+        w = WorkerProcess(self._config, self._wall)
         with self._lock:
             self._all.append(w)
         return w

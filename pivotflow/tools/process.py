@@ -1,7 +1,10 @@
 """One sandboxed tool worker process, seen from the parent: start, talk JSON lines, kill.
 
-The worker runs ``pivotflow.tools.sandbox`` in a session (and process group) of its own, so
-killing the group also kills whatever it forked.
+The worker runs ``pivotflow.tools.sandbox``, behind ``wall`` (the bwrap command line from
+``bwrap.command``, or nothing with ``isolation="none"``), in a session (and process group) of
+its own, so killing the group also kills whatever it forked; with bwrap, killing ``bwrap``
+ends its whole pid namespace. Its environment is not the controller's: a few harmless
+variables only (bwrap clears even those and sets its own).
 """
 
 from __future__ import annotations
@@ -20,17 +23,19 @@ from typing import Any
 import pivotflow
 
 _PKG_ROOT = str(Path(pivotflow.__file__).resolve().parents[1])
+_PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
 
 
 class WorkerProcess:
     """A started tool worker: ``send`` a JSON object, ``recv`` one back within a deadline."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
-        env = dict(os.environ)
+    def __init__(self, config: dict[str, Any], wall: list[str] | None = None) -> None:
+        # never the controller's environment (it may hold keys and tokens): what Python needs
+        env = {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}
         # the worker must import pivotflow before it reads its config (which carries sys.path)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_ROOT, env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = _PKG_ROOT
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pivotflow.tools.sandbox"],
+            [*(wall or []), sys.executable, "-m", "pivotflow.tools.sandbox"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -39,6 +44,7 @@ class WorkerProcess:
             env=env,
         )
         self.pid = self.proc.pid
+        self.walled = bool(wall)
         self.ready = False
         self.calls = 0
         self.isolation: dict[str, Any] = {}
@@ -94,9 +100,11 @@ class WorkerProcess:
     def exit_status(self, wait_s: float = 2.0) -> int | None:
         """The worker's return code (negative: killed by that signal), waiting up to ``wait_s``."""
         try:
-            return self.proc.wait(timeout=wait_s)
+            rc = self.proc.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
             return None
+        # bwrap exits with 128 + N when its child was killed by signal N (as a shell does)
+        return -(rc - 128) if self.walled and 128 < rc < 128 + 65 else rc
 
     def kill(self) -> None:
         """SIGKILL the worker's whole process group, reap the worker and close its pipes."""

@@ -6,19 +6,25 @@ config, the first line out is ``{"ready": ...}``; then one request line in, one 
 
 What confines a tool, strongest first (see ToolPool for the parent's part):
 
-* kernel-enforced in this process: ``RLIMIT_AS`` (memory, soft = hard so a tool cannot raise it),
-  ``RLIMIT_CORE`` = 0, a CPU-time timer (``ITIMER_PROF``, default action kills) per call with
-  ``RLIMIT_CPU`` one second later as a backstop, and a network namespace of its own with no
-  interfaces up (``unshare(CLONE_NEWNET)``) where the kernel allows it (root, or unprivileged
-  user namespaces) — there no socket can reach anything but itself, whatever code runs.
+* the operating system, when the pool isolates (the default; ``bwrap.py``): this process runs
+  in a bubblewrap sandbox (its own mount, pid, network, IPC and UTS namespaces; read-only
+  system, Python and tool folders; a private ``/tmp``) and, before it imports any tool, drops
+  to uid 65534 with no capabilities and ``no_new_privs`` set (``drop_privileges``). What a
+  tool can see or change is then decided by the kernel, not by code it could reach.
+* kernel-enforced limits set here before a tool is imported: ``RLIMIT_AS`` (memory, soft =
+  hard so a tool cannot raise it), ``RLIMIT_NPROC`` (processes and threads of uid 65534),
+  ``RLIMIT_FSIZE`` (a write past it fails with EFBIG), ``RLIMIT_NOFILE``, ``RLIMIT_CORE`` = 0,
+  a CPU-time timer (``ITIMER_PROF``, default action kills) per call with ``RLIMIT_CPU`` one
+  second later as a backstop. Unisolated (``isolation="none"``) it still takes a network
+  namespace of its own where the kernel allows it (``unshare(CLONE_NEWNET)``).
 * a Python audit hook (PEP 578) that refuses socket creation and DNS, fork/exec/spawn/subprocess,
   signals to other processes and ``setrlimit``. It is a tripwire, not a wall: native code
-  (C extensions, ctypes) does not pass through it, and Python code in this process can in
-  principle reach the hook's state. Its job is to make ordinary code fail fast with a clear
-  message. Where the namespace is unavailable, the network guarantee is only this hook.
-* after each call, a worker with child processes or extra threads left behind asks to be
-  replaced; the parent kills its whole process group (forks that call ``setsid`` escape that;
-  cgroups or a container are the real answer for hostile code).
+  (ctypes) does not pass through it, and Python code in this process can reach its state (the
+  ``gc`` trick). Its job is to make ordinary code fail fast with a clear message; a call that
+  switched it off is reported as ``forbidden`` and its worker replaced.
+* after each call, a worker with any other process left in its sandbox (children, ``setsid``
+  survivors: the pid namespace shows them all) or extra threads asks to be replaced; the parent
+  kills ``bwrap``, and the kernel ends every process of the namespace with it.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from typing import Any
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
+PR_SET_NO_NEW_PRIVS = 38
+NOBODY = 65534
 
 # audit event -> violation kind
 _FORBIDDEN = {
@@ -107,12 +115,34 @@ def _new_net_namespace() -> bool:
         return False
 
 
+def drop_privileges() -> int:
+    """Set ``no_new_privs`` (no setuid binary can give privileges back) and, as root, become
+    uid/gid 65534 with no supplementary groups, which also clears every capability (bwrap lent
+    CAP_SETUID/CAP_SETGID for this only). Returns the uid now; raises OSError if a step fails."""
+    import ctypes  # before the audit hook, and only for this and the net namespace
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if os.geteuid() == 0:
+        os.setgroups([])
+        os.setresgid(NOBODY, NOBODY, NOBODY)
+        os.setresuid(NOBODY, NOBODY, NOBODY)
+    return os.getuid()
+
+
 def _vm_bytes() -> int:
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("VmSize:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def _others_in_namespace() -> bool:
+    """Any process in this pid namespace but its init (bwrap's, pid 1) and this one."""
+    me = os.getpid()
+    return any(p.isdigit() and int(p) not in (1, me) for p in os.listdir("/proc"))
 
 
 def _has_children() -> bool:
@@ -135,7 +165,12 @@ def _to_text(value: Any, printed: str) -> str:
 
 
 def _run(
-    fn: Callable[..., Any], args: dict[str, Any], cpu_s: float, cap: int, guard: _Guard
+    fn: Callable[..., Any],
+    args: dict[str, Any],
+    cpu_s: float,
+    cap: int,
+    guard: _Guard,
+    leftovers: Callable[[], bool],
 ) -> dict[str, Any]:
     used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
     guard.trusted = True
@@ -156,7 +191,13 @@ def _run(
         signal.setitimer(signal.ITIMER_PROF, 0)
         sys.stdout = old_stdout
     recycle = kind == "memory" or threading.active_count() > 1
-    if _has_children():
+    if guard.trusted:  # only a tool sets it during a call: the gc trick
+        guard.trusted = False
+        guard.violation = guard.violation or (
+            "forbidden",
+            "switched the sandbox's audit hook off, which the tool sandbox forbids",
+        )
+    if leftovers():
         guard.violation = guard.violation or (
             "fork",
             "left a child process running, which the tool sandbox forbids",
@@ -196,6 +237,14 @@ def main() -> int:
         proto_out.flush()
 
     cfg = json.loads(proto_in.readline())
+    isolated = bool(cfg.get("isolated"))
+    try:
+        uid = drop_privileges() if isolated else os.getuid()
+        if isolated and uid == 0:
+            raise OSError("still uid 0 after dropping privileges")
+    except OSError as exc:
+        send({"ready": False, "error": f"cannot drop privileges: {exc}"})
+        return 1
     sys.path[:] = cfg["sys_path"]
     try:
         from pivotflow.tools.registry import callable_from_ref
@@ -207,8 +256,14 @@ def main() -> int:
     # a parent that ignores these would pass that on, and the CPU limit would not kill
     for sig in (signal.SIGPROF, signal.SIGXCPU):
         signal.signal(sig, signal.SIG_DFL)
-    net = _new_net_namespace() if cfg.get("netns", True) else False
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past RLIMIT_FSIZE fails, EFBIG
+    net = isolated or (_new_net_namespace() if cfg.get("netns", True) else False)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if cfg.get("file_size_mb"):
+        size = int(cfg["file_size_mb"]) * 2**20
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    if cfg.get("open_files"):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (cfg["open_files"], cfg["open_files"]))
     if cfg.get("memory_mb"):
         limit = _vm_bytes() + int(cfg["memory_mb"]) * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -221,9 +276,17 @@ def main() -> int:
         {
             "ready": True,
             "pid": os.getpid(),
-            "isolation": {"net_namespace": net, "audit_hook": True, "rlimit_nproc": nproc},
+            "isolation": {
+                "os": "bwrap" if isolated else "none",
+                "uid": uid,
+                "pid_namespace": isolated and os.getpid() == 2,
+                "net_namespace": net,
+                "audit_hook": True,
+                "rlimit_nproc": nproc,
+            },
         }
     )
+    leftovers = _others_in_namespace if isolated else _has_children
     cap = int(cfg["max_output_chars"])
     for line in proto_in:
         req = json.loads(line)
@@ -238,7 +301,7 @@ def main() -> int:
                 "recycle": False,
             }
         else:
-            reply = _run(fn, req["arguments"], float(req["cpu_s"]), cap, guard)
+            reply = _run(fn, req["arguments"], float(req["cpu_s"]), cap, guard, leftovers)
         reply["id"] = req["id"]
         send(reply)
     return 0

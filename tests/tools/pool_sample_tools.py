@@ -59,20 +59,6 @@ def fork_bomb(forks: int) -> int:
 
 
 @tool
-def native_fork(pid_file: str) -> str:
-    """Fork through libc (past the audit hook); the child sleeps. Writes the child's pid."""
-    import ctypes
-
-    pid = ctypes.CDLL(None).fork()
-    if pid == 0:
-        time.sleep(30)
-        os._exit(0)
-    with open(pid_file, "w") as f:
-        f.write(str(pid))
-    return "forked"
-
-
-@tool
 def hog() -> str:
     """Allocate 1 MB at a time without bound."""
     chunks = []

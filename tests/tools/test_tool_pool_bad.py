@@ -130,16 +130,8 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_native_fork_is_killed_with_the_group(pool: ToolPool, tmp_path: Path) -> None:
-    pid_file = tmp_path / "pid"
-    _bad(
-        pool,
-        ToolCall("native_fork", {"pid_file": str(pid_file)}),
-        "fork",
-        "left a child process running",
-    )
-    child = int(pid_file.read_text())
-    assert not _alive(child), f"forked process {child} outlived its tool worker"
+# a fork through libc (past the audit hook), setsid survivors and fork bombs: in
+# tests/security/test_tool_sandbox.py, which watches the host's processes
 
 
 def test_unbounded_allocation(pool: ToolPool) -> None:
