@@ -28,6 +28,8 @@ class Hello(msgspec.Struct, tag=True, kw_only=True, frozen=True):
     worker_id: str
     pid: int
     epoch: int = 0
+    # the run's token for this worker id (transport/admission.py), "" from an unlaunched peer
+    token: str = ""
 
 
 class Heartbeat(msgspec.Struct, tag=True, kw_only=True, frozen=True):

@@ -197,15 +197,18 @@ def role_options(graph: Graph, cfg: RunConfig,
     return opts
 
 
-def start_tool_pools(graph: Graph) -> dict[str, Any]:
-    """A sandboxed tool pool per generate stage with tools (this process owns them)."""
+def start_tool_pools(graph: Graph, out: Path | None = None) -> dict[str, Any]:
+    """A sandboxed tool pool per generate stage with tools (this process owns them); the run
+    folder ``out`` is hidden from the tools even if it lies in a folder they are imported from."""
     from pivotflow.tools.pool import ToolPool
 
     pools: dict[str, Any] = {}
+    hidden = () if out is None else (str(out),)
     try:
         for node in graph.order():
             if node.kind == "generate" and "tools" in node.options:
-                pools[node.name] = ToolPool(node.options["tools"], **node.options["tool_pool"])
+                pools[node.name] = ToolPool(node.options["tools"], hidden_paths=hidden,
+                                            **node.options["tool_pool"])
     except BaseException:
         for pool in pools.values():
             pool.close()
@@ -250,7 +253,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         launcher.kill(old_id)  # declared dead: a paused process must not come back to life
         launcher.start(new_id)
 
-    tool_pools = start_tool_pools(graph)
+    tool_pools = start_tool_pools(graph, out)
     ctl = Controller(graph, ccfg, transport=transport, clock=LoopClock(),
                      tokenizers=models.tokenizers, source=source, assignments=assignments,
                      role_options=role_options(graph, cfg, models.dirs),
@@ -357,6 +360,7 @@ def _summarize(ctl: Controller, steps: list[dict[str, Any]], wall: float,
     led = ctl.ledger
     lost = len(ctl.lost_groups())
     samples = led.samples_trained
+    admission = getattr(ctl.transport, "admission", None)  # the zmq transport's
     return RunSummary(
         steps=len(steps), wall_s=wall,
         samples_per_s=samples / wall if wall > 0 else 0.0,
@@ -370,6 +374,8 @@ def _summarize(ctl: Controller, steps: list[dict[str, Any]], wall: float,
                "jobs_redispatched": ctl.recovery.redispatched,
                "train_steps_redone": ctl.recovery.steps_redone,
                "judge_failures": led.judge_failures, "bad_frames": ctl.transport.bad_frames,
+               # Hellos and frames refused for claiming a worker id (transport/admission.py)
+               "admission": admission.counters() if admission is not None else None,
                "generation_errors": ctl.errors["generation"],
                "job_rtt_us_p50": ctl.job_rtt_us_p50(),
                "job_worker_us_p50": ctl.job_rtt_us_p50(worker=True),

@@ -8,13 +8,20 @@ import sys
 import time
 from pathlib import Path
 
+from pivotflow.transport.admission import TOKEN_ENV, worker_token
+
 
 class LocalLauncher:
-    """Starts ``python -m pivotflow.worker`` processes; their stderr goes to ``log_dir``."""
+    """Starts ``python -m pivotflow.worker`` processes; their stderr goes to ``log_dir``.
+
+    With ``secret`` (the run's, as given to the controller transport) each worker gets its
+    token in its environment, which only its own uid (and root) can read; a command line
+    (``ps``) would show it to every user."""
 
     def __init__(self, endpoint: str, log_dir: Path, threads: int = 1,
-                 curve_keys: str = "") -> None:
+                 curve_keys: str = "", secret: bytes | None = None) -> None:
         self.endpoint = endpoint
+        self._secret = secret
         self.curve_keys = curve_keys
         self.log_dir = log_dir
         self.threads = threads
@@ -24,6 +31,8 @@ class LocalLauncher:
     def start(self, worker_id: str) -> None:
         env = dict(os.environ, OMP_NUM_THREADS=str(self.threads),
                    MKL_NUM_THREADS=str(self.threads))
+        if self._secret is not None:
+            env[TOKEN_ENV] = worker_token(self._secret, worker_id)
         log = open(self.log_dir / f"{worker_id}.log", "wb")  # noqa: SIM115 - owned by the child
         try:
             self.procs[worker_id] = subprocess.Popen(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pivotflow.config import RunConfig
 from pivotflow.launch.base import Launcher
 from pivotflow.launch.local import LocalLauncher
+from pivotflow.transport.admission import new_run_secret
 from pivotflow.transport.curve import CurveKeys
 from pivotflow.transport.zmq_transport import ZmqControllerTransport
 
@@ -25,10 +26,13 @@ def open_workers(cfg: RunConfig, curve: CurveKeys | None, log_dir: Path, slots: 
     """The controller's transport and the launcher for ``slots`` workers; on an error (the
     cluster unreachable, or unable to place them) whatever was opened is closed again."""
     if cfg.launcher != "ray":
-        transport = ZmqControllerTransport(cfg.endpoint or None, curve=curve)
+        # the run's secret: a Hello without its worker's token is refused (transport/admission)
+        secret = new_run_secret()
+        transport = ZmqControllerTransport(cfg.endpoint or None, curve=curve,
+                                           worker_secret=secret)
         return transport, LocalLauncher(transport.endpoint, log_dir,
                                         threads=cfg.threads_per_worker,
-                                        curve_keys=cfg.curve_keys)
+                                        curve_keys=cfg.curve_keys, secret=secret)
     from pivotflow.launch.ray import RayCluster, RayLauncher
 
     cluster = RayCluster(cfg.ray.address)

@@ -11,6 +11,7 @@ Awaiting ``zmq.asyncio`` once per message costs about twice the CPU per message 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -22,7 +23,8 @@ from typing import cast
 import zmq
 
 from pivotflow.errors import ConfigError, ProtocolError, TransportError, WorkerError
-from pivotflow.protocol import MAX_FRAME_BYTES, ToController, ToWorker
+from pivotflow.protocol import MAX_FRAME_BYTES, Reject, ToController, ToWorker
+from pivotflow.transport.admission import REFUSED, Admission, connection_identity
 from pivotflow.transport.base import FlushHandler, MessageHandler
 from pivotflow.transport.codec import BadFrameLog, decode_to_controller, decode_to_worker, encode
 from pivotflow.transport.curve import (
@@ -72,6 +74,9 @@ class ZmqControllerTransport:
     Counters: ``frames_in`` (messages delivered), ``frames_out`` (messages sent), ``bad_frames``
     (frames dropped: not [identity, payload], over ``max_frame_bytes``, or undecodable),
     ``bad_frames_by_sender`` (the same by worker id), ``refused_peers`` (failed curve handshakes).
+    Identities: ``admission`` (see admission.py) binds each worker id to the connection, and
+    with curve to the key, of its first good Hello, and refuses and counts frames that claim it
+    from elsewhere; with ``worker_secret`` a Hello must carry the worker's token.
     """
 
     def __init__(
@@ -81,6 +86,7 @@ class ZmqControllerTransport:
         hwm: int = DEFAULT_HWM,
         curve: CurveKeys | None = None,
         max_frame_bytes: int = MAX_FRAME_BYTES,
+        worker_secret: bytes | None = None,
     ) -> None:
         if not 0 < max_frame_bytes <= MAX_FRAME_BYTES:
             raise ConfigError(
@@ -105,6 +111,9 @@ class ZmqControllerTransport:
         self._drain_handle: asyncio.Handle | None = None
         self._draining = False
         self._bad_log = BadFrameLog(log)
+        self.admission = Admission(worker_secret)
+        self._curve = curve is not None
+        self._reject = encode(Reject(reason=REFUSED))
         self._ctx = zmq.Context()
         self._auth: CurveAuthenticator | None = None
         self._sock: zmq.Socket[bytes] | None = self._ctx.socket(zmq.ROUTER)
@@ -119,7 +128,9 @@ class ZmqControllerTransport:
                 raise
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to an unknown peer raises, not drops
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted worker takes over its old id
+        # no handover: a second connection with a live identity must never take its messages
+        # (a restarted worker comes back under a new id and identity anyway)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 0)
         sock.setsockopt(zmq.RCVHWM, hwm)
         sock.setsockopt(zmq.SNDHWM, hwm)
         sock.setsockopt(zmq.MAXMSGSIZE, HARD_LIMIT_FACTOR * max_frame_bytes)
@@ -173,7 +184,7 @@ class ZmqControllerTransport:
         payload = encode(msg)
         try:
             # ROUTER_MANDATORY fails the identity part, so a message is never half sent.
-            sock.send(worker_id.encode(), _NOBLOCK_SNDMORE)
+            sock.send(self.admission.identity_of(worker_id), _NOBLOCK_SNDMORE)
             sock.send(payload, _NOBLOCK)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
@@ -239,6 +250,8 @@ class ZmqControllerTransport:
         events = cast("Callable[[], int]", functools.partial(sock.getsockopt, _EVENTS))
         noblock = _NOBLOCK
         max_bytes = self.max_frame_bytes
+        curve = self._curve
+        registered = self.admission.fast
         finished = False
         self._draining = True
         try:
@@ -260,7 +273,12 @@ class ZmqControllerTransport:
                 if not more():
                     self._bad_frame(identity, "frame has 1 part, expected [identity, payload]")
                     continue
-                payload = recv(noblock)
+                user_id = None
+                if curve:  # the frame carries the key the ZAP handler admitted (its User-Id)
+                    frame = recv(noblock, copy=False)
+                    payload, user_id = frame.bytes, frame.get("User-Id")
+                else:
+                    payload = recv(noblock)
                 if more():
                     parts = 2
                     while more():
@@ -278,9 +296,16 @@ class ZmqControllerTransport:
                 except ProtocolError as exc:
                     self._bad_frame(identity, str(exc))
                     continue
+                worker_id = None if curve else registered(identity)
+                if worker_id is None:
+                    worker_id, reject = self.admission.admit(identity, user_id, msg)
+                    if worker_id is None:
+                        if reject:
+                            self._refuse(identity)
+                        continue
                 self.frames_in += 1
                 self._unflushed = True
-                handler(identity.decode("utf-8", "backslashreplace"), msg)
+                handler(worker_id, msg)
                 if self._sock is None:  # the handler closed the transport
                     finished = True
                     return
@@ -290,6 +315,14 @@ class ZmqControllerTransport:
             # edge will announce them.
             if not finished and self._sock is not None:
                 self._schedule_drain()
+
+    def _refuse(self, identity: bytes) -> None:
+        """Answer a refused Hello with a Reject that says nothing but "refused"."""
+        if self._sock is None:
+            return
+        with contextlib.suppress(zmq.ZMQError):  # it may be gone, or anonymous to libzmq
+            self._sock.send(identity, _NOBLOCK_SNDMORE)
+            self._sock.send(self._reject, _NOBLOCK)
 
     def _bad_frame(self, identity: bytes, reason: str) -> None:
         self.bad_frames += 1
@@ -304,8 +337,8 @@ class ZmqControllerTransport:
 class ZmqWorkerChannel:
     """A worker's blocking DEALER to the controller; implements ``WorkerChannel``.
 
-    The socket's zmq identity is ``worker_id`` (utf-8), which is how the controller addresses
-    it. Connecting is asynchronous: messages sent before the controller is up are queued.
+    The socket's zmq identity is ``worker_id`` and a random nonce (``connection_identity``);
+    the controller addresses it by the worker id its Hello registered. Connecting is asynchronous: messages sent before the controller is up are queued.
     With ``curve`` (from ``load_worker_keys``) it is a CurveZMQ client; a controller that does
     not admit its key never receives a message: zmq ends that session for good without telling
     the sender, so a worker notices by its handshake (Hello) timing out.
@@ -326,7 +359,7 @@ class ZmqWorkerChannel:
         self._ctx = zmq.Context()
         self._sock: zmq.Socket[bytes] | None = self._ctx.socket(zmq.DEALER)
         sock = self._sock
-        sock.setsockopt(zmq.IDENTITY, worker_id.encode())
+        sock.setsockopt(zmq.IDENTITY, connection_identity(worker_id))
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, hwm)
         sock.setsockopt(zmq.SNDHWM, hwm)

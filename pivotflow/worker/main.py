@@ -40,6 +40,7 @@ from pivotflow.protocol import (
     Welcome,
     WorkerFailed,
 )
+from pivotflow.transport.admission import TOKEN_ENV
 from pivotflow.transport.codec import BadFrameLog
 from pivotflow.transport.curve import CurveKeys, load_worker_keys
 from pivotflow.transport.zmq_transport import ZmqWorkerChannel
@@ -77,8 +78,10 @@ class WakeableChannel(ZmqWorkerChannel):
 
 
 class Worker:
-    def __init__(self, endpoint: str, worker_id: str, curve: CurveKeys | None = None) -> None:
+    def __init__(self, endpoint: str, worker_id: str, curve: CurveKeys | None = None,
+                 token: str = "") -> None:
         self.worker_id = worker_id
+        self.token = token  # the run's proof that the controller launched this worker
         self.wake = WakePipe()
         self.chan = WakeableChannel(endpoint, worker_id, self.wake, curve=curve)
         self.compute: ComputeThread | None = None
@@ -92,7 +95,7 @@ class Worker:
 
     def handshake(self) -> None:
         self.chan.send(Hello(protocol_version=PROTOCOL_VERSION, worker_id=self.worker_id,
-                             pid=os.getpid()))
+                             pid=os.getpid(), token=self.token))
         msg = None
         deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
         while msg is None and time.monotonic() < deadline:  # in slices: the controller may go
@@ -180,7 +183,8 @@ def run_worker(endpoint: str, worker_id: str, curve_keys: str = "") -> int:
     torch.manual_seed(0)
     warm_torch()
     curve = load_worker_keys(Path(curve_keys)) if curve_keys else None
-    worker = Worker(endpoint, worker_id, curve)
+    # popped: nothing this process starts (a compile, a tool) inherits it
+    worker = Worker(endpoint, worker_id, curve, token=os.environ.pop(TOKEN_ENV, ""))
     code = 1
     try:
         worker.handshake()

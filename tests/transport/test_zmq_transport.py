@@ -381,15 +381,16 @@ def test_worker_channel_recv_timeout_and_bad_frame(tmp_path: Path) -> None:
             ch.send(Hello(protocol_version=PROTOCOL_VERSION, worker_id="w0", pid=1))
             assert router.poll(5000)
             identity, frame = router.recv_multipart()
-            assert identity == b"w0" and isinstance(msgspec.msgpack.decode(frame), dict)
-            router.send_multipart([b"w0", b"\xc1not msgpack"])
+            # the worker id and a per-process nonce (transport/admission.py)
+            assert identity.startswith(b"w0#") and isinstance(msgspec.msgpack.decode(frame), dict)
+            router.send_multipart([identity, b"\xc1not msgpack"])
             with pytest.raises(ProtocolError):
                 ch.recv(5.0)
-            router.send_multipart([b"w0", b"a", b"b"])
+            router.send_multipart([identity, b"a", b"b"])
             with pytest.raises(ProtocolError, match="2 parts"):
                 ch.recv(5.0)
             welcome = Welcome(protocol_version=PROTOCOL_VERSION, store_dir="/gps")
-            router.send_multipart([b"w0", encode(welcome)])
+            router.send_multipart([identity, encode(welcome)])
             assert ch.recv(5.0) == welcome
         with pytest.raises(TransportError):
             ch.recv(0)
