@@ -1,13 +1,14 @@
 """Tool pool throughput and latency: calculator calls through sandboxed worker processes.
 
-Run: python bench/tool_pool.py [--calls 2000] [--workers 2]
+Run: python bench/tool_pool.py [--calls 2000] [--workers 2] [--isolation bwrap|none]
 
 Measured in one run, so ratios compare like with like:
   direct     the calculator called in this process (no pool): the floor;
   sync       ``ToolPool.call`` one after another from one thread (per-call latency);
   async      ``ToolPool.acall`` from an asyncio loop with ``--concurrency`` calls in flight;
   crash      a call whose worker dies (os._exit): kill + replace + the next call's start wait,
-             i.e. what one failing call costs the pool.
+             i.e. what one failing call costs the pool (with bwrap: a new sandbox, too).
+``--isolation none`` runs the workers without bubblewrap, to price the OS isolation.
 Last line: one JSON object.
 """
 
@@ -62,6 +63,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--crashes", type=int, default=20)
+    ap.add_argument("--isolation", default="bwrap", choices=["bwrap", "none"])
     args = ap.parse_args()
     calls = _calls(args.calls)
 
@@ -76,7 +78,7 @@ def main() -> None:
 
     registry = ToolRegistry([calculator, importable_die])
     t0 = time.perf_counter()
-    pool = ToolPool(registry, workers=args.workers, timeout_s=10.0)
+    pool = ToolPool(registry, workers=args.workers, timeout_s=10.0, isolation=args.isolation)
     start_s = time.perf_counter() - t0
     try:
         sync_lat = []
@@ -106,6 +108,7 @@ def main() -> None:
         "bench": "tool_pool",
         "calls": n,
         "workers": args.workers,
+        "isolation": pool.isolation.get("os", args.isolation),
         "pool_start_s": round(start_s, 4),
         "direct_calls_per_s": round(n / direct_s, 1),
         "sync_calls_per_s": round(n / sync_s, 1),
