@@ -4,9 +4,11 @@ On x86 CPUs torch's ``mm``/``addmm`` call MKL's sgemm, which on AMD processors t
 AVX2 path: on the AMD EPYC host this engine is benchmarked on it runs at ~100 GFLOP/s per core
 where oneDNN's AVX-512 inner product (``torch.ops.mkldnn._linear_pointwise``, the kernel
 torch's own inductor emits for CPU linears) runs at ~210. oneDNN also fuses the residual add
-into its output pass. Measured in a whole decode step it wins at every batch, 1 included
-(where the matmuls stream the weights from memory: 149 vs 111 tokens/s), though bare, with
-the weights in cache, a one-row matmul is a few microseconds faster on ``mm``.
+into its output pass. It costs some microseconds more per call, which small matmuls feel:
+it runs those whose weight is 1 MB or more (streamed from memory: there it wins at every
+batch, 149 vs 111 tokens/s at batch 1 on the 25M-parameter bench model) or that do 2M
+multiply-adds or more; the rest (the 0.8M-parameter built-in models below batch ~64: 1287 vs
+798 tokens/s at batch 1) stay on ``mm``.
 
 ``Linears.for_weights`` picks the kernel once per model (CPU, float32 and a working oneDNN:
 oneDNN; anything else, CUDA included: ``mm``). Weights are ``[out, in]`` and contiguous, as
@@ -20,6 +22,8 @@ import torch
 import torch.nn.functional as F
 
 _T = torch.Tensor
+BIG_WEIGHT = 1 << 18  # elements (1 MB in float32): larger weights go to oneDNN at any batch
+BIG_MATMUL = 1 << 21  # multiply-adds (rows x weight elements): so do matmuls this large
 
 
 def _onednn_works(device: torch.device, dtype: torch.dtype) -> bool:
@@ -47,15 +51,19 @@ class Linears:
     def for_weights(cls, weight: _T) -> Linears:
         return cls(_onednn_works(weight.device, weight.dtype))
 
+    def _dnn(self, x: _T, w: _T) -> bool:
+        size = w.numel()
+        return self.onednn and (size >= BIG_WEIGHT or x.shape[0] * size >= BIG_MATMUL)
+
     def linear(self, x: _T, w: _T, b: _T | None = None) -> _T:
         """``x @ w.T + b`` for ``x`` [rows, in]."""
-        if self.onednn:
+        if self._dnn(x, w):
             return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
         return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())
 
     def linear_add(self, x: _T, w: _T, b: _T | None, residual: _T) -> _T:
         """``residual + x @ w.T (+ b)``: the residual joins in the matmul's output pass."""
-        if self.onednn:
+        if self._dnn(x, w):
             return torch.ops.mkldnn._linear_pointwise.binary(x, residual, w, b, "add")
         out = torch.addmm(residual, x, w.t())
         return out if b is None else out.add_(b)
