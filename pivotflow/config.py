@@ -3,7 +3,8 @@
 Overrides are typed and validated: an unknown key, a duplicate key, or a value of the wrong type
 is a ConfigError that names the key and lists the valid ones. ``graph.KEY`` reaches the graph
 file's own knobs (its ``DEFAULTS`` dict, passed to ``build(config)``); ``pools.NAME`` resizes a
-pool the graph declares.
+pool the graph declares; ``engine.POOL`` gives one pool's workers another engine than
+``engine`` (e.g. ``--set engine.rollout=vllm``: vLLM rollouts, the embedded judge).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     heartbeat_s: float = 1.0
     worker_timeout_s: float = 60.0
     engine: str = "torch"
+    engines: dict[str, str] = {}  # pool -> engine, where not ``engine`` (--set engine.POOL=)
     dtype: str = "auto"  # one of DTYPES, for every worker's model
     device: str = "cpu"  # one of DEVICES, for every worker
     live: bool = True
@@ -103,14 +105,20 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
-_NESTED = ("pools", "graph", "chaos", "ray")  # set through KEY.NAME, never whole
+_NESTED = ("pools", "graph", "chaos", "engines", "ray")  # set through KEY.NAME, never whole
+
+
+def engine_of(cfg: RunConfig, pool: str) -> str:
+    """The engine a pool's workers generate with: its own (``engine.POOL``), else ``engine``."""
+    return cfg.engines.get(pool, cfg.engine)
 
 
 def valid_keys(graph_defaults: dict[str, Any], pools: list[str]) -> list[str]:
     keys = [k for k in RunConfig.__struct_fields__ if k not in _NESTED]
     keys += [f"chaos.{k}" for k in ChaosConfig.__struct_fields__]
     keys += [f"ray.{k}" for k in RayConfig.__struct_fields__]
-    keys += [f"pools.{p}" for p in pools] + [f"graph.{k}" for k in graph_defaults]
+    keys += [f"pools.{p}" for p in pools] + [f"engine.{p}" for p in pools]
+    keys += [f"graph.{k}" for k in graph_defaults]
     return sorted(keys)
 
 
@@ -121,6 +129,7 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     graph = dict(graph_defaults)
     pool_sizes: dict[str, int] = {}
     chaos: dict[str, Any] = {}
+    engines: dict[str, Any] = {}
     ray: dict[str, Any] = {}
     for key, value in overrides.items():
         head, _, rest = key.partition(".")
@@ -140,6 +149,11 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
             chaos[rest] = value
         elif head == "ray" and rest in RayConfig.__struct_fields__:
             ray[rest] = value
+        elif head == "engine" and rest:
+            if pools is not None and rest not in pools:
+                raise ConfigError(f"--set {key}: the graph has no pool {rest!r} "
+                                  f"(pools: {', '.join(pools)})")
+            engines[rest] = value
         elif key in RunConfig.__struct_fields__ and key not in _NESTED:
             top[key] = value
         else:
@@ -147,7 +161,7 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
                               f"{', '.join(valid_keys(graph_defaults, pools or []))}")
     try:
         cfg = msgspec.convert({**top, "pools": pool_sizes, "graph": graph, "chaos": chaos,
-                               "ray": ray}, RunConfig, strict=False)
+                               "engines": engines, "ray": ray}, RunConfig, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"--set: {exc}") from exc
     from pivotflow.planner import PLANNERS
@@ -159,9 +173,10 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
         colocate_groups(cfg, pools)
     from pivotflow.engines import ENGINE_KINDS
 
-    if cfg.engine not in ENGINE_KINDS:
-        raise ConfigError(f"--set engine={cfg.engine}: unknown engine; valid: "
-                          f"{', '.join(ENGINE_KINDS)}")
+    for key, kind in [("engine", cfg.engine), *((f"engine.{p}", k) for p, k in cfg.engines.items())]:
+        if kind not in ENGINE_KINDS:
+            raise ConfigError(f"--set {key}={kind}: unknown engine; valid: "
+                              f"{', '.join(ENGINE_KINDS)}")
     if cfg.dtype not in DTYPES:
         raise ConfigError(f"--set dtype={cfg.dtype}: unknown dtype; valid: {', '.join(DTYPES)}")
     kind, _, index = cfg.device.partition(":")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pivotflow import checkpoints
-from pivotflow.config import RunConfig, colocate_groups, parse_overrides, resolve
+from pivotflow.config import RunConfig, colocate_groups, engine_of, parse_overrides, resolve
 from pivotflow.controller.clock import LoopClock
 from pivotflow.controller.core import Controller, ControllerConfig
 from pivotflow.controller.snapshot import restore, snapshot
@@ -98,10 +98,11 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
     module = import_graph_file(graph_path)
     cfg = resolve(overrides, graph_defaults(module))
     graph = build_graph(module, cfg.graph)
-    unknown = sorted(set(cfg.pools) - set(graph.pools))
-    if unknown:
-        raise ConfigError(f"--set pools.{unknown[0]}: the graph has no pool {unknown[0]!r} "
-                          f"(pools: {', '.join(graph.pools)})")
+    for prefix, named in (("pools", cfg.pools), ("engine", cfg.engines)):
+        unknown = sorted(set(named) - set(graph.pools))
+        if unknown:
+            raise ConfigError(f"--set {prefix}.{unknown[0]}: the graph has no pool "
+                              f"{unknown[0]!r} (pools: {', '.join(graph.pools)})")
     assignments = plan_workers(graph, cfg, workers)
     if resume not in (None, "auto") and out is None:
         out = Path(resume)
@@ -185,7 +186,7 @@ def role_options(graph: Graph, cfg: RunConfig,
         if not node.pool:
             continue
         o: dict[str, Any] = {"threads": cfg.threads_per_worker, "max_batch": cfg.max_batch,
-                             "engine": cfg.engine, "seed": cfg.seed,
+                             "engine": engine_of(cfg, node.pool), "seed": cfg.seed,
                              "results_per_frame": cfg.results_per_frame,
                              "dtype": cfg.dtype, "device": cfg.device}
         if node.kind == "train":

@@ -1,0 +1,58 @@
+"""``--set engine.POOL=KIND``: one pool's workers on another engine than ``engine`` (e.g. vLLM
+rollouts with the embedded judge). The settings and the options each pool's workers are given;
+the runs themselves are in tests/with_vllm (they need vLLM)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pivotflow.config import engine_of, parse_overrides, resolve
+from pivotflow.errors import ConfigError
+from pivotflow.graph_check import build_graph, graph_defaults, import_graph_file
+from pivotflow.run import role_options, run
+
+ROOT = Path(__file__).resolve().parents[1]
+GENRM = ROOT / "graphs" / "grpo_genrm.py"
+
+
+def options(sets: list[str]) -> dict[str, dict]:
+    module = import_graph_file(GENRM)
+    graph = build_graph(module, graph_defaults(module))
+    cfg = resolve(parse_overrides(sets), graph_defaults(module), list(graph.pools))
+    return role_options(graph, cfg)
+
+
+def test_a_pool_takes_its_own_engine_and_the_rest_keep_the_runs() -> None:
+    opts = options(["engine.rollout=vllm"])
+    assert {p: o["engine"] for p, o in opts.items()} == {
+        "rollout": "vllm", "genrm": "torch", "trainer": "torch"}
+    opts = options(["engine=vllm", "engine.genrm=torch"])
+    assert (opts["rollout"]["engine"], opts["genrm"]["engine"]) == ("vllm", "torch")
+    cfg = resolve(parse_overrides(["engine=sglang", "engine.genrm=vllm"]), {})
+    assert (engine_of(cfg, "rollout"), engine_of(cfg, "genrm")) == ("sglang", "vllm")
+    assert cfg.engines == {"genrm": "vllm"}
+
+
+@pytest.mark.parametrize(
+    ("sets", "match"),
+    [
+        (["engine.rollout=vllmm"], r"^--set engine\.rollout=vllmm: unknown engine; valid: torch, "),
+        (["engine.judge=vllm"], r"^--set engine\.judge: the graph has no pool 'judge' \(pools: "
+                                r"rollout, genrm, trainer\)$"),
+        (["engines=vllm"], r"^--set engines: unknown key; valid keys: .*engine\.genrm"),
+    ],
+)
+def test_a_bad_engine_setting_is_a_one_line_error(sets: list[str], match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as info:
+        options(sets)
+    assert "\n" not in str(info.value)
+
+
+def test_a_run_refuses_an_engine_for_a_pool_its_graph_lacks(tmp_path: Path) -> None:
+    # run() resolves before it knows the pools, then checks them against the built graph
+    with pytest.raises(ConfigError, match=r"^--set engine\.judge: the graph has no pool 'judge'"):
+        run(GENRM, sets=["engine.judge=vllm", "live=false"], out=tmp_path / "out", steps=1,
+            console=False)
+    assert not (tmp_path / "out").exists()
