@@ -4,14 +4,19 @@
 model's own config.json as the store holds it, and its tokenizer files, so it loads with
 transformers' ``AutoModelForCausalLM`` and ``AutoTokenizer``), its AdamW state (``optimizer.safetensors``), the controller's state (``state.msgpack``:
 ledger, prompt cursor and random states, every admitted-but-untrained sample) and, written
-last, ``manifest.json``. Each is written into a temporary folder that is renamed into place
-only when whole, then ``LATEST`` moves to it; so a controller killed at any moment — even
-mid-write — leaves the previous checkpoint intact and loadable. Importing this module loads no
-torch (``pivotflow run`` imports it before it needs any).
+last, ``manifest.json``, which lists every file with its SHA-256. Each is written into a
+temporary folder that is renamed into place only when whole, then ``LATEST`` moves to it; so a
+controller killed at any moment — even mid-write — leaves the previous checkpoint intact and
+loadable, and a write that fails (a full disk) removes its temporary folder and says so in one
+line. A resume verifies every checksum and that the manifest, the folder's name and the
+controller state agree on the step before it uses a checkpoint (``newest_whole``); a damaged
+one is passed over for the one before it, and the reason is returned so the run can say so.
+Importing this module loads no torch (``pivotflow run`` imports it before it needs any).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -31,6 +36,7 @@ if TYPE_CHECKING:
     import torch
 
 KEEP = 2  # whole checkpoints kept; older ones are removed after a new one is in place
+CHECKSUM = "sha256"  # hashlib name; `sha256sum` checks the same digests from a shell
 
 
 @dataclass(slots=True)
@@ -47,41 +53,110 @@ def write(run_dir: Path, model: str, store: ParamStore, state: ControllerState, 
     """Checkpoint version ``state.version`` of ``model`` (taken from the store) with ``state``;
     the tokenizer and generation files in ``tokenizer_dir`` (the model's folder) go into the
     policy folder. Returns the checkpoint's folder. Raises CheckpointError if the store no
-    longer has that version."""
-    from safetensors.torch import save_file
-
+    longer has that version, or (one line, naming the folder) if the files cannot be written:
+    the temporary folder is removed and the previous checkpoints are left as they were."""
     step = state.version
     root = run_dir / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        sweep_temporary(run_dir)
+        shutil.rmtree(tmp, ignore_errors=True)
+        _write_into(tmp, model, store, state, tokenizer_dir)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        pointer = root / f".LATEST.{os.getpid()}"
+        pointer.write_text(final.name)
+        os.replace(pointer, root / "LATEST")
+    except OSError as exc:  # a full disk, a read-only folder: nothing half-written stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        (root / f".LATEST.{os.getpid()}").unlink(missing_ok=True)
+        raise CheckpointError(f"cannot write checkpoint {final}: "
+                              f"{exc.strerror or exc}") from exc
+    older = sorted(p for p in root.glob("step-*") if p.name < final.name)
+    for old in older[: max(0, len(older) - (KEEP - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write_into(tmp: Path, model: str, store: ParamStore, state: ControllerState,
+                tokenizer_dir: Path | None) -> None:
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
     t0 = time.perf_counter()
+    step = state.version
     _, config, tensors = store.load(model, step)
-    write_folder(tmp / "policy", config, tensors, side_files_from=tokenizer_dir)
+    try:
+        write_folder(tmp / "policy", config, tensors, side_files_from=tokenizer_dir)
+    except CheckpointError as exc:  # its own one-line error; the cause is an OSError
+        if isinstance(exc.__cause__, OSError):
+            raise exc.__cause__ from None
+        raise
+    except SafetensorError as exc:  # how safetensors reports a failed write (a full disk)
+        raise OSError(str(exc)) from exc
     files = [f"policy/{p.name}" for p in sorted((tmp / "policy").iterdir())] + ["state.msgpack"]
     try:
         _, _, optim = store.load(f"{model}.optim", step)
     except PivotflowError:
         optim = None  # version 0: no optimizer step yet
     if optim is not None:
-        save_file({k: v.contiguous() for k, v in optim.items()}, tmp / "optimizer.safetensors")
+        try:
+            save_file({k: v.contiguous() for k, v in optim.items()},
+                      tmp / "optimizer.safetensors")
+        except (SafetensorError, RuntimeError, ValueError) as exc:  # a failed write
+            raise OSError(str(exc)) from exc
         files.append("optimizer.safetensors")
     (tmp / "state.msgpack").write_bytes(msgspec.msgpack.encode(state))
+    t1 = time.perf_counter()
+    sums = {name: file_digest(tmp / name) for name in files}
     manifest = {"step": step, "model": model, "files": files, "written_s": time.perf_counter()
-                - t0, "samples_in_flight": len(state.samples)}
+                - t0, "samples_in_flight": len(state.samples), "checksum": CHECKSUM,
+                "checksums": sums, "checksum_s": time.perf_counter() - t1}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     _fsync_dir(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    pointer = root / f".LATEST.{os.getpid()}"
-    pointer.write_text(final.name)
-    os.replace(pointer, root / "LATEST")
-    older = sorted(p for p in root.glob("step-*") if p.name < final.name)
-    for old in older[: max(0, len(older) - (KEEP - 1))]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+
+
+def file_digest(path: Path) -> str:
+    """The file's CHECKSUM digest, read in 1 MiB blocks (a policy may be gigabytes)."""
+    h = hashlib.new(CHECKSUM)
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sweep_temporary(run_dir: Path) -> list[Path]:
+    """Remove what a write killed midway left: ``.tmp-*-PID`` and ``.old-*-PID`` folders and
+    ``.LATEST.PID`` files whose process is gone (another live controller's are left alone)."""
+    root = run_dir / "checkpoints"
+    removed = []
+    for path in [*root.glob(".tmp-*"), *root.glob(".old-*"), *root.glob(".LATEST.*")]:
+        pid = path.name.rsplit("." if path.name.startswith(".LATEST") else "-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+            continue
+        kept = root / path.name.removeprefix(".old-").rsplit("-", 1)[0]
+        if path.name.startswith(".old-") and not kept.exists():
+            os.rename(path, kept)  # killed between its two renames: the only copy
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process: alive
+    return True
 
 
 def latest(run_dir: Path) -> Path | None:
@@ -96,22 +171,56 @@ def latest(run_dir: Path) -> Path | None:
     return None
 
 
+def newest_whole(run_dir: Path) -> tuple[Checkpoint | None, list[str]]:
+    """The newest checkpoint that passes ``read`` (checksums, step), and why each newer one
+    was passed over (empty when the newest is whole). (None, []) for a run without any;
+    raises CheckpointError, listing each one's fault, when every checkpoint is damaged."""
+    root = run_dir / "checkpoints"
+    named = (root / "LATEST").read_text().strip() if (root / "LATEST").is_file() else ""
+    candidates = [root / named] if named and (root / named).is_dir() else []
+    candidates += [p for p in sorted(root.glob("step-*"), reverse=True) if p not in candidates]
+    rejected: list[str] = []
+    for path in candidates:
+        if not (path / "manifest.json").exists():
+            continue  # a write cut short before its manifest: never a checkpoint
+        try:
+            return read(path), rejected
+        except CheckpointError as exc:
+            rejected.append(str(exc))
+    if rejected:
+        raise CheckpointError(f"no whole checkpoint under {root}: {'; '.join(rejected)}")
+    return None, []
+
+
 def read(path: Path) -> Checkpoint:
-    """Load a checkpoint folder; raises CheckpointError naming what is missing or broken."""
+    """Load a checkpoint folder after checking it: every file the manifest lists is there
+    with its checksum (a manifest from before checksums is checked for presence only), and
+    the manifest, the folder name and the controller state name the same step. Raises
+    CheckpointError naming the folder and what is missing, damaged or inconsistent."""
     from safetensors.torch import load_file
 
     try:
         manifest = json.loads((path / "manifest.json").read_text())
+        sums = manifest.get("checksums", {})
         for name in manifest["files"]:
             if not (path / name).exists():
                 raise CheckpointError(f"checkpoint {path}: {name} is missing")
+            if name in sums and file_digest(path / name) != sums[name]:
+                raise CheckpointError(f"checkpoint {path}: {name} is damaged (its "
+                                      f"{manifest.get('checksum', CHECKSUM)} does not match "
+                                      "the manifest's)")
         state = msgspec.msgpack.decode((path / "state.msgpack").read_bytes(),
                                        type=ControllerState)
         optim = (load_file(path / "optimizer.safetensors")
                  if "optimizer.safetensors" in manifest["files"] else None)
-    except (OSError, ValueError, KeyError, msgspec.DecodeError) as exc:
+        step = int(manifest["step"])
+    except (OSError, ValueError, KeyError, TypeError, msgspec.DecodeError) as exc:
         raise CheckpointError(f"checkpoint {path} is unreadable: {exc}") from exc
-    return Checkpoint(int(manifest["step"]), path, path / "policy", optim, state)
+    named = path.name.removeprefix("step-")
+    if state.version != step or (named.isdigit() and int(named) != step):
+        raise CheckpointError(f"checkpoint {path}: its manifest says step {step}, its "
+                              f"controller state version {state.version}: they must agree")
+    return Checkpoint(step, path, path / "policy", optim, state)
 
 
 def publish(ckpt: Checkpoint, model: str, store: ParamStore) -> None:
@@ -122,6 +231,12 @@ def publish(ckpt: Checkpoint, model: str, store: ParamStore) -> None:
     store.publish(model, ckpt.step, tensors, config)
     if ckpt.optimizer is not None:
         store.publish(f"{model}.optim", ckpt.step, ckpt.optimizer, config)
+    # workers ask the store for the controller's version: a disagreement would have them
+    # ask, fail and restart forever, so it is an error here, before any of them starts
+    if store.latest(model) != ckpt.state.version:
+        raise CheckpointError(f"checkpoint {ckpt.path}: the store holds {model} version "
+                              f"{store.latest(model)}, the controller state resumes at "
+                              f"{ckpt.state.version}")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -133,4 +248,5 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-__all__ = ["Checkpoint", "latest", "publish", "read", "write"]
+__all__ = ["Checkpoint", "file_digest", "latest", "newest_whole", "publish", "read",
+           "sweep_temporary", "write"]

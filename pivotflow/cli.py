@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pivotflow.errors import PivotflowError, RunInterrupted
+from pivotflow.errors import PivotflowError, RunInterrupted, RunTerminated
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -18,9 +18,12 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from pivotflow.run import run
 
     result = run(args.graph, sets=args.set, out=args.out, workers=args.workers,
-                 steps=args.steps, console=console, resume=args.resume)
+                 steps=args.steps, console=console, resume=args.resume,
+                 accept_changes=args.accept_changes)
     s = result.summary
-    console.print(f"[bold green]done[/] {s['steps']} steps in {s['wall_s']:.1f}s, "
+    resumed = (f" (resumed from step {s['resumed_from_step']}; totals cover the whole run)"
+               if s.get("resumed_from_step") is not None else "")
+    console.print(f"[bold green]done[/] {s['steps']} steps in {s['wall_s']:.1f}s{resumed}, "
                   f"{s['samples_per_s']:.1f} samples/s; accuracy "
                   f"{_fmt(s.get('task_accuracy_start'))} -> {_fmt(s.get('task_accuracy_end'))} (mean of the "
                   "first/last tenth of the steps); "
@@ -54,7 +57,12 @@ def build_parser(*, with_sim: bool = True) -> argparse.ArgumentParser:
     r.add_argument("--workers", type=int, default=None, help="total worker processes")
     r.add_argument("--steps", type=int, default=None, help="optimizer steps")
     r.add_argument("--resume", default=None, metavar="DIR|auto",
-                   help="continue a run from its newest whole checkpoint (auto: --out's, if any)")
+                   help="continue a run from its newest whole checkpoint, with its settings "
+                   "(--set and --steps change them; --steps N extends a finished run); auto: "
+                   "--out's if it has one, else the newest run of the graph under runs/")
+    r.add_argument("--accept-changes", action="store_true",
+                   help="resume even though the graph, its models, data or settings that "
+                   "shape the checkpoint differ (recorded in config.json's history)")
     r.set_defaults(func=_cmd_run)
     i = sub.add_parser("inspect", help="validate a graph file and print its stages and pools")
     i.add_argument("graph", type=Path)
@@ -80,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args, console))
-    except RunInterrupted as exc:
-        console.print(f"[yellow]{escape(str(exc))}[/]: workers reaped, records flushed")
-        return 130
+    except RunInterrupted as exc:  # the message says what was checkpointed, how to resume
+        console.print(f"[yellow]{escape(str(exc))}[/]", highlight=False, soft_wrap=True)
+        return 143 if isinstance(exc, RunTerminated) else 130
     except PivotflowError as exc:
         console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 2

@@ -63,6 +63,10 @@ class RunInterrupted(PivotflowError):
     """The run was stopped by Ctrl-C (SIGINT); records are flushed and workers reaped."""
 
 
+class RunTerminated(RunInterrupted):
+    """The run was stopped by SIGTERM (a scheduler, ``docker stop``), handled as Ctrl-C is."""
+
+
 class CurveKeyError(ConfigError):
     """CurveZMQ keys are missing, malformed, too widely readable, or unsupported by libzmq."""
 

@@ -4,6 +4,8 @@ Files (key names are an interface; see DESIGN.md "Run records"):
 
 * ``config.json``: the resolved configuration.
 * ``metrics.jsonl``: one ``StepRecord`` per optimizer step, one JSON object per line.
+* ``metrics.superseded.jsonl``: lines a resume took again (steps after the checkpoint it
+  continued from), moved here as they were when the resumed run recorded its first step.
 * ``summary.json``: one ``RunSummary`` at the end.
 * ``plots/``: PNGs drawn from ``metrics.jsonl`` (``pivotflow.metrics_plots``).
 
@@ -112,11 +114,32 @@ def _flatten(obj: msgspec.Struct, what: str) -> dict[str, Any]:
 def _atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so readers see the old or the new file, never half of one."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:  # a full disk: the old file stays whole, and no half-written temp file
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _append_whole(path: Path, data: bytes) -> None:
+    """Append ``data`` unbuffered; if the write fails (a full disk), cut the file back to its
+    old end, so no half line stays behind (truncating needs no free space)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError:
+            os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
 
 
 def _enc_hook(obj: Any) -> Any:
@@ -184,6 +207,7 @@ class RunRecorder:
         self.config_path = self.out_dir / "config.json"
         self.plots_dir = self.out_dir / "plots"
         self.last_step: int | None = None
+        self._cut_at: int | None = None  # continue_after: applied at the next record_step
         if self.metrics_path.exists():
             self._repair_torn_tail()
             records = read_metrics(self.metrics_path)
@@ -218,16 +242,34 @@ class RunRecorder:
             MetricsError: ``record.step`` is not above the last recorded step (a resumed run must
                 call ``truncate_after`` first), or an extra key clashes with a standard key.
         """
+        if self._cut_at is not None:
+            self._supersede_after(self._cut_at)
         if self.last_step is not None and record.step <= self.last_step:
             raise MetricsError(
                 f"{self.metrics_path}: step {record.step} is not after the last recorded step "
                 f"{self.last_step} (call truncate_after(step) when resuming from a checkpoint)"
             )
         line = _flatten(record, f"step {record.step}")
-        with open(self.metrics_path, "ab") as f:
-            f.write(_encoder.encode(line) + b"\n")
-            f.flush()
+        _append_whole(self.metrics_path, _encoder.encode(line) + b"\n")
         self.last_step = record.step
+
+    def continue_after(self, step: int) -> None:
+        """Resume after ``step``: the next ``record_step`` first moves the records after it to
+        metrics.superseded.jsonl. Until then the file is not touched, so a resume that fails
+        before its first step leaves the run's records byte for byte as they were."""
+        self._cut_at = step
+        self.last_step = step if self.last_step is None else min(self.last_step, step)
+
+    def _supersede_after(self, step: int) -> None:
+        records = read_metrics(self.metrics_path) if self.metrics_path.exists() else []
+        later = [r for r in records if int(r["step"]) > step]
+        if later:  # appended first: a crash between the two writes keeps both copies
+            with open(self.out_dir / "metrics.superseded.jsonl", "ab") as f:
+                f.write(b"".join(_encoder.encode(r) + b"\n" for r in later))
+                f.flush()
+                os.fsync(f.fileno())
+            self.truncate_after(step)
+        self._cut_at = None
 
     def truncate_after(self, step: int) -> int:
         """Drop the records with ``step`` > the given step (resuming from that checkpoint).

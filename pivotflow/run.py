@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +21,14 @@ from pivotflow.controller.clock import LoopClock
 from pivotflow.controller.core import Controller, ControllerConfig
 from pivotflow.controller.snapshot import restore, snapshot
 from pivotflow.controller.source import PromptSource
-from pivotflow.errors import ConfigError, PivotflowError, RunInterrupted
+from pivotflow.errors import (
+    CheckpointError,
+    ConfigError,
+    MetricsError,
+    PivotflowError,
+    RunInterrupted,
+    RunTerminated,
+)
 from pivotflow.graph import Graph
 from pivotflow.graph_check import build_graph, graph_defaults, import_graph_file
 from pivotflow.launch.base import Launcher
@@ -29,6 +37,7 @@ from pivotflow.launch.workers import attach, launcher_summary, open_workers
 from pivotflow.metrics import STEP_KEYS, Ledger, RunRecorder, RunSummary, StepRecord
 from pivotflow.params.base import ParamStore
 from pivotflow.planner import make_planner
+from pivotflow.resume import Continuation, differences, fingerprint, inherited, newest_run, refuse
 from pivotflow.run_models import ProblemStream, prepare_models
 from pivotflow.transport.curve import load_controller_keys
 
@@ -85,48 +94,79 @@ def plan_workers(graph: Graph, cfg: RunConfig, total: int | None) -> dict[str, s
 
 def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | None = None,
         workers: int | None = None, steps: int | None = None, console: Any = None,
-        resume: str | None = None) -> RunResult:
+        resume: str | None = None, accept_changes: bool = False) -> RunResult:
     """Run a graph file to completion; returns where the records are and the summary.
     ``resume``: a run folder to continue from its newest whole checkpoint, or "auto" (the
-    ``out`` folder's, if it has one; else a fresh start). Raises ConfigError for a folder
-    without a checkpoint."""
-    overrides = parse_overrides(sets or [])
+    ``out`` folder's if it has one, else a fresh start; without ``out``, the newest run of
+    this graph under ``runs/``). A resume takes the earlier run's settings, with ``sets`` and
+    ``steps`` on top; one that changes what shapes the checkpoint's state is refused unless
+    ``accept_changes`` (see pivotflow.resume). Raises ConfigError for a folder without a
+    checkpoint, CheckpointError if every checkpoint in it is damaged."""
+    if steps is not None and steps < 1:
+        raise ConfigError(f"--steps {steps}: must be >= 1")
+    given = parse_overrides(sets or [])
     if steps is not None:
-        if "steps" in overrides:
+        if "steps" in given:
             raise ConfigError("--steps and --set steps= are both given")
-        overrides["steps"] = steps
+        given["steps"] = steps
     module = import_graph_file(graph_path)
-    cfg = resolve(overrides, graph_defaults(module))
+    defaults = graph_defaults(module)
+    cfg = resolve(given, defaults)
     graph = build_graph(module, cfg.graph)
+    out, ckpt, passed_over = _resume_point(resume, out, graph.name)
+    prev = _read_config(out) if ckpt is not None else {}
+    cont = Continuation()
+    shape: list[str] = []
+    changes: list[str] = []
+    if ckpt is not None:
+        cont = Continuation.of(out, ckpt.step, ckpt.path.name, prev)
+        cfg = resolve(inherited(prev, given, defaults, list(graph.pools)), defaults)
+        graph = build_graph(module, cfg.graph)
+        if workers is None:
+            workers = prev.get("workers_total")
+        if cfg.steps <= ckpt.step:
+            raise ConfigError(f"--resume {out}: its checkpoint is at step {ckpt.step} and the "
+                              f"run's steps is {cfg.steps}; give --steps N above {ckpt.step} "
+                              "to extend it")
     for prefix, named in (("pools", cfg.pools), ("engine", cfg.engines)):
         unknown = sorted(set(named) - set(graph.pools))
         if unknown:
             raise ConfigError(f"--set {prefix}.{unknown[0]}: the graph has no pool "
                               f"{unknown[0]!r} (pools: {', '.join(graph.pools)})")
     assignments = plan_workers(graph, cfg, workers)
-    if resume not in (None, "auto") and out is None:
-        out = Path(resume)
-    out = Path(out or Path("runs") / f"{graph.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    ckpt_path = checkpoints.latest(out) if resume is not None else None
-    if resume not in (None, "auto") and ckpt_path is None:
-        raise ConfigError(f"--resume {resume}: no whole checkpoint under {out / 'checkpoints'}")
+    config = {"graph": str(graph_path), "graph_name": graph.name, "workers": assignments,
+              **json.loads(_to_json(cfg)), **fingerprint(graph_path, graph),
+              "workers_total": workers}
+    if ckpt is not None:
+        shape, changes = differences(prev, config)
+        if shape and not accept_changes:
+            raise refuse(out, shape)
+    config["history"] = [*cont.history, cont.entry(cfg, sets or [], changes, shape,
+                                                   passed_over)]
     records = out / "metrics.jsonl"
-    if ckpt_path is None and records.is_file() and records.stat().st_size > 0:
+    if ckpt is None and records.is_file() and records.stat().st_size > 0:
         raise ConfigError(f"--out {out} already holds a run's records (metrics.jsonl); pass "
                           f"another --out, or --resume {out} to continue it from its newest "
                           "checkpoint")
+    for why in passed_over:  # said before anything starts, and kept in the history
+        log.warning("passed over a damaged checkpoint: %s", why)
+        if console:
+            console.print(f"[yellow]passed over a damaged checkpoint[/]: {why}",
+                          highlight=False, soft_wrap=True)
     out.mkdir(parents=True, exist_ok=True)
     recorder = RunRecorder(out)
-    ckpt = checkpoints.read(ckpt_path) if ckpt_path is not None else None
     if ckpt is not None:
-        recorder.truncate_after(ckpt.step)  # the metrics continue the same file
-    recorder.write_config({"graph": str(graph_path), "graph_name": graph.name,
-                           "workers": assignments, **json.loads(_to_json(cfg))})
+        recorder.continue_after(ckpt.step)  # the metrics continue the same file
+        for path in checkpoints.sweep_temporary(out):
+            log.warning("removed %s, left by a checkpoint write that did not finish", path)
+    else:
+        recorder.write_config(config)  # a resume's waits for its first step (on_step)
     from pivotflow.params.shm_store import ShmParamStore, default_root  # torch: not at import
     root = default_root(f"{out.name}-{os.getpid()}")
     sweep_dead_stores(root.parent)
     store = ShmParamStore(root)
     (root / OWNER_FILE).write_text(str(os.getpid()))
+    terminated = _TermBeforeLoop()
     try:  # the store lives in shared memory: it must go whatever happens
         models = prepare_models(graph, store, seed=cfg.seed, console=console)
         if ckpt is not None:
@@ -136,10 +176,93 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
         policy_model = next(n.model for n in graph.order() if n.kind == "generate")
         source = PromptSource(source_node, problems, models.tokenizers[policy_model or ""],
                               steps=cfg.steps, max_staleness=cfg.max_staleness, seed=cfg.seed)
+        seg = Segment(out, str(graph_path), cont, config, ckpt)
         return asyncio_run(_run_async(graph, cfg, assignments, source, models, store,
-                                      recorder, out, console, ckpt))
+                                      recorder, seg, console))
     finally:
+        terminated.restore()
         store.cleanup()
+
+
+class _TermBeforeLoop:
+    """SIGTERM outside the event loop (loading models, writing the records) stops the run as
+    Ctrl-C there does, by raising, so ``run``'s cleanup (the shared-memory store) still runs;
+    the default action would kill the process and leave the store in /dev/shm."""
+
+    def __init__(self) -> None:
+        self.previous: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self.raise_terminated)
+
+    @staticmethod
+    def raise_terminated(signum: int, frame: Any) -> None:
+        raise RunTerminated("stopped (SIGTERM)")
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+
+@dataclass
+class Segment:
+    """One run segment (a fresh run, or one resume of it): where its records go and what it
+    continues from."""
+
+    out: Path
+    graph_path: str
+    cont: Continuation
+    config: dict[str, Any]  # config.json; a resume writes it at its first step
+    ckpt: checkpoints.Checkpoint | None
+
+    @property
+    def log_dir(self) -> Path:  # a resume's worker logs do not overwrite the earlier ones
+        logs = self.out / "logs"
+        return logs if self.cont.segment == 0 else logs / f"resume-{self.cont.segment}"
+
+    def resume_hint(self, step: int | None) -> str:
+        where = (f"checkpoint step {step} in {self.out / 'checkpoints'}" if step is not None
+                 else "no step to checkpoint yet")
+        return f"{where}; resume with: pivotflow run {self.graph_path} --resume {self.out}"
+
+
+def _resume_point(resume: str | None, out: Path | None, graph_name: str
+                  ) -> tuple[Path, checkpoints.Checkpoint | None, list[str]]:
+    """The run folder, the checkpoint to continue from (None: a fresh run) and the damaged
+    newer checkpoints passed over for it."""
+    if resume not in (None, "auto"):
+        if out is not None and Path(out).resolve() != Path(resume).resolve():
+            raise ConfigError(f"--resume {resume} --out {out}: a resume continues the records "
+                              "of the folder it resumes; drop --out")
+        out = Path(resume)
+    elif resume == "auto" and out is None:
+        found = newest_run(Path("runs"), graph_name)
+        if found is None:
+            raise ConfigError(f"--resume auto: no run of graph {graph_name!r} under "
+                              f"{Path('runs').resolve()} has a checkpoint; give --resume DIR, "
+                              "or leave --resume out for a fresh run")
+        out = found
+    out = Path(out or Path("runs") / f"{graph_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if resume is None:
+        return out, None, []
+    ckpt, passed_over = checkpoints.newest_whole(out)
+    if resume != "auto" and ckpt is None:
+        raise ConfigError(f"--resume {resume}: no whole checkpoint under {out / 'checkpoints'}")
+    return out, ckpt, passed_over
+
+
+def _read_config(out: Path) -> dict[str, Any]:
+    """The earlier run's config.json ({} when it has none: settings then come from the
+    command line alone)."""
+    path = out / "config.json"
+    if not path.is_file():
+        return {}
+    try:
+        prev = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--resume {out}: {path} is unreadable: {exc}") from exc
+    if not isinstance(prev, dict):
+        raise ConfigError(f"--resume {out}: {path} is not a JSON object")
+    return prev
 
 
 OWNER_FILE = "OWNER_PID"  # the controller whose run store this is
@@ -219,23 +342,45 @@ def start_tool_pools(graph: Graph, out: Path | None = None) -> dict[str, Any]:
 
 async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
                      source: PromptSource, models: Any, store: ParamStore,
-                     recorder: RunRecorder, out: Path, console: Any,
-                     ckpt: checkpoints.Checkpoint | None) -> RunResult:
+                     recorder: RunRecorder, seg: Segment, console: Any) -> RunResult:
     from pivotflow.live import LiveView
 
-    steps: list[dict[str, Any]] = []
+    out, cont = seg.out, seg.cont
+    steps: list[dict[str, Any]] = list(cont.steps)  # the whole run's, across resumes
     live = LiveView(graph.name, cfg.steps, console=console, enabled=cfg.live)
     policy = graph.order()[-1].model or ""  # the trained model
+    checkpointed: dict[str, Any] = {"step": cont.step if seg.ckpt is not None else None,
+                                    "error": None}
 
     def write_checkpoint() -> None:
-        checkpoints.write(out, policy, store, snapshot(ctl))
+        if ctl.version <= (checkpointed["step"] or 0) or checkpointed["error"]:
+            return  # nothing new since the one on disk (a resume rewrites none before a step)
+        try:
+            checkpoints.write(out, policy, store, snapshot(ctl),
+                              tokenizer_dir=models.dirs.get(policy))
+        except CheckpointError as exc:  # a full disk: stop now, the last whole one stays
+            checkpointed["error"] = exc
+            ctl.fail(exc)
+            return
+        checkpointed["step"] = ctl.version
 
     def on_step(record: dict[str, Any]) -> None:
         record["controller_cpu_s"] = time.process_time()  # this process is the controller
         record["controller_loop_cpu_s"] = time.thread_time()  # ... its event loop's thread alone
+        record["time_s"] += cont.time_s  # one clock across resumes
+        record["shifts"] += cont.shifts
+        record["migrations"] += cont.migrations
         std = {k: record[k] for k in STEP_KEYS if k in record}
         extra = {k: v for k, v in record.items() if k not in STEP_KEYS}
-        recorder.record_step(StepRecord(**std, extra=extra))
+        first = len(steps) == len(cont.steps)
+        try:
+            recorder.record_step(StepRecord(**std, extra=extra))
+            if first and seg.ckpt is not None:  # a resume's config, once it has a step
+                recorder.write_config(seg.config)
+        except OSError as exc:
+            ctl.fail(MetricsError(f"cannot write the run records in {out}: "
+                                  f"{exc.strerror or exc}"))
+            return
         # only what the summary needs: a long run must not keep every record in memory
         steps.append({"step": record["step"], "task_accuracy": record.get("task_accuracy")})
         live.update_step(record)
@@ -243,7 +388,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
             ctl.checkpoint_soon(write_checkpoint)
 
     curve = load_controller_keys(Path(cfg.curve_keys)) if cfg.curve_keys else None
-    transport, launcher = open_workers(cfg, curve, out / "logs", len(assignments),
+    transport, launcher = open_workers(cfg, curve, seg.log_dir, len(assignments),
                                        f"{out.name}-{os.getpid()}")
     ccfg = ControllerConfig(steps=cfg.steps, max_staleness=cfg.max_staleness,
                             heartbeat_s=cfg.heartbeat_s, worker_timeout_s=cfg.worker_timeout_s,
@@ -262,11 +407,12 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
                      planner=make_planner(cfg.planner, colocate_groups(cfg, pool_order(graph))),
                      respawn=respawn, tool_pools=tool_pools)
     attach(launcher, ctl)
-    if ckpt is not None:
-        restore(ctl, ckpt.state)
+    if seg.ckpt is not None:
+        restore(ctl, seg.ckpt.state)
     loop = asyncio.get_running_loop()
     interrupt = Interrupt(ctl, write_checkpoint)
-    loop.add_signal_handler(signal.SIGINT, interrupt.on_sigint)
+    loop.add_signal_handler(signal.SIGINT, interrupt.on_signal, "SIGINT")
+    loop.add_signal_handler(signal.SIGTERM, interrupt.on_signal, "SIGTERM")
     watcher = asyncio.ensure_future(_watch(launcher, ctl, live))
     chaos = Chaos(launcher, ctl, cfg.chaos.kill_worker_every_s, cfg.seed,
                   cfg.chaos.kill_worker_every_steps)
@@ -281,7 +427,9 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     except PivotflowError as exc:
         error = exc
     finally:
-        loop.remove_signal_handler(signal.SIGINT)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        _TermBeforeLoop()  # SIGTERM while the records are written: raise, as before the loop
         watcher.cancel()
         chaos_task.cancel()
         await asyncio.gather(watcher, chaos_task, return_exceptions=True)
@@ -291,9 +439,18 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         for pool in tool_pools.values():
             pool.close()
     wall = time.perf_counter() - started
-    if isinstance(error, RunInterrupted) and not interrupt.checkpointed:  # workers hung
-        write_checkpoint()
-    summary = _summarize(ctl, steps, wall, error)
+    # every stop checkpoints what it trained (a finished run too: --resume --steps N extends
+    # it); a checkpoint that cannot be taken (a full disk) leaves the last whole one
+    write_checkpoint()
+    error = error or checkpointed["error"]
+    if error is not None and seg.ckpt is not None and len(steps) == len(cont.steps):
+        # a resume that recorded no step leaves every earlier record as it was
+        raise _with_hint(error, seg, checkpointed["step"])
+    summary = _summarize(ctl, steps, cont.time_s + wall, error)
+    summary.shifts += cont.shifts
+    summary.migrations += cont.migrations
+    summary.extra["resumed_from_step"] = cont.step if seg.ckpt is not None else None
+    summary.extra["segments"] = cont.segment + 1
     summary.extra["worker_pids"] = [p.pid for p in launcher.procs.values()]
     summary.extra["chaos_kills"] = chaos.kills
     summary.extra.update(launcher_summary(launcher, cfg))
@@ -303,15 +460,30 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
             for kind, n in pool.counters.items():
                 kinds[kind] = kinds.get(kind, 0) + n
         summary.extra["tool_results"] = kinds
-    with open(out / "shifts.jsonl", "w") as f:  # every shift, timed part by part, and why
-        for rec, why in zip(ctl.shifts.done, _decisions_by_shift(ctl), strict=False):
-            f.write(json.dumps({**rec.as_record(), "planner": why}) + "\n")
-    recorder.write_summary(summary)
-    recorder.make_plots()
-    _save_checkpoint(store, graph, out, models.dirs.get(graph.order()[-1].model or ""))
+    try:
+        # every shift, timed part by part, and why (a resume's are appended)
+        with open(out / "shifts.jsonl", "a" if cont.segment else "w") as f:
+            for rec, why in zip(ctl.shifts.done, _decisions_by_shift(ctl), strict=False):
+                f.write(json.dumps({**rec.as_record(), "planner": why}) + "\n")
+        recorder.write_summary(summary)
+        recorder.make_plots()
+        _save_checkpoint(store, graph, out, models.dirs.get(graph.order()[-1].model or ""))
+    except (OSError, CheckpointError) as exc:  # a full disk: what was written stays whole
+        error = error or MetricsError(f"cannot write the run records in {out}: "
+                                      f"{getattr(exc, 'strerror', None) or exc}")
     if error is not None:
-        raise error
+        raise _with_hint(error, seg, checkpointed["step"])
     return RunResult(out, json.loads((out / "summary.json").read_text()), steps)
+
+
+def _with_hint(error: BaseException, seg: Segment, step: int | None) -> BaseException:
+    """An interruption says which step it checkpointed and the command that resumes it."""
+    if isinstance(error, RunInterrupted):
+        hinted = type(error)(f"{error}: workers reaped, records flushed, "
+                             f"{seg.resume_hint(step)}")
+        hinted.__cause__ = error.__cause__
+        return hinted
+    return error
 
 
 async def _watch(launcher: Launcher, ctl: Controller, live: Any) -> None:
@@ -327,17 +499,19 @@ async def _watch(launcher: Launcher, ctl: Controller, live: Any) -> None:
 
 
 class Interrupt:
-    """Ctrl-C: first take the generations in flight back as partial states and checkpoint them
-    (``Controller.checkpoint_soon``), then stop; a second Ctrl-C, or workers that do not answer
-    within ``grace_s``, stop at once (the checkpoint then regenerates those sequences)."""
+    """Ctrl-C or SIGTERM: first take the generations in flight back as partial states and
+    checkpoint them (``Controller.checkpoint_soon``), then stop; a second signal, or workers
+    that do not answer within ``grace_s``, stop at once (the checkpoint then regenerates those
+    sequences)."""
 
     def __init__(self, ctl: Controller, write: Callable[[], None],
                  grace_s: float = 5.0) -> None:
         self.ctl, self.write, self.grace_s = ctl, write, grace_s
         self.requested = self.checkpointed = False
 
-    def on_sigint(self) -> None:
-        stop = RunInterrupted("interrupted (Ctrl-C)")
+    def on_signal(self, name: str = "SIGINT") -> None:
+        stop = (RunInterrupted("interrupted (Ctrl-C)") if name == "SIGINT"
+                else RunTerminated(f"stopped ({name})"))
         if self.requested:
             self.ctl.fail(stop)
             return
@@ -349,6 +523,8 @@ class Interrupt:
             self.ctl.fail(stop)
         self.ctl.checkpoint_soon(write_then_stop)
         asyncio.get_running_loop().call_later(self.grace_s, self.ctl.fail, stop)
+
+    on_sigint = on_signal
 
 
 def _decisions_by_shift(ctl: Controller) -> list[dict[str, Any] | None]:
@@ -391,7 +567,8 @@ def _save_checkpoint(store: ParamStore, graph: Graph, out: Path,
                      model_dir: Path | None) -> None:
     """The newest policy as a Hugging Face folder: config.json (the config as the store holds
     it), model.safetensors, and the model folder's tokenizer files, so transformers'
-    AutoModelForCausalLM and AutoTokenizer both load it."""
+    AutoModelForCausalLM and AutoTokenizer both load it. Written beside it and swapped in
+    whole: a write that fails (a full disk) leaves the earlier folder as it was."""
     from pivotflow.engines.torch.weights import save_checkpoint
     from pivotflow.params.hf_folder import copy_side_files
 
@@ -401,10 +578,26 @@ def _save_checkpoint(store: ParamStore, graph: Graph, out: Path,
     except PivotflowError:
         return
     dst = out / "checkpoints" / model
-    save_checkpoint(dst, config, tensors)
-    if model_dir is not None:  # the tokenizer and generation files, as the store's folders do
-        copy_side_files(model_dir, dst)
-    (dst / "version").write_text(str(version))
+    tmp, old = dst.with_name(f".tmp-{model}-{os.getpid()}"), dst.with_name(
+        f".old-{model}-{os.getpid()}")
+    from safetensors import SafetensorError
+
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            save_checkpoint(tmp, config, tensors)
+        except SafetensorError as exc:  # how safetensors reports a failed write
+            raise OSError(str(exc)) from exc
+        if model_dir is not None:  # the tokenizer and generation files, as the store's do
+            copy_side_files(model_dir, tmp)
+        (tmp / "version").write_text(str(version))
+        if dst.exists():
+            os.rename(dst, old)
+        os.rename(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _mean(values: list[float | None]) -> float | None:

@@ -4,7 +4,11 @@ Face folder transformers loads, and resuming puts back exactly what the store he
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +57,11 @@ def test_a_damaged_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     store.publish("policy", 1, Decoder(CFG).state_dict(), HF)
     path = checkpoints.write(tmp_path / "run", "policy", store, state(1))
     (path / "state.msgpack").write_bytes(b"\x00garbage")
+    with pytest.raises(CheckpointError, match="state.msgpack is damaged .*sha256"):
+        checkpoints.read(path)
+    manifest = json.loads((path / "manifest.json").read_text())
+    del manifest["checksums"]  # as checkpoints were written before they had checksums
+    (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="unreadable"):
         checkpoints.read(path)
 
@@ -88,3 +97,41 @@ def test_a_checkpoint_loads_in_transformers_and_resumes_exactly(tmp_path: Path) 
     assert back.keys() == weights.keys() and all(torch.equal(back[k], weights[k]) for k in back)
     _, optim_config, optim_back = fresh.load("policy.optim")
     assert optim_config == hf and all(torch.equal(optim_back[k], optim[k]) for k in optim)
+
+
+def test_a_flipped_byte_passes_the_newest_over_for_the_one_before(tmp_path: Path) -> None:
+    store = ShmParamStore(tmp_path / "store")
+    torch.manual_seed(0)
+    for v in (2, 4):
+        store.publish("policy", v, Decoder(CFG).state_dict(), HF)
+        store.publish("policy.optim", v, {"w.exp_avg": torch.full((8,), float(v))}, HF)
+    checkpoints.write(tmp_path / "run", "policy", store, state(2))
+    newest = checkpoints.write(tmp_path / "run", "policy", store, state(4))
+    optim = newest / "optimizer.safetensors"
+    data = bytearray(optim.read_bytes())
+    data[-3] ^= 0x40  # inside a tensor's bytes: safetensors would load it without a word
+    optim.write_bytes(bytes(data))
+    ckpt, passed_over = checkpoints.newest_whole(tmp_path / "run")
+    assert ckpt is not None and ckpt.step == 2
+    assert passed_over == [f"checkpoint {newest}: optimizer.safetensors is damaged (its "
+                           "sha256 does not match the manifest's)"]
+    shutil.rmtree(ckpt.path)  # and with no whole one left, it is an error listing why
+    with pytest.raises(CheckpointError, match="no whole checkpoint under .*optimizer"):
+        checkpoints.newest_whole(tmp_path / "run")
+
+
+def test_what_a_killed_write_left_is_swept_and_a_live_ones_is_not(tmp_path: Path) -> None:
+    store = ShmParamStore(tmp_path / "store")
+    store.publish("policy", 1, Decoder(CFG).state_dict(), HF)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    gone, live = int(dead.stdout), os.getppid()  # an exited process; the one running pytest
+    root = tmp_path / "run" / "checkpoints"
+    for name in (f".tmp-step-000009-{gone}", f".tmp-step-000009-{live}"):
+        (root / name / "policy").mkdir(parents=True)
+    (root / f".LATEST.{gone}").write_text("step-000009")
+    # killed between the output policy folder's two renames: the old one is the only copy
+    (root / f".old-policy-{gone}").mkdir()
+    checkpoints.write(tmp_path / "run", "policy", store, state(1))
+    assert sorted(p.name for p in root.iterdir()) == [
+        f".tmp-step-000009-{live}", "LATEST", "policy", "step-000001"]
