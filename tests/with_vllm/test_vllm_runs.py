@@ -1,6 +1,7 @@
 """Whole runs with vLLM workers (real worker processes, the built-in models as HF folders with
-head_dim 32): every sample trained exactly once, vLLM in every generating role or in one pool
-beside the embedded engine, and a vLLM worker's shifts timed part by part.
+head_dim 32): every sample trained exactly once, vLLM in every generating role (rollout, GenRM
+judge, multi-turn tool rollouts) or in one pool beside the embedded engine, and a vLLM worker's
+shifts timed part by part.
 
 Each run starts its own workers (and so its own vLLM engines), so there are few and short
 ones. Skipped when vllm is not installed (the main environment).
@@ -63,3 +64,17 @@ def test_a_vllm_rollout_beside_the_embedded_judge_shifts_timed(tmp_path: Path) -
     logs = {p.name.split("-", 1)[1]: p for p in (result.out / "logs").glob("*.log")}
     assert vllm_started(logs["rollout.log"]) and not vllm_started(logs["genrm.log"])
     assert json.loads((result.out / "config.json").read_text())["engines"] == {"rollout": "vllm"}
+
+
+def test_multi_turn_tool_rollouts_on_vllm(tmp_path: Path) -> None:
+    # The tool policy calls the calculator on some prompts: a call ends at the stop string
+    # "</tool_call>" (an added token, matched by vLLM's detokenizer); the next turn's prompt
+    # is the prompt, the turns so far and the tool's observation, as token ids.
+    result = run(ROOT / "graphs" / "agentic_tools.py", sets=["engine=vllm", "live=false"],
+                 out=tmp_path / "out", steps=2, console=False)  # fmt: skip
+    s = result.summary
+    assert s["error"] is None and s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
+    assert s["generation_errors"] == 0 and s["tool_results"].get("ok", 0) > 0, s["tool_results"]
+    steps = [json.loads(line) for line in (result.out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["tool_errors"] == 0 for r in steps)
+    assert max(r["turns_mean"] for r in steps) > 1.0  # some samples took a second turn
