@@ -276,7 +276,7 @@ class ZmqControllerTransport:
                 user_id = None
                 if curve:  # the frame carries the key the ZAP handler admitted (its User-Id)
                     frame = recv(noblock, copy=False)
-                    payload, user_id = frame.bytes, frame.get("User-Id")
+                    payload, user_id = frame.bytes, cast("str | None", frame.get("User-Id"))
                 else:
                     payload = recv(noblock)
                 if more():
