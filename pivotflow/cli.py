@@ -88,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args, console))
+    except KeyboardInterrupt:  # outside the event loop, where the run's own handler is
+        console.print("[yellow]interrupted (Ctrl-C) while the run was starting or writing its "
+                      "records[/]")
+        return 130
     except RunInterrupted as exc:  # the message says what was checkpointed, how to resume
         console.print(f"[yellow]{escape(str(exc))}[/]", highlight=False, soft_wrap=True)
         return 143 if isinstance(exc, RunTerminated) else 130

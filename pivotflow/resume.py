@@ -12,6 +12,7 @@ Importing this module loads no torch.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -132,6 +133,7 @@ class Continuation:
     shifts: int = 0
     migrations: int = 0
     steps: list[dict[str, Any]] = field(default_factory=list)  # step, task_accuracy
+    worker_restarts: int = 0  # the earlier segments' (from a summary.json before the step)
     segment: int = 0  # 0 for a fresh run, then 1, 2, ... for each resume
     checkpoint: str | None = None  # the folder's name
     history: list[dict[str, Any]] = field(default_factory=list)  # config.json's, so far
@@ -143,7 +145,9 @@ class Continuation:
                 if int(r["step"]) <= step]
         last = kept[-1] if kept else {}
         history = list(prev.get("history") or [])
+        summary = _summary_before(out, step)
         return cls(step=step, time_s=float(last.get("time_s") or 0.0),
+                   worker_restarts=int(summary.get("worker_restarts") or 0),
                    shifts=int(last.get("shifts") or 0),
                    migrations=int(last.get("migrations") or 0),
                    steps=[{"step": r["step"], "task_accuracy": r.get("task_accuracy")}
@@ -164,6 +168,17 @@ class Continuation:
         if passed_over:
             out["passed_over"] = passed_over  # damaged newer checkpoints, and why
         return out
+
+
+def _summary_before(out: Path, step: int) -> dict[str, Any]:
+    """The earlier summary.json if all it counts happened up to ``step`` (a run stopped at its
+    checkpoint); {} if it is missing, unreadable, or went past the step (the steps after it
+    are taken again, so are their counts)."""
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) and summary.get("steps", step + 1) <= step else {}
 
 
 def refuse(out: Path, shape: list[str]) -> ConfigError:

@@ -449,6 +449,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     summary = _summarize(ctl, steps, cont.time_s + wall, error)
     summary.shifts += cont.shifts
     summary.migrations += cont.migrations
+    summary.worker_restarts += cont.worker_restarts
     summary.extra["resumed_from_step"] = cont.step if seg.ckpt is not None else None
     summary.extra["segments"] = cont.segment + 1
     summary.extra["worker_pids"] = [p.pid for p in launcher.procs.values()]
