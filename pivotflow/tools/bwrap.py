@@ -91,7 +91,8 @@ def command(roots: list[str], hidden: Iterable[str] = (), tmp_mb: int = 64) -> l
         args += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                  "--unshare-cgroup-try", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
-        args += ["--unshare-all", "--uid", str(NOBODY), "--gid", str(NOBODY), "--disable-userns"]
+        args += ["--unshare-all", "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY),
+                 "--disable-userns"]  # --unshare-all only tries a user namespace
     # the private /tmp first: a tool folder under the host's /tmp is then bound inside it
     args += ["--proc", "/proc", "--dev", "/dev",
              "--size", str(tmp_mb * 2**20), "--perms", "1777", "--tmpfs", "/tmp"]
