@@ -14,6 +14,15 @@ per busy worker-second, differences of the view's totals), and moves toward it w
   ``step_s * (1 - now / after) > (1 + hysteresis) * shift_cost`` (the moved workers load side
   by side, so the pipeline pays about one shift for them, as backpressure's lending rule counts).
 
+Known limit: a rate per busy second is low both for a pool that is slow and for one that is
+starved (its batches run part-empty while the pool before it is the bottleneck), so a starved
+pool may be given workers (simulated dense7b+7b at 128 GPUs, mid-ramp: the judge, fed by a rollout
+pool too small for the longer responses, measured 1.1 samples/s a worker and was given 59 of 128
+workers). Dividing by the measured batch fill over-corrects the other way (the tail's part-empty
+batches are not spare capacity: that run gave the trainer 82 of 128 in the early regime and
+ran it at 105.8 samples/s against 116.4, the late one at 36.1 against 30.3, the whole run at 48.1
+against 48.6). Both measured; the plain rate is the one shipped.
+
 Every evaluation is kept in ``log`` (taken or not), and every move of a re-size carries its
 numbers (rates, sizes before and after, predicted rates, gain, cost) into the controller's
 decision log, as every move does.
