@@ -4,7 +4,7 @@ The worker process sees a root of its own: read-only binds of the system (``/usr
 ``/bin``, ``/lib`` links), of the Python installation, of the pivotflow package and of the
 folders the tools are imported from; a private ``/tmp`` (tmpfs, size-capped) as the only
 writable place; a ``/proc`` of its own pid namespace (no other process, so no controller's
-``environ``); a minimal ``/dev``. Everything else (``/etc/shadow``, ``/root``, the home
+``environ``); a minimal read-only ``/dev``. Everything else (``/etc/shadow``, ``/root``, the home
 folders, the run folder) is simply not there. It has no network (its own empty network
 namespace), no System V IPC, a new session, and it dies with its parent: killing ``bwrap``
 tears the whole pid namespace down, ``setsid`` survivors included.
@@ -85,7 +85,7 @@ def command(roots: list[str], hidden: Iterable[str] = (), tmp_mb: int = 64) -> l
     exe = executable()
     if exe is None:
         raise FileNotFoundError("bwrap is not installed")
-    args = [exe, "--die-with-parent", "--new-session", "--clearenv"]
+    args = [exe, "--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox"]
     if os.geteuid() == 0:
         # no user namespace: the uid drop inside is then a real one (see the module docstring)
         args += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
@@ -114,7 +114,9 @@ def command(roots: list[str], hidden: Iterable[str] = (), tmp_mb: int = 64) -> l
         h = str(Path(h).resolve())
         if _covered(h, roots) and os.path.isdir(h):
             args += ["--perms", "0000", "--tmpfs", h, "--remount-ro", h]
-    args += ["--chdir", "/tmp", "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp",
+    # the root and /dev are tmpfs the sandbox user would own in a user namespace (unbounded
+    # memory to fill): read-only, so the size-capped /tmp is the only writable place
+    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp",
              "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
              "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "PYTHONNOUSERSITE", "1",
              "--setenv", "PYTHONPATH", str(Path(_PKG_DIR).parent), "--"]

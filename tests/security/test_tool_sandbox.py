@@ -116,6 +116,8 @@ def test_writes_outside_the_private_tmp_fail(pool: ToolPool, tmp_path: Path) -> 
         "FileNotFoundError")
     assert host.read_text() == "mine"
     assert _call(pool, "append_file", path="/tmp/own.txt", text="fine") == "ok: 4"
+    for elsewhere in ("/x", "/dev/shm/x", "/root/x", "/usr/x"):  # no other tmpfs to fill
+        assert not _call(pool, "append_file", path=elsewhere, text="x").startswith("ok"), elsewhere
 
 
 def test_the_run_folder_is_hidden(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
