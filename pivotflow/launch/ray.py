@@ -108,10 +108,13 @@ class Slot:
 @dataclass
 class HostedWorker:
     """A worker started on the cluster. ``pid`` is on its node (the same host on a fake
-    cluster); ``code`` is set once its exit is known."""
+    cluster); ``code`` is set once its exit is known. It keeps its own host actor and
+    placement: its slot may hold another worker's by the time its death is read."""
 
     worker_id: str
     slot: Slot
+    actor: Any
+    where: Any
     pid_ref: Any
     wait_ref: Any
     code: int | None = None
@@ -203,7 +206,8 @@ class RayLauncher:
         argv = ["--endpoint", self.endpoint, "--id", worker_id,
                 *(["--curve-keys", self.curve_keys] if self.curve_keys else [])]
         self.procs[worker_id] = HostedWorker(
-            worker_id, slot, pid_ref=slot.actor.start.remote(worker_id, argv, self.threads),
+            worker_id, slot, slot.actor, slot.where,
+            pid_ref=slot.actor.start.remote(worker_id, argv, self.threads),
             wait_ref=slot.actor.wait.remote())
 
     def _free_slot(self) -> Slot:
@@ -224,18 +228,21 @@ class RayLauncher:
         import ray
 
         h = self.procs[slot.worker] if slot.worker else None
-        if h is not None and not h.lost:
-            self._save_log(h)
-        if slot.actor is not None:
-            ray.kill(slot.actor)  # its worker dies with it (PDEATHSIG) if it still ran
+        if h is not None:
+            if h.actor is not None:
+                self._save_log(h)
+                ray.kill(h.actor)  # its worker dies with it (PDEATHSIG) if it still ran
+            if h.code is None:  # killed, its exit not read yet: it is read as this now
+                h.code = NODE_LOST_CODE
+            h.actor = None
         slot.actor, slot.worker = None, None
 
     def _save_log(self, h: HostedWorker) -> None:
         import ray
 
         try:
-            data = ray.get(h.slot.actor.read_log.remote(MAX_LOG_BYTES), timeout=CALL_TIMEOUT_S)
-            h.slot.actor.close.remote()
+            data = ray.get(h.actor.read_log.remote(MAX_LOG_BYTES), timeout=CALL_TIMEOUT_S)
+            h.actor.close.remote()
         except Exception as exc:  # noqa: BLE001 - its node went as we asked
             data = f"(log not read from its node: {type(exc).__name__})\n".encode()
         (self.log_dir / f"{h.worker_id}.log").write_bytes(data)
@@ -246,11 +253,11 @@ class RayLauncher:
         import ray
 
         h = self.procs.get(worker_id)
-        if h is None or h.code is not None or h.slot.actor is None:
+        if h is None or h.code is not None or h.actor is None:
             return False
         h.killed = True
         try:
-            return bool(ray.get(h.slot.actor.kill.remote(), timeout=CALL_TIMEOUT_S))
+            return bool(ray.get(h.actor.kill.remote(), timeout=CALL_TIMEOUT_S))
         except Exception:  # noqa: BLE001 - the actor (its node) is gone: so is the worker
             return False
 
@@ -260,12 +267,12 @@ class RayLauncher:
         h = self.procs.get(worker_id)
         if h is None:
             return ""
-        if h.lost or h.slot.actor is None or h.slot.worker != worker_id:
+        if h.lost or h.actor is None:
             saved = self.log_dir / f"{worker_id}.log"
             text = saved.read_text(errors="replace")[-chars:] if saved.is_file() else ""
             return (h.lost + "\n" + text).strip()[-chars:]
         try:
-            return str(ray.get(h.slot.actor.tail.remote(chars), timeout=CALL_TIMEOUT_S))
+            return str(ray.get(h.actor.tail.remote(chars), timeout=CALL_TIMEOUT_S))
         except Exception as exc:  # noqa: BLE001
             return f"(stderr not read from its node: {type(exc).__name__})"
 
@@ -295,13 +302,13 @@ class RayLauncher:
             waiting.pop(ref).placed = True
         now = time.monotonic()
         for h in waiting.values():
-            if now - h.started_at > self.place_timeout_s and h.slot.actor is not None:
+            if now - h.started_at > self.place_timeout_s and h.actor is not None:
                 h.code = NODE_LOST_CODE
                 h.lost = (f"no Ray node took its bundle {self.bundle} in "
                           f"{self.place_timeout_s:g} s (ray.place_timeout_s): the cluster has "
                           "too few resources left for the run's workers")
-                ray.kill(h.slot.actor)
-                h.slot.actor = None
+                ray.kill(h.actor)
+                self._forget_actor(h)
 
     def _ended(self, h: HostedWorker, ref: Any) -> None:
         import ray
@@ -310,24 +317,32 @@ class RayLauncher:
             h.code = int(ray.get(ref))
         except ray.exceptions.RayError as exc:
             h.code = NODE_LOST_CODE
-            node = self._node_of(h.slot)
+            node = self._node_of(h)
             if node and not _node_alive(node):
                 self.nodes_lost.add(node)
                 h.lost = f"its Ray node {node[:12]} left the cluster (the worker went with it)"
             else:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 h.lost = f"its Ray host actor died ({type(exc).__name__}: {first})"
-            h.slot.actor = None  # dead: the bundle takes a new one
+            self._forget_actor(h)
 
-    def _node_of(self, slot: Slot) -> str:
+    @staticmethod
+    def _forget_actor(h: HostedWorker) -> None:
+        """``h``'s host actor is dead: its bundle takes a new one (if still ``h``'s)."""
+        h.actor = None
+        if h.slot.worker == h.worker_id:
+            h.slot.actor = None
+
+    def _node_of(self, held: Slot | HostedWorker) -> str:
+        """The node of a slot's actor, or of a worker's (its where(), asked once)."""
         import ray
 
-        if not isinstance(slot.where, dict):
+        if not isinstance(held.where, dict):
             try:
-                slot.where = ray.get(slot.where, timeout=0.5)
+                held.where = ray.get(held.where, timeout=0.5)
             except Exception:  # noqa: BLE001 - the actor died before it answered
                 return ""
-        node = str(slot.where.get("node_id", ""))
+        node = str(held.where.get("node_id", ""))
         self.nodes_used.add(node)
         return node
 
@@ -337,7 +352,7 @@ class RayLauncher:
         import ray
 
         h = self.procs[worker_id]
-        ip, port = ray.get(h.slot.actor.free_port.remote(), timeout=CALL_TIMEOUT_S)
+        ip, port = ray.get(h.actor.free_port.remote(), timeout=CALL_TIMEOUT_S)
         self.rendezvous_made += 1
         return f"tcp://[{ip}]:{port}" if ":" in ip else f"tcp://{ip}:{port}"
 
@@ -362,10 +377,10 @@ class RayLauncher:
         self.stats()  # the nodes, while the actors still answer
         for h in self.procs.values():
             _ = h.pid  # now: once the connection is closed, a ray.get would open a new one
-        running = [h for h in self.procs.values() if h.code is None and h.slot.actor]
+        running = [h for h in self.procs.values() if h.code is None and h.actor is not None]
         if running:
             ray.wait([h.wait_ref for h in running], num_returns=len(running), timeout=timeout_s)
-            ends = [h.slot.actor.terminate.remote(2.0) for h in running]
+            ends = [h.actor.terminate.remote(2.0) for h in running]
             ray.wait(ends, num_returns=len(ends), timeout=CALL_TIMEOUT_S)
         self.exited()
         for s in self.slots:

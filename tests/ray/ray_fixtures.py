@@ -56,9 +56,8 @@ def left_on_cluster() -> dict[str, Any]:
     return {"placement_groups": groups, "actors": alive}
 
 
-def listening_addresses() -> set[str]:
-    """The addresses this process's descendants (the cluster's raylets, GCS, actors, workers)
-    listen on, read from /proc: TCP sockets in LISTEN state, IPv4 and IPv6."""
+def descendants() -> list[int]:
+    """This process's descendants (the cluster's raylets, GCS, actors, workers), from /proc."""
     me = os.getpid()
     parent: dict[int, int] = {}
     for d in os.listdir("/proc"):
@@ -76,8 +75,27 @@ def listening_addresses() -> set[str]:
                 return True
         return False
 
+    return [pid for pid in parent if descends(pid)]
+
+
+def worker_pid(worker_id: str) -> int | None:
+    """The pid of this test's worker process ``worker_id`` (never another session's)."""
+    for pid in descendants():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"pivotflow.worker" in argv and worker_id.encode() in argv:
+            return pid
+    return None
+
+
+def listening_addresses() -> set[str]:
+    """The addresses this process's descendants listen on, read from /proc: TCP sockets in
+    LISTEN state, IPv4 and IPv6."""
     inodes: set[str] = set()
-    for pid in filter(descends, parent):
+    for pid in descendants():
         try:
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 target = os.readlink(f"/proc/{pid}/fd/{fd}")

@@ -5,6 +5,8 @@ mid-run taking its worker with it while the run goes on and loses nothing."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -12,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ray_fixtures import FakeCluster, left_on_cluster, listening_addresses
+from ray_fixtures import FakeCluster, left_on_cluster, listening_addresses, worker_pid
 
 from pivotflow.errors import ConfigError
 from pivotflow.metrics import read_metrics
@@ -69,6 +71,38 @@ def test_chaos_kills_on_the_cluster_lose_nothing(tmp_path: Path,
     assert s["ledger"]["groups_trained"] == s["ledger"]["prompts_in"] == 12
     killed = [p for p in (tmp_path / "out" / "logs").iterdir() if "~r" in p.name]
     assert killed, "the replacements' logs are in the run folder"
+    assert left_on_cluster() == {"placement_groups": [], "actors": []}
+
+
+def stop_a_worker_after(out: Path, worker_id: str, step: int) -> None:
+    """SIGSTOP ``worker_id``'s process (the fake nodes share this host) once ``step`` steps
+    are recorded: it lives on, silent."""
+    records = out / "metrics.jsonl"
+    deadline = time.monotonic() + 200
+    while time.monotonic() < deadline and not (
+            records.is_file() and len(records.read_text().splitlines()) >= step):
+        time.sleep(0.1)
+    pid = worker_pid(worker_id)
+    if pid is not None:
+        os.kill(pid, signal.SIGSTOP)
+
+
+def test_a_silent_worker_is_replaced_in_its_own_bundle(tmp_path: Path,
+                                                       ray_cluster: FakeCluster) -> None:
+    """Declared dead by its heartbeat while its process lives (stopped): the launcher kills
+    it through its host actor, and the replacement takes that bundle."""
+    out = tmp_path / "out"
+    stopper = threading.Thread(target=stop_a_worker_after, args=(out, "w0-rollout", 2),
+                               daemon=True)
+    stopper.start()
+    result = run(GRAPH, sets=[*FAST, "planner=static", "worker_timeout_s=30"], out=out,
+                 steps=5, console=False)
+    stopper.join(10)
+    s = result.summary
+    assert s["worker_restarts"] >= 1 and s["ray"]["node_failures"] == 0
+    assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
+    assert s["ledger"]["groups_trained"] == s["ledger"]["prompts_in"] == 10
+    assert (out / "logs" / "w0-rollout~r1.log").is_file()
     assert left_on_cluster() == {"placement_groups": [], "actors": []}
 
 
