@@ -6,7 +6,8 @@ A resume takes the earlier run's settings (its ``config.json``) and applies the 
 (SHAPE_KEYS, every ``graph.*`` knob, the graph file's content, its models and its data) is
 refused with every difference listed, unless the caller accepts them knowingly; each run
 segment, and what it changed or accepted, is a ``history`` entry in ``config.json``.
-Importing this module loads no torch.
+``resume_point`` finds the run folder and its newest whole checkpoint. Importing this module
+loads no torch.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pivotflow import checkpoints
 from pivotflow.config import RunConfig
 from pivotflow.errors import ConfigError
 from pivotflow.graph import Graph
@@ -112,8 +114,6 @@ def _change(key: str, old: Any, new: Any) -> str:
 def newest_run(root: Path, graph_name: str) -> Path | None:
     """The newest ``root/GRAPH-YYYYMMDD-HHMMSS`` run folder (by its name's time) that has a
     checkpoint: what ``--resume auto`` continues when no ``--out`` is given."""
-    from pivotflow import checkpoints
-
     runs = [p for p in root.glob(f"{graph_name}-*") if p.is_dir()
             and RUN_NAME.search(p.name) and p.name[:-16] == graph_name]
     for path in sorted(runs, key=lambda p: p.name[-15:], reverse=True):
@@ -185,3 +185,65 @@ def refuse(out: Path, shape: list[str]) -> ConfigError:
     return ConfigError(f"--resume {out}: the checkpoint's run differs in what shapes its state: "
                        f"{'; '.join(shape)} (resume with the same settings, or pass "
                        "--accept-changes to resume anyway; config.json's history records it)")
+
+
+@dataclass
+class Segment:
+    """One run segment (a fresh run, or one resume of it): where its records go and what it
+    continues from."""
+
+    out: Path
+    graph_path: str
+    cont: Continuation
+    config: dict[str, Any]  # config.json; a resume writes it at its first step
+    ckpt: checkpoints.Checkpoint | None
+
+    @property
+    def log_dir(self) -> Path:  # a resume's worker logs do not overwrite the earlier ones
+        logs = self.out / "logs"
+        return logs if self.cont.segment == 0 else logs / f"resume-{self.cont.segment}"
+
+    def resume_hint(self, step: int | None) -> str:
+        where = (f"checkpoint step {step} in {self.out / 'checkpoints'}" if step is not None
+                 else "no step to checkpoint yet")
+        return f"{where}; resume with: pivotflow run {self.graph_path} --resume {self.out}"
+
+
+def resume_point(resume: str | None, out: Path | None, graph_name: str
+                  ) -> tuple[Path, checkpoints.Checkpoint | None, list[str]]:
+    """The run folder, the checkpoint to continue from (None: a fresh run) and the damaged
+    newer checkpoints passed over for it."""
+    if resume not in (None, "auto"):
+        if out is not None and Path(out).resolve() != Path(resume).resolve():
+            raise ConfigError(f"--resume {resume} --out {out}: a resume continues the records "
+                              "of the folder it resumes; drop --out")
+        out = Path(resume)
+    elif resume == "auto" and out is None:
+        found = newest_run(Path("runs"), graph_name)
+        if found is None:
+            raise ConfigError(f"--resume auto: no run of graph {graph_name!r} under "
+                              f"{Path('runs').resolve()} has a checkpoint; give --resume DIR, "
+                              "or leave --resume out for a fresh run")
+        out = found
+    out = Path(out or Path("runs") / f"{graph_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if resume is None:
+        return out, None, []
+    ckpt, passed_over = checkpoints.newest_whole(out)
+    if resume != "auto" and ckpt is None:
+        raise ConfigError(f"--resume {resume}: no whole checkpoint under {out / 'checkpoints'}")
+    return out, ckpt, passed_over
+
+
+def read_config(out: Path) -> dict[str, Any]:
+    """The earlier run's config.json ({} when it has none: settings then come from the
+    command line alone)."""
+    path = out / "config.json"
+    if not path.is_file():
+        return {}
+    try:
+        prev = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--resume {out}: {path} is unreadable: {exc}") from exc
+    if not isinstance(prev, dict):
+        raise ConfigError(f"--resume {out}: {path} is not a JSON object")
+    return prev

@@ -37,7 +37,16 @@ from pivotflow.launch.workers import attach, launcher_summary, open_workers
 from pivotflow.metrics import STEP_KEYS, Ledger, RunRecorder, RunSummary, StepRecord
 from pivotflow.params.base import ParamStore
 from pivotflow.planner import make_planner
-from pivotflow.resume import Continuation, differences, fingerprint, inherited, newest_run, refuse
+from pivotflow.resume import (
+    Continuation,
+    Segment,
+    differences,
+    fingerprint,
+    inherited,
+    read_config,
+    refuse,
+    resume_point,
+)
 from pivotflow.run_models import ProblemStream, prepare_models
 from pivotflow.transport.curve import load_controller_keys
 
@@ -113,8 +122,8 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
     defaults = graph_defaults(module)
     cfg = resolve(given, defaults)
     graph = build_graph(module, cfg.graph)
-    out, ckpt, passed_over = _resume_point(resume, out, graph.name)
-    prev = _read_config(out) if ckpt is not None else {}
+    out, ckpt, passed_over = resume_point(resume, out, graph.name)
+    prev = read_config(out) if ckpt is not None else {}
     cont = Continuation()
     shape: list[str] = []
     changes: list[str] = []
@@ -201,68 +210,6 @@ class _TermBeforeLoop:
     def restore(self) -> None:
         if self.previous is not None:
             signal.signal(signal.SIGTERM, self.previous)
-
-
-@dataclass
-class Segment:
-    """One run segment (a fresh run, or one resume of it): where its records go and what it
-    continues from."""
-
-    out: Path
-    graph_path: str
-    cont: Continuation
-    config: dict[str, Any]  # config.json; a resume writes it at its first step
-    ckpt: checkpoints.Checkpoint | None
-
-    @property
-    def log_dir(self) -> Path:  # a resume's worker logs do not overwrite the earlier ones
-        logs = self.out / "logs"
-        return logs if self.cont.segment == 0 else logs / f"resume-{self.cont.segment}"
-
-    def resume_hint(self, step: int | None) -> str:
-        where = (f"checkpoint step {step} in {self.out / 'checkpoints'}" if step is not None
-                 else "no step to checkpoint yet")
-        return f"{where}; resume with: pivotflow run {self.graph_path} --resume {self.out}"
-
-
-def _resume_point(resume: str | None, out: Path | None, graph_name: str
-                  ) -> tuple[Path, checkpoints.Checkpoint | None, list[str]]:
-    """The run folder, the checkpoint to continue from (None: a fresh run) and the damaged
-    newer checkpoints passed over for it."""
-    if resume not in (None, "auto"):
-        if out is not None and Path(out).resolve() != Path(resume).resolve():
-            raise ConfigError(f"--resume {resume} --out {out}: a resume continues the records "
-                              "of the folder it resumes; drop --out")
-        out = Path(resume)
-    elif resume == "auto" and out is None:
-        found = newest_run(Path("runs"), graph_name)
-        if found is None:
-            raise ConfigError(f"--resume auto: no run of graph {graph_name!r} under "
-                              f"{Path('runs').resolve()} has a checkpoint; give --resume DIR, "
-                              "or leave --resume out for a fresh run")
-        out = found
-    out = Path(out or Path("runs") / f"{graph_name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    if resume is None:
-        return out, None, []
-    ckpt, passed_over = checkpoints.newest_whole(out)
-    if resume != "auto" and ckpt is None:
-        raise ConfigError(f"--resume {resume}: no whole checkpoint under {out / 'checkpoints'}")
-    return out, ckpt, passed_over
-
-
-def _read_config(out: Path) -> dict[str, Any]:
-    """The earlier run's config.json ({} when it has none: settings then come from the
-    command line alone)."""
-    path = out / "config.json"
-    if not path.is_file():
-        return {}
-    try:
-        prev = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--resume {out}: {path} is unreadable: {exc}") from exc
-    if not isinstance(prev, dict):
-        raise ConfigError(f"--resume {out}: {path} is not a JSON object")
-    return prev
 
 
 OWNER_FILE = "OWNER_PID"  # the controller whose run store this is
