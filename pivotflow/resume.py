@@ -22,9 +22,10 @@ from typing import Any
 
 from pivotflow import checkpoints
 from pivotflow.config import RunConfig
-from pivotflow.errors import ConfigError
+from pivotflow.errors import CheckpointError, ConfigError
 from pivotflow.graph import Graph
 from pivotflow.metrics import read_metrics
+from pivotflow.params.hf_folder import read_json
 
 # Top-level settings a checkpoint's state depends on: the seed draws the prompts and the
 # sampling noise (a cursor into another stream is another run), max_staleness admitted the
@@ -241,9 +242,6 @@ def read_config(out: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        prev = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--resume {out}: {path} is unreadable: {exc}") from exc
-    if not isinstance(prev, dict):
-        raise ConfigError(f"--resume {out}: {path} is not a JSON object")
-    return prev
+        return read_json(path)
+    except CheckpointError as exc:  # its one line names the file
+        raise ConfigError(f"--resume {out}: {exc}") from exc

@@ -172,3 +172,14 @@ def test_steps_0_and_steps_not_above_the_checkpoint_name_steps(
     assert "--steps 0: must be >= 1" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="checkpoint is at step 2 .* give --steps N above 2"):
         run(graph, out=out, console=False, resume=str(out))  # finished: nothing to continue
+
+
+def test_an_unreadable_config_is_a_one_line_error_naming_it(
+        finished: tuple[Path, Path], tmp_path: Path) -> None:
+    graph, out = copy_of(finished, tmp_path)
+    (out / "config.json").write_text('{"steps": 2,')  # cut short
+    before = files(out)
+    with pytest.raises(ConfigError, match=rf"--resume {out}: {out / 'config.json'}: cannot "
+                                          "read JSON"):
+        run(graph, out=out, steps=4, console=False, resume=str(out))
+    assert files(out) == before
