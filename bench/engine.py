@@ -23,6 +23,11 @@ saying why instead of figures. Runs alternate between engines so all see the sam
 shared host; each keeps its best. ``--clock cpu`` times with this thread's CPU time (one thread
 per runner: the same work, ignoring time the host gives to other processes; not for vLLM, whose
 engine core is another process). Progress goes to stderr; one JSON object is the last line.
+
+The bpe25m entry's ``bound`` says how far any engine could get: one decode step's weight
+matmuls at batch 64 timed bare (``matmul_bound``: no attention, no framework, on MKL's ``mm``,
+which transformers runs, and on oneDNN, which the embedded engine runs), each engine's seconds
+per step, and ``max_ratio_vs_hf``, transformers' step over the fastest bare matmuls.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from pivotflow.engines.torch import (
     load_checkpoint,
     save_checkpoint,
 )
+from pivotflow.engines.torch.linear import Linears
 
 CONFIG = ModelConfig(
     vocab_size=99,
@@ -324,6 +330,51 @@ def bench_tiny(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# ---- the bound: one decode step's matmuls, nothing else ---------------------------------------
+
+
+def step_matmuls(cfg: ModelConfig) -> list[tuple[int, int, int]]:
+    """(in, out, times) of every weight matmul one decode step makes per sequence."""
+    q_kv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+    layers = cfg.num_hidden_layers
+    return [
+        (cfg.hidden_size, q_kv, layers),  # q, k, v
+        (cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, layers),  # o
+        (cfg.hidden_size, 2 * cfg.intermediate_size, layers),  # gate, up
+        (cfg.intermediate_size, cfg.hidden_size, layers),  # down
+        (cfg.hidden_size, cfg.vocab_size, 1),  # lm_head
+    ]
+
+
+def matmul_bound(cfg: ModelConfig, batch: int, repeats: int) -> dict[str, Any]:
+    """Seconds of one decode step's weight matmuls at ``batch`` rows, timed bare: random
+    [out, in] weights, one set per layer as a real step streams them, in the step's order;
+    no attention, norms, rotary or sampling; best of ``repeats`` (at least 5) x 5 steps. On
+    each kernel: ``mm`` (torch.mm, MKL: what transformers' F.linear runs on CPU) and
+    ``onednn`` (the embedded engine's, where this host has it). No engine does less than these
+    matmuls, so transformers' step time over the fastest of them is the most any engine can
+    gain on it with these kernels (attention, also unavoidable, is left out: the true bound is
+    lower)."""
+    kernels = {"mm": Linears(onednn=False)}
+    fast = Linears.for_weights(torch.empty(0))
+    if fast.onednn:
+        kernels["onednn"] = fast
+    pairs = [(torch.randn(batch, n_in), torch.randn(n_out, n_in))
+             for n_in, n_out, times in step_matmuls(cfg) for _ in range(times)]  # fmt: skip
+    out: dict[str, float] = {}
+    for name, mm in kernels.items():
+
+        def steps(mm: Linears = mm) -> None:
+            for _ in range(5):
+                for x, w in pairs:
+                    mm.linear(x, w)
+
+        steps()  # warm-up: oneDNN builds its kernel for each shape once
+        out[name] = round(_best(steps, max(repeats, 5)) / 5, 5)
+    flops = 2 * batch * sum(i * o * t for i, o, t in step_matmuls(cfg))
+    return {"batch": batch, "gflop": round(flops / 1e9, 3), "matmul_step_s": out}
+
+
 # ---- the ~25M BPE model ------------------------------------------------------------------------
 
 
@@ -365,6 +416,7 @@ def bench_bpe(args: argparse.Namespace, engines: list[str]) -> dict[str, Any]:
         rates = throughput(runners, lambda b: prompts[:b], new, args.repeats, "bpe25m")
         agree = _agreement(runners["torch"](prompts[:8]), runners["hf"](prompts[:8]))
         del runners
+        bound = matmul_bound(cfg, max(BATCHES), args.repeats)
         vllm = None
         if "vllm" in engines:
             vllm = vllm_column(folder, prompts, args)
@@ -384,12 +436,30 @@ def bench_bpe(args: argparse.Namespace, engines: list[str]) -> dict[str, Any]:
         "tokens_match_hf_fraction": agree,
         "vllm": vllm,
         "ratio_vs_vllm": _ratios(ours, vllm_rates),
+        "bound": _with_steps(bound, ours, hf),
     }
     log(f"[bpe25m] ratio vs hf {out['ratio_vs_hf']}; vs vllm {out['ratio_vs_vllm']}")
+    log(f"[bpe25m] bound at batch {bound['batch']}: {out['bound']}")
     return out
 
 
 # ---- vLLM, in a child process ------------------------------------------------------------------
+
+
+def _with_steps(bound: dict[str, Any], ours: dict[str, float], hf: dict[str, float]) -> dict:
+    """``bound`` plus each engine's seconds per decode step at its batch (a whole run's time
+    over its new tokens: prefill is spread over the steps, which makes the bound generous)
+    and the most any engine can gain on transformers: its step over the fastest matmuls."""
+    batch = str(bound["batch"])
+    fastest = min(bound["matmul_step_s"].values())
+    hf_step, torch_step = int(batch) / hf[batch], int(batch) / ours[batch]
+    return {
+        **bound,
+        "hf_step_s": round(hf_step, 5),
+        "torch_step_s": round(torch_step, 5),
+        "max_ratio_vs_hf": round(hf_step / fastest, 2),
+        "torch_share_of_bound": round(fastest / torch_step, 2),
+    }
 
 
 def vllm_column(folder: Path, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
