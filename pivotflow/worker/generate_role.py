@@ -75,6 +75,9 @@ def _torch_engine(config: dict[str, Any], options: dict, where: str) -> tuple[An
         # Special tokens print too: a stop string or a tag that is an added token is matched.
         kw["detokenize"] = lambda ids: tok.decode(ids, skip_special=False)
         kw["eos_token_ids"] = tuple(tok.eos_ids)
+        # Qwen2.5 and Llama pad the embedding past the tokenizer: ids above it have no text.
+        if tok.vocab_size < cfg.vocab_size:
+            kw["vocab_limit"] = tok.vocab_size
     return cfg, kw
 
 

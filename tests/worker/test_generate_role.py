@@ -107,3 +107,37 @@ def test_dtype_comes_from_the_config_or_the_option(
     assert len(done[0].token_ids) == 2 and all(lp <= 0 for lp in done[0].logprobs)
     with pytest.raises(ModelConfigError, match="dtype='int8' is not one of auto"):
         folder_role(tmp_path / "bad", folder, dtype="int8")
+
+
+def test_an_embedding_padded_past_the_tokenizer_never_yields_an_id_without_text(
+    tmp_path: Path, random_models: dict[str, Path]
+) -> None:
+    """Qwen2.5 and Llama pad their embedding past the tokenizer; the role hands the engine the
+    tokenizer's size, so a random model (which samples nearly uniformly) never draws a padded id."""
+    import shutil
+
+    from pivotflow.engines.torch.weights import save_checkpoint
+    from pivotflow.tokenizer import load_tokenizer
+
+    src = random_models["policy"]
+    tok = load_tokenizer(src)
+    folder = tmp_path / "padded"
+    shutil.copytree(src, folder)
+    model = load_model_folder(src)
+    pad = 64
+    cfg = dict(model.hf_config, vocab_size=model.config.vocab_size + pad)
+    tensors = dict(model.tensors)
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in tensors:
+            t = tensors[name]
+            tensors[name] = torch.cat([t, t[:pad] * 3.0])  # padded rows outscore real ones
+    save_checkpoint(folder, cfg, tensors)
+    r = folder_role(tmp_path / "store", folder, tokenizer_dir=str(folder))
+    jobs = [GenerateJob(job_id=i, prompt_ids=[5, 6, 7], max_tokens=24, seed=i) for i in range(4)]
+    assert r.add(jobs) == []
+    done: list[JobDone] = []
+    while len(done) < 4:
+        done += r.step()
+    ids = [t for d in done for t in d.token_ids]
+    assert len(ids) > 24 and max(ids) < tok.vocab_size
+    tok.decode(ids)  # every id has text
