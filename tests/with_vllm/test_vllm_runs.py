@@ -31,12 +31,15 @@ def vllm_started(log: Path) -> bool:
 
 
 def test_the_genrm_graph_on_vllm_trains_every_sample_once(tmp_path: Path) -> None:
-    result = run(ROOT / "graphs" / "grpo_genrm.py", sets=["engine=vllm", "live=false"],
-                 out=tmp_path / "out", steps=20, console=False)  # fmt: skip
+    # a worker SIGKILLed after steps 8 and 16 (chaos): its replacement starts vLLM again
+    sets = ["engine=vllm", "live=false", "chaos.kill_worker_every_steps=8"]
+    result = run(ROOT / "graphs" / "grpo_genrm.py", sets=sets, out=tmp_path / "out", steps=20,
+                 console=False)  # fmt: skip
     s = result.summary
     assert s["error"] is None and s["steps"] == 20
     assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
     assert s["ledger"]["groups_trained"] == 20 * 8 and s["generation_errors"] == 0
+    assert s["chaos_kills"] == 2 and s["worker_restarts"] == 2
     logs = {p.name.split("-", 1)[1]: p for p in (result.out / "logs").glob("*.log")}
     assert vllm_started(logs["rollout.log"]) and vllm_started(logs["genrm.log"])
     assert json.loads((result.out / "config.json").read_text())["engine"] == "vllm"
