@@ -241,8 +241,7 @@ class RayLauncher:
         import ray
 
         try:
-            data = ray.get(h.actor.read_log.remote(MAX_LOG_BYTES), timeout=CALL_TIMEOUT_S)
-            h.actor.close.remote()
+            data = ray.get(h.actor.take_log.remote(MAX_LOG_BYTES), timeout=CALL_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - its node went as we asked
             data = f"(log not read from its node: {type(exc).__name__})\n".encode()
         (self.log_dir / f"{h.worker_id}.log").write_bytes(data)

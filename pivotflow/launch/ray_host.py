@@ -11,9 +11,9 @@ the command line (the CurveZMQ keys are files on the node; only their folder is 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -105,16 +105,21 @@ class WorkerHost:
         except OSError:
             return ""
 
-    def read_log(self, max_bytes: int) -> bytes:
-        """The log's last ``max_bytes``, for the run folder on the controller's host."""
+    def take_log(self, max_bytes: int) -> bytes:
+        """The log's last ``max_bytes``, for the run folder on the controller's host; the
+        node's copy goes (and the run's folder here, once empty)."""
         if self.log_path is None:
             return b""
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(max(0, f.seek(0, os.SEEK_END) - max_bytes))
-                return f.read()
+                data = f.read()
         except OSError:
             return b""
+        self.log_path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.root.rmdir()  # only when empty: other workers of the run may log here
+        return data
 
     def free_port(self) -> tuple[str, int]:
         """A TCP port free on this node now (the trainers' rendezvous when this worker is
@@ -123,10 +128,3 @@ class WorkerHost:
         with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as s:
             s.bind((ip, 0))
             return ip, int(s.getsockname()[1])
-
-    def close(self) -> None:
-        """Forget the log (the controller copied it); the folder goes when it is empty."""
-        if self.log_path is not None:
-            self.log_path.unlink(missing_ok=True)
-        if self.root.is_dir() and not any(self.root.iterdir()):
-            shutil.rmtree(self.root, ignore_errors=True)

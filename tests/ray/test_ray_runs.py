@@ -17,6 +17,7 @@ import pytest
 from ray_fixtures import FakeCluster, left_on_cluster, listening_addresses, worker_pid
 
 from pivotflow.errors import ConfigError
+from pivotflow.launch.ray_host import log_root
 from pivotflow.metrics import read_metrics
 from pivotflow.run import run
 
@@ -56,6 +57,7 @@ def test_a_run_on_two_nodes_with_a_trainer_group_over_tcp(tmp_path: Path,
     assert s["worker_restarts"] == 0
     logs = sorted(p.name for p in (result.out / "logs").iterdir())
     assert logs == ["w0-rollout.log", "w1-trainer.log", "w2-trainer.log"]
+    assert not log_root(f"out-{os.getpid()}").exists()  # the nodes' copies went
     assert left_on_cluster() == {"placement_groups": [], "actors": []}
 
 
@@ -71,6 +73,7 @@ def test_chaos_kills_on_the_cluster_lose_nothing(tmp_path: Path,
     assert s["ledger"]["groups_trained"] == s["ledger"]["prompts_in"] == 12
     killed = [p for p in (tmp_path / "out" / "logs").iterdir() if "~r" in p.name]
     assert killed, "the replacements' logs are in the run folder"
+    assert not log_root(f"out-{os.getpid()}").exists()
     assert left_on_cluster() == {"placement_groups": [], "actors": []}
 
 
