@@ -143,13 +143,14 @@ class RayLauncher:
     def __init__(self, endpoint: str, log_dir: Path, threads: int = 1, curve_keys: str = "",
                  *, slots: int, cpus: float = 1.0, gpus: float = 0.0, strategy: str = "PACK",
                  place_timeout_s: float = 60.0, run_tag: str = "run",
-                 cluster: RayCluster | None = None) -> None:
+                 cluster: RayCluster | None = None, secret_file: str = "") -> None:
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
 
         from pivotflow.launch.ray_host import WorkerHost
 
         self.endpoint, self.curve_keys, self.threads = endpoint, curve_keys, threads
+        self.secret_file = secret_file  # removed by ``stop``; see launch/workers.py
         self.cluster = cluster  # closed by ``stop`` (its connection, if it made it)
         self.place_timeout_s = place_timeout_s
         self.log_dir, self.run_tag = log_dir, run_tag
@@ -207,7 +208,7 @@ class RayLauncher:
                 *(["--curve-keys", self.curve_keys] if self.curve_keys else [])]
         self.procs[worker_id] = HostedWorker(
             worker_id, slot, slot.actor, slot.where,
-            pid_ref=slot.actor.start.remote(worker_id, argv, self.threads),
+            pid_ref=slot.actor.start.remote(worker_id, argv, self.threads, self.secret_file),
             wait_ref=slot.actor.wait.remote())
 
     def _free_slot(self) -> Slot:
@@ -392,6 +393,8 @@ class RayLauncher:
             if h.lost and not (self.log_dir / f"{h.worker_id}.log").exists():
                 (self.log_dir / f"{h.worker_id}.log").write_text(h.lost + "\n")
         remove_placement_group(self.pg)
+        if self.secret_file:
+            Path(self.secret_file).unlink(missing_ok=True)
         if self.cluster is not None:
             self.cluster.close()
 

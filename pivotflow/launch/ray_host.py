@@ -60,11 +60,24 @@ class WorkerHost:
                 "node_id": ray.get_runtime_context().get_node_id(),
                 "gpus": [str(g) for g in ray.get_gpu_ids()]}
 
-    def start(self, worker_id: str, argv: list[str], threads: int) -> int:
-        """Start the worker; its pid. Ray already set CUDA_VISIBLE_DEVICES for the bundle."""
+    def start(self, worker_id: str, argv: list[str], threads: int, secret_file: str = "") -> int:
+        """Start the worker; its pid. Ray already set CUDA_VISIBLE_DEVICES for the bundle.
+
+        ``secret_file`` (a 0600 file on this node holding the run's secret; its path, never its
+        bytes, travels through Ray): the worker gets its token in its environment, as the
+        local launcher gives it."""
         self.root.mkdir(parents=True, exist_ok=True)
         self.log_path = self.root / f"{worker_id}.log"
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        if secret_file:
+            from pivotflow.transport.admission import TOKEN_ENV, worker_token
+
+            try:
+                secret = Path(secret_file).read_bytes()
+            except OSError as e:
+                raise RuntimeError(f"the run's secret file {secret_file} cannot be read on "
+                                   f"node {self.where()['ip']}: {e.strerror}") from None
+            env[TOKEN_ENV] = worker_token(secret, worker_id)
         parent = os.getpid()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(

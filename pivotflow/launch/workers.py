@@ -7,6 +7,8 @@ this host, else this host's address with CurveZMQ (see ``RayCluster.controller_e
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,9 +39,19 @@ def open_workers(cfg: RunConfig, curve: CurveKeys | None, log_dir: Path, slots: 
 
     cluster = RayCluster(cfg.ray.address)
     tcp: ZmqControllerTransport | None = None
+    secret_file = ""
     try:
-        tcp = ZmqControllerTransport(
-            cfg.endpoint or cluster.controller_endpoint(cfg.curve_keys), curve=curve)
+        endpoint = cfg.endpoint or cluster.controller_endpoint(cfg.curve_keys)
+        secret = None
+        if _is_loopback(endpoint):
+            # Every node is this host: the secret goes in a 0600 file here that the host
+            # actors read (its path travels through Ray, never its bytes). Across hosts the
+            # CurveZMQ keys, required there, are what admits a worker.
+            secret = new_run_secret()
+            fd, secret_file = tempfile.mkstemp(prefix="pivotflow-run-secret-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(secret)
+        tcp = ZmqControllerTransport(endpoint, curve=curve, worker_secret=secret)
         gpus = cfg.ray.gpus_per_worker
         if gpus < 0:  # auto: a GPU per worker when the workers run on CUDA
             gpus = 1.0 if cfg.device.startswith("cuda") else 0.0
@@ -48,13 +60,20 @@ def open_workers(cfg: RunConfig, curve: CurveKeys | None, log_dir: Path, slots: 
                                cpus=cfg.ray.cpus_per_worker, gpus=gpus,
                                strategy=cfg.ray.strategy,
                                place_timeout_s=cfg.ray.place_timeout_s, run_tag=run_tag,
-                               cluster=cluster)
+                               cluster=cluster, secret_file=secret_file)
     except BaseException:
         if tcp is not None:
             tcp.close()
+        if secret_file:
+            Path(secret_file).unlink(missing_ok=True)
         cluster.close()
         raise
     return tcp, launcher
+
+
+def _is_loopback(endpoint: str) -> bool:
+    host = endpoint.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "::1", "localhost")
 
 
 def attach(launcher: Launcher, ctl: Controller) -> None:

@@ -127,7 +127,8 @@ class Admission:
 
     def counters(self) -> dict[str, object]:
         """The refusals, for the run's records."""
-        return {"refused_hellos": self.refused_hellos, "impostor_frames": self.impostor_frames,
+        return {"tokens_required": self.secret is not None,
+                "refused_hellos": self.refused_hellos, "impostor_frames": self.impostor_frames,
                 "unregistered_frames": self.unregistered_frames,
                 "by_sender": {k: dict(v) for k, v in self.by_sender.items()}}
 

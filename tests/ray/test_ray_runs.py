@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -55,6 +56,9 @@ def test_a_run_on_two_nodes_with_a_trainer_group_over_tcp(tmp_path: Path,
     assert s["ledger"]["groups_trained"] == s["ledger"]["prompts_in"] == 6
     assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
     assert s["worker_restarts"] == 0
+    # on a cluster of this host only, a Hello needs the run's token, handed over by file
+    assert s["admission"]["tokens_required"] and s["admission"]["refused_hellos"] == 0
+    assert not list(Path(tempfile.gettempdir()).glob("pivotflow-run-secret-*"))
     logs = sorted(p.name for p in (result.out / "logs").iterdir())
     assert logs == ["w0-rollout.log", "w1-trainer.log", "w2-trainer.log"]
     assert not log_root(f"out-{os.getpid()}").exists()  # the nodes' copies went

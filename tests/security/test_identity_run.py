@@ -163,7 +163,7 @@ def test_a_stranger_on_the_socket_changes_nothing(rule_graph: Path, tmp_path: Pa
     assert any(r["train_grad_norm"] > 0 for r in clean), "the policy never moved"
     adm = summary["admission"]
     assert adm["refused_hellos"] + adm["impostor_frames"] > 0, adm
-    assert clean_summary["admission"] == {"refused_hellos": 0, "impostor_frames": 0,
+    assert clean_summary["admission"] == {"tokens_required": True, "refused_hellos": 0, "impostor_frames": 0,
                                           "unregistered_frames": 0, "by_sender": {}}
     # a refused stranger heard "refused" and nothing else: no Welcome, no role, no job
     assert poke.answers and set(poke.answers) == {encode_reject()}
