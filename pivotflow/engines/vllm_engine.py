@@ -127,6 +127,7 @@ class VllmEngine:
         self._loaded = kw.get("load_format") != "dummy"
         self._live: dict[str, _Live] = {}
         self.release_s = self.resume_s = self.update_s = 0.0
+        self._llm: Any = None  # vllm.LLM while started
         t0 = time.perf_counter()
         self._start()
         self.startup_s = time.perf_counter() - t0
