@@ -55,6 +55,9 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     steps: int = 200
     seed: int = 0
     max_staleness: int = 0
+    # partial rollouts: steps wait only for groups max_staleness makes them, generation in
+    # flight at a new version resumes from its prefix on it (pivotflow/controller/partial.py)
+    partial_rollout: bool = False
     planner: str = "backpressure"
     # static only: pools whose workers time-share them in phases, "a+b" per group, groups
     # comma-separated (e.g. "rollout+genrm": inference workers roll out and judge)

@@ -20,6 +20,7 @@ from typing import Any
 from pivotflow.controller import stages
 from pivotflow.controller.clock import Clock
 from pivotflow.controller.edges import Edge
+from pivotflow.controller.partial import PartialRollouts
 from pivotflow.controller.planning import planner_view
 from pivotflow.controller.pools import Pool, WorkerHandle
 from pivotflow.controller.records import lost_groups, step_record
@@ -28,7 +29,7 @@ from pivotflow.controller.sample import Ledger, Sample
 from pivotflow.controller.shifts import ShiftManager
 from pivotflow.controller.source import PromptSource
 from pivotflow.controller.tool_calls import ToolCalls
-from pivotflow.controller.train_batch import TrainBuffer
+from pivotflow.controller.train_batch import FIRST, TrainBuffer
 from pivotflow.controller.training import TrainSteps
 from pivotflow.errors import GraphError, WorkerError
 from pivotflow.graph import Graph
@@ -68,6 +69,8 @@ class ControllerConfig:
     max_jobs_per_frame: int = 32
     max_filtered_per_step: int = 10  # x groups_per_step filtered in a row fails the run
     max_worker_restarts: int = 50
+    # partial rollouts (off until their RL effect is measured): see controller/partial.py
+    partial_rollout: bool = False
 
 
 class Controller:
@@ -84,6 +87,8 @@ class Controller:
         self.tok = tokenizers
         self.source = source
         self.store_dir = store_dir
+        # a launcher with a store copy per node names each worker's (launch/workers.attach)
+        self.store_dir_for: Callable[[str], str] = lambda _worker: store_dir
         self.role_options = role_options
         self.on_step = on_step
         self.pools = {p.name: Pool(p.name, "", "") for p in graph.pools.values()}
@@ -99,7 +104,9 @@ class Controller:
                       for i, n in enumerate(self.order) if n.kind in ("generate", "judge")}
         self.barriers: dict[int, dict[int, list[Sample]]] = {
             i: {} for i, n in enumerate(self.order) if n.kind in BARRIERS}
-        self.train_buffer = TrainBuffer(source.groups_per_step, cfg.max_staleness)
+        self.train_buffer = TrainBuffer(source.groups_per_step, cfg.max_staleness,
+                                        partial=cfg.partial_rollout)
+        self.partial = PartialRollouts(self) if cfg.partial_rollout else None
         self.ledger = Ledger()
         self.jobs: dict[int, tuple[Sample, int, str, float]] = {}  # sample, stage, worker, sent
         self.job_rtt_s: dict[int, deque[float]] = {i: deque(maxlen=4096) for i in self.edges}
@@ -284,7 +291,7 @@ class Controller:
             self.fail(WorkerError(f"worker {w.worker_id}: {reason}"))
             return
         self.send(w.worker_id, Welcome(protocol_version=PROTOCOL_VERSION,
-                                                 store_dir=self.store_dir,
+                                                 store_dir=self.store_dir_for(w.worker_id),
                                                  heartbeat_s=self.cfg.heartbeat_s))
         pool = self.pools[w.pool]
         opts = self.role_options.get(pool.name, {})
@@ -342,7 +349,8 @@ class Controller:
                         "to train on; check the reward, or raise max_filtered_per_step"))
                 return
         else:  # train
-            self.train_buffer.add(group)
+            if self.partial is None or not self.partial.refused(group, now):
+                self.train_buffer.add(group)
             return
         for sample in group:
             self._advance(sample, idx + 1, now)
@@ -383,6 +391,7 @@ class Controller:
         workers = self.workers
         tok = self.tok[node.model or ""]
         generate, turns = node.kind == "generate", idx in self.tools.turns
+        partial = self.partial is not None
         while len(edge):
             # the ready worker with the most free slots (the first of equals); inline, since
             # this runs on every result (a simulated 128-GPU cluster: millions of times)
@@ -399,6 +408,9 @@ class Controller:
                 job_id = self.next_job
                 self.next_job += 1
                 if generate:
+                    if partial and FIRST not in sample.private:
+                        sample.private[FIRST] = self.version
+                        self.train_buffer.started(sample.group_id, self.version)
                     job = stages.generate_job(node, sample, job_id, tok, self.version)
                     if turns:
                         job = self.tools.job(idx, job, sample)
@@ -439,9 +451,10 @@ class Controller:
             sample.private[stages.PARTIAL] = r
             sample.private[stages.COUNTED] = len(r.token_ids)
             self.edges[idx].push(sample, now, front=True)
+            carried = self.partial is not None and self.partial.came_back(r.job_id)
             if r.job_id in self._ckpt_pending:
                 self.checkpoint_job_back(r.job_id)
-            else:
+            elif not carried:
                 self.shifts.on_aborted(w.worker_id, r.job_id)
             return
         if r.error:
@@ -475,6 +488,8 @@ class Controller:
             self.ledger.mark_trained(group[0].group_id, len(group))
         self.version = msg.version
         self.filtered_since_step = 0
+        if self.partial is not None:  # the step boundary: carry generation over, refuse stale
+            self.partial.on_new_version(self.clock.now())
         if self.on_step is not None:
             self.on_step(self.step_record(batch, msg))
         self._shifts_reported = len(self.shifts.done)

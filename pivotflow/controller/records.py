@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import TYPE_CHECKING, Any
 
 from pivotflow.controller.sample import Sample
@@ -40,8 +41,25 @@ def step_record(ctl: Controller, batch: list[list[Sample]], msg: TrainDone) -> d
         "response_len_mean": sum(len(s.fields["response_ids"]) for s in samples)
         / len(samples),
         **tool_figures(samples),
+        **partial_figures(ctl, samples, msg.version - 1),
         **{f"train_{k}": v for k, v in msg.stats.items()},
     }
+
+
+def partial_figures(ctl: Controller, samples: list[Sample], policy: int) -> dict[str, Any]:
+    """The share of this step's trained tokens sampled from a version older than the one it
+    trains (``policy``), and, with partial rollouts on, the run's carry-overs and refusals."""
+    tokens = old = 0
+    for s in samples:
+        versions = s.fields["versions"] or []
+        tokens += len(versions)
+        old += bisect_left(versions, policy)  # non-decreasing along a sequence
+    out: dict[str, Any] = {"stale_token_share": old / tokens if tokens else 0.0}
+    if ctl.partial is not None:
+        out.update(carried_over=ctl.partial.carried_over,
+                   groups_refused=ctl.partial.groups_refused,
+                   tokens_refused=ctl.partial.tokens_refused)
+    return out
 
 
 def tool_figures(samples: list[Sample]) -> dict[str, Any]:

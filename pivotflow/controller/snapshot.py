@@ -20,6 +20,7 @@ import msgspec
 
 from pivotflow.controller import stages
 from pivotflow.controller.sample import Sample
+from pivotflow.controller.train_batch import FIRST
 from pivotflow.controller.turns import AWAITING
 from pivotflow.errors import CheckpointError
 from pivotflow.protocol import JobDone
@@ -141,6 +142,15 @@ def restore(ctl: Controller, state: ControllerState) -> None:
             ctl.barriers[s.stage].setdefault(s.group_id, []).append(sample)
     for group in groups.values():
         ctl.train_buffer.add(group)
+    if ctl.train_buffer.partial:  # each open group's first job's version (its samples hold it)
+        for s in state.samples:
+            first = s.fields.get(FIRST)
+            if first is not None and s.group_id in ctl.train_buffer.open:
+                held = ctl.train_buffer.first.get(s.group_id, first)
+                ctl.train_buffer.first[s.group_id] = min(first, held)
+    if ctl.partial is not None:  # (a run resumed with a smaller max_staleness, say)
+        for group in ctl.train_buffer.refuse(ctl.version):
+            ctl.partial.regenerate(group, now)
 
 
 def _rng_out(rng: random.Random) -> list[Any]:
