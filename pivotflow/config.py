@@ -80,6 +80,11 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     chaos: ChaosConfig = msgspec.field(default_factory=ChaosConfig)
     launcher: str = "local"  # one of LAUNCHERS: worker processes on this host, or on Ray
     ray: RayConfig = msgspec.field(default_factory=RayConfig)
+    # samples.jsonl: how many of each step's samples to write (-1: all, 0: none)
+    log_samples: int = 4
+    sinks: str = ""  # comma-separated metric sinks beside metrics.jsonl: one of SINKS each
+    metrics_port: int = 0  # a Prometheus text endpoint for the live controller (0: none)
+    metrics_host: str = "127.0.0.1"  # where it listens (loopback unless told otherwise)
     pools: dict[str, int] = {}
     graph: dict[str, Any] = {}
 
@@ -193,6 +198,7 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
         if getattr(cfg.chaos, name) < 0:
             raise ConfigError(f"--set chaos.{name}={getattr(cfg.chaos, name)}: must be >= 0")
     _check_launcher(cfg)
+    _check_records(cfg)
     if cfg.max_staleness < 0:
         raise ConfigError(f"--set max_staleness={cfg.max_staleness}: must be >= 0")
     return cfg
@@ -214,6 +220,19 @@ def _check_launcher(cfg: RunConfig) -> None:
     if cfg.launcher == "ray" and importlib.util.find_spec("ray") is None:
         raise ConfigError("--set launcher=ray: ray is not installed "
                           "(pip install 'pivotflow[ray]')")
+
+
+def _check_records(cfg: RunConfig) -> None:
+    """The records and sinks keys: a sink's extra must be installed before the run starts."""
+    from pivotflow.sinks import check_sinks
+
+    if cfg.log_samples < -1:
+        raise ConfigError(f"--set log_samples={cfg.log_samples}: give a count of samples per "
+                          "step (0: none, -1: all)")
+    check_sinks(cfg.sinks)
+    if not 0 <= cfg.metrics_port <= 65535:
+        raise ConfigError(f"--set metrics_port={cfg.metrics_port}: a TCP port is 1-65535 "
+                          "(0: no endpoint)")
 
 
 def colocate_groups(cfg: RunConfig, pools: list[str] | None) -> list[tuple[str, ...]]:

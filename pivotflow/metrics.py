@@ -6,6 +6,9 @@ Files (key names are an interface; see DESIGN.md "Run records"):
 * ``metrics.jsonl``: one ``StepRecord`` per optimizer step, one JSON object per line.
 * ``metrics.superseded.jsonl``: lines a resume took again (steps after the checkpoint it
   continued from), moved here as they were when the resumed run recorded its first step.
+* ``samples.jsonl``: a few of each step's trained samples, whole (``pivotflow.sinks.samples``
+  lists the keys); a resume moves the lines after its checkpoint to
+  ``samples.superseded.jsonl``, as it does the metrics.
 * ``summary.json``: one ``RunSummary`` at the end.
 * ``plots/``: PNGs drawn from ``metrics.jsonl`` (``pivotflow.metrics_plots``).
 
@@ -189,6 +192,85 @@ def read_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     return obj
 
 
+class StepLog:
+    """A JSONL file of objects keyed by ``step``, appended a step at a time and continued by a
+    resume: metrics.jsonl (one line a step) and samples.jsonl (a few). A torn last line (a
+    crash mid-write) is cut off when it is opened; ``continue_after`` moves the lines after a
+    checkpoint's step to NAME.superseded.jsonl at the next append, not before.
+
+    Raises:
+        MetricsError: the existing file has a malformed line other than a torn last one.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.superseded_path = path.with_name(f"{path.stem}.superseded.jsonl")
+        self.last_step: int | None = None
+        self._cut_at: int | None = None  # continue_after: applied at the next append
+        if self.path.exists():
+            self._repair_torn_tail()
+            records = read_metrics(self.path)
+            if records:
+                self.last_step = int(records[-1]["step"])
+
+    def _repair_torn_tail(self) -> None:
+        """Drop bytes after the last newline: only a crash mid-append leaves them there."""
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            cut = data.rfind(b"\n") + 1
+            with open(self.path, "r+b") as f:
+                f.truncate(cut)
+
+    def append(self, step: int, lines: list[dict[str, Any]]) -> None:
+        """Append a step's lines (written whole or not at all).
+
+        Raises:
+            MetricsError: ``step`` is not above the last recorded step (a resumed run must
+                call ``continue_after`` or ``truncate_after`` first).
+        """
+        if self._cut_at is not None:
+            self._supersede_after(self._cut_at)
+        if self.last_step is not None and step <= self.last_step:
+            raise MetricsError(
+                f"{self.path}: step {step} is not after the last recorded step "
+                f"{self.last_step} (call truncate_after(step) when resuming from a checkpoint)"
+            )
+        _append_whole(self.path, b"".join(_encoder.encode(line) + b"\n" for line in lines))
+        self.last_step = step
+
+    def continue_after(self, step: int) -> None:
+        """Resume after ``step``: the next ``append`` first moves the lines after it to the
+        superseded file. Until then the file is not touched, so a resume that fails before
+        its first step leaves the run's records byte for byte as they were."""
+        self._cut_at = step
+        self.last_step = step if self.last_step is None else min(self.last_step, step)
+
+    def _supersede_after(self, step: int) -> None:
+        records = read_metrics(self.path) if self.path.exists() else []
+        later = [r for r in records if int(r["step"]) > step]
+        if later:  # appended first: a crash between the two writes keeps both copies
+            with open(self.superseded_path, "ab") as f:
+                f.write(b"".join(_encoder.encode(r) + b"\n" for r in later))
+                f.flush()
+                os.fsync(f.fileno())
+            self.truncate_after(step)
+        self._cut_at = None
+
+    def truncate_after(self, step: int) -> int:
+        """Drop the lines with ``step`` > the given step (resuming from that checkpoint).
+
+        Returns how many lines were dropped. The file is rewritten atomically.
+        """
+        if not self.path.exists():
+            return 0
+        records = read_metrics(self.path)
+        kept = [r for r in records if int(r["step"]) <= step]
+        if len(kept) != len(records):
+            _atomic_write(self.path, b"".join(_encoder.encode(r) + b"\n" for r in kept))
+        self.last_step = int(kept[-1]["step"]) if kept else None
+        return len(records) - len(kept)
+
+
 class RunRecorder:
     """Writes one run's records under ``out_dir`` (created if missing).
 
@@ -203,24 +285,16 @@ class RunRecorder:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.out_dir / "metrics.jsonl"
+        self.samples_path = self.out_dir / "samples.jsonl"
         self.summary_path = self.out_dir / "summary.json"
         self.config_path = self.out_dir / "config.json"
         self.plots_dir = self.out_dir / "plots"
-        self.last_step: int | None = None
-        self._cut_at: int | None = None  # continue_after: applied at the next record_step
-        if self.metrics_path.exists():
-            self._repair_torn_tail()
-            records = read_metrics(self.metrics_path)
-            if records:
-                self.last_step = int(records[-1]["step"])
+        self.metrics = StepLog(self.metrics_path)
+        self.samples = StepLog(self.samples_path)
 
-    def _repair_torn_tail(self) -> None:
-        """Drop bytes after the last newline: only a crash mid-append leaves them there."""
-        data = self.metrics_path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            cut = data.rfind(b"\n") + 1
-            with open(self.metrics_path, "r+b") as f:
-                f.truncate(cut)
+    @property
+    def last_step(self) -> int | None:
+        return self.metrics.last_step
 
     def write_config(self, config: Any) -> Path:
         """Write the resolved config (a dict or msgspec Struct) to config.json, atomically.
@@ -242,48 +316,28 @@ class RunRecorder:
             MetricsError: ``record.step`` is not above the last recorded step (a resumed run must
                 call ``truncate_after`` first), or an extra key clashes with a standard key.
         """
-        if self._cut_at is not None:
-            self._supersede_after(self._cut_at)
-        if self.last_step is not None and record.step <= self.last_step:
-            raise MetricsError(
-                f"{self.metrics_path}: step {record.step} is not after the last recorded step "
-                f"{self.last_step} (call truncate_after(step) when resuming from a checkpoint)"
-            )
-        line = _flatten(record, f"step {record.step}")
-        _append_whole(self.metrics_path, _encoder.encode(line) + b"\n")
-        self.last_step = record.step
+        self.metrics.append(record.step, [_flatten(record, f"step {record.step}")])
+
+    def record_samples(self, step: int, lines: list[dict[str, Any]]) -> None:
+        """Append a step's samples.jsonl lines (none: nothing written, no file made)."""
+        if lines:
+            self.samples.append(step, lines)
 
     def continue_after(self, step: int) -> None:
         """Resume after ``step``: the next ``record_step`` first moves the records after it to
-        metrics.superseded.jsonl. Until then the file is not touched, so a resume that fails
-        before its first step leaves the run's records byte for byte as they were."""
-        self._cut_at = step
-        self.last_step = step if self.last_step is None else min(self.last_step, step)
-
-    def _supersede_after(self, step: int) -> None:
-        records = read_metrics(self.metrics_path) if self.metrics_path.exists() else []
-        later = [r for r in records if int(r["step"]) > step]
-        if later:  # appended first: a crash between the two writes keeps both copies
-            with open(self.out_dir / "metrics.superseded.jsonl", "ab") as f:
-                f.write(b"".join(_encoder.encode(r) + b"\n" for r in later))
-                f.flush()
-                os.fsync(f.fileno())
-            self.truncate_after(step)
-        self._cut_at = None
+        metrics.superseded.jsonl (and the next ``record_samples``, the samples after it to
+        samples.superseded.jsonl). Until then no file is touched, so a resume that fails before
+        its first step leaves the run's records byte for byte as they were."""
+        self.metrics.continue_after(step)
+        self.samples.continue_after(step)
 
     def truncate_after(self, step: int) -> int:
         """Drop the records with ``step`` > the given step (resuming from that checkpoint).
 
         Returns how many records were dropped. The file is rewritten atomically.
         """
-        if not self.metrics_path.exists():
-            return 0
-        records = read_metrics(self.metrics_path)
-        kept = [r for r in records if int(r["step"]) <= step]
-        if len(kept) != len(records):
-            _atomic_write(self.metrics_path, b"".join(_encoder.encode(r) + b"\n" for r in kept))
-        self.last_step = int(kept[-1]["step"]) if kept else None
-        return len(records) - len(kept)
+        self.samples.truncate_after(step)
+        return self.metrics.truncate_after(step)
 
     def write_summary(self, summary: RunSummary) -> Path:
         """Write summary.json atomically (temp file + rename).

@@ -48,6 +48,8 @@ from pivotflow.resume import (
     resume_point,
 )
 from pivotflow.run_models import ProblemStream, prepare_models
+from pivotflow.sinks import open_sinks, prometheus
+from pivotflow.sinks.samples import step_lines
 from pivotflow.transport.curve import load_controller_keys
 
 log = logging.getLogger("pivotflow.run")
@@ -162,8 +164,15 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
         if console:
             console.print(f"[yellow]passed over a damaged checkpoint[/]: {why}",
                           highlight=False, soft_wrap=True)
-    out.mkdir(parents=True, exist_ok=True)
-    recorder = RunRecorder(out)
+    # bound before anything is written: a port in use is a one-line error that leaves nothing
+    listener = prometheus.bind(cfg.metrics_host, cfg.metrics_port) if cfg.metrics_port else None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        recorder = RunRecorder(out)
+    except BaseException:
+        if listener is not None:
+            listener.close()
+        raise
     if ckpt is not None:
         recorder.continue_after(ckpt.step)  # the metrics continue the same file
         for path in checkpoints.sweep_temporary(out):
@@ -187,10 +196,12 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
                               steps=cfg.steps, max_staleness=cfg.max_staleness, seed=cfg.seed)
         seg = Segment(out, str(graph_path), cont, config, ckpt)
         return asyncio_run(_run_async(graph, cfg, assignments, source, models, store,
-                                      recorder, seg, console))
+                                      recorder, seg, console, listener))
     finally:
         terminated.restore()
         store.cleanup()
+        if listener is not None:
+            listener.close()
 
 
 class _TermBeforeLoop:
@@ -289,7 +300,8 @@ def start_tool_pools(graph: Graph, out: Path | None = None) -> dict[str, Any]:
 
 async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
                      source: PromptSource, models: Any, store: ParamStore,
-                     recorder: RunRecorder, seg: Segment, console: Any) -> RunResult:
+                     recorder: RunRecorder, seg: Segment, console: Any,
+                     listener: Any = None) -> RunResult:
     from pivotflow.live import LiveView
 
     out, cont = seg.out, seg.cont
@@ -298,6 +310,9 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     policy = graph.order()[-1].model or ""  # the trained model
     checkpointed: dict[str, Any] = {"step": cont.step if seg.ckpt is not None else None,
                                     "error": None}
+    sinks = open_sinks(cfg.sinks, out, seg.config, cont.step if seg.ckpt is not None else None)
+    sampled: list[dict[str, Any]] = []  # this step's samples.jsonl lines, until its record
+    last: dict[str, Any] = {}  # the newest step record, for the metrics endpoint
 
     def write_checkpoint() -> None:
         if ctl.version <= (checkpointed["step"] or 0) or checkpointed["error"]:
@@ -322,6 +337,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         first = len(steps) == len(cont.steps)
         try:
             recorder.record_step(StepRecord(**std, extra=extra))
+            recorder.record_samples(record["step"], sampled)
             if first and seg.ckpt is not None:  # a resume's config, once it has a step
                 recorder.write_config(seg.config)
         except OSError as exc:
@@ -330,6 +346,9 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
             return
         # only what the summary needs: a long run must not keep every record in memory
         steps.append({"step": record["step"], "task_accuracy": record.get("task_accuracy")})
+        sampled.clear()
+        last["record"] = record
+        sinks.write(record)
         live.update_step(record)
         if cfg.checkpoint_every and record["step"] % cfg.checkpoint_every == 0:
             ctl.checkpoint_soon(write_checkpoint)
@@ -355,6 +374,12 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
                      planner=make_planner(cfg.planner, colocate_groups(cfg, pool_order(graph))),
                      respawn=respawn, tool_pools=tool_pools)
     attach(launcher, ctl)
+    if cfg.log_samples:
+        def on_samples(batch: list[Any], step: int, version: int) -> None:
+            sampled[:] = step_lines(batch, step, version, cfg.log_samples)
+        ctl.on_samples = on_samples  # type: ignore[attr-defined]  # records.step_record calls it
+    endpoint = (None if listener is None
+                else prometheus.MetricsEndpoint(listener, ctl, lambda: last.get("record")))
     if seg.ckpt is not None:
         restore(ctl, seg.ckpt.state)
     loop = asyncio.get_running_loop()
@@ -369,6 +394,9 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     error: BaseException | None = None
     try:
         with live:
+            if endpoint is not None:
+                await endpoint.start()
+                log.info("metrics at http://%s:%d/metrics", cfg.metrics_host, cfg.metrics_port)
             for wid in assignments:
                 launcher.start(wid)
             await ctl.run()
@@ -386,6 +414,9 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         transport.close()
         for pool in tool_pools.values():
             pool.close()
+        if endpoint is not None:
+            await endpoint.close()
+        sinks.close()
     wall = time.perf_counter() - started
     # every stop checkpoints what it trained (a finished run too: --resume --steps N extends
     # it); a checkpoint that cannot be taken (a full disk) leaves the last whole one
@@ -402,6 +433,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     summary.extra["segments"] = cont.segment + 1
     summary.extra["worker_pids"] = [p.pid for p in launcher.procs.values()]
     summary.extra["chaos_kills"] = chaos.kills
+    summary.extra["metrics_requests"] = None if endpoint is None else endpoint.requests
     summary.extra.update(launcher_summary(launcher, cfg))
     if tool_pools:  # what the tool calls gave, by kind (ok, timeout, parse, ...), all stages
         kinds: dict[str, int] = {}
