@@ -33,7 +33,7 @@ from pivotflow.graph import Graph
 from pivotflow.graph_check import build_graph, graph_defaults, import_graph_file
 from pivotflow.launch.base import Launcher
 from pivotflow.launch.chaos import Chaos
-from pivotflow.launch.workers import attach, launcher_summary, open_workers, wait_for_version
+from pivotflow.launch.workers import attach, launcher_summary, open_workers
 from pivotflow.metrics import STEP_KEYS, Ledger, RunRecorder, RunSummary, StepRecord
 from pivotflow.params.base import ParamStore
 from pivotflow.planner import make_planner
@@ -318,7 +318,6 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         if ctl.version <= (checkpointed["step"] or 0) or checkpointed["error"]:
             return  # nothing new since the one on disk (a resume rewrites none before a step)
         try:
-            wait_for_version(launcher, policy, ctl.version)  # it may be crossing from a node
             checkpoints.write(out, policy, store, snapshot(ctl),
                               tokenizer_dir=models.dirs.get(policy))
         except CheckpointError as exc:  # a full disk: stop now, the last whole one stays
