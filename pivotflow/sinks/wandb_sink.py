@@ -8,7 +8,7 @@ from __future__ import annotations
 import netrc
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 
@@ -27,7 +27,9 @@ class WandbSink:
     def __init__(self, out: Path, config: dict[str, Any], resumed_after: int | None) -> None:
         import wandb
 
-        mode = os.environ.get("WANDB_MODE") or ("online" if logged_in() else "offline")
+        # WANDB_MODE, when set, is wandb's to read (and to refuse if it is no mode)
+        mode: Literal["online", "offline"] | None = (
+            None if os.environ.get("WANDB_MODE") else "online" if logged_in() else "offline")
         segment = len(config.get("history") or [None])
         self.run = wandb.init(
             project=os.environ.get("WANDB_PROJECT", "pivotflow"), dir=str(out), mode=mode,
