@@ -26,8 +26,10 @@ from pivotflow.sim.fluid import fluid_bound, rank_splits
 from pivotflow.sim.workload import load_workload
 
 
-def run(wl: Any, split: Split, planner: str, steps: int, partial: bool) -> dict[str, Any]:
-    cluster.ControllerConfig = functools.partial(ControllerConfig, partial_rollout=partial)
+def run(wl: Any, split: Split, planner: str, steps: int, partial: bool,
+        over: float = 0.0) -> dict[str, Any]:
+    cluster.ControllerConfig = functools.partial(ControllerConfig, partial_rollout=partial,
+                                                 over_sample=over)
     try:
         res = simulate(wl, planner, split, steps=steps, wall_limit_s=1800.0)
     finally:
@@ -42,7 +44,8 @@ def run(wl: Any, split: Split, planner: str, steps: int, partial: bool) -> dict[
             "staleness_max": max(r["staleness_max"] for r in recs),
             "carried_over": last.get("carried_over", 0),
             "groups_refused": last.get("groups_refused", 0),
-            "tokens_refused": last.get("tokens_refused", 0)}
+            "tokens_refused": last.get("tokens_refused", 0),
+            "tokens_generated": res.tokens_generated}
 
 
 def main() -> None:
@@ -52,6 +55,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--planner", default="backpressure")
     p.add_argument("--staleness", type=int, default=None, help="replace the file's")
+    p.add_argument("--over", type=float, nargs="*", default=[0.25, 0.5],
+                   help="over_sample values to run with partial rollouts on")
     args = p.parse_args()
     wl = load_workload(args.workload)
     if args.gpus:
@@ -61,13 +66,15 @@ def main() -> None:
     split = Split(**rank_splits(wl, top=1)[0][1])
     off = run(wl, split, args.planner, args.steps, False)
     on = run(wl, split, args.planner, args.steps, True)
+    over = {str(x): run(wl, split, args.planner, args.steps, True, x) for x in args.over}
     nc = fluid_bound(wl)["nonclairvoyant_samples_per_s"]
-    for r in (off, on):
+    for r in (off, on, *over.values()):
         r["fraction_of_nonclairvoyant"] = round(r["samples_per_s"] / nc, 4)
+        r["over_off"] = round(r["samples_per_s"] / off["samples_per_s"], 4)
     print(json.dumps({"workload": wl.name, "gpus": wl.gpus, "planner": args.planner,
                       "max_staleness": wl.max_staleness, "steps": args.steps,
                       "split": split.as_dict(), "nonclairvoyant_bound": round(nc, 3),
-                      "off": off, "on": on,
+                      "off": off, "on": on, "on_over_sample": over,
                       "on_over_off": round(on["samples_per_s"] / off["samples_per_s"], 4)}))
 
 

@@ -58,6 +58,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # partial rollouts: steps wait only for groups max_staleness makes them, generation in
     # flight at a new version resumes from its prefix on it (pivotflow/controller/partial.py)
     partial_rollout: bool = False
+    over_sample: float = 0.0  # with partial_rollout: extra groups in flight, x groups_per_step
     planner: str = "backpressure"
     # static only: pools whose workers time-share them in phases, "a+b" per group, groups
     # comma-separated (e.g. "rollout+genrm": inference workers roll out and judge)
@@ -201,6 +202,9 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     _check_records(cfg)
     if cfg.max_staleness < 0:
         raise ConfigError(f"--set max_staleness={cfg.max_staleness}: must be >= 0")
+    if cfg.over_sample < 0 or (cfg.over_sample and not cfg.partial_rollout):
+        raise ConfigError(f"--set over_sample={cfg.over_sample}: must be >= 0, and it needs "
+                          "partial_rollout=true (the groups over a step's need are carried)")
     return cfg
 
 

@@ -360,7 +360,8 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
                             heartbeat_s=cfg.heartbeat_s, worker_timeout_s=cfg.worker_timeout_s,
                             max_jobs_per_frame=cfg.max_jobs_per_frame,
                             max_worker_restarts=cfg.max_worker_restarts,
-                            partial_rollout=cfg.partial_rollout)
+                            partial_rollout=cfg.partial_rollout,
+                            over_sample=cfg.over_sample)
 
     def respawn(new_id: str, old_id: str) -> None:
         launcher.kill(old_id)  # declared dead: a paused process must not come back to life

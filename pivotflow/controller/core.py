@@ -71,6 +71,7 @@ class ControllerConfig:
     max_worker_restarts: int = 50
     # partial rollouts (off until their RL effect is measured): see controller/partial.py
     partial_rollout: bool = False
+    over_sample: float = 0.0  # partial only: extra groups in flight, x groups_per_step
 
 
 class Controller:
@@ -105,8 +106,11 @@ class Controller:
         self.barriers: dict[int, dict[int, list[Sample]]] = {
             i: {} for i, n in enumerate(self.order) if n.kind in BARRIERS}
         self.train_buffer = TrainBuffer(source.groups_per_step, cfg.max_staleness,
-                                        partial=cfg.partial_rollout)
+                                        partial=cfg.partial_rollout,
+                                        skip_tail=cfg.over_sample > 0)
         self.partial = PartialRollouts(self) if cfg.partial_rollout else None
+        if self.partial is not None:
+            source.extra = self.partial.extra_groups(cfg.over_sample)
         self.ledger = Ledger()
         self.jobs: dict[int, tuple[Sample, int, str, float]] = {}  # sample, stage, worker, sent
         self.job_rtt_s: dict[int, deque[float]] = {i: deque(maxlen=4096) for i in self.edges}
@@ -447,6 +451,8 @@ class Controller:
         tok = self.tok[node.model or ""]
         if node.kind == "generate":
             self.tokens_generated += len(r.token_ids) - sample.private.pop(stages.COUNTED, 0)
+        if self.partial is not None and self.partial.voided(sample, r, idx, w.worker_id):
+            return  # its group was refused and is being generated again
         if aborted:  # migration: resume elsewhere from the partial state
             sample.private[stages.PARTIAL] = r
             sample.private[stages.COUNTED] = len(r.token_ids)

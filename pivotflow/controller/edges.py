@@ -44,6 +44,13 @@ class Edge:
         self.served += n
         return out
 
+    def take_group(self, group_id: int) -> list[Sample]:
+        """Take out every queued sample of one group (a refused group, generated again)."""
+        out = [s for s in self._queue if s.group_id == group_id]
+        if out:
+            self._queue = deque(s for s in self._queue if s.group_id != group_id)
+        return out
+
     def samples(self) -> list[Sample]:
         return list(self._queue)
 

@@ -15,23 +15,28 @@ above prevents; a safety net for anything that slips past it) is refused — its
 away and the group generated again from its prompt (not dropped: dropping the slow groups would
 teach the policy that long answers never count) — and counted.
 
-Not built: APRIL's over-sampling (admit more groups than a step needs, train the first
-complete ones). Under a bound on the oldest token, the groups over the step's need are still
-due at the next step with tokens from this one, so all of them would be refused every step;
-its throughput comes from letting carried tokens age one step more, which here is
-``max_staleness + 1``.
+Over-sampling (``--set over_sample=X``, APRIL): ``X * groups_per_step`` more groups in flight,
+and a step no longer waits for a due group: it trains the first complete ones, oldest first.
+The due groups left out are refused at the boundary — complete or not: their jobs aborted,
+their samples taken from every queue — and generated again from their prompts, now as groups
+a step does wait for (so each group is cut once, and a response too long for the bound still
+ends). The cut tail's tokens are the price (``tokens_refused``); under a bound on the oldest
+token nothing else could happen to them. Exactly-once holds: a refused group stays open and is
+trained once, later.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
-from pivotflow.controller.train_batch import oldest_token
-from pivotflow.protocol import AbortJobs
+from pivotflow.controller import stages
+from pivotflow.controller.sample import Sample
+from pivotflow.controller.train_batch import RETRIED, VOID, oldest_token
+from pivotflow.protocol import AbortJobs, JobDone
 
 if TYPE_CHECKING:
     from pivotflow.controller.core import Controller
-    from pivotflow.controller.sample import Sample
 
 
 class PartialRollouts:
@@ -60,6 +65,50 @@ class PartialRollouts:
                 self.aborting.update(ids)
         for group in ctl.train_buffer.refuse(ctl.version):
             self.regenerate(group, now)
+        for gid in ctl.train_buffer.stale(ctl.version):  # incomplete, past their bound
+            found = self._take_group(gid)
+            if found is not None:
+                self.regenerate(found, now)
+
+    def extra_groups(self, over_sample: float) -> int:
+        return math.ceil(over_sample * self.ctl.source.groups_per_step)
+
+    def _take_group(self, gid: int) -> list[Sample] | None:
+        """Every sample of an incomplete group, out of the queues, barriers and jobs (those
+        jobs aborted, their objects marked void); None where a sample is elsewhere (waiting on
+        a tool call, say): the group then goes on, and is refused when complete."""
+        ctl = self.ctl
+        in_jobs = [(job_id, s, wid) for job_id, (s, _, wid, _) in ctl.jobs.items()
+                   if s.group_id == gid]
+        queued = sum(1 for e in ctl.edges.values() for s in e.samples() if s.group_id == gid)
+        waiting = sum(len(groups.get(gid, ())) for groups in ctl.barriers.values())
+        if len(in_jobs) + queued + waiting != ctl.source.group_size:
+            return None
+        found = [s for e in ctl.edges.values() for s in e.take_group(gid)]
+        for groups in ctl.barriers.values():
+            found += groups.pop(gid, [])
+        by_worker: dict[str, list[int]] = {}
+        for job_id, s, wid in in_jobs:
+            s.private[VOID] = True
+            found.append(s)
+            by_worker.setdefault(wid, []).append(job_id)
+        for wid, ids in by_worker.items():
+            ctl.send(wid, AbortJobs(job_ids=sorted(ids)))
+        return found
+
+    def voided(self, sample: Sample, r: JobDone, idx: int, worker_id: str) -> bool:
+        """A job of a refused group came back (aborted, or finished first): dropped."""
+        if VOID not in sample.private:
+            return False
+        ctl = self.ctl
+        self.aborting.discard(r.job_id)
+        if idx in self.stages:  # its tokens, the prefix too (counted nowhere else)
+            self.tokens_refused += len(r.token_ids)
+        if r.job_id in ctl._ckpt_pending:
+            ctl.checkpoint_job_back(r.job_id)
+        elif r.finish_reason == "abort":
+            ctl.shifts.on_aborted(worker_id, r.job_id)
+        return True
 
     def refused(self, group: list[Sample], now: float) -> bool:
         """A group just complete holds a token no step from now on may train: regenerate."""
@@ -82,9 +131,19 @@ class PartialRollouts:
         ctl = self.ctl
         keep = ctl.order[0].writes  # what the source gave it: prompt, ids, a table's columns
         self.groups_refused += 1
-        for s in group:
-            self.tokens_refused += len(s.fields.get("response_ids") or [])
-            s.fields = {k: v for k, v in s.fields.items() if k in keep}
-            s.private.clear()
-        for s in group:
+        gid = group[0].group_id
+        ctl.train_buffer.first.pop(gid, None)
+        ctl.train_buffer.retried.add(gid)  # steps wait for it now: cut once
+        fresh = []
+        for s in sorted(group, key=lambda s: s.sample_id):
+            # its tokens: a response, or a carried partial state; one in a generation job is
+            # counted when the job comes back
+            done = s.fields.get("response_ids") or []
+            partial = s.private.get(stages.PARTIAL)
+            self.tokens_refused += len(done) or (len(partial.token_ids) if partial else 0)
+            s.private[VOID] = True  # the old object is never used again
+            fresh.append(Sample(s.sample_id, gid, s.group_size, s.admit_version, s.seed,
+                                {k: v for k, v in s.fields.items() if k in keep},
+                                private={RETRIED: True}))
+        for s in fresh:
             ctl._advance(s, 1, now)

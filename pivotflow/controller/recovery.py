@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pivotflow.controller.pools import WorkerHandle
+from pivotflow.controller.train_batch import VOID
 from pivotflow.errors import WorkerError
 
 if TYPE_CHECKING:
@@ -75,8 +76,9 @@ class Recovery:
         for job_id in sorted(w.jobs, reverse=True):  # front pushes: keep the original order
             sample, idx, _, _ = ctl.jobs.pop(job_id)
             ctl.inflight[idx] -= 1
-            ctl.edges[idx].push(sample, now, front=True)
-            self.redispatched += 1
+            if VOID not in sample.private:  # (a refused group's: generated again already)
+                ctl.edges[idx].push(sample, now, front=True)
+                self.redispatched += 1
             ctl.checkpoint_job_back(job_id)  # a pending checkpoint stops waiting for it
         w.jobs.clear()
         if w.worker_id in ctl.busy_since:

@@ -20,7 +20,7 @@ import msgspec
 
 from pivotflow.controller import stages
 from pivotflow.controller.sample import Sample
-from pivotflow.controller.train_batch import FIRST
+from pivotflow.controller.train_batch import FIRST, RETRIED, VOID
 from pivotflow.controller.turns import AWAITING
 from pivotflow.errors import CheckpointError
 from pivotflow.protocol import JobDone
@@ -77,7 +77,7 @@ def snapshot(ctl: Controller) -> ControllerState:
     saved: list[SampleState] = []
     for idx, edge in ctl.edges.items():
         saved += [_saved(s, idx) for s in edge.samples()]
-    saved += [_saved(s, idx) for s, idx, _, _ in ctl.jobs.values()]
+    saved += [_saved(s, idx) for s, idx, _, _ in ctl.jobs.values() if VOID not in s.private]
     saved += [_saved(s, idx) for s, idx in ctl.tools.waiting.values()]  # called again on resume
     for idx, groups in ctl.barriers.items():
         saved += [_saved(s, idx) for group in groups.values() for s in group]
@@ -148,6 +148,8 @@ def restore(ctl: Controller, state: ControllerState) -> None:
             if first is not None and s.group_id in ctl.train_buffer.open:
                 held = ctl.train_buffer.first.get(s.group_id, first)
                 ctl.train_buffer.first[s.group_id] = min(first, held)
+            if s.fields.get(RETRIED) and s.group_id in ctl.train_buffer.open:
+                ctl.train_buffer.retried.add(s.group_id)
     if ctl.partial is not None:  # (a run resumed with a smaller max_staleness, say)
         for group in ctl.train_buffer.refuse(ctl.version):
             ctl.partial.regenerate(group, now)

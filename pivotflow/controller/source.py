@@ -34,6 +34,7 @@ class PromptSource:
         self.groups_per_step = int(node.options["groups_per_step"])
         self.steps = steps
         self.s = max_staleness
+        self.extra = 0  # groups admitted over the quota (partial rollouts' over-sampling)
         self.rng = random.Random(seed)
         self.next_sample = 0
         self.columns = node.options.get("table") is not None
@@ -41,7 +42,7 @@ class PromptSource:
 
     def quota(self, version: int, filtered: int) -> int:
         n = self.groups_per_step
-        return min(n * self.steps, n * (version + self.s + 1)) + filtered
+        return min(n * self.steps, n * (version + self.s + 1) + self.extra) + filtered
 
     def admit(self, ctl: Controller, now: float) -> list[list[Sample]]:
         groups = []

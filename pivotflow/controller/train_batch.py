@@ -5,6 +5,8 @@ from __future__ import annotations
 from pivotflow.controller.sample import Sample
 
 FIRST = "_first_version"  # private key: the policy version a sample's first job was sent at
+RETRIED = "_retried"  # private key: the sample's group was refused once (steps now wait for it)
+VOID = "_void"  # private key of a sample object whose group was refused while it was in a job
 
 
 def oldest_token(group: list[Sample]) -> int | None:
@@ -30,10 +32,15 @@ class TrainBuffer:
     tokens are thrown away and they are generated again; see Controller.regenerate).
     """
 
-    def __init__(self, groups_per_step: int, max_staleness: int, partial: bool = False) -> None:
+    def __init__(self, groups_per_step: int, max_staleness: int, partial: bool = False,
+                 skip_tail: bool = False) -> None:
         self.n = groups_per_step
         self.s = max_staleness
         self.partial = partial
+        # over-sampling: a step waits for no due group but a retried one (the rest of the due
+        # groups are refused at the boundary: the tail is cut, each group once)
+        self.skip_tail = skip_tail
+        self.retried: set[int] = set()
         self.open: dict[int, int] = {}  # group_id -> admit version, until trained or dropped
         self.first: dict[int, int] = {}  # partial only: group_id -> version its first job went
         self.ready: dict[int, list[Sample]] = {}
@@ -49,6 +56,7 @@ class TrainBuffer:
     def dropped(self, group_id: int) -> None:
         self.open.pop(group_id, None)
         self.first.pop(group_id, None)
+        self.retried.discard(group_id)
 
     def add(self, group: list[Sample]) -> None:
         self.ready[group[0].group_id] = group
@@ -58,7 +66,8 @@ class TrainBuffer:
         """The groups step ``version`` has to include (it waits for them)."""
         if not self.partial:
             return [g for g, a in self.open.items() if a + self.s <= version]
-        due = sorted((f, g) for g, f in self.first.items() if f + self.s <= version)
+        due = sorted((f, g) for g, f in self.first.items() if f + self.s <= version
+                     and (not self.skip_tail or g in self.retried))
         return [g for _, g in due[: self.n]]  # more than a step holds: refused next step
 
     def can_take(self, version: int) -> bool:
@@ -87,7 +96,12 @@ class TrainBuffer:
         for g in chosen:
             self.open.pop(g, None)
             self.first.pop(g, None)
+            self.retried.discard(g)
         return batch
+
+    def stale(self, version: int) -> list[int]:
+        """Open groups that started too early for any step from ``version`` on."""
+        return [g for g, f in self.first.items() if f + self.s < version]
 
     def refuse(self, version: int) -> list[list[Sample]]:
         """Partial rollouts: take out the complete groups that no step from ``version`` on may

@@ -82,6 +82,9 @@ def test_off_by_default_and_a_bad_value_is_one_line() -> None:
     with pytest.raises(ConfigError, match=r"Expected `bool`.*partial_rollout") as info:
         resolve({"partial_rollout": "maybe"}, {}, [])
     assert "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match=r"^--set over_sample=0.5: .*needs partial_rollout"):
+        resolve({"over_sample": 0.5}, {}, [])
+    assert resolve({"over_sample": 0.5, "partial_rollout": True}, {}, []).over_sample == 0.5
 
 
 def test_a_step_waits_for_started_groups_only() -> None:
@@ -163,3 +166,53 @@ async def test_a_snapshot_keeps_carried_partials_and_first_versions() -> None:
     for q in trained_seqs(second):
         assert q.response_ids == second.expect(list(q.prompt_ids), "policy")
     assert TOK.eos_id in trained_seqs(second)[0].response_ids
+
+
+def with_over_sample(h: Harness, over: float) -> Harness:
+    """``h`` with partial rollouts and over-sampling on."""
+    ctl = with_partial(h).ctl
+    ctl.cfg.over_sample = over
+    ctl.train_buffer.skip_tail = True
+    assert ctl.partial is not None
+    ctl.source.extra = ctl.partial.extra_groups(over)
+    return h
+
+
+async def test_over_sampling_cuts_the_tail_once_and_trains_every_group_once() -> None:
+    """More groups in flight than a step needs; steps take the first complete ones and the due
+    groups left out are refused (their jobs aborted and dropped, wherever their samples were)
+    and generated again, once, as groups a step waits for."""
+    h = with_over_sample(Harness(steps=8, assignments=dict(POOLS), group_size=4,
+                                 groups_per_step=3, max_staleness=1), 1.0)
+    ticks = {"w-r0": 0.004, "w-r1": 0.02}  # one slow rollout worker: a tail
+    async with serving(h, dict(POOLS), ticks=ticks) as (run, workers):
+        await asyncio.wait_for(run, 60)
+        await asyncio.sleep(0.05)  # voided jobs' aborts come back
+    check_exactly_once(h, 24)
+    part = h.ctl.partial
+    assert part is not None and part.groups_refused > 0 and part.tokens_refused > 0
+    assert all(r["staleness_max"] <= 1 for r in h.records)
+    seqs = trained_seqs(h)
+    assert len({q.job_id for q in seqs}) == len(seqs) == 24 * 4  # no sample trained twice
+    for q in seqs:
+        assert q.response_ids == h.expect(list(q.prompt_ids), "policy")
+    # every policy token sampled was trained, or counted as refused (the cut tail)
+    trained = sum(len(q.response_ids) for q in seqs)
+    assert sum(w.policy_tokens for w in workers) == trained + part.tokens_refused
+
+
+async def test_a_snapshot_while_over_sampling_resumes_exactly_once() -> None:
+    kw = {"assignments": dict(POOLS), "group_size": 4, "groups_per_step": 3,
+          "max_staleness": 1}
+    first = with_over_sample(Harness(steps=8, **kw), 1.0)  # type: ignore[arg-type]
+    stop, state, _ = await stopped_while_generating(first)
+    counts: dict[int, int] = {}
+    for s in state.samples:  # a void object (a refused group's job) is never saved
+        counts[s.group_id] = counts.get(s.group_id, 0) + 1
+    assert set(counts.values()) == {4}
+    second = with_over_sample(Harness(steps=8, **kw), 1.0)  # type: ignore[arg-type]
+    await run_restored(second, state)
+    before = [g for r in first.records[:stop] for g in r["group_ids"]]
+    after = [g for r in second.records for g in r["group_ids"]]
+    assert sorted(before + after) == list(range(24))
+    assert all(r["staleness_max"] <= 1 for r in second.records)
