@@ -8,6 +8,10 @@ stable order, by (node IP, GPU id), as slime and verl order theirs. The interfac
 launcher's, so chaos kills, recovery and respawn work unchanged: a worker whose node vanished
 is reported exited (code -9) with the reason as its stderr tail, and its replacement waits for
 Ray to re-place the bundle on a node that remains.
+
+With ``share_store`` (``launch/workers.attach`` calls it) every node holding workers gets a
+store agent and its own copy of the parameter store (``launch/ray_stores.py``); a worker's
+``Welcome`` names its node's copy (``store_dir_for``).
 """
 
 from __future__ import annotations
@@ -166,6 +170,9 @@ class RayLauncher:
         self.nodes_lost: set[str] = set()
         self.rendezvous_made = 0
         self.stopped = False
+        self.head_root = ""  # the run's store (the controller's node), once share_store named it
+        self.stores: Any = None  # ray_stores.NodeStores, from the first start
+        self.worker_roots: dict[str, str] = {}
         t0 = time.perf_counter()
         self.pg = placement_group([dict(self.bundle)] * slots, strategy=strategy,
                                   name=f"pivotflow-{run_tag}")
@@ -198,7 +205,37 @@ class RayLauncher:
                 self.pg, placement_group_bundle_index=bundle),
         ).remote(self.run_tag)
 
+    def share_store(self, root: str) -> None:
+        """Give each node holding workers a copy of the run's store at ``root`` (from the first
+        ``start``: a failure then is inside the run's try, so ``stop`` still cleans up)."""
+        self.head_root = root
+
+    def store_dir_for(self, worker_id: str) -> str:
+        """The store root on ``worker_id``'s node (its Welcome names it)."""
+        if self.stores is None:
+            return self.head_root
+        h = self.procs[worker_id]
+        node = self._node_of(h) or self._node_of_slow(h)
+        root = self.stores.root_for(node) if node else self.head_root
+        self.worker_roots[worker_id] = root
+        return root
+
+    def _node_of_slow(self, h: HostedWorker) -> str:
+        import ray
+
+        try:
+            h.where = ray.get(h.where, timeout=CALL_TIMEOUT_S) if not isinstance(
+                h.where, dict) else h.where
+        except Exception:  # noqa: BLE001 - its actor went: the worker will be reported dead
+            return ""
+        return self._node_of(h)
+
     def start(self, worker_id: str) -> None:
+        if self.head_root and self.stores is None:
+            from pivotflow.launch.ray_stores import NodeStores
+
+            self.stores = NodeStores(self.run_tag, self.head_root)
+            self.stores.ensure({self._node_of(s) for s in self.slots} - {""})
         slot = self._free_slot()
         if slot.actor is None:  # its last actor is gone: a new one (Ray re-places the bundle)
             slot.actor = self._new_actor(slot.bundle)
@@ -287,6 +324,8 @@ class RayLauncher:
             for ref in ready:
                 self._ended(pending[ref], ref)
         self._check_placed()
+        if self.stores is not None and self.nodes_lost & set(self.stores.agents):
+            self.stores.drop(self.nodes_lost)  # the agents left re-form their group
         return [(w, h.code) for w, h in self.procs.items() if h.code is not None]
 
     def _check_placed(self) -> None:
@@ -363,7 +402,9 @@ class RayLauncher:
                 self._node_of(s)
         return {"bundles": len(self.slots), "bundle": self.bundle,
                 "nodes_used": len(self.nodes_used), "node_failures": len(self.nodes_lost),
-                "place_s": round(self.place_s, 3), "rendezvous": self.rendezvous_made}
+                "place_s": round(self.place_s, 3), "rendezvous": self.rendezvous_made,
+                **({"stores": {**self.stores.stats(), "workers": dict(self.worker_roots)}}
+                   if self.stores is not None else {})}
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Wait for workers to exit, then terminate, then kill; copy every log to the run
@@ -392,6 +433,8 @@ class RayLauncher:
         for h in self.procs.values():
             if h.lost and not (self.log_dir / f"{h.worker_id}.log").exists():
                 (self.log_dir / f"{h.worker_id}.log").write_text(h.lost + "\n")
+        if self.stores is not None:  # after the workers: the last version reaches the head
+            self.stores.stop()
         remove_placement_group(self.pg)
         if self.secret_file:
             Path(self.secret_file).unlink(missing_ok=True)

@@ -48,7 +48,7 @@ def open_workers(cfg: RunConfig, curve: CurveKeys | None, log_dir: Path, slots: 
             # actors read (its path travels through Ray, never its bytes). Across hosts the
             # CurveZMQ keys, required there, are what admits a worker.
             secret = new_run_secret()
-            fd, secret_file = tempfile.mkstemp(prefix="pivotflow-run-secret-")
+            fd, secret_file = tempfile.mkstemp(prefix=f"pivotflow-run-secret-{run_tag}-")
             with os.fdopen(fd, "wb") as f:
                 f.write(secret)
         tcp = ZmqControllerTransport(endpoint, curve=curve, worker_secret=secret)
@@ -77,10 +77,15 @@ def _is_loopback(endpoint: str) -> bool:
 
 
 def attach(launcher: Launcher, ctl: Controller) -> None:
-    """A launcher that places trainers on several hosts gives their groups' addresses."""
+    """A launcher that places trainers on several hosts gives their groups' addresses, and
+    one that places workers on several nodes gives each its node's store."""
     rendezvous = getattr(launcher, "rendezvous", None)
     if rendezvous is not None:
         ctl.training.rendezvous_for = rendezvous
+    share_store = getattr(launcher, "share_store", None)
+    if share_store is not None:  # a store copy per node: each worker reads its node's
+        share_store(ctl.store_dir)
+        ctl.store_dir_for = launcher.store_dir_for  # type: ignore[attr-defined]
 
 
 def launcher_summary(launcher: Launcher, cfg: RunConfig) -> dict[str, Any]:

@@ -8,8 +8,7 @@ own memory and publishes the version into its node's store only when the last ch
 ``publish`` itself is whole-or-nothing, so a reader on any node never sees a half-sent version,
 and a broadcast broken half way (the sender killed) leaves nothing but a WorkerError.
 
-Not wired into runs yet: the controller has still to start one agent per node, run a
-broadcast on every publish, and let a worker on node B take a version only once B has it.
+``params/node_agent.py`` runs these broadcasts in a run: one store agent per node.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pivotflow.errors import WorkerError
+from pivotflow.errors import CheckpointError, WorkerError
 from pivotflow.params.shm_store import ShmParamStore
 
 CHUNK_BYTES = 64 << 20  # per broadcast: large enough to amortise a collective, small to buffer
@@ -37,11 +36,18 @@ class VersionSync:
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
         self.store, self.src, self.group, self.chunk_bytes = store, src, group, chunk_bytes
+        self.last_bytes = 0  # of the last version received
 
     def send(self, model: str, version: int | None = None,
-             on_chunk: Progress | None = None) -> int:
-        """Broadcast ``model@version`` (latest when None) from this rank; the version sent."""
-        held = self.store.acquire(model, version)
+             on_chunk: Progress | None = None) -> int | None:
+        """Broadcast ``model@version`` (latest when None) from this rank; the version sent, or
+        None when it was collected before it could be held (the receivers are told so)."""
+        try:
+            held = self.store.acquire(model, version)
+        except CheckpointError as exc:
+            dist.broadcast_object_list([{"model": model, "skip": str(exc)}], src=self.src,
+                                       group=self.group)
+            return None
         try:
             tensors = held.tensors
             header = {"model": model, "version": held.version, "config": held.config,
@@ -61,12 +67,16 @@ class VersionSync:
         finally:
             held.release()
 
-    def receive(self, on_chunk: Progress | None = None) -> tuple[str, int]:
-        """Take the next broadcast whole and publish it into this node's store; (model,
-        version). Raises WorkerError, with nothing published, if it breaks off."""
+    def receive(self, on_chunk: Progress | None = None, *,
+                publish: bool = True) -> tuple[str, int] | None:
+        """Take the next broadcast whole and publish it into this node's store (unless
+        ``publish`` is False: this node has it already); (model, version), or None when the
+        sender no longer had it. Raises WorkerError, with nothing published, if it breaks off."""
         box: list[Any] = [None]
         dist.broadcast_object_list(box, src=self.src, group=self.group)
         header = box[0]
+        if "skip" in header:
+            return None
         model, version = header["model"], header["version"]
         shapes = [(name, getattr(torch, dtype), shape) for name, dtype, shape in header["entries"]]
         sizes = [_nbytes(dtype, shape) for _, dtype, shape in shapes]
@@ -85,6 +95,9 @@ class VersionSync:
             raise WorkerError(f"version broadcast of {model}@v{version} broke off after "
                               f"{done} of {total} bytes ({type(exc).__name__}: {first}); "
                               "nothing was published") from None
+        self.last_bytes = total
+        if not publish:
+            return model, version
         tensors, offset = {}, 0
         for (name, dtype, shape), size in zip(shapes, sizes, strict=True):
             tensors[name] = flat[offset:offset + size].view(dtype).reshape(shape)

@@ -29,6 +29,15 @@ from pivotflow.params.base import ParamStore
 from pivotflow.params.hf_folder import CONFIG, copy_side_files, write_folder
 from pivotflow.protocol import GenerateJob, JobDone
 
+VERSION_WAIT_S = 60.0  # for a version published on another node to reach this one's store
+
+
+def _latest(store: ParamStore, model: str) -> int:
+    try:
+        return store.latest(model)
+    except CheckpointError:  # nothing there yet
+        return -1
+
 
 def _export(config: dict[str, Any], tensors: dict, tokenizer_dir: str | None) -> Path:
     """An HF folder of these weights and this config (with the tokenizer's files, when given),
@@ -123,6 +132,11 @@ class GenerateRole:
         return self.engine.version
 
     def _refresh(self, min_version: int) -> None:
+        # on a cluster the version may still be crossing to this node's store (its store
+        # agent publishes it when whole): wait for it a while rather than load an older one
+        deadline = time.monotonic() + VERSION_WAIT_S
+        while time.monotonic() < deadline and _latest(self.store, self.model) < min_version:
+            time.sleep(0.01)
         for attempt in range(3):  # the store may collect a version between LATEST and the read
             try:
                 version = load_version(self.engine, self.store, self.model)

@@ -27,6 +27,7 @@ from pivotflow.engines.torch.model import token_logprobs
 from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve_dtype
 from pivotflow.errors import CheckpointError, WorkerError
 from pivotflow.params.base import ParamStore
+from pivotflow.params.node_agent import wait_crossed
 from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
 from pivotflow.rl import policy_loss
 from pivotflow.worker.adam_state import adam_tensors, init_adam_state, load_adam_tensors
@@ -169,6 +170,9 @@ class TrainRole:
             self.store.gc(f"{self.model_name}.optim", keep=2)
             self.store.publish(self.model_name, self.version, self.state_dict(), self.hf_config)
             self.store.gc(self.model_name, keep=3)
+            # on a cluster: report the step once its version is on every node (see node_agent)
+            for name in (f"{self.model_name}.optim", self.model_name):
+                wait_crossed(self.store.root, name, self.version)
         out.update({"grad_norm": float(grad_norm), "step_s": time.perf_counter() - t0,
                     "sync_s": sync_s, "world": float(msg.world)})
         return TrainDone(step=msg.step, version=self.version, stats=out,

@@ -38,6 +38,18 @@ class FakeCluster:
         self.nodes.remove(node)
         self.cluster.remove_node(node)
 
+    def node_of_pid(self, pid: int) -> str | None:
+        """The node whose raylet ``pid`` descends from (a worker's, through its host actor)."""
+        raylets = {p.process.pid: n.node_id for n in self.nodes
+                   for p in n.all_processes.get("raylet", [])}
+        while pid > 1 and pid not in raylets:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    pid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                return None
+        return raylets.get(pid)
+
     def shutdown(self) -> None:
         import ray
 

@@ -1,6 +1,7 @@
 """Runs on a fake two-node Ray cluster (real raylets, real worker processes, loopback): workers
-placed on both nodes, the trainers' group rendezvousing over TCP, and a node that vanishes
-mid-run taking its worker with it while the run goes on and loses nothing."""
+placed on both nodes, the trainers' group rendezvousing over TCP, every version crossing to each
+node's own store, and a node that vanishes mid-run taking its worker (and its store agent) with
+it while the run goes on and loses nothing."""
 
 from __future__ import annotations
 
@@ -58,10 +59,46 @@ def test_a_run_on_two_nodes_with_a_trainer_group_over_tcp(tmp_path: Path,
     assert s["worker_restarts"] == 0
     # on a cluster of this host only, a Hello needs the run's token, handed over by file
     assert s["admission"]["tokens_required"] and s["admission"]["refused_hellos"] == 0
-    assert not list(Path(tempfile.gettempdir()).glob("pivotflow-run-secret-*"))
+    # (named by the run: other sessions' runs may hold theirs now)
+    assert not list(Path(tempfile.gettempdir()).glob(f"pivotflow-run-secret-out-{os.getpid()}-*"))
     logs = sorted(p.name for p in (result.out / "logs").iterdir())
     assert logs == ["w0-rollout.log", "w1-trainer.log", "w2-trainer.log"]
     assert not log_root(f"out-{os.getpid()}").exists()  # the nodes' copies went
+    assert left_on_cluster() == {"placement_groups": [], "actors": []}
+
+
+def no_store_left() -> list[str]:
+    """The run's store copies left in shared memory (none after a run: each node's agent
+    removes its copy, and a lost node's is swept by the agents that remain)."""
+    return [p.name for p in Path("/dev/shm").glob(f"pivotflow-out-{os.getpid()}*")]
+
+
+def test_every_version_crosses_to_the_rollout_nodes_own_store(tmp_path: Path,
+                                                              ray_cluster: FakeCluster) -> None:
+    """The trainer on one node publishes into its node's store; the rollout worker on the other
+    reads only its own node's root, so each version it generated with had crossed there."""
+    result = run(GRAPH, sets=[*FAST, "planner=static"], out=tmp_path / "out", steps=3,
+                 console=False)
+    s = result.summary
+    assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
+    assert s["ledger"]["groups_trained"] == s["ledger"]["prompts_in"] == 6
+    st = s["ray"]["stores"]
+    assert st["nodes"] == st["roots"] == 3  # the controller's and one per worker node
+    roots = st["workers"]
+    assert roots["w0-rollout"] != roots["w1-trainer"]
+    by_root = {n["root"]: n for n in st["by_node"].values()}
+    rollout, trainer = by_root[roots["w0-rollout"]], by_root[roots["w1-trainer"]]
+    head = next(n for n in st["by_node"].values() if n["rank"] == 0)
+    assert head["root"] not in roots.values()  # the controller's node holds no worker
+    # the initial version from the controller's store to both nodes; each trained one from
+    # the trainer's node to the rollout node's (the ones it generated with) and the head's
+    assert rollout["received"]["policy"][0] == trainer["received"]["policy"][0] == 0
+    assert trainer["sent"]["policy"] == [1, 2, 3]
+    assert set(rollout["received"]["policy"]) >= {0, 1}
+    assert head["received"]["policy"] == [1, 2, 3]
+    assert st["cross_s_median"] is not None and st["cross_s_median"] < 10
+    assert all(not n["failures"] for n in st["by_node"].values())
+    assert no_store_left() == []
     assert left_on_cluster() == {"placement_groups": [], "actors": []}
 
 
@@ -113,8 +150,10 @@ def test_a_silent_worker_is_replaced_in_its_own_bundle(tmp_path: Path,
     assert left_on_cluster() == {"placement_groups": [], "actors": []}
 
 
-def remove_a_node_after(out: Path, cluster: FakeCluster, step: int, done: dict) -> None:
-    """Once ``step`` steps are recorded, remove a node that holds one of the run's bundles."""
+def remove_a_node_after(out: Path, cluster: FakeCluster, step: int, done: dict,
+                        worker: str = "") -> None:
+    """Once ``step`` steps are recorded, remove a node that holds one of the run's bundles
+    (``worker``'s node, when named)."""
     import ray
 
     deadline = time.monotonic() + 200
@@ -126,6 +165,8 @@ def remove_a_node_after(out: Path, cluster: FakeCluster, step: int, done: dict) 
     [group] = [g for g in ray.util.placement_group_table().values()
                if g["state"] == "CREATED" and g["name"].startswith("pivotflow-")]
     node = group["bundles_to_node_id"][0]
+    pid = worker_pid(worker) if worker else None
+    node = (cluster.node_of_pid(pid) if pid else None) or node
     done["at_step"] = len(records.read_text().splitlines())
     cluster.remove_node(node)
     done["node"] = node
@@ -133,10 +174,12 @@ def remove_a_node_after(out: Path, cluster: FakeCluster, step: int, done: dict) 
 
 def test_a_node_removed_mid_run_loses_nothing(tmp_path: Path,
                                               ray_cluster: FakeCluster) -> None:
+    """The trainer's node goes right after a step: the version it just published must have
+    reached another node before that step was reported (the replacement loads it there)."""
     out = tmp_path / "out"
     done: dict = {}
-    remover = threading.Thread(target=remove_a_node_after, args=(out, ray_cluster, 2, done),
-                               daemon=True)
+    remover = threading.Thread(target=remove_a_node_after,
+                               args=(out, ray_cluster, 2, done, "w1-trainer"), daemon=True)
     remover.start()
     result = run(GRAPH, sets=[*FAST, "planner=static"], out=out, steps=6, console=False)
     remover.join(10)
@@ -149,6 +192,13 @@ def test_a_node_removed_mid_run_loses_nothing(tmp_path: Path,
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, 7))
     lost_logs = [p.read_text() for p in (out / "logs").iterdir()]
     assert any("left the cluster" in text for text in lost_logs)
+    # the lost node's store agent went with it: the others re-formed their group and the
+    # controller's store still got every step's version
+    st = s["ray"]["stores"]
+    assert st["reforms"] >= 2
+    head = next(n for n in st["by_node"].values() if n.get("rank") == 0)
+    assert head["received"]["policy"][-1] == 6
+    assert no_store_left() == []
     assert left_on_cluster() == {"placement_groups": [], "actors": []}
 
 
@@ -186,4 +236,6 @@ def test_a_node_that_joins_later_takes_the_lost_bundle(tmp_path: Path,
     assert s["worker_restarts"] >= 1
     assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
     assert s["ledger"]["groups_trained"] == s["ledger"]["prompts_in"] == 10
+    assert s["ray"]["stores"]["nodes"] == 4  # the head's, two first nodes', the one that joined
+    assert not list(Path("/dev/shm").glob(f"pivotflow-out-{proc.pid}*"))  # no copy left
     assert left_on_cluster() == {"placement_groups": [], "actors": []}
