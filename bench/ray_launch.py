@@ -6,6 +6,11 @@
 2. Recovery: graphs/grpo_rule.py run on the cluster, a node removed after step 2 (taking its
    worker); the time from the removal to the next step recorded, beside the median step
    before it, and the same for a local run whose worker process is SIGKILLed after step 2.
+3. The store across nodes, in that Ray run (each node its own store copy, a store agent per
+   node): the time from a version's publish on one node to its being visible on another
+   (``store_cross_s_*``, every trained version of the built-in model after the agents' group
+   formed), beside the step time and a bound (the agents' poll interval, twice, plus a
+   step's versions at the loopback rate ``bench/store_sync.py`` measured).
 
     python bench/ray_launch.py [--workers 4] [--steps 6] [--out bench/results/ray_launch.json]
 
@@ -110,6 +115,7 @@ def recovery(out: Path, sets: list[str], act: Any, steps: int) -> dict[str, Any]
     times["done"] = True
     t.join(5)
     s = result.summary
+    stores = s.get("ray", {}).get("stores")
     stamps = times["steps"]
     k = times["acted_at_step"]
     before = [b - a for a, b in zip(stamps[:k], stamps[1:k], strict=False)]
@@ -118,7 +124,11 @@ def recovery(out: Path, sets: list[str], act: Any, steps: int) -> dict[str, Any]
             "duplicates": s["ledger"]["duplicates"], "worker_restarts": s["worker_restarts"],
             "node_failures": s.get("ray", {}).get("node_failures", 0),
             "step_s_median_before": round(statistics.median(before), 2) if before else None,
-            "loss_to_next_step_s": round(after[0] - times["acted"], 2) if after else None}
+            "loss_to_next_step_s": round(after[0] - times["acted"], 2) if after else None,
+            **({"store": {k: stores[k] for k in ("nodes", "reforms", "versions_crossed",
+                                                 "bytes_crossed", "cross_s_median",
+                                                 "cross_s_max", "group_sync_s")}}
+               if stores else {})}
 
 
 def kill_local_worker(worker_id: str) -> None:
@@ -197,11 +207,36 @@ def main() -> None:
         result["recovery_bound_s"] = round(process_kill["loss_to_next_step_s"] + 5.0, 2)
         result["recovery_within_bound"] = (node_loss["loss_to_next_step_s"]
                                            <= result["recovery_bound_s"])
+    store = node_loss.get("store")
+    if store and store["cross_s_median"] is not None:
+        from pivotflow.launch.ray_stores import POLL_S
+
+        result["store_cross_s_median"] = store["cross_s_median"]
+        result["store_cross_s_max"] = store["cross_s_max"]
+        result["store_cross_over_step"] = round(
+            store["cross_s_median"] / node_loss["step_s_median_before"], 2)
+        # a version published just after a round waits one poll, and the round before it
+        # may be busy with another; then its bytes (a step's: the policy and its optimizer
+        # state) cross at the loopback rate bench/store_sync.py measured
+        rate = _store_sync_rate()
+        per_step = store["bytes_crossed"] / max(store["versions_crossed"], 1) * 2
+        result["store_cross_bound_s"] = round(2 * POLL_S + per_step / rate, 3)
+        result["store_cross_within_bound"] = store["cross_s_median"] <= result[
+            "store_cross_bound_s"]
     line = json.dumps(result)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(line + "\n")
     print(line)
+
+
+def _store_sync_rate() -> float:
+    """Bytes/s over loopback from bench/results/ray_store_sync.json (0.3 GB/s if absent)."""
+    try:
+        return json.loads((ROOT / "bench/results/ray_store_sync.json").read_text())[
+            "sync_gb_s"] * 1e9
+    except (OSError, KeyError, ValueError):
+        return 0.3e9
 
 
 if __name__ == "__main__":
