@@ -108,3 +108,38 @@ def test_a_broadcast_killed_half_way_is_never_visible(roots: list[Path]) -> None
     assert "broke off after" in str(got["error"]) and "nothing was published" in str(got["error"])
     assert got["versions"] == [] and ShmParamStore(roots[1]).versions("policy") == []
     assert not (roots[1] / "policy").exists()  # not even a staging folder
+
+
+def node_that_has_it_or_lost_it(rank: int, root: str, port: int, out: mp.Queue) -> None:
+    """Rank 0 sends v3, then v9 that it does not hold (collected before it was held); rank 1
+    has v3 already (lets it pass) and is told v9 is not coming."""
+    from pivotflow.params.node_sync import VersionSync
+    from pivotflow.params.shm_store import ShmParamStore
+    from pivotflow.worker.train_group import TrainGroup
+
+    store = ShmParamStore(root)
+    TrainGroup().join(1, rank, 2, f"tcp://127.0.0.1:{port}")
+    sync = VersionSync(store, chunk_bytes=512)
+    if rank == 0:
+        store.publish("policy", 3, weights(), CONFIG)
+        out.put(("sent", [sync.send("policy", 3), sync.send("policy", 9)]))
+        return
+    out.put(("received", [sync.receive(publish=False), sync.receive()]))
+    out.put(("versions", store.versions("policy")))
+
+
+def test_a_node_that_has_it_lets_it_pass_and_a_lost_version_is_skipped(
+        roots: list[Path]) -> None:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=node_that_has_it_or_lost_it, args=(r, str(roots[r]), port, q))
+             for r in (0, 1)]
+    for p in procs:
+        p.start()
+    got = dict(q.get(timeout=120) for _ in range(3))
+    for p in procs:
+        p.join(30)
+    assert got["sent"] == [3, None]  # v9: a skip header, no bytes
+    assert got["received"] == [("policy", 3), None]
+    assert got["versions"] == []  # it let v3 pass (publish=False): nothing published
