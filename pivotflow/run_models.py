@@ -105,7 +105,7 @@ def check_chat_templates(graph: Graph, models: Models) -> None:
         return
     if models.tokenizers[policy].chat_template is None:
         why = "chat_template=True" if source.options.get("chat_template") else \
-            f"{table.path} holds chat messages"
+            f"{getattr(table, 'path', 'the prompt file')} holds chat messages"
         raise GraphError(f"source {source.name!r} at {source.where}: {why}, but the tokenizer "
                          f"of model {policy!r} ({models.dirs[policy]}) has no chat template "
                          "(no chat_template.jinja, no 'chat_template' in tokenizer_config.json)")

@@ -86,8 +86,8 @@ class TrainBuffer:
         chosen = sorted(must)
         taken = set(chosen)
         if self.partial:  # the oldest tokens first: the least staleness
-            rest = sorted((self.first.get(g, version), g) for g in self.ready if g not in taken)
-            chosen += [g for _, g in rest[: max(0, self.n - len(chosen))]]
+            aged = sorted((self.first.get(g, version), g) for g in self.ready if g not in taken)
+            chosen += [g for _, g in aged[: max(0, self.n - len(chosen))]]
         else:
             rest = sorted(g for g in self.ready if g not in taken)
             chosen += rest[: max(0, self.n - len(chosen))]

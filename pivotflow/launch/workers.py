@@ -42,16 +42,16 @@ def open_workers(cfg: RunConfig, curve: CurveKeys | None, log_dir: Path, slots: 
     secret_file = ""
     try:
         endpoint = cfg.endpoint or cluster.controller_endpoint(cfg.curve_keys)
-        secret = None
+        ray_secret: bytes | None = None
         if _is_loopback(endpoint):
             # Every node is this host: the secret goes in a 0600 file here that the host
             # actors read (its path travels through Ray, never its bytes). Across hosts the
             # CurveZMQ keys, required there, are what admits a worker.
-            secret = new_run_secret()
+            ray_secret = new_run_secret()
             fd, secret_file = tempfile.mkstemp(prefix=f"pivotflow-run-secret-{run_tag}-")
             with os.fdopen(fd, "wb") as f:
-                f.write(secret)
-        tcp = ZmqControllerTransport(endpoint, curve=curve, worker_secret=secret)
+                f.write(ray_secret)
+        tcp = ZmqControllerTransport(endpoint, curve=curve, worker_secret=ray_secret)
         gpus = cfg.ray.gpus_per_worker
         if gpus < 0:  # auto: a GPU per worker when the workers run on CUDA
             gpus = 1.0 if cfg.device.startswith("cuda") else 0.0

@@ -137,7 +137,9 @@ def corpus(seed: int, n: int = 2000) -> list[str]:
     lines = [p.prompt + p.answer for p in two_digit + mixed]
     lines += [e.prompt + e.target for e in judge_examples(two_digit, seed, per_problem=1)]
     trajectories = [(p, tool_segments(p)) for p in two_digit + mixed]
-    lines += [p.prompt + "".join(text for text, _ in segs) for p, segs in trajectories]
+    # the ideal trajectories are text only (observation ids appear only once a tokenizer exists)
+    lines += [p.prompt + "".join(t for t, _ in segs if isinstance(t, str))
+              for p, segs in trajectories]
     chat = _wrap(_untrained())
     tools = [calculator.schema()]
     for p, segs in trajectories[:: max(1, len(trajectories) // (n // 4))]:
