@@ -4,7 +4,8 @@ Overrides are typed and validated: an unknown key, a duplicate key, or a value o
 is a ConfigError that names the key and lists the valid ones. ``graph.KEY`` reaches the graph
 file's own knobs (its ``DEFAULTS`` dict, passed to ``build(config)``); ``pools.NAME`` resizes a
 pool the graph declares; ``engine.POOL`` gives one pool's workers another engine than
-``engine`` (e.g. ``--set engine.rollout=vllm``: vLLM rollouts, the embedded judge).
+``engine`` (e.g. ``--set engine.rollout=vllm``: vLLM rollouts, the embedded judge);
+``planner.KEY`` sets a backpressure planner's knob (``BackpressureConfig``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from typing import Any
 
 import msgspec
 
+from pivotflow import defaults
 from pivotflow.errors import ConfigError
+from pivotflow.planner.backpressure import BackpressureConfig
 
 # What models run in (weights and activations); "auto" is the dtype model's config.json names
 # (float32 when it names none). The short names are aliases, as in the engines' own flags.
@@ -52,29 +55,31 @@ class RayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Everything a run can be told from the command line (``--set`` keys)."""
 
-    steps: int = 200
+    steps: int = defaults.STEPS
     seed: int = 0
-    max_staleness: int = 0
+    max_staleness: int = defaults.MAX_STALENESS
     # partial rollouts: steps wait only for groups max_staleness makes them, generation in
     # flight at a new version resumes from its prefix on it (pivotflow/controller/partial.py)
-    partial_rollout: bool = False
-    over_sample: float = 0.0  # with partial_rollout: extra groups in flight, x groups_per_step
+    partial_rollout: bool = defaults.PARTIAL_ROLLOUT
+    over_sample: float = defaults.OVER_SAMPLE  # with partial_rollout: extra groups in flight, x groups_per_step
     planner: str = "backpressure"
+    # backpressure/adaptive only: its knobs (--set planner.KEY=; defaults in the planner's module)
+    planner_knobs: BackpressureConfig = msgspec.field(default_factory=BackpressureConfig)
     # static only: pools whose workers time-share them in phases, "a+b" per group, groups
     # comma-separated (e.g. "rollout+genrm": inference workers roll out and judge)
     colocate: str = ""
     threads_per_worker: int = 1
-    max_batch: int = 64
-    max_jobs_per_frame: int = 32
-    heartbeat_s: float = 1.0
-    worker_timeout_s: float = 60.0
+    max_batch: int = defaults.MAX_BATCH
+    max_jobs_per_frame: int = defaults.MAX_JOBS_PER_FRAME
+    heartbeat_s: float = defaults.HEARTBEAT_S
+    worker_timeout_s: float = defaults.WORKER_TIMEOUT_S
     engine: str = "torch"
     engines: dict[str, str] = {}  # pool -> engine, where not ``engine`` (--set engine.POOL=)
     dtype: str = "auto"  # one of DTYPES, for every worker's model
     device: str = "cpu"  # one of DEVICES, for every worker
     live: bool = True
     results_per_frame: int = 0
-    max_worker_restarts: int = 50
+    max_worker_restarts: int = defaults.MAX_WORKER_RESTARTS
     checkpoint_every: int = 50  # optimizer steps between checkpoints (0: only on Ctrl-C)
     endpoint: str = ""  # where the controller binds; "" = a private ipc path
     curve_keys: str = ""  # a key dir (python -m pivotflow.transport.curve keygen DIR)
@@ -114,7 +119,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
-_NESTED = ("pools", "graph", "chaos", "engines", "ray")  # set through KEY.NAME, never whole
+_NESTED = ("pools", "graph", "chaos", "engines", "ray", "planner_knobs")  # set through KEY.NAME, never whole
 
 
 def engine_of(cfg: RunConfig, pool: str) -> str:
@@ -126,6 +131,7 @@ def valid_keys(graph_defaults: dict[str, Any], pools: list[str]) -> list[str]:
     keys = [k for k in RunConfig.__struct_fields__ if k not in _NESTED]
     keys += [f"chaos.{k}" for k in ChaosConfig.__struct_fields__]
     keys += [f"ray.{k}" for k in RayConfig.__struct_fields__]
+    keys += [f"planner.{k}" for k in BackpressureConfig.__struct_fields__]
     keys += [f"pools.{p}" for p in pools] + [f"engine.{p}" for p in pools]
     keys += [f"graph.{k}" for k in graph_defaults]
     return sorted(keys)
@@ -140,6 +146,7 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     chaos: dict[str, Any] = {}
     engines: dict[str, Any] = {}
     ray: dict[str, Any] = {}
+    knobs: dict[str, float] = {}
     for key, value in overrides.items():
         head, _, rest = key.partition(".")
         if head == "graph" and rest:
@@ -158,6 +165,8 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
             chaos[rest] = value
         elif head == "ray" and rest in RayConfig.__struct_fields__:
             ray[rest] = value
+        elif head == "planner" and rest in BackpressureConfig.__struct_fields__:
+            knobs[rest] = _convert(key, value, float)
         elif head == "engine" and rest:
             if pools is not None and rest not in pools:
                 raise ConfigError(f"--set {key}: the graph has no pool {rest!r} "
@@ -170,7 +179,8 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
                               f"{', '.join(valid_keys(graph_defaults, pools or []))}")
     try:
         cfg = msgspec.convert({**top, "pools": pool_sizes, "graph": graph, "chaos": chaos,
-                               "engines": engines, "ray": ray}, RunConfig, strict=False)
+                               "engines": engines, "ray": ray, "planner_knobs": knobs},
+                              RunConfig, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"--set: {exc}") from exc
     from pivotflow.planner import PLANNERS
@@ -178,6 +188,7 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     if cfg.planner not in PLANNERS:
         raise ConfigError(f"--set planner={cfg.planner}: unknown planner; valid: "
                           f"{', '.join(PLANNERS)}")
+    _check_planner_knobs(cfg, knobs)
     if cfg.colocate:
         colocate_groups(cfg, pools)
     from pivotflow.engines import ENGINE_KINDS
@@ -206,6 +217,18 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
         raise ConfigError(f"--set over_sample={cfg.over_sample}: must be >= 0, and it needs "
                           "partial_rollout=true (the groups over a step's need are carried)")
     return cfg
+
+
+def _check_planner_knobs(cfg: RunConfig, given: dict[str, float]) -> None:
+    """A knob only the backpressure planners read is an error with another planner (it would
+    be ignored silently); the interval must be > 0, the shares and costs >= 0."""
+    if given and cfg.planner not in ("backpressure", "adaptive"):
+        raise ConfigError(f"--set planner.{next(iter(given))}: only the backpressure and adaptive "
+                          f"planners have knobs (planner is {cfg.planner!r})")
+    for name, value in given.items():
+        if value < 0 or (name == "interval_s" and value == 0) or value != value:
+            raise ConfigError(f"--set planner.{name}={value}: must be "
+                              f"{'> 0' if name == 'interval_s' else '>= 0'}")
 
 
 def _check_launcher(cfg: RunConfig) -> None:

@@ -36,7 +36,7 @@ from pivotflow.launch.chaos import Chaos
 from pivotflow.launch.workers import attach, launcher_summary, open_workers
 from pivotflow.metrics import STEP_KEYS, Ledger, RunRecorder, RunSummary, StepRecord
 from pivotflow.params.base import ParamStore
-from pivotflow.planner import make_planner
+from pivotflow.planner import Planner, make_planner
 from pivotflow.resume import (
     Continuation,
     Segment,
@@ -65,6 +65,11 @@ class RunResult:
 def pool_order(graph: Graph) -> list[str]:
     """The graph's pools in pipeline order (of the first stage that uses each)."""
     return list(dict.fromkeys(n.pool for n in graph.order() if n.pool))
+
+
+def build_planner(cfg: RunConfig, graph: Graph) -> Planner:
+    """The run's planner: its name, pool groups (static) and knobs (backpressure) from cfg."""
+    return make_planner(cfg.planner, colocate_groups(cfg, pool_order(graph)), cfg.planner_knobs)
 
 
 def plan_workers(graph: Graph, cfg: RunConfig, total: int | None) -> dict[str, str]:
@@ -372,7 +377,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
                      tokenizers=models.tokenizers, source=source, assignments=assignments,
                      role_options=role_options(graph, cfg, models.dirs),
                      store_dir=str(store.root), on_step=on_step,
-                     planner=make_planner(cfg.planner, colocate_groups(cfg, pool_order(graph))),
+                     planner=build_planner(cfg, graph),
                      respawn=respawn, tool_pools=tool_pools)
     attach(launcher, ctl)
     if cfg.log_samples:

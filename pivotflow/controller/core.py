@@ -17,6 +17,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from pivotflow import defaults
 from pivotflow.controller import stages
 from pivotflow.controller.clock import Clock
 from pivotflow.controller.edges import Edge
@@ -62,16 +63,17 @@ BARRIERS = ("group", "filter", "train")  # stages that wait for a whole group
 
 @dataclass(slots=True)
 class ControllerConfig:
-    steps: int = 20
-    max_staleness: int = 0
-    heartbeat_s: float = 1.0
-    worker_timeout_s: float = 30.0
-    max_jobs_per_frame: int = 32
+    # defaults shared with RunConfig come from pivotflow.defaults (one copy; they had drifted)
+    steps: int = defaults.STEPS
+    max_staleness: int = defaults.MAX_STALENESS
+    heartbeat_s: float = defaults.HEARTBEAT_S
+    worker_timeout_s: float = defaults.WORKER_TIMEOUT_S
+    max_jobs_per_frame: int = defaults.MAX_JOBS_PER_FRAME
     max_filtered_per_step: int = 10  # x groups_per_step filtered in a row fails the run
-    max_worker_restarts: int = 50
+    max_worker_restarts: int = defaults.MAX_WORKER_RESTARTS
     # partial rollouts (off until their RL effect is measured): see controller/partial.py
-    partial_rollout: bool = False
-    over_sample: float = 0.0  # partial only: extra groups in flight, x groups_per_step
+    partial_rollout: bool = defaults.PARTIAL_ROLLOUT
+    over_sample: float = defaults.OVER_SAMPLE  # partial only: extra groups, x groups_per_step
 
 
 class Controller:
@@ -300,7 +302,7 @@ class Controller:
         pool = self.pools[w.pool]
         opts = self.role_options.get(pool.name, {})
         w.state, w.role, w.model = "loading", pool.role, pool.model
-        w.capacity = int(opts.get("max_batch", 64))
+        w.capacity = int(opts.get("max_batch", defaults.MAX_BATCH))
         self.send(w.worker_id, AssignRole(role=pool.role, model=pool.model,
                                                     options=opts))
 

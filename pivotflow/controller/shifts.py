@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pivotflow import defaults
 from pivotflow.errors import ConfigError
 from pivotflow.protocol import AbortJobs, AssignRole, RoleReady
 
@@ -82,7 +83,7 @@ class ShiftManager:
         else:
             rec.drained_s = 0.0
         opts = ctl.role_options.get(dst.name, {})
-        w.capacity = int(opts.get("max_batch", 64))
+        w.capacity = int(opts.get("max_batch", defaults.MAX_BATCH))
         ctl.send(worker_id, AssignRole(role=dst.role, model=dst.model, options=opts))
         self.active[worker_id] = rec
         return rec

@@ -28,11 +28,13 @@ A generate pool in its tail (every sample left is in flight at it) drains no fas
 workers than hold its sequences at ``TAIL_FILL`` of their slots: a sequence decodes one token a
 step wherever it runs, and at an eighth of a batch a decode step is still its fixed cost
 (weights read on a GPU, the engine's base on a CPU), so the rest only spread small batches thinner
-and may go where work waits (their sequences migrate; simulated dense32b at 128 GPUs: 16.4 ->
-17.6 samples/s, the other three groups unchanged; packing to half the slots instead cost them
-3-7%: at larger batches the per-sequence terms of a decode step count). Packing slows each of the
+and may go where work waits (their sequences migrate; packing to half the slots instead was
+slower: at larger batches the per-sequence terms of a decode step count). Packing slows each of the
 tail's sequences a little, so a tail is packed to lend workers to a step, or to stand in for
 workers lent, only while the steps are the bottleneck (``BOTTLENECK_SHARE``).
+
+The figures behind these rules are measured, not quoted here (quoted figures went stale): see
+bench/results/sim_paper.json (``python bench/sim_paper.py``) and bench/results/sim_drift*.json.
 
 The trainer pool's rate is taken per size where it has trained at that size
 (``PoolView.rate_by_size``): data parallel is far from linear on small batches (on 2 CPU cores
@@ -45,6 +47,8 @@ from __future__ import annotations
 import bisect
 import math
 from itertools import islice
+
+import msgspec
 
 from pivotflow.planner.base import Move, PlannerView, PoolView
 
@@ -69,9 +73,9 @@ def pool_rate(pool: PoolView, workers: int) -> float:
 
 
 BOTTLENECK_SHARE = 1 / 3  # steps running at least this share of the time are the bottleneck
-# A move takes this share of the cluster's workers at once (simulated at 512 GPUs, one worker
-# at a time / 1% / 2%: dense32b 62.3 / 64.7 / 69.0 samples/s, dense7b+7b 436 / 432 / 444; at 128
-# GPUs 2% is 1-3 workers)
+# A move takes this share of the cluster's workers at once (chosen in the simulator at 512 GPUs
+# against one worker at a time and 1%; the results at this share: bench/results/sim_paper.json;
+# at 128 GPUs 2% is 1-3 workers)
 BLOCK_SHARE = 0.02
 TAIL_FILL = 0.125  # share of a worker's slots the tail's sequences may be packed into
 
@@ -155,15 +159,15 @@ def lending_bound(view: PlannerView, trainer: PoolView, sizes: dict[str, int]) -
     which runs on ``sizes`` while the step lasts and on the pools' own sizes after it (the
     lent workers come back, one shift later). The larger of the two: with ``max_staleness``
     above 0 the step runs beside the next step's generation, so lending trainers more than
-    balances the two only slows that generation (a makespan that added the two lent 17 of 46
-    simulated rollout workers to a step and made the next step 22% slower)."""
+    balances the two only slows that generation (a makespan that added the two lent a third of
+    the simulated rollout workers to a step and made the next step slower)."""
     # A tail's sequences may be packed onto fewer workers (``tail_workers``) only while the
     # steps are the bottleneck (``BOTTLENECK_SHARE``): packing slows every sequence of the
     # tail a little (long contexts; a MoE reads more experts at a larger batch), which pays
-    # only when the step it shortens is what the run waits for (simulated at 128 GPUs:
-    # dense32b, steps running ~60% of the time, 13.8 -> 17.2 samples/s with packing; MoE,
-    # ~22%, 53.0 -> 48.5). A tail drains no faster than its longest sequences, so a drain time
-    # from the mean rate (4 s for 534 such) is not trusted below that either.
+    # only when the step it shortens is what the run waits for (simulated: it helped dense32b,
+    # whose steps run most of the time, and cost the MoE workload, whose steps do not; figures
+    # in bench/results/sim_paper.json). A tail drains no faster than its longest sequences, so
+    # a drain time from the mean rate is not trusted below that either.
     bottleneck = trainer.busy_share >= BOTTLENECK_SHARE
     n = sizes[trainer.name]
     step = step_time(trainer, n) + (view.shift_cost_s if n > trainer.workers else 0.0)
@@ -182,11 +186,28 @@ def lending_bound(view: PlannerView, trainer: PoolView, sizes: dict[str, int]) -
     return max(step, gen)
 
 
+class BackpressureConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The planner's knobs (``--set planner.KEY=...``; the adaptive planner reads them too):
+    seconds between decisions, the gain over a shift's cost a move must add (a share of a
+    shift), and the shift costs a moved worker stays put (``cooldown_costs``) or a pool's last
+    worker serves before it may be taken (``share_costs``)."""
+
+    interval_s: float = 0.02
+    hysteresis: float = 0.5
+    cooldown_costs: float = 1.0
+    share_costs: float = 10.0
+
+
+_KNOBS = BackpressureConfig()  # the defaults, one copy: RunConfig.planner_knobs reads them too
+
+
 class BackpressurePlanner:
     name = "backpressure"
 
-    def __init__(self, interval_s: float = 0.02, hysteresis: float = 0.5,
-                 cooldown_costs: float = 1.0, share_costs: float = 10.0) -> None:
+    def __init__(self, interval_s: float = _KNOBS.interval_s,
+                 hysteresis: float = _KNOBS.hysteresis,
+                 cooldown_costs: float = _KNOBS.cooldown_costs,
+                 share_costs: float = _KNOBS.share_costs) -> None:
         self.interval_s = interval_s
         self.hysteresis = hysteresis
         self.cooldown_costs = cooldown_costs
@@ -339,9 +360,9 @@ class BackpressurePlanner:
         no step is ready or running there: the step's size was chosen for that step only, and
         the model above sees only the work admitted so far, not the generation after it. Their
         stand-ins go home with them: they were moved in for the lent workers' absence, which
-        the bound sees only as a pool short of workers (simulated dense32b at 512 GPUs: 22
-        rollout workers stood in at the judge and stayed, 64 judge workers to 111 rollout ones
-        where the best static split has 38 to 133; sent home, 58.4 -> 62.3 samples/s)."""
+        the bound sees only as a pool short of workers (simulated dense32b at 512 GPUs: stand-ins
+        that stayed left the judge pool far above the best static split's; sending them home
+        is faster, bench/results/sim_paper.json)."""
         moves = []
         for pool in view.pools.values():
             for worker in pool.ready:

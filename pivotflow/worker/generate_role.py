@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pivotflow import defaults
 from pivotflow.engines import load_version, make_engine
 from pivotflow.engines.base import GenerationOutput, GenerationRequest, SamplingParams
 from pivotflow.errors import CheckpointError, ModelConfigError, RequestError
@@ -59,7 +60,7 @@ def _vllm_engine(config: dict[str, Any], options: dict, where: str) -> dict[str,
     dtype = resolve_dtype(config, options.get("dtype", "auto"), where)
     return {"model_path": str(path), "load_format": "dummy",
             "dtype": str(dtype).removeprefix("torch."),
-            "max_num_seqs": int(options.get("max_batch", 64)),
+            "max_num_seqs": int(options.get("max_batch", defaults.MAX_BATCH)),
             "seed": int(options.get("seed", 0)), "threads": int(options.get("threads", 1))}
 
 
@@ -68,7 +69,7 @@ def _torch_engine(config: dict[str, Any], options: dict, where: str) -> tuple[An
     from pivotflow.engines.torch.weights import config_from_hf, resolve_dtype
 
     cfg = config_from_hf(config, where)
-    kw: dict[str, Any] = {"max_batch": int(options.get("max_batch", 64)),
+    kw: dict[str, Any] = {"max_batch": int(options.get("max_batch", defaults.MAX_BATCH)),
                           "device": str(options.get("device", "cpu")),
                           "dtype": resolve_dtype(config, options.get("dtype", "auto"), where)}
     tokenizer_dir = options.get("tokenizer_dir")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pivotflow import defaults
 from pivotflow.engines.base import FinishReason, GenerationOutput, GenerationRequest
 from pivotflow.engines.torch.kv_cache import PackedDecoder, SlotKVCache
 from pivotflow.engines.torch.model import Decoder, ModelConfig
@@ -60,7 +61,7 @@ class TorchEngine:
         self,
         model_config: ModelConfig,
         *,
-        max_batch: int = 64,
+        max_batch: int = defaults.MAX_BATCH,
         max_seq_len: int | None = None,
         device: str | torch.device = "cpu",
         dtype: torch.dtype | str = torch.float32,

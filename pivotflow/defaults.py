@@ -1,0 +1,14 @@
+"""Defaults that more than one part reads: the run's configuration (``RunConfig``), the
+controller's (``ControllerConfig``) and the workers' role options each took their own copy
+once, and the copies drifted (steps 200 vs 20, worker_timeout_s 60 vs 30). One place each now.
+Light on purpose: the controller, the workers and the engines all import it."""
+
+STEPS = 200  # optimizer steps a run makes
+MAX_STALENESS = 0  # policy versions a sample may lag the trainer
+HEARTBEAT_S = 1.0
+WORKER_TIMEOUT_S = 60.0  # seconds of silence before a worker is declared dead
+MAX_JOBS_PER_FRAME = 32
+MAX_WORKER_RESTARTS = 50
+PARTIAL_ROLLOUT = False
+OVER_SAMPLE = 0.0
+MAX_BATCH = 64  # sequences a generate worker decodes side by side (its slots)
