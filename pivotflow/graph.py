@@ -314,9 +314,6 @@ class Graph:
 
         return [self.nodes[n] for n in linear_order(self)]
 
-    def edge_names(self) -> list[str]:
-        return [f"{a}->{b}" for a, b, _ in self.edges]
-
     def describe(self) -> str:
         lines = [f"graph {self.name!r} ({self.where})"]
         for n in self.order():

@@ -15,7 +15,10 @@ PROTOCOL_VERSION = 1
 # Frames larger than this are refused before decoding (a GenerateJob of the tiny models is ~1 KB).
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 
-_HOT = {"tag": True, "kw_only": True, "array_like": True, "gc": False, "omit_defaults": True}
+# The per-job messages: encoded as arrays (no field names on the wire) and untracked by the GC.
+# No omit_defaults: msgspec ignores it for array_like structs (checked on 0.23: every default
+# is still encoded, the bytes are identical with and without it), so it only misled readers.
+_HOT = {"tag": True, "kw_only": True, "array_like": True, "gc": False}
 
 
 # ---------------------------------------------------------------- worker -> controller
@@ -151,7 +154,7 @@ class AbortJobs(msgspec.Struct, tag=True, kw_only=True, frozen=True):
     job_ids: list[int] = []
 
 
-class TrainSeq(msgspec.Struct, kw_only=True, array_like=True, gc=False, omit_defaults=True):
+class TrainSeq(msgspec.Struct, kw_only=True, array_like=True, gc=False):  # (see _HOT)
     """One trajectory to train on; ``loss_mask`` is 1 on policy tokens of ``response_ids``."""
 
     job_id: int

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pivotflow import defaults
+
 # "lost": a send found it gone; recovery runs on the next loop turn and makes it "dead".
 WorkerState = Literal["starting", "loading", "ready", "lost", "dead"]
 
@@ -18,16 +20,12 @@ class WorkerHandle:
     state: WorkerState = "starting"
     role: str = ""
     model: str = ""
-    capacity: int = 64
+    capacity: int = defaults.MAX_BATCH  # slots; set from the role's max_batch option
     jobs: set[int] = field(default_factory=set)
     training: bool = False
     last_seen: float = 0.0
     version: int = -1
     roles_taken: int = 0  # counts shifts: a trainer that left and came back is a new member
-
-    @property
-    def free(self) -> int:
-        return self.capacity - len(self.jobs) if self.state == "ready" else 0
 
 
 @dataclass(slots=True)
