@@ -81,3 +81,14 @@ class ToolError(PivotflowError):
 
 class ToolCallError(ToolError):
     """Generated text holds a malformed tool call, or a call's arguments do not fit the tool's schema."""
+
+
+class StageError(PivotflowError):
+    """A stage function (map, group, filter, a judge's template or parse) raised, returned a
+    value of the wrong type or a non-finite number, or ran past its ``deadline_s``; names the
+    stage, the graph file's line and the sample. ``on_error`` is the stage's policy."""
+
+    def __init__(self, message: str, *, stage: str = "", group_id: int = -1,
+                 on_error: str = "stop") -> None:
+        super().__init__(message)
+        self.stage, self.group_id, self.on_error = stage, group_id, on_error

@@ -40,6 +40,25 @@ TOOL_FIELDS = frozenset({"loss_mask", "trajectory", "turns", "tool_calls", "tool
 TOOL_POOL_OPTIONS = frozenset({"workers", "timeout_s", "cpu_s", "memory_mb", "max_output_chars",
                                "max_argument_chars", "max_calls_per_worker", "net_namespace",
                                "isolation", "nproc", "file_size_mb", "open_files", "tmp_mb"})
+# How a stage's own Python may fail (controller/user_code.py): stop the run, or drop the group
+ON_ERROR = ("stop", "skip")
+DEFAULT_DEADLINE_S = 60.0  # generous: a stage function is per-sample Python, not a model call
+
+
+def _fault_options(kind: str, name: str, where: str, deadline_s: Any,
+                   on_error: Any) -> dict[str, Any]:
+    """A stage's ``deadline_s`` (seconds a call of its function may take; None: run inline,
+    no deadline) and ``on_error``, checked now so a bad one names the graph file's line."""
+    here = f"{kind} {name!r} at {where}"
+    if deadline_s is not None and (isinstance(deadline_s, bool)
+                                   or not isinstance(deadline_s, (int, float))
+                                   or not deadline_s > 0):
+        raise GraphError(f"{here}: deadline_s must be a number of seconds > 0 or None, got "
+                         f"{deadline_s!r}")
+    if on_error not in ON_ERROR:
+        raise GraphError(f"{here}: on_error must be one of {list(ON_ERROR)}, got {on_error!r}")
+    return {"deadline_s": None if deadline_s is None else float(deadline_s),
+            "on_error": on_error}
 
 
 @dataclass(slots=True)
@@ -255,36 +274,53 @@ class Graph:
                               writes=writes, model=model, pool=pool, options=opts))
 
     def judge(self, name: str, *, model: str, pool: str, template: Callable[..., Any],
-              parse: Callable[..., float | None], max_tokens: int = 8) -> Node:
+              parse: Callable[..., float | None], max_tokens: int = 8,
+              deadline_s: float | None = DEFAULT_DEADLINE_S, on_error: str = "stop") -> Node:
         """A generative reward model: ``template(**fields)`` makes the judge's prompt (a string,
         or chat messages rendered with the *judge's* chat template), the judge generates a
         verdict greedily (up to ``max_tokens``), ``parse(verdict, **fields)`` turns its decoded
         text into a reward (None = failed judgement, counted, never silently 0). The contract,
         and parsers for the common forms (``\\boxed{}``, a final Yes/No, a score), are in
-        ``pivotflow.verdicts``."""
+        ``pivotflow.verdicts``. ``deadline_s`` and ``on_error`` govern ``template`` and
+        ``parse`` as they do a map stage's function."""
         where = _caller_where()
         reads = fn_reads(template, where, name) | (fn_reads(parse, where, name) - {"verdict"})
-        opts = {"template": template, "parse": parse, "max_tokens": max_tokens}
+        opts = {"template": template, "parse": parse, "max_tokens": max_tokens,
+                **_fault_options("judge", name, where, deadline_s, on_error)}
         return self._add(Node(name, "judge", where, reads=reads, writes=JUDGE_FIELDS,
                               model=model, pool=pool, options=opts))
 
-    def map(self, name: str, fn: Callable[..., Any], *, writes: Iterable[str]) -> Node:
-        """Per-sample Python: ``fn(**fields)`` returns a value (one field) or a dict of fields."""
+    def map(self, name: str, fn: Callable[..., Any], *, writes: Iterable[str],
+            deadline_s: float | None = DEFAULT_DEADLINE_S, on_error: str = "stop") -> Node:
+        """Per-sample Python: ``fn(**fields)`` returns a value (one field) or a dict of fields.
+        A call that raises, returns a non-number ``reward``/``advantage`` or a NaN, or takes
+        over ``deadline_s`` is a StageError naming the sample: ``on_error="stop"`` stops the
+        run with it, ``"skip"`` drops the sample's group (counted as ``groups_skipped``)."""
         where = _caller_where()
         return self._add(Node(name, "map", where, reads=fn_reads(fn, where, name),
-                              writes=_field_names(writes, where, name), fn=fn))
+                              writes=_field_names(writes, where, name), fn=fn,
+                              options=_fault_options("map", name, where, deadline_s,
+                                                     on_error)))
 
-    def group(self, name: str, fn: Callable[..., Any], *, writes: Iterable[str]) -> Node:
+    def group(self, name: str, fn: Callable[..., Any], *, writes: Iterable[str],
+              deadline_s: float | None = DEFAULT_DEADLINE_S, on_error: str = "stop") -> Node:
         """Per-group Python: ``fn(**fields)`` gets each field as a list over the group's samples
-        and returns a dict of per-sample lists (e.g. advantages from rewards)."""
+        and returns a dict of per-sample lists (e.g. advantages from rewards); ``deadline_s``
+        and ``on_error`` as for :meth:`map`."""
         where = _caller_where()
         return self._add(Node(name, "group", where, reads=fn_reads(fn, where, name),
-                              writes=_field_names(writes, where, name), fn=fn))
+                              writes=_field_names(writes, where, name), fn=fn,
+                              options=_fault_options("group", name, where, deadline_s,
+                                                     on_error)))
 
-    def filter(self, name: str, fn: Callable[..., bool]) -> Node:
-        """Per-group keep/drop: ``fn(**fields)`` with per-group lists; False drops the group."""
+    def filter(self, name: str, fn: Callable[..., bool], *,
+               deadline_s: float | None = DEFAULT_DEADLINE_S, on_error: str = "stop") -> Node:
+        """Per-group keep/drop: ``fn(**fields)`` with per-group lists; False drops the group.
+        ``deadline_s`` and ``on_error`` as for :meth:`map`."""
         where = _caller_where()
-        return self._add(Node(name, "filter", where, reads=fn_reads(fn, where, name), fn=fn))
+        return self._add(Node(name, "filter", where, reads=fn_reads(fn, where, name), fn=fn,
+                              options=_fault_options("filter", name, where, deadline_s,
+                                                     on_error)))
 
     def train(self, name: str, *, model: str, pool: str, lr: float = 3e-4,
               **loss_options: Any) -> Node:

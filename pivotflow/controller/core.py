@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pivotflow import defaults
-from pivotflow.controller import stages
+from pivotflow.controller import stages, user_code
 from pivotflow.controller.clock import Clock
 from pivotflow.controller.edges import Edge
 from pivotflow.controller.partial import PartialRollouts
@@ -319,13 +319,16 @@ class Controller:
 
     def _advance(self, sample: Sample, idx: int, now: float) -> None:
         """Move a sample to stage ``idx``: run Python stages at once, queue model stages."""
+        if self.ledger.settled(sample.group_id):
+            return  # its group was skipped (a stage function failed, on_error=skip)
         while True:
             node = self.order[idx]
             if node.kind in ("generate", "judge"):
                 self.edges[idx].push(sample, now)
                 return
             if node.kind == "map":
-                stages.apply_map_fn(node, sample)
+                if not user_code.guard(self, stages.apply_map_fn, node, sample)[0]:
+                    return
                 idx += 1
                 continue
             group = self.barriers[idx].setdefault(sample.group_id, [])
@@ -339,10 +342,13 @@ class Controller:
     def _on_group(self, idx: int, group: list[Sample], now: float) -> None:
         node = self.order[idx]
         if node.kind == "group":
-            stages.apply_group_fn(node, group)
+            if not user_code.guard(self, stages.apply_group_fn, node, group)[0]:
+                return
         elif node.kind == "filter":
-            assert node.fn is not None
-            if not node.fn(**stages.group_fields(group)):
+            ran, keep = user_code.guard(self, stages.keep_group, node, group)
+            if not ran:
+                return
+            if not keep:
                 self.ledger.groups_filtered += 1
                 self.ledger.settle(group[0].group_id)
                 self.filtered_since_step += 1
@@ -421,14 +427,17 @@ class Controller:
                     if turns:
                         job = self.tools.job(idx, job, sample)
                 else:
-                    job = stages.judge_job(node, sample, job_id, tok)
+                    ran, job = user_code.guard(self, stages.judge_job, node, sample, job_id, tok)
+                    if not ran:
+                        continue
                 self.jobs[job_id] = (sample, idx, worker.worker_id, now)
                 if not worker.jobs:
                     self.busy_since[worker.worker_id] = (pool.name, now)
                 worker.jobs.add(job_id)
                 self.inflight[idx] += 1
                 jobs.append(job)
-            self.send(worker.worker_id, Jobs(jobs=jobs))
+            if jobs:  # (none when a judge template failed on each, on_error=skip)
+                self.send(worker.worker_id, Jobs(jobs=jobs))
 
     def _on_result(self, w: WorkerHandle, r: JobDone, now: float) -> None:
         entry = self.jobs.pop(r.job_id, None)
@@ -477,9 +486,11 @@ class Controller:
         elif node.kind == "generate":
             stages.apply_generation(sample, r, tok)
             self.source.check(sample)
-        elif not stages.apply_verdict(node, sample, r, tok):
-            self.ledger.judge_failures += 1
-        self._advance(sample, idx + 1, now)
+        else:
+            ran, judged = user_code.guard(self, stages.apply_verdict, node, sample, r, tok)
+            if ran and not judged:
+                self.ledger.judge_failures += 1
+        self._advance(sample, idx + 1, now)  # (dropped there if its group was skipped)
         # finished before a checkpoint's abort reached it; only now is the sample somewhere a
         # snapshot sees it (the next stage), so only now may the checkpoint be written
         if self._ckpt_pending:

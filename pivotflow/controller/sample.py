@@ -24,12 +24,13 @@ class Sample:
 
 @dataclass(slots=True)
 class Ledger:
-    """Counts that must balance: every admitted group is trained once or filtered once."""
+    """Counts that must balance: every admitted group is trained, filtered or skipped once."""
 
     prompts_in: int = 0
     groups_trained: int = 0
     samples_trained: int = 0
     groups_filtered: int = 0
+    groups_skipped: int = 0  # dropped by a stage function that failed with on_error=skip
     duplicates: int = 0
     late_results: int = 0
     judge_failures: int = 0

@@ -47,7 +47,9 @@ class PromptSource:
     def admit(self, ctl: Controller, now: float) -> list[list[Sample]]:
         groups = []
         ledger = ctl.ledger
-        while ledger.prompts_in < self.quota(ctl.version, ledger.groups_filtered):
+        # a skipped group (on_error=skip) is replaced as a filtered one is
+        dropped = ledger.groups_filtered + ledger.groups_skipped
+        while ledger.prompts_in < self.quota(ctl.version, dropped):
             problem = self.problems.next()
             group_id = ledger.prompts_in
             ledger.prompts_in += 1

@@ -1,12 +1,15 @@
 """What each kind of stage does to samples: turning samples into jobs and results into fields.
 
 Pure functions of (node, sample, result): the controller owns all state and all sockets.
+The graph's own functions run through ``user_code.call`` (a deadline, failures named by stage,
+graph line and sample) and what they return is checked here, at the stage that returned it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from pivotflow.controller import user_code
 from pivotflow.controller.sample import Sample
 from pivotflow.errors import GraphError, TokenizerError
 from pivotflow.graph import Node
@@ -44,7 +47,7 @@ def judge_job(node: Node, sample: Sample, job_id: int, tok: Tokenizer) -> Genera
     """The job that asks the GenRM for a verdict on ``sample`` (greedy, judge weights v0+).
     ``template`` returns a string (encoded as is) or chat messages (rendered with the judge's
     chat template): the contract is in ``pivotflow.verdicts``."""
-    prompt = node.options["template"](**sample.fields)
+    prompt = user_code.call(node, "template", node.options["template"], sample.fields, [sample])
     if not isinstance(prompt, str):
         problem = message_problem(prompt)
         if problem is not None:
@@ -88,9 +91,13 @@ def apply_verdict(node: Node, sample: Sample, result: JobDone, tok: Tokenizer) -
     verdict = tok.decode(result.token_ids)
     fields = sample.fields
     fields["verdict"] = verdict
-    reward = node.options["parse"](**fields) if result.error == "" else None
+    reward = (user_code.call(node, "parse", node.options["parse"], fields, [sample])
+              if result.error == "" else None)
+    if isinstance(reward, str):  # a number as text ("1.0") is a bug to name, not a verdict
+        user_code.check_value(node, [sample], "reward", reward)
     score = (None if isinstance(reward, bool) or not isinstance(reward, (int, float))
              else float(reward))
+    user_code.check_value(node, [sample], "reward", score)
     fields["reward"] = score
     fields["judge_failed"] = score is None
     return score is not None
@@ -105,7 +112,7 @@ def group_fields(samples: list[Sample]) -> dict[str, list[Any]]:
 def apply_group_fn(node: Node, samples: list[Sample]) -> None:
     """Run a group function and scatter its per-sample lists back into the samples."""
     assert node.fn is not None  # validated: group nodes always carry a function
-    out = node.fn(**group_fields(samples))
+    out = user_code.call(node, "function", node.fn, group_fields(samples), samples)
     if not isinstance(out, dict):
         if len(node.writes) != 1:
             raise GraphError(f"group {node.name!r} at {node.where} must return a dict of "
@@ -120,25 +127,37 @@ def apply_group_fn(node: Node, samples: list[Sample]) -> None:
             raise GraphError(f"group {node.name!r} at {node.where} returned {len(values)} "
                              f"values of {key!r} for a group of {len(samples)}")
         for s, v in zip(samples, values, strict=False):
+            user_code.check_value(node, [s], key, v)
+        for s, v in zip(samples, values, strict=False):
             s.fields[key] = v
 
 
 def apply_map_fn(node: Node, sample: Sample) -> None:
     """Run a per-sample function and write its result."""
     assert node.fn is not None  # validated: map nodes always carry a function
-    out = node.fn(**sample.fields)
+    out = user_code.call(node, "function", node.fn, sample.fields, [sample])
     if isinstance(out, dict):
         bad = set(out) - node.writes
         if bad:
             raise GraphError(f"map {node.name!r} at {node.where} returned fields {sorted(bad)} "
                              f"it does not declare in writes={sorted(node.writes)}")
+        for key, value in out.items():
+            user_code.check_value(node, [sample], key, value)
         sample.fields.update(out)
     elif len(node.writes) == 1:
-        sample.fields[next(iter(node.writes))] = out
+        key = next(iter(node.writes))
+        user_code.check_value(node, [sample], key, out)
+        sample.fields[key] = out
     else:
         raise GraphError(f"map {node.name!r} at {node.where} returned a "
                          f"{type(out).__name__}; with writes={sorted(node.writes)} it must "
                          "return a dict")
+
+
+def keep_group(node: Node, samples: list[Sample]) -> bool:
+    """A filter stage's verdict on a whole group (True keeps it)."""
+    assert node.fn is not None  # validated: filter nodes always carry a function
+    return bool(user_code.call(node, "function", node.fn, group_fields(samples), samples))
 
 
 def train_seq(sample: Sample) -> TrainSeq:

@@ -1,0 +1,146 @@
+"""Running the graph's own Python (map, group, filter functions, a judge's template and parse)
+so that it fails cleanly: an exception, a value of the wrong type or a non-finite number, or a
+call that runs past the stage's deadline becomes a :class:`StageError` naming the stage, the
+graph file's line and the sample; the stage's ``on_error`` says whether that stops the run or
+drops the sample's group (counted as skipped, settled like a filtered group: never lost).
+
+Why a thread: user code may hang (a ``time.sleep``, a judge parser stuck on a regex). It runs on
+one daemon thread, and the loop thread waits for it at most the stage's ``deadline_s``. A thread
+cannot be killed, so one past its deadline is abandoned (daemon: it cannot keep the process
+alive) and the next call gets a fresh thread. The loop is held while it waits (the stage's
+result is needed before the sample can move on), so the deadline bounds any stall; a process
+pool would free the loop entirely but costs a pickle round trip per sample and cannot run
+closures defined in a graph file. ``deadline_s=None`` runs the function inline (no thread hop).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+import queue
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pivotflow.controller.sample import Sample
+from pivotflow.errors import StageError
+from pivotflow.graph import DEFAULT_DEADLINE_S
+
+if TYPE_CHECKING:
+    from pivotflow.controller.core import Controller
+    from pivotflow.graph import Node
+
+log = logging.getLogger("pivotflow.controller")
+
+NUMERIC_FIELDS = frozenset({"reward", "advantage"})  # the RL math reads these as numbers
+
+
+class _Runner:
+    """One daemon thread that runs the calls put on its queue, one at a time."""
+
+    def __init__(self) -> None:
+        self.calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="pivotflow-stage-fn", daemon=True).start()
+
+    def _serve(self) -> None:
+        while (call := self.calls.get()) is not None:
+            fn, kwargs, box, done = call
+            try:
+                box.append((True, fn(**kwargs)))
+            except BaseException as exc:  # handed back to the loop thread, raised there
+                box.append((False, exc))
+            done.set()
+
+
+_runner: _Runner | None = None  # only the loop thread touches it
+
+
+def _one_line(text: object, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def stage_error(node: Node, samples: list[Sample], what: str) -> StageError:
+    first = samples[0]
+    who = (f"sample {first.sample_id} (group {first.group_id})" if len(samples) == 1
+           else f"group {first.group_id} ({len(samples)} samples)")
+    return StageError(f"{node.kind} {node.name!r} at {node.where} on {who}: {what}",
+                      stage=node.name, group_id=first.group_id,
+                      on_error=node.options.get("on_error", "stop"))
+
+
+def call(node: Node, role: str, fn: Callable[..., Any], kwargs: dict[str, Any],
+         samples: list[Sample]) -> Any:
+    """``fn(**kwargs)`` under the stage's deadline; any failure is a StageError."""
+    global _runner
+    deadline = node.options.get("deadline_s", DEFAULT_DEADLINE_S)
+    if deadline is None:
+        try:
+            return fn(**kwargs)
+        except Exception as exc:
+            raise stage_error(node, samples, f"{role} raised {type(exc).__name__}: "
+                                             f"{_one_line(exc)}") from exc
+    if _runner is None:
+        _runner = _Runner()
+    box: list[tuple[bool, Any]] = []
+    done = threading.Event()
+    _runner.calls.put((fn, kwargs, box, done))
+    if not done.wait(deadline):
+        hung, _runner = _runner, None
+        hung.calls.put(None)  # it ends once the hung call returns, if ever
+        raise stage_error(node, samples, f"{role} ran longer than its deadline_s={deadline} "
+                                         "(set deadline_s= on the stage to allow more)")
+    ok, value = box[0]
+    if not ok:
+        if not isinstance(value, Exception):  # KeyboardInterrupt, SystemExit: not ours
+            raise value
+        raise stage_error(node, samples, f"{role} raised {type(value).__name__}: "
+                                         f"{_one_line(value)}") from value
+    return value
+
+
+def check_value(node: Node, samples: list[Sample], key: str, value: Any) -> None:
+    """A written field's value: RL numbers must be real numbers (``reward`` may be None, a
+    failed judgement) and no float may be NaN or infinite."""
+    if (key in NUMERIC_FIELDS and not (value is None and key == "reward")
+            and not isinstance(value, numbers.Real)):  # (numpy's scalars are Real too)
+        raise stage_error(node, samples, f"returned {key}={_one_line(repr(value), 60)} of "
+                                         f"type {type(value).__name__}, expected a number")
+    if (isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
+            and not math.isfinite(value)):
+        raise stage_error(node, samples, f"returned a non-finite {key}={value!r}")
+
+
+def guard(ctl: Controller, stage: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+    """Run a stage step (stages.py); ``(True, its value)``, or ``(False, None)`` when it
+    failed on a stage with ``on_error=skip`` and its group was dropped. A failure on a stage
+    that stops raises, and the controller stops the run with it (its traceback in the log)."""
+    try:
+        return True, stage(*args)
+    except StageError as exc:
+        if exc.on_error != "skip":
+            raise
+        skip_group(ctl, exc)
+        return False, None
+
+
+def skip_group(ctl: Controller, exc: StageError) -> None:
+    """Drop a group whose stage function failed: settled as skipped (its other samples, still
+    queued or generating, are dropped when they come back), so it is neither lost nor trained."""
+    log.error("skipped a group (on_error=skip): %s", exc, exc_info=exc)
+    gid = exc.group_id
+    if ctl.ledger.settled(gid):
+        return  # another sample of it failed first
+    ctl.ledger.groups_skipped += 1
+    ctl.ledger.settle(gid)
+    ctl.train_buffer.dropped(gid)
+    for waiting in ctl.barriers.values():
+        waiting.pop(gid, None)
+    ctl.filtered_since_step += 1  # a stage that fails on everything must not spin forever
+    limit = ctl.cfg.max_filtered_per_step * ctl.source.groups_per_step
+    if ctl.filtered_since_step > limit:
+        ctl.fail(StageError(f"{exc} -- and {ctl.filtered_since_step} groups were filtered or "
+                            f"skipped since the last optimizer step (limit {limit}): nothing "
+                            "is left to train on", stage=exc.stage, group_id=gid,
+                            on_error="stop"))
