@@ -190,6 +190,7 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
     store = ShmParamStore(root)
     (root / OWNER_FILE).write_text(str(os.getpid()))
     terminated = _TermBeforeLoop()
+    handlers: list[logging.Handler] = []
     try:  # the store lives in shared memory: it must go whatever happens
         models = prepare_models(graph, store, seed=cfg.seed, console=console)
         if ckpt is not None:
@@ -200,13 +201,29 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
         source = PromptSource(source_node, problems, models.tokenizers[policy_model or ""],
                               steps=cfg.steps, max_staleness=cfg.max_staleness, seed=cfg.seed)
         seg = Segment(out, str(graph_path), cont, config, ckpt)
+        run_log = _log_to(seg.log_dir / "controller.log")
+        handlers.append(run_log)
         return asyncio_run(_run_async(graph, cfg, assignments, source, models, store,
                                       recorder, seg, console, listener))
     finally:
+        for handler in handlers:
+            logging.getLogger("pivotflow").removeHandler(handler)
+            handler.close()
         terminated.restore()
         store.cleanup()
         if listener is not None:
             listener.close()
+
+
+def _log_to(path: Path) -> logging.Handler:
+    """The run's log: pivotflow's warnings and errors, with tracebacks (a stage function that
+    raised, a loop that failed), in ``logs/controller.log`` beside the workers' logs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("pivotflow").addHandler(handler)
+    return handler
 
 
 class _TermBeforeLoop:
@@ -409,7 +426,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
             for wid in assignments:
                 launcher.start(wid)
             await ctl.run()
-    except PivotflowError as exc:
+    except Exception as exc:  # every stop writes summary.json with why (raised again below)
         error = exc
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -536,7 +553,8 @@ def _summarize(ctl: Controller, steps: list[dict[str, Any]], wall: float,
         worker_restarts=ctl.recovery.restarts,
         ledger=Ledger(prompts_in=led.prompts_in, groups_trained=led.groups_trained,
                       samples_trained=samples, lost=lost, duplicates=led.duplicates),
-        extra={"groups_filtered": led.groups_filtered, "groups_in_flight_at_end":
+        extra={"groups_filtered": led.groups_filtered, "groups_skipped": led.groups_skipped,
+               "groups_in_flight_at_end":
                ctl.train_buffer.in_flight(), "late_results": led.late_results,
                "jobs_redispatched": ctl.recovery.redispatched,
                "train_steps_redone": ctl.recovery.steps_redone,
