@@ -5,12 +5,15 @@ on the controller's node whose root is the run's own store (the controller reads
 checkpoints). The agents form a gloo group (rank 0: the controller's node) and work in rounds,
 the same in every agent, so no one has to tell them what was published where:
 
-1. every agent gathers every other's inventory: the newest version of each model in its store
+1. every agent gathers every other's inventory: the versions of each model in its store
    (a trainer publishing on its node, or the run's initial publish on the controller's);
-2. for each model some node lacks, the lowest rank holding the newest version broadcasts it
-   (``node_sync.VersionSync``): the nodes that lack it publish it into their own store when
-   whole, the others let it pass; each store is then collected down to ``KEEP`` versions by
-   its own reference counts (a version a reader holds stays);
+2. for each of a model's newest ``keep_for(model)`` versions (over all nodes) that some node
+   lacks, the lowest rank holding it broadcasts it (``node_sync.VersionSync``): the nodes that
+   lack it publish it into their own store when whole, the others let it pass; each store is
+   then collected down to ``keep_for(model)`` versions by its own reference counts (a version
+   a reader holds stays). Not only the newest: a trainer lost mid-step is redone from the
+   version *before* the one it may have published, and its replacement, perhaps on a node
+   that joined since, must find that version (and its AdamW state) on its own node;
 3. note in ``<root>/.crossed/<model>`` the newest version every node has (a trainer waits for
    its version there before it reports the step: a node lost just after could otherwise take
    the only copy of a version the controller already counts on);
@@ -38,6 +41,13 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 KEEP = 3  # versions each node keeps of a model (the trainer keeps 3 of the policy)
+KEEP_OPTIM = 2  # and of its AdamW state (``<model>.optim``), as the trainer keeps
+
+
+def keep_for(model: str) -> int:
+    """How many of ``model``'s newest versions every node holds (what its trainer keeps, so
+    that a version the trainer collected is not sent back to it)."""
+    return KEEP_OPTIM if model.endswith(".optim") else KEEP
 CROSSED = ".crossed"  # in a store root: per model, the newest version every node has
 CROSSED_WAIT_S = 60.0
 GROUP_TIMEOUT_S = 30.0  # a collective with a silent peer fails after this
@@ -198,26 +208,26 @@ class StoreAgent:
         dist.all_gather_object(gathered, {"have": mine, "stop": self.stopping})
         lacking = False
         for model in sorted({m for g in gathered for m in g["have"]}):
-            newest = max(g["have"].get(model, (-1, 0.0))[0] for g in gathered)
-            if all(g["have"].get(model, (-1, 0.0))[0] >= newest for g in gathered):
-                continue
-            lacking = True
-            src = min(r for r, g in enumerate(gathered)
-                      if g["have"].get(model, (-1, 0.0))[0] == newest)
-            sync = VersionSync(self.store, src=src)
-            if src == self.rank:
-                if sync.send(model, newest) is not None:
-                    self.sent.setdefault(model, []).append(newest)
-                continue
-            wanted = mine.get(model, (-1, 0.0))[0] < newest
-            got = sync.receive(publish=wanted)
-            if got is not None and wanted:
-                self.received.setdefault(model, []).append(newest)
-                published = gathered[src]["have"][model][1]
-                if published >= self.formed_at:  # not a catch-up of what was there before
-                    self.cross_s.append(time.time() - published)
-                self.bytes_in += sync.last_bytes
-                self.store.gc(model, keep=KEEP)
+            held = [set(g["have"].get(model, (-1, 0.0, []))[2]) for g in gathered]
+            for version in sorted(set().union(*held))[-keep_for(model):]:
+                if all(version in h for h in held):
+                    continue
+                lacking = True
+                src = min(r for r, h in enumerate(held) if version in h)
+                sync = VersionSync(self.store, src=src)
+                if src == self.rank:
+                    if sync.send(model, version) is not None:
+                        self.sent.setdefault(model, []).append(version)
+                    continue
+                wanted = version not in held[self.rank]
+                got = sync.receive(publish=wanted)
+                if got is not None and wanted:
+                    self.received.setdefault(model, []).append(version)
+                    newest, published, _ = gathered[src]["have"][model]
+                    if version == newest and published >= self.formed_at:  # not a catch-up
+                        self.cross_s.append(time.time() - published)
+                    self.bytes_in += sync.last_bytes
+                    self.store.gc(model, keep=keep_for(model))
         self._note_crossed(gathered)
         self.rounds += 1
         if not lacking:
@@ -235,15 +245,17 @@ class StoreAgent:
                 os.replace(tmp, crossed / model)
                 self.noted[model] = everywhere
 
-    def _inventory(self) -> dict[str, tuple[int, float]]:
-        """{model: (newest version here, when it was published: its LATEST pointer's mtime)}."""
+    def _inventory(self) -> dict[str, tuple[int, float, list[int]]]:
+        """{model: (newest version here, when it was published: its LATEST pointer's mtime,
+        every version held here)}."""
         have = {}
         for mdir in self.root.iterdir():
             if mdir.name.startswith(".") or not mdir.is_dir():
                 continue
             try:
                 have[mdir.name] = (int((mdir / "LATEST").read_text()),
-                                   (mdir / "LATEST").stat().st_mtime)
+                                   (mdir / "LATEST").stat().st_mtime,
+                                   self.store.versions(mdir.name))
             except (OSError, ValueError):
                 continue  # nothing published yet, or a pointer being replaced: next round
         return have
