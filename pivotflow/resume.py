@@ -20,12 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from pivotflow import checkpoints
 from pivotflow.config import RunConfig
 from pivotflow.errors import CheckpointError, ConfigError
 from pivotflow.graph import Graph
 from pivotflow.metrics import read_metrics
 from pivotflow.params.hf_folder import read_json
+from pivotflow.planner.backpressure import BackpressureConfig
 
 # Top-level settings a checkpoint's state depends on: the seed draws the prompts and the
 # sampling noise (a cursor into another stream is another run), max_staleness admitted the
@@ -33,7 +36,8 @@ from pivotflow.params.hf_folder import read_json
 # Every graph.* knob counts too (group size, groups per step, lr, max tokens: they define the
 # graph), as do the graph file's content, its models and its data.
 SHAPE_KEYS = ("seed", "max_staleness", "dtype")
-PREFIX = {"engines": "engine"}  # a dict setting's --set prefix, where it is not its name
+PREFIX = {"engines": "engine", "planner_knobs": "planner"}  # a dict setting's --set prefix,
+# where it is not its name
 POOL_KEYED = ("pools", "engines")  # dict settings keyed by pool name
 RUN_NAME = re.compile(r"-\d{8}-\d{6}$")  # run() names a fresh --out GRAPH-YYYYMMDD-HHMMSS
 
@@ -72,6 +76,10 @@ def inherited(prev: dict[str, Any], given: dict[str, Any], graph_defaults: dict[
                 base[name] = value
             continue
         keep = (graph_defaults if name == "graph" else pools if name in POOL_KEYED else value)
+        if name == "planner_knobs":  # config.json records every knob; --set takes the changed
+            # ones only (a planner without knobs refuses any)
+            default = msgspec.to_builtins(BackpressureConfig())
+            keep = [k for k in value if value[k] != default.get(k)]
         base.update({f"{PREFIX.get(name, name)}.{k}": v for k, v in value.items() if k in keep})
     return {**base, **given}
 
