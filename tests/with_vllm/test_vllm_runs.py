@@ -40,7 +40,7 @@ def test_the_genrm_graph_on_vllm_trains_every_sample_once(tmp_path: Path) -> Non
     assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
     assert s["ledger"]["groups_trained"] == 20 * 8 and s["generation_errors"] == 0
     assert s["chaos_kills"] == 2 and s["worker_restarts"] == 2
-    logs = {p.name.split("-", 1)[1]: p for p in (result.out / "logs").glob("*.log")}
+    logs = {p.name.split("-", 1)[1]: p for p in (result.out / "logs").glob("w*.log")}  # not controller.log
     assert vllm_started(logs["rollout.log"]) and vllm_started(logs["genrm.log"])
     assert json.loads((result.out / "config.json").read_text())["engine"] == "vllm"
 
@@ -64,7 +64,7 @@ def test_a_vllm_rollout_beside_the_embedded_judge_shifts_timed(tmp_path: Path) -
         assert x["release_s"] > 0 and x["to"] == "trainer", x
     for x in into:
         assert 0 < x["warmup_s"] <= x["load_s"] <= x["total_s"], x
-    logs = {p.name.split("-", 1)[1]: p for p in (result.out / "logs").glob("*.log")}
+    logs = {p.name.split("-", 1)[1]: p for p in (result.out / "logs").glob("w*.log")}  # not controller.log
     assert vllm_started(logs["rollout.log"]) and not vllm_started(logs["genrm.log"])
     assert json.loads((result.out / "config.json").read_text())["engines"] == {"rollout": "vllm"}
 
