@@ -17,6 +17,7 @@ from pivotflow.launch.base import Launcher
 from pivotflow.launch.local import LocalLauncher
 from pivotflow.transport.admission import new_run_secret
 from pivotflow.transport.curve import CurveKeys
+from pivotflow.transport.endpoints import is_loopback_tcp
 from pivotflow.transport.zmq_transport import ZmqControllerTransport
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ def open_workers(cfg: RunConfig, curve: CurveKeys | None, log_dir: Path, slots: 
     try:
         endpoint = cfg.endpoint or cluster.controller_endpoint(cfg.curve_keys)
         ray_secret: bytes | None = None
-        if _is_loopback(endpoint):
+        if is_loopback_tcp(endpoint):
             # Every node is this host: the secret goes in a 0600 file here that the host
             # actors read (its path travels through Ray, never its bytes). Across hosts the
             # CurveZMQ keys, required there, are what admits a worker.
@@ -69,11 +70,6 @@ def open_workers(cfg: RunConfig, curve: CurveKeys | None, log_dir: Path, slots: 
         cluster.close()
         raise
     return tcp, launcher
-
-
-def _is_loopback(endpoint: str) -> bool:
-    host = endpoint.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-    return host in ("127.0.0.1", "::1", "localhost")
 
 
 def attach(launcher: Launcher, ctl: Controller) -> None:

@@ -49,14 +49,25 @@ def check_bind_address(endpoint: str, *, curve: bool = False) -> None:
     host, port = _split_host_port(endpoint, rest)
     if port != "*" and not (port.isdigit() and int(port) <= 65535):
         raise ConfigError(f"endpoint {endpoint!r}: port {port!r} is not a number or '*'")
-    if host == "localhost" or curve:
-        return
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False  # "*", an interface name, or a host name: may be reachable
-    if not loopback:
+    if not curve and not _is_loopback_host(host):
         raise ConfigError(f"endpoint {endpoint!r}: {host!r} is not loopback; {_NEEDS_KEYS}")
+
+
+def is_loopback_tcp(endpoint: str) -> bool:
+    """Whether ``endpoint`` is tcp:// on a loopback host (127.x.x.x, localhost, [::1])."""
+    scheme, sep, rest = endpoint.partition("://")
+    if scheme != "tcp" or not rest:
+        return False
+    return _is_loopback_host(_split_host_port(endpoint, rest)[0])
+
+
+def _is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # "*", an interface name, or a host name: may be reachable
 
 
 def _split_host_port(endpoint: str, rest: str) -> tuple[str, str]:
