@@ -163,17 +163,23 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """
     p = Path(path)
     try:
-        lines = p.read_bytes().splitlines()
+        data = p.read_bytes()
     except OSError as e:
         raise MetricsError(f"cannot read metrics file {p}: {e}") from e
+    return parse_json_lines(p, data, "metrics line")
+
+
+def parse_json_lines(p: Path, data: bytes, what: str) -> list[dict[str, Any]]:
+    """JSONL bytes read from ``p`` as dicts (blank lines skipped); a bad line is a
+    MetricsError naming the file, the 1-based line and ``what`` a line is."""
     records: list[dict[str, Any]] = []
-    for lineno, line in enumerate(lines, start=1):
+    for lineno, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             obj = _decoder.decode(line)
         except msgspec.DecodeError as e:
-            raise MetricsError(f"{p}:{lineno}: malformed metrics line: {e}") from e
+            raise MetricsError(f"{p}:{lineno}: malformed {what}: {e}") from e
         if not isinstance(obj, dict):
             raise MetricsError(f"{p}:{lineno}: expected a JSON object, got {type(obj).__name__}")
         records.append(obj)

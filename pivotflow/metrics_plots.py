@@ -1,8 +1,16 @@
-"""PNG plots of a run, drawn from its metrics.jsonl.
+"""PNG plots of a run, drawn from its metrics.jsonl (and flow.jsonl, config.json beside it).
 
-* ``reward_accuracy.png``: reward mean and task accuracy per step.
-* ``pools_queues.png``: workers per pool and queue depth per edge over time, with each shift
-  marked by a vertical line.
+* ``reward_accuracy.png``: reward mean and task accuracy per step, each raw (thin, dots) with a
+  smoothed line beside it (an exponential moving average, debiased at the start).
+* ``pools_queues.png``: workers per pool, queue depth per edge and (from flow.jsonl) jobs in
+  flight per stage over time, each shift marked by a dashed line. The queues come from
+  flow.jsonl's samples over time when the run has one (``pivotflow.flow_samples``), else from
+  the step ends in metrics.jsonl. Pools are step lines, each a little offset from the next, so
+  pools of the same size do not hide each other; the legend names each pool's size range.
+
+A resumed run is one run here: its steps and time_s continue (a run from before time_s
+continued, whose time restarted at a resume, is put back on one axis), its shift times are
+placed in the run's time, and each resume is marked by a dotted red line.
 
 Plotting must never fail a run: any error is logged as a warning and the files written so far are
 returned. matplotlib is imported here, lazily, and only its object API with the Agg canvas is used
@@ -11,18 +19,24 @@ returned. matplotlib is imported here, lazily, and only its object API with the 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 from pathlib import Path
 from typing import Any
 
+from pivotflow.flow_samples import read_flow
 from pivotflow.metrics import read_metrics
 
 log = logging.getLogger(__name__)
 
 REWARD_ACCURACY_PNG = "reward_accuracy.png"
 POOLS_QUEUES_PNG = "pools_queues.png"
+POOL_OFFSET = 0.1  # workers between pool lines of the same size (less than the integer ticks)
+RESUME_STYLE = {"color": "tab:red", "linestyle": ":", "linewidth": 1.2}
+
+Timeline = dict[str, tuple[list[float], list[float]]]
 
 
 def _num(v: Any) -> float:
@@ -40,6 +54,151 @@ def _series(records: list[dict[str, Any]], key: str) -> dict[str, list[float]]:
     return {n: [_num((r.get(key) or {}).get(n)) for r in records] for n in names}
 
 
+def ema(values: list[float], span: float) -> list[float]:
+    """Exponential moving average over ``span`` points (weight 2 / (span + 1) on the newest),
+    divided by the weight seen so far so the first points are not pulled to 0; a NaN (a step
+    without the value) keeps the average as it is, NaN until the first value."""
+    alpha = 2.0 / (span + 1.0)
+    out: list[float] = []
+    mean = weight = 0.0
+    for v in values:
+        if not math.isnan(v):
+            mean = (1 - alpha) * mean + alpha * v
+            weight = (1 - alpha) * weight + alpha
+        out.append(mean / weight if weight > 0 else math.nan)
+    return out
+
+
+def smoothing_span(n: int) -> int:
+    """Points the smoothed line averages over: a tenth of the run, within [2, 50]."""
+    return max(2, min(50, round(n / 10)))
+
+
+def continuous_times(records: list[dict[str, Any]]) -> list[float]:
+    """time_s of each record on one clock: where it goes backwards (a resume of a run from
+    before time_s continued restarted it from 0), the time of the step it resumed from (the
+    record before) is added from there on."""
+    out: list[float] = []
+    offset = last = 0.0
+    for r in records:
+        t = _num(r.get("time_s"))
+        if out and not math.isnan(t) and t + offset < last:
+            offset = last
+        out.append(t + offset)
+        if not math.isnan(t + offset):
+            last = t + offset
+    return out
+
+
+def read_history(config_path: Path) -> list[dict[str, Any]]:
+    """config.json's ``history`` (the run's segments), [] when there is none to read."""
+    try:
+        history = json.loads(config_path.read_text()).get("history")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [h for h in history if isinstance(h, dict)] if isinstance(history, list) else []
+
+
+def resume_points(records: list[dict[str, Any]], times: list[float],
+                  history: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(step, time_s) where each resume continued, from config.json's history."""
+    at = {int(_num(r.get("step"))): t for r, t in zip(records, times, strict=True)
+          if not math.isnan(_num(r.get("step")))}
+    out = []
+    for h in history[1:]:
+        step = h.get("from_step")
+        if isinstance(step, int) and step in at:
+            out.append((step, at[step]))
+    return out
+
+
+def _segment_start(step: float, resumes: list[tuple[int, float]]) -> float | None:
+    """The run time at which the segment that recorded ``step`` started (None: the first)."""
+    starts = [t for s, t in resumes if s < step]
+    return starts[-1] if starts else None
+
+
+def placed_shifts(records: list[dict[str, Any]], times: list[float],
+                  resumes: list[tuple[int, float]]) -> list[list[tuple[float, str, str]]]:
+    """Each record's shifts as (time, from, to), in time order, placed within its step: a
+    shift timed before its step (a resumed segment that timed its shifts from its own start)
+    is moved by the segment's start time; one still outside the step is put at its nearer end."""
+    out = []
+    before = 0.0
+    for r, end in zip(records, times, strict=True):
+        start = _segment_start(_num(r.get("step")), resumes)
+        placed = []
+        for e in r.get("shift_events") or []:
+            if not isinstance(e, dict) or math.isnan(end):
+                continue
+            t = _num(e.get("time_s"))
+            if not math.isnan(t) and t < before and start is not None and before <= t + start:
+                t += start
+            placed.append((end if math.isnan(t) else min(max(t, before), end),
+                           str(e.get("from")), str(e.get("to"))))
+        out.append(sorted(placed))
+        if not math.isnan(end):
+            before = end
+    return out
+
+
+def pool_timeline(records: list[dict[str, Any]],
+                  resumes: list[tuple[int, float]] | None = None) -> Timeline:
+    """Workers per pool as step functions of time, from each step's pools and its shifts.
+
+    A step's record sees the pools only at its end, which would hide every shift within the
+    step: each step's line starts from its end's pools with its shifts undone, then replays
+    them at their times (``placed_shifts``). A jump between one step's end and the next one's
+    start (a resume starts from the configured pools) is drawn where the step starts; a pool
+    first seen later had 0 workers before."""
+    times = continuous_times(records)
+    line: Timeline = {}
+
+    def move(name: str, t: float, value: float) -> None:
+        ts, vs = line.setdefault(name, ([0.0], [0.0]))
+        if vs[-1] == value:
+            return
+        if ts[-1] == t:  # two changes at one time: one step
+            vs[-1] = value
+        else:
+            ts.append(t)
+            vs.append(value)
+
+    before = 0.0
+    for r, end, events in zip(records, times, placed_shifts(records, times, resumes or []),
+                              strict=True):
+        if math.isnan(end):
+            continue
+        sizes = {k: _num(v) for k, v in (r.get("pools") or {}).items()}
+        for _, src, dst in events:  # undo this step's shifts: the pools at its start
+            sizes[src] = sizes.get(src, 0.0) + 1
+            sizes[dst] = sizes.get(dst, 0.0) - 1
+        for name in [*line, *(n for n in sizes if n not in line)]:
+            move(name, before, sizes.get(name, 0.0))
+        for t, src, dst in events:
+            for name, delta in ((src, -1.0), (dst, 1.0)):
+                move(name, t, line.get(name, ([0.0], [0.0]))[1][-1] + delta)
+        before = end
+    for ts, vs in line.values():
+        ts.append(before)
+        vs.append(vs[-1])
+    return line
+
+
+def flow_timeline(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """flow.jsonl's samples on one time axis, in time order: a segment's samples from after
+    the next segment's start (the time a resume took again from its checkpoint) are left out."""
+    timed = [(int(_num(s.get("segment")) if s.get("segment") is not None else 0),
+              _num(s.get("time_s")), s) for s in samples]
+    starts: dict[int, float] = {}
+    for seg, t, _ in timed:
+        if not math.isnan(t):
+            starts.setdefault(seg, t)
+    kept = [(t, s) for seg, t, s in timed if not math.isnan(t)
+            and t < min([u for k, u in starts.items() if k > seg], default=math.inf)]
+    return [s for _, s in sorted(kept, key=lambda ts: ts[0])]
+
+
 def _save(fig: Any, path: Path) -> None:
     """Save a figure next to its final name, then rename, so a half-written PNG never shows."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -50,110 +209,141 @@ def _save(fig: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _reward_accuracy(records: list[dict[str, Any]], path: Path) -> None:
+def _raw_and_smoothed(ax: Any, steps: list[float], values: list[float], label: str,
+                      color: str, span: int) -> None:
+    ax.plot(steps, values, marker=".", markersize=3, linewidth=0.7, alpha=0.4, color=color,
+            label=f"{label} (per step)")
+    ax.plot(steps, ema(values, span), linewidth=2.0, color=color,
+            label=f"{label} (EMA, {span} steps)")
+
+
+def _mark_resumes(ax: Any, xs: list[float]) -> None:
+    for i, x in enumerate(xs):
+        ax.axvline(x, **RESUME_STYLE, label="resumed" if i == 0 else None)
+
+
+def _reward_accuracy(records: list[dict[str, Any]], path: Path,
+                     resumes: list[tuple[int, float]]) -> None:
     from matplotlib.figure import Figure
 
     steps = [_num(r.get("step")) for r in records]
-    fig = Figure(figsize=(7, 4), layout="constrained")
+    span = smoothing_span(len(records))
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
     ax = fig.add_subplot()
-    ax.plot(steps, [_num(r.get("reward_mean")) for r in records], marker=".", label="reward mean")
+    _raw_and_smoothed(ax, steps, [_num(r.get("reward_mean")) for r in records], "reward mean",
+                      "tab:blue", span)
     ax.set_xlabel("step")
     ax.set_ylabel("reward mean")
+    _mark_resumes(ax, [float(s) for s, _ in resumes])
+    handles = ax
     accuracy = [_num(r.get("task_accuracy")) for r in records]
     if any(not math.isnan(a) for a in accuracy):
         ax2 = ax.twinx()
-        ax2.plot(steps, accuracy, marker=".", color="tab:green", label="task accuracy")
+        _raw_and_smoothed(ax2, steps, accuracy, "task accuracy", "tab:green", span)
         ax2.set_ylabel("task accuracy")
         ax2.set_ylim(-0.02, 1.02)
-        lines = ax.get_lines() + ax2.get_lines()
-        ax.legend(lines, [str(ln.get_label()) for ln in lines], loc="best")
-    else:
-        ax.legend(loc="best")
+        handles = ax2
+    lines, labels = ax.get_legend_handles_labels()
+    if handles is not ax:
+        more = handles.get_legend_handles_labels()
+        lines, labels = lines + more[0], labels + more[1]
+    ax.legend(lines, labels, loc="best", fontsize="small")
     ax.set_title("reward and accuracy per step")
     ax.grid(alpha=0.3)
     _save(fig, path)
 
 
-def _shift_times(records: list[dict[str, Any]]) -> list[float]:
-    return [
-        _num(e.get("time_s"))
-        for r in records
-        for e in r.get("shift_events") or []
-        if isinstance(e, dict)
-    ]
+def _pool_label(name: str, values: list[float]) -> str:
+    lo, hi = int(min(values)), int(max(values))
+    count = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    return f"{name}: {count} worker{'' if hi == 1 else 's'}"
 
 
-def pool_timeline(records: list[dict[str, Any]]) -> dict[str, tuple[list[float], list[float]]]:
-    """Workers per pool as step functions of time, replayed from the shift events (a step's
-    record only sees the pools at its end, which would hide every shift within a step)."""
-    events = sorted((_num(e.get("time_s")), e.get("from"), e.get("to"))
-                    for r in records for e in r.get("shift_events") or [] if isinstance(e, dict))
-    sizes = {k: _num(v) for k, v in (records[0].get("pools") or {}).items()}
-    for _, src, dst in (e for e in events if e[0] <= _num(records[0].get("time_s"))):
-        sizes[src] = sizes.get(src, 0.0) + 1  # undo the first step's shifts: the start
-        sizes[dst] = sizes.get(dst, 0.0) - 1
-    out = {k: ([0.0], [v]) for k, v in sizes.items()}
-    for t, src, dst in events:
-        for name, delta in ((src, -1.0), (dst, 1.0)):
-            ts, vs = out.setdefault(name, ([0.0], [0.0]))
-            ts.append(t)
-            vs.append(vs[-1] + delta)
-    end = _num(records[-1].get("time_s"))
-    for ts, vs in out.values():
-        ts.append(end)
-        vs.append(vs[-1])
-    return out
-
-
-def _pools_queues(records: list[dict[str, Any]], path: Path) -> None:
-    from matplotlib.figure import Figure
+def _draw_pools(ax: Any, timeline: Timeline) -> None:
     from matplotlib.ticker import MaxNLocator
 
-    times = [_num(r.get("time_s")) for r in records]
-    fig = Figure(figsize=(8, 6), layout="constrained")
-    ax_pool, ax_queue = fig.subplots(2, 1, sharex=True)
-    for name, (ts, values) in pool_timeline(records).items():
-        ax_pool.step(ts, values, where="post", label=name)
-    for name, values in _series(records, "queue_depth").items():
-        ax_queue.plot(times, values, marker=".", label=name)
-    shifts = [t for t in _shift_times(records) if not math.isnan(t)]
-    for ax in (ax_pool, ax_queue):
+    names = list(timeline)
+    for i, name in enumerate(names):
+        ts, values = timeline[name]
+        shift = (i - (len(names) - 1) / 2) * POOL_OFFSET
+        ax.step(ts, [v + shift for v in values], where="post", linewidth=2.0,
+                label=_pool_label(name, values))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # workers come whole
+    every = [v for _, values in timeline.values() for v in values]
+    if every:  # whole numbers of workers around the lines, even when no pool changes
+        ax.set_ylim(math.floor(min(every)) - 0.5, math.ceil(max(every)) + 0.5)
+    ax.set_ylabel(f"workers\n(lines {POOL_OFFSET:g} apart)" if len(names) > 1 else "workers")
+
+
+def _pools_queues(records: list[dict[str, Any]], path: Path,
+                  resumes: list[tuple[int, float]], flow: list[dict[str, Any]]) -> None:
+    from matplotlib.figure import Figure
+
+    times = continuous_times(records)
+    panels = 3 if flow else 2
+    fig = Figure(figsize=(9, 2.6 * panels + 0.6), layout="constrained")
+    axes = fig.subplots(panels, 1, sharex=True)
+    _draw_pools(axes[0], pool_timeline(records, resumes))
+    if flow:
+        flow_t = [_num(s.get("time_s")) for s in flow]
+        for name, values in _series(flow, "queue_depth").items():
+            axes[1].step(flow_t, values, where="post", label=name)
+        for name, values in _series(flow, "jobs_in_flight").items():
+            axes[2].step(flow_t, values, where="post", label=name)
+        gaps = sorted(b - a for a, b in zip(flow_t, flow_t[1:], strict=False))
+        every = f"sampled every ~{gaps[len(gaps) // 2]:.2g} s" if gaps else "sampled"
+        axes[1].set_ylabel(f"queue depth\n({every})")
+        axes[2].set_ylabel("jobs in flight")
+    else:
+        for name, values in _series(records, "queue_depth").items():
+            axes[1].plot(times, values, marker=".", label=name)
+        axes[1].set_ylabel("queue depth\n(at step ends)")
+    shifts = sorted({t for events in placed_shifts(records, times, resumes)
+                     for t, _, _ in events})
+    for ax in axes:
         for i, t in enumerate(shifts if len(shifts) <= 200 else []):  # too many: lines hide all
             ax.axvline(
                 t, color="gray", linestyle="--", linewidth=0.8, label="shift" if i == 0 else None
             )
+        _mark_resumes(ax, [t for _, t in resumes])
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(loc="best", fontsize="small")
-    ax_pool.yaxis.set_major_locator(MaxNLocator(integer=True))  # workers come whole
-    ax_pool.set_ylabel("workers")
-    ax_pool.set_title("pool sizes and queue depths over time")
-    ax_queue.set_ylabel("queue depth")
-    ax_queue.set_xlabel("time (s)")
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    axes[0].set_title("pool sizes, queue depths and jobs in flight over time")
+    axes[-1].set_xlabel("time since the run started (s)")
     _save(fig, path)
 
 
 def make_plots(
     metrics_path: str | os.PathLike[str], plots_dir: str | os.PathLike[str]
 ) -> list[Path]:
-    """Draw the run's PNGs from ``metrics_path`` into ``plots_dir``; returns the files written.
+    """Draw the run's PNGs from ``metrics_path`` (and the flow.jsonl and config.json beside it,
+    when there are) into ``plots_dir``; returns the files written.
 
     Never raises: a missing or malformed metrics file, a missing matplotlib or a drawing error is
-    logged as a warning, and the files written before it are returned. No records, no plots.
+    logged as a warning, and the files written before it are returned. No records, no plots. A
+    malformed flow.jsonl is a warning too, and the queues come from the step ends instead.
     """
     written: list[Path] = []
     try:
         records = read_metrics(metrics_path)
         if not records:
             return written
+        here = Path(metrics_path).parent
+        resumes = resume_points(records, continuous_times(records),
+                                read_history(here / "config.json"))
+        flow: list[dict[str, Any]] = []
+        if (here / "flow.jsonl").is_file():
+            try:
+                flow = flow_timeline(read_flow(here / "flow.jsonl"))
+            except Exception as e:  # the step ends still give a plot
+                log.warning("queues drawn from the step ends: %s", e)
         out = Path(plots_dir)
         out.mkdir(parents=True, exist_ok=True)
-        for name, draw in (
-            (REWARD_ACCURACY_PNG, _reward_accuracy),
-            (POOLS_QUEUES_PNG, _pools_queues),
-        ):
-            draw(records, out / name)
-            written.append(out / name)
+        _reward_accuracy(records, out / REWARD_ACCURACY_PNG, resumes)
+        written.append(out / REWARD_ACCURACY_PNG)
+        _pools_queues(records, out / POOLS_QUEUES_PNG, resumes, flow)
+        written.append(out / POOLS_QUEUES_PNG)
     except Exception as e:  # plots are a courtesy; a broken plot must not fail a finished run
         log.warning("plotting from %s failed after %d file(s): %s", metrics_path, len(written), e)
     return written

@@ -243,3 +243,71 @@ def test_pool_timeline_replays_the_shifts_within_steps() -> None:
     line = pool_timeline(records)
     assert line["r"] == ([0.0, 1.0, 3.0, 4.0], [1.0, 2.0, 1.0, 1.0])
     assert line["t"] == ([0.0, 1.0, 3.0, 4.0], [1.0, 0.0, 1.0, 1.0])
+
+
+def test_smoothed_line_is_a_debiased_ema_that_bridges_gaps() -> None:
+    from pivotflow.metrics_plots import ema, smoothing_span
+
+    assert ema([1.0, 1.0, 1.0], span=9) == pytest.approx([1.0, 1.0, 1.0])  # no pull to 0
+    out = ema([math.nan, 0.0, math.nan, 1.0], span=3)  # weight 0.5 on the newest
+    assert math.isnan(out[0]) and out[1:3] == [0.0, 0.0]
+    assert out[3] == pytest.approx(0.5 / 0.75)
+    assert [smoothing_span(n) for n in (5, 200, 5000)] == [2, 20, 50]
+
+
+def test_a_restarted_clock_and_segment_timed_shifts_go_on_one_axis() -> None:
+    from pivotflow.metrics_plots import continuous_times, placed_shifts, pool_timeline
+
+    # step 3 resumed from step 2 (t=4) by a run from before time_s continued: its time and
+    # its shift's time restarted at 0
+    records = [
+        {"step": 1, "time_s": 2.0, "pools": {"r": 1, "t": 1}},
+        {"step": 2, "time_s": 4.0, "pools": {"r": 1, "t": 1}},
+        {"step": 3, "time_s": 3.0, "pools": {"r": 2, "t": 0},
+         "shift_events": [{"time_s": 1.0, "from": "t", "to": "r"}]},
+    ]
+    times = continuous_times(records)
+    assert times == [2.0, 4.0, 7.0]
+    resumes = [(2, 4.0)]
+    assert placed_shifts(records, times, resumes) == [[], [], [(5.0, "t", "r")]]
+    assert pool_timeline(records, resumes)["r"] == ([0.0, 5.0, 7.0], [1.0, 2.0, 2.0])
+    # without the resume's start, a shift outside its step is drawn at the step's start
+    assert placed_shifts(records, times, []) == [[], [], [(4.0, "t", "r")]]
+
+
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory: pytest.TempPathFactory, random_models: dict[str, Path]
+                ) -> Path:
+    """A real 3-step run of graphs/grpo_rule.py on a random model, resumed to 5 steps."""
+    from pivotflow.run import run
+
+    root = tmp_path_factory.mktemp("plots")
+    graph = root / "grpo_rule_random.py"
+    text = (Path(__file__).resolve().parents[1] / "graphs" / "grpo_rule.py").read_text()
+    graph.write_text(text.replace("builtin:policy", str(random_models["policy"])))
+    fast = ["live=false", "graph.groups_per_step=2", "graph.group_size=2"]
+    run(graph, sets=fast, out=root / "run", steps=3, console=False)
+    run(graph, out=root / "run", steps=5, console=False, resume=str(root / "run"))
+    return root / "run"
+
+
+@pytest.mark.timeout(240)
+def test_plots_of_a_resumed_real_run_show_the_whole_run(resumed_run: Path) -> None:
+    from pivotflow.metrics_plots import continuous_times, pool_timeline, read_history
+    from pivotflow.metrics_plots import resume_points as resumes_of
+
+    records = read_metrics(resumed_run / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    times = continuous_times(records)
+    assert times == [r["time_s"] for r in records]  # time_s already continues: kept as is
+    assert times == sorted(times)
+    resumes = resumes_of(records, times, read_history(resumed_run / "config.json"))
+    assert resumes == [(3, records[2]["time_s"])]
+    for ts, values in pool_timeline(records, resumes).values():
+        assert ts[0] == 0.0 and ts[-1] == times[-1] and ts == sorted(ts)
+        assert all(v >= 0 for v in values)
+    written = make_plots(resumed_run / "metrics.jsonl", resumed_run / "replot")
+    assert sorted(p.name for p in written) == ["pools_queues.png", "reward_accuracy.png"]
+    assert all(_is_png(p) for p in written)
+    assert sorted(p.name for p in (resumed_run / "plots").iterdir()) == [
+        "pools_queues.png", "reward_accuracy.png"]  # what the run drew itself
