@@ -105,18 +105,47 @@ def _parse_value(raw: str) -> Any:
         return raw
 
 
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``["a=1", "pools.x=2"]`` -> ``{"a": 1, "pools.x": 2}``; raises ConfigError."""
+def parse_overrides(items: list[str], graph_defaults: dict[str, Any] | None = None,
+                    pools: list[str] | None = None) -> dict[str, Any]:
+    """``["a=1", "pools.x=2"]`` -> ``{"a": 1, "pools.x": 2}``; raises ConfigError. A key given
+    twice (also in two spellings of one knob, e.g. ``planner.hysteresis`` and
+    ``planner.backpressure.hysteresis``) lists the valid keys (``graph_defaults``' knobs and
+    ``pools``' names among them, when given)."""
     out: dict[str, Any] = {}
+    seen: dict[str, str] = {}  # a knob's one spelling -> the item that set it
     for item in items:
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
-        if key in out:
-            raise ConfigError(f"--set {key} is given twice")
+        knob = _canonical(key)
+        if knob in seen:
+            raise bad_key(key, raw, f"given twice (first as {seen[knob]})",
+                          valid_keys(graph_defaults or {}, pools))
+        seen[knob] = item
         out[key] = _parse_value(raw)
     return out
+
+
+def bad_key(key: str, value: Any, why: str, valid: list[str] | None = None) -> ConfigError:
+    """The one form of every ``--set`` error: the item as given, what is wrong, and for an
+    unknown or duplicate key the valid ones."""
+    shown = value if isinstance(value, str) else json.dumps(value)
+    tail = f"; valid keys: {', '.join(valid)}" if valid is not None else ""
+    return ConfigError(f"--set {key}={shown}: {why}{tail}")
+
+
+# planner.PLANNER.KEY: a knob of the named planner (the adaptive planner is a backpressure one
+# and takes its knobs under either name); planner.KEY is the older spelling, still accepted
+PLANNER_SECTIONS = ("backpressure", "adaptive")
+
+
+def _canonical(key: str) -> str:
+    """One spelling per knob, for finding a knob given twice."""
+    parts = key.split(".")
+    if len(parts) == 3 and parts[0] == "planner" and parts[1] in PLANNER_SECTIONS:
+        return f"planner.{parts[2]}"
+    return key
 
 
 _NESTED = ("pools", "graph", "chaos", "engines", "ray", "planner_knobs")  # set through KEY.NAME, never whole
@@ -127,12 +156,17 @@ def engine_of(cfg: RunConfig, pool: str) -> str:
     return cfg.engines.get(pool, cfg.engine)
 
 
-def valid_keys(graph_defaults: dict[str, Any], pools: list[str]) -> list[str]:
+def valid_keys(graph_defaults: dict[str, Any], pools: list[str] | None) -> list[str]:
+    """Every ``--set`` key; ``pools.POOL`` and ``engine.POOL`` stand for each pool's while the
+    graph's pools are not known yet."""
+    names = ["POOL"] if pools is None else pools
     keys = [k for k in RunConfig.__struct_fields__ if k not in _NESTED]
     keys += [f"chaos.{k}" for k in ChaosConfig.__struct_fields__]
     keys += [f"ray.{k}" for k in RayConfig.__struct_fields__]
     keys += [f"planner.{k}" for k in BackpressureConfig.__struct_fields__]
-    keys += [f"pools.{p}" for p in pools] + [f"engine.{p}" for p in pools]
+    keys += [f"planner.{p}.{k}" for p in PLANNER_SECTIONS
+             for k in BackpressureConfig.__struct_fields__]
+    keys += [f"pools.{p}" for p in names] + [f"engine.{p}" for p in names]
     keys += [f"graph.{k}" for k in graph_defaults]
     return sorted(keys)
 
@@ -147,48 +181,54 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     engines: dict[str, Any] = {}
     ray: dict[str, Any] = {}
     knobs: dict[str, float] = {}
+    sections: dict[str, str] = {}  # planner.PLANNER.KEY given: PLANNER -> a key naming it
     for key, value in overrides.items():
         head, _, rest = key.partition(".")
         if head == "graph" and rest:
             if rest not in graph_defaults:
-                raise ConfigError(f"--set {key}: the graph has no knob {rest!r}; valid keys: "
-                                  f"{', '.join(valid_keys(graph_defaults, pools or []))}")
+                raise bad_key(key, value, f"the graph has no knob {rest!r}",
+                              valid_keys(graph_defaults, pools))
             graph[rest] = _convert(key, value, type(graph_defaults[rest]))
         elif head == "pools" and rest:
             if pools is not None and rest not in pools:
-                raise ConfigError(f"--set {key}: the graph has no pool {rest!r} "
-                                  f"(pools: {', '.join(pools)})")
+                raise bad_key(key, value, f"the graph has no pool {rest!r}",
+                              valid_keys(graph_defaults, pools))
             pool_sizes[rest] = _convert(key, value, int)
             if pool_sizes[rest] < 0:
-                raise ConfigError(f"--set {key}: a pool size must be >= 0")
+                raise bad_key(key, value, "a pool size must be >= 0")
         elif head == "chaos" and rest in ChaosConfig.__struct_fields__:
             chaos[rest] = value
         elif head == "ray" and rest in RayConfig.__struct_fields__:
             ray[rest] = value
-        elif head == "planner" and rest in BackpressureConfig.__struct_fields__:
-            knobs[rest] = _convert(key, value, float)
+        elif head == "planner" and _planner_knob(rest) in BackpressureConfig.__struct_fields__:
+            knobs[_planner_knob(rest)] = _convert(key, value, float)
+            section = rest.partition(".")[0] if "." in rest else None
+            if section is not None:
+                sections[section] = f"{key}={value}"
         elif head == "engine" and rest:
             if pools is not None and rest not in pools:
-                raise ConfigError(f"--set {key}: the graph has no pool {rest!r} "
-                                  f"(pools: {', '.join(pools)})")
+                raise bad_key(key, value, f"the graph has no pool {rest!r}",
+                              valid_keys(graph_defaults, pools))
             engines[rest] = value
         elif key in RunConfig.__struct_fields__ and key not in _NESTED:
             top[key] = value
         else:
-            raise ConfigError(f"--set {key}: unknown key; valid keys: "
-                              f"{', '.join(valid_keys(graph_defaults, pools or []))}")
+            raise bad_key(key, value, "unknown key", valid_keys(graph_defaults, pools))
     try:
         cfg = msgspec.convert({**top, "pools": pool_sizes, "graph": graph, "chaos": chaos,
                                "engines": engines, "ray": ray, "planner_knobs": knobs},
                               RunConfig, strict=False)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"--set: {exc}") from exc
+    except msgspec.ValidationError as exc:  # "Expected `int`, got `str` - at `$.steps`"
+        why, _, where = str(exc).partition(" - at ")
+        path = where.strip("`").removeprefix("$.")
+        key = next((k for k in overrides if k == path or _canonical(k) == path), path)
+        raise bad_key(key, overrides.get(key), why) from exc
     from pivotflow.planner import PLANNERS
 
     if cfg.planner not in PLANNERS:
         raise ConfigError(f"--set planner={cfg.planner}: unknown planner; valid: "
                           f"{', '.join(PLANNERS)}")
-    _check_planner_knobs(cfg, knobs)
+    _check_planner_knobs(cfg, knobs, sections)
     if cfg.colocate:
         colocate_groups(cfg, pools)
     from pivotflow.engines import ENGINE_KINDS
@@ -219,9 +259,21 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     return cfg
 
 
-def _check_planner_knobs(cfg: RunConfig, given: dict[str, float]) -> None:
+def _planner_knob(rest: str) -> str:
+    """``backpressure.KEY`` / ``adaptive.KEY`` / ``KEY`` (the older spelling) -> ``KEY``."""
+    section, dot, knob = rest.partition(".")
+    return knob if dot and section in PLANNER_SECTIONS else rest
+
+
+def _check_planner_knobs(cfg: RunConfig, given: dict[str, float],
+                         sections: dict[str, str] | None = None) -> None:
     """A knob only the backpressure planners read is an error with another planner (it would
-    be ignored silently); the interval must be > 0, the shares and costs >= 0."""
+    be ignored silently), as is ``planner.adaptive.KEY`` with the backpressure planner; the
+    interval must be > 0, the shares and costs >= 0."""
+    for section, key in (sections or {}).items():
+        if section != cfg.planner and not (section, cfg.planner) == ("backpressure", "adaptive"):
+            raise ConfigError(f"--set {key}: a knob of the {section} planner, but planner is "
+                              f"{cfg.planner!r} (give --set planner={section}, or drop it)")
     if given and cfg.planner not in ("backpressure", "adaptive"):
         raise ConfigError(f"--set planner.{next(iter(given))}: only the backpressure and adaptive "
                           f"planners have knobs (planner is {cfg.planner!r})")

@@ -8,7 +8,6 @@ import logging
 import os
 import shutil
 import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from pivotflow import checkpoints
-from pivotflow.config import RunConfig, colocate_groups, engine_of, parse_overrides, resolve
+from pivotflow.config import (
+    RunConfig,
+    bad_key,
+    colocate_groups,
+    engine_of,
+    parse_overrides,
+    resolve,
+    valid_keys,
+)
 from pivotflow.controller.clock import LoopClock
 from pivotflow.controller.core import Controller, ControllerConfig
 from pivotflow.controller.snapshot import restore, snapshot
@@ -25,16 +32,13 @@ from pivotflow.errors import (
     CheckpointError,
     ConfigError,
     MetricsError,
-    PivotflowError,
-    RunInterrupted,
-    RunTerminated,
 )
 from pivotflow.graph import Graph
 from pivotflow.graph_check import build_graph, graph_defaults, import_graph_file
 from pivotflow.launch.base import Launcher
 from pivotflow.launch.chaos import Chaos
 from pivotflow.launch.workers import attach, launcher_summary, open_workers
-from pivotflow.metrics import STEP_KEYS, Ledger, RunRecorder, RunSummary, StepRecord
+from pivotflow.metrics import STEP_KEYS, RunRecorder, StepRecord
 from pivotflow.params.base import ParamStore
 from pivotflow.planner import Planner, make_planner
 from pivotflow.resume import (
@@ -48,6 +52,8 @@ from pivotflow.resume import (
     resume_point,
 )
 from pivotflow.run_models import ProblemStream, prepare_models
+from pivotflow.run_records import decisions_by_shift, save_policy_folder, summarize
+from pivotflow.run_stop import Interrupt, TermBeforeLoop, with_hint
 from pivotflow.sinks import open_sinks, prometheus
 from pivotflow.sinks.samples import step_lines
 from pivotflow.transport.curve import load_controller_keys
@@ -120,13 +126,14 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
     checkpoint, CheckpointError if every checkpoint in it is damaged."""
     if steps is not None and steps < 1:
         raise ConfigError(f"--steps {steps}: must be >= 1")
-    given = parse_overrides(sets or [])
-    if steps is not None:
-        if "steps" in given:
-            raise ConfigError("--steps and --set steps= are both given")
-        given["steps"] = steps
     module = import_graph_file(graph_path)
     defaults = graph_defaults(module)
+    given = parse_overrides(sets or [], defaults)
+    if steps is not None:
+        if "steps" in given:
+            raise ConfigError(f"--steps {steps} and --set steps={given['steps']} are both "
+                              "given; keep one")
+        given["steps"] = steps
     cfg = resolve(given, defaults)
     graph = build_graph(module, cfg.graph)
     out, ckpt, passed_over = resume_point(resume, out, graph.name)
@@ -147,8 +154,9 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
     for prefix, named in (("pools", cfg.pools), ("engine", cfg.engines)):
         unknown = sorted(set(named) - set(graph.pools))
         if unknown:
-            raise ConfigError(f"--set {prefix}.{unknown[0]}: the graph has no pool "
-                              f"{unknown[0]!r} (pools: {', '.join(graph.pools)})")
+            raise bad_key(f"{prefix}.{unknown[0]}", named[unknown[0]],
+                          f"the graph has no pool {unknown[0]!r}",
+                          valid_keys(defaults, list(graph.pools)))
     assignments = plan_workers(graph, cfg, workers)
     config = {"graph": str(graph_path), "graph_name": graph.name, "workers": assignments,
               **json.loads(_to_json(cfg)), **fingerprint(graph_path, graph),
@@ -189,7 +197,7 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
     sweep_dead_stores(root.parent)
     store = ShmParamStore(root)
     (root / OWNER_FILE).write_text(str(os.getpid()))
-    terminated = _TermBeforeLoop()
+    terminated = TermBeforeLoop()
     handlers: list[logging.Handler] = []
     try:  # the store lives in shared memory: it must go whatever happens
         models = prepare_models(graph, store, seed=cfg.seed, console=console)
@@ -224,25 +232,6 @@ def _log_to(path: Path) -> logging.Handler:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger("pivotflow").addHandler(handler)
     return handler
-
-
-class _TermBeforeLoop:
-    """SIGTERM outside the event loop (loading models, writing the records) stops the run as
-    Ctrl-C there does, by raising, so ``run``'s cleanup (the shared-memory store) still runs;
-    the default action would kill the process and leave the store in /dev/shm."""
-
-    def __init__(self) -> None:
-        self.previous: Any = None
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGTERM, self.raise_terminated)
-
-    @staticmethod
-    def raise_terminated(signum: int, frame: Any) -> None:
-        raise RunTerminated("stopped (SIGTERM)")
-
-    def restore(self) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
 
 
 OWNER_FILE = "OWNER_PID"  # the controller whose run store this is
@@ -409,7 +398,17 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     interrupt = Interrupt(ctl, write_checkpoint)
     loop.add_signal_handler(signal.SIGINT, interrupt.on_signal, "SIGINT")
     loop.add_signal_handler(signal.SIGTERM, interrupt.on_signal, "SIGTERM")
-    watcher = asyncio.ensure_future(_watch(launcher, ctl, live))
+    from pivotflow.flow_samples import FlowSampler
+
+    flow: list[FlowSampler] = []  # made once this segment may write: a resume, at its first step
+
+    def sample_flow() -> None:
+        if seg.ckpt is not None and len(steps) == len(cont.steps):
+            return  # a resume that records no step leaves every earlier record as it was
+        if not flow:
+            flow.append(FlowSampler(ctl, out / "flow.jsonl"))
+        flow[0].sample()
+    watcher = asyncio.ensure_future(_watch(launcher, ctl, live, sample_flow))
     chaos = Chaos(launcher, ctl, cfg.chaos.kill_worker_every_s, cfg.seed,
                   cfg.chaos.kill_worker_every_steps)
     chaos_task = asyncio.ensure_future(chaos.run())
@@ -431,7 +430,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-        _TermBeforeLoop()  # SIGTERM while the records are written: raise, as before the loop
+        TermBeforeLoop()  # SIGTERM while the records are written: raise, as before the loop
         watcher.cancel()
         chaos_task.cancel()
         await asyncio.gather(watcher, chaos_task, return_exceptions=True)
@@ -450,8 +449,8 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     error = error or checkpointed["error"]
     if error is not None and seg.ckpt is not None and len(steps) == len(cont.steps):
         # a resume that recorded no step leaves every earlier record as it was
-        raise _with_hint(error, seg, checkpointed["step"])
-    summary = _summarize(ctl, steps, cont.time_s + wall, error)
+        raise with_hint(error, seg, checkpointed["step"])
+    summary = summarize(ctl, steps, cont.time_s + wall, error)
     summary.shifts += cont.shifts
     summary.migrations += cont.migrations
     summary.worker_restarts += cont.worker_restarts
@@ -470,31 +469,23 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     try:
         # every shift, timed part by part, and why (a resume's are appended)
         with open(out / "shifts.jsonl", "a" if cont.segment else "w") as f:
-            for rec, why in zip(ctl.shifts.done, _decisions_by_shift(ctl), strict=False):
+            for rec, why in zip(ctl.shifts.done, decisions_by_shift(ctl), strict=False):
                 f.write(json.dumps({**rec.as_record(), "planner": why}) + "\n")
         recorder.write_summary(summary)
         recorder.make_plots()
-        _save_checkpoint(store, graph, out, models.dirs.get(graph.order()[-1].model or ""))
+        save_policy_folder(store, graph, out, models.dirs.get(graph.order()[-1].model or ""))
     except (OSError, CheckpointError) as exc:  # a full disk: what was written stays whole
         error = error or MetricsError(f"cannot write the run records in {out}: "
                                       f"{getattr(exc, 'strerror', None) or exc}")
     if error is not None:
-        raise _with_hint(error, seg, checkpointed["step"])
+        raise with_hint(error, seg, checkpointed["step"])
     return RunResult(out, json.loads((out / "summary.json").read_text()), steps)
 
 
-def _with_hint(error: BaseException, seg: Segment, step: int | None) -> BaseException:
-    """An interruption says which step it checkpointed and the command that resumes it."""
-    if isinstance(error, RunInterrupted):
-        hinted = type(error)(f"{error}: workers reaped, records flushed, "
-                             f"{seg.resume_hint(step)}")
-        hinted.__cause__ = error.__cause__
-        return hinted
-    return error
-
-
-async def _watch(launcher: Launcher, ctl: Controller, live: Any) -> None:
-    """Turn a worker process's exit into a typed event, and refresh the live view."""
+async def _watch(launcher: Launcher, ctl: Controller, live: Any,
+                 sample_flow: Callable[[], None] | None = None) -> None:
+    """Turn a worker process's exit into a typed event, refresh the live view, and sample
+    the pools and queues into flow.jsonl (``sample_flow``) at the same cadence."""
     while True:
         await asyncio.sleep(0.25)
         for wid, code in launcher.exited():
@@ -503,122 +494,5 @@ async def _watch(launcher: Launcher, ctl: Controller, live: Any) -> None:
                 tail = launcher.stderr_tail(wid)
                 ctl.worker_died(wid, f"process exited with code {code}; stderr tail:\n{tail}")
         live.update_flow(ctl)
-
-
-class Interrupt:
-    """Ctrl-C or SIGTERM: first take the generations in flight back as partial states and
-    checkpoint them (``Controller.checkpoint_soon``), then stop; a second signal, or workers
-    that do not answer within ``grace_s``, stop at once (the checkpoint then regenerates those
-    sequences)."""
-
-    def __init__(self, ctl: Controller, write: Callable[[], None],
-                 grace_s: float = 5.0) -> None:
-        self.ctl, self.write, self.grace_s = ctl, write, grace_s
-        self.requested = self.checkpointed = False
-
-    def on_signal(self, name: str = "SIGINT") -> None:
-        stop = (RunInterrupted("interrupted (Ctrl-C)") if name == "SIGINT"
-                else RunTerminated(f"stopped ({name})"))
-        if self.requested:
-            self.ctl.fail(stop)
-            return
-        self.requested = True
-
-        def write_then_stop() -> None:
-            self.write()
-            self.checkpointed = True
-            self.ctl.fail(stop)
-        self.ctl.checkpoint_soon(write_then_stop)
-        asyncio.get_running_loop().call_later(self.grace_s, self.ctl.fail, stop)
-
-    on_sigint = on_signal
-
-
-def _decisions_by_shift(ctl: Controller) -> list[dict[str, Any] | None]:
-    by_time = {(d["worker"], d["time_s"]): d for d in ctl.decisions}
-    return [by_time.get((r.worker_id, r.started_s)) for r in ctl.shifts.done]
-
-
-def _summarize(ctl: Controller, steps: list[dict[str, Any]], wall: float,
-               error: BaseException | None) -> RunSummary:
-    led = ctl.ledger
-    lost = len(ctl.lost_groups())
-    samples = led.samples_trained
-    admission = getattr(ctl.transport, "admission", None)  # the zmq transport's
-    return RunSummary(
-        steps=len(steps), wall_s=wall,
-        samples_per_s=samples / wall if wall > 0 else 0.0,
-        tokens_per_s=ctl.tokens_generated / wall if wall > 0 else 0.0,
-        shifts=ctl.shifts.count, migrations=ctl.shifts.migrations,
-        worker_restarts=ctl.recovery.restarts,
-        ledger=Ledger(prompts_in=led.prompts_in, groups_trained=led.groups_trained,
-                      samples_trained=samples, lost=lost, duplicates=led.duplicates),
-        extra={"groups_filtered": led.groups_filtered, "groups_skipped": led.groups_skipped,
-               "groups_in_flight_at_end":
-               ctl.train_buffer.in_flight(), "late_results": led.late_results,
-               "jobs_redispatched": ctl.recovery.redispatched,
-               "train_steps_redone": ctl.recovery.steps_redone,
-               "judge_failures": led.judge_failures, "bad_frames": ctl.transport.bad_frames,
-               # Hellos and frames refused for claiming a worker id (transport/admission.py)
-               "admission": admission.counters() if admission is not None else None,
-               "generation_errors": ctl.errors["generation"],
-               "job_rtt_us_p50": ctl.job_rtt_us_p50(),
-               "job_worker_us_p50": ctl.job_rtt_us_p50(worker=True),
-               "planner": ctl.planner.name,
-               "shift_total_s_mean": _mean([r.total_s for r in ctl.shifts.done]),
-               "error": None if error is None else f"{type(error).__name__}: {error}",
-               **_accuracy_ends(steps)},
-    )
-
-
-def _save_checkpoint(store: ParamStore, graph: Graph, out: Path,
-                     model_dir: Path | None) -> None:
-    """The newest policy as a Hugging Face folder: config.json (the config as the store holds
-    it), model.safetensors, and the model folder's tokenizer files, so transformers'
-    AutoModelForCausalLM and AutoTokenizer both load it. Written beside it and swapped in
-    whole: a write that fails (a full disk) leaves the earlier folder as it was."""
-    from pivotflow.engines.torch.weights import save_checkpoint
-    from pivotflow.params.hf_folder import copy_side_files
-
-    model = graph.order()[-1].model or ""
-    try:
-        version, config, tensors = store.load(model)
-    except PivotflowError:
-        return
-    dst = out / "checkpoints" / model
-    tmp, old = dst.with_name(f".tmp-{model}-{os.getpid()}"), dst.with_name(
-        f".old-{model}-{os.getpid()}")
-    from safetensors import SafetensorError
-
-    try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            save_checkpoint(tmp, config, tensors)
-        except SafetensorError as exc:  # how safetensors reports a failed write
-            raise OSError(str(exc)) from exc
-        if model_dir is not None:  # the tokenizer and generation files, as the store's do
-            copy_side_files(model_dir, tmp)
-        (tmp / "version").write_text(str(version))
-        if dst.exists():
-            os.rename(dst, old)
-        os.rename(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _mean(values: list[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return sum(vals) / len(vals) if vals else None
-
-
-def _accuracy_ends(steps: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Rule-checked accuracy at the start and at the end of the run: means over the first and
-    last tenth of the steps (at least 5), since one step's 64 samples are noisy."""
-    acc = [r["task_accuracy"] for r in steps if r.get("task_accuracy") is not None]
-    k = max(5, len(acc) // 10)
-    start = sum(acc[:k]) / len(acc[:k]) if acc else None
-    end = sum(acc[-k:]) / len(acc[-k:]) if acc else None
-    return {"task_accuracy_start": start, "task_accuracy_end": end,
-            "task_accuracy_gain": None if start is None or end is None else end - start}
+        if sample_flow is not None:
+            sample_flow()  # cheap, and never raises (it stops itself on a full disk)

@@ -28,13 +28,18 @@ def test_int_given_for_float_knob_is_a_float() -> None:
 @pytest.mark.parametrize(
     ("items", "match"),
     [
-        (["stepz=3"], r"--set stepz: unknown key; valid keys: .*steps"),
-        (["steps=3", "steps=4"], r"--set steps is given twice"),
-        (["steps=three"], r"steps"),
-        (["graph.lrr=1"], r"--set graph.lrr: the graph has no knob 'lrr'; valid keys: .*graph.lr"),
+        (["stepz=3"], r"--set stepz=3: unknown key; valid keys: .*pools.rollout.*steps"),
+        (["steps=3", "steps=4"], r"--set steps=4: given twice \(first as steps=3\); valid keys: "),
+        (["planner.hysteresis=1", "planner.backpressure.hysteresis=2"],
+         r"--set planner.backpressure.hysteresis=2: given twice \(first as planner.hysteresis=1"),
+        (["steps=three"], r"--set steps=three: Expected `int`, got `str`"),
+        (["planner.adaptive.hysteresis=2"],
+         r"--set planner.adaptive.hysteresis=2: a knob of the adaptive planner"),
+        (["graph.lrr=1"], r"--set graph.lrr=1: the graph has no knob 'lrr'; valid keys: .*graph.lr"),
         (["graph.group_size=big"], r"--set graph.group_size='big': expected int"),
         (["graph.use_std=1"], r"expected true or false"),
-        (["pools.judge=2"], r"no pool 'judge'"),
+        (["pools.judge=2"], r"--set pools.judge=2: the graph has no pool 'judge'; valid keys: "
+                            r".*pools.rollout"),
         (["pools.rollout=-1"], r"pool size must be >= 0"),
         (["steps=0"], r"steps=0: must be >= 1"),
         (["planner=magic"], r"unknown planner"),
@@ -81,3 +86,48 @@ def test_workers_are_told_the_model_folder_dtype_and_device(tmp_path: Path) -> N
         assert opts[pool]["tokenizer_dir"] == str(tmp_path)
         assert (opts[pool]["dtype"], opts[pool]["device"]) == ("bf16", "cuda")
     assert opts["trainer"]["lr"] == 1e-4 and "tokenizer" not in opts["rollout"]
+
+
+def test_a_duplicate_before_the_pools_are_known_lists_pools_as_a_pattern() -> None:
+    with pytest.raises(ConfigError, match=r"given twice .*graph.lr.*pools.POOL") as info:
+        parse_overrides(["pools.rollout=1", "pools.rollout=2"], DEFAULTS)
+    assert str(info.value).startswith("--set pools.rollout=2: ")
+
+
+def test_planner_knobs_by_planner_name_and_the_older_spelling() -> None:
+    sectioned = resolve(parse_overrides(["planner.backpressure.cooldown_costs=3"]), DEFAULTS)
+    older = resolve(parse_overrides(["planner.cooldown_costs=3"]), DEFAULTS)
+    assert sectioned.planner_knobs == older.planner_knobs
+    assert sectioned.planner_knobs.cooldown_costs == 3.0
+    # the adaptive planner is a backpressure one: it takes either section's knobs
+    adaptive = resolve(parse_overrides(["planner=adaptive", "planner.adaptive.hysteresis=0.25",
+                                        "planner.backpressure.share_costs=4"]), DEFAULTS)
+    assert (adaptive.planner_knobs.hysteresis, adaptive.planner_knobs.share_costs) == (0.25, 4.0)
+    with pytest.raises(ConfigError, match=r"--set planner.interval_s=0.0: must be > 0"):
+        resolve(parse_overrides(["planner.backpressure.interval_s=0"]), DEFAULTS)
+
+
+def test_steps_flag_errors_name_the_flag() -> None:
+    from pivotflow.run import run
+
+    with pytest.raises(ConfigError, match=r"^--steps 0: must be >= 1$"):
+        run("graphs/grpo_rule.py", steps=0)
+    with pytest.raises(ConfigError, match=r"^--steps 3 and --set steps=4 are both given"):
+        run("graphs/grpo_rule.py", steps=3, sets=["steps=4"])
+    with pytest.raises(ConfigError, match=r"^--set steps=4: given twice .*pools.POOL"):
+        run("graphs/grpo_rule.py", sets=["steps=3", "steps=4"])
+
+
+def test_a_config_json_recorded_before_the_sectioned_keys_resumes_to_the_same_settings() -> None:
+    """A resume replays config.json's settings as --set keys (resume.inherited): the older
+    spellings (planner.KEY, engine.POOL, pools.POOL, ray.KEY) it writes are still accepted."""
+    import msgspec
+
+    from pivotflow.resume import inherited
+
+    old = resolve(parse_overrides(["planner.hysteresis=0.25", "pools.rollout=2", "engine.rollout=echo",
+                                   "ray.address=10.0.0.1:6379", "partial_rollout=true",
+                                   "over_sample=0.5", "graph.lr=0.01"]), DEFAULTS, ["rollout"])
+    recorded = msgspec.json.decode(msgspec.json.encode(old))  # as config.json holds it
+    again = resolve(inherited(recorded, {}, DEFAULTS, ["rollout"]), DEFAULTS, ["rollout"])
+    assert again == old

@@ -55,7 +55,7 @@ def test_set_planner_knob_reaches_the_planner(name: str) -> None:
         (["planner.interval_s=fast"], r"--set planner.interval_s='fast': expected float"),
         (["planner.interval_s=0"], r"--set planner.interval_s=0.0: must be > 0"),
         (["planner.hysteresis=-1"], r"--set planner.hysteresis=-1.0: must be >= 0"),
-        (["planner.horizon=3"], r"--set planner.horizon: unknown key; valid keys: .*"
+        (["planner.horizon=3"], r"--set planner.horizon=3: unknown key; valid keys: .*"
                                 r"planner.cooldown_costs, planner.hysteresis, planner.interval_s"),
         (["planner=static", "planner.cooldown_costs=2"],
          r"--set planner.cooldown_costs: only the backpressure and adaptive planners"),
