@@ -7,12 +7,15 @@ calls ``run_sim(args)``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
+from pivotflow.config import parse_overrides, resolve
 from pivotflow.errors import ConfigError
 from pivotflow.planner import make_planner, parse_groups
+from pivotflow.planner.backpressure import BackpressureConfig
 from pivotflow.sim.cluster import POOLS, Split, simulate
 from pivotflow.sim.fluid import fluid_bound, rank_splits
 from pivotflow.sim.workload import load_workload
@@ -26,6 +29,24 @@ def _split(text: str) -> Split:
             f"--split {text!r}: expected three worker counts ROLLOUT,GENRM,TRAINER"
         ) from None
     return Split(r, j, t)
+
+
+# What ``--set`` may change in a simulated run: the controller's knobs the simulator passes on,
+# and the backpressure planners' (the rest of a run's keys are a real run's: engines, launcher)
+SIM_SET_KEYS = ("max_staleness", "partial_rollout", "over_sample",
+                *(f"planner.{k}" for k in BackpressureConfig.__struct_fields__))
+
+
+def sim_settings(items: list[str], planner: str) -> tuple[dict[str, Any], Any]:
+    """``--set KEY=VALUE`` items -> (the given keys as parsed, the RunConfig they resolve to),
+    with the run's own parser and checks (pivotflow/config.py); raises ConfigError naming a key
+    the simulator does not take and listing those it does."""
+    given = parse_overrides(items)
+    for key in given:
+        if key not in SIM_SET_KEYS:
+            raise ConfigError(f"--set {key}: not a simulator knob; valid keys: "
+                              f"{', '.join(SIM_SET_KEYS)}")
+    return given, resolve({**given, "planner": planner}, {}, list(POOLS))
 
 
 def add_sim_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -60,6 +81,14 @@ def add_sim_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="controller and planner knobs: " + ", ".join(SIM_SET_KEYS[:3]) + ", planner.*",
+    )
+    p.add_argument(
         "--out",
         type=Path,
         default=None,
@@ -72,12 +101,17 @@ def add_sim_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run_sim(args: argparse.Namespace) -> int:
     """Run the simulation ``args`` describe; print its summary as one JSON line. Returns 0.
 
-    Raises ConfigError for a bad workload file, GPU count or split, and the controller's
-    error if the simulated run fails.
+    Raises ConfigError for a bad workload file, GPU count, split or ``--set`` key, and the
+    controller's error if the simulated run fails.
     """
     wl = load_workload(args.workload)
+    given, cfg = sim_settings(args.overrides, args.planner)
     if args.gpus is not None:
         wl = wl.scaled(args.gpus)
+    if "max_staleness" in given:
+        wl = dataclasses.replace(wl, max_staleness=cfg.max_staleness)
+    controller: dict[str, Any] = {k: getattr(cfg, k) for k in ("partial_rollout", "over_sample")
+                                  if k in given}
     ranked = rank_splits(wl, top=1)
     if args.split is None and not ranked:
         raise ConfigError(f"{args.workload}: {wl.gpus // wl.group_gpus} workers for 3 pools: "
@@ -88,6 +122,8 @@ def run_sim(args: argparse.Namespace) -> int:
     steps = args.steps or (10**6 if args.hours else wl.steps)
     horizon = args.hours * 3600 if args.hours else 10 * 24 * 3600.0
     planner: Any = args.planner
+    if any(k.startswith("planner.") for k in given):
+        planner = make_planner(args.planner, knobs=cfg.planner_knobs)
     if args.colocate:
         if args.planner != "static":
             raise ConfigError(f"--colocate {args.colocate}: only the static planner takes pool "
@@ -97,9 +133,11 @@ def run_sim(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise ConfigError(f"--colocate {args.colocate}: {exc}") from None
     result = simulate(
-        wl, planner, split, steps=steps, horizon_s=horizon, seed=args.seed, wall_limit_s=3600.0
+        wl, planner, split, steps=steps, horizon_s=horizon, seed=args.seed, wall_limit_s=3600.0,
+        controller=controller,
     )
     summary = result.summary()
+    summary["set"] = given
     fluid = fluid_bound(wl)
     summary["fluid_bound"] = round(fluid["samples_per_s"], 4)
     summary["fraction_of_fluid"] = round(result.samples_per_s / fluid["samples_per_s"], 4)

@@ -174,6 +174,7 @@ async def _simulate(
     wall_limit_s: float,
     seed: int,
     trace_every_s: float,
+    controller: dict[str, Any],
 ) -> SimResult:
     loop = asyncio.get_running_loop()
     cost = CostModel(wl)
@@ -200,7 +201,8 @@ async def _simulate(
             follow_lengths(ctl, wl)
 
     cfg = ControllerConfig(
-        steps=steps, max_staleness=wl.max_staleness, heartbeat_s=30.0, worker_timeout_s=600.0
+        steps=steps, max_staleness=wl.max_staleness, heartbeat_s=30.0, worker_timeout_s=600.0,
+        **controller,  # (partial_rollout, over_sample: pivotflow sim --set)
     )
     ctl = Controller(
         graph,
@@ -285,6 +287,7 @@ def simulate(
     wall_limit_s: float = 600.0,
     seed: int = 0,
     trace_every_s: float = 10.0,
+    controller: dict[str, Any] | None = None,
 ) -> SimResult:
     """Run ``wl`` on its GPUs split as ``split`` under ``planner`` for ``steps`` optimizer
     steps (the workload's by default), stopping early at ``horizon_s`` virtual or
@@ -328,6 +331,7 @@ def simulate(
                 wall_limit_s,
                 seed,
                 trace_every_s,
+                controller or {},
             )
         )
     finally:

@@ -132,6 +132,43 @@ def nonclairvoyant_decode_s(wl: Workload) -> float:
     return total
 
 
+def nonclairvoyant_partial_decode_s(wl: Workload, over_sample: float) -> float:
+    """The non-clairvoyant decode of a step under partial rollouts with over-sampling
+    (``--set partial_rollout=true, over_sample=o``): the step trains the first complete
+    ``n / group_size`` groups of the ``n (1 + o')`` sequences admitted (any ``o' <= o``: a
+    scheduler may admit fewer), so it waits for the group-max quantile ``(1 + o')^(-1/G)``'s
+    length, not the longest; meanwhile every unfinished sequence decodes (any may end a group),
+    spread evenly over every policy replica. Without over-sampling partial rollouts shorten no
+    step: the oldest-token bound (``max_staleness``) still makes a step wait for every group
+    started ``max_staleness`` versions back, so this is ``nonclairvoyant_decode_s`` (o = 0)."""
+    if over_sample <= 0:
+        return nonclairvoyant_decode_s(wl)
+    cost = CostModel(wl)
+    pol, g, r = wl.policy, wl.group_gpus, wl.response
+    replicas = _devices(wl) // g * cost.replicas(pol, g)
+    prompt = cost.mean_prompt() + 1  # BOS
+    nd = NormalDist()
+    best = math.inf
+    for share in (0.0, 0.25, 0.5, 0.75, 1.0):  # o' = share * o
+        o = share * over_sample
+        n = wl.samples_per_step * (1 + o)
+        groups = n / wl.group_size
+        # the (n / G)-th complete group of n (1 + o) / G: the group max's quantile 1/(1+o)
+        # (o = 0: the largest of ``groups``, as ``expected_max``)
+        q = (1 / (1 + o) * groups / (groups + 1)) ** (1 / wl.group_size)
+        end = min(r.cap, r.median * math.exp(r.sigma * nd.inv_cdf(q))) if r.sigma else r.median
+        total = 0.0
+        for k in range(math.ceil(end)):
+            if k == 0 or r.sigma == 0:
+                alive = n if k < r.median else 0.0
+            else:
+                alive = n * (1 - nd.cdf(math.log(k / r.median) / r.sigma))
+            b = max(alive / replicas, 1.0)
+            total += cost.decode(pol, b).step_s(b, b * (prompt + k))
+        best = min(best, total)
+    return best
+
+
 def data_parallel_work_bound(wl: Workload, r: RoleRates) -> float:
     """Samples/s with every device busy, steps one at a time. A sample takes ``a`` worker-
     seconds of generation and judging, and ``t_w`` seconds of a step on ``w`` trainers, which
@@ -242,3 +279,26 @@ def rank_splits(wl: Workload, top: int = 8) -> list[tuple[float, dict[str, int]]
             scored.append((score, slack, {"rollout": nr, "genrm": nj, "trainer": nt}))
     scored.sort(key=lambda x: (-x[0], -x[1]))
     return [(s, split) for s, _, split in scored[:top]]
+
+
+def partial_bounds(wl: Workload, over_sample: float = 0.0) -> dict[str, float]:
+    """The non-clairvoyant bound for partial rollouts with ``over_sample`` (samples/s, beside
+    ``fluid_bound``'s keys, which stay as they are): its critical path with
+    ``nonclairvoyant_partial_decode_s``. The groups over-sampling refuses are counted as free
+    work (their cut tails are thrown away in this setting), so it is an upper bound; with
+    ``over_sample`` 0 it is the non-clairvoyant bound itself, and where the work bound binds no
+    partial-rollout setting raises it. A drifting workload's is each step's, combined as
+    ``fluid_bound`` combines its."""
+    if wl.schedule is not None:
+        per = [partial_bounds(wl.at(k), over_sample) for k in drift_steps(wl)]
+        return {key: len(per) / sum(1 / b[key] for b in per) for key in per[0]}
+    r = role_rates(wl)
+    g = wl.group_gpus
+    dp_work = min(_devices(wl) / (g / r.rollout + g / r.genrm + g / r.trainer),
+                  data_parallel_work_bound(wl, r))
+    per_path = wl.samples_per_step * (wl.max_staleness + 1)
+    nc_path = r.critical_path_s - r.decode_s + max(r.decode_s, nonclairvoyant_decode_s(wl))
+    part_path = r.critical_path_s - r.decode_s + nonclairvoyant_partial_decode_s(wl, over_sample)
+    part_path = min(nc_path, part_path)  # (a scheduler may over-sample nothing)
+    return {"nonclairvoyant_partial_samples_per_s": min(dp_work, per_path / part_path),
+            "nonclairvoyant_partial_critical_path_s": part_path}
