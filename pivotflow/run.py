@@ -253,13 +253,14 @@ def sweep_dead_stores(base: Path) -> list[Path]:
 
 
 def asyncio_run(coro: Any) -> Any:
+    # only the import is guarded: an ImportError raised inside the run (a user's graph, a
+    # missing extra) must surface as itself, not re-run the already-awaited coroutine
     try:
         import uvloop
-
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(coro)
     except ImportError:
         return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
 
 
 def _to_json(cfg: RunConfig) -> str:
