@@ -342,6 +342,8 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         record["controller_cpu_s"] = time.process_time()  # this process is the controller
         record["controller_loop_cpu_s"] = time.thread_time()  # ... its event loop's thread alone
         record["time_s"] += cont.time_s  # one clock across resumes
+        for event in record.get("shift_events") or ():  # (their times too)
+            event["time_s"] += cont.time_s
         record["shifts"] += cont.shifts
         record["migrations"] += cont.migrations
         std = {k: record[k] for k in STEP_KEYS if k in record}
