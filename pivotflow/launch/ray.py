@@ -17,17 +17,18 @@ store agent and its own copy of the parameter store (``launch/ray_stores.py``); 
 from __future__ import annotations
 
 import ipaddress
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pivotflow.errors import ConfigError
+from pivotflow.launch.ray_address import check_reachable
 
 NODE_LOST_CODE = -9  # the process went with its node (or its host actor): as if SIGKILLed
 MAX_LOG_BYTES = 1 << 20  # of each worker's log, copied to the run folder
 CALL_TIMEOUT_S = 10.0  # for one call to a host actor on a live node
+SUSPECT_CHECK_S = 0.5  # between asks whether a node whose actor died has been declared dead
 
 
 def import_ray() -> Any:
@@ -53,7 +54,7 @@ class RayCluster:
                               "supported; run on a cluster node and give auto or its GCS "
                               "HOST:PORT")
         if address != "auto":
-            _check_reachable(address)
+            check_reachable(address)
         try:
             ray.init(address=address, log_to_driver=False)
         except ConnectionError as exc:
@@ -85,20 +86,6 @@ class RayCluster:
             ray.shutdown()
 
 
-def _check_reachable(address: str) -> None:
-    """A HOST:PORT that nothing answers on fails here in seconds (ray.init retries for
-    minutes)."""
-    host, sep, port = address.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit():
-        raise ConfigError(f"--set ray.address={address}: expected auto or HOST:PORT")
-    try:
-        socket.create_connection((host, int(port)), timeout=5.0).close()
-    except OSError as exc:
-        raise ConfigError(f"--set ray.address={address}: cannot reach a Ray cluster there "
-                          f"({exc.strerror or exc})") from None
-
-
 @dataclass
 class Slot:
     """One bundle of the placement group and the host actor in it (one per worker run)."""
@@ -126,6 +113,7 @@ class HostedWorker:
     placed: bool = False  # its host started it (before: the bundle may wait for a node)
     lost: str = ""  # why its host went (the stderr tail can no longer be read)
     killed: bool = False
+    host_retries: int = 0  # host actors that died before starting it (their node going)
     _pid: int | None = field(default=None, repr=False)
 
     @property
@@ -168,6 +156,11 @@ class RayLauncher:
         self.procs: dict[str, HostedWorker] = {}
         self.nodes_used: set[str] = set()
         self.nodes_lost: set[str] = set()
+        # nodes whose actors died while Ray still called them alive: a killed host is declared
+        # dead only after its health checks fail (tests/multihost; remove_node is at once)
+        self.suspects: set[str] = set()
+        self.suspects_checked = 0.0
+        self.host_retries = 0
         self.rendezvous_made = 0
         self.stopped = False
         self.head_root = ""  # the run's store (the controller's node), once share_store named it
@@ -241,12 +234,28 @@ class RayLauncher:
             slot.actor = self._new_actor(slot.bundle)
             slot.where = slot.actor.where.remote()
         slot.worker = worker_id
-        argv = ["--endpoint", self.endpoint, "--id", worker_id,
-                *(["--curve-keys", self.curve_keys] if self.curve_keys else [])]
         self.procs[worker_id] = HostedWorker(
             worker_id, slot, slot.actor, slot.where,
-            pid_ref=slot.actor.start.remote(worker_id, argv, self.threads, self.secret_file),
-            wait_ref=slot.actor.wait.remote())
+            pid_ref=self._start_on(slot.actor, worker_id), wait_ref=slot.actor.wait.remote())
+
+    def _start_on(self, actor: Any, worker_id: str) -> Any:  # the worker's start call
+        argv = ["--endpoint", self.endpoint, "--id", worker_id,
+                *(["--curve-keys", self.curve_keys] if self.curve_keys else [])]
+        return actor.start.remote(worker_id, argv, self.threads, self.secret_file)
+
+    def _host_again(self, h: HostedWorker) -> None:
+        """``h``'s host actor died before starting the worker: its bundle is most likely on a
+        node that is going but not yet declared dead. A new host actor in that bundle (placed
+        once Ray re-places it); ``place_timeout_s`` still bounds the wait."""
+        h.host_retries += 1
+        self.host_retries += 1
+        node = self._node_of(h)
+        if node:
+            self.suspects.add(node)
+        actor = self._new_actor(h.slot.bundle)
+        h.slot.actor, h.slot.where = actor, actor.where.remote()
+        h.actor, h.where = actor, h.slot.where
+        h.pid_ref, h.wait_ref = self._start_on(actor, h.worker_id), actor.wait.remote()
 
     def _free_slot(self) -> Slot:
         """The first bundle, in placement order, with no worker, else one whose worker ended
@@ -324,6 +333,7 @@ class RayLauncher:
             for ref in ready:
                 self._ended(pending[ref], ref)
         self._check_placed()
+        self._check_suspects()
         if self.stores is not None and self.nodes_lost & set(self.stores.agents):
             self.stores.drop(self.nodes_lost)  # the agents left re-form their group
         return [(w, h.code) for w, h in self.procs.items() if h.code is not None]
@@ -349,18 +359,36 @@ class RayLauncher:
                 ray.kill(h.actor)
                 self._forget_actor(h)
 
+    def _check_suspects(self) -> None:
+        """A suspect node Ray has since declared dead is a lost node (its store agent is
+        dropped, the agents left re-form their group)."""
+        now = time.monotonic()
+        if not self.suspects or now - self.suspects_checked < SUSPECT_CHECK_S:
+            return
+        self.suspects_checked = now
+        for node in list(self.suspects):
+            if not _node_alive(node):
+                self.suspects.discard(node)
+                self.nodes_lost.add(node)
+
     def _ended(self, h: HostedWorker, ref: Any) -> None:
         import ray
 
         try:
             h.code = int(ray.get(ref))
         except ray.exceptions.RayError as exc:
+            if (h.actor is not None and h.slot.worker == h.worker_id and not _started(h)
+                    and time.monotonic() - h.started_at < self.place_timeout_s):
+                self._host_again(h)
+                return
             h.code = NODE_LOST_CODE
             node = self._node_of(h)
             if node and not _node_alive(node):
                 self.nodes_lost.add(node)
                 h.lost = f"its Ray node {node[:12]} left the cluster (the worker went with it)"
             else:
+                if node:
+                    self.suspects.add(node)
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 h.lost = f"its Ray host actor died ({type(exc).__name__}: {first})"
             self._forget_actor(h)
@@ -403,6 +431,7 @@ class RayLauncher:
         return {"bundles": len(self.slots), "bundle": self.bundle,
                 "nodes_used": len(self.nodes_used), "node_failures": len(self.nodes_lost),
                 "place_s": round(self.place_s, 3), "rendezvous": self.rendezvous_made,
+                "host_retries": self.host_retries,
                 **({"stores": {**self.stores.stats(), "workers": dict(self.worker_roots)}}
                    if self.stores is not None else {})}
 
@@ -423,6 +452,7 @@ class RayLauncher:
             ray.wait([h.wait_ref for h in running], num_returns=len(running), timeout=timeout_s)
             ends = [h.actor.terminate.remote(2.0) for h in running]
             ray.wait(ends, num_returns=len(ends), timeout=CALL_TIMEOUT_S)
+        self.suspects_checked = 0.0  # now, not throttled: the summary counts lost nodes
         self.exited()
         for s in self.slots:
             if s.worker is not None and s.actor is not None:
@@ -446,6 +476,17 @@ def _placement_key(where: dict[str, Any], bundle: int) -> tuple[Any, ...]:
     ip = ipaddress.ip_address(where["ip"])
     gpus = [int(g) for g in where["gpus"] if str(g).isdigit()]
     return (ip.version, int(ip), gpus, where["node_id"], bundle)
+
+
+def _started(h: HostedWorker) -> bool:
+    """Whether ``h``'s host actor started its worker (its pid came back)."""
+    import ray
+
+    try:
+        ray.get(h.pid_ref, timeout=0)
+    except Exception:  # noqa: BLE001 - it died first, or has not answered
+        return False
+    return True
 
 
 def _node_alive(node_id: str) -> bool:
