@@ -45,7 +45,7 @@ def test_an_unreachable_address_is_a_clear_error(tmp_path: Path) -> None:
     ("launcher", "k8s", "--set launcher=k8s: unknown launcher; valid: local, ray"),
     ("ray.strategy", "ROUND_ROBIN", "--set ray.strategy=ROUND_ROBIN: unknown placement"),
     ("ray.cpus_per_worker", "-1", "--set ray.cpus_per_worker=-1.0: must be >= 0"),
-    ("ray.adress", "auto", "--set ray.adress: unknown key; valid keys: "),
+    ("ray.adress", "auto", "--set ray.adress=auto: unknown key; valid keys: "),
 ])
 def test_bad_ray_settings_are_one_line_errors(key: str, value: str, message: str) -> None:
     from pivotflow.config import parse_overrides, resolve
