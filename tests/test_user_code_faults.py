@@ -138,6 +138,15 @@ def test_on_error_skip_drops_the_group_and_accounts_for_it(
     log = (out / "logs" / "controller.log").read_text()
     assert "skipped a group (on_error=skip)" in log and where in log and "Traceback" in log
     assert not stores_left(out, os.getpid())
+    # the skipped groups survive a resume: the whole run's summary still counts them (the
+    # snapshot once left groups_skipped out, and the books then did not balance)
+    skipped = s["groups_skipped"]
+    s = run(path, out=out, steps=4, console=False, resume=str(out)).summary
+    assert s["steps"] == 4 and s["error"] is None and s["groups_skipped"] >= skipped
+    led = s["ledger"]
+    assert led["lost"] == 0 and led["duplicates"] == 0 and led["groups_trained"] == 8
+    assert (led["prompts_in"] == led["groups_trained"] + s["groups_skipped"]
+            + s["groups_filtered"] + s["groups_in_flight_at_end"])
 
 
 def test_bad_fault_options_name_the_graph_line(tmp_path: Path,

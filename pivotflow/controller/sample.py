@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -39,6 +39,12 @@ class Ledger:
     # long the run (a set of every id would grow by ~70 bytes per group).
     settled_below: int = 0
     settled_above: set[int] = field(default_factory=set)
+
+    def counters(self) -> dict[str, int]:
+        """Every count above, by name: what a snapshot keeps (read from the fields, so a new
+        counter is kept too; groups_skipped was once left out and a resume lost it)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if not f.name.startswith("settled")}
 
     def settled(self, group_id: int) -> bool:
         return group_id < self.settled_below or group_id in self.settled_above

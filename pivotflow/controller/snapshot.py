@@ -97,10 +97,7 @@ def snapshot(ctl: Controller) -> ControllerState:
     src = ctl.source
     return ControllerState(
         version=ctl.version, tokens_generated=ctl.tokens_generated,
-        ledger={"prompts_in": led.prompts_in, "groups_trained": led.groups_trained,
-                "samples_trained": led.samples_trained, "groups_filtered": led.groups_filtered,
-                "duplicates": led.duplicates, "late_results": led.late_results,
-                "judge_failures": led.judge_failures},
+        ledger=led.counters(),
         settled_below=led.settled_below, settled_above=sorted(led.settled_above),
         open_groups=open_groups,
         next_sample=src.next_sample, source_rng=_rng_out(src.rng),
