@@ -153,8 +153,9 @@ class Worker:
             try:
                 return self.chan.recv(0.0)
             except ProtocolError as exc:
-                self.bad_frames += 1
-                self._bad_log.warn(f"worker {self.worker_id}", "controller", str(exc))
+                self.bad_frames += 1  # in the log line: the worker has no other report
+                self._bad_log.warn(f"worker {self.worker_id}", "controller",
+                                   f"{exc} ({self.bad_frames} dropped so far)")
 
     def close(self) -> None:
         """Stop compute (its role is released on its thread), then the socket."""

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+import zmq
 
 from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.engines.torch.weights import config_to_hf
@@ -233,3 +234,26 @@ async def test_an_error_in_compute_is_a_worker_failed(worker: Running) -> None:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.05)
     assert worker.launcher.exited() == [("w0", 1)]
+
+
+async def test_a_garbage_frame_is_counted_and_dropped_and_the_worker_keeps_serving(
+        worker: Running) -> None:
+    peer = worker.peer
+    transport = peer.transport
+    # raw bytes on the controller's ROUTER, past its typed encoder: what a buggy or hostile
+    # controller-side peer could put on the wire
+    sock = transport._sock
+    assert sock is not None
+    for garbage in (b"\xff\x00not msgpack", b"\x92\xa3Bad\x01"):
+        sock.send(transport.admission.identity_of("w0"), zmq.SNDMORE)
+        sock.send(garbage)
+    sent = peer.send(AssignRole(role="generate", model="policy", options={}))
+    ready = await peer.next(RoleReady, after=sent)
+    assert ready.msg.role == "generate"  # still serving, in order after the garbage
+    jobs = [GenerateJob(job_id=7, prompt_ids=[5, 7, 9], max_tokens=4, seed=1)]
+    sent = peer.send(Jobs(jobs=jobs))
+    done = await peer.next(JobsDone, after=sent)
+    assert [r.job_id for r in done.msg.results] == [7]
+    assert not worker.launcher.exited()
+    log_text = worker.launcher.stderr_tail("w0", 20000)
+    assert "2 dropped so far" in log_text, log_text
