@@ -119,7 +119,8 @@ def sim_graph(wl: Workload, split: Split) -> Graph:
     stages = [src]
     if wl.response.draw == "budget":  # lengths per sample id, as the real graph draws them
         r = wl.response
-        budget = length_budget(r.median, r.p99_over_median, r.cap)
+        budget = length_budget(r.median, r.p99_over_median, r.cap, wl.schedule,
+                               wl.prompts_per_step)
         stages.append(g.map("budget", budget, writes=["min_tokens", "max_tokens"]))
     # (a drifting workload's longest cap: the simulated engine cuts each at its step's cap)
     gen = g.generate("rollout", model="policy", pool="rollout", max_tokens=wl.max_response_cap)

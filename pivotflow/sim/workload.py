@@ -352,10 +352,12 @@ def _check_schedule(wl: Workload) -> None:
     s = wl.schedule
     if s is None:
         return
-    if wl.response.draw != "engine":
+    if wl.response.draw == "budget" and "prompts_per_step" in s.curves:
+        # the budget stage places a sample at step group_id // prompts_per_step, as the real
+        # graph (graphs/grpo_genrm_longtail.py) does: that needs a fixed prompts_per_step
         raise ConfigError(
-            f"{wl.path}: [schedule] needs [response] draw = \"engine\" (a drifting budget "
-            "stage is not built yet)"
+            f"{wl.path}: [schedule] prompts_per_step cannot drift with [response] draw = "
+            "\"budget\" (a sample's step is its group id // prompts_per_step)"
         )
     for step in s.breakpoints():
         r = wl.response_at(step)

@@ -78,10 +78,14 @@ def test_bad_schedules_are_one_line_errors_naming_key_and_point(schedule: object
     assert needle in _bad(schedule)
 
 
-def test_a_budget_drawn_response_cannot_drift_yet() -> None:
+def test_a_budget_drawn_response_drifts_but_not_its_prompts_per_step() -> None:
     data = _with({"response_median_tokens": [[0, 1000], [4, 2000]]})
+    data["response"]["draw"] = "budget"  # the graph's budget stage draws at the group's step
+    assert parse_workload(data, "w.toml").schedule is not None
+    data = _with({"prompts_per_step": [[0, 512], [4, 1024]]})
     data["response"]["draw"] = "budget"
-    with pytest.raises(ConfigError, match=r"w.toml: \[schedule\] needs \[response\] draw"):
+    with pytest.raises(ConfigError, match=r"w.toml: \[schedule\] prompts_per_step cannot "
+                                          r"drift with \[response\] draw = \"budget\""):
         parse_workload(data, "w.toml")
 
 
