@@ -138,6 +138,8 @@ def run_sim(args: argparse.Namespace) -> int:
     )
     summary = result.summary()
     summary["set"] = given
+    if wl.schedule is not None:  # a drifting bound is over the steps this run simulated
+        wl = dataclasses.replace(wl, steps=max(1, int(summary["steps"])))
     fluid = fluid_bound(wl)
     summary["fluid_bound"] = round(fluid["samples_per_s"], 4)
     summary["fraction_of_fluid"] = round(result.samples_per_s / fluid["samples_per_s"], 4)

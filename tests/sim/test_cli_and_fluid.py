@@ -128,3 +128,20 @@ def test_without_a_length_spread_the_blind_decode_runs_at_the_whole_batch(
     want = sum(cost.decode(w.policy, b).step_s(b, b * (prompt + k)) for k in range(200))
     assert b > 1
     assert nonclairvoyant_decode_s(w) == pytest.approx(want)
+
+
+def test_a_drifting_runs_bound_covers_the_steps_it_simulated(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The drifting CPU file has 12 steps with the long responses late; a 10-step run was once
+    set against the 12-step bound (more late steps, so lower) and beat its 'bound' (1.03)."""
+    ap = argparse.ArgumentParser()
+    add_sim_parser(ap.add_subparsers(dest="command"))
+    path = ROOT / "bench/workloads/cpu_tiny_longtail_drift.toml"
+    assert run_sim(ap.parse_args(["sim", str(path), "--split", "1,1,0", "--steps", "10"])) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    wl = load_workload(path)
+    assert wl.steps == 12 and summary["steps"] == 10
+    bound = fluid_bound(dataclasses.replace(wl, steps=10))["nonclairvoyant_samples_per_s"]
+    assert summary["nonclairvoyant_bound"] == round(bound, 4)
+    assert summary["fraction_of_nonclairvoyant"] <= 1.0
