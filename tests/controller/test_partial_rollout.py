@@ -79,7 +79,7 @@ def test_off_by_default_and_a_bad_value_is_one_line() -> None:
     assert ControllerConfig().partial_rollout is False
     assert resolve({}, {}, []).partial_rollout is False
     assert resolve({"partial_rollout": True}, {}, []).partial_rollout is True
-    with pytest.raises(ConfigError, match=r"Expected `bool`.*partial_rollout") as info:
+    with pytest.raises(ConfigError, match=r"^--set partial_rollout=maybe: Expected `bool`") as info:
         resolve({"partial_rollout": "maybe"}, {}, [])
     assert "\n" not in str(info.value)
     with pytest.raises(ConfigError, match=r"^--set over_sample=0.5: .*needs partial_rollout"):
