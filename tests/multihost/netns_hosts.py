@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -28,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[2]  # the checkout the hosts run
 PREFIX = "pfmh"  # every namespace and link this module makes starts so (teardown finds them)
 SUBNET = "10.77.0"
 
@@ -147,6 +149,12 @@ class TwoHosts:
             mounts = "mount -t tmpfs -o size=4g,mode=1777 tmpfs /dev/shm"
             if h.private_tmp:
                 mounts += " && mount -t tmpfs -o mode=1777 tmpfs /tmp"
+                if REPO.is_relative_to("/tmp"):  # a checkout under /tmp (CI's clone): B
+                    # sees the code at the same path, as a real node has it installed
+                    keep = shlex.quote(f"/run/{PREFIX}-repo-{self.tag}")
+                    repo = shlex.quote(str(REPO))
+                    mounts = (f"mkdir -p {keep} && mount --bind {repo} {keep} && {mounts}"
+                              f" && mkdir -p {repo} && mount --bind {keep} {repo}")
             # the anchor: holds the host's mount namespace; every command enters it
             h.anchor = subprocess.Popen(
                 ["ip", "netns", "exec", h.netns, "unshare", "-m", "--propagation", "private",
@@ -198,6 +206,8 @@ class TwoHosts:
         subprocess.run(["ip", "link", "del", self.a.link], check=False, capture_output=True)
         # A shares this machine's /tmp: Ray's session folder there (B's went with its tmpfs)
         shutil.rmtree(f"/tmp/{PREFIX}-ray-{self.tag}", ignore_errors=True)
+        with contextlib.suppress(OSError):  # B's mount point for a checkout under /tmp
+            os.rmdir(f"/run/{PREFIX}-repo-{self.tag}")
 
 
 def ray_env() -> dict[str, str]:
