@@ -114,14 +114,20 @@ def nonclairvoyant_decode_s(wl: Workload) -> float:
     """The longest sequence's decode when no response length is known before its end: at its
     ``k``-th token every sequence still unfinished decodes one too (any of them may be the
     longest), spread evenly over every policy replica of the cluster, at least one a replica."""
+    n = wl.samples_per_step
+    return _unfinished_decode_s(wl, n, expected_max(wl.response, n))
+
+
+def _unfinished_decode_s(wl: Workload, n: float, tokens: float) -> float:
+    """Decoding ``n`` sequences for ``tokens`` steps, each step's batch the sequences still
+    unfinished by then, spread evenly over every policy replica (at least one a replica)."""
     cost = CostModel(wl)
     pol, g, r = wl.policy, wl.group_gpus, wl.response
     replicas = _devices(wl) // g * cost.replicas(pol, g)
     prompt = cost.mean_prompt() + 1  # BOS
-    n = wl.samples_per_step
     nd = NormalDist()
     total = 0.0
-    for k in range(math.ceil(expected_max(r, n))):
+    for k in range(math.ceil(tokens)):
         # unfinished after k tokens: P(length > k) of the capped log-normal (k is below the cap)
         if k == 0 or r.sigma == 0:
             alive = n if k < r.median else 0.0
@@ -143,10 +149,7 @@ def nonclairvoyant_partial_decode_s(wl: Workload, over_sample: float) -> float:
     started ``max_staleness`` versions back, so this is ``nonclairvoyant_decode_s`` (o = 0)."""
     if over_sample <= 0:
         return nonclairvoyant_decode_s(wl)
-    cost = CostModel(wl)
-    pol, g, r = wl.policy, wl.group_gpus, wl.response
-    replicas = _devices(wl) // g * cost.replicas(pol, g)
-    prompt = cost.mean_prompt() + 1  # BOS
+    r = wl.response
     nd = NormalDist()
     best = math.inf
     for share in (0.0, 0.25, 0.5, 0.75, 1.0):  # o' = share * o
@@ -157,15 +160,7 @@ def nonclairvoyant_partial_decode_s(wl: Workload, over_sample: float) -> float:
         # (o = 0: the largest of ``groups``, as ``expected_max``)
         q = (1 / (1 + o) * groups / (groups + 1)) ** (1 / wl.group_size)
         end = min(r.cap, r.median * math.exp(r.sigma * nd.inv_cdf(q))) if r.sigma else r.median
-        total = 0.0
-        for k in range(math.ceil(end)):
-            if k == 0 or r.sigma == 0:
-                alive = n if k < r.median else 0.0
-            else:
-                alive = n * (1 - nd.cdf(math.log(k / r.median) / r.sigma))
-            b = max(alive / replicas, 1.0)
-            total += cost.decode(pol, b).step_s(b, b * (prompt + k))
-        best = min(best, total)
+        best = min(best, _unfinished_decode_s(wl, n, end))
     return best
 
 
