@@ -163,6 +163,16 @@ class Continuation:
                           for r in kept],
                    segment=max(1, len(history)), checkpoint=checkpoint, history=history)
 
+    def carry_onto(self, record: dict[str, Any]) -> None:
+        """Put a step record of this segment on the whole run's clock and counts: its time,
+        its shift events' times, and the shift and migration counts go on from the earlier
+        segments'."""
+        record["time_s"] += self.time_s
+        for event in record.get("shift_events") or ():
+            event["time_s"] += self.time_s
+        record["shifts"] += self.shifts
+        record["migrations"] += self.migrations
+
     def entry(self, cfg: RunConfig, sets: list[str], changes: list[str],
               accepted: list[str], passed_over: list[str]) -> dict[str, Any]:
         """This segment's history entry."""

@@ -341,11 +341,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     def on_step(record: dict[str, Any]) -> None:
         record["controller_cpu_s"] = time.process_time()  # this process is the controller
         record["controller_loop_cpu_s"] = time.thread_time()  # ... its event loop's thread alone
-        record["time_s"] += cont.time_s  # one clock across resumes
-        for event in record.get("shift_events") or ():  # (their times too)
-            event["time_s"] += cont.time_s
-        record["shifts"] += cont.shifts
-        record["migrations"] += cont.migrations
+        cont.carry_onto(record)  # one clock and one count of shifts across resumes
         std = {k: record[k] for k in STEP_KEYS if k in record}
         extra = {k: v for k, v in record.items() if k not in STEP_KEYS}
         first = len(steps) == len(cont.steps)
