@@ -3,6 +3,10 @@
 prompt -> rollout (policy generates) -> genrm (the judge writes a verdict, parsed to a reward)
        -> advantage (GRPO within each prompt's group) -> train (clipped policy gradient)
 
+With ``--set graph.kl_coef=0.04`` (GRPO's beta; 0, the default, as in TRL and DAPO) a frozen
+copy of the initial policy scores each response on its own pool (``reference``, after the
+rollout) and the trainer adds the KL penalty (``kl_estimator``: k3, or k1).
+
 Run:  pivotflow run graphs/grpo_genrm.py            (knobs: --set graph.KEY=VALUE)
 """
 
@@ -23,6 +27,9 @@ DEFAULTS = {
     "rollout_workers": 1,
     "judge_workers": 1,
     "digits": 2,
+    "kl_coef": 0.0,
+    "kl_estimator": "k3",
+    "reference_workers": 1,
 }
 
 
@@ -51,6 +58,12 @@ def build(config: dict) -> Graph:
     genrm = g.judge("genrm", model="judge", pool="genrm", template=judge_template, parse=parse,
                     max_tokens=8)
     advantage = g.group("advantage", grpo_advantage, writes=["advantage"])
-    train = g.train("train", model="policy", pool="trainer", lr=config["lr"])
-    g.chain(prompts, rollout, genrm, advantage, train)
+    train = g.train("train", model="policy", pool="trainer", lr=config["lr"],
+                    kl_coef=config["kl_coef"], kl_estimator=config["kl_estimator"])
+    if config["kl_coef"] > 0:
+        g.pool("reference", workers=config["reference_workers"])
+        reference = g.reference("reference", model="policy", pool="reference")
+        g.chain(prompts, rollout, reference, genrm, advantage, train)
+    else:
+        g.chain(prompts, rollout, genrm, advantage, train)
     return g

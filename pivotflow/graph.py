@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pivotflow.defaults import KL_ESTIMATORS
 from pivotflow.errors import GraphError, TaskError
 from pivotflow.tasks.datasets import PromptTable, load_prompt_file
 
-NodeKind = Literal["source", "generate", "judge", "map", "group", "filter", "train"]
+NodeKind = Literal["source", "generate", "judge", "reference", "map", "group", "filter", "train"]
 
 # Fields the runtime itself fills, by the kind of node that writes them.
 SOURCE_FIELDS = frozenset({"prompt", "answer", "prompt_ids", "prompt_id", "group_id", "sample_id"})
@@ -32,6 +33,7 @@ GENERATE_FIELDS = frozenset(
     {"response", "response_ids", "logprobs", "versions", "finish_reason", "completion"}
 )
 JUDGE_FIELDS = frozenset({"verdict", "reward", "judge_failed"})
+REFERENCE_FIELDS = frozenset({"ref_logprobs"})
 # ... and what the controller writes itself (the task's exact check of a response)
 RUNTIME_FIELDS = frozenset({"correct", "advantage"})
 TRAIN_READS = frozenset({"prompt_ids", "response_ids", "logprobs", "advantage"})
@@ -290,6 +292,17 @@ class Graph:
         return self._add(Node(name, "judge", where, reads=reads, writes=JUDGE_FIELDS,
                               model=model, pool=pool, options=opts))
 
+    def reference(self, name: str, *, model: str, pool: str) -> Node:
+        """A frozen reference model scores each response: ``ref_logprobs``, the log-probability
+        of every response token under it, for the trainer's KL penalty (``train(...,
+        kl_coef=...)``). When ``model`` is the one a train stage trains, the reference is a
+        frozen copy of its initial weights (published as ``<model>.ref``, never updated);
+        any other declared model is used as it is. It runs on ``pool`` like any model stage,
+        so the planner can shift workers to and from it."""
+        return self._add(Node(name, "reference", _caller_where(),
+                              reads=frozenset({"prompt_ids", "response_ids"}),
+                              writes=REFERENCE_FIELDS, model=model, pool=pool))
+
     def map(self, name: str, fn: Callable[..., Any], *, writes: Iterable[str],
             deadline_s: float | None = DEFAULT_DEADLINE_S, on_error: str = "stop") -> Node:
         """Per-sample Python: ``fn(**fields)`` returns a value (one field) or a dict of fields.
@@ -323,11 +336,35 @@ class Graph:
                                                      on_error)))
 
     def train(self, name: str, *, model: str, pool: str, lr: float = 3e-4,
-              **loss_options: Any) -> Node:
-        """Optimizer steps on groups as they complete; publishes each new policy version."""
-        opts = {"lr": lr, **loss_options}
-        return self._add(Node(name, "train", _caller_where(), reads=TRAIN_READS, model=model,
-                              pool=pool, options=opts))
+              kl_coef: float = 0.0, kl_estimator: str = "k3", **loss_options: Any) -> Node:
+        """Optimizer steps on groups as they complete; publishes each new policy version.
+
+        ``kl_coef`` > 0 adds GRPO's KL penalty, ``kl_coef * KL(policy || reference)`` per
+        token (``kl_estimator`` "k1" or "k3", Schulman's estimators), against the
+        ``ref_logprobs`` of a :meth:`reference` stage upstream; the step records report it as
+        ``train_kl_ref`` whenever the samples carry reference logprobs."""
+        where = _caller_where()
+        if (isinstance(kl_coef, bool) or not isinstance(kl_coef, (int, float))
+                or not kl_coef >= 0 or kl_coef == float("inf")):
+            raise GraphError(f"train {name!r} at {where}: kl_coef must be a number >= 0, got "
+                             f"{kl_coef!r}")
+        if kl_estimator not in KL_ESTIMATORS:
+            raise GraphError(f"train {name!r} at {where}: kl_estimator must be one of "
+                             f"{list(KL_ESTIMATORS)}, got {kl_estimator!r}")
+        opts = {"lr": lr, "kl_coef": float(kl_coef), "kl_estimator": kl_estimator,
+                **loss_options}
+        reads = TRAIN_READS | (REFERENCE_FIELDS if kl_coef > 0 else frozenset())
+        return self._add(Node(name, "train", where, reads=reads, model=model, pool=pool,
+                              options=opts))
+
+    def weights_of(self, node: Node) -> str:
+        """The parameter-store name a model stage's pool loads: a reference stage on a model
+        that a train stage trains reads the frozen ``<model>.ref``; every other, the model."""
+        model = node.model or ""
+        if node.kind == "reference" and any(n.kind == "train" and n.model == model
+                                            for n in self.nodes.values()):
+            return f"{model}.ref"
+        return model
 
     # ------------------------------------------------------------ edges
 

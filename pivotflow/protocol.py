@@ -116,7 +116,9 @@ class Reject(msgspec.Struct, tag=True, kw_only=True, frozen=True):
 
 
 class AssignRole(msgspec.Struct, tag=True, kw_only=True, frozen=True):
-    """Host ``role`` ("generate" or "train") for ``model``; ``options`` are the role's settings."""
+    """Host ``role`` ("generate", "score" or "train") for ``model``; ``options`` are the role's
+    settings. A score role (a reference model) answers each GenerateJob with the logprobs of
+    its ``prefix_ids`` after its ``prompt_ids`` under its weights, and generates nothing."""
 
     role: str
     model: str
@@ -155,7 +157,9 @@ class AbortJobs(msgspec.Struct, tag=True, kw_only=True, frozen=True):
 
 
 class TrainSeq(msgspec.Struct, kw_only=True, array_like=True, gc=False):  # (see _HOT)
-    """One trajectory to train on; ``loss_mask`` is 1 on policy tokens of ``response_ids``."""
+    """One trajectory to train on; ``loss_mask`` is 1 on policy tokens of ``response_ids``;
+    ``ref_logprobs`` (one per response token) are the reference model's, from a reference
+    stage, for the KL penalty (empty: the graph has none)."""
 
     job_id: int
     prompt_ids: list[int]
@@ -164,6 +168,7 @@ class TrainSeq(msgspec.Struct, kw_only=True, array_like=True, gc=False):  # (see
     versions: list[int]
     advantage: float
     loss_mask: list[int] = []
+    ref_logprobs: list[float] = []
 
 
 class TrainStep(msgspec.Struct, tag=True, kw_only=True):

@@ -71,6 +71,9 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
     from pivotflow.engines.torch.weights import load_model_folder
 
     models = Models()
+    # a reference stage on a trained model reads a frozen copy of its initial weights
+    frozen = {graph.weights_of(n): n.model for n in graph.order()
+              if n.kind == "reference" and graph.weights_of(n) != n.model}
     for spec in graph.models.values():
         path = model_dir(spec, seed, console)
         if spec.context is not None and spec.context < 2:
@@ -87,10 +90,40 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
         if spec.context is not None:  # RoPE has no learned positions: serve more (or fewer)
             hf_config["max_position_embeddings"] = spec.context
         store.publish(spec.name, 0, folder.tensors, hf_config)
+        for copy, of in frozen.items():
+            if of == spec.name:
+                store.publish(copy, 0, folder.tensors, hf_config)
         models.tokenizers[spec.name] = tok
         models.dirs[spec.name] = path
     check_chat_templates(graph, models)
+    check_reference_tokenizers(graph, models)
     return models
+
+
+def check_reference_tokenizers(graph: Graph, models: Models) -> None:
+    """A reference model that is not the policy scores the policy's token ids, so it must read
+    them as the same text: the same vocabulary, token for token, and the same stop tokens (a
+    different tokenizer would give a KL over unrelated tokens)."""
+    order = graph.order()
+    policy = next((n.model for n in order if n.kind == "generate"), None)
+    for node in order:
+        if node.kind != "reference" or policy is None or node.model == policy:
+            continue
+        ref, pol = models.tokenizers[node.model or ""], models.tokenizers[policy]
+        why = ""
+        if ref.vocab_size != pol.vocab_size:
+            why = f"{ref.vocab_size} tokens vs {pol.vocab_size}"
+        elif tuple(ref.eos_ids) != tuple(pol.eos_ids):
+            why = f"stop ids {list(ref.eos_ids)} vs {list(pol.eos_ids)}"
+        else:  # one decode of every id each: cheap even for 150k-token vocabularies
+            every = list(range(pol.vocab_size))
+            if ref.decode(every, skip_special=False) != pol.decode(every, skip_special=False):
+                why = "the same ids decode to other text"
+        if why:
+            raise GraphError(
+                f"reference {node.name!r} at {node.where}: model {node.model!r} has another "
+                f"tokenizer than the policy {policy!r} ({why}); a reference must read the "
+                "policy's token ids")
 
 
 def check_chat_templates(graph: Graph, models: Models) -> None:

@@ -213,3 +213,45 @@ def test_a_prompt_file_of_messages_widens_nothing_and_keeps_them(tmp_path: Path)
     table = src.options["table"]
     assert table.rows[0]["prompt"] == [{"role": "user", "content": "1+2="}]
     assert table.rows[1]["prompt"] == "2+2=" and table.columns == ("level",)
+
+
+def test_a_kl_penalty_needs_a_reference_stage_upstream(tmp_path: Path) -> None:
+    path = write_graph(tmp_path, GOOD.replace('pool="trainer")', 'pool="trainer", kl_coef=0.1)'))
+    with pytest.raises(GraphError) as err:
+        load_graph(path)
+    assert f"g.py:{line_of(path, 'kl_coef=0.1')}" in str(err.value)
+    assert "reads ['ref_logprobs'], which no upstream node produces" in str(err.value)
+    # with one, on its own pool: the frozen copy of the trained policy
+    with_ref = GOOD.replace('pool="trainer")', 'pool="trainer", kl_coef=0.1)').replace(
+        "g.chain(src, gen, rew, adv, tr)",
+        'g.pool("ref", workers=1)\n'
+        'ref = g.reference("reference", model="policy", pool="ref")\n'
+        "g.chain(src, gen, ref, rew, adv, tr)")
+    graph = load_graph(write_graph(tmp_path, with_ref))
+    ref_node = graph.nodes["reference"]
+    assert ref_node.writes == {"ref_logprobs"} and "ref_logprobs" in graph.nodes["train"].reads
+    assert graph.weights_of(ref_node) == "policy.ref"
+    assert graph.weights_of(graph.nodes["rollout"]) == "policy"
+
+
+def test_a_reference_on_an_untrained_model_uses_it_as_it_is() -> None:
+    g = Graph("t")
+    g.model("policy", source="builtin:policy")
+    g.model("base", source="builtin:policy")
+    g.pool("p", workers=1)
+    ref = g.reference("reference", model="base", pool="p")
+    g.train("train", model="policy", pool="p")
+    assert g.weights_of(ref) == "base"
+
+
+@pytest.mark.parametrize(("kw", "error"), [
+    ({"kl_coef": -0.1}, "kl_coef must be a number >= 0, got -0.1"),
+    ({"kl_coef": "0.1"}, "kl_coef must be a number >= 0, got '0.1'"),
+    ({"kl_coef": float("nan")}, "kl_coef must be a number >= 0, got nan"),
+    ({"kl_estimator": "k2"}, "kl_estimator must be one of ['k1', 'k3'], got 'k2'"),
+])
+def test_bad_kl_settings_name_the_stage_and_line(kw: dict, error: str) -> None:
+    g = Graph("t")
+    with pytest.raises(GraphError, match=r"train 'train' at .*test_graph\.py:\d+: ") as err:
+        g.train("train", model="policy", pool="p", **kw)
+    assert error in str(err.value)

@@ -59,6 +59,8 @@ from pivotflow.transport.base import ControllerTransport
 log = logging.getLogger("pivotflow.controller")
 
 BARRIERS = ("group", "filter", "train")  # stages that wait for a whole group
+SERVED = ("generate", "judge", "reference")  # stages whose jobs a pool's workers serve
+ROLE_OF = {"train": "train", "reference": "score"}  # a pool's worker role; others "generate"
 
 
 @dataclass(slots=True)
@@ -98,13 +100,13 @@ class Controller:
         for node in self.order:
             if node.pool:
                 pool = self.pools[node.pool]
-                pool.role = "train" if node.kind == "train" else "generate"
-                pool.model = node.model or ""
+                pool.role = ROLE_OF.get(node.kind, "generate")
+                pool.model = graph.weights_of(node)
         self.workers = {w: WorkerHandle(w, name) for w, name in assignments.items()}
         for w, name in assignments.items():
             self.pools[name].workers.append(w)
         self.edges = {i: Edge(f"{self.order[i - 1].name}->{n.name}")
-                      for i, n in enumerate(self.order) if n.kind in ("generate", "judge")}
+                      for i, n in enumerate(self.order) if n.kind in SERVED}
         self.barriers: dict[int, dict[int, list[Sample]]] = {
             i: {} for i, n in enumerate(self.order) if n.kind in BARRIERS}
         self.train_buffer = TrainBuffer(source.groups_per_step, cfg.max_staleness,
@@ -323,7 +325,7 @@ class Controller:
             return  # its group was skipped (a stage function failed, on_error=skip)
         while True:
             node = self.order[idx]
-            if node.kind in ("generate", "judge"):
+            if node.kind in SERVED:
                 self.edges[idx].push(sample, now)
                 return
             if node.kind == "map":
@@ -426,6 +428,8 @@ class Controller:
                     job = stages.generate_job(node, sample, job_id, tok, self.version)
                     if turns:
                         job = self.tools.job(idx, job, sample)
+                elif node.kind == "reference":
+                    job = stages.reference_job(sample, job_id)
                 else:
                     ran, job = user_code.guard(self, stages.judge_job, node, sample, job_id, tok)
                     if not ran:
@@ -486,6 +490,8 @@ class Controller:
         elif node.kind == "generate":
             stages.apply_generation(sample, r, tok)
             self.source.check(sample)
+        elif node.kind == "reference":
+            stages.apply_reference(node, sample, r)
         else:
             ran, judged = user_code.guard(self, stages.apply_verdict, node, sample, r, tok)
             if ran and not judged:

@@ -33,6 +33,6 @@ class Pool:
     """A named set of workers hosting one role for one model."""
 
     name: str
-    role: str  # "generate" | "train"
+    role: str  # "generate" | "score" (a reference model) | "train"
     model: str
     workers: list[str] = field(default_factory=list)

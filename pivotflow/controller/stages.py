@@ -72,6 +72,27 @@ def judge_job(node: Node, sample: Sample, job_id: int, tok: Tokenizer) -> Genera
     )
 
 
+def reference_job(sample: Sample, job_id: int) -> GenerateJob:
+    """The job that asks a reference model (a score role) for the logprobs of ``sample``'s
+    response after its prompt. A score has no partial state: one aborted by a shift is sent
+    again whole."""
+    sample.private.pop(PARTIAL, None)
+    f = sample.fields
+    return GenerateJob(job_id=job_id, prompt_ids=f["prompt_ids"], max_tokens=0,
+                       prefix_ids=f["response_ids"])
+
+
+def apply_reference(node: Node, sample: Sample, result: JobDone) -> None:
+    """Write the reference logprobs; a score the role refused (a response it cannot read) is
+    the run's error, named by stage and sample: the KL penalty cannot go without it."""
+    if result.error or len(result.logprobs) != len(sample.fields["response_ids"]):
+        why = result.error or (f"{len(result.logprobs)} logprobs for "
+                               f"{len(sample.fields['response_ids'])} response tokens")
+        raise GraphError(f"reference {node.name!r} at {node.where} on sample "
+                         f"{sample.sample_id}: {why}")
+    sample.fields["ref_logprobs"] = result.logprobs
+
+
 def apply_generation(sample: Sample, result: JobDone, tok: Tokenizer) -> None:
     """Write a finished rollout into the sample's fields."""
     text = tok.decode(result.token_ids)
@@ -166,4 +187,4 @@ def train_seq(sample: Sample) -> TrainSeq:
     return TrainSeq(job_id=sample.sample_id, prompt_ids=f["prompt_ids"],
                     response_ids=f["response_ids"], logprobs=f["logprobs"],
                     versions=f["versions"], advantage=float(f["advantage"]),
-                    loss_mask=f.get("loss_mask") or [])
+                    loss_mask=f.get("loss_mask") or [], ref_logprobs=f.get("ref_logprobs") or [])

@@ -61,6 +61,9 @@ class TrainLike(Role, Protocol):
     def train(self, msg: TrainStep) -> TrainDone: ...
 
 
+# roles that serve GenerateJobs (GenerateLike): an engine that generates, a reference that scores
+SERVING = ("generate", "score")
+
 # (role name, store, model, options) -> the loaded role; raises WorkerError for an unknown role
 RoleFactory = Callable[[str, ParamStore, str, dict[str, Any]], Role]
 
@@ -78,7 +81,11 @@ def load_role(role: str, store: ParamStore, model: str, options: dict[str, Any])
         from pivotflow.worker.train_role import TrainRole
 
         return TrainRole(store, model, options)
-    raise WorkerError(f"unknown role {role!r} (expected 'generate' or 'train')")
+    if role == "score":
+        from pivotflow.worker.score_role import ScoreRole
+
+        return ScoreRole(store, model, options)
+    raise WorkerError(f"unknown role {role!r} (expected one of {', '.join(SERVING + ('train',))})")
 
 
 class RoleHost:
@@ -95,7 +102,7 @@ class RoleHost:
 
     def handle(self, msg: ToWorker) -> list[ToController]:
         """Act on one message; returns what to send. Raises WorkerError for a message this
-        role cannot take (jobs without a generate role, a train step without the train
+        role cannot take (jobs without a generate or score role, a train step without the train
         role), and whatever the role raises."""
         match msg:
             case Jobs(jobs=jobs):
@@ -104,7 +111,7 @@ class RoleHost:
             case TrainStep():
                 return [self._trainer().train(msg)]
             case AbortJobs(job_ids=ids):
-                if self.role_name != "generate":
+                if self.role_name not in SERVING:
                     return []  # nothing runs that an abort could stop
                 return [JobsDone(results=self._generator("an abort").abort(list(ids)))]
             case AssignRole():
@@ -114,8 +121,8 @@ class RoleHost:
                 return []
 
     def has_work(self) -> bool:
-        """Whether an engine step would do anything (a generate role with jobs in flight)."""
-        return self.role_name == "generate" and self._generator("a step").has_work()
+        """Whether an engine step would do anything (a generate or score role with jobs out)."""
+        return self.role_name in SERVING and self._generator("a step").has_work()
 
     def step(self) -> list[ToController]:
         """One engine step; the jobs it finished, in frames of ``results_per_frame``."""
@@ -142,9 +149,9 @@ class RoleHost:
                          warmup_s=self.role.warmup_s)
 
     def _generator(self, what: str) -> GenerateLike:
-        if self.role_name != "generate":
-            raise WorkerError(f"worker {self.worker_id} got {what} without a generate role "
-                              f"(it holds {self.role_name or 'no role'})")
+        if self.role_name not in SERVING:
+            raise WorkerError(f"worker {self.worker_id} got {what} without a generate or score "
+                              f"role (it holds {self.role_name or 'no role'})")
         return self.role  # type: ignore[return-value]
 
     def _trainer(self) -> TrainLike:

@@ -37,7 +37,8 @@ OPTIM_WAIT_S = 30.0  # a leaving trainer publishes its optimizer state while it 
 
 
 def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """Right-padded prompt+response ids, with response-token positions and their old logprobs.
+    """Right-padded prompt+response ids, with response-token positions and their old logprobs
+    (and the reference model's, ``ref``, when every sequence carries them).
 
     Position ``p`` of ``logits`` predicts token ``p + 1``, so the response token at index ``j``
     (absolute position ``len(prompt) + j``) is scored by logits at ``len(prompt) + j - 1``.
@@ -50,6 +51,7 @@ def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
     gather = torch.zeros(b, resp, dtype=torch.long)  # logit position of each response token
     targets = torch.zeros(b, resp, dtype=torch.long)
     old = torch.zeros(b, resp)
+    ref = torch.zeros(b, resp) if all(s.ref_logprobs for s in seqs) else None
     mask = torch.zeros(b, resp)
     for i, s in enumerate(seqs):
         p, r = len(s.prompt_ids), len(s.response_ids)
@@ -58,11 +60,24 @@ def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
         gather[i, :r] = torch.arange(p - 1, p + r - 1)
         targets[i, :r] = torch.tensor(s.response_ids, dtype=torch.long)
         old[i, :r] = torch.tensor(s.logprobs)
+        if ref is not None:
+            ref[i, :r] = torch.tensor(s.ref_logprobs)
         lm = s.loss_mask if s.loss_mask else [1] * r
         mask[i, :r] = torch.tensor(lm, dtype=torch.float32)
     adv = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
-    return {"ids": ids, "attn": attn, "gather": gather, "targets": targets, "old": old,
-            "mask": mask, "adv": adv}
+    out = {"ids": ids, "attn": attn, "gather": gather, "targets": targets, "old": old,
+           "mask": mask, "adv": adv}
+    if ref is not None:
+        out["ref"] = ref
+    return out
+
+
+def response_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """log p(response token) under ``model`` for a ``pack``ed batch: ``[B, T]`` float32 (the
+    trainer's forward, and the reference role's, so both score a token the same way)."""
+    logits = model(batch["ids"], attention_mask=batch["attn"])
+    pos = batch["gather"].unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+    return token_logprobs(logits.gather(1, pos), batch["targets"])
 
 
 def micro_batches(seqs: list[TrainSeq], budget: int) -> list[list[TrainSeq]]:
@@ -111,6 +126,9 @@ class TrainRole:
         self.model = build_model(self.config, tensors, self.device, master).train()
         self.model.requires_grad_(True)
         self.opts = options
+        # GRPO's beta: the KL penalty against the reference role's logprobs (graph.train's
+        # kl_coef; 0 still reports kl_ref when the samples carry reference logprobs)
+        self.kl_coef = float(options.get("kl_coef", 0.0))
         t_optim = time.perf_counter()
         self.optim = torch.optim.AdamW(self.model.parameters(), lr=float(options.get("lr", 3e-4)),
                                        betas=(0.9, 0.99), weight_decay=0.0)
@@ -135,13 +153,13 @@ class TrainRole:
         for part in micro_batches(msg.seqs, budget):
             batch = {k: v.to(self.device) for k, v in pack(part).items()}
             with self._compute():
-                logits = self.model(batch["ids"], attention_mask=batch["attn"])
-            pos = batch["gather"].unsqueeze(-1).expand(-1, -1, logits.shape[-1])
-            logp = token_logprobs(logits.gather(1, pos), batch["targets"])
+                logp = response_logprobs(self.model, batch)
             loss, stats = policy_loss(
                 logp, batch["old"], batch["adv"], batch["mask"],
                 clip_eps=float(self.opts.get("clip_eps", 0.2)),
                 aggregation=aggregation,  # type: ignore[arg-type]
+                ref_logprobs=batch.get("ref"), kl_coef=self.kl_coef,
+                kl_estimator=str(self.opts.get("kl_estimator", "k3")),  # type: ignore[arg-type]
             )
             weight = batch_weight(aggregation, batch["mask"], total_tokens, total_seqs)
             # A batch whose advantages are all zero carries no signal; stepping Adam on it

@@ -1,0 +1,112 @@
+"""The score role: a frozen reference model that scores responses instead of generating them.
+
+A reference stage (``Graph.reference``) sends each sample as a GenerateJob whose ``prompt_ids``
+are the prompt and ``prefix_ids`` the response; the role answers with the log-probability of
+every response token under its weights (``logprobs``, one per token, ``token_ids`` empty,
+``finish_reason`` "scored"). The trainer turns those into the KL penalty (GRPO's beta term).
+
+It runs the trainer's own forward (``train_role.pack`` and ``response_logprobs``), in
+inference mode, so a token is scored exactly as the trainer scores it: at step 0, when the
+policy still is the reference, the KL the trainer reports is zero up to float rounding. It is
+a pool's role like any other, so the planner can shift workers to and from it; its weights are
+one version that never changes (the run publishes the policy's initial weights under
+``<model>.ref``). ``micro_batch_tokens`` bounds one forward pass as it does the trainer's; one
+``step`` runs one such pass, so an abort waits for at most one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+import torch
+
+from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve_dtype
+from pivotflow.params.base import ParamStore
+from pivotflow.protocol import GenerateJob, JobDone, TrainSeq
+from pivotflow.worker.train_role import micro_batches, pack, response_logprobs
+
+SCORED = "scored"  # the finish_reason of a scored job
+
+
+class ScoreRole:
+    """Queued jobs scored a micro-batch per step; the GenerateLike interface of host.py."""
+
+    def __init__(self, store: ParamStore, model: str, options: dict) -> None:
+        t0 = time.perf_counter()
+        self._version, hf_config, tensors = store.load(model)
+        where = f"config of {model}@v{self._version} (parameter store {store.root})"
+        self.config = config_from_hf(hf_config, where)
+        self.device = torch.device(str(options.get("device", "cpu")))
+        dtype = resolve_dtype(hf_config, str(options.get("dtype", "auto")), where)
+        t_build = time.perf_counter()
+        self.model = build_model(self.config, tensors, self.device, dtype)
+        self.budget = int(options.get("micro_batch_tokens", 4096))
+        self.queue: OrderedDict[int, tuple[GenerateJob, float]] = OrderedDict()
+        self.warmup_s = time.perf_counter() - t_build
+        self.load_s = time.perf_counter() - t0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def add(self, jobs: list[GenerateJob]) -> list[JobDone]:
+        """Queue jobs; returns at once those that cannot be scored (with their error)."""
+        now = time.perf_counter()
+        rejected = []
+        for j in jobs:
+            problem = self._problem(j)
+            if problem:
+                rejected.append(JobDone(job_id=j.job_id, token_ids=[], logprobs=[], versions=[],
+                                        finish_reason="error", error=problem))
+            else:
+                self.queue[j.job_id] = (j, now)
+        return rejected
+
+    def _problem(self, j: GenerateJob) -> str:
+        ids = j.prompt_ids + j.prefix_ids
+        if not j.prompt_ids or not j.prefix_ids:
+            return (f"job {j.job_id}: a reference score needs a prompt and a response "
+                    f"(got {len(j.prompt_ids)} and {len(j.prefix_ids)} tokens)")
+        if len(ids) > self.config.max_position_embeddings:
+            return (f"job {j.job_id}: {len(ids)} tokens exceed the reference model's "
+                    f"max_position_embeddings {self.config.max_position_embeddings}")
+        bad = next((t for t in ids if not 0 <= t < self.config.vocab_size), None)
+        if bad is not None:
+            return (f"job {j.job_id}: token id {bad} is outside the reference model's "
+                    f"vocabulary (vocab_size {self.config.vocab_size})")
+        return ""
+
+    def has_work(self) -> bool:
+        return bool(self.queue)
+
+    def step(self) -> list[JobDone]:
+        """Score the first micro-batch of the queue (by length, as the trainer cuts them)."""
+        seqs = [TrainSeq(job_id=j.job_id, prompt_ids=j.prompt_ids, response_ids=j.prefix_ids,
+                         logprobs=[0.0] * len(j.prefix_ids), versions=[], advantage=0.0)
+                for j, _ in self.queue.values()]
+        part = micro_batches(seqs, self.budget)[0]
+        batch = {k: v.to(self.device) for k, v in pack(part).items()}
+        with torch.inference_mode():
+            logp = response_logprobs(self.model, batch).cpu()
+        now = time.perf_counter()
+        out = []
+        for i, s in enumerate(part):
+            _, arrived = self.queue.pop(s.job_id)
+            n = len(s.response_ids)
+            out.append(JobDone(job_id=s.job_id, token_ids=[], logprobs=logp[i, :n].tolist(),
+                               versions=[self._version] * n, finish_reason=SCORED,
+                               worker_s=now - arrived))
+        return out
+
+    def abort(self, job_ids: list[int]) -> list[JobDone]:
+        """Drop queued jobs (all when empty); a score has no partial state to carry."""
+        ids = list(self.queue) if not job_ids else [j for j in job_ids if j in self.queue]
+        for j in ids:
+            del self.queue[j]
+        return [JobDone(job_id=j, token_ids=[], logprobs=[], versions=[], finish_reason="abort")
+                for j in ids]
+
+    def release(self) -> None:
+        self.queue.clear()
+        del self.model
