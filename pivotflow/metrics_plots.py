@@ -2,6 +2,8 @@
 
 * ``reward_accuracy.png``: reward mean and task accuracy per step, each raw (thin, dots) with a
   smoothed line beside it (an exponential moving average, debiased at the start).
+* ``kl_ref.png`` (only when the graph has a reference stage): the KL to the reference model
+  per step (``train_kl_ref``), raw and smoothed, as reward is.
 * ``pools_queues.png``: workers per pool, queue depth per edge and (from flow.jsonl) jobs in
   flight per stage over time, each shift marked by a dashed line. The queues come from
   flow.jsonl's samples over time when the run has one (``pivotflow.flow_samples``), else from
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 
 REWARD_ACCURACY_PNG = "reward_accuracy.png"
 POOLS_QUEUES_PNG = "pools_queues.png"
+KL_REF_PNG = "kl_ref.png"
 POOL_OFFSET = 0.1  # workers between pool lines of the same size (less than the integer ticks)
 RESUME_STYLE = {"color": "tab:red", "linestyle": ":", "linewidth": 1.2}
 
@@ -253,6 +256,23 @@ def _reward_accuracy(records: list[dict[str, Any]], path: Path,
     _save(fig, path)
 
 
+def _kl_ref(records: list[dict[str, Any]], path: Path, resumes: list[tuple[int, float]]) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    _raw_and_smoothed(ax, [_num(r.get("step")) for r in records],
+                      [_num(r.get("train_kl_ref")) for r in records], "KL to the reference",
+                      "tab:purple", smoothing_span(len(records)))
+    _mark_resumes(ax, [float(s) for s, _ in resumes])
+    ax.set_xlabel("step")
+    ax.set_ylabel("KL(policy || reference), nats per token")
+    ax.legend(loc="best", fontsize="small")
+    ax.set_title("KL to the reference model per step")
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+
+
 def _pool_label(name: str, values: list[float]) -> str:
     lo, hi = int(min(values)), int(max(values))
     count = f"{lo}" if lo == hi else f"{lo}-{hi}"
@@ -344,6 +364,9 @@ def make_plots(
         written.append(out / REWARD_ACCURACY_PNG)
         _pools_queues(records, out / POOLS_QUEUES_PNG, resumes, flow)
         written.append(out / POOLS_QUEUES_PNG)
+        if any("train_kl_ref" in r for r in records):
+            _kl_ref(records, out / KL_REF_PNG, resumes)
+            written.append(out / KL_REF_PNG)
     except Exception as e:  # plots are a courtesy; a broken plot must not fail a finished run
         log.warning("plotting from %s failed after %d file(s): %s", metrics_path, len(written), e)
     return written

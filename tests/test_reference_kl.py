@@ -72,6 +72,8 @@ def test_the_kl_is_against_a_frozen_copy_on_a_pool_that_shifts(
     for s in steps[1:]:
         assert s["train_kl_ref"] > 1e-4, s
         assert s["train_kl_loss"] == pytest.approx(s["train_kl_ref"])  # token-mean, one batch
+    png = (result.out / "plots" / "kl_ref.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 1000
     shifts = [json.loads(line) for line in (result.out / "shifts.jsonl").read_text().splitlines()]
     assert {("reference", "trainer"), ("trainer", "reference")} <= {(s["from"], s["to"])
                                                                     for s in shifts}
