@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 
 import pytest
@@ -48,11 +47,12 @@ def test_corruption_is_named(tmp_path: Path, damage, match: str,  # type: ignore
 
 
 @pytest.mark.slow
-# Two quick bootstraps (build, then rebuild after damage) train both tiny models each time: 220 s
-# on a slow sitting of this 2-core machine (2026-12-02), near the suite's 300 s hang guard.
+# One quick bootstrap trains both tiny models: 110-170 s on this 2-core machine (2026-12-02; the
+# test once built twice, to rebuild after damage, and took 296-345 s: that path is the next
+# test's, on the shipped models, which need no training)
 @pytest.mark.timeout(900)
-def test_quick_bootstrap_builds_once_reuses_and_rebuilds(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_quick_bootstrap_builds_once_and_reuses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIVOTFLOW_CACHE", str(tmp_path))
     torch.set_num_threads(1)
     policy, judge = ensure_models(seed=0, quick=True, progress=False)
@@ -60,11 +60,21 @@ def test_quick_bootstrap_builds_once_reuses_and_rebuilds(
     assert figures["judge"]["verdict_accuracy"] >= 0.6  # the quick variant's looser target
     assert 0.05 <= figures["policy"]["sampled_accuracy"] <= 0.95
     stamp = (policy / "model.safetensors").stat().st_mtime_ns
-    t0 = time.monotonic()
     assert ensure_models(seed=0, quick=True, progress=False) == (policy, judge)
-    assert time.monotonic() - t0 < 5 and (policy / "model.safetensors").stat().st_mtime_ns == stamp
+    assert (policy / "model.safetensors").stat().st_mtime_ns == stamp  # not built again
+    check_models(models_dir(0, quick=True))
+
+
+def test_a_damaged_cache_is_named_and_rebuilt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from pivotflow.tasks.cache import shipped_dir
+
+    monkeypatch.setenv("PIVOTFLOW_CACHE", str(tmp_path))
+    policy, judge = ensure_models(seed=0, progress=False)  # seed 0: a copy of the shipped ones
+    shipped = _digest(shipped_dir(0) / "judge" / "model.safetensors")
     (judge / "model.safetensors").write_bytes(b"truncated")
     with caplog.at_level(logging.WARNING, logger="pivotflow.cache"):
-        ensure_models(seed=0, quick=True, progress=False)
-    assert "does not match its recorded hash; rebuilding" in caplog.text
-    check_models(models_dir(0, quick=True))
+        assert ensure_models(seed=0, progress=False) == (policy, judge)
+    assert "judge/model.safetensors does not match its recorded hash; rebuilding" in caplog.text
+    check_models(models_dir(0))
+    assert _digest(judge / "model.safetensors") == shipped
