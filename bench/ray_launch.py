@@ -131,6 +131,24 @@ def recovery(out: Path, sets: list[str], act: Any, steps: int) -> dict[str, Any]
                if stores else {})}
 
 
+def remove_a_node(cluster: Any) -> None:
+    """Remove the node that holds the first bundle of the run's placement group."""
+    import ray
+
+    [group] = [g for g in ray.util.placement_group_table().values()
+               if g["state"] == "CREATED" and g["name"].startswith("pivotflow-")]
+    node = group["bundles_to_node_id"][0]
+    [victim] = [n for n in cluster.list_all_nodes() if n.node_id == node]
+    cluster.remove_node(victim)
+
+
+def node_loss_run(cluster: Any, out: Path, steps: int) -> dict[str, Any]:
+    """graphs/grpo_rule.py on ``cluster`` (SPREAD), a node removed after step 2: what
+    ``recovery`` reports (the cluster keeps one node less)."""
+    return recovery(out, ["launcher=ray", "ray.strategy=SPREAD"],
+                    lambda: remove_a_node(cluster), steps)
+
+
 def kill_local_worker(worker_id: str) -> None:
     """SIGKILL this process's worker child ``worker_id`` (found through /proc)."""
     me = str(os.getpid())
@@ -173,16 +191,8 @@ def main() -> None:
     on_ray["place_s"] = placed["place_s"]
     on_ray["nodes_used"] = placed["nodes_used"]
 
-    def remove_a_node() -> None:
-        [group] = [g for g in ray.util.placement_group_table().values()
-                   if g["state"] == "CREATED" and g["name"].startswith("pivotflow-")]
-        node = group["bundles_to_node_id"][0]
-        [victim] = [n for n in cluster.list_all_nodes() if n.node_id == node]
-        cluster.remove_node(victim)
-
     tmp = Path(tempfile.mkdtemp(prefix="pivotflow-bench-ray-"))
-    node_loss = recovery(tmp / "ray", ["launcher=ray", "ray.strategy=SPREAD"], remove_a_node,
-                         args.steps)
+    node_loss = node_loss_run(cluster, tmp / "ray", args.steps)
     ray.shutdown()
     cluster.shutdown()
     process_kill = recovery(tmp / "local", [], lambda: kill_local_worker("w0-rollout"),

@@ -56,15 +56,11 @@ def node(rank: int, root: str, port: int, params: int, chunk: int, repeats: int,
         out.put((rank, time.perf_counter() - t0))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--params", type=int, default=100_000_000)
-    ap.add_argument("--chunk-mb", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
-    nbytes = args.params * 4
-    src = torch.randn(args.params)
+def measure(params: int = 100_000_000, chunk_mb: int = 64, repeats: int = 2) -> dict:
+    """A ``params``-parameter fp32 version sent between two stores (the best of ``repeats``),
+    and the best of 3 local copies of the same bytes: the JSON ``main`` prints."""
+    nbytes = params * 4
+    src = torch.randn(params)
     dst = torch.empty_like(src)
     memcpy = []
     for _ in range(3):
@@ -77,25 +73,34 @@ def main() -> None:
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
         port = free_port()
-        procs = [ctx.Process(target=node, args=(r, roots[r], port, args.params,
-                                                args.chunk_mb << 20, args.repeats, q))
+        procs = [ctx.Process(target=node, args=(r, roots[r], port, params, chunk_mb << 20,
+                                                repeats, q))
                  for r in (0, 1)]
         for p in procs:
             p.start()
-        times = [q.get(timeout=600) for _ in range(2 * args.repeats)]
+        times = [q.get(timeout=600) for _ in range(2 * repeats)]
         for p in procs:
             p.join(60)
     finally:
         for root in roots:
             shutil.rmtree(root, ignore_errors=True)
     sync_s = min(t for rank, t in times if rank == 1)
-    result = {"bench": "store_sync", "params": args.params, "bytes": nbytes,
-              "chunk_mb": args.chunk_mb, "transport": "gloo over loopback TCP",
-              "sync_s": round(sync_s, 3), "sync_gb_s": round(nbytes / sync_s / 1e9, 3),
-              "memcpy_s": round(min(memcpy), 3),
-              "memcpy_gb_s": round(nbytes / min(memcpy) / 1e9, 3),
-              "sync_over_memcpy": round(sync_s / min(memcpy), 1)}
-    line = json.dumps(result)
+    return {"bench": "store_sync", "params": params, "bytes": nbytes,
+            "chunk_mb": chunk_mb, "transport": "gloo over loopback TCP",
+            "sync_s": round(sync_s, 3), "sync_gb_s": round(nbytes / sync_s / 1e9, 3),
+            "memcpy_s": round(min(memcpy), 3),
+            "memcpy_gb_s": round(nbytes / min(memcpy) / 1e9, 3),
+            "sync_over_memcpy": round(sync_s / min(memcpy), 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--params", type=int, default=100_000_000)
+    ap.add_argument("--chunk-mb", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    line = json.dumps(measure(args.params, args.chunk_mb, args.repeats))
     if args.out:
         args.out.write_text(line + "\n")
     print(line)
