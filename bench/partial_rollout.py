@@ -37,10 +37,12 @@ def run(wl: Any, split: Split, planner: str, steps: int, partial: bool,
     recs = res.records[1:] or res.records  # the first step fills the pipeline
     tokens = [r["samples"] * r["response_len_mean"] for r in recs]
     stale = sum(t * r["stale_token_share"] for t, r in zip(tokens, recs, strict=True))
+    carried = sum(t * r["carried_token_share"] for t, r in zip(tokens, recs, strict=True))
     last = res.records[-1] if res.records else {}
     return {"samples_per_s": round(res.samples_per_s, 3), "sim_s": round(res.sim_s, 1),
             "wall_s": round(res.wall_s, 1), "timed_out": res.timed_out,
             "stale_token_share": round(stale / max(sum(tokens), 1e-9), 4),
+            "carried_token_share": round(carried / max(sum(tokens), 1e-9), 4),
             "staleness_max": max(r["staleness_max"] for r in recs),
             "carried_over": last.get("carried_over", 0),
             "groups_refused": last.get("groups_refused", 0),

@@ -473,6 +473,8 @@ class Controller:
             sample.private[stages.COUNTED] = len(r.token_ids)
             self.edges[idx].push(sample, now, front=True)
             carried = self.partial is not None and self.partial.came_back(r.job_id)
+            if carried:
+                sample.private[stages.CARRIED] = len(r.token_ids)
             if r.job_id in self._ckpt_pending:
                 self.checkpoint_job_back(r.job_id)
             elif not carried:

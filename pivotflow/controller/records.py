@@ -5,6 +5,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import TYPE_CHECKING, Any
 
+from pivotflow.controller import stages
 from pivotflow.controller.sample import Sample
 from pivotflow.protocol import TrainDone
 
@@ -53,13 +54,18 @@ def step_record(ctl: Controller, batch: list[list[Sample]], msg: TrainDone) -> d
 
 def partial_figures(ctl: Controller, samples: list[Sample], policy: int) -> dict[str, Any]:
     """The share of this step's trained tokens sampled from a version older than the one it
-    trains (``policy``), and, with partial rollouts on, the run's carry-overs and refusals."""
-    tokens = old = 0
+    trains (``policy``; with max_staleness >= 1 most are, carried over or not: the rollout
+    runs a version ahead of the trainer), the share generated before a step boundary cut their
+    response and carried it over (0 without partial rollouts), and, with partial rollouts on,
+    the run's carry-overs and refusals."""
+    tokens = old = carried = 0
     for s in samples:
         versions = s.fields["versions"] or []
         tokens += len(versions)
         old += bisect_left(versions, policy)  # non-decreasing along a sequence
-    out: dict[str, Any] = {"stale_token_share": old / tokens if tokens else 0.0}
+        carried += s.private.get(stages.CARRIED, 0)
+    out: dict[str, Any] = {"stale_token_share": old / tokens if tokens else 0.0,
+                           "carried_token_share": carried / tokens if tokens else 0.0}
     if ctl.partial is not None:
         out.update(carried_over=ctl.partial.carried_over,
                    groups_refused=ctl.partial.groups_refused,

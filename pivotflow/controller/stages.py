@@ -19,6 +19,9 @@ from pivotflow.tokenizer.base import Tokenizer
 
 PARTIAL = "_partial"  # private key of an aborted job's partial state, consumed on re-dispatch
 COUNTED = "_counted"  # private key: tokens of that partial state already counted as generated
+# private key: the tokens a response held when a step boundary last cut it (partial rollouts),
+# all generated before that boundary and carried over to continue on newer weights
+CARRIED = "_carried"
 
 
 def generate_job(node: Node, sample: Sample, job_id: int, tok: Tokenizer,

@@ -125,6 +125,9 @@ async def test_carried_over_generations_resume_on_the_newer_policy_exactly_once(
     # carried over: older tokens keep their version, the rest come from the newer policy
     assert any(q.versions[0] < q.versions[-1] for q in seqs)
     assert any(r["stale_token_share"] > 0 for r in h.records)
+    # tokens carried over a boundary came from weights older than any step after it trains
+    assert any(r["carried_token_share"] > 0 for r in h.records)
+    assert all(r["carried_token_share"] <= r["stale_token_share"] for r in h.records)
 
 
 async def test_a_group_holding_tokens_too_old_is_generated_again() -> None:

@@ -38,6 +38,8 @@ async def test_backpressure_planner_moves_workers_to_the_backlog() -> None:
                 or "no worker" in d["reason"] or "batch ready" in d["reason"]), d
     assert h.ctl.ledger.groups_trained == 16 and h.ctl.lost_groups() == []
     assert h.records[-1]["shifts"] == h.ctl.shifts.count > 0
+    # migrations are not carry-overs: without partial rollouts nothing is carried
+    assert all(r["carried_token_share"] == 0.0 for r in h.records)
 
 
 async def run_with_shifts(seed: int, steps: int = 6) -> tuple[Harness, list[TokenWorker]]:
