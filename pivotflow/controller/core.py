@@ -536,5 +536,5 @@ class Controller:
         return lost_groups(self)
 
     def step_record(self, batch: list[list[Sample]], msg: TrainDone) -> dict[str, Any]:
-        """The metrics.jsonl line of one optimizer step (keys are an interface: DESIGN.md)."""
+        """The metrics.jsonl line of one optimizer step (keys are an interface: docs/records.md)."""
         return step_record(self, batch, msg)
