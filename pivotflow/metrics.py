@@ -1,6 +1,6 @@
 """Run records: what every run leaves under its ``--out`` folder, and rate meters.
 
-Files (key names are an interface; see DESIGN.md "Run records"):
+Files (key names are an interface; see docs/records.md):
 
 * ``config.json``: the resolved configuration.
 * ``metrics.jsonl``: one ``StepRecord`` per optimizer step, one JSON object per line.
