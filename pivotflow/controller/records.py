@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def step_record(ctl: Controller, batch: list[list[Sample]], msg: TrainDone) -> dict[str, Any]:
-    """The metrics.jsonl line of one optimizer step (keys listed in docs/records.md, extras after)."""
+    """The metrics.jsonl line of one optimizer step (keys in docs/records.md, extras after)."""
     samples = [s for g in batch for s in g]
     rewards = [r for s in samples if (r := s.fields.get("reward")) is not None]
     correct = [s.fields["correct"] for s in samples if s.fields.get("correct") is not None]
