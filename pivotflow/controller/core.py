@@ -2,7 +2,7 @@
 
 It owns the edges, the pools, the ledger and the transport's handler; it does no model math.
 Every event (a result, a finished train step, a worker joining) runs to completion on the loop
-and then ``_pump`` moves whatever can move: admit prompts, dispatch ready samples, start a
+and then ``pump`` moves whatever can move: admit prompts, dispatch ready samples, start a
 train step. Time comes from the injected clock, messages from the injected transport.
 """
 
@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import statistics
-from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from pivotflow import defaults
 from pivotflow.controller import stages, user_code
 from pivotflow.controller.clock import Clock
 from pivotflow.controller.edges import Edge
+from pivotflow.controller.jobs import JobTable
 from pivotflow.controller.partial import PartialRollouts
 from pivotflow.controller.planning import planner_view
 from pivotflow.controller.pools import Pool, WorkerHandle
@@ -116,10 +116,7 @@ class Controller:
         if self.partial is not None:
             source.extra = self.partial.extra_groups(cfg.over_sample)
         self.ledger = Ledger()
-        self.jobs: dict[int, tuple[Sample, int, str, float]] = {}  # sample, stage, worker, sent
-        self.job_rtt_s: dict[int, deque[float]] = {i: deque(maxlen=4096) for i in self.edges}
-        self.job_worker_s: dict[int, deque[float]] = {i: deque(maxlen=4096) for i in self.edges}
-        self.next_job = 0
+        self.jobs = JobTable({i: self.order[i].pool or "" for i in self.edges}, self.pools)
         self.version = 0
         self.training = TrainSteps(self, self.order[-1].pool or "", store_dir)
         self.tokens_generated = 0
@@ -127,11 +124,6 @@ class Controller:
         self.recovery = Recovery(self, respawn, cfg.max_worker_restarts)
         self.planner: Planner = planner or StaticPlanner()
         self.decisions: list[dict[str, Any]] = []
-        self.inflight: dict[int, int] = dict.fromkeys(self.edges, 0)  # stage -> jobs out
-        self.pool_done: dict[str, int] = dict.fromkeys(self.pools, 0)
-        self.pool_busy_s: dict[str, float] = dict.fromkeys(self.pools, 0.0)
-        self.busy_since: dict[str, tuple[str, float]] = {}  # worker -> (pool, since)
-        self._shifts_reported = 0
         self._ckpt_pending: set[int] = set()
         self._ckpt_write: Callable[[], None] | None = None
         self.filtered_since_step = 0
@@ -230,13 +222,13 @@ class Controller:
             log.info("planner %s: %s %s -> %s (%s)", self.planner.name, move.worker,
                      move.from_pool, move.to_pool, move.reason)
         if pump:
-            self._pump()
+            self.pump()
 
     def worker_died(self, worker_id: str, reason: str) -> None:
         """A worker is gone (its process exited or it went silent): its work is re-dispatched
         and a new process replaces it (see recovery.py), or the run stops."""
         self.recovery.worker_lost(worker_id, reason)
-        self._pump()
+        self.pump()
 
     # ------------------------------------------------------------ messages
 
@@ -251,7 +243,7 @@ class Controller:
         """After a run of messages (the transport's flush): dispatch what became ready, once
         for the run rather than once per message."""
         try:
-            self._pump()
+            self.pump()
         except Exception as exc:
             log.exception("controller failed dispatching")
             self.fail(exc)
@@ -310,17 +302,25 @@ class Controller:
 
     # ------------------------------------------------------------ the flow
 
-    def _pump(self) -> None:
+    @property
+    def inflight(self) -> dict[int, int]:
+        """Stage index -> its jobs out at workers (the job table's; read-only here)."""
+        return self.jobs.inflight
+
+    def pump(self) -> None:
+        """Move whatever can move: admit prompts, dispatch ready samples to free workers, start
+        a train step (after every event; public for the parts that make samples ready)."""
         now = self.clock.now()
         for group in self.source.admit(self, now):
             for sample in group:
-                self._advance(sample, 1, now)
+                self.advance(sample, 1, now)
         for idx in self.edges:
             self._dispatch(idx, now)
         self.training.maybe_start()
 
-    def _advance(self, sample: Sample, idx: int, now: float) -> None:
-        """Move a sample to stage ``idx``: run Python stages at once, queue model stages."""
+    def advance(self, sample: Sample, idx: int, now: float) -> None:
+        """Move a sample to stage ``idx``: run Python stages at once, queue model stages (the
+        one way a part that held a sample, a tool call or a regenerated group, hands it on)."""
         if self.ledger.settled(sample.group_id):
             return  # its group was skipped (a stage function failed, on_error=skip)
         while True:
@@ -367,7 +367,7 @@ class Controller:
                 self.train_buffer.add(group)
             return
         for sample in group:
-            self._advance(sample, idx + 1, now)
+            self.advance(sample, idx + 1, now)
 
     def checkpoint_soon(self, write: Callable[[], None]) -> None:
         """Call ``write`` once every generation in flight has come back as its partial state
@@ -419,8 +419,7 @@ class Controller:
             n = min(free, len(edge), self.cfg.max_jobs_per_frame)
             jobs = []
             for sample in edge.pop_many(n, now):
-                job_id = self.next_job
-                self.next_job += 1
+                job_id = self.jobs.new_id()
                 if generate:
                     if partial and FIRST not in sample.private:
                         sample.private[FIRST] = self.version
@@ -434,35 +433,22 @@ class Controller:
                     ran, job = user_code.guard(self, stages.judge_job, node, sample, job_id, tok)
                     if not ran:
                         continue
-                self.jobs[job_id] = (sample, idx, worker.worker_id, now)
-                if not worker.jobs:
-                    self.busy_since[worker.worker_id] = (pool.name, now)
-                worker.jobs.add(job_id)
-                self.inflight[idx] += 1
+                self.jobs.sent(job_id, sample, idx, worker, now)
                 jobs.append(job)
             if jobs:  # (none when a judge template failed on each, on_error=skip)
                 self.send(worker.worker_id, Jobs(jobs=jobs))
 
     def _on_result(self, w: WorkerHandle, r: JobDone, now: float) -> None:
-        entry = self.jobs.pop(r.job_id, None)
-        if entry is None or entry[2] != w.worker_id:
+        entry = self.jobs.finished(w, r, now)
+        if entry is None:
             self.ledger.late_results += 1  # a result delivered twice, or after re-dispatch
             return
-        sample, idx, _, sent_at = entry
-        w.jobs.discard(r.job_id)
-        self.inflight[idx] -= 1
-        self.job_rtt_s[idx].append(now - sent_at)
-        if r.worker_s:
-            self.job_worker_s[idx].append(r.worker_s)
-        if not w.jobs and w.worker_id in self.busy_since:
-            busy_pool, since = self.busy_since.pop(w.worker_id)
-            self.pool_busy_s[busy_pool] += now - since
+        sample, idx = entry
         node = self.order[idx]
         aborted = r.finish_reason == "abort"
-        if not aborted:
-            self.pool_done[node.pool or ""] += 1
-            if self.shifts.active:  # (a dict lookup per result, not a call, when none runs)
-                self.shifts.on_job_finished(w.worker_id, r.job_id)
+        # (a dict lookup per result, not a call, when no shift runs)
+        if not aborted and self.shifts.active:
+            self.shifts.on_job_finished(w.worker_id, r.job_id)
         tok = self.tok[node.model or ""]
         if node.kind == "generate":
             self.tokens_generated += len(r.token_ids) - sample.private.pop(stages.COUNTED, 0)
@@ -498,7 +484,7 @@ class Controller:
             ran, judged = user_code.guard(self, stages.apply_verdict, node, sample, r, tok)
             if ran and not judged:
                 self.ledger.judge_failures += 1
-        self._advance(sample, idx + 1, now)  # (dropped there if its group was skipped)
+        self.advance(sample, idx + 1, now)  # (dropped there if its group was skipped)
         # finished before a checkpoint's abort reached it; only now is the sample somewhere a
         # snapshot sees it (the next stage), so only now may the checkpoint be written
         if self._ckpt_pending:
@@ -519,7 +505,7 @@ class Controller:
             self.partial.on_new_version(self.clock.now())
         if self.on_step is not None:
             self.on_step(self.step_record(batch, msg))
-        self._shifts_reported = len(self.shifts.done)
+        self.shifts.mark_reported()
         if self.version >= self.cfg.steps and self._done is not None:
             self._done.set()
 
@@ -527,7 +513,7 @@ class Controller:
         """Per model stage, the median time from sending a job to its result (controller's
         view: includes the worker's queueing, any weight refresh, and the engine's work), or
         with ``worker`` the median time the worker held the job (arrival to result sent)."""
-        times = self.job_worker_s if worker else self.job_rtt_s
+        times = self.jobs.worker_s if worker else self.jobs.rtt_s
         return {self.order[i].name: statistics.median(d) * 1e6 if d else None
                 for i, d in times.items()}
 

@@ -153,4 +153,4 @@ class PartialRollouts:
                                 {k: v for k, v in s.fields.items() if k in keep},
                                 private={RETRIED: True}))
         for s in fresh:
-            ctl._advance(s, 1, now)
+            ctl.advance(s, 1, now)

@@ -12,60 +12,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 from typing import TYPE_CHECKING
-from weakref import WeakKeyDictionary
 
 from pivotflow.planner.base import PlannerView, PoolView
 
 if TYPE_CHECKING:
     from pivotflow.controller.core import Controller
-    from pivotflow.controller.shifts import ShiftRecord
 
 
 SHIFT_COST_PRIOR_S = 0.1  # until the first shift is measured
 SHIFT_COST_WINDOW = 8  # the shift cost is the mean of this many last shifts
-
-
-class _LastShift:
-    """``{worker: start of its last finished shift}`` over ``ctl.shifts.done`` (append-only),
-    extended by the records added since the previous call."""
-
-    __slots__ = ("done", "seen", "last")
-
-    def __init__(self) -> None:
-        self.done: list[ShiftRecord] | None = None
-        self.seen = 0
-        self.last: dict[str, float] = {}
-
-    def update(self, ctl: Controller) -> dict[str, float]:
-        done = ctl.shifts.done
-        if done is not self.done or len(done) < self.seen:  # a new list: start over
-            self.done, self.seen, self.last = done, 0, {}
-        for r in done[self.seen:]:
-            self.last[r.worker_id] = r.started_s + ctl.started_at
-        self.seen = len(done)
-        return dict(self.last)
-
-
-_last_shift: WeakKeyDictionary[Controller, _LastShift] = WeakKeyDictionary()
-
-
-def _busy_now(ctl: Controller, now: float) -> dict[str, float]:
-    """Per pool, the busy seconds of the workers busy right now (summed in ``busy_since``
-    order, as ``sum`` over a filter of it would)."""
-    acc: dict[str, float] = {}
-    for pool, since in ctl.busy_since.values():
-        acc[pool] = acc.get(pool, 0) + (now - since)
-    return acc
-
-
-def _rate(ctl: Controller, pool: str, busy_now: dict[str, float]) -> float:
-    """Completions per busy worker-second (0 before the pool has served)."""
-    busy = _busy(ctl, pool, busy_now)
-    return ctl.pool_done[pool] / busy if busy > 0 else 0.0
-
-
-def _busy(ctl: Controller, pool: str, busy_now: dict[str, float]) -> float:
-    return ctl.pool_busy_s[pool] + busy_now.get(pool, 0)
 
 
 def _movable(ctl: Controller, pool: str) -> list[str]:
@@ -99,19 +54,20 @@ def planner_view(ctl: Controller) -> PlannerView:
     step no rate counts as measured (``measured=False``); the shift cost is the mean
     of the last 8 shifts (``SHIFT_COST_PRIOR_S`` before the first)."""
     now = ctl.clock.now()
-    busy_now = _busy_now(ctl, now)
+    jobs = ctl.jobs
+    busy_now = jobs.busy_now(now)
     pools: dict[str, PoolView] = {}
     upstream = 0
     for idx in sorted(ctl.edges):
         pool = ctl.pools[ctl.order[idx].pool or ""]
-        here = len(ctl.edges[idx]) + ctl.inflight[idx]
+        here = len(ctl.edges[idx]) + jobs.inflight[idx]
         upstream += here
         slots = max((ctl.workers[w].capacity for w in pool.workers), default=0)
         pools[pool.name] = PoolView(pool.name, _movable(ctl, pool.name), len(pool.workers),
-                                    upstream, _rate(ctl, pool.name, busy_now), "generate", here,
-                                    inflight=ctl.inflight[idx], slots=slots,
-                                    done=ctl.pool_done[pool.name],
-                                    busy_s=_busy(ctl, pool.name, busy_now))
+                                    upstream, jobs.rate(pool.name, busy_now), "generate", here,
+                                    inflight=jobs.inflight[idx], slots=slots,
+                                    done=jobs.pool_done[pool.name],
+                                    busy_s=jobs.busy(pool.name, busy_now))
     # The trainer pool: a step in flight cannot use workers that join now, so its work counts
     # only what is still to come; ``queued`` is a complete batch waiting, or the step running.
     tpool = ctl.training.pool
@@ -127,10 +83,10 @@ def planner_view(ctl: Controller) -> PlannerView:
     by_size = tuple((n, done / secs) for n, (done, secs) in sorted(ctl.training.by_size.items())
                     if secs > 0)
     pools[tpool] = PoolView(tpool, _movable(ctl, tpool), len(ctl.pools[tpool].workers),
-                            untrained, _rate(ctl, tpool, busy_now), "train", running or queued,
+                            untrained, jobs.rate(tpool, busy_now), "train", running or queued,
                             rate_by_size=by_size, batch=batch, step_running=running > 0,
                             busy_share=ctl.training.busy_share(now),
-                            done=ctl.pool_done[tpool], busy_s=_busy(ctl, tpool, busy_now))
+                            done=jobs.pool_done[tpool], busy_s=jobs.busy(tpool, busy_now))
     rates = [p.per_worker_rate for p in pools.values() if p.per_worker_rate > 0]
     # Before the first optimizer step no rate counts as measured: on a long tail only the short
     # sequences have finished, so completions per busy second read far too low (bounds of 1e5
@@ -140,7 +96,4 @@ def planner_view(ctl: Controller) -> PlannerView:
         if p.per_worker_rate == 0 or first_step:
             borrowed = p.per_worker_rate or (min(rates) if rates else 0.0)
             pools[name] = replace(p, per_worker_rate=borrowed, measured=False)
-    tracker = _last_shift.get(ctl)
-    if tracker is None:
-        tracker = _last_shift[ctl] = _LastShift()
-    return PlannerView(now, pools, _shift_cost(ctl), tracker.update(ctl), ctl.version)
+    return PlannerView(now, pools, _shift_cost(ctl), ctl.shifts.last_started(), ctl.version)

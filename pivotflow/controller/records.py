@@ -36,7 +36,7 @@ def step_record(ctl: Controller, batch: list[list[Sample]], msg: TrainDone) -> d
         "shifts": ctl.shifts.count,
         "migrations": ctl.shifts.migrations,
         "tokens_generated": ctl.tokens_generated,
-        "shift_events": [rec.as_record() for rec in ctl.shifts.done[ctl._shifts_reported:]],
+        "shift_events": [rec.as_record() for rec in ctl.shifts.unreported()],
         # a sequence's oldest token is its first: versions never decrease along it (a resumed
         # job's prefix keeps its own, new tokens come from weights at least as new), so reading
         # one entry, not all of them (a simulated long tail has thousands per sample)

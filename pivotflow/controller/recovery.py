@@ -73,17 +73,14 @@ class Recovery:
     def _requeue_jobs(self, w: WorkerHandle) -> None:
         ctl = self.ctl
         now = ctl.clock.now()
-        for job_id in sorted(w.jobs, reverse=True):  # front pushes: keep the original order
-            sample, idx, _, _ = ctl.jobs.pop(job_id)
-            ctl.inflight[idx] -= 1
+        taken = ctl.jobs.take_all(w, now)  # newest first: front pushes keep the order
+        for _, sample, idx in taken:
             if VOID not in sample.private:  # (a refused group's: generated again already)
                 ctl.edges[idx].push(sample, now, front=True)
                 self.redispatched += 1
-            ctl.checkpoint_job_back(job_id)  # a pending checkpoint stops waiting for it
-        w.jobs.clear()
-        if w.worker_id in ctl.busy_since:
-            pool, since = ctl.busy_since.pop(w.worker_id)
-            ctl.pool_busy_s[pool] += now - since
+        # only now, every sample back in a queue, may a pending checkpoint stop waiting
+        for job_id, _, _ in taken:
+            ctl.checkpoint_job_back(job_id)
 
     def _replace(self, dead: WorkerHandle) -> None:
         ctl = self.ctl

@@ -58,6 +58,8 @@ class ShiftManager:
         # the role loads that were no shift (start-up, a replacement): a floor for a shift's
         # cost before any shift is measured
         self.first_loads: list[float] = []
+        self._last_started: dict[str, float] = {}  # worker -> start of its last finished shift
+        self._reported = 0  # shifts in ``done`` that a step record has carried
 
     def shift(self, worker_id: str, to_pool: str, reason: str = "") -> ShiftRecord:
         """Move ``worker_id`` to ``to_pool``; raises ConfigError for a move it cannot make."""
@@ -113,6 +115,7 @@ class ShiftManager:
         rec.release_s, rec.load_s, rec.warmup_s = msg.release_s, msg.load_s, msg.warmup_s
         rec.total_s = self.ctl.clock.now() - self.ctl.started_at - rec.started_s
         self.done.append(rec)
+        self._last_started[worker_id] = rec.started_s + self.ctl.started_at
 
     def on_worker_lost(self, worker_id: str) -> None:
         """A shifting worker died: its shift never completes (its jobs are re-queued)."""
@@ -121,3 +124,15 @@ class ShiftManager:
     @property
     def count(self) -> int:
         return len(self.done) + len(self.active)
+
+    def last_started(self) -> dict[str, float]:
+        """``{worker: when its last finished shift started}`` (controller clock), a copy: what
+        the planner's view holds."""
+        return dict(self._last_started)
+
+    def unreported(self) -> list[ShiftRecord]:
+        """Shifts finished since the last :meth:`mark_reported` (a step record's events)."""
+        return self.done[self._reported:]
+
+    def mark_reported(self) -> None:
+        self._reported = len(self.done)

@@ -68,8 +68,8 @@ class ToolCalls:
                 ctl.edges[idx].push(sample, ctl.clock.now(), front=True)  # finish groups first
             else:  # no room left for another turn: the trajectory ends at its call
                 ctl.source.check(sample)
-                ctl._advance(sample, idx + 1, ctl.clock.now())
-            ctl._pump()
+                ctl.advance(sample, idx + 1, ctl.clock.now())
+            ctl.pump()
         except Exception as exc:  # a closed pool mid-run, a broken observation: loudly
             log.exception("tool call of sample %d failed", sample.sample_id)
             ctl.fail(exc)

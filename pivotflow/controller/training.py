@@ -134,8 +134,7 @@ class TrainSteps:
         took = ctl.clock.now() - self.started_at
         self.stepping_s += took
         done = sum(len(g) for g in batch)
-        ctl.pool_busy_s[self.pool] += took * len(self.members)
-        ctl.pool_done[self.pool] += done
+        ctl.jobs.trained(self.pool, took * len(self.members), done)
         # and per number of trainers: data parallel is far from linear on small batches
         n, secs = self.by_size.get(len(self.members), (0, 0.0))
         self.by_size[len(self.members)] = (n + done, secs + took)
