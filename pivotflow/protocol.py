@@ -30,13 +30,14 @@ class Hello(msgspec.Struct, tag=True, kw_only=True, frozen=True):
     protocol_version: int
     worker_id: str
     pid: int
-    epoch: int = 0
     # the run's token for this worker id (transport/admission.py), "" from an unlaunched peer
     token: str = ""
 
 
 class Heartbeat(msgspec.Struct, tag=True, kw_only=True, frozen=True):
-    """Sent every heartbeat interval; a worker silent for too long is declared dead."""
+    """Sent every heartbeat interval; a worker silent for too long is declared dead. ``busy``:
+    its compute thread is at work (a role loading, an engine or a train step), which the
+    controller reports (Prometheus ``workers_computing``); a busy worker still heartbeats."""
 
     worker_id: str
     busy: int = 0

@@ -103,6 +103,10 @@ def test_the_endpoint_answers_a_get_during_the_run(live_run: tuple[Path, list[st
         assert line in body, f"{line!r} not in the answer:\n{body}"
     version = float(body.split("\npivotflow_policy_version ")[1].split("\n")[0])
     assert 1 <= version <= STEPS
+    # from the workers' heartbeats: at most the pool's one worker computes
+    for pool in ("rollout", "trainer"):
+        line = f'pivotflow_workers_computing{{pool="{pool}"}} '
+        assert float(body.split(line)[1].split("\n")[0]) in (0.0, 1.0), body
     assert answers[-1][0] == 404  # another path
     summary = json.loads((out / "summary.json").read_text())
     assert summary["metrics_requests"] >= 1 and summary["steps"] == STEPS

@@ -264,9 +264,10 @@ class Controller:
                     self._on_result(w, r, now)
             case TrainDone():
                 self._on_train_done(w, msg)
-            case Heartbeat():
-                pass
-            case Hello(protocol_version=pv):
+            case Heartbeat(busy=busy):
+                w.computing = busy > 0
+            case Hello(protocol_version=pv, pid=pid):
+                log.info("worker %s (pid %d) said hello", worker_id, pid)
                 self._on_hello(w, pv)
             case RoleReady(version=version):
                 w.state, w.version = "ready", version

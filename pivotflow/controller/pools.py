@@ -26,6 +26,7 @@ class WorkerHandle:
     last_seen: float = 0.0
     version: int = -1
     roles_taken: int = 0  # counts shifts: a trainer that left and came back is a new member
+    computing: bool = False  # its last heartbeat said its compute thread was at work
 
 
 @dataclass(slots=True)

@@ -128,6 +128,10 @@ def render(ctl: Any, last: dict[str, Any] | None) -> str:
         states[w.state] = states.get(w.state, 0) + 1
     t.metric("workers", "gauge", "Workers by state.",
              [({"state": k}, v) for k, v in sorted(states.items())])
+    t.metric("workers_computing", "gauge", "Workers whose last heartbeat said they were "
+             "computing (loading a role, an engine step, a train step), per pool.",
+             [({"pool": p.name}, sum(ctl.workers[w].computing for w in p.workers))
+              for p in ctl.pools.values()])
     uptime = now - ctl.started_at if ctl.started_at else 0.0
     led = ctl.ledger
     t.metric("uptime_seconds", "gauge", "Seconds since this controller started.",

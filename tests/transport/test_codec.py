@@ -67,7 +67,7 @@ DONE = JobDone(
 )
 
 TO_CONTROLLER: list[ToController] = [
-    Hello(protocol_version=PROTOCOL_VERSION, worker_id="w0", pid=123, epoch=2),
+    Hello(protocol_version=PROTOCOL_VERSION, worker_id="w0", pid=123),
     Heartbeat(worker_id="w0", busy=3),
     RoleReady(role="generate", model="policy", version=5, load_s=0.5),
     JobsDone(
