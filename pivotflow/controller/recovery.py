@@ -1,7 +1,8 @@
 """A worker that dies (its process exits, or it stops heartbeating) loses nothing.
 
 Its in-flight jobs go back to the front of their edges: the sampling noise is a function of
-(seed, position), so a sequence generated again elsewhere comes out token for token the same.
+(seed, position), so on the embedded engine a sequence generated again elsewhere comes out token
+for token the same (vLLM and SGLang continue a sampled one with other tokens: see their adapters).
 A train step it took part in is undone (the batch goes back to the trainer's buffer; rank 0
 publishes weights and optimizer state every step, so the redo starts from the store) and the
 step's other ranks, blocked in a collective with the dead one, are restarted too. The pool is

@@ -3,8 +3,8 @@
 Order of a shift (each part timed): stop admitting to the worker → abort its in-flight jobs;
 their partial state comes back as "abort" results and is re-queued at the front of its edge, so
 a worker that stays resumes each sequence from its prefix without resampling a token →
-the worker releases its old role (a trainer hands its optimizer state to the parameter store)
-and loads the new one from the store, of which its warm-up (building the engine and KV cache,
+the worker releases its old role (a trainer's optimizer state is in the parameter store
+already: rank 0 publishes it with every version) and loads the new one from the store, of which its warm-up (building the engine and KV cache,
 or the optimizer) → it joins the new pool (RoleReady). Trainers move only
 between optimizer steps; the next step re-forms the trainers' group. Messages on one DEALER are
 ordered, so the abort is always answered before the role changes.

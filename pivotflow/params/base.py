@@ -14,27 +14,16 @@ A trainer publishes every new version with the dict it loaded; an optimizer-stat
 (``policy.optim``) carries its model's dict too. Importing this module loads no torch: the
 controller names ``ParamStore`` in its types without paying for it.
 
-Design note: the torch.distributed backend (a later step; not built yet)
--------------------------------------------------------------------------
-Across machines each machine keeps its own ``ShmParamStore``; workers read only their local one,
-so the reader path (acquire/load/load_into, held versions, gc) is unchanged and stays zero-copy.
-One *store agent* per machine (a thread in the first worker there, or a small process) joins a
-dedicated process group (gloo over TCP for host memory; NCCL when the source sits on a GPU and
-each agent stages through one device buffer). A publish on the trainer's machine then:
-
-1. writes the version locally as today (one flat buffer + msgspec index);
-2. broadcasts the index bytes (a uint8 tensor, length first) from the publishing rank, then the
-   flat buffer itself, in fixed chunks (say 64 MiB) so network and local writes overlap — one
-   collective per chunk, never one per tensor, which is why a version is a single flat buffer;
-3. each agent writes the received chunks straight into a claimed spare/tmp buffer file of its
-   store (``torch.frombuffer`` on the file's shared mapping is the ``broadcast`` destination),
-   then renames the version visible and moves its LATEST, exactly as a local publish does;
-4. agents ack ``model@version`` to the controller over the existing socket (a few bytes; weights
-   never cross it), and the controller only asks for ``min_version`` once a machine has acked.
-
-gc stays per machine (each store knows its own holders); a version is collected on a machine
-when nobody there holds it. A dead agent is a dead worker: the controller restarts it and it
-catches up by asking the publishing rank for LATEST only, not for the missed history.
+Across machines (``params/node_agent.py``, ``params/node_sync.py``; started by the Ray launcher)
+each node keeps its own ``ShmParamStore`` and workers read only their local one, so the reader
+path (acquire/load/load_into, held versions, gc) is unchanged and stays zero-copy. One store
+agent per node (a Ray actor) joins a gloo group with the others; in rounds they gather each
+other's inventories and broadcast the versions a node lacks as one flat buffer in fixed chunks
+(one collective per chunk, never one per tensor, which is why a version is a single flat
+buffer), published there only when whole. A trainer reports its step once its version is on
+every node (``wait_crossed``); weights never cross the controller's socket. gc stays per node.
+NCCL (a GPU source staged through a device buffer) is not built: on GPUs the agents still send
+host memory over gloo.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from pivotflow.rl import policy_loss
 from pivotflow.worker.adam_state import adam_tensors, init_adam_state, load_adam_tensors
 from pivotflow.worker.train_group import TrainGroup
 
-OPTIM_WAIT_S = 30.0  # a leaving trainer publishes its optimizer state while it releases
+OPTIM_WAIT_S = 30.0  # for the optimizer state to reach this node's store (on a cluster)
 
 
 def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
@@ -215,8 +215,8 @@ class TrainRole:
         return params + list(adam_tensors(self.model, self.optim).values())
 
     def load_from_store(self, version: int) -> None:
-        """Take over the pool's state at ``version``: the policy, and the optimizer state its
-        last trainer handed back (waits for it: that trainer may still be releasing)."""
+        """Take over the pool's state at ``version``: the policy, and the optimizer state rank 0
+        published with it (waits for it: on a cluster it may still be crossing to this node)."""
         _, _, tensors = self.store.load(self.model_name, version)
         self.model.load_state_dict(tensors, strict=False)
         deadline = time.monotonic() + OPTIM_WAIT_S
