@@ -167,10 +167,9 @@ def test_a_worker_whose_controller_vanished_during_its_handshake_exits(tmp_path:
     gone_at = time.monotonic()
     assert parent.stdout.strip(), parent.stderr[-2000:]
     pid = int(parent.stdout)
-    while alive(pid) and time.monotonic() - gone_at < 30:
+    # it checks every second; the rest is its exit (torch loaded), slow on a loaded machine,
+    # but before the 60 s handshake timeout it once waited out, and it says why
+    while alive(pid) and time.monotonic() - gone_at < 45:
         time.sleep(0.05)
-    assert not alive(pid)
-    # it checks every second; the rest is its exit (torch loaded) on a loaded machine: well
-    # under the 60 s handshake timeout it waited before
-    assert time.monotonic() - gone_at < 10.0, log.read_text()[-2000:]
+    assert not alive(pid), log.read_text()[-2000:]
     assert "the controller exited during the handshake" in log.read_text()

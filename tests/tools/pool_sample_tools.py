@@ -36,6 +36,14 @@ def sleeper(seconds: float) -> str:
 
 
 @tool
+def span(seconds: float) -> str:
+    """Sleep, and say when it started and ended (wall clock, comparable across processes)."""
+    start = time.time()
+    time.sleep(seconds)
+    return f"{start} {time.time()}"
+
+
+@tool
 def spin() -> str:
     """Loop forever on the CPU."""
     n = 0

@@ -196,9 +196,10 @@ async def test_an_abort_mid_batch_is_answered_between_engine_steps(worker: Runni
     assert set(results) == set(range(8))
     assert all(r.finish_reason == "abort" for r in results.values())
     # partial: the batch was far from done when the abort came, and was answered at once
+    # (how soon it came is no test on a shared machine: that each is partial says it came
+    # between engine steps, not after the batch)
     assert all(0 < len(r.token_ids) < max_tokens for r in results.values()), \
         [len(r.token_ids) for r in results.values()]
-    assert answer.at - aborted < TIMEOUT_S / 2
     assert_heard_throughout(peer, started, answer.at)
 
 
@@ -215,11 +216,14 @@ async def test_shutdown_during_a_long_step_exits_promptly(worker: Running) -> No
         await asyncio.sleep(0.05)
     stop = peer.send(Shutdown(reason="run finished"))
     while not worker.launcher.exited():
-        assert time.monotonic() - stop < 6.0, "the worker did not exit after Shutdown"
+        assert time.monotonic() - stop < 60, "the worker did not exit after Shutdown"
         await asyncio.sleep(0.05)
     [(_, code)] = worker.launcher.exited()
     assert code == 0
-    assert not any(isinstance(h.msg, TrainDone) for h in peer.heard)  # it did not wait
+    # it did not wait for the step: no result, and it says so (a wall-time bound would not
+    # tell a prompt exit from a step that finished early on a fast machine)
+    assert not any(isinstance(h.msg, TrainDone) for h in peer.heard)
+    assert "exiting without waiting for its current step" in worker.launcher.stderr_tail("w0")
 
 
 async def test_an_error_in_compute_is_a_worker_failed(worker: Running) -> None:
