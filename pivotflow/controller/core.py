@@ -18,12 +18,13 @@ from typing import Any
 
 from pivotflow import defaults
 from pivotflow.controller import stages, user_code
+from pivotflow.controller.barriers import Barriers
 from pivotflow.controller.clock import Clock
 from pivotflow.controller.edges import Edge
 from pivotflow.controller.jobs import JobTable
 from pivotflow.controller.partial import PartialRollouts
 from pivotflow.controller.planning import planner_view
-from pivotflow.controller.pools import Pool, WorkerHandle
+from pivotflow.controller.pools import Pool, Roster, WorkerHandle
 from pivotflow.controller.records import lost_groups, step_record
 from pivotflow.controller.recovery import Recovery, Respawn
 from pivotflow.controller.sample import Ledger, Sample
@@ -102,13 +103,11 @@ class Controller:
                 pool = self.pools[node.pool]
                 pool.role = ROLE_OF.get(node.kind, "generate")
                 pool.model = graph.weights_of(node)
-        self.workers = {w: WorkerHandle(w, name) for w, name in assignments.items()}
-        for w, name in assignments.items():
-            self.pools[name].workers.append(w)
+        self.roster = Roster(self.pools, assignments)  # the one writer of pool membership
+        self.workers = self.roster.workers  # (read by every part; changed by the roster)
         self.edges = {i: Edge(f"{self.order[i - 1].name}->{n.name}")
                       for i, n in enumerate(self.order) if n.kind in SERVED}
-        self.barriers: dict[int, dict[int, list[Sample]]] = {
-            i: {} for i, n in enumerate(self.order) if n.kind in BARRIERS}
+        self.barriers = Barriers(i for i, n in enumerate(self.order) if n.kind in BARRIERS)
         self.train_buffer = TrainBuffer(source.groups_per_step, cfg.max_staleness,
                                         partial=cfg.partial_rollout,
                                         skip_tail=cfg.over_sample > 0)
@@ -334,12 +333,9 @@ class Controller:
                     return
                 idx += 1
                 continue
-            group = self.barriers[idx].setdefault(sample.group_id, [])
-            group.append(sample)
-            if len(group) < sample.group_size:
-                return
-            del self.barriers[idx][sample.group_id]
-            self._on_group(idx, group, now)
+            group = self.barriers.arrive(idx, sample)
+            if group is not None:
+                self._on_group(idx, group, now)
             return
 
     def _on_group(self, idx: int, group: list[Sample], now: float) -> None:
@@ -352,16 +348,12 @@ class Controller:
             if not ran:
                 return
             if not keep:
-                self.ledger.groups_filtered += 1
-                self.ledger.settle(group[0].group_id)
-                self.filtered_since_step += 1
-                self.train_buffer.dropped(group[0].group_id)
-                limit = self.cfg.max_filtered_per_step * self.source.groups_per_step
-                if self.filtered_since_step > limit:
+                dropped, limit = self.drop_group(group[0].group_id, filtered=True)
+                if dropped > limit:
                     self.fail(GraphError(
-                        f"filter {node.name!r} at {node.where} dropped {self.filtered_since_step} "
-                        f"groups since the last optimizer step (limit {limit}): nothing is left "
-                        "to train on; check the reward, or raise max_filtered_per_step"))
+                        f"filter {node.name!r} at {node.where} dropped {dropped} groups since "
+                        f"the last optimizer step (limit {limit}): nothing is left to train on; "
+                        "check the reward, or raise max_filtered_per_step"))
                 return
         else:  # train
             if self.partial is None or not self.partial.refused(group, now):
@@ -369,6 +361,21 @@ class Controller:
             return
         for sample in group:
             self.advance(sample, idx + 1, now)
+
+    def drop_group(self, group_id: int, *, filtered: bool) -> tuple[int, int]:
+        """Settle a group that will not be trained: a filter dropped it (``filtered``) or a
+        stage function failed on it (on_error=skip). Its samples still queued or generating
+        are dropped when they come back. Returns the groups dropped since the last optimizer
+        step and the limit past which nothing is left to train on (the caller says why)."""
+        if filtered:
+            self.ledger.groups_filtered += 1
+        else:
+            self.ledger.groups_skipped += 1
+        self.ledger.settle(group_id)
+        self.train_buffer.dropped(group_id)
+        self.barriers.take_group(group_id)
+        self.filtered_since_step += 1
+        return self.filtered_since_step, self.cfg.max_filtered_per_step * self.source.groups_per_step
 
     def checkpoint_soon(self, write: Callable[[], None]) -> None:
         """Call ``write`` once every generation in flight has come back as its partial state

@@ -88,12 +88,11 @@ class PartialRollouts:
         in_jobs = [(job_id, s, wid) for job_id, (s, _, wid, _) in ctl.jobs.items()
                    if s.group_id == gid]
         queued = sum(1 for e in ctl.edges.values() for s in e.samples() if s.group_id == gid)
-        waiting = sum(len(groups.get(gid, ())) for groups in ctl.barriers.values())
+        waiting = ctl.barriers.count(gid)
         if len(in_jobs) + queued + waiting != ctl.source.group_size:
             return None
         found = [s for e in ctl.edges.values() for s in e.take_group(gid)]
-        for groups in ctl.barriers.values():
-            found += groups.pop(gid, [])
+        found += ctl.barriers.take_group(gid)
         by_worker: dict[str, list[int]] = {}
         for job_id, s, wid in in_jobs:
             s.private[VOID] = True
@@ -139,8 +138,7 @@ class PartialRollouts:
         keep = ctl.order[0].writes  # what the source gave it: prompt, ids, a table's columns
         self.groups_refused += 1
         gid = group[0].group_id
-        ctl.train_buffer.first.pop(gid, None)
-        ctl.train_buffer.retried.add(gid)  # steps wait for it now: cut once
+        ctl.train_buffer.retry(gid)
         fresh = []
         for s in sorted(group, key=lambda s: s.sample_id):
             # its tokens: a response, or a carried partial state; one in a generation job is

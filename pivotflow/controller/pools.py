@@ -37,3 +37,40 @@ class Pool:
     role: str  # "generate" | "score" (a reference model) | "train"
     model: str
     workers: list[str] = field(default_factory=list)
+
+
+class Roster:
+    """The pools and the workers in them: the one writer of which worker is in which pool.
+
+    ``pools`` and ``workers`` are read by every part (dispatch scans them on every result);
+    membership changes only through the methods here: a shift moves a worker, recovery takes a
+    dead one out and adds its replacement."""
+
+    __slots__ = ("pools", "workers")
+
+    def __init__(self, pools: dict[str, Pool], assignments: dict[str, str]) -> None:
+        self.pools = pools
+        self.workers = {w: WorkerHandle(w, name) for w, name in assignments.items()}
+        for w, name in assignments.items():
+            self.pools[name].workers.append(w)
+
+    def move(self, worker_id: str, to_pool: str) -> None:
+        """``worker_id`` leaves its pool for ``to_pool`` (its role and model become that
+        pool's; it is loading until the worker says it is ready)."""
+        w, dst = self.workers[worker_id], self.pools[to_pool]
+        self.pools[w.pool].workers.remove(worker_id)
+        dst.workers.append(worker_id)
+        w.pool, w.role, w.model, w.state = dst.name, dst.role, dst.model, "loading"
+        w.roles_taken += 1
+
+    def remove(self, worker_id: str) -> None:
+        """A dead worker leaves its pool (its handle stays, as "dead": a late frame from it is
+        recognised and dropped)."""
+        w = self.workers[worker_id]
+        w.state = "dead"
+        self.pools[w.pool].workers.remove(worker_id)
+
+    def add(self, handle: WorkerHandle) -> None:
+        """A new worker process (a replacement) joins the pool its handle names."""
+        self.workers[handle.worker_id] = handle
+        self.pools[handle.pool].workers.append(handle.worker_id)

@@ -94,8 +94,7 @@ def lost_groups(ctl: Controller) -> list[int]:
         present.update(s.group_id for s in edge.samples())
     present.update(s.group_id for s, _, _, _ in ctl.jobs.values())
     present.update(s.group_id for s, _ in ctl.tools.waiting.values())
-    for groups in ctl.barriers.values():
-        present.update(groups)
+    present.update(ctl.barriers.group_ids())
     present.update(ctl.train_buffer.ready)
     present.update(s.group_id for s in ctl.training.samples())
     return sorted(set(ctl.train_buffer.open) - present)

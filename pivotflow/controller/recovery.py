@@ -51,12 +51,12 @@ class Recovery:
         if w is None or w.state == "dead":
             return
         served = worker_id in self.served
-        w.state = "dead"
         if self.respawn is None or not served:
+            w.state = "dead"
             ctl.fail(WorkerError(f"worker {worker_id} (pool {w.pool}) died: {reason}"))
             return
         log.warning("worker %s (pool %s) died: %s", worker_id, w.pool, reason.splitlines()[0])
-        ctl.pools[w.pool].workers.remove(worker_id)
+        ctl.roster.remove(worker_id)
         self._requeue_jobs(w)
         ctl.shifts.on_worker_lost(worker_id)
         blocked = ctl.training.on_worker_lost(worker_id)
@@ -66,8 +66,7 @@ class Recovery:
         for other in blocked or []:  # stuck in a collective with the dead rank: restart them too
             ow = ctl.workers[other]
             if ow.state != "dead":
-                ow.state = "dead"
-                ctl.pools[ow.pool].workers.remove(other)
+                ctl.roster.remove(other)
                 self._requeue_jobs(ow)
                 self._replace(ow)
 
@@ -92,8 +91,6 @@ class Recovery:
             return
         base = dead.worker_id.split("~")[0]
         new_id = f"{base}~r{self.restarts}"
-        handle = WorkerHandle(new_id, dead.pool, last_seen=ctl.clock.now())
-        ctl.workers[new_id] = handle
-        ctl.pools[dead.pool].workers.append(new_id)
+        ctl.roster.add(WorkerHandle(new_id, dead.pool, last_seen=ctl.clock.now()))
         assert self.respawn is not None  # checked by worker_lost
         self.respawn(new_id, dead.worker_id)

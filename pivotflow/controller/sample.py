@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -45,6 +46,13 @@ class Ledger:
         counter is kept too; groups_skipped was once left out and a resume lost it)."""
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if not f.name.startswith("settled")}
+
+    def restore(self, counters: dict[str, int], settled_below: int,
+                settled_above: Iterable[int]) -> None:
+        """A snapshot's counts (``counters()``) and settled groups."""
+        for key, value in counters.items():
+            setattr(self, key, value)
+        self.settled_below, self.settled_above = settled_below, set(settled_above)
 
     def settled(self, group_id: int) -> bool:
         return group_id < self.settled_below or group_id in self.settled_above

@@ -76,10 +76,7 @@ class ShiftManager:
         now = ctl.clock.now()
         rec = ShiftRecord(worker_id, src.name, dst.name, now - ctl.started_at, len(w.jobs),
                           reason, pending_jobs=set(w.jobs))
-        src.workers.remove(worker_id)
-        dst.workers.append(worker_id)
-        w.pool, w.role, w.model, w.state = dst.name, dst.role, dst.model, "loading"
-        w.roles_taken += 1
+        ctl.roster.move(worker_id, dst.name)
         if w.jobs:
             ctl.send(worker_id, AbortJobs(job_ids=sorted(w.jobs)))
         else:

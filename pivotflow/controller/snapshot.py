@@ -79,8 +79,7 @@ def snapshot(ctl: Controller) -> ControllerState:
         saved += [_saved(s, idx) for s in edge.samples()]
     saved += [_saved(s, idx) for s, idx, _, _ in ctl.jobs.values() if VOID not in s.private]
     saved += [_saved(s, idx) for s, idx in ctl.tools.waiting.values()]  # called again on resume
-    for idx, groups in ctl.barriers.items():
-        saved += [_saved(s, idx) for group in groups.values() for s in group]
+    saved += [_saved(s, idx) for idx, s in ctl.barriers.waiting()]
     saved += [_saved(s, TRAIN_BUFFER) for group in ctl.train_buffer.ready.values() for s in group]
     saved += [_saved(s, TRAIN_BUFFER) for s in ctl.training.samples()]  # a step cut short
     open_groups = dict(ctl.train_buffer.open)
@@ -109,16 +108,9 @@ def restore(ctl: Controller, state: ControllerState) -> None:
     """Put ``state`` into a fresh controller (before ``run``)."""
     ctl.version = state.version
     ctl.tokens_generated = state.tokens_generated
-    led = ctl.ledger
-    for key, value in state.ledger.items():
-        setattr(led, key, value)
-    led.settled_below, led.settled_above = state.settled_below, set(state.settled_above)
-    ctl.train_buffer.open = {int(g): v for g, v in state.open_groups.items()}
-    src = ctl.source
-    src.next_sample = state.next_sample
-    src.rng.setstate(_rng_in(state.source_rng))
-    src.problems.cursor = state.problems_cursor
-    src.problems.rng.setstate(_rng_in(state.problems_rng))
+    ctl.ledger.restore(state.ledger, state.settled_below, state.settled_above)
+    ctl.source.restore(state.next_sample, _rng_in(state.source_rng), state.problems_cursor,
+                       _rng_in(state.problems_rng))
     now = ctl.clock.now()
     groups: dict[int, list[Sample]] = {}
     for s in state.samples:
@@ -132,21 +124,23 @@ def restore(ctl: Controller, state: ControllerState) -> None:
         if s.stage == TRAIN_BUFFER:
             groups.setdefault(s.group_id, []).append(sample)
         elif sample.private.get(AWAITING):  # its calls run again when the run starts
-            ctl.tools.waiting[sample.sample_id] = (sample, s.stage)
+            ctl.tools.restore(sample, s.stage)
         elif s.stage in ctl.edges:
             ctl.edges[s.stage].push(sample, now)
         else:
-            ctl.barriers[s.stage].setdefault(s.group_id, []).append(sample)
+            ctl.barriers.put_back(s.stage, sample)
     for group in groups.values():
         ctl.train_buffer.add(group)
-    if ctl.train_buffer.partial:  # each open group's first job's version (its samples hold it)
+    firsts: dict[int, int] = {}  # each open group's first job's version (its samples hold it)
+    retried: set[int] = set()
+    if ctl.train_buffer.partial:
         for s in state.samples:
             first = s.fields.get(FIRST)
-            if first is not None and s.group_id in ctl.train_buffer.open:
-                held = ctl.train_buffer.first.get(s.group_id, first)
-                ctl.train_buffer.first[s.group_id] = min(first, held)
-            if s.fields.get(RETRIED) and s.group_id in ctl.train_buffer.open:
-                ctl.train_buffer.retried.add(s.group_id)
+            if first is not None:
+                firsts[s.group_id] = min(first, firsts.get(s.group_id, first))
+            if s.fields.get(RETRIED):
+                retried.add(s.group_id)
+    ctl.train_buffer.restore({int(g): v for g, v in state.open_groups.items()}, firsts, retried)
     if ctl.partial is not None:  # (a run resumed with a smaller max_staleness, say)
         for group in ctl.train_buffer.refuse(ctl.version):
             ctl.partial.regenerate(group, now)

@@ -40,6 +40,15 @@ class PromptSource:
         self.columns = node.options.get("table") is not None
         self.chat_template = bool(node.options.get("chat_template", False))
 
+    def restore(self, next_sample: int, rng_state: Any, problems_cursor: int,
+                problems_rng_state: Any) -> None:
+        """A snapshot's place in the prompts: the next sample id, this source's random state,
+        and the problem stream's cursor and random state."""
+        self.next_sample = next_sample
+        self.rng.setstate(rng_state)
+        self.problems.cursor = problems_cursor
+        self.problems.rng.setstate(problems_rng_state)
+
     def quota(self, version: int, filtered: int) -> int:
         n = self.groups_per_step
         return min(n * self.steps, n * (version + self.s + 1) + self.extra) + filtered

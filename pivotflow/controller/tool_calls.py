@@ -48,6 +48,11 @@ class ToolCalls:
         self._call(idx, sample, calls)
         return True
 
+    def restore(self, sample: Sample, idx: int) -> None:
+        """A snapshot's sample that was waiting on a call at stage ``idx``: :meth:`resume`
+        calls again for it when the run starts."""
+        self.waiting[sample.sample_id] = (sample, idx)
+
     def resume(self) -> None:
         """Call again for the samples a restored snapshot had waiting on a call."""
         for sample, idx in list(self.waiting.values()):

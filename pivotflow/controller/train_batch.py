@@ -58,6 +58,20 @@ class TrainBuffer:
         self.first.pop(group_id, None)
         self.retried.discard(group_id)
 
+    def retry(self, group_id: int) -> None:
+        """A refused group is generated again from its prompt: its first job is yet to go, and
+        steps wait for it now (it is cut once)."""
+        self.first.pop(group_id, None)
+        self.retried.add(group_id)
+
+    def restore(self, open_groups: dict[int, int], firsts: dict[int, int],
+                retried: set[int]) -> None:
+        """A snapshot's open groups (id -> admit version), and of those, the version each one's
+        first job went out at and the ones generated again (partial rollouts)."""
+        self.open = dict(open_groups)
+        self.first.update({g: v for g, v in firsts.items() if g in self.open})
+        self.retried.update(g for g in retried if g in self.open)
+
     def add(self, group: list[Sample]) -> None:
         self.ready[group[0].group_id] = group
         self.ready_samples += len(group)

@@ -191,15 +191,10 @@ def skip_group(ctl: Controller, exc: StageError) -> None:
     gid = exc.group_id
     if ctl.ledger.settled(gid):
         return  # another sample of it failed first
-    ctl.ledger.groups_skipped += 1
-    ctl.ledger.settle(gid)
-    ctl.train_buffer.dropped(gid)
-    for waiting in ctl.barriers.values():
-        waiting.pop(gid, None)
-    ctl.filtered_since_step += 1  # a stage that fails on everything must not spin forever
-    limit = ctl.cfg.max_filtered_per_step * ctl.source.groups_per_step
-    if ctl.filtered_since_step > limit:
-        ctl.fail(StageError(f"{exc} -- and {ctl.filtered_since_step} groups were filtered or "
+    # counted with the filtered: a stage that fails on everything must not spin forever
+    dropped, limit = ctl.drop_group(gid, filtered=False)
+    if dropped > limit:
+        ctl.fail(StageError(f"{exc} -- and {dropped} groups were filtered or "
                             f"skipped since the last optimizer step (limit {limit}): nothing "
                             "is left to train on", stage=exc.stage, group_id=gid,
                             on_error="stop"))
