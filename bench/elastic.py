@@ -20,6 +20,7 @@ under static (3 workers) and backpressure (2 workers for 3 pools, so it shifts e
 seed and steps.
 
     python bench/elastic.py [--steps 8] [--workers CORES] [--accuracy-steps 30] [--out DIR]
+    python bench/elastic.py --drift [--drift-steps 12] [--workers 2]   # bench/elastic_drift.py
 
 Prints one JSON object on its last line; writes elastic.png under --out.
 """
@@ -135,7 +136,16 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--accuracy-steps", type=int, default=30)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--drift", action="store_true",
+                    help="the drifting workload (issue 24; bench/elastic_drift.py)")
+    ap.add_argument("--drift-steps", type=int, default=12)
+    ap.add_argument("--json", type=Path, default=None, help="--drift: also write the JSON here")
+    ap.add_argument("--no-adaptive", action="store_true", help="--drift: skip the adaptive run")
     args = ap.parse_args()
+    if args.drift:
+        import elastic_drift  # a sibling script (bench/ is on sys.path when run as a script)
+
+        return elastic_drift.main(args, sys.argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="pivotflow-elastic-"))
     out.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
