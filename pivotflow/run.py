@@ -377,18 +377,17 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         launcher.kill(old_id)  # declared dead: a paused process must not come back to life
         launcher.start(new_id)
 
+    def on_samples(batch: list[Any], step: int, version: int) -> None:
+        sampled[:] = step_lines(batch, step, version, cfg.log_samples)
+
     tool_pools = start_tool_pools(graph, out)
     ctl = Controller(graph, ccfg, transport=transport, clock=LoopClock(),
                      tokenizers=models.tokenizers, source=source, assignments=assignments,
                      role_options=role_options(graph, cfg, models.dirs),
                      store_dir=str(store.root), on_step=on_step,
-                     planner=build_planner(cfg, graph),
-                     respawn=respawn, tool_pools=tool_pools)
+                     planner=build_planner(cfg, graph), respawn=respawn, tool_pools=tool_pools,
+                     on_samples=on_samples if cfg.log_samples else None)
     attach(launcher, ctl)
-    if cfg.log_samples:
-        def on_samples(batch: list[Any], step: int, version: int) -> None:
-            sampled[:] = step_lines(batch, step, version, cfg.log_samples)
-        ctl.on_samples = on_samples  # type: ignore[attr-defined]  # records.step_record calls it
     endpoint = (None if listener is None
                 else prometheus.MetricsEndpoint(listener, ctl, lambda: last.get("record")))
     if seg.ckpt is not None:

@@ -87,7 +87,9 @@ class Controller:
                  assignments: dict[str, str], role_options: dict[str, dict[str, Any]],
                  store_dir: str, on_step: Callable[[dict[str, Any]], None] | None = None,
                  planner: Planner | None = None, respawn: Respawn | None = None,
-                 tool_pools: dict[str, ToolPool] | None = None) -> None:
+                 tool_pools: dict[str, ToolPool] | None = None,
+                 on_samples: Callable[[list[list[Sample]], int, int], None] | None = None
+                 ) -> None:
         self.graph, self.cfg, self.transport, self.clock = graph, cfg, transport, clock
         self.order = graph.order()
         self.tok = tokenizers
@@ -97,6 +99,8 @@ class Controller:
         self.store_dir_for: Callable[[str], str] = lambda _worker: store_dir
         self.role_options = role_options
         self.on_step = on_step
+        # samples.jsonl: each step's trained samples themselves (batch, step, version)
+        self.on_samples = on_samples
         self.pools = {p.name: Pool(p.name, "", "") for p in graph.pools.values()}
         for node in self.order:
             if node.pool:
@@ -254,7 +258,7 @@ class Controller:
                         worker_id)
             return
         if w.state == "dead":  # declared dead (e.g. it was paused past the timeout): too late
-            self.ledger.late_results += 1
+            self.ledger.count_late()
             return
         w.last_seen = now = self.clock.now()
         match msg:
@@ -362,6 +366,27 @@ class Controller:
         for sample in group:
             self.advance(sample, idx + 1, now)
 
+    def use_placement(self, store_dir_for: Callable[[str], str] | None,
+                      rendezvous_for: Callable[[str, int], str] | None) -> None:
+        """A launcher that places workers on several nodes: each worker's store copy (its
+        Welcome names it), and the trainers' group rendezvous on the first rank's node."""
+        if store_dir_for is not None:
+            self.store_dir_for = store_dir_for
+        if rendezvous_for is not None:
+            self.training.rendezvous_for = rendezvous_for
+
+    def set_max_batch(self, pool: str, batch: int) -> None:
+        """The batch ``pool``'s workers hold from now on (a drifting workload's engine fits
+        fewer sequences as they grow): the role option a worker joining gets, and each
+        worker's job slots now."""
+        self.role_options.setdefault(pool, {})["max_batch"] = batch
+        for w in self.pools[pool].workers:
+            self.workers[w].capacity = batch
+
+    def resume_at(self, version: int, tokens_generated: int) -> None:
+        """A snapshot's policy version and tokens generated so far (before ``run``)."""
+        self.version, self.tokens_generated = version, tokens_generated
+
     def drop_group(self, group_id: int, *, filtered: bool) -> tuple[int, int]:
         """Settle a group that will not be trained: a filter dropped it (``filtered``) or a
         stage function failed on it (on_error=skip). Its samples still queued or generating
@@ -449,7 +474,7 @@ class Controller:
     def _on_result(self, w: WorkerHandle, r: JobDone, now: float) -> None:
         entry = self.jobs.finished(w, r, now)
         if entry is None:
-            self.ledger.late_results += 1  # a result delivered twice, or after re-dispatch
+            self.ledger.count_late()  # a result delivered twice, or after re-dispatch
             return
         sample, idx = entry
         node = self.order[idx]

@@ -19,11 +19,10 @@ def step_record(ctl: Controller, batch: list[list[Sample]], msg: TrainDone) -> d
     rewards = [r for s in samples if (r := s.fields.get("reward")) is not None]
     correct = [s.fields["correct"] for s in samples if s.fields.get("correct") is not None]
     now = ctl.clock.now()
-    # samples.jsonl: whoever runs the controller may set ``on_samples`` (run.py does) to get
+    # samples.jsonl: whoever runs the controller may pass ``on_samples`` (run.py does) to get
     # the step's trained samples themselves, not only the figures below
-    on_samples = getattr(ctl, "on_samples", None)
-    if on_samples is not None:
-        on_samples(batch, msg.step + 1, msg.version)
+    if ctl.on_samples is not None:
+        ctl.on_samples(batch, msg.step + 1, msg.version)
     return {
         "step": msg.step + 1,
         "time_s": now - ctl.started_at,

@@ -54,6 +54,10 @@ class Ledger:
             setattr(self, key, value)
         self.settled_below, self.settled_above = settled_below, set(settled_above)
 
+    def count_late(self) -> None:
+        """A result that came twice, or from a worker no longer serving it, was dropped."""
+        self.late_results += 1
+
     def settled(self, group_id: int) -> bool:
         return group_id < self.settled_below or group_id in self.settled_above
 

@@ -106,8 +106,7 @@ def snapshot(ctl: Controller) -> ControllerState:
 
 def restore(ctl: Controller, state: ControllerState) -> None:
     """Put ``state`` into a fresh controller (before ``run``)."""
-    ctl.version = state.version
-    ctl.tokens_generated = state.tokens_generated
+    ctl.resume_at(state.version, state.tokens_generated)
     ctl.ledger.restore(state.ledger, state.settled_below, state.settled_above)
     ctl.source.restore(state.next_sample, _rng_in(state.source_rng), state.problems_cursor,
                        _rng_in(state.problems_rng))

@@ -122,7 +122,7 @@ class TrainSteps:
         ctl = self.ctl
         ctl.workers[worker_id].training = False
         if self.batch is None or msg.step != ctl.version or worker_id not in self.waiting:
-            ctl.ledger.late_results += 1
+            ctl.ledger.count_late()
             return None
         self.waiting.discard(worker_id)
         if msg.rank == 0:

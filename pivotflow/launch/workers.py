@@ -75,13 +75,11 @@ def open_workers(cfg: RunConfig, curve: CurveKeys | None, log_dir: Path, slots: 
 def attach(launcher: Launcher, ctl: Controller) -> None:
     """A launcher that places trainers on several hosts gives their groups' addresses, and
     one that places workers on several nodes gives each its node's store."""
-    rendezvous = getattr(launcher, "rendezvous", None)
-    if rendezvous is not None:
-        ctl.training.rendezvous_for = rendezvous
     share_store = getattr(launcher, "share_store", None)
     if share_store is not None:  # a store copy per node: each worker reads its node's
         share_store(ctl.store_dir)
-        ctl.store_dir_for = launcher.store_dir_for  # type: ignore[attr-defined]
+    ctl.use_placement(launcher.store_dir_for if share_store is not None  # type: ignore[attr-defined]
+                      else None, getattr(launcher, "rendezvous", None))
 
 
 def launcher_summary(launcher: Launcher, cfg: RunConfig) -> dict[str, Any]:

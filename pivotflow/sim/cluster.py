@@ -153,13 +153,11 @@ def follow_lengths(ctl: Controller, wl: Workload) -> None:
     each optimizer step the batch each generate worker holds (the controller's job slots, as
     its engine's KV budget bounds them) is that of the new policy version's lengths."""
     opts = role_options(wl.at(ctl.version), CostModel(wl.at(ctl.version)))
-    for name, pool in ctl.pools.items():
+    for name in ctl.pools:
         batch = opts.get(name, {}).get("max_batch")
         if batch is None:
             continue
-        ctl.role_options.setdefault(name, {})["max_batch"] = batch
-        for w in pool.workers:
-            ctl.workers[w].capacity = batch
+        ctl.set_max_batch(name, batch)
 
 
 def _planner(name: str | Planner) -> Planner:
