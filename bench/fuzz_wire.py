@@ -317,6 +317,8 @@ async def fuzz(
                 "raw_zmtp_delivered": t.frames_in - frames_in - served,
                 "served_after": served,
                 "log_lines": len(lines),
+                # first to last warning: the limiter allows 10 lines per 10 s window in it
+                "log_span_s": round(lines[-1].created - lines[0].created, 3) if lines else 0.0,
                 "elapsed_s": round(elapsed, 3),
                 "frames_per_s": round(n / elapsed),
                 "file_created": os.path.exists(target),

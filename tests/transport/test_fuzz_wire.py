@@ -45,7 +45,11 @@ def _check(out: dict[str, Any], n: int, kinds: dict[str, Any]) -> None:
     assert out["raw_zmtp_delivered"] == 0
     assert out["served_after"] is True
     assert out["file_created"] is False
-    assert out["log_lines"] <= 20, "bad-frame warnings are rate-limited"
+    # rate-limited: at most a burst of 10 lines per 10 s window the warnings spanned (a run
+    # slowed by a busy machine spans more windows)
+    windows = int(out["log_span_s"] // 10) + 1
+    assert out["log_lines"] <= 10 * windows, "bad-frame warnings are rate-limited"
+    assert out["log_lines"] < out["bad_counted"] / 100  # 100k bad frames, a few lines
 
 
 def test_hundred_thousand_hostile_frames_on_uvloop(fuzz_wire: ModuleType) -> None:
