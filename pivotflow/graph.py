@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pivotflow.defaults import KL_ESTIMATORS
+import msgspec
+
 from pivotflow.errors import GraphError, TaskError
 from pivotflow.tasks.datasets import PromptTable, load_prompt_file
+from pivotflow.worker.train_config import check_train_options
 
 NodeKind = Literal["source", "generate", "judge", "reference", "map", "group", "filter", "train"]
 
@@ -338,22 +340,21 @@ class Graph:
     def train(self, name: str, *, model: str, pool: str, lr: float = 3e-4,
               kl_coef: float = 0.0, kl_estimator: str = "k3", **loss_options: Any) -> Node:
         """Optimizer steps on groups as they complete; publishes each new policy version.
+        ``loss_options`` are the rest of ``worker.train_config.TrainConfig`` (clip_eps,
+        aggregation, max_grad_norm, micro_batch_tokens, train_dtype), checked here.
 
         ``kl_coef`` > 0 adds GRPO's KL penalty, ``kl_coef * KL(policy || reference)`` per
         token (``kl_estimator`` "k1" or "k3", Schulman's estimators), against the
         ``ref_logprobs`` of a :meth:`reference` stage upstream; the step records report it as
         ``train_kl_ref`` whenever the samples carry reference logprobs."""
         where = _caller_where()
-        if (isinstance(kl_coef, bool) or not isinstance(kl_coef, (int, float))
-                or not kl_coef >= 0 or kl_coef == float("inf")):
-            raise GraphError(f"train {name!r} at {where}: kl_coef must be a number >= 0, got "
-                             f"{kl_coef!r}")
-        if kl_estimator not in KL_ESTIMATORS:
-            raise GraphError(f"train {name!r} at {where}: kl_estimator must be one of "
-                             f"{list(KL_ESTIMATORS)}, got {kl_estimator!r}")
-        opts = {"lr": lr, "kl_coef": float(kl_coef), "kl_estimator": kl_estimator,
-                **loss_options}
-        reads = TRAIN_READS | (REFERENCE_FIELDS if kl_coef > 0 else frozenset())
+        try:  # typed, with one default each (worker/train_config.py): a typo is an error here
+            cfg = check_train_options({"lr": lr, "kl_coef": kl_coef, "kl_estimator": kl_estimator,
+                                       **loss_options})
+        except ValueError as exc:
+            raise GraphError(f"train {name!r} at {where}: {exc}") from None
+        opts = msgspec.structs.asdict(cfg)
+        reads = TRAIN_READS | (REFERENCE_FIELDS if cfg.kl_coef > 0 else frozenset())
         return self._add(Node(name, "train", where, reads=reads, model=model, pool=pool,
                               options=opts))
 

@@ -24,6 +24,7 @@ import torch
 from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve_dtype
 from pivotflow.params.base import ParamStore
 from pivotflow.protocol import GenerateJob, JobDone, TrainSeq
+from pivotflow.worker.train_config import train_config
 from pivotflow.worker.train_role import micro_batches, pack, response_logprobs
 
 SCORED = "scored"  # the finish_reason of a scored job
@@ -41,7 +42,7 @@ class ScoreRole:
         dtype = resolve_dtype(hf_config, str(options.get("dtype", "auto")), where)
         t_build = time.perf_counter()
         self.model = build_model(self.config, tensors, self.device, dtype)
-        self.budget = int(options.get("micro_batch_tokens", 4096))
+        self.budget = train_config(options).micro_batch_tokens
         self.queue: OrderedDict[int, tuple[GenerateJob, float]] = OrderedDict()
         self.warmup_s = time.perf_counter() - t_build
         self.load_s = time.perf_counter() - t0

@@ -31,6 +31,7 @@ from pivotflow.params.node_agent import wait_crossed
 from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
 from pivotflow.rl import policy_loss
 from pivotflow.worker.adam_state import adam_tensors, init_adam_state, load_adam_tensors
+from pivotflow.worker.train_config import train_config
 from pivotflow.worker.train_group import TrainGroup
 
 OPTIM_WAIT_S = 30.0  # for the optimizer state to reach this node's store (on a cluster)
@@ -119,18 +120,15 @@ class TrainRole:
         where = f"config of {model}@v{self.version} (parameter store {store.root})"
         self.config = config_from_hf(self.hf_config, where)
         self.device = torch.device(str(options.get("device", "cpu")))
-        master = resolve_dtype(self.hf_config, str(options.get("train_dtype", "float32")), where)
+        self.tc = train_config(options)  # the knobs, typed (graph.train checked them)
+        master = resolve_dtype(self.hf_config, self.tc.train_dtype, where)
         compute = resolve_dtype(self.hf_config, str(options.get("dtype", "auto")), where)
         bf16_compute = compute == torch.bfloat16 and master != torch.bfloat16
         self.autocast = torch.bfloat16 if bf16_compute else None
         self.model = build_model(self.config, tensors, self.device, master).train()
         self.model.requires_grad_(True)
-        self.opts = options
-        # GRPO's beta: the KL penalty against the reference role's logprobs (graph.train's
-        # kl_coef; 0 still reports kl_ref when the samples carry reference logprobs)
-        self.kl_coef = float(options.get("kl_coef", 0.0))
         t_optim = time.perf_counter()
-        self.optim = torch.optim.AdamW(self.model.parameters(), lr=float(options.get("lr", 3e-4)),
+        self.optim = torch.optim.AdamW(self.model.parameters(), lr=self.tc.lr,
                                        betas=(0.9, 0.99), weight_decay=0.0)
         init_adam_state(self.model, self.optim)  # same tensors on every rank, for broadcasts
         self.group = TrainGroup()
@@ -144,10 +142,10 @@ class TrainRole:
         if self.group.join(msg.epoch, msg.rank, msg.world, msg.rendezvous):
             self.group.broadcast(self.state_tensors())
         sync_s = time.perf_counter() - t0
-        aggregation = str(self.opts.get("aggregation", "token-mean"))
+        aggregation = self.tc.aggregation
         total_tokens = msg.total_tokens or sum(valid_tokens(s) for s in msg.seqs)
         total_seqs = msg.total_seqs or sum(1 for s in msg.seqs if valid_tokens(s) > 0)
-        budget = int(self.opts.get("micro_batch_tokens", 4096))
+        budget = self.tc.micro_batch_tokens
         self.optim.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         for part in micro_batches(msg.seqs, budget):
@@ -156,10 +154,12 @@ class TrainRole:
                 logp = response_logprobs(self.model, batch)
             loss, stats = policy_loss(
                 logp, batch["old"], batch["adv"], batch["mask"],
-                clip_eps=float(self.opts.get("clip_eps", 0.2)),
+                clip_eps=self.tc.clip_eps,
                 aggregation=aggregation,  # type: ignore[arg-type]
-                ref_logprobs=batch.get("ref"), kl_coef=self.kl_coef,
-                kl_estimator=str(self.opts.get("kl_estimator", "k3")),  # type: ignore[arg-type]
+                # GRPO's beta against the reference role's logprobs (0 still reports kl_ref
+                # when the samples carry them)
+                ref_logprobs=batch.get("ref"), kl_coef=self.tc.kl_coef,
+                kl_estimator=self.tc.kl_estimator,  # type: ignore[arg-type]
             )
             weight = batch_weight(aggregation, batch["mask"], total_tokens, total_seqs)
             # A batch whose advantages are all zero carries no signal; stepping Adam on it
@@ -176,7 +176,7 @@ class TrainRole:
                     p.grad = torch.zeros_like(p)
             self.group.all_reduce_sum([p.grad for p in params if p.grad is not None])
             grad_norm = torch.nn.utils.clip_grad_norm_(
-                params, float(self.opts.get("max_grad_norm", 1.0)))
+                params, self.tc.max_grad_norm)
             self.optim.step()
         summed = torch.tensor(list(sums.values()), dtype=torch.float64)
         self.group.all_reduce_sum([summed])
