@@ -159,25 +159,6 @@ def watch_steps(path: Path, update: Any, done: threading.Event) -> None:
             update(path.read_bytes().count(b"\n"))
 
 
-def pin_models(models_seed: int | None) -> None:
-    """Serve the built-in models bootstrapped with ``models_seed`` whatever a run's seed (None:
-    the run's own seed, bootstrapping them once per seed: ~20 min each on 2 cores). pivotflow
-    has no knob for it: ``run`` resolves them in this process (pivotflow.run_models.model_dir
-    imports ``ensure_models`` from pivotflow.tasks.cache at each call), so the bench wraps that."""
-    from pivotflow.tasks import cache
-
-    real = getattr(cache.ensure_models, "__wrapped__", cache.ensure_models)
-    if models_seed is None:
-        cache.ensure_models = real  # type: ignore[assignment]
-        return
-
-    @functools.wraps(real)
-    def pinned(seed: int = 0, **kw: Any) -> tuple[Path, Path]:
-        return real(models_seed, **kw)
-
-    cache.ensure_models = pinned  # type: ignore[assignment]
-
-
 def real_run(name: str, items: list[str], seed: int, steps: int, staleness: int,
              extra: list[str], out: Path, models_seed: int | None = 0, progress: Any = None,
              task: Any = None) -> tuple[dict[str, Any], list[float]]:
@@ -185,9 +166,11 @@ def real_run(name: str, items: list[str], seed: int, steps: int, staleness: int,
     from pivotflow.metrics import read_metrics
     from pivotflow.run import run as run_graph
 
-    sets = ["live=false", f"max_staleness={staleness}", f"seed={seed}", *items, *extra]
+    # the built-in models of ``models_seed`` whatever the RL seed (None: the run's own seed,
+    # bootstrapping them once per seed: ~20 min each on 2 cores)
+    pinned = [] if models_seed is None else [f"models_seed={models_seed}"]
+    sets = ["live=false", f"max_staleness={staleness}", f"seed={seed}", *pinned, *items, *extra]
     done = threading.Event()
-    pin_models(models_seed)
     if progress is not None:
         progress.reset(task, total=steps, description=f"{name}, seed {seed}")
         watcher = threading.Thread(target=watch_steps, daemon=True, args=(

@@ -57,6 +57,9 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     steps: int = defaults.STEPS
     seed: int = 0
+    # the seed the built-in models were bootstrapped with (-1: ``seed``), so runs of several
+    # RL seeds can share one set of models (each new one trains for minutes here)
+    models_seed: int = -1
     max_staleness: int = defaults.MAX_STALENESS
     # partial rollouts: steps wait only for groups max_staleness makes them, generation in
     # flight at a new version resumes from its prefix on it (pivotflow/controller/partial.py)

@@ -35,7 +35,7 @@ from pivotflow.planner.backpressure import BackpressureConfig
 # groups in flight, dtype is what the weights and the optimizer's moments were trained in.
 # Every graph.* knob counts too (group size, groups per step, lr, max tokens: they define the
 # graph), as do the graph file's content, its models and its data.
-SHAPE_KEYS = ("seed", "max_staleness", "dtype")
+SHAPE_KEYS = ("seed", "models_seed", "max_staleness", "dtype")
 PREFIX = {"engines": "engine", "planner_knobs": "planner"}  # a dict setting's --set prefix,
 # where it is not its name
 POOL_KEYED = ("pools", "engines")  # dict settings keyed by pool name

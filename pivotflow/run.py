@@ -200,7 +200,8 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
     terminated = TermBeforeLoop()
     handlers: list[logging.Handler] = []
     try:  # the store lives in shared memory: it must go whatever happens
-        models = prepare_models(graph, store, seed=cfg.seed, console=console)
+        models = prepare_models(graph, store, console=console,
+                                seed=cfg.seed if cfg.models_seed < 0 else cfg.models_seed)
         if ckpt is not None:
             checkpoints.publish(ckpt, graph.order()[-1].model or "", store)
         source_node = graph.order()[0]

@@ -131,3 +131,18 @@ def test_a_config_json_recorded_before_the_sectioned_keys_resumes_to_the_same_se
     recorded = msgspec.json.decode(msgspec.json.encode(old))  # as config.json holds it
     again = resolve(inherited(recorded, {}, DEFAULTS, ["rollout"]), DEFAULTS, ["rollout"])
     assert again == old
+
+
+def test_models_seed_lets_another_rl_seed_share_the_built_in_models(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """seed=1 would bootstrap models of its own (minutes of training); models_seed=0 takes the
+    shipped seed-0 ones into an empty cache and trains nothing."""
+    from pivotflow.run import run
+
+    monkeypatch.setenv("PIVOTFLOW_CACHE", str(tmp_path / "cache"))
+    graph = Path(__file__).resolve().parents[1] / "graphs" / "grpo_rule.py"
+    result = run(graph, sets=["live=false", "seed=1", "models_seed=0", "graph.groups_per_step=2",
+                              "graph.group_size=4"], out=tmp_path / "out", steps=1, console=False)
+    assert result.summary["steps"] == 1
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()
+                  if not p.name.startswith(".")) == ["models-v3-seed0"]
