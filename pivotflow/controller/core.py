@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import statistics
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +58,10 @@ from pivotflow.tools.pool import ToolPool
 from pivotflow.transport.base import ControllerTransport
 
 log = logging.getLogger("pivotflow.controller")
+
+class _RunOver(Exception):
+    """Raised in the run's task group once the run is over, to cancel its loops."""
+
 
 BARRIERS = ("group", "filter", "train")  # stages that wait for a whole group
 SERVED = ("generate", "judge", "reference")  # stages whose jobs a pool's workers serve
@@ -139,35 +143,37 @@ class Controller:
     # ------------------------------------------------------------ lifecycle
 
     async def run(self) -> None:
-        """Serve until ``steps`` train steps are done; raises the first fatal error."""
+        """Serve until ``steps`` train steps are done; raises the first fatal error.
+
+        The heartbeat watch and the planner run in a task group beside the wait: an error in
+        either (a planner that raised, a move it cannot make) ends the group and stops the run
+        with it, rather than ending that loop unseen (the run would wait forever for steps
+        nobody plans)."""
         self._done = asyncio.Event()
         self.started_at = self.clock.now()
         for w in self.workers.values():
             w.last_seen = self.started_at
         self.transport.start(self._on_message_safe, self._flush_safe)
         self.tools.resume()  # samples a snapshot had waiting on a call: call again
-        tasks = [asyncio.ensure_future(self._failing_loudly(self._tick_forever())),
-                 asyncio.ensure_future(self._failing_loudly(self._plan_forever()))]
         try:
-            await self._done.wait()
+            async with asyncio.TaskGroup() as loops:
+                loops.create_task(self._tick_forever(), name="heartbeat watch")
+                loops.create_task(self._plan_forever(), name="planner")
+                await self._done.wait()
+                raise _RunOver  # leaves the group: its loops are cancelled
+        except* _RunOver:
+            pass
+        except* Exception as failed:
+            log.error("controller loop failed", exc_info=failed.exceptions[0])
+            self.fail(failed.exceptions[0])
         finally:
-            waits: list[asyncio.Future[Any]] = [*tasks, *self.tools.tasks]
-            for t in waits:
+            calls: list[asyncio.Future[Any]] = list(self.tools.tasks)
+            for t in calls:
                 t.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
+            await asyncio.gather(*calls, return_exceptions=True)
             self._shutdown_workers()
         if self._error is not None:
             raise self._error
-
-    async def _failing_loudly(self, loop: Coroutine[Any, Any, None]) -> None:
-        """Run a background loop; an error in it (a planner that raised, a move it cannot
-        make) stops the run with that error instead of ending the loop unseen (the run would
-        then wait forever for steps nobody plans)."""
-        try:
-            await loop
-        except Exception as exc:
-            log.exception("controller loop %s failed", getattr(loop, "__name__", loop))
-            self.fail(exc)
 
     def fail(self, error: BaseException) -> None:
         """Stop the run with ``error`` (a worker died, a stage function raised ...)."""
