@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pivotflow import checkpoints
+from pivotflow.concurrency import serve_beside
 from pivotflow.config import (
     RunConfig,
     bad_key,
@@ -407,10 +408,8 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         if not flow:
             flow.append(FlowSampler(ctl, out / "flow.jsonl"))
         flow[0].sample()
-    watcher = asyncio.ensure_future(_watch(launcher, ctl, live, sample_flow))
     chaos = Chaos(launcher, ctl, cfg.chaos.kill_worker_every_s, cfg.seed,
                   cfg.chaos.kill_worker_every_steps)
-    chaos_task = asyncio.ensure_future(chaos.run())
     started = time.perf_counter()
     error: BaseException | None = None
     try:
@@ -423,16 +422,15 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
                     console.print(f"Prometheus metrics at {url}", highlight=False)
             for wid in assignments:
                 launcher.start(wid)
-            await ctl.run()
+            # the process watcher (exits, the live view, flow.jsonl) and chaos run beside the
+            # controller, are cancelled when it ends, and an error in one stops the run
+            await serve_beside(ctl.run(), _watch(launcher, ctl, live, sample_flow), chaos.run())
     except Exception as exc:  # every stop writes summary.json with why (raised again below)
         error = exc
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         TermBeforeLoop()  # SIGTERM while the records are written: raise, as before the loop
-        watcher.cancel()
-        chaos_task.cancel()
-        await asyncio.gather(watcher, chaos_task, return_exceptions=True)
         await asyncio.sleep(0)
         launcher.stop()
         transport.close()
