@@ -158,7 +158,7 @@ def elastic_rate(recs: list[dict[str, Any]]) -> float | None:
 
 
 def plot(path: Path, rates: dict[str, dict[str, float | None]], nc: dict[str, float | None],
-         labels: dict[str, str]) -> None:
+         labels: dict[str, str], note: str = "one sitting") -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -175,11 +175,12 @@ def plot(path: Path, rates: dict[str, dict[str, float | None]], nc: dict[str, fl
         ax.bar_label(bars, fmt="%.0f", fontsize=6)
         if nc.get(col):
             ax.axhline(nc[col], color=color, linestyle="--", linewidth=1,
-                       label=f"non-clairvoyant bound ({col})")
+                       label=f"non-clairvoyant bound ({col}; the file's costs)")
     ax.set_xticks(range(len(names)), [labels.get(n, n).replace("_", " ") for n in names],
                   fontsize=7)
     ax.set_ylabel("samples/s (steady)")
-    ax.set_title("Drifting GenRM long-tail workload (responses 24 -> 96 tokens), real processes")
+    ax.set_title("Drifting GenRM long-tail workload (responses 24 -> 96 tokens), real processes, "
+                 f"2 workers ({note})")
     ax.legend(fontsize=7, ncols=2)
     fig.savefig(path, dpi=110)
 
@@ -297,3 +298,113 @@ def main(args: Any, argv: list[str]) -> int:
         shutil.copy(png, args.json.parent / png.name)
     print(json.dumps(result))
     return 0
+
+
+def combine(files: list[Path]) -> dict[str, Any]:
+    """Several ``--drift`` outputs (sequential sittings of a shared machine) as medians per run
+    and regime, the baselines and ratios chosen again on the medians: backpressure "carried
+    over" is the median of the backpressure runs that started from the median-early-tuned
+    split's pool sizes (any run's ``backpressure`` or ``backpressure_carried_over``)."""
+    import statistics
+
+    docs = [json.loads(Path(f).read_text().strip().splitlines()[-1]) for f in files]
+    cols = ("whole", "early", "late")
+
+    def med(rows: list[dict[str, float | None]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for c in cols:
+            xs = [r[c] for r in rows if r.get(c) is not None]
+            out[c] = statistics.median(xs) if xs else None
+            out[f"{c}_runs"] = [round(x, 2) for x in xs]
+        return out
+
+    def start_of(d: dict[str, Any], default: bool) -> str:
+        sizes = d["backpressure_start"] if default else {
+            s.split("=")[0][len("pools."):]: int(s.split("=")[1])
+            for s in d["carried_over_from"]["sets"]}
+        return "/".join(str(sizes[p]) for p in elastic.POOLS)
+
+    static = {n: med([d["static_splits_per_regime"][n] for d in docs])
+              for n in docs[0]["static_splits_per_regime"]}
+    early = max(static, key=lambda n: static[n]["early"] or 0.0)
+    best = max(static, key=lambda n: static[n]["whole"] or 0.0)
+    by_start: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for d in docs:
+        seen: set[tuple[str, str]] = set()
+        for key in ("backpressure", "backpressure_carried_over", "adaptive_carried_over"):
+            if key not in d["samples_per_s_per_regime"]:
+                continue
+            planner, start = key.split("_")[0], start_of(d, key == "backpressure")
+            if (planner, start) in seen:  # the same run under two names
+                continue
+            seen.add((planner, start))
+            by_start.setdefault(planner, {}).setdefault(start, []).append(
+                d["samples_per_s_per_regime"][key])
+    sizes = dict(item.split("=") for item in elastic.static_deployments(docs[0]["workers"])[early])
+    carried = "/".join(sizes[f"pools.{p}"] for p in elastic.POOLS)
+    rates = {"colocated": med([d["samples_per_s_per_regime"]["colocated"] for d in docs]),
+             "static_early_tuned": static[early], "static_best": static[best]}
+    for planner, starts in by_start.items():
+        if carried in starts:
+            rates[f"{planner}_carried_over"] = med(starts[carried])
+    default = start_of(docs[0], True)
+    if default != carried:  # backpressure as ``pivotflow run --workers N`` starts it
+        rates["backpressure"] = med(by_start["backpressure"][default])
+    nc = docs[0]["bounds"]["nonclairvoyant_bound"]
+    reg_nc = {c: (docs[0]["bounds"]["per_regime"].get(c) or {}).get("nonclairvoyant_samples_per_s")
+              for c in ("early", "late")}
+
+    def ratio(a: str, b: str, c: str = "whole") -> float | None:
+        x, y = rates.get(a, {}).get(c), rates[b].get(c)
+        return None if x is None or y is None else round(x / y, 4)
+
+    bp = "backpressure_carried_over"
+    return {
+        "bench": "elastic", "mode": "drift-combined", "runs": len(docs),
+        "backpressure_start_R_J_T": default,
+        "files": [str(f) for f in files], "static_early_tuned_split": early,
+        "static_best_split": best, "carried_over_start_R_J_T": carried,
+        "samples_per_s_per_regime": rates, "static_splits_per_regime": static,
+        "backpressure_by_start_R_J_T": {pl: {s: med(v) for s, v in st.items()}
+                                        for pl, st in by_start.items()},
+        "carried_over_over_early_static": ratio(bp, "static_early_tuned"),
+        "vs_best_static": ratio(bp, "static_best"), "vs_colocated": ratio(bp, "colocated"),
+        "per_regime": {c: {"carried_over_over_early_static": ratio(bp, "static_early_tuned", c),
+                           "vs_best_static": ratio(bp, "static_best", c),
+                           "vs_colocated": ratio(bp, "colocated", c)} for c in cols},
+        "nonclairvoyant_bound": nc, "nonclairvoyant_bound_per_regime": reg_nc,
+        "fraction_of_nonclairvoyant": {p: round(r["whole"] / nc, 4) for p, r in rates.items()},
+        "lost": sum(v for d in docs for v in d["lost"].values()),
+        "duplicates": sum(v for d in docs for v in d["duplicates"].values()),
+        "simulated": docs[0]["simulated"],
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="combine bench/elastic.py --drift outputs")
+    ap.add_argument("--combine", nargs="+", type=Path, required=True)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--png", type=Path, default=None, help="the medians' elastic_drift.png")
+    a = ap.parse_args()
+    got = combine(a.combine)
+    if a.png is not None:
+        r = got["samples_per_s_per_regime"]
+        short = {n: n.removeprefix("static-").replace("-", " | ")
+                 for n in (got["static_early_tuned_split"], got["static_best_split"])}
+        plot(a.png, {p: {c: v[c] for c in ("whole", "early", "late")} for p, v in r.items()},
+             {"whole": got["nonclairvoyant_bound"], **got["nonclairvoyant_bound_per_regime"]},
+             {"static_early_tuned": f"static tuned early\n{short[got['static_early_tuned_split']]}",
+              "static_best": f"best static (hindsight)\n{short[got['static_best_split']]}",
+              "backpressure_carried_over": "backpressure carried\nover from R/J/T "
+              + got["carried_over_start_R_J_T"],
+              "adaptive_carried_over": "adaptive carried\nover from R/J/T "
+              + got["carried_over_start_R_J_T"],
+              "backpressure": f"backpressure\nstarted R/J/T {got['backpressure_start_R_J_T']}"},
+             f"median of {got['runs']} sittings")
+    got["command"] = " ".join(["python", *sys.argv])
+    if a.json is not None:
+        a.json.write_text(json.dumps(got, indent=1) + "\n")
+    print(json.dumps(got))

@@ -50,3 +50,9 @@ def test_drift_json_keys(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
     assert not any(s.startswith("colocate=") for s in carried)
     assert json.loads((tmp_path / "r" / "drift.json").read_text()) == got
     assert (tmp_path / "r" / "elastic_drift.png").stat().st_size > 0
+    # several sittings combined: medians, the baselines chosen again on them
+    both = ed.combine([tmp_path / "r" / "drift.json"] * 2)
+    assert both["runs"] == 2 and both["static_early_tuned_split"] == got["static_early_tuned_split"]
+    assert both["carried_over_over_early_static"] == got["carried_over_over_early_static"]
+    assert both["samples_per_s_per_regime"]["colocated"]["whole_runs"] == [
+        round(got["samples_per_s"]["colocated"], 2)] * 2
