@@ -131,6 +131,12 @@ class AdaptivePlanner(BackpressurePlanner):
             return
         now_sizes = self.standing(view)
         workers = sum(now_sizes.values())
+        if workers < len(rates):  # no standing split gives every pool one: they time-share,
+            self.solved = view.version  # which backpressure's moves do; nothing to re-size
+            self.log.append({"time_s": view.now_s, "taken": False, "resize": 1.0,
+                             "version": float(view.version), "workers": float(workers),
+                             "skipped": "fewer workers than pools"})
+            return
         target = solve_split(rates, workers)
         now_rate, after_rate = pipeline_rate(rates, now_sizes), pipeline_rate(rates, target)
         trainer = next((p for p in view.pools.values() if p.role == "train"), None)

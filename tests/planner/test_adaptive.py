@@ -75,3 +75,24 @@ def test_decides_once_a_step() -> None:
     again = view(2, {"rollout": 200, "genrm": 200, "trainer": 200},
                  dict.fromkeys(POOL_WORKERS, 100.0))
     assert planner.decide(again) == [] and len(planner.log) == 1
+
+
+def test_fewer_workers_than_pools_are_not_re_sized() -> None:
+    """With 2 workers for 3 pools every split leaves a pool empty; the pools time-share them
+    through backpressure's moves, and re-solving a standing split (which gives each pool one
+    worker: 3) would chase a split it cannot have."""
+    planner = AdaptivePlanner()
+    sizes = {"rollout": ["w0"], "genrm": [], "trainer": ["w1"]}
+
+    def small(version: int, done: int, busy: float) -> PlannerView:
+        pools = {n: PoolView(n, list(ws), len(ws), 0, done / busy if busy else 0.0,
+                             "train" if n == "trainer" else "generate",
+                             batch=64 if n == "trainer" else 0, done=done, busy_s=busy)
+                 for n, ws in sizes.items()}
+        return PlannerView(now_s=10.0 * version, pools=pools, shift_cost_s=0.1, version=version)
+
+    assert planner.decide(small(1, 0, 0.0)) == []
+    assert planner.decide(small(2, 100, 50.0)) == []
+    assert planner.target is None
+    [entry] = planner.log  # decided, and logged with its reason
+    assert entry["skipped"] == "fewer workers than pools" and entry["workers"] == 2.0
