@@ -4,24 +4,26 @@ schedule's regimes, and the real sittings' JSON and their combination. No timing
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-
-from conftest import load_bench_script
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_regimes_are_the_schedules_flat_steps() -> None:
-    ed = load_bench_script("elastic_drift")
+def test_regimes_are_the_schedules_flat_steps(
+        bench_script: Callable[[str], ModuleType]) -> None:
+    ed = bench_script("elastic_drift")
     assert ed.regimes(ed.DRIFT, 12) == {"early": [1, 2, 3, 4], "late": [8, 9, 10, 11]}
     assert ed.regimes(ed.DRIFT, 3) == {"early": [1, 2], "late": []}
 
 
-def test_the_recorded_sittings_have_every_key_and_combine_to_the_recorded_medians() -> None:
+def test_the_recorded_sittings_have_every_key_and_combine_to_the_recorded_medians(
+        bench_script: Callable[[str], ModuleType]) -> None:
     """The five real sittings in bench/results/elastic_drift/ (each ~7 min of real runs, too
     long for the suite): every key the issue asks for, nothing lost or duplicated, and
     ``combine`` gives back the combined file that was written from them."""
-    ed = load_bench_script("elastic_drift")
+    ed = bench_script("elastic_drift")
     results = ROOT / "bench" / "results" / "elastic_drift"
     runs = sorted(results.glob("2026-12-03-run*.json"))
     assert len(runs) == 5

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
-from conftest import load_bench_script
 
 LINE_KEYS = {"run", "graph", "steps", "max_staleness", "setting", "task_accuracy_first20",
              "task_accuracy_last20", "task_accuracy_per20", "run_s", "samples_per_s",
@@ -16,8 +17,9 @@ SUMMARY_KEYS = {"task_accuracy_last20", "on_minus_off_last20", "noise_last20", "
                 "carried_token_share", "samples_per_s"}
 
 
-def test_token_weighted_skips_the_first_step_and_weighs_by_tokens() -> None:
-    bench = load_bench_script("partial_rollout")
+def test_token_weighted_skips_the_first_step_and_weighs_by_tokens(
+        bench_script: Callable[[str], ModuleType]) -> None:
+    bench = bench_script("partial_rollout")
     recs = [{"samples": 4, "response_len_mean": 1.0, "carried_token_share": 1.0},
             {"samples": 4, "response_len_mean": 3.0, "carried_token_share": 1.0},
             {"samples": 4, "response_len_mean": 1.0, "carried_token_share": 0.0}]
@@ -26,8 +28,9 @@ def test_token_weighted_skips_the_first_step_and_weighs_by_tokens() -> None:
 
 
 @pytest.mark.timeout(900)
-def test_real_mode_writes_every_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    bench = load_bench_script("partial_rollout")
+def test_real_mode_writes_every_key(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                    bench_script: Callable[[str], ModuleType]) -> None:
+    bench = bench_script("partial_rollout")
     out, png = tmp_path / "runs.jsonl", tmp_path / "accuracy.png"
     args = ["--real", "--steps", "2", "--seeds", "0", "--set", "graph.groups_per_step=2",
             "--set", "graph.group_size=4", "--out", str(out), "--png", str(png), "--quiet"]
