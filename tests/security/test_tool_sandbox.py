@@ -217,8 +217,10 @@ def test_fork_bomb_is_bounded_by_the_process_limit() -> None:
         while t.is_alive():
             peak = max(peak, len(_descendants(bwrap_pid)))
             time.sleep(0.02)
+        # the bomb hit the limit (its fork failed); the 20 ms sampler may see its processes
+        # or not (on a busy machine they come and go between samples), never more than that
         assert box[0].kind == "fork", box[0]
-        assert 0 < peak <= 16 + 2, f"{peak} processes under one sandbox (limit 16 + init)"
+        assert peak <= 16 + 2, f"{peak} processes under one sandbox (limit 16 + init)"
         assert p.counters["fork"] == 1
         assert not _descendants(bwrap_pid)
 
