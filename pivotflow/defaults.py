@@ -13,3 +13,4 @@ PARTIAL_ROLLOUT = False
 OVER_SAMPLE = 0.0
 MAX_BATCH = 64  # sequences a generate worker decodes side by side (its slots)
 KL_ESTIMATORS = ("k1", "k3")  # Schulman's KL estimators (rl/losses.kl_penalty; graph.train)
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")  # the losses'

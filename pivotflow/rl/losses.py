@@ -12,13 +12,13 @@ from typing import Literal
 
 import torch
 
-from pivotflow.defaults import KL_ESTIMATORS
+from pivotflow.defaults import AGGREGATIONS, KL_ESTIMATORS
 from pivotflow.errors import RLError
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 KLEstimator = Literal["k1", "k3"]
 
-_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+_AGGREGATIONS = AGGREGATIONS
 _KL_ESTIMATORS = KL_ESTIMATORS
 
 # Bound of |log pi_theta - log pi_old| (and of the k3 KL's log-ratio) before exp(): verl's

@@ -12,9 +12,7 @@ from typing import Any
 
 import msgspec
 
-from pivotflow.defaults import KL_ESTIMATORS
-
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+from pivotflow.defaults import AGGREGATIONS, KL_ESTIMATORS
 
 
 class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
