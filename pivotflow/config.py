@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from pivotflow import defaults
 from pivotflow.errors import ConfigError
+from pivotflow.launch.launcher_config import LAUNCHERS, RAY_STRATEGIES, LauncherConfig, RayConfig
 from pivotflow.planner.backpressure import BackpressureConfig
+from pivotflow.transport.transport_config import TransportConfig
+from pivotflow.worker.worker_config import WorkerConfig
+
+if TYPE_CHECKING:
+    from pivotflow.controller.core import ControllerConfig
 
 # What models run in (weights and activations); "auto" is the dtype model's config.json names
 # (float32 when it names none). The short names are aliases, as in the engines' own flags.
@@ -33,23 +39,6 @@ class ChaosConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     kill_worker_every_s: float = 0.0
     kill_worker_every_steps: int = 0
-
-
-LAUNCHERS = ("local", "ray")
-RAY_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-
-
-class RayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """``launcher=ray``: which cluster (``auto``: the one ``ray start`` left on this host, or
-    HOST:PORT of its GCS), what each worker's placement bundle reserves (``gpus_per_worker``
-    -1: one GPU when ``device`` is cuda, else none), how bundles spread over nodes, and how
-    long to wait for the cluster to place them."""
-
-    address: str = "auto"
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = -1.0
-    strategy: str = "PACK"
-    place_timeout_s: float = 60.0
 
 
 class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -71,17 +60,17 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # static only: pools whose workers time-share them in phases, "a+b" per group, groups
     # comma-separated (e.g. "rollout+genrm": inference workers roll out and judge)
     colocate: str = ""
-    threads_per_worker: int = 1
+    threads_per_worker: int = defaults.THREADS_PER_WORKER
     max_batch: int = defaults.MAX_BATCH
     max_jobs_per_frame: int = defaults.MAX_JOBS_PER_FRAME
     heartbeat_s: float = defaults.HEARTBEAT_S
     worker_timeout_s: float = defaults.WORKER_TIMEOUT_S
-    engine: str = "torch"
+    engine: str = defaults.ENGINE
     engines: dict[str, str] = {}  # pool -> engine, where not ``engine`` (--set engine.POOL=)
-    dtype: str = "auto"  # one of DTYPES, for every worker's model
-    device: str = "cpu"  # one of DEVICES, for every worker
+    dtype: str = defaults.DTYPE  # one of DTYPES, for every worker's model
+    device: str = defaults.DEVICE  # one of DEVICES, for every worker
     live: bool = True
-    results_per_frame: int = 0
+    results_per_frame: int = defaults.RESULTS_PER_FRAME
     max_worker_restarts: int = defaults.MAX_WORKER_RESTARTS
     checkpoint_every: int = 50  # optimizer steps between checkpoints (0: only on Ctrl-C)
     endpoint: str = ""  # where the controller binds; "" = a private ipc path
@@ -97,6 +86,34 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     pools: dict[str, int] = {}
     graph: dict[str, Any] = {}
 
+    # The components' own configs, composed from the flat keys above (the names --set and
+    # config.json use stay as they are: run records are an interface). Each component takes
+    # its typed config; a knob's default lives in pivotflow.defaults.
+
+    def controller_config(self) -> ControllerConfig:
+        from pivotflow.controller.core import ControllerConfig  # the controller: not at import
+
+        return ControllerConfig(steps=self.steps, max_staleness=self.max_staleness,
+                                heartbeat_s=self.heartbeat_s,
+                                worker_timeout_s=self.worker_timeout_s,
+                                max_jobs_per_frame=self.max_jobs_per_frame,
+                                max_worker_restarts=self.max_worker_restarts,
+                                partial_rollout=self.partial_rollout,
+                                over_sample=self.over_sample)
+
+    def worker_config(self, pool: str, tokenizer_dir: str = "") -> WorkerConfig:
+        """What a pool's workers are told in AssignRole (beside a trainer's loss knobs)."""
+        return WorkerConfig(threads=self.threads_per_worker, max_batch=self.max_batch,
+                            engine=engine_of(self, pool), seed=self.seed,
+                            results_per_frame=self.results_per_frame, dtype=self.dtype,
+                            device=self.device, tokenizer_dir=tokenizer_dir)
+
+    def launcher_config(self) -> LauncherConfig:
+        return LauncherConfig(kind=self.launcher, threads=self.threads_per_worker,
+                              device=self.device, ray=self.ray)
+
+    def transport_config(self) -> TransportConfig:
+        return TransportConfig(endpoint=self.endpoint, curve_keys=self.curve_keys)
 
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -15,18 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from pivotflow import checkpoints
-from pivotflow.concurrency import serve_beside
+from pivotflow.assembly import ControllerParts, assemble
 from pivotflow.config import (
     RunConfig,
     bad_key,
     colocate_groups,
-    engine_of,
     parse_overrides,
     resolve,
     valid_keys,
 )
 from pivotflow.controller.clock import LoopClock
-from pivotflow.controller.core import Controller, ControllerConfig
+from pivotflow.controller.core import Controller
 from pivotflow.controller.snapshot import restore, snapshot
 from pivotflow.controller.source import PromptSource
 from pivotflow.errors import (
@@ -36,9 +36,9 @@ from pivotflow.errors import (
 )
 from pivotflow.graph import Graph
 from pivotflow.graph_check import build_graph, graph_defaults, import_graph_file
-from pivotflow.launch.base import Launcher
 from pivotflow.launch.chaos import Chaos
-from pivotflow.launch.workers import attach, launcher_summary, open_workers
+from pivotflow.launch.fleet import LauncherFleet
+from pivotflow.launch.workers import launcher_summary, open_workers
 from pivotflow.metrics import STEP_KEYS, RunRecorder, StepRecord
 from pivotflow.params.base import ParamStore
 from pivotflow.planner import Planner, make_planner
@@ -280,15 +280,11 @@ def role_options(graph: Graph, cfg: RunConfig,
     for node in graph.order():
         if not node.pool:
             continue
-        o: dict[str, Any] = {"threads": cfg.threads_per_worker, "max_batch": cfg.max_batch,
-                             "engine": engine_of(cfg, node.pool), "seed": cfg.seed,
-                             "results_per_frame": cfg.results_per_frame,
-                             "dtype": cfg.dtype, "device": cfg.device}
+        folder = str(model_dirs[node.model]) if model_dirs and node.model in model_dirs else ""
+        o = cfg.worker_config(node.pool, tokenizer_dir=folder).options()
         if node.kind == "train":
             o.update({k: v for k, v in node.options.items()
                       if isinstance(v, (int, float, str, bool))})
-        if model_dirs and node.model in model_dirs:
-            o["tokenizer_dir"] = str(model_dirs[node.model])
         opts[node.pool] = o
     return opts
 
@@ -324,7 +320,6 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     policy = graph.order()[-1].model or ""  # the trained model
     checkpointed: dict[str, Any] = {"step": cont.step if seg.ckpt is not None else None,
                                     "error": None}
-    sinks = open_sinks(cfg.sinks, out, seg.config, cont.step if seg.ckpt is not None else None)
     sampled: list[dict[str, Any]] = []  # this step's samples.jsonl lines, until its record
     last: dict[str, Any] = {}  # the newest step record, for the metrics endpoint
 
@@ -365,39 +360,9 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         if cfg.checkpoint_every and record["step"] % cfg.checkpoint_every == 0:
             ctl.checkpoint_soon(write_checkpoint)
 
-    curve = load_controller_keys(Path(cfg.curve_keys)) if cfg.curve_keys else None
-    transport, launcher = open_workers(cfg, curve, seg.log_dir, len(assignments),
-                                       f"{out.name}-{os.getpid()}")
-    ccfg = ControllerConfig(steps=cfg.steps, max_staleness=cfg.max_staleness,
-                            heartbeat_s=cfg.heartbeat_s, worker_timeout_s=cfg.worker_timeout_s,
-                            max_jobs_per_frame=cfg.max_jobs_per_frame,
-                            max_worker_restarts=cfg.max_worker_restarts,
-                            partial_rollout=cfg.partial_rollout,
-                            over_sample=cfg.over_sample)
-
-    def respawn(new_id: str, old_id: str) -> None:
-        launcher.kill(old_id)  # declared dead: a paused process must not come back to life
-        launcher.start(new_id)
-
     def on_samples(batch: list[Any], step: int, version: int) -> None:
         sampled[:] = step_lines(batch, step, version, cfg.log_samples)
 
-    tool_pools = start_tool_pools(graph, out)
-    ctl = Controller(graph, ccfg, transport=transport, clock=LoopClock(),
-                     tokenizers=models.tokenizers, source=source, assignments=assignments,
-                     role_options=role_options(graph, cfg, models.dirs),
-                     store_dir=str(store.root), on_step=on_step,
-                     planner=build_planner(cfg, graph), respawn=respawn, tool_pools=tool_pools,
-                     on_samples=on_samples if cfg.log_samples else None)
-    attach(launcher, ctl)
-    endpoint = (None if listener is None
-                else prometheus.MetricsEndpoint(listener, ctl, lambda: last.get("record")))
-    if seg.ckpt is not None:
-        restore(ctl, seg.ckpt.state)
-    loop = asyncio.get_running_loop()
-    interrupt = Interrupt(ctl, write_checkpoint)
-    loop.add_signal_handler(signal.SIGINT, interrupt.on_signal, "SIGINT")
-    loop.add_signal_handler(signal.SIGTERM, interrupt.on_signal, "SIGTERM")
     from pivotflow.flow_samples import FlowSampler
 
     flow: list[FlowSampler] = []  # made once this segment may write: a resume, at its first step
@@ -408,37 +373,57 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         if not flow:
             flow.append(FlowSampler(ctl, out / "flow.jsonl"))
         flow[0].sample()
-    chaos = Chaos(launcher, ctl, cfg.chaos.kill_worker_every_s, cfg.seed,
-                  cfg.chaos.kill_worker_every_steps)
+
+    loop = asyncio.get_running_loop()
     started = time.perf_counter()
     error: BaseException | None = None
-    try:
-        with live:
-            if endpoint is not None:
-                await endpoint.start()
-                url = f"http://{cfg.metrics_host}:{cfg.metrics_port}/metrics"
-                log.info("metrics at %s", url)
-                if console:
-                    console.print(f"Prometheus metrics at {url}", highlight=False)
-            for wid in assignments:
-                launcher.start(wid)
-            # the process watcher (exits, the live view, flow.jsonl) and chaos run beside the
-            # controller, are cancelled when it ends, and an error in one stops the run
-            await serve_beside(ctl.run(), _watch(launcher, ctl, live, sample_flow), chaos.run())
-    except Exception as exc:  # every stop writes summary.json with why (raised again below)
-        error = exc
-    finally:
+    endpoint: prometheus.MetricsEndpoint | None = None
+    tool_pools: dict[str, Any] = {}
+    # What the run opens is released in reverse order however it ends: the signal handlers
+    # first, then the workers, the socket, the tool pools, the metrics endpoint, the sinks.
+    async with contextlib.AsyncExitStack() as stack:
+        sinks = open_sinks(cfg.sinks, out, seg.config,
+                           cont.step if seg.ckpt is not None else None)
+        stack.callback(sinks.close)
+        tool_pools = start_tool_pools(graph, out)
+        stack.callback(close_tool_pools, tool_pools)
+        tc = cfg.transport_config()
+        curve = load_controller_keys(Path(tc.curve_keys)) if tc.curve_keys else None
+        transport, launcher = open_workers(cfg.launcher_config(), tc, curve, seg.log_dir,
+                                           len(assignments), f"{out.name}-{os.getpid()}")
+        parts = ControllerParts(tokenizers=models.tokenizers, source=source,
+                                assignments=assignments,
+                                role_options=role_options(graph, cfg, models.dirs),
+                                store_dir=str(store.root), planner=build_planner(cfg, graph),
+                                on_step=on_step, tool_pools=tool_pools,
+                                on_samples=on_samples if cfg.log_samples else None)
+        machine = assemble(stack, graph, cfg.controller_config(), parts, transport=transport,
+                           clock=LoopClock(), fleet=LauncherFleet(launcher, assignments))
+        ctl = machine.controller
+        if listener is not None:
+            endpoint = prometheus.MetricsEndpoint(listener, ctl, lambda: last.get("record"))
+            stack.push_async_callback(endpoint.close)
+        if seg.ckpt is not None:
+            restore(ctl, seg.ckpt.state)
+        interrupt = Interrupt(ctl, write_checkpoint)
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        TermBeforeLoop()  # SIGTERM while the records are written: raise, as before the loop
-        await asyncio.sleep(0)
-        launcher.stop()
-        transport.close()
-        for pool in tool_pools.values():
-            pool.close()
-        if endpoint is not None:
-            await endpoint.close()
-        sinks.close()
+            loop.add_signal_handler(sig, interrupt.on_signal, sig.name)
+        stack.push_async_callback(_unhook_signals, loop)
+        chaos = Chaos(launcher, ctl, cfg.chaos.kill_worker_every_s, cfg.seed,
+                      cfg.chaos.kill_worker_every_steps)
+        try:
+            with live:
+                if endpoint is not None:
+                    await endpoint.start()
+                    url = f"http://{cfg.metrics_host}:{cfg.metrics_port}/metrics"
+                    log.info("metrics at %s", url)
+                    if console:
+                        console.print(f"Prometheus metrics at {url}", highlight=False)
+                # chaos and the live view (with flow.jsonl) run beside the controller and the
+                # fleet's exit watch, are cancelled when it ends; an error in one stops the run
+                await machine.run(chaos.run(), _refresh(live, ctl, sample_flow))
+        except Exception as exc:  # every stop writes summary.json with why (raised again below)
+            error = exc
     wall = time.perf_counter() - started
     # every stop checkpoints what it trained (a finished run too: --resume --steps N extends
     # it); a checkpoint that cannot be taken (a full disk) leaves the last whole one
@@ -456,7 +441,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     summary.extra["worker_pids"] = [p.pid for p in launcher.procs.values()]
     summary.extra["chaos_kills"] = chaos.kills
     summary.extra["metrics_requests"] = None if endpoint is None else endpoint.requests
-    summary.extra.update(launcher_summary(launcher, cfg))
+    summary.extra.update(launcher_summary(launcher, cfg.launcher_config()))
     if tool_pools:  # what the tool calls gave, by kind (ok, timeout, parse, ...), all stages
         kinds: dict[str, int] = {}
         for pool in tool_pools.values():
@@ -479,17 +464,24 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     return RunResult(out, json.loads((out / "summary.json").read_text()), steps)
 
 
-async def _watch(launcher: Launcher, ctl: Controller, live: Any,
-                 sample_flow: Callable[[], None] | None = None) -> None:
-    """Turn a worker process's exit into a typed event, refresh the live view, and sample
-    the pools and queues into flow.jsonl (``sample_flow``) at the same cadence."""
+async def _unhook_signals(loop: asyncio.AbstractEventLoop) -> None:
+    """The run's Ctrl-C and SIGTERM handlers go; one that comes while the records are written
+    raises, as one before the loop did (run_stop.TermBeforeLoop)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.remove_signal_handler(sig)
+    TermBeforeLoop()
+    await asyncio.sleep(0)
+
+
+def close_tool_pools(pools: dict[str, Any]) -> None:
+    for pool in pools.values():
+        pool.close()
+
+
+async def _refresh(live: Any, ctl: Controller, sample_flow: Callable[[], None]) -> None:
+    """Refresh the live view and sample the pools and queues into flow.jsonl, 4 times a
+    second (cheap, and it never raises: it stops itself on a full disk)."""
     while True:
         await asyncio.sleep(0.25)
-        for wid, code in launcher.exited():
-            w = ctl.workers.get(wid)
-            if w is not None and w.state != "dead":
-                tail = launcher.stderr_tail(wid)
-                ctl.worker_died(wid, f"process exited with code {code}; stderr tail:\n{tail}")
         live.update_flow(ctl)
-        if sample_flow is not None:
-            sample_flow()  # cheap, and never raises (it stops itself on a full disk)
+        sample_flow()

@@ -88,6 +88,39 @@ def test_workers_are_told_the_model_folder_dtype_and_device(tmp_path: Path) -> N
     assert opts["trainer"]["lr"] == 1e-4 and "tokenizer" not in opts["rollout"]
 
 
+def test_each_component_gets_its_typed_config_composed_from_the_flat_keys(tmp_path: Path) -> None:
+    from pivotflow.worker.train_config import train_config
+    from pivotflow.worker.worker_config import worker_config
+
+    cfg = resolve(parse_overrides(["max_batch=8", "threads_per_worker=2", "engine.genrm=vllm",
+                                   "steps=7", "worker_timeout_s=9", "device=cuda",
+                                   "ray.cpus_per_worker=3", "endpoint=tcp://127.0.0.1:5999"]),
+                  DEFAULTS)
+    ctl = cfg.controller_config()
+    assert (ctl.steps, ctl.worker_timeout_s, ctl.max_staleness) == (7, 9.0, 0)
+    rollout, genrm = cfg.worker_config("rollout"), cfg.worker_config("genrm", str(tmp_path))
+    assert (rollout.engine, genrm.engine, genrm.max_batch, genrm.threads) == ("torch", "vllm", 8, 2)
+    # what AssignRole carries, read back by a role beside a trainer's knobs
+    options = {**genrm.options(), "lr": 1e-4}
+    assert worker_config(options) == genrm and train_config(options).lr == 1e-4
+    assert "tokenizer_dir" not in rollout.options()
+    launcher = cfg.launcher_config()
+    assert (launcher.kind, launcher.threads, launcher.ray.cpus_per_worker) == ("local", 2, 3.0)
+    assert launcher.gpus_per_worker() == 1.0  # auto: a GPU per bundle for cuda workers
+    assert cfg.transport_config().endpoint == "tcp://127.0.0.1:5999"
+
+
+def test_a_knobs_default_is_the_same_for_the_run_and_the_component() -> None:
+    from pivotflow.controller.core import ControllerConfig
+    from pivotflow.launch.launcher_config import LauncherConfig
+    from pivotflow.worker.worker_config import WorkerConfig
+
+    cfg = resolve({}, DEFAULTS)
+    assert cfg.controller_config() == ControllerConfig()
+    assert cfg.worker_config("rollout") == WorkerConfig()
+    assert cfg.launcher_config() == LauncherConfig()
+
+
 def test_a_duplicate_before_the_pools_are_known_lists_pools_as_a_pattern() -> None:
     with pytest.raises(ConfigError, match=r"given twice .*graph.lr.*pools.POOL") as info:
         parse_overrides(["pools.rollout=1", "pools.rollout=2"], DEFAULTS)

@@ -12,37 +12,39 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pivotflow.config import RunConfig
 from pivotflow.launch.base import Launcher
+from pivotflow.launch.launcher_config import LauncherConfig
 from pivotflow.launch.local import LocalLauncher
 from pivotflow.transport.admission import new_run_secret
 from pivotflow.transport.curve import CurveKeys
 from pivotflow.transport.endpoints import is_loopback_tcp
+from pivotflow.transport.transport_config import TransportConfig
 from pivotflow.transport.zmq_transport import ZmqControllerTransport
 
 if TYPE_CHECKING:
     from pivotflow.controller.core import Controller
 
 
-def open_workers(cfg: RunConfig, curve: CurveKeys | None, log_dir: Path, slots: int,
+def open_workers(lc: LauncherConfig, tc: TransportConfig, curve: CurveKeys | None,
+                 log_dir: Path, slots: int,
                  run_tag: str) -> tuple[ZmqControllerTransport, Launcher]:
-    """The controller's transport and the launcher for ``slots`` workers; on an error (the
-    cluster unreachable, or unable to place them) whatever was opened is closed again."""
-    if cfg.launcher != "ray":
+    """The controller's transport (``curve``: its keys, loaded from ``tc.curve_keys``) and the
+    launcher for ``slots`` workers; on an error (the cluster unreachable, or unable to place
+    them) whatever was opened is closed again."""
+    if lc.kind != "ray":
         # the run's secret: a Hello without its worker's token is refused (transport/admission)
         secret = new_run_secret()
-        transport = ZmqControllerTransport(cfg.endpoint or None, curve=curve,
+        transport = ZmqControllerTransport(tc.endpoint or None, curve=curve,
                                            worker_secret=secret)
-        return transport, LocalLauncher(transport.endpoint, log_dir,
-                                        threads=cfg.threads_per_worker,
-                                        curve_keys=cfg.curve_keys, secret=secret)
+        return transport, LocalLauncher(transport.endpoint, log_dir, threads=lc.threads,
+                                        curve_keys=tc.curve_keys, secret=secret)
     from pivotflow.launch.ray import RayCluster, RayLauncher
 
-    cluster = RayCluster(cfg.ray.address)
+    cluster = RayCluster(lc.ray.address)
     tcp: ZmqControllerTransport | None = None
     secret_file = ""
     try:
-        endpoint = cfg.endpoint or cluster.controller_endpoint(cfg.curve_keys)
+        endpoint = tc.endpoint or cluster.controller_endpoint(tc.curve_keys)
         ray_secret: bytes | None = None
         if is_loopback_tcp(endpoint):
             # Every node is this host: the secret goes in a 0600 file here that the host
@@ -53,14 +55,11 @@ def open_workers(cfg: RunConfig, curve: CurveKeys | None, log_dir: Path, slots: 
             with os.fdopen(fd, "wb") as f:
                 f.write(ray_secret)
         tcp = ZmqControllerTransport(endpoint, curve=curve, worker_secret=ray_secret)
-        gpus = cfg.ray.gpus_per_worker
-        if gpus < 0:  # auto: a GPU per worker when the workers run on CUDA
-            gpus = 1.0 if cfg.device.startswith("cuda") else 0.0
-        launcher = RayLauncher(tcp.endpoint, log_dir, threads=cfg.threads_per_worker,
-                               curve_keys=cfg.curve_keys, slots=slots,
-                               cpus=cfg.ray.cpus_per_worker, gpus=gpus,
-                               strategy=cfg.ray.strategy,
-                               place_timeout_s=cfg.ray.place_timeout_s, run_tag=run_tag,
+        launcher = RayLauncher(tcp.endpoint, log_dir, threads=lc.threads,
+                               curve_keys=tc.curve_keys, slots=slots,
+                               cpus=lc.ray.cpus_per_worker, gpus=lc.gpus_per_worker(),
+                               strategy=lc.ray.strategy,
+                               place_timeout_s=lc.ray.place_timeout_s, run_tag=run_tag,
                                cluster=cluster, secret_file=secret_file)
     except BaseException:
         if tcp is not None:
@@ -82,7 +81,7 @@ def attach(launcher: Launcher, ctl: Controller) -> None:
                       else None, getattr(launcher, "rendezvous", None))
 
 
-def launcher_summary(launcher: Launcher, cfg: RunConfig) -> dict[str, Any]:
+def launcher_summary(launcher: Launcher, lc: LauncherConfig) -> dict[str, Any]:
     """The run summary's ``launcher`` key, and ``ray`` (placement, nodes used and lost)."""
     stats = getattr(launcher, "stats", None)
-    return {"launcher": cfg.launcher, **({"ray": stats()} if stats is not None else {})}
+    return {"launcher": lc.kind, **({"ray": stats()} if stats is not None else {})}

@@ -11,12 +11,16 @@ simulated.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from pivotflow.assembly import ControllerParts, assemble
 from pivotflow.controller.core import Controller, ControllerConfig
+from pivotflow.controller.recovery import Respawn
 from pivotflow.controller.source import PromptSource
 from pivotflow.errors import ConfigError
 from pivotflow.graph import Graph
@@ -25,7 +29,7 @@ from pivotflow.planner.base import Planner, StaticPlanner
 from pivotflow.rl.group_fns import grpo_advantage
 from pivotflow.sim.cores import CoreShare
 from pivotflow.sim.cost_model import CostModel
-from pivotflow.sim.sim_worker import SimWorker, close_quietly
+from pivotflow.sim.sim_worker import SimWorker
 from pivotflow.sim.tokens import FILLER, SimProblems, SimTokenizer
 from pivotflow.sim.virtual_clock import SimClock, run_virtual
 from pivotflow.sim.workload import Workload
@@ -160,6 +164,32 @@ def follow_lengths(ctl: Controller, wl: Workload) -> None:
         ctl.set_max_batch(name, batch)
 
 
+class _Horizon(Exception):
+    """The simulated run reached its virtual-time horizon or its wall-clock limit."""
+
+
+class SimFleet:
+    """Simulated workers as the run's fleet (``assembly.Fleet``): each says Hello when its
+    loop starts and serves on the virtual clock; a dead one is not replaced."""
+
+    respawn: Respawn | None = None
+
+    def __init__(self, workers: list[SimWorker]) -> None:
+        self.workers = workers
+
+    def bind(self, ctl: Controller) -> None:
+        pass  # one store for every worker, and no placement to tell
+
+    def start(self) -> None:
+        pass  # a simulated worker starts with its loop (serving)
+
+    def serving(self) -> list[Coroutine[Any, Any, None]]:
+        return [w.run() for w in self.workers]
+
+    def close(self) -> None:
+        pass  # their loops end with the run's task group; each closes its end
+
+
 def _planner(name: str | Planner) -> Planner:
     return make_planner(name) if isinstance(name, str) else name
 
@@ -203,42 +233,41 @@ async def _simulate(
         steps=steps, max_staleness=wl.max_staleness, heartbeat_s=30.0, worker_timeout_s=600.0,
         **controller,  # (partial_rollout, over_sample: pivotflow sim --set)
     )
-    ctl = Controller(
-        graph,
-        cfg,
-        transport=hub.controller,
-        clock=SimClock(loop),
+    parts = ControllerParts(
         tokenizers={"policy": tok, "judge": tok},
         source=source,
         assignments=assignments,
         role_options=role_options(wl.at(0), CostModel(wl.at(0))),
         store_dir="/nonexistent/pivotflow-sim",
-        on_step=on_step,
         planner=planner,
+        on_step=on_step,
     )
     cores = CoreShare(wl.hardware.cores) if wl.hardware.cores else None
-    workers = [
-        SimWorker(hub.connect(w), cost, wl.group_gpus, tok, cores=cores) for w in assignments
-    ]
+    fleet = SimFleet([SimWorker(hub.connect(w), cost, wl.group_gpus, tok, cores=cores)
+                      for w in assignments])
     trace: list[tuple[float, dict[str, int]]] = []
     wall0 = time.perf_counter()
-    run = asyncio.ensure_future(ctl.run())
-    tasks = [asyncio.ensure_future(w.run()) for w in workers]
-    timed_out = False
     t_start = loop.time()
-    try:
-        while not run.done():
+
+    async def watch() -> None:
+        """Trace the pools' sizes; end the run at the virtual horizon or the wall limit."""
+        while True:
             trace.append((loop.time() - t_start, {n: len(p.workers) for n, p in ctl.pools.items()}))
-            await asyncio.wait({run}, timeout=trace_every_s)
+            await asyncio.sleep(trace_every_s)
             if loop.time() - t_start > horizon_s or time.perf_counter() - wall0 > wall_limit_s:
-                timed_out = not run.done()
-                break
-        if run.done():
-            run.result()  # a controller error (a worker failed, a stage raised) surfaces here
-    finally:
-        await close_quietly(run)
-        for t in tasks:
-            await close_quietly(t)
+                raise _Horizon
+
+    timed_out = False
+    with contextlib.ExitStack() as stack:
+        machine = assemble(stack, graph, cfg, parts, transport=hub.controller,
+                           clock=SimClock(loop), fleet=fleet)
+        ctl = machine.controller
+        try:
+            # a controller error (a worker failed, a stage raised) surfaces here
+            await machine.run(watch())
+        except _Horizon:
+            timed_out = True
+    workers = fleet.workers
     wall = time.perf_counter() - wall0
     samples = sum(r["samples"] for r in records)
     end = records[-1]["time_s"] if records else loop.time() - t_start

@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pivotflow import defaults
 from pivotflow.engines import load_version, make_engine
 from pivotflow.engines.base import GenerationOutput, GenerationRequest, SamplingParams
 from pivotflow.errors import CheckpointError, ModelConfigError, RequestError
 from pivotflow.params.base import ParamStore
 from pivotflow.params.hf_folder import CONFIG, copy_side_files, write_folder
 from pivotflow.protocol import GenerateJob, JobDone
+from pivotflow.worker.worker_config import WorkerConfig, worker_config
 
 VERSION_WAIT_S = 60.0  # for a version published on another node to reach this one's store
 
@@ -48,31 +48,29 @@ def _export(config: dict[str, Any], tensors: dict, tokenizer_dir: str | None) ->
     return path
 
 
-def _vllm_engine(config: dict[str, Any], options: dict, where: str) -> dict[str, Any]:
+def _vllm_engine(config: dict[str, Any], wc: WorkerConfig, where: str) -> dict[str, Any]:
     """vLLM's constructor arguments: a folder of the config and tokenizer (no weights: they come
     from the store), the run's dtype, batch and seed."""
     from pivotflow.engines.torch.weights import resolve_dtype
 
     path = Path(tempfile.mkdtemp(prefix="pivotflow-export-"))
     (path / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    if options.get("tokenizer_dir"):
-        copy_side_files(options["tokenizer_dir"], path)
-    dtype = resolve_dtype(config, options.get("dtype", "auto"), where)
+    if wc.tokenizer_dir:
+        copy_side_files(wc.tokenizer_dir, path)
+    dtype = resolve_dtype(config, wc.dtype, where)
     return {"model_path": str(path), "load_format": "dummy",
-            "dtype": str(dtype).removeprefix("torch."),
-            "max_num_seqs": int(options.get("max_batch", defaults.MAX_BATCH)),
-            "seed": int(options.get("seed", 0)), "threads": int(options.get("threads", 1))}
+            "dtype": str(dtype).removeprefix("torch."), "max_num_seqs": wc.max_batch,
+            "seed": wc.seed, "threads": wc.threads}
 
 
-def _torch_engine(config: dict[str, Any], options: dict, where: str) -> tuple[Any, dict]:
+def _torch_engine(config: dict[str, Any], wc: WorkerConfig, where: str) -> tuple[Any, dict]:
     """The embedded engine's model description and constructor arguments."""
     from pivotflow.engines.torch.weights import config_from_hf, resolve_dtype
 
     cfg = config_from_hf(config, where)
-    kw: dict[str, Any] = {"max_batch": int(options.get("max_batch", defaults.MAX_BATCH)),
-                          "device": str(options.get("device", "cpu")),
-                          "dtype": resolve_dtype(config, options.get("dtype", "auto"), where)}
-    tokenizer_dir = options.get("tokenizer_dir")
+    kw: dict[str, Any] = {"max_batch": wc.max_batch, "device": wc.device,
+                          "dtype": resolve_dtype(config, wc.dtype, where)}
+    tokenizer_dir = wc.tokenizer_dir
     if tokenizer_dir:
         from pivotflow.tokenizer import load_tokenizer
 
@@ -106,16 +104,17 @@ class GenerateRole:
         self.store, self.model = store, model
         t0 = time.perf_counter()
         version, config, tensors = store.load(model)
-        kind = str(options.get("engine", "torch"))
+        wc = worker_config(options)
+        kind = wc.engine
         model_config: Any = config
         engine_kw: dict[str, Any] = {}
         where = f"config of {model}@v{version} (parameter store {store.root})"
         if kind == "vllm":
-            engine_kw = _vllm_engine(config, options, where)
+            engine_kw = _vllm_engine(config, wc, where)
         elif kind == "sglang":  # loads a checkpoint folder itself
-            engine_kw["model_path"] = str(_export(config, tensors, options.get("tokenizer_dir")))
+            engine_kw["model_path"] = str(_export(config, tensors, wc.tokenizer_dir or None))
         elif kind == "torch":
-            model_config, engine_kw = _torch_engine(config, options, where)
+            model_config, engine_kw = _torch_engine(config, wc, where)
         self.export = engine_kw.get("model_path")
         t_engine = time.perf_counter()
         self.engine = make_engine(kind, model_config, **engine_kw)

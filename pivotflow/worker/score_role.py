@@ -26,6 +26,7 @@ from pivotflow.params.base import ParamStore
 from pivotflow.protocol import GenerateJob, JobDone, TrainSeq
 from pivotflow.worker.train_config import train_config
 from pivotflow.worker.train_role import micro_batches, pack, response_logprobs
+from pivotflow.worker.worker_config import worker_config
 
 SCORED = "scored"  # the finish_reason of a scored job
 
@@ -38,8 +39,9 @@ class ScoreRole:
         self._version, hf_config, tensors = store.load(model)
         where = f"config of {model}@v{self._version} (parameter store {store.root})"
         self.config = config_from_hf(hf_config, where)
-        self.device = torch.device(str(options.get("device", "cpu")))
-        dtype = resolve_dtype(hf_config, str(options.get("dtype", "auto")), where)
+        wc = worker_config(options)
+        self.device = torch.device(wc.device)
+        dtype = resolve_dtype(hf_config, wc.dtype, where)
         t_build = time.perf_counter()
         self.model = build_model(self.config, tensors, self.device, dtype)
         self.budget = train_config(options).micro_batch_tokens

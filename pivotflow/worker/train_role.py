@@ -33,6 +33,7 @@ from pivotflow.rl import policy_loss
 from pivotflow.worker.adam_state import adam_tensors, init_adam_state, load_adam_tensors
 from pivotflow.worker.train_config import train_config
 from pivotflow.worker.train_group import TrainGroup
+from pivotflow.worker.worker_config import worker_config
 
 OPTIM_WAIT_S = 30.0  # for the optimizer state to reach this node's store (on a cluster)
 
@@ -119,10 +120,11 @@ class TrainRole:
         self.version, self.hf_config, tensors = store.load(model)
         where = f"config of {model}@v{self.version} (parameter store {store.root})"
         self.config = config_from_hf(self.hf_config, where)
-        self.device = torch.device(str(options.get("device", "cpu")))
+        wc = worker_config(options)
+        self.device = torch.device(wc.device)
         self.tc = train_config(options)  # the knobs, typed (graph.train checked them)
         master = resolve_dtype(self.hf_config, self.tc.train_dtype, where)
-        compute = resolve_dtype(self.hf_config, str(options.get("dtype", "auto")), where)
+        compute = resolve_dtype(self.hf_config, wc.dtype, where)
         bf16_compute = compute == torch.bfloat16 and master != torch.bfloat16
         self.autocast = torch.bfloat16 if bf16_compute else None
         self.model = build_model(self.config, tensors, self.device, master).train()

@@ -1,0 +1,45 @@
+"""The launcher's settings, typed: which launcher starts the workers and what each is given.
+
+``RunConfig`` keeps them as flat ``--set`` keys (``launcher``, ``threads_per_worker``,
+``ray.*``: the names the run records carry) and composes this from them
+(``RunConfig.launcher_config``); ``launch/workers.open_workers`` takes it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from pivotflow import defaults
+
+LAUNCHERS = ("local", "ray")
+RAY_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+class RayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``launcher=ray``: which cluster (``auto``: the one ``ray start`` left on this host, or
+    HOST:PORT of its GCS), what each worker's placement bundle reserves (``gpus_per_worker``
+    -1: one GPU when ``device`` is cuda, else none), how bundles spread over nodes, and how
+    long to wait for the cluster to place them."""
+
+    address: str = "auto"
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = -1.0
+    strategy: str = "PACK"
+    place_timeout_s: float = 60.0
+
+
+class LauncherConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Where worker processes start (``kind``, one of LAUNCHERS), with how many torch threads,
+    on what device (a Ray bundle reserves a GPU for cuda). The CurveZMQ keys the workers load
+    are the transport's (``TransportConfig.curve_keys``)."""
+
+    kind: str = "local"
+    threads: int = defaults.THREADS_PER_WORKER
+    device: str = defaults.DEVICE
+    ray: RayConfig = msgspec.field(default_factory=RayConfig)
+
+    def gpus_per_worker(self) -> float:
+        """A Ray bundle's GPUs: as given, or (-1, auto) one when the workers run on CUDA."""
+        if self.ray.gpus_per_worker >= 0:
+            return self.ray.gpus_per_worker
+        return 1.0 if self.device.startswith("cuda") else 0.0
