@@ -3,11 +3,11 @@ as the workload drifts.
 
 Backpressure moves workers to where the admitted work is and lends trainers to a ready step,
 but the pools it returns to are the ones it started with: carried over from a split tuned on
-early steps into a regime with 4x longer responses, it kept 13-18 rollout workers where that
-regime wants 26-32 (issue 24). After every optimizer step this planner re-solves the split the
-bench starts from (``pivotflow.sim.fluid.rank_splits``: a pipeline runs at its slowest pool's
-rate ``n_i * mu_i``) from the per-worker rates ``mu_i`` measured over the last step (samples done
-per busy worker-second, differences of the view's totals), and moves toward it when
+early steps into a regime of much longer responses, it keeps the rollout pool the early regime
+wanted (issue 24). After every optimizer step this planner re-solves the split the bench
+starts from (``pivotflow.sim.fluid.rank_splits``: a pipeline runs at its slowest pool's rate
+``n_i * mu_i``) from the per-worker rates ``mu_i`` measured over the last step (samples done per
+busy worker-second, differences of the view's totals), and moves toward it when
 
 * the predicted rate gains more than ``min_gain`` (the step-to-step noise of measured rates),
 * and the time that saves over one step at the current rate pays the shift, with hysteresis:
@@ -16,12 +16,11 @@ per busy worker-second, differences of the view's totals), and moves toward it w
 
 Known limit: a rate per busy second is low both for a pool that is slow and for one that is
 starved (its batches run part-empty while the pool before it is the bottleneck), so a starved
-pool may be given workers (simulated dense7b+7b at 128 GPUs, mid-ramp: the judge, fed by a rollout
-pool too small for the longer responses, measured 1.1 samples/s a worker and was given 59 of 128
-workers). Dividing by the measured batch fill over-corrects the other way (the tail's part-empty
-batches are not spare capacity: that run gave the trainer 82 of 128 in the early regime and
-ran it at 105.8 samples/s against 116.4, the late one at 36.1 against 30.3, the whole run at 48.1
-against 48.6). Both measured; the plain rate is the one shipped.
+pool may be given workers it cannot use. Dividing the rate by the measured batch fill
+over-corrects the other way: a tail's part-empty batches are not spare capacity, and it gave
+the trainer most of the cluster in an early regime. Both were measured in the simulator; the
+plain rate is the one shipped (the figures: bench/results/sim_drift*.json,
+``python bench/sim_paper.py --drift``).
 
 Every evaluation is kept in ``log`` (taken or not), and every move of a re-size carries its
 numbers (rates, sizes before and after, predicted rates, gain, cost) into the controller's
