@@ -41,4 +41,4 @@ def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield Cluster(hosts, address, keys)
     finally:
         hosts.close()
-    assert leftovers() == [], "namespaces or links left behind"
+    assert leftovers(hosts.tag) == [], "namespaces or links left behind"

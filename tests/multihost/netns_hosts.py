@@ -245,15 +245,22 @@ def start_ray(hosts: TwoHosts, cpus: int = 2, head_cpus: int | None = None,
     return address
 
 
-def leftovers() -> list[str]:
-    """This module's namespaces and links still on the machine (none after ``close``)."""
+def leftovers(tag: str = "") -> list[str]:
+    """This module's namespaces and links still on the machine (none after ``close``); with
+    ``tag``, only those of the ``TwoHosts(tag)`` (another suite beside this one may have its
+    own up meanwhile)."""
     ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                         check=False).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True,
                            check=False).stdout
-    return ([line.split()[0] for line in ns.splitlines() if line.startswith(PREFIX)]
-            + [w.rstrip(":").split("@")[0] for line in links.splitlines()
-               for w in line.split()[1:2] if w.startswith(PREFIX)])
+    names = ([line.split()[0] for line in ns.splitlines() if line.startswith(PREFIX)]
+             + [w.rstrip(":").split("@")[0] for line in links.splitlines()
+                for w in line.split()[1:2] if w.startswith(PREFIX)])
+    if not tag:
+        return names
+    # a host's namespace is PREFIX-TAG-x, its link end PREFIXTAGx cut to 15 characters
+    mine = (f"{PREFIX}-{tag}-a", f"{PREFIX}-{tag}-b", f"{PREFIX}{tag}a"[:15], f"{PREFIX}{tag}b"[:15])
+    return [n for n in names if n in mine]
 
 
 if __name__ == "__main__":
