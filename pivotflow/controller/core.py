@@ -1,9 +1,10 @@
 """The controller: one asyncio task that streams samples through the graph's stages.
 
-It owns the edges, the pools, the ledger and the transport's handler; it does no model math.
-Every event (a result, a finished train step, a worker joining) runs to completion on the loop
-and then ``pump`` moves whatever can move: admit prompts, dispatch ready samples, start a
-train step. Time comes from the injected clock, messages from the injected transport.
+It owns the edges, the pools, the ledger and the transport's handlers (``handlers.py``: what
+each message does); it does no model math. Every event (a result, a finished train step, a
+worker joining) runs to completion on the loop and then ``pump`` moves whatever can move:
+admit prompts, dispatch ready samples, start a train step. Time comes from the injected
+clock, messages from the injected transport.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,10 +22,11 @@ from pivotflow.controller import stages, user_code
 from pivotflow.controller.barriers import Barriers
 from pivotflow.controller.clock import Clock
 from pivotflow.controller.edges import Edge
+from pivotflow.controller.handlers import Handlers
 from pivotflow.controller.jobs import JobTable
 from pivotflow.controller.partial import PartialRollouts
 from pivotflow.controller.planning import planner_view
-from pivotflow.controller.pools import Pool, Roster, WorkerHandle
+from pivotflow.controller.pools import Pool, Roster
 from pivotflow.controller.records import lost_groups, step_record
 from pivotflow.controller.recovery import Recovery, Respawn
 from pivotflow.controller.sample import Ledger, Sample
@@ -36,23 +38,7 @@ from pivotflow.controller.training import TrainSteps
 from pivotflow.errors import GraphError, WorkerError
 from pivotflow.graph import Graph
 from pivotflow.planner.base import Planner, PlannerView, StaticPlanner
-from pivotflow.protocol import (
-    PROTOCOL_VERSION,
-    AbortJobs,
-    AssignRole,
-    Heartbeat,
-    Hello,
-    JobDone,
-    Jobs,
-    JobsDone,
-    Reject,
-    RoleReady,
-    Shutdown,
-    ToWorker,
-    TrainDone,
-    Welcome,
-    WorkerFailed,
-)
+from pivotflow.protocol import AbortJobs, Jobs, Shutdown, ToWorker, TrainDone
 from pivotflow.tokenizer.base import Tokenizer
 from pivotflow.tools.pool import ToolPool
 from pivotflow.transport.base import ControllerTransport
@@ -136,6 +122,7 @@ class Controller:
         self.filtered_since_step = 0
         self.errors = {"generation": 0}
         self.tools = ToolCalls(self, tool_pools)  # multi-turn stages' calls
+        self.handlers = Handlers(self)  # the transport's callbacks: what each message does
         self.started_at = 0.0
         self._done: asyncio.Event | None = None
         self._error: BaseException | None = None
@@ -153,7 +140,7 @@ class Controller:
         self.started_at = self.clock.now()
         for w in self.workers.values():
             w.last_seen = self.started_at
-        self.transport.start(self._on_message_safe, self._flush_safe)
+        self.transport.start(self.handlers.on_message, self.handlers.on_flush)
         self.tools.resume()  # samples a snapshot had waiting on a call: call again
         try:
             async with asyncio.TaskGroup() as loops:
@@ -239,76 +226,36 @@ class Controller:
         self.recovery.worker_lost(worker_id, reason)
         self.pump()
 
-    # ------------------------------------------------------------ messages
+    # ------------------------------------------------------------ what the handlers change
 
-    def _on_message_safe(self, worker_id: str, msg: Any) -> None:
-        try:
-            self._on_message(worker_id, msg)
-        except Exception as exc:  # a stage function or graph error stops the run, loudly
-            log.exception("controller failed handling %s from %s", type(msg).__name__, worker_id)
-            self.fail(exc)
+    def count_generated(self, tokens: int) -> None:
+        """Tokens a generation result added (beyond those of its prefix, counted already)."""
+        self.tokens_generated += tokens
 
-    def _flush_safe(self) -> None:
-        """After a run of messages (the transport's flush): dispatch what became ready, once
-        for the run rather than once per message."""
-        try:
-            self.pump()
-        except Exception as exc:
-            log.exception("controller failed dispatching")
-            self.fail(exc)
+    def count_generation_error(self) -> None:
+        """A job that came back with an error (``generation_errors`` in summary.json)."""
+        self.errors["generation"] += 1
 
-    def _on_message(self, worker_id: str, msg: Any) -> None:
-        w = self.workers.get(worker_id)
-        if w is None:
-            log.warning("message %s from unknown worker %r dropped", type(msg).__name__,
-                        worker_id)
-            return
-        if w.state == "dead":  # declared dead (e.g. it was paused past the timeout): too late
-            self.ledger.count_late()
-            return
-        w.last_seen = now = self.clock.now()
-        match msg:
-            case JobsDone(results=results):
-                for r in results:
-                    self._on_result(w, r, now)
-            case TrainDone():
-                self._on_train_done(w, msg)
-            case Heartbeat(busy=busy):
-                w.computing = busy > 0
-            case Hello(protocol_version=pv, pid=pid):
-                log.info("worker %s (pid %d) said hello", worker_id, pid)
-                self._on_hello(w, pv)
-            case RoleReady(version=version):
-                w.state, w.version = "ready", version
-                self.recovery.served.add(worker_id)
-                self.shifts.on_ready(worker_id, msg)
-                log.info("worker %s ready: %s %s@v%d (%.2fs)", worker_id, msg.role, msg.model,
-                         version, msg.load_s)
-            case WorkerFailed(error=error):
-                # A worker that served and then failed (e.g. a trainer whose peer died in a
-                # collective) is replaced like a dead one; one that never served is a broken
-                # setup (bad model, bad options) and stops the run with its error.
-                if worker_id in self.recovery.served and self.recovery.respawn is not None:
-                    self.worker_died(worker_id, f"failed: {error}")
-                else:
-                    self.fail(WorkerError(f"worker {worker_id} (pool {w.pool}) failed: {error}"))
+    def count_judge_failure(self) -> None:
+        """A judge's verdict that could not be parsed."""
+        self.ledger.judge_failures += 1
 
-    def _on_hello(self, w: WorkerHandle, protocol_version: int) -> None:
-        if protocol_version != PROTOCOL_VERSION:
-            reason = (f"protocol version {protocol_version} is not the controller's "
-                      f"{PROTOCOL_VERSION}; upgrade the worker and the controller together")
-            self.send(w.worker_id, Reject(reason=reason))
-            self.fail(WorkerError(f"worker {w.worker_id}: {reason}"))
-            return
-        self.send(w.worker_id, Welcome(protocol_version=PROTOCOL_VERSION,
-                                                 store_dir=self.store_dir_for(w.worker_id),
-                                                 heartbeat_s=self.cfg.heartbeat_s))
-        pool = self.pools[w.pool]
-        opts = self.role_options.get(pool.name, {})
-        w.state, w.role, w.model = "loading", pool.role, pool.model
-        w.capacity = int(opts.get("max_batch", defaults.MAX_BATCH))
-        self.send(w.worker_id, AssignRole(role=pool.role, model=pool.model,
-                                                    options=opts))
+    def new_policy_version(self, version: int) -> None:
+        """An optimizer step finished: the policy is at ``version``, and the count of groups
+        dropped since the last step starts again."""
+        self.version = version
+        self.filtered_since_step = 0
+
+    def finish_if_trained(self) -> None:
+        """End the run once its last optimizer step is done (``run`` returns)."""
+        if self.version >= self.cfg.steps and self._done is not None:
+            self._done.set()
+
+    @property
+    def checkpoint_pending(self) -> Set[int]:
+        """The jobs a pending checkpoint waits for (empty when none; read-only here: they
+        leave it through ``checkpoint_job_back``)."""
+        return self._ckpt_pending
 
     # ------------------------------------------------------------ the flow
 
@@ -476,77 +423,6 @@ class Controller:
                 jobs.append(job)
             if jobs:  # (none when a judge template failed on each, on_error=skip)
                 self.send(worker.worker_id, Jobs(jobs=jobs))
-
-    def _on_result(self, w: WorkerHandle, r: JobDone, now: float) -> None:
-        entry = self.jobs.finished(w, r, now)
-        if entry is None:
-            self.ledger.count_late()  # a result delivered twice, or after re-dispatch
-            return
-        sample, idx = entry
-        node = self.order[idx]
-        aborted = r.finish_reason == "abort"
-        # (a dict lookup per result, not a call, when no shift runs)
-        if not aborted and self.shifts.active:
-            self.shifts.on_job_finished(w.worker_id, r.job_id)
-        tok = self.tok[node.model or ""]
-        if node.kind == "generate":
-            self.tokens_generated += len(r.token_ids) - sample.private.pop(stages.COUNTED, 0)
-        if self.partial is not None and self.partial.voided(sample, r, idx, w.worker_id):
-            return  # its group was refused and is being generated again
-        if aborted:  # migration: resume elsewhere from the partial state
-            sample.private[stages.PARTIAL] = r
-            sample.private[stages.COUNTED] = len(r.token_ids)
-            self.edges[idx].push(sample, now, front=True)
-            carried = self.partial is not None and self.partial.came_back(r.job_id)
-            if carried:
-                sample.private[stages.CARRIED] = len(r.token_ids)
-            if r.job_id in self._ckpt_pending:
-                self.checkpoint_job_back(r.job_id)
-            elif not carried:
-                self.shifts.on_aborted(w.worker_id, r.job_id)
-            return
-        if r.error:
-            self.errors["generation"] += 1
-            log.warning("job %d (%s, sample %d) failed: %s", r.job_id, node.name,
-                        sample.sample_id, r.error)
-        if idx in self.tools.turns:
-            if self.tools.on_turn(idx, sample, r):  # its calls run, then the next turn
-                self.checkpoint_job_back(r.job_id)  # waiting on them, a snapshot sees it
-                return
-            self.source.check(sample)
-        elif node.kind == "generate":
-            stages.apply_generation(sample, r, tok)
-            self.source.check(sample)
-        elif node.kind == "reference":
-            stages.apply_reference(node, sample, r)
-        else:
-            ran, judged = user_code.guard(self, stages.apply_verdict, node, sample, r, tok)
-            if ran and not judged:
-                self.ledger.judge_failures += 1
-        self.advance(sample, idx + 1, now)  # (dropped there if its group was skipped)
-        # finished before a checkpoint's abort reached it; only now is the sample somewhere a
-        # snapshot sees it (the next stage), so only now may the checkpoint be written
-        if self._ckpt_pending:
-            self.checkpoint_job_back(r.job_id)
-
-    # ------------------------------------------------------------ training
-
-    def _on_train_done(self, w: WorkerHandle, msg: TrainDone) -> None:
-        done = self.training.on_done(w.worker_id, msg)
-        if done is None:
-            return
-        batch, msg = done
-        for group in batch:
-            self.ledger.mark_trained(group[0].group_id, len(group))
-        self.version = msg.version
-        self.filtered_since_step = 0
-        if self.partial is not None:  # the step boundary: carry generation over, refuse stale
-            self.partial.on_new_version(self.clock.now())
-        if self.on_step is not None:
-            self.on_step(self.step_record(batch, msg))
-        self.shifts.mark_reported()
-        if self.version >= self.cfg.steps and self._done is not None:
-            self._done.set()
 
     def job_rtt_us_p50(self, worker: bool = False) -> dict[str, float | None]:
         """Per model stage, the median time from sending a job to its result (controller's
