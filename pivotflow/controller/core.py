@@ -141,9 +141,10 @@ class Controller:
         for w in self.workers.values():
             w.last_seen = self.started_at
         self.transport.start(self.handlers.on_message, self.handlers.on_flush)
-        self.tools.resume()  # samples a snapshot had waiting on a call: call again
         try:
             async with asyncio.TaskGroup() as loops:
+                self.tools.run_in(loops)  # tool calls are tasks of this group
+                self.tools.resume()  # samples a snapshot had waiting on a call: call again
                 loops.create_task(self._tick_forever(), name="heartbeat watch")
                 loops.create_task(self._plan_forever(), name="planner")
                 await self._done.wait()
@@ -154,10 +155,7 @@ class Controller:
             log.error("controller loop failed", exc_info=failed.exceptions[0])
             self.fail(failed.exceptions[0])
         finally:
-            calls: list[asyncio.Future[Any]] = list(self.tools.tasks)
-            for t in calls:
-                t.cancel()
-            await asyncio.gather(*calls, return_exceptions=True)
+            self.tools.run_in(None)
             self._shutdown_workers()
         if self._error is not None:
             raise self._error
@@ -238,7 +236,7 @@ class Controller:
 
     def count_judge_failure(self) -> None:
         """A judge's verdict that could not be parsed."""
-        self.ledger.judge_failures += 1
+        self.ledger.count_judge_failure()
 
     def new_policy_version(self, version: int) -> None:
         """An optimizer step finished: the policy is at ``version``, and the count of groups
@@ -326,7 +324,7 @@ class Controller:
         if store_dir_for is not None:
             self.store_dir_for = store_dir_for
         if rendezvous_for is not None:
-            self.training.rendezvous_for = rendezvous_for
+            self.training.use_rendezvous(rendezvous_for)
 
     def set_max_batch(self, pool: str, batch: int) -> None:
         """The batch ``pool``'s workers hold from now on (a drifting workload's engine fits
@@ -345,10 +343,7 @@ class Controller:
         stage function failed on it (on_error=skip). Its samples still queued or generating
         are dropped when they come back. Returns the groups dropped since the last optimizer
         step and the limit past which nothing is left to train on (the caller says why)."""
-        if filtered:
-            self.ledger.groups_filtered += 1
-        else:
-            self.ledger.groups_skipped += 1
+        self.ledger.count_dropped(filtered=filtered)
         self.ledger.settle(group_id)
         self.train_buffer.dropped(group_id)
         self.barriers.take_group(group_id)

@@ -86,7 +86,7 @@ class Handlers:
                 self._on_hello(w, pv)
             case RoleReady(version=version):
                 w.state, w.version = "ready", version
-                ctl.recovery.served.add(worker_id)
+                ctl.recovery.mark_served(worker_id)
                 ctl.shifts.on_ready(worker_id, msg)
                 log.info("worker %s ready: %s %s@v%d (%.2fs)", worker_id, msg.role, msg.model,
                          version, msg.load_s)
@@ -94,7 +94,7 @@ class Handlers:
                 # A worker that served and then failed (e.g. a trainer whose peer died in a
                 # collective) is replaced like a dead one; one that never served is a broken
                 # setup (bad model, bad options) and stops the run with its error.
-                if worker_id in ctl.recovery.served and ctl.recovery.respawn is not None:
+                if ctl.recovery.replaces(worker_id):
                     ctl.worker_died(worker_id, f"failed: {error}")
                 else:
                     ctl.fail(WorkerError(f"worker {worker_id} (pool {w.pool}) failed: {error}"))

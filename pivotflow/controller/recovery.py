@@ -45,6 +45,15 @@ class Recovery:
         self.steps_redone = 0
         self.served: set[str] = set()  # workers that reached "ready" at least once
 
+    def mark_served(self, worker_id: str) -> None:
+        """The worker reached "ready": from now on its death is recovered, not fatal."""
+        self.served.add(worker_id)
+
+    def replaces(self, worker_id: str) -> bool:
+        """Whether a failure of this worker is recovered (it served, and workers can be
+        started again) rather than a broken setup that stops the run."""
+        return worker_id in self.served and self.respawn is not None
+
     def worker_lost(self, worker_id: str, reason: str) -> None:
         ctl = self.ctl
         w = ctl.workers.get(worker_id)

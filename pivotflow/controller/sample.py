@@ -54,6 +54,17 @@ class Ledger:
             setattr(self, key, value)
         self.settled_below, self.settled_above = settled_below, set(settled_above)
 
+    def count_judge_failure(self) -> None:
+        """A judge's verdict that could not be parsed."""
+        self.judge_failures += 1
+
+    def count_dropped(self, *, filtered: bool) -> None:
+        """A group dropped by a filter (``filtered``) or by a failed stage (on_error=skip)."""
+        if filtered:
+            self.groups_filtered += 1
+        else:
+            self.groups_skipped += 1
+
     def count_late(self) -> None:
         """A result that came twice, or from a worker no longer serving it, was dropped."""
         self.late_results += 1

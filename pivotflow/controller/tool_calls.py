@@ -31,7 +31,13 @@ class ToolCalls:
                       if n.kind == "generate" and "tools" in n.options}
         self.pools = {i: (pools or {})[ctl.order[i].name] for i in self.turns}
         self.waiting: dict[int, tuple[Sample, int]] = {}  # sample id -> (sample, stage)
-        self.tasks: set[asyncio.Future[list[ToolResult]]] = set()
+        self._group: asyncio.TaskGroup | None = None
+
+    def run_in(self, group: asyncio.TaskGroup | None) -> None:
+        """Calls run as tasks of the controller's task group (``Controller.run``): the run's
+        end cancels and awaits them, and one that raises stops the run. None: the run is
+        over, and a turn that ends now keeps its sample waiting (a snapshot saves it)."""
+        self._group = group
 
     def job(self, idx: int, job: GenerateJob, sample: Sample) -> GenerateJob:
         """The stage's job as the sample's next turn (unchanged for a single-turn stage)."""
@@ -59,12 +65,12 @@ class ToolCalls:
             self._call(idx, sample, self.turns[idx].pending_calls(sample))
 
     def _call(self, idx: int, sample: Sample, calls: Any) -> None:
-        fut = asyncio.ensure_future(self.pools[idx].acall_all(calls))
-        self.tasks.add(fut)
+        if self._group is None:
+            return  # the run is over (or not started): the sample stays in ``waiting``
+        fut = self._group.create_task(self.pools[idx].acall_all(calls), name="tool calls")
         fut.add_done_callback(lambda f: self._done(idx, sample, f))
 
     def _done(self, idx: int, sample: Sample, fut: asyncio.Future[list[ToolResult]]) -> None:
-        self.tasks.discard(fut)
         if fut.cancelled() or self.waiting.pop(sample.sample_id, None) is None:
             return
         ctl = self.ctl

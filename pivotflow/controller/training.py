@@ -61,6 +61,10 @@ class TrainSteps:
         self.first_started_at: float | None = None  # the run's first step began then
         self.stepping_s = 0.0  # seconds some step ran since (the planner's trainer busy share)
 
+    def use_rendezvous(self, rendezvous_for: Callable[[str, int], str]) -> None:
+        """Trainers' groups meet where the launcher says (rank 0's node), not in a file here."""
+        self.rendezvous_for = rendezvous_for
+
     @property
     def in_flight(self) -> bool:
         return self.batch is not None
