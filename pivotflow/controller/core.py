@@ -26,7 +26,7 @@ from pivotflow.controller.handlers import Handlers
 from pivotflow.controller.jobs import JobTable
 from pivotflow.controller.partial import PartialRollouts
 from pivotflow.controller.planning import planner_view
-from pivotflow.controller.pools import Pool, Roster
+from pivotflow.controller.pools import Pool, Roster, WorkerHandle
 from pivotflow.controller.records import lost_groups, step_record
 from pivotflow.controller.recovery import Recovery, Respawn
 from pivotflow.controller.sample import Ledger, Sample
@@ -38,7 +38,7 @@ from pivotflow.controller.training import TrainSteps
 from pivotflow.errors import GraphError, WorkerError
 from pivotflow.graph import Graph
 from pivotflow.planner.base import Planner, PlannerView, StaticPlanner
-from pivotflow.protocol import AbortJobs, Jobs, Shutdown, ToWorker, TrainDone
+from pivotflow.protocol import AbortJobs, AssignRole, Jobs, Shutdown, ToWorker, TrainDone
 from pivotflow.tokenizer.base import Tokenizer
 from pivotflow.tools.pool import ToolPool
 from pivotflow.transport.base import ControllerTransport
@@ -139,7 +139,7 @@ class Controller:
         self._done = asyncio.Event()
         self.started_at = self.clock.now()
         for w in self.workers.values():
-            w.last_seen = self.started_at
+            w.heard(self.started_at)
         self.transport.start(self.handlers.on_message, self.handlers.on_flush)
         try:
             async with asyncio.TaskGroup() as loops:
@@ -176,7 +176,7 @@ class Controller:
         except WorkerError as exc:
             w = self.workers.get(worker_id)
             if w is not None and w.state not in ("dead", "lost"):
-                w.state = "lost"  # takes no more work meanwhile
+                w.mark_lost()  # takes no more work meanwhile
                 asyncio.get_running_loop().call_soon(self.worker_died, worker_id, str(exc))
             return False
 
@@ -326,13 +326,21 @@ class Controller:
         if rendezvous_for is not None:
             self.training.use_rendezvous(rendezvous_for)
 
+    def assign_role(self, w: WorkerHandle) -> None:
+        """Tell a worker to load its pool's role (on joining, or after a shift moved it); it
+        holds as many jobs as the role's ``max_batch`` option."""
+        pool = self.pools[w.pool]
+        opts = self.role_options.get(pool.name, {})
+        w.assigned(pool.role, pool.model, int(opts.get("max_batch", defaults.MAX_BATCH)))
+        self.send(w.worker_id, AssignRole(role=pool.role, model=pool.model, options=opts))
+
     def set_max_batch(self, pool: str, batch: int) -> None:
         """The batch ``pool``'s workers hold from now on (a drifting workload's engine fits
         fewer sequences as they grow): the role option a worker joining gets, and each
         worker's job slots now."""
         self.role_options.setdefault(pool, {})["max_batch"] = batch
         for w in self.pools[pool].workers:
-            self.workers[w].capacity = batch
+            self.workers[w].set_capacity(batch)
 
     def resume_at(self, version: int, tokens_generated: int) -> None:
         """A snapshot's policy version and tokens generated so far (before ``run``)."""

@@ -15,13 +15,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from pivotflow import defaults
 from pivotflow.controller import stages, user_code
 from pivotflow.controller.pools import WorkerHandle
 from pivotflow.errors import WorkerError
 from pivotflow.protocol import (
     PROTOCOL_VERSION,
-    AssignRole,
     Heartbeat,
     Hello,
     JobDone,
@@ -72,20 +70,21 @@ class Handlers:
         if w.state == "dead":  # declared dead (e.g. it was paused past the timeout): too late
             ctl.ledger.count_late()
             return
-        w.last_seen = now = ctl.clock.now()
+        now = ctl.clock.now()
+        w.heard(now, busy=msg.busy > 0 if isinstance(msg, Heartbeat) else None)
         match msg:
             case JobsDone(results=results):
                 for r in results:
                     self._on_result(w, r, now)
             case TrainDone():
                 self._on_train_done(w, msg)
-            case Heartbeat(busy=busy):
-                w.computing = busy > 0
+            case Heartbeat():
+                pass  # heard above
             case Hello(protocol_version=pv, pid=pid):
                 log.info("worker %s (pid %d) said hello", worker_id, pid)
                 self._on_hello(w, pv)
             case RoleReady(version=version):
-                w.state, w.version = "ready", version
+                w.ready(version)
                 ctl.recovery.mark_served(worker_id)
                 ctl.shifts.on_ready(worker_id, msg)
                 log.info("worker %s ready: %s %s@v%d (%.2fs)", worker_id, msg.role, msg.model,
@@ -110,11 +109,7 @@ class Handlers:
         ctl.send(w.worker_id, Welcome(protocol_version=PROTOCOL_VERSION,
                                       store_dir=ctl.store_dir_for(w.worker_id),
                                       heartbeat_s=ctl.cfg.heartbeat_s))
-        pool = ctl.pools[w.pool]
-        opts = ctl.role_options.get(pool.name, {})
-        w.state, w.role, w.model = "loading", pool.role, pool.model
-        w.capacity = int(opts.get("max_batch", defaults.MAX_BATCH))
-        ctl.send(w.worker_id, AssignRole(role=pool.role, model=pool.model, options=opts))
+        ctl.assign_role(w)
 
     def _on_result(self, w: WorkerHandle, r: JobDone, now: float) -> None:
         ctl = self.ctl

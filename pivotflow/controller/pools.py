@@ -28,6 +28,36 @@ class WorkerHandle:
     roles_taken: int = 0  # counts shifts: a trainer that left and came back is a new member
     computing: bool = False  # its last heartbeat said its compute thread was at work
 
+    # What happens to a worker, as the controller's parts learn it: each part says so here
+    # rather than writing the fields (the roster's record; membership is Roster's alone).
+
+    def heard(self, now: float, busy: bool | None = None) -> None:
+        """A frame came from it (a heartbeat also says whether its compute is at work)."""
+        self.last_seen = now
+        if busy is not None:
+            self.computing = busy
+
+    def assigned(self, role: str, model: str, capacity: int) -> None:
+        """Told to load ``role`` for ``model``; it holds ``capacity`` jobs once ready."""
+        self.state, self.role, self.model, self.capacity = "loading", role, model, capacity
+
+    def ready(self, version: int) -> None:
+        self.state, self.version = "ready", version
+
+    def mark_lost(self) -> None:
+        """A send found it gone: no more work for it until recovery declares it dead."""
+        self.state = "lost"
+
+    def mark_dead(self) -> None:
+        self.state = "dead"
+
+    def set_capacity(self, capacity: int) -> None:
+        self.capacity = capacity
+
+    def set_training(self, training: bool) -> None:
+        """It is (or is no longer) a member of the step in flight."""
+        self.training = training
+
 
 @dataclass(slots=True)
 class Pool:
@@ -67,7 +97,7 @@ class Roster:
         """A dead worker leaves its pool (its handle stays, as "dead": a late frame from it is
         recognised and dropped)."""
         w = self.workers[worker_id]
-        w.state = "dead"
+        w.mark_dead()
         self.pools[w.pool].workers.remove(worker_id)
 
     def add(self, handle: WorkerHandle) -> None:

@@ -61,7 +61,7 @@ class Recovery:
             return
         served = worker_id in self.served
         if self.respawn is None or not served:
-            w.state = "dead"
+            w.mark_dead()
             ctl.fail(WorkerError(f"worker {worker_id} (pool {w.pool}) died: {reason}"))
             return
         log.warning("worker %s (pool %s) died: %s", worker_id, w.pool, reason.splitlines()[0])

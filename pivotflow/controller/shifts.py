@@ -15,9 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pivotflow import defaults
 from pivotflow.errors import ConfigError
-from pivotflow.protocol import AbortJobs, AssignRole, RoleReady
+from pivotflow.protocol import AbortJobs, RoleReady
 
 if TYPE_CHECKING:
     from pivotflow.controller.core import Controller
@@ -81,9 +80,7 @@ class ShiftManager:
             ctl.send(worker_id, AbortJobs(job_ids=sorted(w.jobs)))
         else:
             rec.drained_s = 0.0
-        opts = ctl.role_options.get(dst.name, {})
-        w.capacity = int(opts.get("max_batch", defaults.MAX_BATCH))
-        ctl.send(worker_id, AssignRole(role=dst.role, model=dst.model, options=opts))
+        ctl.assign_role(w)
         self.active[worker_id] = rec
         return rec
 

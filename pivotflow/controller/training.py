@@ -114,7 +114,7 @@ class TrainSteps:
         total_seqs = sum(1 for s in seqs if valid_tokens(s) > 0)
         any_signal = any(s.advantage != 0 for s in seqs)
         for rank, (wid, part) in enumerate(zip(order, parts, strict=True)):
-            ctl.workers[wid].training = True
+            ctl.workers[wid].set_training(True)
             ctl.send(wid, TrainStep(
                 step=ctl.version, seqs=part, rank=rank, world=len(order), epoch=self.epoch,
                 rendezvous=rendezvous,
@@ -124,7 +124,7 @@ class TrainSteps:
     def on_done(self, worker_id: str, msg: TrainDone) -> tuple[list[list[Sample]], TrainDone] | None:
         """A shard finished; the whole step when it was the last one (else None)."""
         ctl = self.ctl
-        ctl.workers[worker_id].training = False
+        ctl.workers[worker_id].set_training(False)
         if self.batch is None or msg.step != ctl.version or worker_id not in self.waiting:
             ctl.ledger.count_late()
             return None
@@ -154,7 +154,7 @@ class TrainSteps:
         self.ctl.train_buffer.requeue(self.batch)
         blocked = sorted(self.waiting - {worker_id}) if len(self.members) > 1 else []
         for wid in self.waiting:
-            self.ctl.workers[wid].training = False
+            self.ctl.workers[wid].set_training(False)
         self.batch, self.waiting, self.rank0_msg = None, set(), None
         self.batch_samples = 0
         self.members, self.member_roles = [], []
