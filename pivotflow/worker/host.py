@@ -2,8 +2,10 @@
 
 ``RoleHost`` takes one controller message at a time and returns the messages to send back; it
 knows nothing of threads or sockets. The real worker runs it on its compute thread
-(``compute.py``) behind the socket loop (``main.py``); a simulated worker can run the same
-state machine with other roles (``make_role``) on a virtual clock.
+(``compute.py``) behind the socket loop (``main.py``); the simulator's worker
+(``sim/sim_worker.py``) runs the same state machine with simulated roles (``sim/sim_roles.py``,
+its ``make_role``) on the virtual clock, with no parameter store (its weights are a version
+number) and the release times of its cost model (``release_s``).
 """
 
 from __future__ import annotations
@@ -65,11 +67,14 @@ class TrainLike(Role, Protocol):
 SERVING = ("generate", "score")
 
 # (role name, store, model, options) -> the loaded role; raises WorkerError for an unknown role
-RoleFactory = Callable[[str, ParamStore, str, dict[str, Any]], Role]
+RoleFactory = Callable[[str, ParamStore | None, str, dict[str, Any]], Role]
 
 
-def load_role(role: str, store: ParamStore, model: str, options: dict[str, Any]) -> Role:
+def load_role(role: str, store: ParamStore | None, model: str, options: dict[str, Any]) -> Role:
     """The real roles: a torch (or vLLM/SGLang) engine, or the trainer."""
+    if store is None:
+        raise WorkerError(f"role {role!r} reads its weights from a parameter store; "
+                          "this host has none")
     import torch  # the host itself is torch-free; the real roles are not
 
     torch.set_num_threads(int(options.get("threads", 1)))
@@ -91,11 +96,16 @@ def load_role(role: str, store: ParamStore, model: str, options: dict[str, Any])
 class RoleHost:
     """One role at a time, and the jobs it serves. Not thread-safe: one thread drives it."""
 
-    def __init__(self, worker_id: str, store: ParamStore,
-                 make_role: RoleFactory = load_role) -> None:
+    def __init__(self, worker_id: str, store: ParamStore | None,
+                 make_role: RoleFactory = load_role,
+                 release_s: Callable[[Role | None], float] | None = None) -> None:
         self.worker_id = worker_id
         self.store = store
         self.make_role = make_role
+        # What RoleReady reports for letting go of the role before (None passed when there was
+        # none): by default the time the release took here; a simulated worker spends its cost
+        # model's figure on the virtual clock before it calls the host, and reports that.
+        self.release_s = release_s
         self.role: Role | None = None
         self.role_name = ""
         self.results_per_frame = 0  # 0: every result finished in a step shares one frame
@@ -137,9 +147,12 @@ class RoleHost:
             role.release()
 
     def _assign(self, msg: AssignRole) -> RoleReady:
+        before = self.role
         t0 = time.perf_counter()
         self.release()
         release_s = time.perf_counter() - t0
+        if self.release_s is not None:
+            release_s = self.release_s(before)
         options = dict(msg.options)
         self.results_per_frame = int(options.get("results_per_frame", 0))
         self.role = self.make_role(msg.role, self.store, msg.model, options)
