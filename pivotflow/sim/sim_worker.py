@@ -19,7 +19,6 @@ they would in a real worker's socket.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -48,7 +47,7 @@ from pivotflow.sim.tokens import SimTokenizer
 from pivotflow.transport.local import LocalWorkerEnd
 from pivotflow.worker.host import RoleHost
 
-__all__ = ["SimWorker", "SimWorkerStats", "close_quietly"]
+__all__ = ["SimWorker", "SimWorkerStats"]
 
 
 class SimWorker:
@@ -273,10 +272,3 @@ class SimWorker:
         if gen is not None:
             gen.bank_busy()
         return dict(self.stats.busy_s)
-
-
-async def close_quietly(task: asyncio.Task[Any]) -> None:
-    """Cancel a worker task and wait for it (its end closes in ``run``'s finally)."""
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
