@@ -179,28 +179,28 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
             console.print(f"[yellow]passed over a damaged checkpoint[/]: {why}",
                           highlight=False, soft_wrap=True)
     # bound before anything is written: a port in use is a one-line error that leaves nothing
-    listener = prometheus.bind(cfg.metrics_host, cfg.metrics_port) if cfg.metrics_port else None
-    try:
+    # What the run opens is released in reverse order however it ends (the store lives in
+    # shared memory: it must go whatever happens).
+    with contextlib.ExitStack() as stack:
+        listener = (prometheus.bind(cfg.metrics_host, cfg.metrics_port) if cfg.metrics_port
+                    else None)
+        if listener is not None:
+            stack.callback(listener.close)
         out.mkdir(parents=True, exist_ok=True)
         recorder = RunRecorder(out)
-    except BaseException:
-        if listener is not None:
-            listener.close()
-        raise
-    if ckpt is not None:
-        recorder.continue_after(ckpt.step)  # the metrics continue the same file
-        for path in checkpoints.sweep_temporary(out):
-            log.warning("removed %s, left by a checkpoint write that did not finish", path)
-    else:
-        recorder.write_config(config)  # a resume's waits for its first step (on_step)
-    from pivotflow.params.shm_store import ShmParamStore, default_root  # torch: not at import
-    root = default_root(f"{out.name}-{os.getpid()}")
-    sweep_dead_stores(root.parent)
-    store = ShmParamStore(root)
-    (root / OWNER_FILE).write_text(str(os.getpid()))
-    terminated = TermBeforeLoop()
-    handlers: list[logging.Handler] = []
-    try:  # the store lives in shared memory: it must go whatever happens
+        if ckpt is not None:
+            recorder.continue_after(ckpt.step)  # the metrics continue the same file
+            for path in checkpoints.sweep_temporary(out):
+                log.warning("removed %s, left by a checkpoint write that did not finish", path)
+        else:
+            recorder.write_config(config)  # a resume's waits for its first step (on_step)
+        from pivotflow.params.shm_store import ShmParamStore, default_root  # torch: not at import
+        root = default_root(f"{out.name}-{os.getpid()}")
+        sweep_dead_stores(root.parent)
+        store = ShmParamStore(root)
+        stack.callback(store.cleanup)
+        (root / OWNER_FILE).write_text(str(os.getpid()))
+        stack.callback(TermBeforeLoop().restore)
         models = prepare_models(graph, store, console=console,
                                 seed=cfg.seed if cfg.models_seed < 0 else cfg.models_seed)
         if ckpt is not None:
@@ -211,18 +211,14 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
         source = PromptSource(source_node, problems, models.tokenizers[policy_model or ""],
                               steps=cfg.steps, max_staleness=cfg.max_staleness, seed=cfg.seed)
         seg = Segment(out, str(graph_path), cont, config, ckpt)
-        run_log = _log_to(seg.log_dir / "controller.log")
-        handlers.append(run_log)
+        stack.callback(_stop_logging_to, _log_to(seg.log_dir / "controller.log"))
         return asyncio_run(_run_async(graph, cfg, assignments, source, models, store,
                                       recorder, seg, console, listener))
-    finally:
-        for handler in handlers:
-            logging.getLogger("pivotflow").removeHandler(handler)
-            handler.close()
-        terminated.restore()
-        store.cleanup()
-        if listener is not None:
-            listener.close()
+
+
+def _stop_logging_to(handler: logging.Handler) -> None:
+    logging.getLogger("pivotflow").removeHandler(handler)
+    handler.close()
 
 
 def _log_to(path: Path) -> logging.Handler:
