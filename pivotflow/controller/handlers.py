@@ -4,10 +4,8 @@ A result moves its sample on (or back to its queue, when it was aborted for a mi
 checkpoint); a finished train step advances the policy version; a hello is answered with the
 worker's role. Each handler runs to completion on the loop; the transport's flush then calls
 ``pump`` once for the run of messages. The handlers hold no state of their own: they read the
-controller's parts and change them through the parts' methods (and the controller's own,
-e.g. ``new_policy_version``). They write two things directly: the sender's ``WorkerHandle``
-(what it said last: liveness, state, role, capacity), and ``Recovery.served``, which has no
-method yet.
+controller's parts and change them through the parts' methods (the sender's ``WorkerHandle``
+through its own: ``heard``, ``ready``; the controller's, e.g. ``new_policy_version``).
 """
 
 from __future__ import annotations
