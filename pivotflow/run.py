@@ -298,8 +298,7 @@ def start_tool_pools(graph: Graph, out: Path | None = None) -> dict[str, Any]:
                 pools[node.name] = ToolPool(node.options["tools"], hidden_paths=hidden,
                                             **node.options["tool_pool"])
     except BaseException:
-        for pool in pools.values():
-            pool.close()
+        close_tool_pools(pools)
         raise
     return pools
 
@@ -385,7 +384,8 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         stack.callback(close_tool_pools, tool_pools)
         tc = cfg.transport_config()
         curve = load_controller_keys(Path(tc.curve_keys)) if tc.curve_keys else None
-        transport, launcher = open_workers(cfg.launcher_config(), tc, curve, seg.log_dir,
+        lc = cfg.launcher_config()
+        transport, launcher = open_workers(lc, tc, curve, seg.log_dir,
                                            len(assignments), f"{out.name}-{os.getpid()}")
         parts = ControllerParts(tokenizers=models.tokenizers, source=source,
                                 assignments=assignments,
@@ -437,7 +437,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     summary.extra["worker_pids"] = [p.pid for p in launcher.procs.values()]
     summary.extra["chaos_kills"] = chaos.kills
     summary.extra["metrics_requests"] = None if endpoint is None else endpoint.requests
-    summary.extra.update(launcher_summary(launcher, cfg.launcher_config()))
+    summary.extra.update(launcher_summary(launcher, lc))
     if tool_pools:  # what the tool calls gave, by kind (ok, timeout, parse, ...), all stages
         kinds: dict[str, int] = {}
         for pool in tool_pools.values():

@@ -69,15 +69,15 @@ class Handlers:
             ctl.ledger.count_late()
             return
         now = ctl.clock.now()
-        w.heard(now, busy=msg.busy > 0 if isinstance(msg, Heartbeat) else None)
+        w.heard(now)
         match msg:
             case JobsDone(results=results):
                 for r in results:
                     self._on_result(w, r, now)
             case TrainDone():
                 self._on_train_done(w, msg)
-            case Heartbeat():
-                pass  # heard above
+            case Heartbeat(busy=busy):
+                w.set_computing(busy > 0)
             case Hello(protocol_version=pv, pid=pid):
                 log.info("worker %s (pid %d) said hello", worker_id, pid)
                 self._on_hello(w, pv)

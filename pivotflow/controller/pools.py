@@ -31,11 +31,13 @@ class WorkerHandle:
     # What happens to a worker, as the controller's parts learn it: each part says so here
     # rather than writing the fields (the roster's record; membership is Roster's alone).
 
-    def heard(self, now: float, busy: bool | None = None) -> None:
-        """A frame came from it (a heartbeat also says whether its compute is at work)."""
+    def heard(self, now: float) -> None:
+        """A frame came from it: it lives."""
         self.last_seen = now
-        if busy is not None:
-            self.computing = busy
+
+    def set_computing(self, busy: bool) -> None:
+        """Its heartbeat said whether its compute thread is at work."""
+        self.computing = busy
 
     def assigned(self, role: str, model: str, capacity: int) -> None:
         """Told to load ``role`` for ``model``; it holds ``capacity`` jobs once ready."""
