@@ -123,7 +123,7 @@ def _unfinished_decode_s(wl: Workload, n: float, tokens: float) -> float:
     unfinished by then, spread evenly over every policy replica (at least one a replica)."""
     cost = CostModel(wl)
     pol, g, r = wl.policy, wl.group_gpus, wl.response
-    replicas = _devices(wl) // g * cost.replicas(pol, g)
+    replicas = concurrent_devices(wl) // g * cost.replicas(pol, g)
     prompt = cost.mean_prompt() + 1  # BOS
     nd = NormalDist()
     total = 0.0
@@ -149,32 +149,44 @@ def nonclairvoyant_partial_decode_s(wl: Workload, over_sample: float) -> float:
     started ``max_staleness`` versions back, so this is ``nonclairvoyant_decode_s`` (o = 0)."""
     if over_sample <= 0:
         return nonclairvoyant_decode_s(wl)
+    return min(_unfinished_decode_s(wl, n, end)
+               for n, end in nonclairvoyant_partial_end(wl, over_sample))
+
+
+def nonclairvoyant_partial_end(wl: Workload, over_sample: float) -> list[tuple[float, float]]:
+    """The ``(sequences admitted, tokens until the step's groups are complete)`` a scheduler may
+    choose under partial rollouts with ``over_sample`` (see ``nonclairvoyant_partial_decode_s``);
+    without over-sampling the one choice: the step's samples and the longest of them."""
+    n0 = wl.samples_per_step
+    if over_sample <= 0:
+        return [(float(n0), expected_max(wl.response, n0))]
     r = wl.response
     nd = NormalDist()
-    best = math.inf
+    out = []
     for share in (0.0, 0.25, 0.5, 0.75, 1.0):  # o' = share * o
         o = share * over_sample
-        n = wl.samples_per_step * (1 + o)
+        n = n0 * (1 + o)
         groups = n / wl.group_size
         # the (n / G)-th complete group of n (1 + o) / G: the group max's quantile 1/(1+o)
         # (o = 0: the largest of ``groups``, as ``expected_max``)
         q = (1 / (1 + o) * groups / (groups + 1)) ** (1 / wl.group_size)
         end = min(r.cap, r.median * math.exp(r.sigma * nd.inv_cdf(q))) if r.sigma else r.median
-        best = min(best, _unfinished_decode_s(wl, n, end))
-    return best
+        out.append((n, end))
+    return out
 
 
-def data_parallel_work_bound(wl: Workload, r: RoleRates) -> float:
+def data_parallel_work_bound(wl: Workload, r: RoleRates, extra_s: float = 0.0) -> float:
     """Samples/s with every device busy, steps one at a time. A sample takes ``a`` worker-
     seconds of generation and judging, and ``t_w`` seconds of a step on ``w`` trainers, which
     hold ``min(w, devices)`` devices meanwhile. Where data parallel is linear (the GPU cost
     model) a step spreads over every device and this is the plain work bound; where it is
     measured (2 CPU trainers run 1.3x one) it is the best mix of step widths: a linear
-    program whose optimum mixes at most two widths, so every pair is tried."""
+    program whose optimum mixes at most two widths, so every pair is tried. ``extra_s``: more
+    worker-seconds each sample's generation needs (``joint_bound``'s excess)."""
     workers = wl.gpus // wl.group_gpus
-    devices = _devices(wl) / wl.group_gpus
+    devices = concurrent_devices(wl) / wl.group_gpus
     n = wl.samples_per_step
-    a, t1 = 1 / r.rollout + 1 / r.genrm, 1 / r.trainer
+    a, t1 = 1 / r.rollout + 1 / r.genrm + extra_s, 1 / r.trainer
     widths = [(t1, t1)]  # (step seconds a sample, device-seconds a sample)
     widths += [(s / n, min(w, devices) * s / n) for w, s in r.dp_step_s]
     if workers > 1 and workers not in dict(r.dp_step_s):  # the widest linear step
@@ -191,7 +203,7 @@ def data_parallel_work_bound(wl: Workload, r: RoleRates) -> float:
     return 1 / best
 
 
-def _devices(wl: Workload) -> int:
+def concurrent_devices(wl: Workload) -> int:
     """GPUs that can run at once: on a CPU machine the workers share ``cores``."""
     g = wl.group_gpus
     return min(wl.gpus, wl.hardware.cores * g) if wl.hardware.cores else wl.gpus
@@ -230,7 +242,7 @@ def fluid_bound(wl: Workload) -> dict[str, float]:
     r = role_rates(wl)
     g = wl.group_gpus
     work_gpu_s = g / r.rollout + g / r.genrm + g / r.trainer
-    work = _devices(wl) / work_gpu_s
+    work = concurrent_devices(wl) / work_gpu_s
     dp_work = min(work, data_parallel_work_bound(wl, r))  # (equal where it is linear)
     per_path = wl.samples_per_step * (wl.max_staleness + 1)
     path = per_path / r.critical_path_s
@@ -289,7 +301,7 @@ def partial_bounds(wl: Workload, over_sample: float = 0.0) -> dict[str, float]:
         return {key: len(per) / sum(1 / b[key] for b in per) for key in per[0]}
     r = role_rates(wl)
     g = wl.group_gpus
-    dp_work = min(_devices(wl) / (g / r.rollout + g / r.genrm + g / r.trainer),
+    dp_work = min(concurrent_devices(wl) / (g / r.rollout + g / r.genrm + g / r.trainer),
                   data_parallel_work_bound(wl, r))
     per_path = wl.samples_per_step * (wl.max_staleness + 1)
     nc_path = r.critical_path_s - r.decode_s + max(r.decode_s, nonclairvoyant_decode_s(wl))
