@@ -32,6 +32,7 @@ from typing import Any
 
 from pivotflow.sim.cluster import SimResult, Split, simulate
 from pivotflow.sim.fluid import fluid_bound, rank_splits
+from pivotflow.sim.joint_bound import joint_bound
 from pivotflow.sim.workload import Workload, load_workload
 
 HERE = Path(__file__).parent
@@ -192,7 +193,7 @@ def summarize_drift(pl: dict[str, Any], args: Any) -> dict[str, Any]:
     ceilings = {f"nonclairvoyant_over_{k}": _ratio(nc, rates[k])
                 for k in ("early_static", "best_static", "colocated")}
     res = whole[main]
-    return {
+    return add_joint(wl, {
         "workload": wl.name,
         "gpus": wl.gpus,
         "planner": main,
@@ -228,4 +229,27 @@ def summarize_drift(pl: dict[str, Any], args: Any) -> dict[str, Any]:
                      "timed_out": r.timed_out}
                  for k, r in whole.items()},
         "_results": whole,  # (for the plots; not written)
-    }
+    })
+
+
+def add_joint(wl: Workload, g: dict[str, Any]) -> dict[str, Any]:
+    """A drift summary ``g`` with the joint bound beside the others (``bound.joint``,
+    ``fraction_of_joint``, ``ceilings.joint_over_*``, each regime's ``bound_joint``), from its
+    rates: a stored summary gains them without simulating (``--drift --resummarize``)."""
+    joint = joint_bound(wl)["joint_samples_per_s"]
+    rates = g["samples_per_s"]
+    g["bound"]["joint"] = _r(joint)
+    g["fraction_of_joint"] = {k: _ratio(v, joint) for k, v in rates.items()}
+    for k in ("early_static", "best_static", "colocated"):
+        g["ceilings"][f"joint_over_{k}"] = _ratio(joint, rates.get(k))
+    for regime, row in g.get("regimes", {}).items():
+        at = wl.at(0 if regime == "early" else wl.steps)
+        row["bound_joint"] = _r(joint_bound(at)["joint_samples_per_s"])
+    return g
+
+
+def resummarize_drift(groups: list[dict[str, Any]], pattern: str) -> list[dict[str, Any]]:
+    """Stored drift summaries with the bounds added since they were made (see ``add_joint``);
+    ``pattern``: the drifting workload files they name."""
+    paths = {load_workload(p).name: p for p in sorted(glob.glob(pattern))}
+    return [add_joint(load_workload(paths[g["workload"]]).scaled(g["gpus"]), g) for g in groups]

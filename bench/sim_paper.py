@@ -55,7 +55,8 @@ from pivotflow.config import RunConfig
 from pivotflow.planner import PLANNERS, make_planner, parse_groups
 from pivotflow.run import plan_workers
 from pivotflow.sim.cluster import POOLS, SimResult, Split, sim_graph, simulate
-from pivotflow.sim.fluid import fluid_bound, rank_splits
+from pivotflow.sim.fluid import rank_splits
+from pivotflow.sim.joint_bound import bounds
 from pivotflow.sim.workload import Workload, load_workload
 
 HERE = Path(__file__).parent
@@ -91,7 +92,7 @@ def run_group(
 ) -> tuple[str, dict[str, float], list[dict[str, Any]]]:
     """Simulate the planners of ``args.planners`` on one workload and cluster size."""
     wl = load_workload(path).scaled(gpus)
-    fluid = fluid_bound(wl)
+    fluid = bounds(wl)
     f = fluid["samples_per_s"]
     workers = wl.gpus // wl.group_gpus
     kw = {"steps": args.steps, "wall_limit_s": args.wall_limit_s}
@@ -141,6 +142,8 @@ def summarize(name: str, gpus: int, fluid: dict[str, float], rows: list[dict[str
         "backpressure_over_colocated": ratio(bp, colo),
         "fraction_of_fluid": {k: share(r, f) for k, r in planners.items()},
         "fraction_of_nonclairvoyant": {k: share(r, nc) for k, r in planners.items()},
+        "fraction_of_joint": {k: share(r, fluid["joint_samples_per_s"])
+                              for k, r in planners.items()},
         "ceilings": ceilings(fluid, {"best_static": rate(best), "colocated": rate(colo)}),
         "shift_s": {
             "backpressure_mean": None if bp is None else bp["shift_s_mean"],
@@ -179,14 +182,15 @@ def calibrate(path: str, real: dict[str, list[float]],
             "measured_runs": [round(x, 2) for x in runs],
             "error": round(rate / measured - 1, 3),
         }
-    fluid = fluid_bound(wl)
+    fluid = bounds(wl)
     out["bounds"] = {key: round(fluid[key], 2) for key in BOUNDS.values()}
     baselines = {k: got["simulated"] for k, got in out["planners"].items() if k != "backpressure"}
     out["ceilings"] = ceilings(fluid, baselines)
     return out
 
 
-BOUNDS = {"fluid": "samples_per_s", "nonclairvoyant": "nonclairvoyant_samples_per_s"}
+BOUNDS = {"fluid": "samples_per_s", "nonclairvoyant": "nonclairvoyant_samples_per_s",
+          "joint": "joint_samples_per_s"}
 
 
 def ceilings(fluid: dict[str, float], baselines: dict[str, float | None]) -> dict[str, float | None]:
@@ -262,7 +266,7 @@ def resummarize(args: argparse.Namespace) -> list[str]:
     groups = json.loads(args.out.read_text())["results"]
     out = []
     for g in groups:
-        fluid = fluid_bound(load_workload(paths[g["workload"]]).scaled(g["gpus"]))
+        fluid = bounds(load_workload(paths[g["workload"]]).scaled(g["gpus"]))
         out.append(summarize(g["workload"], g["gpus"], fluid, g["runs"]))
     args.out.write_text(json.dumps({"results": out}, indent=1) + "\n")
     from pivotflow.sim.plots import plot_throughput
@@ -291,7 +295,8 @@ def drift_main(args: argparse.Namespace) -> int:
     command = " ".join(["python", *sys.argv])
     plots: dict[str, str] = {}
     keys = ("carried_over_over_fresh", "vs_early_static", "vs_best_static", "vs_colocated",
-            "fraction_of_nonclairvoyant", "bound", "ceilings", "samples_per_s", "resizes",
+            "fraction_of_nonclairvoyant", "fraction_of_joint", "bound", "ceilings",
+            "samples_per_s", "resizes",
             "sim_wall_s_per_sim_hour")
     old: list[dict[str, Any]] = []
     if args.out is not None and args.merge and args.out.exists():
@@ -356,6 +361,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="--drift: early-regime splits simulated to tune the static baseline "
                     "(1: the early regime's analytic split)")
     args = ap.parse_args(argv)
+    if args.drift and args.resummarize:
+        if args.out is None:
+            ap.error("--resummarize needs --out")
+        sys.path.insert(0, str(HERE))
+        import sim_drift  # a sibling script
+
+        groups = sim_drift.resummarize_drift(json.loads(args.out.read_text())["results"],
+                                             args.drift_workloads)
+        args.out.write_text(json.dumps({"results": groups}, indent=1) + "\n")
+        print(json.dumps({"bench": "sim_paper", "drift": True, "resummarized": [
+            f"{g['workload']}@{g['gpus']}" for g in groups]}))
+        return 0
     if args.drift:
         return drift_main(args)
     if args.resummarize:
@@ -417,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
                     "backpressure_over_colocated",
                     "fraction_of_fluid",
                     "fraction_of_nonclairvoyant",
+                    "fraction_of_joint",
                     "ceilings",
                     "shift_s",
                     "sim_wall_s_per_sim_hour",

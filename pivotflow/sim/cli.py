@@ -18,6 +18,7 @@ from pivotflow.planner import make_planner, parse_groups
 from pivotflow.planner.backpressure import BackpressureConfig
 from pivotflow.sim.cluster import POOLS, Split, simulate
 from pivotflow.sim.fluid import fluid_bound, rank_splits
+from pivotflow.sim.joint_bound import joint_bound
 from pivotflow.sim.workload import load_workload
 
 
@@ -146,6 +147,9 @@ def run_sim(args: argparse.Namespace) -> int:
     nc = fluid["nonclairvoyant_samples_per_s"]  # the bound when lengths are not known ahead
     summary["nonclairvoyant_bound"] = round(nc, 4)
     summary["fraction_of_nonclairvoyant"] = round(result.samples_per_s / nc, 4)
+    joint = joint_bound(wl)["joint_samples_per_s"]  # both limits paid on the same GPUs
+    summary["joint_bound"] = round(joint, 4)
+    summary["fraction_of_joint"] = round(result.samples_per_s / joint, 4)
     if args.out is not None:
         from pivotflow.sim.plots import plot_pools
 

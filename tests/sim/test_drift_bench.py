@@ -3,6 +3,7 @@ for, per group, and the plots next to the results."""
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -54,9 +55,27 @@ def test_drift_bench_reports_every_baseline_against_the_bounds(
     assert all(0 < v <= 1.0 for v in frac.values())  # nothing beats the bound
     assert g["bound"]["nonclairvoyant"] <= g["bound"]["fluid"]
     assert g["ceilings"]["nonclairvoyant_over_early_static"] >= 1.0
+    joint = g["fraction_of_joint"]  # the tighter bound: every planner nearer it, none past it
+    assert all(frac[k] <= joint[k] <= 1.0 for k in frac)
+    assert g["bound"]["joint"] <= g["bound"]["nonclairvoyant"]
+    assert g["ceilings"]["joint_over_early_static"] <= g["ceilings"][
+        "nonclairvoyant_over_early_static"]
     (stored,) = json.loads(out.read_text())["results"]
     assert set(stored["regimes"]) == {"early", "late"}
     assert stored["regimes"]["late"]["fresh"] < stored["regimes"]["early"]["fresh"]
     assert stored["resize_log"] and stored["command"].startswith("python")
     for plot in ("drift_regimes.png", "drift_pools.png"):
         assert (tmp_path / plot).stat().st_size > 1000
+    assert all(stored["regimes"][r]["bound_joint"] <= stored["regimes"][r]["bound_nonclairvoyant"]
+               for r in ("early", "late"))
+    # A summary stored before the joint bound existed gains it, and nothing else changes.
+    made = copy.deepcopy(stored)
+    del stored["bound"]["joint"], stored["fraction_of_joint"]
+    for r in stored["regimes"].values():
+        del r["bound_joint"]
+    for k in ("early_static", "best_static", "colocated"):
+        del stored["ceilings"][f"joint_over_{k}"]
+    out.write_text(json.dumps({"results": [stored]}))
+    assert bench.main(["--drift", "--resummarize", "--drift-workloads",
+                       str(tmp_path / "*.toml"), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["results"] == [made]
