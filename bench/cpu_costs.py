@@ -93,6 +93,12 @@ def generate_points(role: GenerateRole, prompts: list[list[int]], new: list[int]
     return points, first
 
 
+def generate_options(models: Any, model: str) -> dict[str, Any]:
+    """A generate role's options as a run hands them over: the batch the bench measures, and
+    the model's folder, where the engine finds its tokenizer (``prepare_models``' ``dirs``)."""
+    return {"max_batch": 64, "tokenizer_dir": str(models.dirs[model])}
+
+
 def measure_generate(store: ShmParamStore, model: str, options: dict[str, Any],
                      prompt_fn: Any, new_fn: Any) -> dict[str, float]:
     loads = []
@@ -240,8 +246,7 @@ def measure(repeats: int) -> dict[str, Any]:
         rng = random.Random(0)
         prompts = [tok_p.encode(f"{rng.randrange(10, 100)}+{rng.randrange(10, 100)}=")
                    for _ in range(64)]
-        gen_opts = {"max_batch": 64, "tokenizer": json.dumps(tok_p.to_dict())}
-        judge_opts = {"max_batch": 64, "tokenizer": json.dumps(tok_j.to_dict())}
+        gen_opts, judge_opts = generate_options(models, "policy"), generate_options(models, "judge")
         responses = lens(1, 256)
         for r in range(repeats):
             pol = measure_generate(store, "policy", gen_opts, lambda i: prompts[i % 64],

@@ -43,3 +43,27 @@ def test_the_train_measurement_times_both_kinds_of_step(
     got = bench.measure_train(str(store.root), batches, {"lr": 1e-5}, 1)
     assert set(got) == {"train_per_token_s", "train_no_signal_per_token_s", "load_s"}
     assert all(math.isfinite(v) and v > 0 for v in got.values()), got
+
+
+def test_a_generate_role_starts_from_the_options_the_bench_builds(
+    tmp_path: Path, bench_script: Callable[[str], ModuleType]
+) -> None:
+    """The bench once built the roles from ``tokenizer.to_dict()``, which the BPE tokenizer
+    lacks: it stopped before measuring anything. One short batch through the real role."""
+    from pivotflow.graph_check import load_graph
+    from pivotflow.params.shm_store import ShmParamStore
+    from pivotflow.run_models import prepare_models
+    from pivotflow.worker.generate_role import GenerateRole
+
+    bench = bench_script("cpu_costs")
+    store = ShmParamStore(tmp_path / "store")
+    models = prepare_models(load_graph(bench.GRAPH), store, seed=0, console=False)
+    for model in ("policy", "judge"):
+        role = GenerateRole(store, model, bench.generate_options(models, model))
+        prompts = [models.tokenizers[model].encode("12+34=")] * 3
+        points, first = bench.generate_points(role, prompts, [4, 6, 8], 0)
+        role.release()
+        sizes = [b for b, _, _ in points]  # the batch shrinks as the 4-, 6-, 8-token ones end
+        assert first > 0 and sizes[0] == 3.0 and sizes[-1] == 1.0
+        assert sizes == sorted(sizes, reverse=True) and 2.0 in sizes
+        assert all(c > b * 6 and s > 0 for b, c, s in points)  # (prompt + tokens so far)
