@@ -99,7 +99,8 @@ def plot_pools_grid(results: list[SimResult], path: Path) -> Path:
 
 def plot_regimes(groups: list[dict[str, Any]], path: Path) -> Path:
     """Samples/s per planner in each regime of a drifting run (early, late) and over the
-    whole run, one panel per group, with the non-clairvoyant bound of each as a black tick.
+    whole run, one panel per group, with the non-clairvoyant bound of each as a black tick
+    and the joint bound (where the summary has it) dashed.
 
     ``groups``: ``bench/sim_drift.py`` summaries (``regimes``, ``samples_per_s``, ``bound``).
     """
@@ -122,8 +123,14 @@ def plot_regimes(groups: list[dict[str, Any]], path: Path) -> Path:
                   else g["bound"]["nonclairvoyant"] for c in cols]
         for j, b in enumerate(bounds):
             ax.plot([j - width / 2, j + 0.8 - width / 2], [b, b], "k-", lw=1.5)
+        if "joint" in g["bound"]:  # (summaries made before the joint bound have none)
+            joint = [g["regimes"][c].get("bound_joint") if c != "whole" else g["bound"]["joint"]
+                     for c in cols]
+            for j, b in enumerate(joint):
+                if b is not None:
+                    ax.plot([j - width / 2, j + 0.8 - width / 2], [b, b], "k--", lw=1.0)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cols))], cols)
         ax.set_title(f"{g['workload']} @ {g['gpus']}", fontsize=9)
-        ax.set_ylabel("samples/s (line: non-clairvoyant bound)")
+        ax.set_ylabel("samples/s (lines: non-clairvoyant,\ndashed: joint bound)")
     axes[0][0].legend(fontsize=7)
     return _save(plt, fig, path, 100)
