@@ -51,6 +51,12 @@ def regime_steps(wl: Workload) -> tuple[int, int]:
     return max(early_end, 1), max(bends)
 
 
+def regime_held(wl: Workload, regime: str) -> Workload:
+    """The stationary workload of a drifting run's ``regime`` ("early": step 0's, "late": the
+    last point's), whose bounds a regime's rates are set against."""
+    return wl.at(0 if regime == "early" else wl.steps)
+
+
 def window_rate(records: list[dict[str, Any]], a: int, b: int) -> float | None:
     """Samples of steps ``a+1 .. b`` over the time between step ``a``'s end and ``b``'s."""
     if not 0 <= a < b < len(records):
@@ -179,8 +185,7 @@ def summarize_drift(pl: dict[str, Any], args: Any) -> dict[str, Any]:
         for regime, (a, b) in windows.items():
             fresh = pl["fresh"][f"fresh_{regime}"]
             row = {"fresh": _r(fresh.samples_per_s), "fresh_split": fresh.split,
-                   "bound_nonclairvoyant": _r(fluid_bound(
-                       wl.at(0 if regime == "early" else wl.steps))[
+                   "bound_nonclairvoyant": _r(fluid_bound(regime_held(wl, regime))[
                        "nonclairvoyant_samples_per_s"])}
             for k, r in whole.items():
                 row[k] = _r(window_rate(r.records, a, b))
@@ -243,8 +248,7 @@ def add_joint(wl: Workload, g: dict[str, Any]) -> dict[str, Any]:
     for k in ("early_static", "best_static", "colocated"):
         g["ceilings"][f"joint_over_{k}"] = _ratio(joint, rates.get(k))
     for regime, row in g.get("regimes", {}).items():
-        at = wl.at(0 if regime == "early" else wl.steps)
-        row["bound_joint"] = _r(joint_bound(at)["joint_samples_per_s"])
+        row["bound_joint"] = _r(joint_bound(regime_held(wl, regime))["joint_samples_per_s"])
     return g
 
 

@@ -17,8 +17,8 @@ from pivotflow.errors import ConfigError
 from pivotflow.planner import make_planner, parse_groups
 from pivotflow.planner.backpressure import BackpressureConfig
 from pivotflow.sim.cluster import POOLS, Split, simulate
-from pivotflow.sim.fluid import fluid_bound, rank_splits
-from pivotflow.sim.joint_bound import joint_bound
+from pivotflow.sim.fluid import rank_splits
+from pivotflow.sim.joint_bound import bounds
 from pivotflow.sim.workload import load_workload
 
 
@@ -141,13 +141,13 @@ def run_sim(args: argparse.Namespace) -> int:
     summary["set"] = given
     if wl.schedule is not None:  # a drifting bound is over the steps this run simulated
         wl = dataclasses.replace(wl, steps=max(1, int(summary["steps"])))
-    fluid = fluid_bound(wl)
+    fluid = bounds(wl)
     summary["fluid_bound"] = round(fluid["samples_per_s"], 4)
     summary["fraction_of_fluid"] = round(result.samples_per_s / fluid["samples_per_s"], 4)
     nc = fluid["nonclairvoyant_samples_per_s"]  # the bound when lengths are not known ahead
     summary["nonclairvoyant_bound"] = round(nc, 4)
     summary["fraction_of_nonclairvoyant"] = round(result.samples_per_s / nc, 4)
-    joint = joint_bound(wl)["joint_samples_per_s"]  # both limits paid on the same GPUs
+    joint = fluid["joint_samples_per_s"]  # both limits paid on the same GPUs
     summary["joint_bound"] = round(joint, 4)
     summary["fraction_of_joint"] = round(result.samples_per_s / joint, 4)
     if args.out is not None:

@@ -68,7 +68,7 @@ def role_rates(wl: Workload) -> RoleRates:
     prompt = cost.mean_prompt() + 1  # BOS
     pol, jud = wl.policy, wl.judge
     # Rollout: a token is generated at a context of prompt + (length-biased) half the response.
-    b = cost.max_seqs(pol, prompt + e_len)
+    b = rollout_full_batch(cost, e_len)
     k = cost.decode(pol, b)
     step = k.step_s(b, b * (prompt + e_len2 / (2 * e_len)))
     per_sample = e_len * step / b + cost.prefill_s(pol, round(prompt))
@@ -110,6 +110,17 @@ def role_rates(wl: Workload) -> RoleRates:
     return RoleRates(rollout, genrm, trainer, path, decode, tuple(dp.items()))
 
 
+def rollout_full_batch(cost: CostModel, mean_response: float) -> int:
+    """The batch a rollout replica holds when every sequence has the mean context (prompt, BOS
+    and mean response): the work limit's full batch."""
+    return cost.max_seqs(cost.wl.policy, cost.mean_prompt() + 1 + mean_response)
+
+
+def policy_replicas(wl: Workload, cost: CostModel) -> int:
+    """Policy replicas the whole cluster runs at once (a step's tail spread over all of them)."""
+    return concurrent_devices(wl) // wl.group_gpus * cost.replicas(wl.policy, wl.group_gpus)
+
+
 def nonclairvoyant_decode_s(wl: Workload) -> float:
     """The longest sequence's decode when no response length is known before its end: at its
     ``k``-th token every sequence still unfinished decodes one too (any of them may be the
@@ -122,8 +133,8 @@ def _unfinished_decode_s(wl: Workload, n: float, tokens: float) -> float:
     """Decoding ``n`` sequences for ``tokens`` steps, each step's batch the sequences still
     unfinished by then, spread evenly over every policy replica (at least one a replica)."""
     cost = CostModel(wl)
-    pol, g, r = wl.policy, wl.group_gpus, wl.response
-    replicas = concurrent_devices(wl) // g * cost.replicas(pol, g)
+    pol, r = wl.policy, wl.response
+    replicas = policy_replicas(wl, cost)
     prompt = cost.mean_prompt() + 1  # BOS
     nd = NormalDist()
     total = 0.0

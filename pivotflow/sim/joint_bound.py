@@ -54,7 +54,9 @@ from pivotflow.sim.fluid import (
     fluid_bound,
     length_grid,
     nonclairvoyant_partial_end,
+    policy_replicas,
     role_rates,
+    rollout_full_batch,
 )
 from pivotflow.sim.workload import Workload
 
@@ -70,7 +72,7 @@ def tail_frontier(wl: Workload, alive: float, tokens: float) -> list[tuple[float
     ends after ``tokens`` decode iterations: a lower bound on ``D + mu E`` of any schedule."""
     cost = CostModel(wl)
     pol = wl.policy
-    replicas = concurrent_devices(wl) // wl.group_gpus * cost.replicas(pol, wl.group_gpus)
+    replicas = policy_replicas(wl, cost)
     prompt = cost.mean_prompt() + 1  # BOS
     full = full_batch(wl)
     k_full = cost.decode(pol, full)
@@ -126,9 +128,8 @@ def _base(cost: CostModel, b: np.ndarray) -> np.ndarray:
 
 def full_batch(wl: Workload) -> int:
     """The full batch the work limit runs a rollout replica at (as ``fluid.role_rates``)."""
-    cost = CostModel(wl)
     resp = length_grid(wl.response)
-    return cost.max_seqs(wl.policy, cost.mean_prompt() + 1 + sum(resp) / len(resp))
+    return rollout_full_batch(CostModel(wl), sum(resp) / len(resp))
 
 
 def _work(wl: Workload, r: RoleRates, excess_worker_s: float) -> float:

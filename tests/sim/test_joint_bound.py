@@ -16,10 +16,10 @@ import pytest
 from pivotflow.sim.cluster import Split, simulate
 from pivotflow.sim.cost_model import CostModel
 from pivotflow.sim.fluid import (
-    concurrent_devices,
     expected_max,
     fluid_bound,
     nonclairvoyant_decode_s,
+    policy_replicas,
     rank_splits,
 )
 from pivotflow.sim.joint_bound import MULTIPLIERS, full_batch, joint_bound, tail_frontier
@@ -68,7 +68,7 @@ def brute_force(wl: Workload, mu: float) -> float:
     ``tail_frontier`` bounds from below, computed the plain way."""
     cost = CostModel(wl)
     pol = wl.policy
-    replicas = concurrent_devices(wl) // wl.group_gpus * cost.replicas(pol, wl.group_gpus)
+    replicas = policy_replicas(wl, cost)
     prompt = cost.mean_prompt() + 1
     full = full_batch(wl)
     kb = cost.decode(pol, full)
