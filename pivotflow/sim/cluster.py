@@ -228,6 +228,7 @@ async def _simulate(
         records.append(rec)
         if wl.schedule is not None:
             follow_lengths(ctl, wl)
+            cost.policy_version = ctl.version
 
     cfg = ControllerConfig(
         steps=steps, max_staleness=wl.max_staleness, heartbeat_s=30.0, worker_timeout_s=600.0,

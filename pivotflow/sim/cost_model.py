@@ -46,6 +46,10 @@ class CostModel:
         self._flops = hw.tflops * 1e12
         self._bw = hw.hbm_tb_s * 1e12 * hw.hbm_eff
         self._response: dict[int, Lengths] = {}  # policy version -> its lengths (drift)
+        # The run's policy version now (the simulated cluster sets it after each optimizer
+        # step): a judge job carries no policy version (its weights are the judge's), so its
+        # verdict length follows the schedule at the version the run is at
+        self.policy_version = 0
 
     def response_at(self, step: int) -> Lengths:
         """The response lengths of policy version ``step`` (cached: asked once per job)."""

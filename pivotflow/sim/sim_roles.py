@@ -171,8 +171,8 @@ class SimGenerateRole:
         # A drifting workload's lengths are those of the policy version that generates the
         # sequence: the version its first token came from (a migrated one keeps its length).
         step = job.prefix_versions[0] if job.prefix_versions else self.shared.version
-        if self.model == "judge":
-            return cost.verdict_at(job.min_version), True
+        if self.model == "judge":  # (its weights are the judge's: no policy version on it)
+            return cost.verdict_at(cost.policy_version), True
         n, stop = response_length(cost.response_at(step), job.seed, job.max_tokens)
         if n < job.min_tokens:  # as a real engine, no EOS before min_tokens
             n = min(job.min_tokens, job.max_tokens)

@@ -3,6 +3,9 @@ what each message answers, on a virtual clock the test moves as the simulated wo
 
 from __future__ import annotations
 
+import tomllib
+from pathlib import Path
+
 import pytest
 
 from pivotflow.errors import WorkerError
@@ -22,7 +25,7 @@ from pivotflow.sim.cost_model import CostModel
 from pivotflow.sim.outputs import response_length
 from pivotflow.sim.sim_roles import SimGenerateRole, SimRoles, SimTrainRole, SimWorkerStats
 from pivotflow.sim.tokens import SimTokenizer
-from pivotflow.sim.workload import Workload
+from pivotflow.sim.workload import Workload, parse_workload
 from pivotflow.worker.host import RoleHost, load_role
 
 GPUS = 8
@@ -185,3 +188,26 @@ def test_what_the_simulator_cannot_take_is_refused(sim):
         host.handle(TrainStep(step=0, seqs=[]))
     with pytest.raises(WorkerError, match="parameter store"):  # a real role needs one
         load_role("generate", None, "policy", {})
+
+
+def test_a_judges_verdict_follows_the_runs_policy_version_on_a_drifting_workload() -> None:
+    """A judge job carries no policy version (its weights are the judge's): its verdict length
+    is the schedule's at the version the run is at, which the simulated cluster sets after each
+    step. It once stayed at version 0's, so a drifting run's late judging was too cheap."""
+    data = tomllib.loads((Path(__file__).parents[2]
+                          / "bench/workloads/dense7b_judge7b.toml").read_text())
+    data["workload"].update(gpus=8, prompts_per_step=8, group_size=4, steps=4)
+    data["response"].update(median_tokens=200, cap_tokens=1000)
+    data["schedule"] = {"verdict_tokens": [[0, 16], [2, 48]]}
+    cost = CostModel(parse_workload(data, "drift.toml"))
+    clock = Clock()
+    roles = SimRoles(cost, GPUS, SimTokenizer(compact=True), clock, SimWorkerStats())
+    host = RoleHost("sim-0", None, roles, release_s=roles.release_s)
+    host.handle(AssignRole(role="generate", model="judge"))
+    lengths = []
+    for version in (0, 1, 2, 3):
+        cost.policy_version = version
+        host.handle(Jobs(jobs=[job(version, 7)]))
+        [(_, r)] = run_out(host, clock)
+        lengths.append(len(r.token_ids))
+    assert lengths == [16, 32, 48, 48]
