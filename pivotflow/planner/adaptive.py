@@ -22,6 +22,25 @@ the trainer most of the cluster in an early regime. Both were measured in the si
 plain rate is the one shipped (the figures: bench/results/sim_drift*.json,
 ``python bench/sim_paper.py --drift``).
 
+Two more estimates were measured and not shipped (2026-12-03, 128 simulated GPUs; the late
+regime carried over / fresh, where these busy-second rates reach 1.12 / 0.94 / 0.88 / 0.96 on
+dense32b / dense7b+32b / dense7b+7b / MoE):
+
+* Each generate pool's capacity at full batches, from the engines' own figure per job (its
+  prefill plus its tokens at a full batch's per-token step cost; exact in the simulator) summed
+  over the samples of the step just trained (a step's mix is the workload's; the jobs that come
+  back in a window are not: the long ones come late, and per-window figures swung 30%). It
+  reproduced each late regime's analytic split to the worker (dense7b+32b 21/28/15, dense32b
+  37/9/18), yet reached 0.85 / 0.80 / 1.11 / 0.84 (dense32b / dense7b+32b / dense7b+7b / MoE):
+  it measures a step late, and the analytic split is not the best for steps that wait on their
+  tail (the larger judge pool the busy rates give judges a step's last responses sooner).
+* The trainer's rate scaled by tokens to the samples the rollout just completed (a step trains
+  samples generated a step before, so in a drift its rate is that of shorter ones): 0.75 on
+  dense32b's late regime, 0.91 on dense7b+32b, 0.87 on dense7b+7b, 0.96 on MoE.
+
+A late regime here is three steps, and one slow transition step moves its rate 10-15%: the
+figures swing with small changes to the rules, both ways.
+
 Every evaluation is kept in ``log`` (taken or not), and every move of a re-size carries its
 numbers (rates, sizes before and after, predicted rates, gain, cost) into the controller's
 decision log, as every move does.
