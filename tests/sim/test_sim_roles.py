@@ -3,10 +3,10 @@ what each message answers, on a virtual clock the test moves as the simulated wo
 
 from __future__ import annotations
 
-import tomllib
-from pathlib import Path
+from dataclasses import replace
 
 import pytest
+from conftest import tiny
 
 from pivotflow.errors import WorkerError
 from pivotflow.protocol import (
@@ -23,9 +23,10 @@ from pivotflow.protocol import (
 )
 from pivotflow.sim.cost_model import CostModel
 from pivotflow.sim.outputs import response_length
+from pivotflow.sim.schedule import parse_schedule
 from pivotflow.sim.sim_roles import SimGenerateRole, SimRoles, SimTrainRole, SimWorkerStats
 from pivotflow.sim.tokens import SimTokenizer
-from pivotflow.sim.workload import Workload, parse_workload
+from pivotflow.sim.workload import Workload
 from pivotflow.worker.host import RoleHost, load_role
 
 GPUS = 8
@@ -41,12 +42,17 @@ class Clock:
         return self.t
 
 
-@pytest.fixture
-def sim(tiny_workload: Workload) -> tuple[RoleHost, SimRoles, Clock, CostModel]:
-    cost = CostModel(tiny_workload)
+def simulated(wl: Workload) -> tuple[RoleHost, SimRoles, Clock, CostModel]:
+    """A simulated worker's role host for ``wl``, its roles, virtual clock and cost model."""
+    cost = CostModel(wl)
     clock = Clock()
     roles = SimRoles(cost, GPUS, SimTokenizer(compact=True), clock, SimWorkerStats())
     return RoleHost("sim-0", None, roles, release_s=roles.release_s), roles, clock, cost
+
+
+@pytest.fixture
+def sim(tiny_workload: Workload) -> tuple[RoleHost, SimRoles, Clock, CostModel]:
+    return simulated(tiny_workload)
 
 
 def job(job_id: int, seed: int, *, max_tokens: int = 4000, min_version: int = 0) -> GenerateJob:
@@ -194,15 +200,8 @@ def test_a_judges_verdict_follows_the_runs_policy_version_on_a_drifting_workload
     """A judge job carries no policy version (its weights are the judge's): its verdict length
     is the schedule's at the version the run is at, which the simulated cluster sets after each
     step. It once stayed at version 0's, so a drifting run's late judging was too cheap."""
-    data = tomllib.loads((Path(__file__).parents[2]
-                          / "bench/workloads/dense7b_judge7b.toml").read_text())
-    data["workload"].update(gpus=8, prompts_per_step=8, group_size=4, steps=4)
-    data["response"].update(median_tokens=200, cap_tokens=1000)
-    data["schedule"] = {"verdict_tokens": [[0, 16], [2, 48]]}
-    cost = CostModel(parse_workload(data, "drift.toml"))
-    clock = Clock()
-    roles = SimRoles(cost, GPUS, SimTokenizer(compact=True), clock, SimWorkerStats())
-    host = RoleHost("sim-0", None, roles, release_s=roles.release_s)
+    schedule = parse_schedule({"verdict_tokens": [[0, 16], [2, 48]]}, "tiny.toml")
+    host, _, clock, cost = simulated(replace(tiny(), schedule=schedule))
     host.handle(AssignRole(role="generate", model="judge"))
     lengths = []
     for version in (0, 1, 2, 3):
