@@ -11,7 +11,21 @@ Per workload of ``bench/workloads/drift/`` and cluster size, all on the simulate
 * ``backpressure`` and ``adaptive`` (backpressure that re-sizes its standing split) carried
   over: started from the early-tuned split and never restarted;
 * ``fresh_early`` / ``fresh_late``: the planner started from each regime's own analytic split
-  with that regime held, the reference ``carried_over_over_fresh`` is taken against.
+  with that regime held, the reference ``carried_over_over_fresh`` is taken against. The fresh
+  late run is as long as the drifting run (``--late-steps 0``) so that the two are compared on
+  the same steps.
+
+``carried_over_over_fresh`` (per regime, and its minimum per group) sets the carried-over run
+against the fresh run over the *same steps* (``steps_compared``; the fresh run's rate there is
+``fresh_same_steps``). Sample seeds are drawn in admission order and a response's length is a
+pure function of its seed and the version that generates it, so step k of both runs holds the
+same prompts and, inside a regime, the same response lengths; a step's time is set by its
+longest responses, which swing step to step by 20% and more, and under ``max_staleness 1`` the
+steps alternate long and short. Until 2026-12-04 the ratio took the fresh run's steady rate
+(its first and last step left out) against three late steps of the carried run: different
+steps, different tails, and a 3-step window at either phase of the alternation; that figure is
+kept as ``carried_over_over_fresh_steady``. (The early regime's carried-over run *is* its fresh
+run up to the first bend of the schedule, so its same-steps ratio is 1 by construction.)
 
 Rates: a whole run's is the samples after its first step over the time from the first step to
 the last (the fill left out, as the bound leaves it out); a regime's inside a drifting run is
@@ -119,7 +133,8 @@ def group_jobs(path: str, gpus: int, args: Any) -> tuple[Workload, dict[str, tup
     if wl.schedule is not None:
         jobs["fresh_early"] = (path, gpus, 0, args.planner, early[0][1], es, wall)
         late = rank_splits(wl.at(wl.steps), top=1)[0][1]
-        jobs["fresh_late"] = (path, gpus, wl.steps, args.planner, late, args.late_steps, wall)
+        late_steps = args.late_steps or wl.steps  # (as long as the drifting run: see above)
+        jobs["fresh_late"] = (path, gpus, wl.steps, args.planner, late, late_steps, wall)
     return wl, jobs
 
 
@@ -184,14 +199,17 @@ def summarize_drift(pl: dict[str, Any], args: Any) -> dict[str, Any]:
         windows = {"early": (0, early_end - 1), "late": (late_from + s - 1, n - 2)}
         for regime, (a, b) in windows.items():
             fresh = pl["fresh"][f"fresh_{regime}"]
+            same = window_rate(fresh.records, a, b)  # None: the fresh run is shorter
             row = {"fresh": _r(fresh.samples_per_s), "fresh_split": fresh.split,
+                   "fresh_same_steps": _r(same), "steps_compared": [a + 1, b],
                    "bound_nonclairvoyant": _r(fluid_bound(regime_held(wl, regime))[
                        "nonclairvoyant_samples_per_s"])}
             for k, r in whole.items():
                 row[k] = _r(window_rate(r.records, a, b))
-            row["carried_over_over_fresh"] = _ratio(row[main], row["fresh"])
-            row["backpressure_carried_over_over_fresh"] = _ratio(row["backpressure"],
-                                                                 row["fresh"])
+            ref = row["fresh_same_steps"] if same is not None else row["fresh"]
+            row["carried_over_over_fresh"] = _ratio(row[main], ref)
+            row["backpressure_carried_over_over_fresh"] = _ratio(row["backpressure"], ref)
+            row["carried_over_over_fresh_steady"] = _ratio(row[main], row["fresh"])
             regimes[regime] = row
     carried = [r["carried_over_over_fresh"] for r in regimes.values()]
     resizes = [d for d in whole[main].decision_log if d.get("resize")]

@@ -355,7 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drift", action="store_true", help="the drifting workloads (issue 24)")
     ap.add_argument("--drift-workloads", default=str(HERE / "workloads" / "drift" / "*.toml"))
     ap.add_argument("--planner", default="adaptive", help="--drift: the planner carried over")
-    ap.add_argument("--late-steps", type=int, default=6, help="--drift: steps of a fresh late run")
+    ap.add_argument("--late-steps", type=int, default=0,
+                    help="--drift: steps of a fresh late run (0: as many as the drifting run, "
+                         "so the two are compared on the same steps)")
     ap.add_argument("--jobs", type=int, default=1, help="--drift: simulations run side by side")
     ap.add_argument("--early-candidates", type=int, default=1,
                     help="--drift: early-regime splits simulated to tune the static baseline "

@@ -116,7 +116,8 @@ def plot_regimes(groups: list[dict[str, Any]], path: Path) -> Path:
             ax.bar([j + i * width for j in range(len(cols))], [v or 0 for v in vals], width,
                    label=p)
         if g["regimes"]:
-            fresh = [g["regimes"][c]["fresh"] if c != "whole" else 0 for c in cols]
+            fresh = [g["regimes"][c].get("fresh_same_steps") or g["regimes"][c]["fresh"]
+                     if c != "whole" else 0 for c in cols]
             ax.bar([j + len(planners) * width for j in range(len(cols))], fresh, width,
                    label=f"{g['planner']} fresh", color="k", alpha=0.3)
         bounds = [g["regimes"][c]["bound_nonclairvoyant"] if c != "whole"

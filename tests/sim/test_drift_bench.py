@@ -45,7 +45,7 @@ def test_drift_bench_reports_every_baseline_against_the_bounds(
     (tmp_path / "tiny.toml").write_text(TINY)
     out = tmp_path / "drift.json"
     assert bench.main(["--drift", "--drift-workloads", str(tmp_path / "*.toml"), "--gpus", "8",
-                       "--late-steps", "4", "--out", str(out)]) == 0
+                       "--out", str(out)]) == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     g = last["groups"]["tiny-drift@8"]
     for key in ("carried_over_over_fresh", "vs_early_static", "vs_best_static", "vs_colocated"):
@@ -62,6 +62,13 @@ def test_drift_bench_reports_every_baseline_against_the_bounds(
         "nonclairvoyant_over_early_static"]
     (stored,) = json.loads(out.read_text())["results"]
     assert set(stored["regimes"]) == {"early", "late"}
+    # Carried over and fresh are set against each other on the same steps: up to the
+    # schedule's first bend the carried-over run is the fresh early run, step for step.
+    early, late = stored["regimes"]["early"], stored["regimes"]["late"]
+    assert early["steps_compared"] == [1, 1] and late["steps_compared"] == [5, 6]
+    assert early["carried_over_over_fresh"] == 1.0
+    assert early["fresh_same_steps"] == early["adaptive"]
+    assert late["carried_over_over_fresh"] == round(late["adaptive"] / late["fresh_same_steps"], 4)
     assert stored["regimes"]["late"]["fresh"] < stored["regimes"]["early"]["fresh"]
     assert stored["resize_log"] and stored["command"].startswith("python")
     for plot in ("drift_regimes.png", "drift_pools.png"):
