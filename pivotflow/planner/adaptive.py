@@ -43,6 +43,10 @@ figures swing with small changes to the rules, both ways. (Those figures are the
 measure: three late steps of the 10-step files against the fresh run's steady rate over other
 steps. Set against the fresh run over the same seven late steps of the 14-step files, the
 shipped planner reaches 1.01 / 0.99 / 0.98 / 1.04; bench/workloads/README.md says why.)
+On that measure (2026-12-04, 128 GPUs, carried and fresh both with the variant) rates taken
+over the last two steps instead of one, to calm the trainer target's swings (at 512 GPUs on
+dense7b+32b it moved 30 -> 54 -> 27 -> 46 trainers step to step), gave 0.87 / 0.98 / 1.03 /
+1.03: a step late on dense32b's drift. Not shipped.
 
 Every evaluation is kept in ``log`` (taken or not), and every move of a re-size carries its
 numbers (rates, sizes before and after, predicted rates, gain, cost) into the controller's
