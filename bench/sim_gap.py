@@ -172,8 +172,12 @@ def main() -> None:
     p.add_argument("--split", default=None, help="R,J,T (default: the best analytic split)")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--every", type=float, default=1.0, help="virtual seconds between samples")
+    p.add_argument("--at", type=int, default=None,
+                   help="a drifting file held at this step's regime (e.g. 5: the late one)")
     args = p.parse_args()
     wl = load_workload(args.workload)
+    if args.at is not None:
+        wl = wl.at(args.at)
     if args.gpus:
         wl = wl.scaled(args.gpus)
     if args.split:

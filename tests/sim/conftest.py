@@ -23,6 +23,32 @@ def tiny(hardware: dict[str, object] | None = None, **workload: object) -> Workl
     return parse_workload(data, "tiny.toml")
 
 
+# A tiny drifting workload file (the 7B+7B group at 8 GPUs, responses 100 -> 400 tokens over
+# steps 2-4) for the benches that take a file; ``--at 0`` holds its early regime.
+TINY_DRIFT_TOML = f"""extends = "{BASE}"
+[workload]
+name = "tiny-drift"
+gpus = 8
+prompts_per_step = 8
+group_size = 4
+steps = 8
+[response]
+median_tokens = 100
+cap_tokens = 1000
+[judge]
+template_tokens = 50
+verdict_tokens = 16
+[hardware]
+engine_start_s = 0.05
+load_gb_s = 2000.0
+release_s = 0.01
+[schedule]
+source = "a test"
+response_median_tokens = [[0, 100], [2, 100], [4, 400]]
+response_cap_tokens = [[0, 1000], [2, 1000], [4, 3000]]
+"""
+
+
 FAST_SHIFTS = {"engine_start_s": 0.05, "load_gb_s": 2000.0, "release_s": 0.01}
 
 

@@ -10,31 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-ROOT = Path(__file__).parents[2]
-
-TINY = f"""extends = "{ROOT / 'bench/workloads/dense7b_judge7b.toml'}"
-[workload]
-name = "tiny-drift"
-gpus = 8
-prompts_per_step = 8
-group_size = 4
-steps = 8
-[response]
-median_tokens = 100
-cap_tokens = 1000
-[judge]
-template_tokens = 50
-verdict_tokens = 16
-[hardware]
-engine_start_s = 0.05
-load_gb_s = 2000.0
-release_s = 0.01
-[schedule]
-source = "a test"
-response_median_tokens = [[0, 100], [2, 100], [4, 400]]
-response_cap_tokens = [[0, 1000], [2, 1000], [4, 3000]]
-"""
+from conftest import TINY_DRIFT_TOML
 
 
 @pytest.mark.timeout(600)
@@ -42,7 +18,7 @@ def test_drift_bench_reports_every_baseline_against_the_bounds(
     bench_script: Callable[[str], ModuleType], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bench = bench_script("sim_paper")
-    (tmp_path / "tiny.toml").write_text(TINY)
+    (tmp_path / "tiny.toml").write_text(TINY_DRIFT_TOML)
     out = tmp_path / "drift.json"
     assert bench.main(["--drift", "--drift-workloads", str(tmp_path / "*.toml"), "--gpus", "8",
                        "--out", str(out)]) == 0

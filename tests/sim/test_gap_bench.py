@@ -1,0 +1,26 @@
+"""``bench/sim_gap.py``: where a simulated run's GPU time goes, every sample counted once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+
+import pytest
+from conftest import tiny
+
+from pivotflow.sim.cluster import Split
+
+
+@pytest.mark.timeout(300)
+def test_the_gpu_time_shares_cover_the_run_and_the_work_share_is_a_fraction(
+    bench_script: Callable[[str], ModuleType],
+) -> None:
+    gap = bench_script("sim_gap")
+    wl = tiny(steps=5)
+    got = gap.decompose(wl, "backpressure", Split(3, 3, 2), 5, 0.5)
+    shares = got["gpu_time_share"]
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-3)
+    assert {"rollout_filled", "genrm_filled", "train"} <= set(shares)
+    assert 0 < got["work_share"] <= 1.0
+    # (samples over the steps after the first, as the bounds take them)
+    assert 0 < got["fraction_of_nonclairvoyant"] <= 1.0
