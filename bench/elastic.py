@@ -20,6 +20,7 @@ under static (3 workers) and backpressure (2 workers for 3 pools, so it shifts e
 seed and steps.
 
     python bench/elastic.py [--steps 8] [--workers CORES] [--accuracy-steps 30] [--out DIR]
+                            [--warm-roles]
     python bench/elastic.py --drift [--drift-steps 12] [--workers 2]   # bench/elastic_drift.py
 
 Prints one JSON object on its last line; writes elastic.png under --out.
@@ -141,6 +142,9 @@ def main() -> int:
     ap.add_argument("--drift-steps", type=int, default=12)
     ap.add_argument("--json", type=Path, default=None, help="--drift: also write the JSON here")
     ap.add_argument("--no-adaptive", action="store_true", help="--drift: skip the adaptive run")
+    ap.add_argument("--warm-roles", action="store_true",
+                    help="every run with --set warm_roles=true (workers keep the roles they "
+                         "leave loaded)")
     args = ap.parse_args()
     if args.drift:
         import elastic_drift  # a sibling script (bench/ is on sys.path when run as a script)
@@ -153,23 +157,24 @@ def main() -> int:
     if w < 2:
         raise SystemExit("--workers must be >= 2: a static deployment needs a worker for "
                          "generation and one for training")
+    warm = ["warm_roles=true"] if args.warm_roles else []
     runs: dict[str, dict[str, Any]] = {}
     for planner in ("colocated", "backpressure"):
-        runs[planner] = one_run(LONGTAIL, out / planner, planner, args.steps, w, [])
+        runs[planner] = one_run(LONGTAIL, out / planner, planner, args.steps, w, warm)
         print(f"{planner}: {runs[planner]['samples_per_s']:.1f} samples/s", file=sys.stderr)
     static: dict[str, float] = {}
     for name, sets in static_deployments(w).items():
         static[name] = one_run(LONGTAIL, out / name, "static", args.steps, None,
-                               sets)["samples_per_s"]
+                               [*sets, *warm])["samples_per_s"]
         print(f"{name}: {static[name]:.1f} samples/s", file=sys.stderr)
     best = max(static, key=lambda k: static[k])
     at_cores: dict[str, Any] = {}
     if cores < w:  # the same comparison with nothing oversubscribed
         for planner in ("colocated", "backpressure"):
             at_cores[planner] = one_run(LONGTAIL, out / f"{planner}-w{cores}", planner,
-                                        args.steps, cores, [])["samples_per_s"]
+                                        args.steps, cores, warm)["samples_per_s"]
         at_static = {name: one_run(LONGTAIL, out / f"{name}-w{cores}", "static", args.steps,
-                                   None, sets)["samples_per_s"]
+                                   None, [*sets, *warm])["samples_per_s"]
                      for name, sets in static_deployments(cores).items()}
         if at_static:
             at_cores["static_best_split"] = max(at_static, key=lambda k: at_static[k])
@@ -177,9 +182,9 @@ def main() -> int:
     # RL unchanged by shifting: backpressure on 2 workers for 3 pools must shift every step
     # (and trains data-parallel), static keeps one worker per pool; same seed and steps
     acc_runs = {"static": one_run(GENRM, out / "accuracy-static", "static",
-                                  args.accuracy_steps, 3, []),
+                                  args.accuracy_steps, 3, warm),
                 "backpressure": one_run(GENRM, out / "accuracy-backpressure", "backpressure",
-                                        args.accuracy_steps, 2, [])}
+                                        args.accuracy_steps, 2, warm)}
     acc = {p: r["accuracy"] for p, r in acc_runs.items()}
     diffs = [abs(a - b) for a, b in zip(acc["static"], acc["backpressure"], strict=True)
              if a is not None and b is not None]
@@ -192,6 +197,7 @@ def main() -> int:
     shifts = runs["backpressure"]["shift_records"] + runs["colocated"]["shift_records"]
     result = {
         "bench": "elastic", "workload": LONGTAIL.name, "steps": args.steps, "workers": w,
+        "warm_roles": args.warm_roles,
         "cores": cores, "oversubscribed": w > cores,
         "samples_per_s": {"colocated": co, "static_best": static[best], "backpressure": bp},
         "static_best_split": best, "static_splits": static,

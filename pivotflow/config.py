@@ -54,6 +54,9 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # flight at a new version resumes from its prefix on it (pivotflow/controller/partial.py)
     partial_rollout: bool = defaults.PARTIAL_ROLLOUT
     over_sample: float = defaults.OVER_SAMPLE  # with partial_rollout: extra groups in flight, x groups_per_step
+    # workers keep each role they leave loaded and take it back without a load (memory for
+    # every role a worker held; pivotflow/worker/host.py)
+    warm_roles: bool = defaults.WARM_ROLES
     planner: str = "backpressure"
     # backpressure/adaptive only: its knobs (--set planner.KEY=; defaults in the planner's module)
     planner_knobs: BackpressureConfig = msgspec.field(default_factory=BackpressureConfig)
@@ -99,7 +102,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                                 max_jobs_per_frame=self.max_jobs_per_frame,
                                 max_worker_restarts=self.max_worker_restarts,
                                 partial_rollout=self.partial_rollout,
-                                over_sample=self.over_sample)
+                                over_sample=self.over_sample, warm_roles=self.warm_roles)
 
     def worker_config(self, pool: str, tokenizer_dir: str = "") -> WorkerConfig:
         """What a pool's workers are told in AssignRole (beside a trainer's loss knobs)."""

@@ -10,6 +10,9 @@ WORKER_TIMEOUT_S = 60.0  # seconds of silence before a worker is declared dead
 MAX_JOBS_PER_FRAME = 32
 MAX_WORKER_RESTARTS = 50
 PARTIAL_ROLLOUT = False
+# a worker keeps the roles it leaves loaded and takes one back without loading it again
+# (memory for every role it held: on by choice; see pivotflow/worker/host.py)
+WARM_ROLES = False
 OVER_SAMPLE = 0.0
 MAX_BATCH = 64  # sequences a generate worker decodes side by side (its slots)
 KL_ESTIMATORS = ("k1", "k3")  # Schulman's KL estimators (rl/losses.kl_penalty; graph.train)

@@ -54,6 +54,9 @@ class RoleReady(msgspec.Struct, tag=True, kw_only=True, frozen=True):
     # of load_s, the role's own start beyond moving weights: building the engine and its KV
     # cache (a trainer: its optimizer state), the part a warmer engine would save
     warmup_s: float = 0.0
+    # the role came back from the parked ones (AssignRole.keep): nothing was loaded, and it
+    # holds what it held when it was left (a trainer: its weights, optimizer state and group)
+    resumed: bool = False
 
 
 class JobDone(msgspec.Struct, **_HOT):  # type: ignore[call-arg]
@@ -124,6 +127,9 @@ class AssignRole(msgspec.Struct, tag=True, kw_only=True, frozen=True):
     role: str
     model: str
     options: dict[str, float | int | str | bool] = {}
+    # warm roles: keep the role held now loaded (parked) rather than release it, and take
+    # ``role`` back from the parked ones where it is there (RoleReady.resumed)
+    keep: bool = False
 
 
 class GenerateJob(msgspec.Struct, **_HOT):  # type: ignore[call-arg]

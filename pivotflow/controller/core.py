@@ -67,6 +67,7 @@ class ControllerConfig:
     # partial rollouts (off until their RL effect is measured): see controller/partial.py
     partial_rollout: bool = defaults.PARTIAL_ROLLOUT
     over_sample: float = defaults.OVER_SAMPLE  # partial only: extra groups, x groups_per_step
+    warm_roles: bool = defaults.WARM_ROLES  # workers keep the roles they leave (worker/host.py)
 
 
 class Controller:
@@ -332,7 +333,8 @@ class Controller:
         pool = self.pools[w.pool]
         opts = self.role_options.get(pool.name, {})
         w.assigned(pool.role, pool.model, int(opts.get("max_batch", defaults.MAX_BATCH)))
-        self.send(w.worker_id, AssignRole(role=pool.role, model=pool.model, options=opts))
+        self.send(w.worker_id, AssignRole(role=pool.role, model=pool.model, options=opts,
+                                          keep=self.cfg.warm_roles))
 
     def set_max_batch(self, pool: str, batch: int) -> None:
         """The batch ``pool``'s workers hold from now on (a drifting workload's engine fits

@@ -82,7 +82,7 @@ class Handlers:
                 log.info("worker %s (pid %d) said hello", worker_id, pid)
                 self._on_hello(w, pv)
             case RoleReady(version=version):
-                w.ready(version)
+                w.ready(version, msg.resumed)
                 ctl.recovery.mark_served(worker_id)
                 ctl.shifts.on_ready(worker_id, msg)
                 log.info("worker %s ready: %s %s@v%d (%.2fs)", worker_id, msg.role, msg.model,

@@ -26,6 +26,9 @@ class WorkerHandle:
     last_seen: float = 0.0
     version: int = -1
     roles_taken: int = 0  # counts shifts: a trainer that left and came back is a new member
+    # warm roles: (role, model) -> ``roles_taken`` when the worker left it loaded; a role
+    # taken back (RoleReady.resumed) is the same member it was then
+    parked: dict[tuple[str, str], int] = field(default_factory=dict)
     computing: bool = False  # its last heartbeat said its compute thread was at work
 
     # What happens to a worker, as the controller's parts learn it: each part says so here
@@ -43,8 +46,12 @@ class WorkerHandle:
         """Told to load ``role`` for ``model``; it holds ``capacity`` jobs once ready."""
         self.state, self.role, self.model, self.capacity = "loading", role, model, capacity
 
-    def ready(self, version: int) -> None:
+    def ready(self, version: int, resumed: bool = False) -> None:
+        """Its role is loaded at ``version``; ``resumed``: taken back from the parked ones, so
+        it counts as the member it was when it left that role."""
         self.state, self.version = "ready", version
+        if resumed:
+            self.roles_taken = self.parked.pop((self.role, self.model), self.roles_taken)
 
     def mark_lost(self) -> None:
         """A send found it gone: no more work for it until recovery declares it dead."""
@@ -90,6 +97,8 @@ class Roster:
         """``worker_id`` leaves its pool for ``to_pool`` (its role and model become that
         pool's; it is loading until the worker says it is ready)."""
         w, dst = self.workers[worker_id], self.pools[to_pool]
+        if w.role:  # kept loaded where the worker keeps its roles (it says so when ready)
+            w.parked[(w.role, w.model)] = w.roles_taken
         self.pools[w.pool].workers.remove(worker_id)
         dst.workers.append(worker_id)
         w.pool, w.role, w.model, w.state = dst.name, dst.role, dst.model, "loading"

@@ -36,6 +36,7 @@ class ShiftRecord:
     release_s: float | None = None  # old role's engine/cache freed (worker-side)
     load_s: float | None = None  # new role loaded from the parameter store (worker-side)
     warmup_s: float | None = None  # of load_s, the engine's (optimizer's) own start
+    resumed: bool = False  # taken back loaded (warm roles): nothing was loaded
     total_s: float | None = None  # shift ordered -> worker ready in its new pool
     pending_jobs: set[int] = field(default_factory=set)
 
@@ -43,7 +44,8 @@ class ShiftRecord:
         return {"worker": self.worker_id, "from": self.from_pool, "to": self.to_pool,
                 "time_s": self.started_s, "jobs_aborted": self.jobs_aborted,
                 "drain_s": self.drained_s, "release_s": self.release_s, "load_s": self.load_s,
-                "warmup_s": self.warmup_s, "total_s": self.total_s, "reason": self.reason}
+                "warmup_s": self.warmup_s, "resumed": self.resumed, "total_s": self.total_s,
+                "reason": self.reason}
 
 
 class ShiftManager:
@@ -107,6 +109,7 @@ class ShiftManager:
             self.first_loads.append(msg.load_s)
             return
         rec.release_s, rec.load_s, rec.warmup_s = msg.release_s, msg.load_s, msg.warmup_s
+        rec.resumed = msg.resumed
         rec.total_s = self.ctl.clock.now() - self.ctl.started_at - rec.started_s
         self.done.append(rec)
         self._last_started[worker_id] = rec.started_s + self.ctl.started_at

@@ -88,7 +88,9 @@ class TrainSteps:
         # Rank 0 is a trainer that took the last step and never left since: it holds the
         # newest weights and optimizer state. With none such, rank 0 reads them from the store.
         last = dict(zip(self.members, self.member_roles, strict=True))
-        stayed = [w.worker_id for w in workers if last.get(w.worker_id) == w.roles_taken]
+        here = {w.worker_id: w.roles_taken for w in workers}
+        # in the last step's rank order, so that the same trainers keep the same group
+        stayed = [m for m in self.members if m in here and last[m] == here[m]]
         order = stayed + [w.worker_id for w in workers if w.worker_id not in stayed]
         parts = shards(seqs, len(order))
         order = order[: len(parts)]

@@ -34,7 +34,7 @@ def _split(text: str) -> Split:
 
 # What ``--set`` may change in a simulated run: the controller's knobs the simulator passes on,
 # and the backpressure planners' (the rest of a run's keys are a real run's: engines, launcher)
-SIM_SET_KEYS = ("max_staleness", "partial_rollout", "over_sample",
+SIM_SET_KEYS = ("max_staleness", "partial_rollout", "over_sample", "warm_roles",
                 *(f"planner.{k}" for k in BackpressureConfig.__struct_fields__))
 
 
@@ -111,7 +111,8 @@ def run_sim(args: argparse.Namespace) -> int:
         wl = wl.scaled(args.gpus)
     if "max_staleness" in given:
         wl = dataclasses.replace(wl, max_staleness=cfg.max_staleness)
-    controller: dict[str, Any] = {k: getattr(cfg, k) for k in ("partial_rollout", "over_sample")
+    controller: dict[str, Any] = {k: getattr(cfg, k) for k in ("partial_rollout", "over_sample",
+                                                                  "warm_roles")
                                   if k in given}
     ranked = rank_splits(wl, top=1)
     if args.split is None and not ranked:

@@ -232,7 +232,7 @@ async def _simulate(
 
     cfg = ControllerConfig(
         steps=steps, max_staleness=wl.max_staleness, heartbeat_s=30.0, worker_timeout_s=600.0,
-        **controller,  # (partial_rollout, over_sample: pivotflow sim --set)
+        **controller,  # (partial_rollout, over_sample, warm_roles: pivotflow sim --set)
     )
     parts = ControllerParts(
         tokenizers={"policy": tok, "judge": tok},

@@ -222,11 +222,16 @@ class SimWorker:
                 WorkerFailed(error="role changed with jobs in flight", job_ids=sorted(gen.jobs))
             )
             return
-        took = self.roles.release_s(self.host.role) + self.roles.load_s(msg.role, msg.model)
+        # warm roles: the role left stays loaded (no release), and one taken back loads nothing
+        took = (0.0 if msg.keep else self.roles.release_s(self.host.role)) + (
+            0.0 if self.host.resumes(msg) else self.roles.load_s(msg.role, msg.model))
         self._until(took, self._assigned, msg, self._loop.time())
 
     def _assigned(self, msg: AssignRole, t: float, took: float) -> None:
         self.stats.loads.append((t, msg.role, msg.model, took))
+        gen = self._generating()
+        if msg.keep and gen is not None:  # parked, not released: bank its busy time now
+            gen.bank_busy()
         self._host(msg)  # releases the role before and loads this one, at the load's end
 
     def _train(self, msg: TrainStep) -> None:

@@ -6,6 +6,13 @@ knows nothing of threads or sockets. The real worker runs it on its compute thre
 (``sim/sim_worker.py``) runs the same state machine with simulated roles (``sim/sim_roles.py``,
 its ``make_role``) on the virtual clock, with no parameter store (its weights are a version
 number) and the release times of its cost model (``release_s``).
+
+Warm roles (``--set warm_roles=true``, AssignRole.keep): a worker keeps each role it leaves
+loaded and takes it back with nothing to load, as a hybrid engine keeps its actor and rollout
+in one process. It costs memory for every role a worker has held (on the tiny CPU models,
+nothing to speak of; on a GPU, what the roles' weights, caches and optimizer state need side by
+side), and it saves the load, the engine's start and, for a trainer that took the pool's last
+step, the trainers' group forming again (measured in bench/elastic.py --warm-roles).
 """
 
 from __future__ import annotations
@@ -108,6 +115,9 @@ class RoleHost:
         self.release_s = release_s
         self.role: Role | None = None
         self.role_name = ""
+        self.role_model = ""
+        # warm roles (AssignRole.keep): the roles left, still loaded, by (role, model)
+        self.parked: dict[tuple[str, str], Role] = {}
         self.results_per_frame = 0  # 0: every result finished in a step shares one frame
 
     def handle(self, msg: ToWorker) -> list[ToController]:
@@ -141,22 +151,40 @@ class RoleHost:
         return [JobsDone(results=done[i : i + n]) for i in range(0, len(done), n)]
 
     def release(self) -> None:
-        """Let go of the role's memory (idempotent)."""
-        role, self.role, self.role_name = self.role, None, ""
-        if role is not None:
-            role.release()
+        """Let go of the role's memory, and of every parked role's (idempotent)."""
+        role, self.role, self.role_name, self.role_model = self.role, None, "", ""
+        parked, self.parked = list(self.parked.values()), {}
+        for r in ([role] if role is not None else []) + parked:
+            r.release()
+
+    def resumes(self, msg: AssignRole) -> bool:
+        """Whether ``msg`` takes a parked role back (nothing to load)."""
+        return msg.keep and (msg.role, msg.model) in self.parked
 
     def _assign(self, msg: AssignRole) -> RoleReady:
         before = self.role
         t0 = time.perf_counter()
-        self.release()
+        if msg.keep:  # park the role held now; the other parked ones stay
+            if self.role is not None:
+                self.parked[(self.role_name, self.role_model)] = self.role
+            self.role, self.role_name, self.role_model = None, "", ""
+        else:
+            self.release()
         release_s = time.perf_counter() - t0
         if self.release_s is not None:
-            release_s = self.release_s(before)
+            release_s = 0.0 if msg.keep else self.release_s(before)
         options = dict(msg.options)
         self.results_per_frame = int(options.get("results_per_frame", 0))
-        self.role = self.make_role(msg.role, self.store, msg.model, options)
-        self.role_name = msg.role
+        warm = self.parked.pop((msg.role, msg.model), None) if msg.keep else None
+        # A parked role holds what it held when it was left: a generate role refreshes its
+        # weights when a job asks for a newer version; a trainer's state is current when it
+        # took the pool's last step, which the controller checks before it skips a regroup.
+        self.role = warm if warm is not None else self.make_role(msg.role, self.store,
+                                                                 msg.model, options)
+        self.role_name, self.role_model = msg.role, msg.model
+        if warm is not None:
+            return RoleReady(role=msg.role, model=msg.model, version=warm.version,
+                             release_s=release_s, resumed=True)
         return RoleReady(role=msg.role, model=msg.model, version=self.role.version,
                          load_s=self.role.load_s, release_s=release_s,
                          warmup_s=self.role.warmup_s)

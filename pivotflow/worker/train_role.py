@@ -141,7 +141,8 @@ class TrainRole:
         t0 = time.perf_counter()
         if msg.rank == 0 and msg.optim_version >= 0:
             self.load_from_store(msg.optim_version)
-        if self.group.join(msg.epoch, msg.rank, msg.world, msg.rendezvous):
+        formed = self.group.join(msg.epoch, msg.rank, msg.world, msg.rendezvous)
+        if formed:
             self.group.broadcast(self.state_tensors())
         sync_s = time.perf_counter() - t0
         aggregation = self.tc.aggregation
@@ -194,7 +195,8 @@ class TrainRole:
             for name in (f"{self.model_name}.optim", self.model_name):
                 wait_crossed(self.store.root, name, self.version)
         out.update({"grad_norm": float(grad_norm), "step_s": time.perf_counter() - t0,
-                    "sync_s": sync_s, "world": float(msg.world)})
+                    "sync_s": sync_s, "world": float(msg.world),
+                    "group_formed": float(formed)})
         return TrainDone(step=msg.step, version=self.version, stats=out,
                          job_ids=[s.job_id for s in msg.seqs], rank=msg.rank)
 

@@ -145,3 +145,29 @@ def test_a_drifting_runs_bound_covers_the_steps_it_simulated(
     bound = fluid_bound(dataclasses.replace(wl, steps=10))["nonclairvoyant_samples_per_s"]
     assert summary["nonclairvoyant_bound"] == round(bound, 4)
     assert summary["fraction_of_nonclairvoyant"] <= 1.0
+
+
+def test_warm_roles_in_the_simulator_load_nothing_when_a_role_comes_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 2 workers for 3 pools: backpressure moves both between the pools every step
+    summaries, shifts, records = {}, {}, {}
+    for warm in ("false", "true"):
+        ap = argparse.ArgumentParser()
+        add_sim_parser(ap.add_subparsers(dest="command"))
+        out = tmp_path / warm
+        args = ap.parse_args(["sim", str(ROOT / "bench/workloads/cpu_tiny_longtail_w2.toml"),
+                              "--planner", "backpressure", "--split", "1,1,0",
+                              "--set", f"warm_roles={warm}", "--out", str(out)])
+        assert run_sim(args) == 0
+        summaries[warm] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        records[warm] = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        shifts[warm] = [s for r in records[warm] for s in r["shift_events"]]
+    assert summaries["true"]["set"] == {"warm_roles": True}
+    back = [s for s in shifts["true"] if s["resumed"]]
+    assert back and all(s["load_s"] == 0 and s["total_s"] < 1e-3 for s in back)
+    assert not any(s["resumed"] for s in shifts["false"])
+    # every role's busy time is still counted while it is parked
+    assert set(summaries["true"]["busy_share"]) == set(summaries["false"]["busy_share"])
+    # the same samples, trained in the same steps
+    assert [r["samples"] for r in records["true"]] == [r["samples"] for r in records["false"]]
