@@ -159,22 +159,27 @@ def summarize(name: str, gpus: int, fluid: dict[str, float], rows: list[dict[str
 
 
 def calibrate(path: str, real: dict[str, list[float]],
-              static_tried: set[str] | None = None) -> dict[str, Any]:
+              static_tried: set[str] | None = None, warm_roles: bool = False) -> dict[str, Any]:
     """Simulated vs measured samples/s (the mean of each planner's runs in ``real``) on
     workload ``path``, each planner starting as ``bench/elastic.py`` starts it (the workers
     spread over the pools as ``pivotflow run --workers N`` spreads them; colocated all in the
     rollout) and the static baseline the best of the static deployments the measured runs tried
-    (``static_tried``, their names; None: every one the bench tries now)."""
+    (``static_tried``, their names; None: every one the bench tries now); ``warm_roles``: the
+    runs kept their workers' roles loaded (``bench/elastic.py --warm-roles``), and so do the
+    simulated ones."""
     wl = load_workload(path)
     workers = wl.gpus // wl.group_gpus
-    out: dict[str, Any] = {"workload": wl.name, "planners": {}}
+    out: dict[str, Any] = {"workload": wl.name, "planners": {}, "warm_roles": warm_roles}
+    ctl = {"warm_roles": True} if warm_roles else None
     for planner, runs in real.items():
         if planner == "static":
-            rate = max(_steady(simulate(wl, make_planner("static", groups), split))
+            rate = max(_steady(simulate(wl, make_planner("static", groups), split,
+                                        controller=ctl))
                        for name, (groups, split) in static_deployments(workers).items()
                        if static_tried is None or name in static_tried)
         else:
-            rate = _steady(simulate(wl, planner, _started_as_run(wl, planner, workers)))
+            rate = _steady(simulate(wl, planner, _started_as_run(wl, planner, workers),
+                                    controller=ctl))
         measured = sum(runs) / len(runs)
         out["planners"][planner] = {
             "simulated": round(rate, 2),
@@ -237,6 +242,16 @@ def static_tried(files: list[str]) -> set[str] | None:
     """The static deployments ``bench/elastic.py`` outputs tried (None without any)."""
     names = {n for f in files for n in _last_json(f).get("static_splits", {})}
     return names or None
+
+
+def warm_tried(files: list[str]) -> bool:
+    """Whether the ``bench/elastic.py`` outputs ran with ``--warm-roles`` (all or none: a
+    comparison of one with the other is two calibrations)."""
+    warm = {bool(_last_json(f).get("warm_roles", False)) for f in files}
+    if len(warm) > 1:
+        raise SystemExit("--real-json: some runs kept warm roles and some did not; "
+                         "calibrate each kind on its own")
+    return warm == {True}
 
 
 def _last_json(path: str) -> dict[str, Any]:
@@ -384,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.calibrate:
         real = real_rates(args.real, args.real_json)
-        got = calibrate(args.calibrate, real, static_tried(args.real_json))
+        got = calibrate(args.calibrate, real, static_tried(args.real_json),
+                        warm_tried(args.real_json))
         print(json.dumps({"bench": "sim_paper", "calibration": got}))
         return 0
     t0 = time.perf_counter()

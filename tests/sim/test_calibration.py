@@ -22,6 +22,11 @@ ROOT = Path(__file__).parents[2]
     ("bench/workloads/cpu_tiny_longtail_w2.toml", "elastic_w2/2026-12-0[13]-*.json"),
     # a sitting whose costs were measured beside its runs (before and after them)
     ("bench/results/elastic_w2/2026-12-04-costs.toml", "elastic_w2/2026-12-04-run*.json"),
+    # warm roles on and off, interleaved in one sitting, each simulated as it ran
+    ("bench/results/elastic_w2/warm_roles/2026-12-04-costs.toml",
+     "elastic_w2/warm_roles/2026-12-04-on-run*.json"),
+    ("bench/results/elastic_w2/warm_roles/2026-12-04-costs.toml",
+     "elastic_w2/warm_roles/2026-12-04-off-run*.json"),
 ])
 def test_the_simulator_predicts_the_real_planners_within_15_percent(
     bench_script: Callable[[str], ModuleType], costs: str, runs_glob: str
@@ -31,7 +36,9 @@ def test_the_simulator_predicts_the_real_planners_within_15_percent(
     assert len(runs) >= 3
     real = bench.real_rates("", runs)
     assert set(real) == {"colocated", "static", "backpressure"}
-    got = bench.calibrate(str(ROOT / costs), real, bench.static_tried(runs))
+    got = bench.calibrate(str(ROOT / costs), real, bench.static_tried(runs),
+                          bench.warm_tried(runs))
+    assert got["warm_roles"] == ("-on-" in runs_glob)
     for planner, row in got["planners"].items():
         assert len(row["measured_runs"]) == len(runs)
         assert abs(row["error"]) <= 0.15, (planner, row)
@@ -58,3 +65,12 @@ def test_resummarize_adds_the_bounds_to_stored_runs_without_simulating(
     assert new["fraction_of_nonclairvoyant"]["backpressure"] == pytest.approx(
         old["backpressure"] / nc, rel=1e-3)
     assert (tmp_path / "results_throughput.png").stat().st_size > 1000  # with the bound drawn
+
+
+def test_runs_with_and_without_warm_roles_are_not_calibrated_together(
+    bench_script: Callable[[str], ModuleType]
+) -> None:
+    bench = bench_script("sim_paper")
+    both = sorted(str(p) for p in (ROOT / "bench/results/elastic_w2/warm_roles").glob("*.json"))
+    with pytest.raises(SystemExit, match="some runs kept warm roles and some did not"):
+        bench.warm_tried(both)
