@@ -222,7 +222,9 @@ class SimWorker:
                 WorkerFailed(error="role changed with jobs in flight", job_ids=sorted(gen.jobs))
             )
             return
-        # warm roles: the role left stays loaded (no release), and one taken back loads nothing
+        # warm roles: the role left stays loaded (no release), and one taken back loads nothing.
+        # Right where every role a worker takes fits in its memory side by side (the CPU
+        # workloads); a GPU would offload a parked role and pay the load modelled without it.
         took = (0.0 if msg.keep else self.roles.release_s(self.host.role)) + (
             0.0 if self.host.resumes(msg) else self.roles.load_s(msg.role, msg.model))
         self._until(took, self._assigned, msg, self._loop.time())
