@@ -156,6 +156,26 @@ def test_chaos_kills_lose_nothing(tmp_path: Path, random_genrm_graph: Path) -> N
     assert not workers_alive(result.out)
 
 
+def test_chaos_kills_with_warm_roles_lose_nothing(tmp_path: Path,
+                                                  random_genrm_graph: Path) -> None:
+    """Warm roles under kills: 2 workers for 3 pools, so each worker parks the roles it leaves
+    (a trainer with its group); a kill takes a worker with its parked roles and a trainer group
+    that may have a dead peer, and the run still trains every group exactly once."""
+    result = run(random_genrm_graph, sets=[*FAST, "chaos.kill_worker_every_steps=4",
+                                           "max_worker_restarts=50", "planner=backpressure",
+                                           "warm_roles=true"],
+                 out=tmp_path / "out", workers=2, steps=20, console=False)
+    s = result.summary
+    # 1 to 5 kills: one that finds no worker ready (both loading, or a recovery under way)
+    # is skipped, with or without warm roles
+    assert s["chaos_kills"] >= 1 and s["worker_restarts"] >= s["chaos_kills"]
+    assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
+    assert s["ledger"]["groups_trained"] == s["ledger"]["prompts_in"] == 40
+    shifts = [json.loads(x) for x in (result.out / "shifts.jsonl").read_text().splitlines()]
+    assert any(x["resumed"] for x in shifts)  # the roles were parked and taken back
+    assert not workers_alive(result.out)
+
+
 def test_a_run_over_tcp_with_curve_keys(tmp_path: Path, random_genrm_graph: Path) -> None:
     from pivotflow.transport.curve import keygen
 

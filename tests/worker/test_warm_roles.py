@@ -4,6 +4,7 @@ and the run trains exactly as it does with every role loaded afresh."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -80,7 +81,32 @@ def test_a_run_with_warm_roles_trains_step_for_step_as_one_without(tmp_path: Pat
     assert not any(s["resumed"] for s in shifts[False])
     resumed = [s for s in shifts[True] if s["resumed"]]
     assert resumed and all(s["load_s"] == 0.0 for s in resumed)
-    # the same two trainers again: the group formed once, not every step
-    formed = {w: sum(r["train_group_formed"] for r in recs[w] if r["train_world"] > 1)
-              for w in (False, True)}
-    assert formed[True] < formed[False]
+    # two workers: a step on 2 trainers after one on 2 has the same members; cold, they left
+    # and came back with new roles (a new group), warm, they took their trainers back
+    for warm in (False, True):
+        again = [r for prev, r in itertools.pairwise(recs[warm])
+                 if prev["train_world"] == r["train_world"] == 2]
+        assert all(r["train_group_formed"] == (0 if warm else 1) for r in again)
+
+
+def test_a_trainer_taken_back_is_the_member_it_was() -> None:
+    """What the controller's trainer group rests on: a worker that left the trainer pool and
+    took its trainer back (resumed) counts as the same member; one that loaded it afresh does
+    not (TrainSteps re-forms the group then)."""
+    from pivotflow.controller.pools import Pool, Roster
+
+    pools = {name: Pool(name, role, "policy") for name, role in
+             (("rollout", "generate"), ("trainer", "train"))}
+    roster = Roster(pools, {"w0": "trainer", "w1": "trainer"})
+    for w in roster.workers.values():
+        w.assigned("train", "policy", 1)
+        w.ready(0)
+    member = {w: h.roles_taken for w, h in roster.workers.items()}
+    for w in ("w0", "w1"):
+        roster.move(w, "rollout")
+        roster.workers[w].ready(1)  # an engine loaded afresh (its first)
+        roster.move(w, "trainer")
+    roster.workers["w0"].ready(1, resumed=True)
+    roster.workers["w1"].ready(1, resumed=False)
+    assert roster.workers["w0"].roles_taken == member["w0"]
+    assert roster.workers["w1"].roles_taken != member["w1"]
