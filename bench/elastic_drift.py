@@ -79,10 +79,13 @@ def rate_over(recs: list[dict[str, Any]], steps: list[int]) -> float | None:
     return sum(r["samples"] for r in recs[a:b + 1]) / (recs[b]["time_s"] - recs[a - 1]["time_s"])
 
 
+WARM: list[str] = []  # ["warm_roles=true"] under --warm-roles: every run of the bench
+
+
 def measure(name: str, out: Path, planner: str, steps: int, workers: int | None,
             sets: list[str], reg: dict[str, list[int]]) -> dict[str, Any]:
     got = elastic.one_run(elastic.LONGTAIL, out / name, planner, steps, workers,
-                          [*sets, f"graph.schedule={DRIFT}"])
+                          [*sets, f"graph.schedule={DRIFT}", *WARM])
     recs = read_metrics(out / name / "metrics.jsonl")
     got["rates"] = {"whole": got["samples_per_s"],
                     **{k: rate_over(recs, v) for k, v in reg.items()}}
@@ -190,6 +193,7 @@ def main(args: Any, argv: list[str]) -> int:
     ``json``, ``no_adaptive``); ``argv`` the command line, for the JSON's ``command``."""
     out = args.out or Path(tempfile.mkdtemp(prefix="pivotflow-elastic-drift-"))
     out.mkdir(parents=True, exist_ok=True)
+    WARM[:] = ["warm_roles=true"] if getattr(args, "warm_roles", False) else []
     steps, w, cores = args.drift_steps, args.workers, os.cpu_count() or 1
     reg = regimes(DRIFT, steps)
     runs: dict[str, dict[str, Any]] = {}
@@ -246,6 +250,7 @@ def main(args: Any, argv: list[str]) -> int:
 
     result = {
         "bench": "elastic", "mode": "drift", "workload": elastic.LONGTAIL.name,
+        "warm_roles": bool(WARM),
         "schedule": str(DRIFT.relative_to(elastic.ROOT)), "steps": steps, "workers": w,
         "cores": cores, "oversubscribed": w > cores,
         "regimes": {k: [s + 1 for s in v] for k, v in reg.items()},  # 1-based metrics steps
@@ -308,6 +313,9 @@ def combine(files: list[Path]) -> dict[str, Any]:
     import statistics
 
     docs = [json.loads(Path(f).read_text().strip().splitlines()[-1]) for f in files]
+    if len({bool(d.get("warm_roles", False)) for d in docs}) > 1:
+        raise SystemExit("--combine: some runs kept warm roles and some did not; combine "
+                         "each kind on its own")
     cols = ("whole", "early", "late")
 
     def med(rows: list[dict[str, float | None]]) -> dict[str, Any]:

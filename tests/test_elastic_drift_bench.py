@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -42,3 +44,13 @@ def test_the_recorded_sittings_have_every_key_and_combine_to_the_recorded_median
     for key in ("static_early_tuned_split", "static_best_split", "carried_over_over_early_static",
                 "vs_best_static", "vs_colocated", "samples_per_s_per_regime"):
         assert both[key] == recorded[key], key
+
+
+def test_warm_and_cold_sittings_are_not_combined(
+        bench_script: Callable[[str], ModuleType]) -> None:
+    ed = bench_script("elastic_drift")
+    results = ROOT / "bench" / "results" / "elastic_drift"
+    pair = [results / "2026-12-04-cold.json", results / "2026-12-04-warm.json"]
+    assert [json.loads(p.read_text())["warm_roles"] for p in pair] == [False, True]
+    with pytest.raises(SystemExit, match="some runs kept warm roles and some did not"):
+        ed.combine(pair)
