@@ -312,10 +312,10 @@ def combine(files: list[Path]) -> dict[str, Any]:
     split's pool sizes (any run's ``backpressure`` or ``backpressure_carried_over``)."""
     import statistics
 
+    import sim_paper  # a sibling script
+
     docs = [json.loads(Path(f).read_text().strip().splitlines()[-1]) for f in files]
-    if len({bool(d.get("warm_roles", False)) for d in docs}) > 1:
-        raise SystemExit("--combine: some runs kept warm roles and some did not; combine "
-                         "each kind on its own")
+    sim_paper.warm_of(docs, "--combine")  # (a mix of warm and cold runs is refused)
     cols = ("whole", "early", "late")
 
     def med(rows: list[dict[str, float | None]]) -> dict[str, Any]:

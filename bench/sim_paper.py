@@ -247,10 +247,16 @@ def static_tried(files: list[str]) -> set[str] | None:
 def warm_tried(files: list[str]) -> bool:
     """Whether the ``bench/elastic.py`` outputs ran with ``--warm-roles`` (all or none: a
     comparison of one with the other is two calibrations)."""
-    warm = {bool(_last_json(f).get("warm_roles", False)) for f in files}
+    return warm_of([_last_json(f) for f in files], "--real-json")
+
+
+def warm_of(docs: list[dict[str, Any]], what: str) -> bool:
+    """Whether the ``bench/elastic.py`` JSON objects ``docs`` ran with warm roles; SystemExit
+    naming ``what`` (the option that gave them) when some did and some did not."""
+    warm = {bool(d.get("warm_roles", False)) for d in docs}
     if len(warm) > 1:
-        raise SystemExit("--real-json: some runs kept warm roles and some did not; "
-                         "calibrate each kind on its own")
+        raise SystemExit(f"{what}: some runs kept warm roles and some did not; "
+                         "take each kind on its own")
     return warm == {True}
 
 

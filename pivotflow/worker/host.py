@@ -175,7 +175,7 @@ class RoleHost:
             release_s = 0.0 if msg.keep else self.release_s(before)
         options = dict(msg.options)
         self.results_per_frame = int(options.get("results_per_frame", 0))
-        warm = self.parked.pop((msg.role, msg.model), None) if msg.keep else None
+        warm = self.parked.pop((msg.role, msg.model), None)  # (none left without keep)
         # A parked role holds what it held when it was left: a generate role refreshes its
         # weights when a job asks for a newer version; a trainer's state is current when it
         # took the pool's last step, which the controller checks before it skips a regroup.
