@@ -13,8 +13,12 @@ The instrument is a subclass of the simulator's worker that records its state (p
 ``pivotflow.sim.cluster`` for the run; nothing of the run changes). Per step window (steps 1 to
 the last, as the bounds are taken), the shares of GPU-time per category, and the work bound's
 share: the GPU-seconds the run's samples need at full batch over the GPU-seconds spent (the
-fraction of the work bound the run reaches, when every GPU is counted). Last line: one JSON
-object.
+fraction of the work bound the run reaches, when every GPU is counted). And each step's path
+from its run record (``path_s``): the seconds from its last group's admission to the last
+sample out of each served stage, to the batch complete at the train stage, to its optimizer
+step's start, to its end, per step and their mean over the window; under ``max_staleness`` S
+two periods hold one such path when S is 1 (step k is admitted when step k-2 ends). Last
+line: one JSON object.
 
     python bench/sim_gap.py bench/workloads/drift/dense7b_judge32b.toml --gpus 128 \
         --planner adaptive --split 14,34,16
@@ -125,6 +129,17 @@ def probed_worker(probe: Probe) -> type:
     return ProbedWorker
 
 
+def path_gaps(record: dict[str, Any]) -> dict[str, float]:
+    """One step's path as consecutive gaps, named ``"from->to"``: ``admitted``, each served
+    stage, ``ready`` (the batch complete), ``started``, ``done``; they add up to the step's time
+    from its last admission to its end."""
+    points = [("admitted", record["admitted_s"]), *record["stage_done_s"].items(),
+              ("ready", record["train_ready_s"]), ("started", record["train_started_s"]),
+              ("done", record["time_s"])]
+    return {f"{a}->{b}": round(tb - ta, 3)
+            for (a, ta), (b, tb) in zip(points, points[1:], strict=False)}
+
+
 def decompose(wl: Workload, planner: str, split: cluster.Split, steps: int,
               every: float) -> dict[str, Any]:
     probe = Probe(wl, every)
@@ -149,6 +164,7 @@ def decompose(wl: Workload, planner: str, split: cluster.Split, steps: int,
         g = w.group_gpus
         need += recs[v]["samples"] * (g / r.rollout + g / r.genrm + g / r.trainer) / g
     fb = fluid_bound(wl)
+    paths = [path_gaps(recs[v]) for v in window]
     rate = (sum(recs[v]["samples"] for v in window)
             / (recs[-1]["time_s"] - recs[0]["time_s"])) if len(recs) > 1 else None
     return {
@@ -160,6 +176,8 @@ def decompose(wl: Workload, planner: str, split: cluster.Split, steps: int,
         "work_share": round(need / spent, 4) if spent else None,
         "gpu_time_share": {k: round(v / spent, 4) for k, v in sorted(total.items())},
         "step_times_s": [round(r["time_s"], 1) for r in recs],
+        "path_s": {"per_step": paths, "mean": {
+            k: round(sum(p[k] for p in paths) / len(paths), 3) for k in paths[0]} if paths else {}},
         "shifts": len(res.shifts), "sim_s": round(res.sim_s, 1), "wall_s": round(res.wall_s, 1),
     }
 

@@ -24,6 +24,7 @@ import msgspec
 
 from pivotflow import checkpoints
 from pivotflow.config import RunConfig
+from pivotflow.controller.records import PATH_KEYS
 from pivotflow.errors import CheckpointError, ConfigError
 from pivotflow.graph import Graph
 from pivotflow.metrics import read_metrics
@@ -165,11 +166,18 @@ class Continuation:
 
     def carry_onto(self, record: dict[str, Any]) -> None:
         """Put a step record of this segment on the whole run's clock and counts: its time,
-        its shift events' times, and the shift and migration counts go on from the earlier
-        segments'."""
+        its shift events' times, its path's times, and the shift and migration counts go on
+        from the earlier segments'."""
         record["time_s"] += self.time_s
         for event in record.get("shift_events") or ():
             event["time_s"] += self.time_s
+        for key in PATH_KEYS:  # the step's path (records.step_path), where it has a time
+            if record.get(key) is not None:
+                record[key] += self.time_s
+        done = record.get("stage_done_s") or {}
+        for stage, t in done.items():
+            if t is not None:
+                done[stage] = t + self.time_s
         record["shifts"] += self.shifts
         record["migrations"] += self.migrations
 

@@ -64,6 +64,12 @@ def test_a_finished_run_is_extended_and_its_records_cover_the_whole_run(
     assert sorted(group_ids(out)) == list(range(8))  # every prompt trained exactly once
     assert (out / "metrics.jsonl").read_bytes().startswith(before["metrics.jsonl"])  # appended
     assert records[2]["time_s"] >= records[1]["time_s"]  # one clock across the resume
+    for r in records:  # each step's path (records.step_path), on that clock too
+        path = [r["admitted_s"], *r["stage_done_s"].values(), r["train_ready_s"],
+                r["train_started_s"], r["time_s"]]
+        assert len(path) == 5 and path == sorted(path), (r["step"], path)
+    # the first run admitted no group of steps 3-4 (it trained to 2): the resume did, later
+    assert records[2]["admitted_s"] >= records[1]["time_s"]
     s = result.summary
     assert s["steps"] == 4 and s["ledger"]["groups_trained"] == 8 == s["ledger"]["prompts_in"]
     assert s["resumed_from_step"] == 2 and s["segments"] == 2

@@ -32,6 +32,7 @@ from pivotflow.controller.recovery import Recovery, Respawn
 from pivotflow.controller.sample import Ledger, Sample
 from pivotflow.controller.shifts import ShiftManager
 from pivotflow.controller.source import PromptSource
+from pivotflow.controller.stages import SERVED
 from pivotflow.controller.tool_calls import ToolCalls
 from pivotflow.controller.train_batch import FIRST, TrainBuffer
 from pivotflow.controller.training import TrainSteps
@@ -50,7 +51,6 @@ class _RunOver(Exception):
 
 
 BARRIERS = ("group", "filter", "train")  # stages that wait for a whole group
-SERVED = ("generate", "judge", "reference")  # stages whose jobs a pool's workers serve
 ROLE_OF = {"train": "train", "reference": "score"}  # a pool's worker role; others "generate"
 
 
@@ -280,6 +280,7 @@ class Controller:
         if self.ledger.settled(sample.group_id):
             return  # its group was skipped (a stage function failed, on_error=skip)
         while True:
+            sample.reached[idx] = now
             node = self.order[idx]
             if node.kind in SERVED:
                 self.edges[idx].push(sample, now)

@@ -45,10 +45,34 @@ def step_record(ctl: Controller, batch: list[list[Sample]], msg: TrainDone) -> d
         "group_ids": sorted(g[0].group_id for g in batch),  # joins ledgers across resumes
         "response_len_mean": sum(len(s.fields["response_ids"]) for s in samples)
         / len(samples),
+        **step_path(ctl, samples),
         **tool_figures(samples),
         **partial_figures(ctl, samples, msg.version - 1),
         **{f"train_{k}": v for k, v in msg.stats.items()},
     }
+
+
+PATH_KEYS = ("admitted_s", "train_ready_s", "train_started_s")  # (and stage_done_s, a dict)
+
+
+def step_path(ctl: Controller, samples: list[Sample]) -> dict[str, Any]:
+    """Where the step's time went, as the moments its last sample passed each point (seconds
+    since the run started, the clock of ``time_s``): the last of its groups admitted, each
+    served stage left by its last sample, the batch complete at the train stage, and the
+    optimizer step begun (after any trainers joining it had loaded). The gaps are the step's
+    critical path: a long generation tail, a judge queue, trainers loading. A point no sample
+    of the step passed in this segment (a resumed sample keeps no times) is null."""
+    def last(idx: int) -> float | None:
+        times = [t for s in samples if (t := s.reached.get(idx)) is not None]
+        return max(times) - ctl.started_at if times else None
+
+    order = ctl.order
+    train_idx = next(i for i, n in enumerate(order) if n.kind == "train")
+    served = [i for i, n in enumerate(order) if n.kind in stages.SERVED]
+    return {"admitted_s": last(1),
+            "stage_done_s": {order[i].name: last(i + 1) for i in served},
+            "train_ready_s": last(train_idx),
+            "train_started_s": ctl.training.started_at - ctl.started_at}
 
 
 def partial_figures(ctl: Controller, samples: list[Sample], policy: int) -> dict[str, Any]:

@@ -21,6 +21,10 @@ class Sample:
     fields: dict[str, Any] = field(default_factory=dict)
     enqueued_at: float = 0.0
     private: dict[str, Any] = field(default_factory=dict)
+    # graph stage index -> when the sample last reached it (the controller's clock): the step
+    # record's path (``admitted_s``, ``stage_done_s``, ``train_ready_s``); not in a snapshot,
+    # so a resumed sample has only what it reached since
+    reached: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -17,6 +17,7 @@ from pivotflow.messages import encode_prompt, message_problem
 from pivotflow.protocol import GenerateJob, JobDone, TrainSeq
 from pivotflow.tokenizer.base import Tokenizer
 
+SERVED = ("generate", "judge", "reference")  # stage kinds whose jobs a pool's workers serve
 PARTIAL = "_partial"  # private key of an aborted job's partial state, consumed on re-dispatch
 COUNTED = "_counted"  # private key: tokens of that partial state already counted as generated
 # private key: the tokens a response held when a step boundary last cut it (partial rollouts),

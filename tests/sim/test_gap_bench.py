@@ -24,3 +24,10 @@ def test_the_gpu_time_shares_cover_the_run_and_the_work_share_is_a_fraction(
     assert 0 < got["work_share"] <= 1.0
     # (samples over the steps after the first, as the bounds take them)
     assert 0 < got["fraction_of_nonclairvoyant"] <= 1.0
+    # each step's path: the gaps in order, none negative
+    paths = got["path_s"]["per_step"]
+    assert len(paths) == 4 and list(paths[0]) == [
+        "admitted->rollout", "rollout->genrm", "genrm->ready", "ready->started", "started->done"]
+    assert all(g >= 0 for p in paths for g in p.values())
+    assert got["path_s"]["mean"]["started->done"] > 0  # training takes time
+
