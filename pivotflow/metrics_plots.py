@@ -9,6 +9,10 @@
   flow.jsonl's samples over time when the run has one (``pivotflow.flow_samples``), else from
   the step ends in metrics.jsonl. Pools are step lines, each a little offset from the next, so
   pools of the same size do not hide each other; the legend names each pool's size range.
+* ``step_path.png`` (runs whose records carry each step's path, docs/records.md): one row per
+  step over time, from its last group's admission through each served stage's last sample, the
+  wait for the trainers, to its optimizer step's end: the pipeline's overlap, and which part of
+  a slow step was long (the generation's tail, the judge, the trainers).
 
 A resumed run is one run here: its steps and time_s continue (a run from before time_s
 continued, whose time restarted at a resume, is put back on one axis), its shift times are
@@ -36,6 +40,8 @@ log = logging.getLogger(__name__)
 REWARD_ACCURACY_PNG = "reward_accuracy.png"
 POOLS_QUEUES_PNG = "pools_queues.png"
 KL_REF_PNG = "kl_ref.png"
+STEP_PATH_PNG = "step_path.png"
+STEP_PATH_ROWS = 400  # the newest steps drawn: more rows than pixels say nothing
 POOL_OFFSET = 0.1  # workers between pool lines of the same size (less than the integer ticks)
 RESUME_STYLE = {"color": "tab:red", "linestyle": ":", "linewidth": 1.2}
 
@@ -334,6 +340,49 @@ def _pools_queues(records: list[dict[str, Any]], path: Path,
     _save(fig, path)
 
 
+def path_segments(record: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """One step's path as (part, start, end) in time: ``generation`` to the first served
+    stage's last sample, each later stage by its name, ``waiting`` from the batch complete to
+    the step's start (the previous step, trainers loading), ``training``. A part whose ends
+    are not both known (a resumed segment's restored samples keep no times) is left out."""
+    done = record.get("stage_done_s") or {}
+    names = list(done)
+    points = [("admitted", record.get("admitted_s")), *done.items(),
+              ("ready", record.get("train_ready_s")), ("started", record.get("train_started_s")),
+              ("done", record.get("time_s"))]
+    parts = ["generation", *names[1:], "to the trainer", "waiting", "training"]
+    out = []
+    for part, (_, a), (_, b) in zip(parts, points, points[1:], strict=False):
+        if a is not None and b is not None and b > a:
+            out.append((part, float(a), float(b)))
+    return out
+
+
+def _step_path(records: list[dict[str, Any]], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    rows = [r for r in records if r.get("train_started_s") is not None][-STEP_PATH_ROWS:]
+    by_part: dict[str, list[tuple[float, float, float]]] = {}
+    for r in rows:
+        for part, a, b in path_segments(r):
+            by_part.setdefault(part, []).append((_num(r.get("step")), a, b - a))
+    fig = Figure(figsize=(9, max(3.0, min(12.0, 1.5 + 0.12 * len(rows)))), layout="constrained")
+    ax = fig.add_subplot()
+    colors = {"generation": "tab:blue", "to the trainer": "tab:gray", "waiting": "tab:orange",
+              "training": "tab:green"}
+    spare = iter(["tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"])
+    for part, bars in by_part.items():
+        ax.barh([st for st, _, _ in bars], [w for _, _, w in bars], left=[a for _, a, _ in bars],
+                height=0.8, color=colors.get(part) or next(spare, "tab:red"), label=part)
+    ax.set_xlabel("time since the run started (s)")
+    ax.set_ylabel("step")
+    ax.invert_yaxis()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    ax.set_title("each step's path: from its last admission to its end")
+    ax.grid(alpha=0.3, axis="x")
+    _save(fig, path)
+
+
 def make_plots(
     metrics_path: str | os.PathLike[str], plots_dir: str | os.PathLike[str]
 ) -> list[Path]:
@@ -367,6 +416,9 @@ def make_plots(
         if any("train_kl_ref" in r for r in records):
             _kl_ref(records, out / KL_REF_PNG, resumes)
             written.append(out / KL_REF_PNG)
+        if any(r.get("train_started_s") is not None for r in records):
+            _step_path(records, out / STEP_PATH_PNG)
+            written.append(out / STEP_PATH_PNG)
     except Exception as e:  # plots are a courtesy; a broken plot must not fail a finished run
         log.warning("plotting from %s failed after %d file(s): %s", metrics_path, len(written), e)
     return written

@@ -190,6 +190,28 @@ def test_plots_are_real_pngs(tmp_path: Path) -> None:
     assert all(p.parent == tmp_path / "plots" and _is_png(p) for p in written)
 
 
+def test_the_step_path_plot_draws_each_known_part(tmp_path: Path) -> None:
+    from pivotflow.metrics_plots import path_segments
+
+    rec = RunRecorder(tmp_path)
+    for s in range(1, 7):  # max_staleness 1: step s admitted when step s-2 ended (2 s a step)
+        path = {"admitted_s": max(0.0, 2.0 * (s - 2)), "train_ready_s": 2.0 * s - 0.6,
+                "train_started_s": 2.0 * s - 0.5,
+                "stage_done_s": {"rollout": 2.0 * s - 1.5, "genrm": 2.0 * s - 0.6}}
+        if s == 3:  # a resumed segment's first step: its restored samples kept no times
+            path.update(admitted_s=None, stage_done_s={"rollout": None, "genrm": 5.4})
+        rec.record_step(_step(s, extra=path))
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert path_segments(records[3]) == [  # step 4: admitted at 4 s, ended at 8 s
+        ("generation", 4.0, 6.5), ("genrm", 6.5, 7.4), ("waiting", 7.4, 7.5),
+        ("training", 7.5, 8.0)]  # ("to the trainer": none, the batch was whole at once)
+    assert [p for p, _, _ in path_segments(records[2])] == ["waiting", "training"]
+    written = rec.make_plots()
+    assert sorted(p.name for p in written) == [
+        "pools_queues.png", "reward_accuracy.png", "step_path.png"]
+    assert all(_is_png(p) for p in written)
+
+
 def test_plotting_errors_are_warnings_not_failures(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -307,7 +329,7 @@ def test_plots_of_a_resumed_real_run_show_the_whole_run(resumed_run: Path) -> No
         assert ts[0] == 0.0 and ts[-1] == times[-1] and ts == sorted(ts)
         assert all(v >= 0 for v in values)
     written = make_plots(resumed_run / "metrics.jsonl", resumed_run / "replot")
-    assert sorted(p.name for p in written) == ["pools_queues.png", "reward_accuracy.png"]
+    names = ["pools_queues.png", "reward_accuracy.png", "step_path.png"]
+    assert sorted(p.name for p in written) == names
     assert all(_is_png(p) for p in written)
-    assert sorted(p.name for p in (resumed_run / "plots").iterdir()) == [
-        "pools_queues.png", "reward_accuracy.png"]  # what the run drew itself
+    assert sorted(p.name for p in (resumed_run / "plots").iterdir()) == names  # the run's own
