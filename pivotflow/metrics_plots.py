@@ -358,7 +358,8 @@ def path_segments(record: dict[str, Any]) -> list[tuple[str, float, float]]:
     return out
 
 
-def _step_path(records: list[dict[str, Any]], path: Path) -> None:
+def plot_step_path(records: list[dict[str, Any]], path: Path) -> None:
+    """``step_path.png`` from step records (``pivotflow sim --out`` draws it too)."""
     from matplotlib.figure import Figure
 
     rows = [r for r in records if r.get("train_started_s") is not None][-STEP_PATH_ROWS:]
@@ -417,7 +418,7 @@ def make_plots(
             _kl_ref(records, out / KL_REF_PNG, resumes)
             written.append(out / KL_REF_PNG)
         if any(r.get("train_started_s") is not None for r in records):
-            _step_path(records, out / STEP_PATH_PNG)
+            plot_step_path(records, out / STEP_PATH_PNG)
             written.append(out / STEP_PATH_PNG)
     except Exception as e:  # plots are a courtesy; a broken plot must not fail a finished run
         log.warning("plotting from %s failed after %d file(s): %s", metrics_path, len(written), e)

@@ -93,7 +93,7 @@ def add_sim_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--out",
         type=Path,
         default=None,
-        help="write summary.json, metrics.jsonl and plots/pools.png here",
+        help="write summary.json, metrics.jsonl, plots/pools.png and plots/step_path.png here",
     )
     p.set_defaults(func=lambda args, console=None: run_sim(args))
     return p
@@ -152,6 +152,7 @@ def run_sim(args: argparse.Namespace) -> int:
     summary["joint_bound"] = round(joint, 4)
     summary["fraction_of_joint"] = round(result.samples_per_s / joint, 4)
     if args.out is not None:
+        from pivotflow.metrics_plots import STEP_PATH_PNG, plot_step_path
         from pivotflow.sim.plots import plot_pools
 
         args.out.mkdir(parents=True, exist_ok=True)
@@ -160,5 +161,6 @@ def run_sim(args: argparse.Namespace) -> int:
             for rec in result.records:
                 f.write(json.dumps(rec) + "\n")
         plot_pools(result, args.out / "plots" / "pools.png")
+        plot_step_path(result.records, args.out / "plots" / STEP_PATH_PNG)
     print(json.dumps(summary))
     return 0
