@@ -96,3 +96,59 @@ def test_fewer_workers_than_pools_are_not_re_sized() -> None:
     assert planner.target is None
     [entry] = planner.log  # decided, and logged with its reason
     assert entry["skipped"] == "fewer workers than pools" and entry["workers"] == 2.0
+
+
+def test_a_step_a_pool_barely_served_in_is_not_re_solved_from() -> None:
+    """A pool that completed under half a step's samples in the step (lent away, starved)
+    measured a window, not its rate: re-solved from, it gave a rollout pool 51 of 64 workers
+    in a simulated drift (0.18 samples/s a worker against 1.26 the step before)."""
+    planner = AdaptivePlanner()
+    # the rollout 4x slower, as in the re-size above, but 10 samples done (batch 64)
+    assert _two_steps(planner, {"rollout": 0.1, "genrm": 4.0, "trainer": 4.0}) == []
+    assert planner.target is None
+    [entry] = planner.log
+    assert entry["skipped"] == "under half a step's samples done in rollout"
+
+
+def test_a_pool_with_no_workers_now_is_not_re_sized_from() -> None:
+    """Trainers moved out between steps leave the trainer pool empty: its rate now is 0 and
+    any split reads infinitely better (a simulated re-size to 51/9/4 at '0.00 -> 9.13')."""
+    planner = AdaptivePlanner()
+    layout = {"rollout": ["w0", "w1", "w2", "w3", "w8", "w9"], "genrm": ["w4", "w5", "w6", "w7",
+              "w10", "w11"], "trainer": []}
+
+    def emptied(version: int) -> PlannerView:
+        pools = {n: PoolView(n, list(ws), len(ws), 0, 1.0, "train" if n == "trainer" else
+                             "generate", batch=64 if n == "trainer" else 0,
+                             done=200 * (version - 1), busy_s=100.0 * (version - 1))
+                 for n, ws in layout.items()}
+        return PlannerView(now_s=10.0 * version, pools=pools, shift_cost_s=0.1, version=version)
+
+    assert planner.decide(emptied(1)) == []
+    assert planner.decide(emptied(2)) == []
+    assert planner.target is None
+    [entry] = planner.log
+    assert entry["skipped"] == "no workers in trainer"
+
+
+def test_a_re_size_gives_only_the_workers_a_pool_holds_now() -> None:
+    """Workers lent to a step count at home in the standing split, but a pool cannot give them
+    while they are away: giving the one that stayed left a rollout pool with work waiting
+    empty, the starved-pool rule fed it back, and the two traded one worker every 3 s for
+    90 s of a simulated run."""
+    planner = AdaptivePlanner()
+    pools = {
+        "rollout": PoolView("rollout", ["w0"], 1, 500, 1.0, "generate", queued=500),
+        "genrm": PoolView("genrm", ["w4", "w5"], 2, 500, 1.0, "generate"),
+        "trainer": PoolView("trainer", [], 5, 0, 1.0, "train", queued=64, batch=64,
+                            step_running=True),
+    }
+    at = PlannerView(now_s=30.0, pools=pools, shift_cost_s=0.1, version=3)
+    for w in ("w1", "w2", "w3"):  # lent to the running step from the rollout pool
+        planner.lent[w] = "rollout"
+    assert planner.standing(at) == {"rollout": 4, "genrm": 2, "trainer": 2}
+    planner.target = {"rollout": 3, "genrm": 3, "trainer": 2}  # the rollout's surplus is away
+    assert planner._toward(at) == []
+    planner.target = {"rollout": 3, "genrm": 1, "trainer": 4}  # the judges hold theirs
+    [move] = planner._toward(at)
+    assert (move.from_pool, move.to_pool) == ("genrm", "trainer")
