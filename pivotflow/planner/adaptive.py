@@ -48,11 +48,10 @@ over the last two steps instead of one, to calm the trainer target's swings (at 
 dense7b+32b it moved 30 -> 54 -> 27 -> 46 trainers step to step), gave 0.87 / 0.98 / 1.03 /
 1.03: a step late on dense32b's drift. Not shipped.
 
-A step is not re-solved from when a pool has no workers at its end (its rate now reads 0) or
-completed under half a step's samples in it (lent away or starved, it measured a window, not a
-rate), and a re-size takes from a pool only the workers it holds now, not those lent to a step
-(2026-12-04: on the simulated dense7b+32b drift, seed 1, the three together had fallen to 9.3
-samples/s, 0.26 of seed 0's 36.1; 33.3 with them, seeds 0-4 now within 33.3-37.8).
+A step is not re-solved from when a pool completed under half a step's samples in it (lent
+away or starved, it measured a window, not a rate), and a re-size takes from a pool only the
+workers it holds now, not those lent to a step (2026-12-04: without both, the simulated
+dense7b+32b drift at seed 1 fell to 9.3 samples/s, 0.26 of seed 0's 36.1).
 
 Every evaluation is kept in ``log`` (taken or not), and every move of a re-size carries its
 numbers (rates, sizes before and after, predicted rates, gain, cost) into the controller's
@@ -168,7 +167,7 @@ class AdaptivePlanner(BackpressurePlanner):
                              "version": float(view.version), "workers": float(workers),
                              "skipped": "fewer workers than pools"})
             return
-        skipped = self._unfit(view, now_sizes)
+        skipped = self._unfit(view)
         if skipped:  # this step's rates or sizes are not the standing split's: wait a step
             self.solved = view.version
             self.log.append({"time_s": view.now_s, "taken": False, "resize": 1.0,
@@ -199,16 +198,15 @@ class AdaptivePlanner(BackpressurePlanner):
                 "re-size: " + ", ".join(f"{p} {now_sizes[p]}->{target[p]}" for p in target)
                 + f" (predicted {now_rate:.2f} -> {after_rate:.2f} samples/s)")
 
-    def _unfit(self, view: PlannerView, now_sizes: dict[str, int]) -> str:
-        """Why the last step cannot be re-solved from, or "": a pool with no workers now (the
-        trainers moved out between steps, a pool lent whole) makes the current rate 0 and any
-        split look infinitely better; a pool that completed under half a step's samples in the
-        step measured a window, not a rate (a pool lent away or starved: 23 rollout samples
-        read 0.18 samples/s a worker against 1.26 the step before, and the re-size built on
-        it gave the rollout 51 of 64 workers, simulated dense7b+32b drift, seed 1)."""
-        empty = sorted(p for p, n in now_sizes.items() if n == 0)
-        if empty:
-            return f"no workers in {', '.join(empty)}"
+    def _unfit(self, view: PlannerView) -> str:
+        """Why the last step cannot be re-solved from, or "": a pool that completed under half
+        a step's samples in the step measured a window, not a rate (a pool lent away or
+        starved: 23 rollout samples read 0.18 samples/s a worker against 1.26 the step before,
+        and the re-size built on it gave the rollout 51 of 64 workers, simulated dense7b+32b
+        drift, seed 1). A pool with no workers at the step's end is re-solved from: its rate
+        now reads 0, but backpressure moves a trainer pool out between steps, and re-sizing it
+        back is what brings the next step its trainers (skipping those steps cost the fresh
+        late run of dense32b's drift 11%)."""
         before = self.snapshots.get(view.version - 1, {})
         trainer = next((p for p in view.pools.values() if p.role == "train"), None)
         batch = trainer.batch if trainer is not None else 0

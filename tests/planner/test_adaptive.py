@@ -110,27 +110,6 @@ def test_a_step_a_pool_barely_served_in_is_not_re_solved_from() -> None:
     assert entry["skipped"] == "under half a step's samples done in rollout"
 
 
-def test_a_pool_with_no_workers_now_is_not_re_sized_from() -> None:
-    """Trainers moved out between steps leave the trainer pool empty: its rate now is 0 and
-    any split reads infinitely better (a simulated re-size to 51/9/4 at '0.00 -> 9.13')."""
-    planner = AdaptivePlanner()
-    layout = {"rollout": ["w0", "w1", "w2", "w3", "w8", "w9"], "genrm": ["w4", "w5", "w6", "w7",
-              "w10", "w11"], "trainer": []}
-
-    def emptied(version: int) -> PlannerView:
-        pools = {n: PoolView(n, list(ws), len(ws), 0, 1.0, "train" if n == "trainer" else
-                             "generate", batch=64 if n == "trainer" else 0,
-                             done=200 * (version - 1), busy_s=100.0 * (version - 1))
-                 for n, ws in layout.items()}
-        return PlannerView(now_s=10.0 * version, pools=pools, shift_cost_s=0.1, version=version)
-
-    assert planner.decide(emptied(1)) == []
-    assert planner.decide(emptied(2)) == []
-    assert planner.target is None
-    [entry] = planner.log
-    assert entry["skipped"] == "no workers in trainer"
-
-
 def test_a_re_size_gives_only_the_workers_a_pool_holds_now() -> None:
     """Workers lent to a step count at home in the standing split, but a pool cannot give them
     while they are away: giving the one that stayed left a rollout pool with work waiting
