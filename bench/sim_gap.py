@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pivotflow.sim.cluster as cluster
+from pivotflow.controller.records import path_points
 from pivotflow.sim.cost_model import CostModel
 from pivotflow.sim.fluid import fluid_bound, rank_splits, role_rates
 from pivotflow.sim.sim_worker import SimWorker
@@ -133,9 +134,7 @@ def path_gaps(record: dict[str, Any]) -> dict[str, float]:
     """One step's path as consecutive gaps, named ``"from->to"``: ``admitted``, each served
     stage, ``ready`` (the batch complete), ``started``, ``done``; they add up to the step's time
     from its last admission to its end."""
-    points = [("admitted", record["admitted_s"]), *record["stage_done_s"].items(),
-              ("ready", record["train_ready_s"]), ("started", record["train_started_s"]),
-              ("done", record["time_s"])]
+    points = path_points(record)
     return {f"{a}->{b}": round(tb - ta, 3)
             for (a, ta), (b, tb) in zip(points, points[1:], strict=False)}
 

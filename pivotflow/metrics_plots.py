@@ -32,6 +32,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pivotflow.controller.records import path_points
 from pivotflow.flow_samples import read_flow
 from pivotflow.metrics import read_metrics
 
@@ -345,12 +346,9 @@ def path_segments(record: dict[str, Any]) -> list[tuple[str, float, float]]:
     stage's last sample, each later stage by its name, ``waiting`` from the batch complete to
     the step's start (the previous step, trainers loading), ``training``. A part whose ends
     are not both known (a resumed segment's restored samples keep no times) is left out."""
-    done = record.get("stage_done_s") or {}
-    names = list(done)
-    points = [("admitted", record.get("admitted_s")), *done.items(),
-              ("ready", record.get("train_ready_s")), ("started", record.get("train_started_s")),
-              ("done", record.get("time_s"))]
-    parts = ["generation", *names[1:], "to the trainer", "waiting", "training"]
+    points = path_points(record)
+    stages = [name for name, _ in points[1:-3]]
+    parts = ["generation", *stages[1:], "to the trainer", "waiting", "training"]
     out = []
     for part, (_, a), (_, b) in zip(parts, points, points[1:], strict=False):
         if a is not None and b is not None and b > a:

@@ -55,6 +55,15 @@ def step_record(ctl: Controller, batch: list[list[Sample]], msg: TrainDone) -> d
 PATH_KEYS = ("admitted_s", "train_ready_s", "train_started_s")  # (and stage_done_s, a dict)
 
 
+def path_points(record: dict[str, Any]) -> list[tuple[str, float | None]]:
+    """A step record's path as (point, time) in order: ``admitted``, each served stage by its
+    name, ``ready``, ``started``, ``done`` (``time_s``); None where the record has no time."""
+    return [("admitted", record.get("admitted_s")),
+            *(record.get("stage_done_s") or {}).items(),
+            ("ready", record.get("train_ready_s")), ("started", record.get("train_started_s")),
+            ("done", record.get("time_s"))]
+
+
 def step_path(ctl: Controller, samples: list[Sample]) -> dict[str, Any]:
     """Where the step's time went, as the moments its last sample passed each point (seconds
     since the run started, the clock of ``time_s``): the last of its groups admitted, each

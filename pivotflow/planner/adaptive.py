@@ -167,7 +167,8 @@ class AdaptivePlanner(BackpressurePlanner):
                              "version": float(view.version), "workers": float(workers),
                              "skipped": "fewer workers than pools"})
             return
-        skipped = self._unfit(view)
+        trainer = next((p for p in view.pools.values() if p.role == "train"), None)
+        skipped = self._unfit(view, trainer.batch if trainer is not None else 0)
         if skipped:  # this step's rates or sizes are not the standing split's: wait a step
             self.solved = view.version
             self.log.append({"time_s": view.now_s, "taken": False, "resize": 1.0,
@@ -175,7 +176,6 @@ class AdaptivePlanner(BackpressurePlanner):
             return
         target = solve_split(rates, workers)
         now_rate, after_rate = pipeline_rate(rates, now_sizes), pipeline_rate(rates, target)
-        trainer = next((p for p in view.pools.values() if p.role == "train"), None)
         batch = trainer.batch if trainer is not None and trainer.batch else workers
         step_s = batch / max(now_rate, 1e-9)
         gain_s = step_s * (1 - now_rate / max(after_rate, 1e-9))
@@ -198,9 +198,9 @@ class AdaptivePlanner(BackpressurePlanner):
                 "re-size: " + ", ".join(f"{p} {now_sizes[p]}->{target[p]}" for p in target)
                 + f" (predicted {now_rate:.2f} -> {after_rate:.2f} samples/s)")
 
-    def _unfit(self, view: PlannerView) -> str:
+    def _unfit(self, view: PlannerView, batch: int) -> str:
         """Why the last step cannot be re-solved from, or "": a pool that completed under half
-        a step's samples in the step measured a window, not a rate (a pool lent away or
+        a step's samples (``batch``) in the step measured a window, not a rate (a pool lent away or
         starved: 23 rollout samples read 0.18 samples/s a worker against 1.26 the step before,
         and the re-size built on it gave the rollout 51 of 64 workers, simulated dense7b+32b
         drift, seed 1). A pool with no workers at the step's end is re-solved from: its rate
@@ -208,8 +208,6 @@ class AdaptivePlanner(BackpressurePlanner):
         back is what brings the next step its trainers (skipping those steps cost the fresh
         late run of dense32b's drift 11%)."""
         before = self.snapshots.get(view.version - 1, {})
-        trainer = next((p for p in view.pools.values() if p.role == "train"), None)
-        batch = trainer.batch if trainer is not None else 0
         few = sorted(n for n, p in view.pools.items()
                      if p.done - before.get(n, (0, 0.0))[0] < batch / 2)
         return f"under half a step's samples done in {', '.join(few)}" if few else ""
