@@ -47,6 +47,27 @@ def _shift_cost(ctl: Controller) -> float:
     return sum(recent) / len(recent)
 
 
+def _train_rates(ctl: Controller, running: int) -> tuple[tuple[int, float], ...]:
+    """The trainer pool's samples/s per number of trainers: each size's measured tokens/s
+    over the tokens per sample of the work in question (the step running, else the samples
+    ready, else the last step's). Kept in samples/s, the rates of sizes last measured on
+    shorter samples stayed as fast as then: in a drift to 4x longer responses (simulated
+    dense7b+32b, 128 GPUs, seed 2) a size measured early read 3x the late sizes', the curve
+    ran backwards, and the run's last step trained on 14 trainers for 215 s with 50 idle
+    workers beside it."""
+    t = ctl.training
+    if running:
+        per_sample = t.batch_tokens / running
+    elif ctl.train_buffer.ready_samples:
+        per_sample = ctl.train_buffer.ready_tokens / ctl.train_buffer.ready_samples
+    else:
+        per_sample = t.last_tokens_per_sample
+    if per_sample <= 0:
+        return ()
+    return tuple((n, tokens / secs / per_sample) for n, (tokens, secs) in sorted(t.by_size.items())
+                 if secs > 0)
+
+
 def planner_view(ctl: Controller) -> PlannerView:
     """``remaining`` counts samples queued or in flight at the pool's stage or any model stage
     before it (for the trainer pool: admitted samples not trained nor in the step running); a
@@ -80,8 +101,7 @@ def planner_view(ctl: Controller) -> PlannerView:
     # and trainers lent for it would sit idle (then move out and back each interval).
     queued = ready if ready >= batch and ctl.train_buffer.can_take(ctl.version) else 0
     running = ctl.training.batch_samples  # == len(ctl.training.samples())
-    by_size = tuple((n, done / secs) for n, (done, secs) in sorted(ctl.training.by_size.items())
-                    if secs > 0)
+    by_size = _train_rates(ctl, running)
     pools[tpool] = PoolView(tpool, _movable(ctl, tpool), len(ctl.pools[tpool].workers),
                             untrained, jobs.rate(tpool, busy_now), "train", running or queued,
                             rate_by_size=by_size, batch=batch, step_running=running > 0,

@@ -9,6 +9,13 @@ RETRIED = "_retried"  # private key: the sample's group was refused once (steps 
 VOID = "_void"  # private key of a sample object whose group was refused while it was in a job
 
 
+def group_tokens(group: list[Sample]) -> int:
+    """Tokens a train step reads for ``group``: prompts and responses (``training.shards``
+    balances the same count)."""
+    return sum(len(s.fields.get("prompt_ids") or ()) + len(s.fields.get("response_ids") or ())
+               for s in group)
+
+
 def oldest_token(group: list[Sample]) -> int | None:
     """The version of the oldest token a group holds (a sequence's first token is its oldest:
     versions never decrease along it), or None before any token."""
@@ -45,6 +52,7 @@ class TrainBuffer:
         self.first: dict[int, int] = {}  # partial only: group_id -> version its first job went
         self.ready: dict[int, list[Sample]] = {}
         self.ready_samples = 0  # samples in ``ready`` (the planner asks every interval)
+        self.ready_tokens = 0  # their tokens, prompt and response (the planner's step length)
 
     def admitted(self, group_id: int, version: int) -> None:
         self.open[group_id] = version
@@ -75,6 +83,7 @@ class TrainBuffer:
     def add(self, group: list[Sample]) -> None:
         self.ready[group[0].group_id] = group
         self.ready_samples += len(group)
+        self.ready_tokens += group_tokens(group)
 
     def _must(self, version: int) -> list[int]:
         """The groups step ``version`` has to include (it waits for them)."""
@@ -107,6 +116,7 @@ class TrainBuffer:
             chosen += rest[: max(0, self.n - len(chosen))]
         batch = [self.ready.pop(g) for g in chosen]
         self.ready_samples -= sum(map(len, batch))
+        self.ready_tokens -= sum(map(group_tokens, batch))
         for g in chosen:
             self.open.pop(g, None)
             self.first.pop(g, None)
@@ -127,6 +137,7 @@ class TrainBuffer:
                   if (o := oldest_token(group)) is not None and o + self.s < version]:
             group = self.ready.pop(g)
             self.ready_samples -= len(group)
+            self.ready_tokens -= group_tokens(group)
             self.first.pop(g, None)
             out.append(group)
         return out
@@ -138,6 +149,7 @@ class TrainBuffer:
             self.restarted(group)
             self.ready[group[0].group_id] = group
             self.ready_samples += len(group)
+            self.ready_tokens += group_tokens(group)
 
     def restarted(self, group: list[Sample]) -> None:
         """A group back in the controller (a step undone, a resume): its first job's version

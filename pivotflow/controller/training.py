@@ -57,7 +57,13 @@ class TrainSteps:
         self.started_at = 0.0
         self.planned_for = -1  # the step the planner was last asked to size the trainers for
         self.batch_samples = 0  # samples in ``batch`` (the planner asks every interval)
-        self.by_size: dict[int, tuple[int, float]] = {}  # trainers -> (samples, step seconds)
+        self.batch_tokens = 0  # and their tokens, prompts and responses
+        self.last_tokens_per_sample = 0.0  # of the last step trained
+        # trainers -> (tokens, step seconds) over the steps trained at that size: a rate in
+        # tokens, as a step's time goes with its tokens, so that sizes measured on short
+        # samples still say how long a step of longer ones takes (``planning.planner_view``
+        # turns it into samples/s at the samples waiting)
+        self.by_size: dict[int, tuple[int, float]] = {}
         self.first_started_at: float | None = None  # the run's first step began then
         self.stepping_s = 0.0  # seconds some step ran since (the planner's trainer busy share)
 
@@ -105,6 +111,7 @@ class TrainSteps:
         self.members, self.member_roles = order, roles
         self.batch, self.waiting, self.rank0_msg = batch, set(order), None
         self.batch_samples = len(seqs)
+        self.batch_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in seqs)
         self.started_at = ctl.clock.now()
         if self.first_started_at is None:
             self.first_started_at = self.started_at
@@ -142,8 +149,9 @@ class TrainSteps:
         done = sum(len(g) for g in batch)
         ctl.jobs.trained(self.pool, took * len(self.members), done)
         # and per number of trainers: data parallel is far from linear on small batches
-        n, secs = self.by_size.get(len(self.members), (0, 0.0))
-        self.by_size[len(self.members)] = (n + done, secs + took)
+        tokens, secs = self.by_size.get(len(self.members), (0, 0.0))
+        self.by_size[len(self.members)] = (tokens + self.batch_tokens, secs + took)
+        self.last_tokens_per_sample = self.batch_tokens / max(done, 1)
         assert self.rank0_msg is not None  # rank 0 is always among the shards
         return batch, self.rank0_msg
 

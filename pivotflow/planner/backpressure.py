@@ -39,7 +39,11 @@ bench/results/sim_paper.json (``python bench/sim_paper.py``) and bench/results/s
 The trainer pool's rate is taken per size where it has trained at that size
 (``PoolView.rate_by_size``): data parallel is far from linear on small batches (on 2 CPU cores
 2 trainers are 1.3x one, 3 are 1.15x), and a per-worker average over mixed sizes made every
-extra trainer look worth its shift.
+extra trainer look worth its shift. The controller measures it in tokens/s and gives it at the
+waiting samples' length: taken in samples/s, sizes last measured on a drifting run's early,
+short samples read 3x as fast as the late ones, the curve ran backwards and stopped lending at
+the first size measured late (the simulated dense7b+32b drift at seed 2 trained its last step on
+14 trainers for 215 s, 50 workers idle; bench/workloads/README.md has the figures).
 """
 
 from __future__ import annotations

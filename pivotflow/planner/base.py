@@ -26,7 +26,8 @@ class PoolView:
     measured: bool = True  # False: the pool has not served yet and its rate is borrowed
     # The whole pool's measured samples/s at each size it has served at, as (size, rate) by
     # size (the trainer pool: a data-parallel step does not run w times faster on w workers;
-    # empty: per_worker_rate * n)
+    # measured in tokens/s and given at the tokens per sample of the work waiting, so that a
+    # size measured on shorter samples is not read as faster; empty: per_worker_rate * n)
     rate_by_size: tuple[tuple[int, float], ...] = ()
     # Generate pools: jobs in flight at the pool now, and the job slots of one worker (its
     # engine's batch); 0 where unknown.
