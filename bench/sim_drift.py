@@ -128,8 +128,8 @@ def group_jobs(path: str, gpus: int, args: Any) -> tuple[Workload, dict[str, tup
     hind = rank_splits(wl, top=1)[0][1]
     if hind != early[0][1] or len(early) > 1:
         jobs["hindsight"] = (path, gpus, None, "static", hind, wl.steps, wall)
-    jobs["colocated"] = (path, gpus, None, "colocated",
-                         {"rollout": workers - 2, "genrm": 1, "trainer": 1}, wl.steps, wall)
+    jobs["colocated"] = (path, gpus, None, "colocated", Split.colocated(workers).as_dict(),
+                         wl.steps, wall)
     if wl.schedule is not None:
         jobs["fresh_early"] = (path, gpus, 0, args.planner, early[0][1], es, wall)
         late = rank_splits(wl.at(wl.steps), top=1)[0][1]

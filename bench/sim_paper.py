@@ -104,7 +104,7 @@ def run_group(
         runs.append(simulate(wl, "backpressure", Split(**ranked[0][1]), **kw))
         keep.append(runs[-1])
     if "colocated" in args.planners and "colocated" in PLANNERS:
-        runs.append(simulate(wl, "colocated", Split(workers - 2, 1, 1), **kw))
+        runs.append(simulate(wl, "colocated", Split.colocated(workers), **kw))
     return wl.name, fluid, [_row(r, f) for r in runs]
 
 

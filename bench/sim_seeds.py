@@ -48,9 +48,8 @@ def one_run(path: str, planner: str, seed: int, gpus: int | None,
     wl = load_workload(Path(path))
     if gpus:
         wl = wl.scaled(gpus)
-    if planner == "colocated":  # (as bench/sim_drift.py starts it: the pools need a worker each)
-        workers = wl.gpus // wl.group_gpus
-        split = Split(rollout=workers - 2, genrm=1, trainer=1)
+    if planner == "colocated":  # (as bench/sim_drift.py starts it)
+        split = Split.colocated(wl.gpus // wl.group_gpus)
     else:
         split = Split(**rank_splits(wl.at(0) if wl.schedule else wl, top=1)[0][1])
     res = simulate(wl, planner, split, steps=steps or wl.steps, seed=seed, wall_limit_s=3000.0)

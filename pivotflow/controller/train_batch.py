@@ -10,8 +10,8 @@ VOID = "_void"  # private key of a sample object whose group was refused while i
 
 
 def group_tokens(group: list[Sample]) -> int:
-    """Tokens a train step reads for ``group``: prompts and responses (``training.shards``
-    balances the same count)."""
+    """Tokens a train step reads for ``group``: prompts and responses, as
+    ``train_tokens.seq_tokens`` counts the sequences built from it (before they are built)."""
     return sum(len(s.fields.get("prompt_ids") or ()) + len(s.fields.get("response_ids") or ())
                for s in group)
 

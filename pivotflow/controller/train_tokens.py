@@ -13,3 +13,9 @@ from pivotflow.protocol import TrainSeq
 def valid_tokens(s: TrainSeq) -> int:
     """Response tokens the loss mask keeps (all of them when the sequence has no mask)."""
     return sum(s.loss_mask) if s.loss_mask else len(s.response_ids)
+
+
+def seq_tokens(s: TrainSeq) -> int:
+    """Tokens a train step reads for the sequence: its prompt and its response (what the
+    controller balances shards by and the planner times a step by)."""
+    return len(s.prompt_ids) + len(s.response_ids)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from pivotflow.controller import stages
 from pivotflow.controller.sample import Sample
-from pivotflow.controller.train_tokens import valid_tokens
+from pivotflow.controller.train_tokens import seq_tokens, valid_tokens
 from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 def shards(seqs: list[TrainSeq], n: int) -> list[list[TrainSeq]]:
     """``seqs`` in ``n`` contiguous, non-empty parts of near-equal token counts."""
     n = max(1, min(n, len(seqs)))
-    total = sum(len(s.response_ids) + len(s.prompt_ids) for s in seqs)
+    total = sum(map(seq_tokens, seqs))
     parts: list[list[TrainSeq]] = [[] for _ in range(n)]
     acc, k = 0, 0
     for i, s in enumerate(seqs):
@@ -34,7 +34,7 @@ def shards(seqs: list[TrainSeq], n: int) -> list[list[TrainSeq]]:
         if k < n - 1 and parts[k] and (acc >= total * (k + 1) / n or left <= n - 1 - k):
             k += 1
         parts[k].append(s)
-        acc += len(s.response_ids) + len(s.prompt_ids)
+        acc += seq_tokens(s)
     return parts
 
 
@@ -111,7 +111,7 @@ class TrainSteps:
         self.members, self.member_roles = order, roles
         self.batch, self.waiting, self.rank0_msg = batch, set(order), None
         self.batch_samples = len(seqs)
-        self.batch_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in seqs)
+        self.batch_tokens = sum(map(seq_tokens, seqs))
         self.started_at = ctl.clock.now()
         if self.first_started_at is None:
             self.first_started_at = self.started_at

@@ -55,6 +55,12 @@ class Split:
     def total(self) -> int:
         return self.rollout + self.genrm + self.trainer
 
+    @classmethod
+    def colocated(cls, workers: int) -> Split:
+        """How the benches start the colocated planner: every worker in the rollout pool but one
+        for each other pool (each pool needs a worker to start)."""
+        return cls(rollout=workers - 2, genrm=1, trainer=1)
+
 
 @dataclass(slots=True)
 class SimResult:

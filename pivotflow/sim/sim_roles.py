@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pivotflow.controller.train_tokens import seq_tokens
 from pivotflow.errors import WorkerError
 from pivotflow.params.base import ParamStore
 from pivotflow.protocol import GenerateJob, JobDone, TrainDone, TrainStep
@@ -207,7 +208,7 @@ class SimTrainRole:
         holds; the step starts now (``train`` ends it)."""
         g = self.shared
         cost = g.cost
-        tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in msg.seqs)
+        tokens = sum(map(seq_tokens, msg.seqs))
         world = int(getattr(msg, "world", 1))
         m = cost.wl.policy
         t = cost.train_s(tokens, len(msg.seqs), g.gpus, msg.any_signal)
@@ -234,7 +235,7 @@ class SimTrainRole:
         else:
             took = g.clock() - self._started
         self._started = None
-        tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in msg.seqs)
+        tokens = sum(map(seq_tokens, msg.seqs))
         g.stats.busy_s["train"] = g.stats.busy_s.get("train", 0.0) + took
         g.version = msg.step + 1
         kw: dict[str, Any] = {"rank": int(getattr(msg, "rank", 0))} if _TRAIN_DONE_RANK else {}
