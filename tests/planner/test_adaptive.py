@@ -131,3 +131,31 @@ def test_a_re_size_gives_only_the_workers_a_pool_holds_now() -> None:
     planner.target = {"rollout": 3, "genrm": 1, "trainer": 4}  # the judges hold theirs
     [move] = planner._toward(at)
     assert (move.from_pool, move.to_pool) == ("genrm", "trainer")
+
+
+def _step_over(planner: AdaptivePlanner) -> list:
+    """A step just ended: judge w2, lent to it, is back in the trainer pool's ready list and
+    goes home this interval; 200 samples wait to be judged and 2 to be rolled out."""
+    planner.lent["w2"] = "genrm"
+    at = PlannerView(now_s=100.0, shift_cost_s=0.1, version=1, pools={
+        "rollout": PoolView("rollout", ["w0", "w1"], 2, 2, 10.0),
+        "genrm": PoolView("genrm", [], 0, 200, 20.0),
+        "trainer": PoolView("trainer", ["w20", "w2"], 2, 200, 200.0, "train", 0, batch=64),
+    })
+    return planner.decide(at)
+
+
+def test_the_last_re_size_holds_over_a_step_boundary_against_blocks() -> None:
+    """Between steps the new step's re-size is not decided yet; the last one still holds the
+    standing split against backpressure's blocks, counted with the workers that go home this
+    interval (the view still shows them in the trainer pool). Counted from the view, a judge
+    pool's returning workers looked gone, and every step began with 9-12 rollout workers moved
+    to the judges that the re-size then moved back (simulated dense7b+7b drift at 128 GPUs: its
+    standing split reached the re-solved one 5 steps late)."""
+    free = AdaptivePlanner()  # no re-size taken yet: backpressure's block goes
+    assert any(m.to_pool == "genrm" and "bound" in m.reason for m in _step_over(free))
+    held = AdaptivePlanner()
+    held.standing_target = {"rollout": 2, "genrm": 1, "trainer": 1}
+    moves = _step_over(held)
+    assert [(m.worker, m.to_pool) for m in moves] == [("w2", "genrm")]
+    assert "step over" in moves[0].reason
