@@ -112,7 +112,7 @@ class AdaptivePlanner(BackpressurePlanner):
 
     def _best_move(self, view: PlannerView, sizes: dict[str, int], taken: set[str],
                    lenders: set[str]) -> list[Move]:
-        """Backpressure's best move of a block, unless it undoes this step's re-size (takes
+        """Backpressure's best move of a block, unless it undoes the last re-size (takes
         from a pool at or below its target for a pool at or above it): the block follows the
         admitted work for this step only, and would walk the standing split back to the one
         the measured rates just replaced (simulated 8 GPUs: every re-size moved back within a
@@ -125,8 +125,8 @@ class AdaptivePlanner(BackpressurePlanner):
         counted the view, where the judges lent to the step that just ended still sat in the
         trainer pool: the judge pool looked short, and each step of the simulated dense7b+7b
         drift at 128 GPUs began with 9-12 rollout workers moved to the judges that its re-size
-        then moved back. Its late regime, carried over / fresh: 0.925 -> 0.988; every drifting
-        group but MoE gained 1.5-9% at each of seeds 0-2: bench/workloads/README.md.)"""
+        then moved back. Its late regime, carried over / fresh: 0.925 -> 0.988; the figures
+        over groups and seeds: bench/workloads/README.md, "The standing split's guard".)"""
         block = super()._best_move(view, sizes, taken, lenders)
         guard = self.standing_target
         if guard is None or not block:
