@@ -34,6 +34,13 @@ versions before the first bend of the schedule, the late regime's from its last 
 ``max_staleness``); a fresh run's is its steady rate (first and last step left out). Bounds: the
 fluid and non-clairvoyant bounds of each step's workload, over the same steps
 (``pivotflow.sim.fluid.fluid_bound``).
+
+``--partial`` (issue 24 part 5: each baseline with and without partial rollouts) runs every
+whole-run baseline again with ``partial_rollout=true`` from the same start; the summary's
+``partial_rollout`` block holds those rates, the same ratios taken among the runs with it on,
+each run's on over off, the share of trained tokens a boundary carried over, and the
+non-clairvoyant bound for that setting (``pivotflow.sim.fluid.partial_bounds``; with no
+over-sampling it equals the plain one: a step still waits for its due groups).
 """
 
 from __future__ import annotations
@@ -44,8 +51,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from partial_rollout import token_weighted  # a sibling script (bench/ is on sys.path)
+
 from pivotflow.sim.cluster import SimResult, Split, simulate
-from pivotflow.sim.fluid import fluid_bound, rank_splits
+from pivotflow.sim.fluid import fluid_bound, partial_bounds, rank_splits
 from pivotflow.sim.joint_bound import joint_bound
 from pivotflow.sim.workload import Workload, load_workload
 
@@ -83,15 +92,20 @@ def run_rate(r: SimResult) -> float | None:
     return window_rate(r.records, 0, len(r.records) - 1)
 
 
-def _sim(job: tuple[str, int, int | None, str, dict[str, int], int, float]) -> SimResult:
+RECORD_KEYS = ("samples", "time_s", "response_len_mean", "carried_token_share")
+
+
+def _sim(job: tuple[Any, ...]) -> SimResult:
     """One simulation in a worker process: (file, gpus, regime step or None: the whole
-    drifting run, planner, split, steps, wall limit)."""
-    path, gpus, at, planner, split, steps, wall = job
+    drifting run, planner, split, steps, wall limit[, the controller's settings: e.g.
+    ``{"partial_rollout": True}``])."""
+    path, gpus, at, planner, split, steps, wall, *rest = job
     wl = load_workload(path).scaled(gpus)
     if at is not None:
         wl = wl.at(at)
-    r = simulate(wl, planner, Split(**split), steps=steps, wall_limit_s=wall)
-    r.records = [{"samples": x["samples"], "time_s": x["time_s"]} for x in r.records]
+    r = simulate(wl, planner, Split(**split), steps=steps, wall_limit_s=wall,
+                 controller=rest[0] if rest else None)
+    r.records = [{k: x.get(k) for k in RECORD_KEYS} for x in r.records]
     return r
 
 
@@ -166,6 +180,8 @@ def run_drift(args: Any, on_group: Any = None) -> list[dict[str, Any]]:
             whole["best_static"] = max(candidates, key=lambda r: run_rate(r) or 0.0)
             pl = {"wl": wl, "whole": whole, "early_split": early, "tuned": tuned,
                   "fresh": {k: first[k] for k in ("fresh_early", "fresh_late") if k in first}}
+            if args.partial:
+                pl["partial"] = partial_runs(runner, path, int(g), wl, whole, args)
             summary = summarize_drift(pl, args)
             summary["bench_group_wall_s"] = round(time.perf_counter() - t0, 1)
             out.append(summary)
@@ -174,6 +190,44 @@ def run_drift(args: Any, on_group: Any = None) -> list[dict[str, Any]]:
     if runner.pool is not None:
         runner.pool.shutdown()
     return out
+
+
+PARTIAL = {"partial_rollout": True}
+
+
+def partial_runs(runner: Runner, path: str, gpus: int, wl: Workload,
+                 whole: dict[str, SimResult], args: Any) -> dict[str, SimResult]:
+    """Each whole-run baseline again with partial rollouts on (``--set partial_rollout=true``;
+    issue 24 part 5): the same planner, starting split and steps, so each pair differs only in
+    that setting."""
+    jobs = {k: (path, gpus, None, r.planner, r.split, wl.steps, args.wall_limit_s, PARTIAL)
+            for k, r in whole.items()}
+    names = list(jobs)
+    return dict(zip(names, runner.map([jobs[n] for n in names]), strict=True))
+
+
+def summarize_partial(wl: Workload, main: str, whole: dict[str, SimResult],
+                      partial: dict[str, SimResult]) -> dict[str, Any]:
+    """The ``partial_rollout`` block of a drift summary: every baseline's whole-run rate with
+    partial rollouts on, its ratios against the baselines *also* with them on, on over off per
+    run, and the non-clairvoyant bound for the same setting beside them (``partial_bounds`` at
+    ``over_sample`` 0, the setting run; no over-sampling)."""
+    off = {k: run_rate(r) for k, r in whole.items()}
+    on = {k: run_rate(r) for k, r in partial.items()}
+    bound = partial_bounds(wl)["nonclairvoyant_partial_samples_per_s"]
+    return {
+        "setting": "partial_rollout=true (over_sample 0), every baseline from its own start",
+        "samples_per_s": {k: _r(v) for k, v in on.items()},
+        "vs_early_static": _ratio(on[main], on["early_static"]),
+        "vs_best_static": _ratio(on[main], on["best_static"]),
+        "vs_colocated": _ratio(on[main], on["colocated"]),
+        "on_over_off": {k: _ratio(on[k], off[k]) for k in on},
+        "bound_nonclairvoyant_partial": _r(bound),
+        "fraction_of_nonclairvoyant_partial": {k: _ratio(v, bound) for k, v in on.items()},
+        "carried_token_share": {k: token_weighted(r.records, "carried_token_share")
+                                for k, r in partial.items()},  # (bench/partial_rollout.py's)
+        "timed_out": {k: r.timed_out for k, r in partial.items()},
+    }
 
 
 def _r(x: float | None, nd: int = 4) -> float | None:
@@ -251,6 +305,8 @@ def summarize_drift(pl: dict[str, Any], args: Any) -> dict[str, Any]:
                                                                    for x in r.records],
                      "timed_out": r.timed_out}
                  for k, r in whole.items()},
+        **({"partial_rollout": summarize_partial(wl, main, whole, pl["partial"])}
+           if "partial" in pl else {}),
         "_results": whole,  # (for the plots; not written)
     })
 

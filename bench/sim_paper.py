@@ -34,7 +34,9 @@ Drift (issue 24): ``--drift [--gpus N]`` runs the drifting workloads of
 and size ``carried_over_over_fresh``, ``vs_early_static``, ``vs_best_static``, ``vs_colocated``,
 ``fraction_of_nonclairvoyant`` and the bounds; ``--out`` writes them with the plots
 ``<stem>_regimes.png`` (samples/s per planner and regime) and ``<stem>_pools.png`` (pool sizes
-over each drifting run, re-sizings marked).
+over each drifting run, re-sizings marked). ``--partial`` runs every whole-run baseline again
+with partial rollouts on and adds a ``partial_rollout`` block (its rates, ratios among the runs
+with them on, on over off, and the non-clairvoyant bound for that setting).
 
     python bench/sim_paper.py --drift --out bench/results/sim_drift.json
 
@@ -326,7 +328,8 @@ def drift_main(args: argparse.Namespace) -> int:
     def write(groups: list[dict[str, Any]]) -> None:
         g = groups[-1]
         print(json.dumps({"workload": g["workload"], "gpus": g["gpus"],
-                          **{k: g[k] for k in keys}}), flush=True)
+                          **{k: g[k] for k in (*keys, "partial_rollout") if k in g}}),
+              flush=True)
         if args.out is None:
             return
         from pivotflow.sim.plots import plot_pools_grid, plot_regimes
@@ -347,7 +350,8 @@ def drift_main(args: argparse.Namespace) -> int:
     groups = sim_drift.run_drift(args, on_group=write)
     print(json.dumps({
         "bench": "sim_paper", "drift": True, "gpus": args.gpus, "planner": args.planner,
-        "groups": {f"{g['workload']}@{g['gpus']}": {k: g[k] for k in keys} for g in groups},
+        "groups": {f"{g['workload']}@{g['gpus']}": {k: g[k] for k in (*keys, "partial_rollout")
+                                                    if k in g} for g in groups},
         "plots": plots, "wall_s": round(time.perf_counter() - t0, 1),
     }))
     return 0
@@ -380,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="--drift: steps of a fresh late run (0: as many as the drifting run, "
                          "so the two are compared on the same steps)")
     ap.add_argument("--jobs", type=int, default=1, help="--drift: simulations run side by side")
+    ap.add_argument("--partial", action="store_true",
+                    help="--drift: also run every whole-run baseline with partial rollouts on "
+                    "(the summary's partial_rollout block)")
     ap.add_argument("--early-candidates", type=int, default=1,
                     help="--drift: early-regime splits simulated to tune the static baseline "
                     "(1: the early regime's analytic split)")

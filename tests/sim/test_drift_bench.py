@@ -62,3 +62,41 @@ def test_drift_bench_reports_every_baseline_against_the_bounds(
     assert bench.main(["--drift", "--resummarize", "--drift-workloads",
                        str(tmp_path / "*.toml"), "--out", str(out)]) == 0
     assert json.loads(out.read_text())["results"] == [made]
+
+
+@pytest.mark.timeout(600)
+def test_drift_bench_runs_each_baseline_with_partial_rollouts_too(
+    bench_script: Callable[[str], ModuleType], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--partial`` adds each whole-run baseline with partial rollouts on, from the same start,
+    and leaves the runs without them as they were (virtual time: to the digit)."""
+    bench = bench_script("sim_paper")
+    (tmp_path / "tiny.toml").write_text(TINY_DRIFT_TOML)
+    argv = ["--drift", "--drift-workloads", str(tmp_path / "*.toml"), "--gpus", "8"]
+    assert bench.main([*argv, "--out", str(tmp_path / "off.json")]) == 0
+    assert bench.main([*argv, "--partial", "--out", str(tmp_path / "on.json")]) == 0
+    (off,) = json.loads((tmp_path / "off.json").read_text())["results"]
+    (on,) = json.loads((tmp_path / "on.json").read_text())["results"]
+    assert "partial_rollout" not in off
+    part = on.pop("partial_rollout")
+    for g in (off, on):
+        del g["command"], g["bench_group_wall_s"], g["sim_wall_s_per_sim_hour"]
+        for run in g["runs"].values():
+            del run["wall_s"]
+    assert on == off
+    runs = {"early_static", "best_static", "colocated", "backpressure", "adaptive"}
+    assert set(part["samples_per_s"]) == set(part["on_over_off"]) == runs
+    assert not any(part["timed_out"].values())
+    rates = part["samples_per_s"]
+    assert part["vs_early_static"] == round(rates["adaptive"] / rates["early_static"], 4)
+    assert part["on_over_off"]["colocated"] == round(
+        rates["colocated"] / off["samples_per_s"]["colocated"], 4)
+    # the bound for the setting run: no over-sampling, so a step still waits for its due
+    # groups and partial rollouts raise no bound
+    assert part["bound_nonclairvoyant_partial"] == pytest.approx(off["bound"]["nonclairvoyant"])
+    assert all(0 < v <= 1.0 for v in part["fraction_of_nonclairvoyant_partial"].values())
+    # a step boundary cut responses and they went on under the newer policy: some trained
+    # tokens were generated before a boundary, in a pipelined run
+    assert max(part["carried_token_share"].values()) > 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["groups"]["tiny-drift@8"]["partial_rollout"] == part
