@@ -21,7 +21,8 @@ seed and steps.
 
     python bench/elastic.py [--steps 8] [--workers CORES] [--accuracy-steps 30] [--out DIR]
                             [--warm-roles]
-    python bench/elastic.py --drift [--drift-steps 12] [--workers 2]   # bench/elastic_drift.py
+    python bench/elastic.py --drift [--drift-steps 12] [--workers 2] [--max-staleness N]
+                            [--partial]                          # bench/elastic_drift.py
 
 Prints one JSON object on its last line; writes elastic.png under --out.
 """
@@ -142,6 +143,10 @@ def main() -> int:
     ap.add_argument("--drift-steps", type=int, default=12)
     ap.add_argument("--json", type=Path, default=None, help="--drift: also write the JSON here")
     ap.add_argument("--no-adaptive", action="store_true", help="--drift: skip the adaptive run")
+    ap.add_argument("--max-staleness", type=int, default=None,
+                    help="--drift: every run at this max_staleness (default: the graph's, 0)")
+    ap.add_argument("--partial", action="store_true",
+                    help="--drift: also run each baseline with --set partial_rollout=true")
     ap.add_argument("--warm-roles", action="store_true",
                     help="every run with --set warm_roles=true (workers keep the roles they "
                          "leave loaded)")

@@ -16,14 +16,25 @@ same seed and workers for every run, measured side by side in one sitting:
 * ``backpressure``: started as ``pivotflow run --workers N`` starts it (the calibration's
   start; not run again where that is the carried-over start); ``adaptive_carried_over``.
 
+``--max-staleness N`` runs every run (and the bounds and simulator beside them) at that
+staleness instead of the graph's default 0: at 0 nothing generates across a step boundary, so
+partial rollouts have nothing to carry. ``--partial`` (issue 24 part 5) runs colocated, the early-tuned and best statics and the
+carried-over planners again with ``--set partial_rollout=true``, from the same starts: the
+JSON's ``partial_rollout`` block has their rates, the ratios among them, each on over off, the
+share of trained tokens a step boundary carried over, and the bound for that setting (with no
+over-sampling a step still waits for its due groups, so it is the non-clairvoyant bound).
+
 Rates are steady samples/s (``elastic.steady_rate``: after step 1) over the whole run and per
 regime (the schedule's early and late flat steps); beside them the simulator's bounds for the
 same steps (``pivotflow sim FILE --gpus N``'s ``nonclairvoyant_bound``, and per regime).
 
     python bench/elastic.py --drift [--drift-steps 12] [--workers 2] [--out DIR] [--json FILE]
+                                    [--max-staleness N] [--partial]
 
 Prints one JSON object on its last line; writes elastic_drift.png under --out; ``--json FILE``
-also writes the JSON to FILE and the plot beside it.
+also writes the JSON to FILE and the plot beside it. ``python bench/elastic_drift.py --pairs
+FILE [--reps 2] [--json OUT]`` runs a ``--partial`` sitting's baselines again, off then on,
+back to back: one sitting's single runs move 10% and more on this host.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ import datetime
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -40,9 +52,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import elastic  # noqa: E402  (a sibling script)
+from partial_rollout import token_weighted  # noqa: E402  (a sibling script)
 
 from pivotflow.metrics import read_metrics  # noqa: E402
-from pivotflow.sim.fluid import fluid_bound  # noqa: E402
+from pivotflow.sim.fluid import fluid_bound, partial_bounds  # noqa: E402
 from pivotflow.sim.workload import load_workload  # noqa: E402
 from pivotflow.tasks.length_budget import BUDGET_KEYS, load_length_schedule  # noqa: E402
 
@@ -80,12 +93,14 @@ def rate_over(recs: list[dict[str, Any]], steps: list[int]) -> float | None:
 
 
 WARM: list[str] = []  # ["warm_roles=true"] under --warm-roles: every run of the bench
+STALENESS: list[int] = []  # [N] under --max-staleness N: every run, and the bounds and simulator
 
 
 def measure(name: str, out: Path, planner: str, steps: int, workers: int | None,
             sets: list[str], reg: dict[str, list[int]]) -> dict[str, Any]:
     got = elastic.one_run(elastic.LONGTAIL, out / name, planner, steps, workers,
-                          [*sets, f"graph.schedule={DRIFT}", *WARM])
+                          [*sets, f"graph.schedule={DRIFT}", *WARM,
+                           *(f"max_staleness={n}" for n in STALENESS)])
     recs = read_metrics(out / name / "metrics.jsonl")
     got["rates"] = {"whole": got["samples_per_s"],
                     **{k: rate_over(recs, v) for k, v in reg.items()}}
@@ -111,10 +126,17 @@ def started_sizes(workers: int, planner: str) -> dict[str, int]:
     return {p: placed.count(p) for p in elastic.POOLS}
 
 
+def drift_workload(workers: int, steps: int) -> Any:
+    """The drifting CPU workload file as the bench runs it: ``workers`` workers, ``steps``
+    steps, and ``--max-staleness`` where given."""
+    wl = dataclasses.replace(load_workload(str(DRIFT)).scaled(workers), steps=steps)
+    return dataclasses.replace(wl, max_staleness=STALENESS[0]) if STALENESS else wl
+
+
 def bounds(steps: int, workers: int, reg: dict[str, list[int]]) -> dict[str, Any]:
     """``pivotflow sim DRIFT --gpus W --steps N``'s bounds (the drifting bound: over the steps
     simulated), and each regime's (``wl.at(step)`` over its steps, harmonic mean)."""
-    wl = dataclasses.replace(load_workload(str(DRIFT)).scaled(workers), steps=steps)
+    wl = drift_workload(workers, steps)
     whole = fluid_bound(wl)
     out: dict[str, Any] = {"nonclairvoyant_bound": whole["nonclairvoyant_samples_per_s"],
                            "fluid_bound": whole["samples_per_s"], "per_regime": {}}
@@ -136,7 +158,7 @@ def simulated(steps: int, workers: int, reg: dict[str, list[int]], early_name: s
     from pivotflow.planner import make_planner
     from pivotflow.sim.cluster import Split, simulate
 
-    wl = dataclasses.replace(load_workload(str(DRIFT)).scaled(workers), steps=steps)
+    wl = drift_workload(workers, steps)
 
     def rates(planner: Any, split: Split) -> dict[str, float | None]:
         recs = simulate(wl, planner, split).records
@@ -153,6 +175,66 @@ def simulated(steps: int, workers: int, reg: dict[str, list[int]], early_name: s
     if adaptive:
         out["adaptive_carried_over"] = rates("adaptive", Split(**carried))
     return out
+
+
+PARTIAL = "partial_rollout=true"
+
+
+def partial_arms(w: int, deployments: dict[str, list[str]], early_name: str, best_name: str,
+                 carried: list[str], adaptive: bool) -> dict[str, tuple[str, int | None,
+                                                                     list[str]]]:
+    """The baselines ``--partial`` runs both ways: name -> (planner, ``--workers``, sets)."""
+    arms: dict[str, tuple[str, int | None, list[str]]] = {
+        "colocated": ("colocated", w, []),
+        "static_early_tuned": ("static", None, deployments[early_name]),
+        "static_best": ("static", None, deployments[best_name]),
+        "backpressure_carried_over": ("backpressure", None, carried)}
+    if adaptive:
+        arms["adaptive_carried_over"] = ("adaptive", None, carried)
+    return arms
+
+
+def with_partial(out: Path, steps: int, w: int, reg: dict[str, list[int]],
+                 runs: dict[str, dict[str, Any]], deployments: dict[str, list[str]],
+                 early_name: str, best_name: str, carried: list[str]) -> dict[str, Any]:
+    """``--partial``: each baseline again with partial rollouts on, started as its run without
+    them was (``runs``: those runs, whose rates the ratios ``on_over_off`` are taken against)."""
+    arms = partial_arms(w, deployments, early_name, best_name, carried,
+                        "adaptive_carried_over" in runs)
+    off = {"colocated": runs["colocated"]["rates"], "static_early_tuned": runs[early_name]["rates"],
+           "static_best": runs[best_name]["rates"],
+           **{k: runs[k]["rates"] for k in ("backpressure_carried_over", "adaptive_carried_over")
+              if k in runs}}
+    on: dict[str, dict[str, Any]] = {}
+    for key, (planner, workers, sets) in arms.items():
+        if key == "static_best" and best_name == early_name:  # the same run
+            on[key] = on["static_early_tuned"]
+            continue
+        name = f"{key}-partial"
+        on[key] = measure(name, out, planner, steps, workers, [*sets, PARTIAL], reg)
+        on[key]["carried_token_share"] = token_weighted(
+            read_metrics(out / name / "metrics.jsonl"), "carried_token_share")
+    rates = {k: v["rates"] for k, v in on.items()}
+    bp = "backpressure_carried_over"
+    bound = partial_bounds(drift_workload(w, steps))["nonclairvoyant_partial_samples_per_s"]
+
+    def ratio(a: dict[str, Any], b: dict[str, Any], col: str = "whole") -> float | None:
+        x, y = a.get(col), b.get(col)
+        return None if x is None or not y else round(x / y, 4)
+
+    return {"setting": PARTIAL, "samples_per_s_per_regime": rates,
+            "carried_over_over_early_static": ratio(rates[bp], rates["static_early_tuned"]),
+            "vs_best_static": ratio(rates[bp], rates["static_best"]),
+            "vs_colocated": ratio(rates[bp], rates["colocated"]),
+            "on_over_off": {k: {c: ratio(rates[k], off[k], c) for c in rates[k]} for k in rates},
+            "carried_token_share": {k: v["carried_token_share"] for k, v in on.items()},
+            "lost": {k: v["ledger"]["lost"] for k, v in on.items()},
+            "duplicates": {k: v["ledger"]["duplicates"] for k, v in on.items()},
+            # the bound for this setting (no over-sampling: a step still waits for its due
+            # groups, so it is the non-clairvoyant bound) and each run's share of it
+            "bound_nonclairvoyant_partial": bound,
+            "fraction_of_nonclairvoyant_partial": {k: round(v["whole"] / bound, 4)
+                                                   for k, v in rates.items()}}
 
 
 def elastic_rate(recs: list[dict[str, Any]]) -> float | None:
@@ -194,6 +276,8 @@ def main(args: Any, argv: list[str]) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="pivotflow-elastic-drift-"))
     out.mkdir(parents=True, exist_ok=True)
     WARM[:] = ["warm_roles=true"] if getattr(args, "warm_roles", False) else []
+    staleness = getattr(args, "max_staleness", None)
+    STALENESS[:] = [] if staleness is None else [staleness]
     steps, w, cores = args.drift_steps, args.workers, os.cpu_count() or 1
     reg = regimes(DRIFT, steps)
     runs: dict[str, dict[str, Any]] = {}
@@ -220,6 +304,8 @@ def main(args: Any, argv: list[str]) -> int:
     if not args.no_adaptive:
         runs["adaptive_carried_over"] = measure("adaptive-carried", out, "adaptive", steps,
                                                 None, carried, reg)
+    partial = (with_partial(out, steps, w, reg, runs, deployments, early_name, best_name,
+                            carried) if getattr(args, "partial", False) else None)
     rates = {"colocated": runs["colocated"]["rates"], "static_early_tuned": static[early_name],
              "static_best": static[best_name], "backpressure": runs["backpressure"]["rates"],
              "backpressure_carried_over": runs["backpressure_carried_over"]["rates"]}
@@ -251,6 +337,7 @@ def main(args: Any, argv: list[str]) -> int:
     result = {
         "bench": "elastic", "mode": "drift", "workload": elastic.LONGTAIL.name,
         "warm_roles": bool(WARM),
+        "max_staleness": STALENESS[0] if STALENESS else load_workload(str(DRIFT)).max_staleness,
         "schedule": str(DRIFT.relative_to(elastic.ROOT)), "steps": steps, "workers": w,
         "cores": cores, "oversubscribed": w > cores,
         "regimes": {k: [s + 1 for s in v] for k, v in reg.items()},  # 1-based metrics steps
@@ -286,6 +373,7 @@ def main(args: Any, argv: list[str]) -> int:
         "shift_latency_backpressure": elastic.shift_latency(runs[bp]["shift_records"]),
         "step_samples_per_s": {n: [round(x, 2) for x in r["step_samples_per_s"]]
                                for n, r in runs.items()},
+        **({"partial_rollout": partial} if partial is not None else {}),
         "command": " ".join(["python", *argv]),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "out": str(out),
@@ -310,8 +398,6 @@ def combine(files: list[Path]) -> dict[str, Any]:
     and regime, the baselines and ratios chosen again on the medians: backpressure "carried
     over" is the median of the backpressure runs that started from the median-early-tuned
     split's pool sizes (any run's ``backpressure`` or ``backpressure_carried_over``)."""
-    import statistics
-
     import sim_paper  # a sibling script
 
     docs = [json.loads(Path(f).read_text().strip().splitlines()[-1]) for f in files]
@@ -389,14 +475,62 @@ def combine(files: list[Path]) -> dict[str, Any]:
     }
 
 
+def pairs(sitting: Path, reps: int, out: Path) -> dict[str, Any]:
+    """The baselines of a ``--drift --partial`` output ``sitting`` again, partial rollouts off
+    then on, ``reps`` times in turn (a pair runs back to back, so the host's drift over the
+    sitting falls on both halves alike), each from its start in the sitting, at its staleness
+    (the best static is left out where it is the early-tuned one)."""
+    doc = json.loads(sitting.read_text().strip().splitlines()[-1])
+    STALENESS[:] = [doc["max_staleness"]]
+    WARM[:] = ["warm_roles=true"] if doc["warm_roles"] else []
+    steps, w, carried = doc["steps"], doc["workers"], doc["carried_over_from"]["sets"]
+    early, best = doc["static_early_tuned_split"], doc["static_best_split"]
+    arms = partial_arms(w, elastic.static_deployments(w), early, best, carried,
+                        "adaptive_carried_over" in doc["partial_rollout"]["on_over_off"])
+    if best == early:
+        del arms["static_best"]
+    reg = regimes(DRIFT, steps)
+    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in arms}
+    for rep in range(reps):
+        for key, (planner, workers, sets) in arms.items():
+            off, on = (measure(f"{key}-{tag}-{rep}", out, planner, steps, workers,
+                               [*sets, *extra], reg)
+                       for tag, extra in (("off", []), ("on", [PARTIAL])))
+            rows[key].append({"off": off["rates"], "on": on["rates"],
+                              "on_over_off": round(on["rates"]["whole"]
+                                                   / off["rates"]["whole"], 4),
+                              "shifts": [off["shifts"], on["shifts"]],
+                              "migrations": [off["migrations"], on["migrations"]]})
+    return {"bench": "elastic", "mode": "drift-partial-pairs", "sitting": str(sitting),
+            "max_staleness": doc["max_staleness"], "steps": steps, "workers": w,
+            "carried_over_from": carried, "pairs": rows,
+            "on_over_off": {k: [r["on_over_off"] for r in v] for k, v in rows.items()},
+            "on_over_off_median": {k: statistics.median(r["on_over_off"] for r in v)
+                                   for k, v in rows.items()},
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": " ".join(["python", *sys.argv])}
+
+
 if __name__ == "__main__":
     import argparse
 
-    ap = argparse.ArgumentParser(description="combine bench/elastic.py --drift outputs")
-    ap.add_argument("--combine", nargs="+", type=Path, required=True)
+    ap = argparse.ArgumentParser(description="combine bench/elastic.py --drift outputs, or "
+                                 "rerun a --partial sitting's planners off/on in pairs")
+    ap.add_argument("--combine", nargs="+", type=Path, default=None)
+    ap.add_argument("--pairs", type=Path, default=None,
+                    help="a --drift --partial output: its carried-over planners, off then on")
+    ap.add_argument("--reps", type=int, default=2, help="--pairs: rounds")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--png", type=Path, default=None, help="the medians' elastic_drift.png")
     a = ap.parse_args()
+    if a.pairs is not None:
+        got = pairs(a.pairs, a.reps, Path(tempfile.mkdtemp(prefix="pivotflow-partial-pairs-")))
+        if a.json is not None:
+            a.json.write_text(json.dumps(got, indent=1) + "\n")
+        print(json.dumps(got))
+        sys.exit(0)
+    if not a.combine:
+        ap.error("give --combine FILES or --pairs FILE")
     got = combine(a.combine)
     if a.png is not None:
         r = got["samples_per_s_per_regime"]

@@ -54,3 +54,50 @@ def test_warm_and_cold_sittings_are_not_combined(
     assert [json.loads(p.read_text())["warm_roles"] for p in pair] == [False, True]
     with pytest.raises(SystemExit, match="some runs kept warm roles and some did not"):
         ed.combine(pair)
+
+
+def test_the_partial_rollout_sitting_has_each_baseline_both_ways() -> None:
+    """``bench/elastic.py --drift --max-staleness 1 --partial`` (issue 24 part 5: every
+    baseline with and without partial rollouts, the bound for that setting beside them), as
+    recorded: the runs with partial rollouts on lost and duplicated nothing, carried tokens
+    over a step boundary wherever something was generating there (not under colocated, whose
+    phases leave nothing in flight at a boundary), and each ratio is the runs' own."""
+    doc = json.loads((ROOT / "bench" / "results" / "elastic_drift"
+                      / "2026-12-05-staleness1-partial.json").read_text())
+    assert doc["max_staleness"] == 1 and "--partial" in doc["command"].split()
+    part = doc["partial_rollout"]
+    runs = {"colocated", "static_early_tuned", "static_best", "backpressure_carried_over",
+            "adaptive_carried_over"}
+    assert set(part["samples_per_s_per_regime"]) == set(part["on_over_off"]) == runs
+    assert set(part["lost"].values()) == {0} and set(part["duplicates"].values()) == {0}
+    shares = part["carried_token_share"]
+    assert shares["colocated"] == 0
+    assert all(shares[k] > 0 for k in runs - {"colocated"})
+    on = part["samples_per_s_per_regime"]
+    off = doc["samples_per_s_per_regime"]
+    for k in runs:
+        assert part["on_over_off"][k]["whole"] == round(on[k]["whole"] / off[k]["whole"], 4)
+    assert part["carried_over_over_early_static"] == round(
+        on["backpressure_carried_over"]["whole"] / on["static_early_tuned"]["whole"], 4)
+    # no over-sampling: the bound for the setting is the non-clairvoyant one of the same steps
+    assert part["bound_nonclairvoyant_partial"] == pytest.approx(
+        doc["bounds"]["nonclairvoyant_bound"])
+
+
+def test_the_partial_rollout_pairs_are_the_sittings_baselines_both_ways() -> None:
+    """``bench/elastic_drift.py --pairs`` on that sitting, as recorded: each baseline off then
+    on, four times, from the sitting's starts; the medians are of the pairs' own ratios, and a
+    static deployment shifts the same both ways (partial rollouts move no worker)."""
+    import statistics
+
+    doc = json.loads((ROOT / "bench" / "results" / "elastic_drift"
+                      / "2026-12-05-staleness1-partial-pairs.json").read_text())
+    assert doc["max_staleness"] == 1 and doc["sitting"].endswith("staleness1-partial.json")
+    assert set(doc["pairs"]) == {"colocated", "static_early_tuned", "backpressure_carried_over",
+                                 "adaptive_carried_over"}  # (the best static is the early one)
+    for key, rows in doc["pairs"].items():
+        assert len(rows) == 4
+        ratios = [round(r["on"]["whole"] / r["off"]["whole"], 4) for r in rows]
+        assert doc["on_over_off"][key] == ratios
+        assert doc["on_over_off_median"][key] == statistics.median(ratios)
+    assert all(off == on for off, on in (r["shifts"] for r in doc["pairs"]["static_early_tuned"]))

@@ -29,7 +29,12 @@ simulator (dense7b_judge32b, 128 GPUs) on is 0.98x off at max_staleness 1 (0.94x
 carry-over is a re-prefill, and the engines already move sequences in flight to new weights
 when a newer job reaches them), over_sample 0.25/1.0 is 0.94x/0.82x (the cut tail is thrown
 away, and the judge judges it too); on real processes (grpo_genrm, 200 steps) run time and
-task_accuracy stay within noise, over_sample 0.5 generating 25% more tokens.
+task_accuracy stay within noise, over_sample 0.5 generating 25% more tokens. On the drifting
+files (``bench/sim_paper.py --drift --partial``, 128 GPUs, every baseline from its own start)
+on over off is 0.91-1.04 per run, and colocated's phases leave nothing to carry. On real
+processes (``bench/elastic.py --drift --max-staleness 1 --partial`` and ``bench/elastic_drift.py
+--pairs``) carrying costs more: 0.73 on a static split and 0.88 under the planners (medians of
+four back-to-back pairs), where the simulator predicts 0.98-0.99; not traced yet.
 """
 
 from __future__ import annotations
