@@ -164,3 +164,40 @@ def test_abort_all_returns_waiting_and_running(make) -> None:  # type: ignore[no
     assert sum(len(o.token_ids) > 0 for o in outs) == 2  # two ran, two were still waiting
     assert not engine.has_work() and engine.abort("r0") is None
     assert engine.generate([req("r0", max_tokens=3)])[0].finish_reason == "length"
+
+
+def test_a_resumed_prefix_is_prefilled_apart_from_short_prompts(make, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A sequence resumed from a long prefix joins beside fresh prompts (a partial rollout's
+    carry, a migration): the prompts are not padded to the prefix's length (a real run spent
+    1-2 s a boundary on that), and every output is the one it gets alone."""
+    from pivotflow.batching import prefill_groups
+    from pivotflow.engines.torch.kv_cache import SlotKVCache
+
+    long = req("long", "the cat", temperature=1.0, max_tokens=50, seed=7)
+    full = alone(make, long)
+    k = 40
+    resumed = dataclasses.replace(long, prefix_ids=full.token_ids[:k],
+                                  prefix_logprobs=full.logprobs[:k],
+                                  prefix_versions=full.versions[:k])
+    fresh = [req(f"f{i}", "ab", temperature=[0.0, 1.0][i % 2], max_tokens=8, seed=i)
+             for i in range(6)]
+    shapes: list[tuple[int, int]] = []
+    begin = SlotKVCache.begin_prefill
+
+    def recorded(self, start, lengths):  # type: ignore[no-untyped-def]
+        shapes.append((len(lengths), max(lengths)))
+        return begin(self, start, lengths)
+
+    monkeypatch.setattr(SlotKVCache, "begin_prefill", recorded)
+    outs = make(max_batch=8).generate([*fresh[:3], resumed, *fresh[3:]])
+    real = sum(len(r.prompt_ids) for r in fresh) + len(long.prompt_ids) + k
+    assert shapes == [(6, 3), (1, len(long.prompt_ids) + k)]  # one pass per length group
+    assert sum(n * w for n, w in shapes) < 2 * real  # in one pass: 7 x 47 = 329 for 65 tokens
+    by_id = {o.request_id: o for o in outs}
+    assert_same(by_id["long"], full)
+    for r in fresh:
+        assert_same(by_id[r.request_id], alone(make, r))
+    # the groups: sorted lengths, each at most twice its first or 32 tokens past it
+    assert prefill_groups([6] * 63 + [449]) == [(0, 63), (63, 64)]
+    assert prefill_groups([3, 10, 30, 35, 36, 80, 150, 161]) == [(0, 4), (4, 5), (5, 7), (7, 8)]
+    assert prefill_groups([5]) == [(0, 1)]

@@ -98,11 +98,25 @@ def test_data_parallel_steps_use_the_measured_figure() -> None:
 
 
 def test_padded_prefill_charges_the_longest_prompt() -> None:
+    # the calibration files' sittings ran the engine that prefilled every joiner in one pass
     cost = CostModel(load_workload(CPU))
     j = cost.wl.judge
     per = j.measured["prefill_per_padded_token_s"]
+    assert j.measured["prefill_one_pass"] == 1
     assert cost.prefill_batch_s(j, [10, 200, 30]) == pytest.approx(
         j.measured["prefill_base_s"] + per * 3 * 200)
+
+
+def test_prefill_is_charged_in_the_engines_passes_of_similar_length() -> None:
+    # today's engine (pivotflow/batching.py): 10 and 30 in one pass padded to 30, 200 alone
+    w = load_workload(CPU)
+    j = w.judge
+    measured = {k: v for k, v in j.measured.items() if k != "prefill_one_pass"}
+    w = dataclasses.replace(w, judge=dataclasses.replace(j, measured=measured))
+    cost = CostModel(w)
+    base, per = measured["prefill_base_s"], measured["prefill_per_padded_token_s"]
+    assert cost.prefill_batch_s(w.judge, [10, 200, 30]) == pytest.approx(
+        2 * base + per * (2 * 30 + 200))
 
 
 def test_backpressure_does_not_thrash_when_steps_may_lag() -> None:

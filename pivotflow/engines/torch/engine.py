@@ -1,7 +1,7 @@
 """The embedded PyTorch engine: a slot KV cache and continuous batching on CPU or GPU.
 
-Each ``step()`` admits waiting requests into free slots (one batched prefill that also samples
-their first token), then runs one decode step over every running slot at once. A request leaves
+Each ``step()`` admits waiting requests into free slots (batched prefills, joiners of similar
+length together, that also sample their first token), then runs one decode step over every running slot at once. A request leaves
 its slot the moment it finishes and is returned from that same step. Per-sequence state (tokens,
 logprobs, versions, limits, stop ids) lives in per-slot tensors, so a step does no Python work per
 running request except for requests with stop strings. Both passes run through
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from pivotflow import defaults
+from pivotflow.batching import prefill_groups
 from pivotflow.engines.base import FinishReason, GenerationOutput, GenerationRequest
 from pivotflow.engines.torch.kv_cache import PackedDecoder, SlotKVCache
 from pivotflow.engines.torch.model import Decoder, ModelConfig
@@ -257,7 +258,8 @@ class TorchEngine:
                 raise RequestError(f"request {req.request_id!r}: {why}")
 
     def _admit(self) -> list[GenerationOutput]:
-        """Move waiting requests into free slots and prefill them together."""
+        """Move waiting requests into free slots and prefill them, shortest first, in groups
+        of similar length (``prefill_groups``)."""
         outs: list[GenerationOutput] = []
         joiners: list[_Seq] = []
         start = len(self._running)
@@ -266,19 +268,27 @@ class TorchEngine:
             if len(seq.request.prefix_ids) >= seq.limit:  # nothing left to generate here
                 outs.append(self._prefix_output(seq, "length"))
                 continue
-            self._install(start + len(joiners), seq)
             joiners.append(seq)
         if not joiners:
             return outs
+        # a slot's sampling is a function of its request's seed and token index alone, so
+        # the order joiners take slots in changes no token
+        joiners.sort(key=lambda s: len(s.request.prompt_ids) + len(s.request.prefix_ids))
+        for i, seq in enumerate(joiners):
+            self._install(start + i, seq)
         seqs = [s.request.prompt_ids + s.request.prefix_ids for s in joiners]
-        lengths = [len(s) for s in seqs]
-        width = max(lengths)
-        ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=self.device)
         decoder, cache = self._serving()
-        cache.begin_prefill(start, lengths)
-        logits = decoder.prefill(ids, torch.tensor(lengths, device=self.device) - 1, cache)
+        logits = []
+        for a, b in prefill_groups([len(s) for s in seqs]):
+            lengths = [len(s) for s in seqs[a:b]]
+            width = lengths[-1]  # (sorted)
+            ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs[a:b]],
+                               device=self.device)
+            cache.begin_prefill(start + a, lengths)
+            logits.append(decoder.prefill(ids, torch.tensor(lengths, device=self.device) - 1,
+                                          cache))
         self._running.extend(joiners)
-        return outs + self._record(start, logits)
+        return outs + self._record(start, torch.cat(logits))
 
     def _install(self, slot: int, seq: _Seq) -> None:
         req = seq.request
