@@ -56,14 +56,15 @@ def test_warm_and_cold_sittings_are_not_combined(
         ed.combine(pair)
 
 
-def test_the_partial_rollout_sitting_has_each_baseline_both_ways() -> None:
+@pytest.mark.parametrize("sitting", ["2026-12-05-staleness1-partial.json",
+                                     "2026-12-05-staleness1-partial-engine-fix.json"])
+def test_the_partial_rollout_sitting_has_each_baseline_both_ways(sitting: str) -> None:
     """``bench/elastic.py --drift --max-staleness 1 --partial`` (issue 24 part 5: every
     baseline with and without partial rollouts, the bound for that setting beside them), as
     recorded: the runs with partial rollouts on lost and duplicated nothing, carried tokens
     over a step boundary wherever something was generating there (not under colocated, whose
     phases leave nothing in flight at a boundary), and each ratio is the runs' own."""
-    doc = json.loads((ROOT / "bench" / "results" / "elastic_drift"
-                      / "2026-12-05-staleness1-partial.json").read_text())
+    doc = json.loads((ROOT / "bench" / "results" / "elastic_drift" / sitting).read_text())
     assert doc["max_staleness"] == 1 and "--partial" in doc["command"].split()
     part = doc["partial_rollout"]
     runs = {"colocated", "static_early_tuned", "static_best", "backpressure_carried_over",
@@ -84,15 +85,17 @@ def test_the_partial_rollout_sitting_has_each_baseline_both_ways() -> None:
         doc["bounds"]["nonclairvoyant_bound"])
 
 
-def test_the_partial_rollout_pairs_are_the_sittings_baselines_both_ways() -> None:
+@pytest.mark.parametrize("pairs", ["2026-12-05-staleness1-partial-pairs.json",
+                                   "2026-12-05-staleness1-partial-engine-fix-pairs.json"])
+def test_the_partial_rollout_pairs_are_the_sittings_baselines_both_ways(pairs: str) -> None:
     """``bench/elastic_drift.py --pairs`` on that sitting, as recorded: each baseline off then
     on, four times, from the sitting's starts; the medians are of the pairs' own ratios, and a
     static deployment shifts the same both ways (partial rollouts move no worker)."""
     import statistics
 
-    doc = json.loads((ROOT / "bench" / "results" / "elastic_drift"
-                      / "2026-12-05-staleness1-partial-pairs.json").read_text())
-    assert doc["max_staleness"] == 1 and doc["sitting"].endswith("staleness1-partial.json")
+    doc = json.loads((ROOT / "bench" / "results" / "elastic_drift" / pairs).read_text())
+    assert doc["max_staleness"] == 1
+    assert (ROOT / doc["sitting"]).name == pairs.replace("-pairs", "")
     assert set(doc["pairs"]) == {"colocated", "static_early_tuned", "backpressure_carried_over",
                                  "adaptive_carried_over"}  # (the best static is the early one)
     for key, rows in doc["pairs"].items():

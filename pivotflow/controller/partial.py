@@ -33,8 +33,9 @@ task_accuracy stay within noise, over_sample 0.5 generating 25% more tokens. On 
 files (``bench/sim_paper.py --drift --partial``, 128 GPUs, every baseline from its own start)
 on over off is 0.91-1.04 per run, and colocated's phases leave nothing to carry. On real
 processes (``bench/elastic.py --drift --max-staleness 1 --partial`` and ``bench/elastic_drift.py
---pairs``) carrying costs more: 0.73 on a static split and 0.88 under the planners (medians of
-four back-to-back pairs), where the simulator predicts 0.98-0.99; not traced yet.
+--pairs``) a carry cost a static split 27% until the embedded engine stopped padding the fresh
+prompts that join beside the carried prefixes to their length (``pivotflow/batching.py``);
+since, on over off is 0.97 on it and 0.92-0.93 under the planners (medians of four pairs).
 """
 
 from __future__ import annotations
