@@ -10,8 +10,8 @@ response):
 * decode: every ``role.step()`` after the first is one point ``(batch, context tokens, s)``;
   least squares fits ``base + per_seq * b + per_ctx * c`` (the simulator's decode step);
 * prefill: the first step of a batch (admission + one decode step) minus that decode step:
-  per prompt token, and fitted as ``base + per padded token`` (the engine pads a joining batch
-  to its longest prompt);
+  per prompt token, and fitted as ``base + per padded token`` per pass (the engine prefills a
+  joining batch in passes of similar length, each padded to its longest: pivotflow/batching.py);
 * train: ``TrainRole.train`` (micro-batches, backward, AdamW, publishing the weights and the
   optimizer state to the store) per token of 64-sequence batches, with signal and without (all
   advantages 0: forward and publish only); then 2 and 3 trainer processes in a real gloo group
@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from pivotflow.batching import prefill_groups
 from pivotflow.controller.training import shards
 from pivotflow.graph_check import build_graph, graph_defaults, import_graph_file
 from pivotflow.params.shm_store import ShmParamStore
@@ -110,22 +111,26 @@ def measure_generate(store: ShmParamStore, model: str, options: dict[str, Any],
     load_s = statistics.median(loads)
     role = GenerateRole(store, model, options)
     points: list[tuple[float, float, float]] = []
-    firsts: list[tuple[int, int, int, float]] = []  # (batch, prompt tokens, longest, first s)
+    # (batch, prompt tokens, the engine's prefill passes, their padded tokens, first step s)
+    firsts: list[tuple[int, int, int, int, float]] = []
     job0 = 0
     for b in BATCHES:
         prompts = [prompt_fn(job0 + i) for i in range(b)]
         pts, first = generate_points(role, prompts, [new_fn(job0 + i) for i in range(b)], job0)
         points += pts
-        firsts.append((b, sum(len(p) for p in prompts), max(len(p) for p in prompts), first))
+        lengths = sorted(len(p) for p in prompts)
+        groups = prefill_groups(lengths)
+        padded = sum((z - a) * lengths[z - 1] for a, z in groups)
+        firsts.append((b, sum(lengths), len(groups), padded, first))
         job0 += b
     base, per_seq, per_ctx = fit(points)
     # a batch's first step is its prefill plus one decode step (b sequences, p + b context)
-    prefills = [(b, p, w, max(first - (base + per_seq * b + per_ctx * (p + b)), 0.0))
-                for b, p, w, first in firsts]
-    per_token = [pre / p for _, p, _, pre in prefills]
-    # The engine prefills the joining batch padded to its longest prompt: base + per padded
-    # token (batch x longest), fitted over the batches.
-    pre_base, per_padded = fit([(float(b * w), pre) for b, _, w, pre in prefills])
+    prefills = [(n, p, k, w, max(first - (base + per_seq * n + per_ctx * (p + n)), 0.0))
+                for n, p, k, w, first in firsts]
+    per_token = [pre / p for _, p, _, _, pre in prefills]
+    # The engine prefills a joining batch in passes of similar length, each padded to its
+    # longest (pivotflow/batching.py): base per pass + per padded token, fitted per pass.
+    pre_base, per_padded = fit([(w / k, pre / k) for _, _, k, w, pre in prefills])
     t0 = time.perf_counter()
     role.release()
     release_s = time.perf_counter() - t0

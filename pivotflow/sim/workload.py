@@ -31,7 +31,7 @@ MEASURED_KEYS = (
     "decode_per_seq_s",
     "decode_per_ctx_token_s",
     "prefill_per_token_s",
-    "prefill_base_s",  # an engine that prefills a batch padded to its longest prompt (ours):
+    "prefill_base_s",  # an engine that prefills padded to the longest of each pass (ours):
     "prefill_per_padded_token_s",  # base + per padded token * batch * longest, per pass
     # 1: the engine of the sitting measured prefilled all joiners in one pass (before
     # 2026-12-05); else in passes of similar length (pivotflow/batching.py)
