@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from pivotflow.batching import prefill_groups
+from pivotflow.batching import prefill_shapes
 from pivotflow.controller.training import shards
 from pivotflow.graph_check import build_graph, graph_defaults, import_graph_file
 from pivotflow.params.shm_store import ShmParamStore
@@ -118,10 +118,9 @@ def measure_generate(store: ShmParamStore, model: str, options: dict[str, Any],
         prompts = [prompt_fn(job0 + i) for i in range(b)]
         pts, first = generate_points(role, prompts, [new_fn(job0 + i) for i in range(b)], job0)
         points += pts
-        lengths = sorted(len(p) for p in prompts)
-        groups = prefill_groups(lengths)
-        padded = sum((z - a) * lengths[z - 1] for a, z in groups)
-        firsts.append((b, sum(lengths), len(groups), padded, first))
+        passes = prefill_shapes([len(p) for p in prompts])
+        firsts.append((b, sum(len(p) for p in prompts), len(passes),
+                       sum(n * w for n, w in passes), first))
         job0 += b
     base, per_seq, per_ctx = fit(points)
     # a batch's first step is its prefill plus one decode step (b sequences, p + b context)

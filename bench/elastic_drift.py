@@ -195,16 +195,12 @@ def partial_arms(w: int, deployments: dict[str, list[str]], early_name: str, bes
 
 
 def with_partial(out: Path, steps: int, w: int, reg: dict[str, list[int]],
-                 runs: dict[str, dict[str, Any]], deployments: dict[str, list[str]],
+                 off: dict[str, dict[str, Any]], deployments: dict[str, list[str]],
                  early_name: str, best_name: str, carried: list[str]) -> dict[str, Any]:
     """``--partial``: each baseline again with partial rollouts on, started as its run without
-    them was (``runs``: those runs, whose rates the ratios ``on_over_off`` are taken against)."""
+    them was (``off``: those runs' rates per regime, which ``on_over_off`` is taken against)."""
     arms = partial_arms(w, deployments, early_name, best_name, carried,
-                        "adaptive_carried_over" in runs)
-    off = {"colocated": runs["colocated"]["rates"], "static_early_tuned": runs[early_name]["rates"],
-           "static_best": runs[best_name]["rates"],
-           **{k: runs[k]["rates"] for k in ("backpressure_carried_over", "adaptive_carried_over")
-              if k in runs}}
+                        "adaptive_carried_over" in off)
     on: dict[str, dict[str, Any]] = {}
     for key, (planner, workers, sets) in arms.items():
         if key == "static_best" and best_name == early_name:  # the same run
@@ -304,13 +300,13 @@ def main(args: Any, argv: list[str]) -> int:
     if not args.no_adaptive:
         runs["adaptive_carried_over"] = measure("adaptive-carried", out, "adaptive", steps,
                                                 None, carried, reg)
-    partial = (with_partial(out, steps, w, reg, runs, deployments, early_name, best_name,
-                            carried) if getattr(args, "partial", False) else None)
     rates = {"colocated": runs["colocated"]["rates"], "static_early_tuned": static[early_name],
              "static_best": static[best_name], "backpressure": runs["backpressure"]["rates"],
              "backpressure_carried_over": runs["backpressure_carried_over"]["rates"]}
     if "adaptive_carried_over" in runs:
         rates["adaptive_carried_over"] = runs["adaptive_carried_over"]["rates"]
+    partial = (with_partial(out, steps, w, reg, rates, deployments, early_name, best_name,
+                            carried) if getattr(args, "partial", False) else None)
     b = bounds(steps, w, reg)
     sim = simulated(steps, w, reg, early_name, sizes, not args.no_adaptive)
     calib = {p: {c: None if r.get(c) is None or sim[p].get(c) is None
@@ -515,10 +511,10 @@ if __name__ == "__main__":
     import argparse
 
     ap = argparse.ArgumentParser(description="combine bench/elastic.py --drift outputs, or "
-                                 "rerun a --partial sitting's planners off/on in pairs")
+                                 "rerun a --partial sitting's baselines off/on in pairs")
     ap.add_argument("--combine", nargs="+", type=Path, default=None)
     ap.add_argument("--pairs", type=Path, default=None,
-                    help="a --drift --partial output: its carried-over planners, off then on")
+                    help="a --drift --partial output: its baselines, off then on")
     ap.add_argument("--reps", type=int, default=2, help="--pairs: rounds")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--png", type=Path, default=None, help="the medians' elastic_drift.png")

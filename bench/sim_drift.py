@@ -206,13 +206,13 @@ def partial_runs(runner: Runner, path: str, gpus: int, wl: Workload,
     return dict(zip(names, runner.map([jobs[n] for n in names]), strict=True))
 
 
-def summarize_partial(wl: Workload, main: str, whole: dict[str, SimResult],
+def summarize_partial(wl: Workload, main: str, off: dict[str, float | None],
                       partial: dict[str, SimResult]) -> dict[str, Any]:
     """The ``partial_rollout`` block of a drift summary: every baseline's whole-run rate with
     partial rollouts on, its ratios against the baselines *also* with them on, on over off per
     run, and the non-clairvoyant bound for the same setting beside them (``partial_bounds`` at
-    ``over_sample`` 0, the setting run; no over-sampling)."""
-    off = {k: run_rate(r) for k, r in whole.items()}
+    ``over_sample`` 0, the setting run; no over-sampling). ``off``: the whole-run rates
+    without them."""
     on = {k: run_rate(r) for k, r in partial.items()}
     bound = partial_bounds(wl)["nonclairvoyant_partial_samples_per_s"]
     return {
@@ -305,7 +305,7 @@ def summarize_drift(pl: dict[str, Any], args: Any) -> dict[str, Any]:
                                                                    for x in r.records],
                      "timed_out": r.timed_out}
                  for k, r in whole.items()},
-        **({"partial_rollout": summarize_partial(wl, main, whole, pl["partial"])}
+        **({"partial_rollout": summarize_partial(wl, main, rates, pl["partial"])}
            if "partial" in pl else {}),
         "_results": whole,  # (for the plots; not written)
     })

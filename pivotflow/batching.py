@@ -29,3 +29,9 @@ def prefill_groups(lengths: Sequence[int]) -> list[tuple[int, int]]:
             groups.append((a, i))
             a = i
     return groups
+
+
+def prefill_shapes(lengths: Sequence[int]) -> list[tuple[int, int]]:
+    """(sequences, padded width) of each pass that prefills ``lengths`` (any order)."""
+    ordered = sorted(lengths)
+    return [(b - a, ordered[b - 1]) for a, b in prefill_groups(ordered)]

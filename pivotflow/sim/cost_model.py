@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pivotflow.batching import prefill_groups
+from pivotflow.batching import prefill_shapes
 from pivotflow.sim.workload import Lengths, ModelSpec, Workload
 
 
@@ -100,19 +100,15 @@ class CostModel:
 
     def prefill_batch_s(self, m: ModelSpec, lengths: list[int]) -> float:
         """One replica prefilling sequences of ``lengths`` tokens that arrive together: where
-        measured so (the embedded engine), in the engine's passes (``batching.prefill_groups``;
+        measured so (the embedded engine), in the engine's passes (``batching.prefill_shapes``;
         one pass where the sitting's engine made one), each padded to its longest; else each on
         its own."""
         meas = m.measured
-        if "prefill_per_padded_token_s" in meas and meas.get("prefill_one_pass"):
-            padded = len(lengths) * max(lengths)  # the engine before 2026-12-05
-            return meas.get("prefill_base_s", 0.0) + meas["prefill_per_padded_token_s"] * padded
         if "prefill_per_padded_token_s" in meas:
-            ordered = sorted(lengths)
-            groups = prefill_groups(ordered)
-            padded = sum((b - a) * ordered[b - 1] for a, b in groups)
-            return (meas.get("prefill_base_s", 0.0) * len(groups)
-                    + meas["prefill_per_padded_token_s"] * padded)
+            passes = ([(len(lengths), max(lengths))]  # the engine before 2026-12-05
+                      if meas.get("prefill_one_pass") else prefill_shapes(lengths))
+            return (meas.get("prefill_base_s", 0.0) * len(passes)
+                    + meas["prefill_per_padded_token_s"] * sum(n * w for n, w in passes))
         return sum(self.prefill_s(m, n) for n in lengths)
 
     def train_s(self, tokens: int, seqs: int, gpus: int, signal: bool = True) -> float:

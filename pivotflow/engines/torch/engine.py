@@ -1,8 +1,9 @@
 """The embedded PyTorch engine: a slot KV cache and continuous batching on CPU or GPU.
 
 Each ``step()`` admits waiting requests into free slots (batched prefills, joiners of similar
-length together, that also sample their first token), then runs one decode step over every running slot at once. A request leaves
-its slot the moment it finishes and is returned from that same step. Per-sequence state (tokens,
+length together, that also sample their first token), then runs one decode step over every
+running slot at once. A request leaves its slot the moment it finishes and is returned from
+that same step. Per-sequence state (tokens,
 logprobs, versions, limits, stop ids) lives in per-slot tensors, so a step does no Python work per
 running request except for requests with stop strings. Both passes run through
 ``kv_cache.PackedDecoder``, the model's forward specialised for the slot cache.
