@@ -181,17 +181,20 @@ def decompose(wl: Workload, planner: str, split: cluster.Split, steps: int,
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_held_run_args(p: argparse.ArgumentParser) -> None:
+    """The arguments of a run on a workload file, a drifting one possibly held at one regime
+    (bench/sim_tail.py takes the same)."""
     p.add_argument("workload", type=Path)
     p.add_argument("--gpus", type=int, default=None)
     p.add_argument("--planner", default="adaptive")
     p.add_argument("--split", default=None, help="R,J,T (default: the best analytic split)")
     p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--every", type=float, default=1.0, help="virtual seconds between samples")
     p.add_argument("--at", type=int, default=None,
                    help="a drifting file held at this step's regime (e.g. 5: the late one)")
-    args = p.parse_args()
+
+
+def held_run(args: argparse.Namespace) -> tuple[Workload, cluster.Split]:
+    """The workload (held at ``--at``, scaled to ``--gpus``) and the split to start from."""
     wl = load_workload(args.workload)
     if args.at is not None:
         wl = wl.at(args.at)
@@ -199,9 +202,16 @@ def main() -> None:
         wl = wl.scaled(args.gpus)
     if args.split:
         r, j, t = (int(x) for x in args.split.split(","))
-        split = cluster.Split(r, j, t)
-    else:
-        split = cluster.Split(**rank_splits(wl.at(0) if wl.schedule else wl, top=1)[0][1])
+        return wl, cluster.Split(r, j, t)
+    return wl, cluster.Split(**rank_splits(wl.at(0) if wl.schedule else wl, top=1)[0][1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_held_run_args(p)
+    p.add_argument("--every", type=float, default=1.0, help="virtual seconds between samples")
+    args = p.parse_args()
+    wl, split = held_run(args)
     print(json.dumps(decompose(wl, args.planner, split, args.steps or wl.steps, args.every)))
 
 

@@ -26,16 +26,18 @@ trained once, later.
 
 Measured (bench/results/partial_rollout_*.jsonl), neither pays under this bound yet: in the
 simulator (dense7b_judge32b, 128 GPUs) on is 0.98x off at max_staleness 1 (0.94x at 2: each
-carry-over is a re-prefill, and the engines already move sequences in flight to new weights
-when a newer job reaches them), over_sample 0.25/1.0 is 0.94x/0.82x (the cut tail is thrown
-away, and the judge judges it too); on real processes (grpo_genrm, 200 steps) run time and
-task_accuracy stay within noise, over_sample 0.5 generating 25% more tokens. On the drifting
-files (``bench/sim_paper.py --drift --partial``, 128 GPUs, every baseline from its own start)
-on over off is 0.91-1.04 per run, and colocated's phases leave nothing to carry. On real
+carry-over is a re-prefill, and the engines already move sequences in flight to new weights when a
+newer job reaches them), over_sample 0.25/1.0 is 0.94x/0.82x (the cut tail is thrown away, and the
+judge judges it too; at max_staleness 2, 0.25/0.5 read 0.84x/0.82x: in the drifting files' late
+regime 72% of groups hold a response that runs to the length cap, bench/sim_tail.py, so a step
+cannot leave out its slow groups without most of its work); on real processes (grpo_genrm, 200
+steps) run time and task_accuracy stay within noise, over_sample 0.5 generating 25% more tokens. On
+the drifting files (``bench/sim_paper.py --drift --partial``, 128 GPUs, every baseline from its own
+start) on over off is 0.91-1.04 per run, and colocated's phases leave nothing to carry. On real
 processes (``bench/elastic.py --drift --max-staleness 1 --partial`` and ``bench/elastic_drift.py
 --pairs``) a carry cost a static split 27% until the embedded engine stopped padding the fresh
-prompts that join beside the carried prefixes to their length (``pivotflow/batching.py``);
-since, on over off is 0.97 on it and 0.92-0.93 under the planners (medians of four pairs).
+prompts that join beside the carried prefixes to their length (``pivotflow/batching.py``); since,
+on over off is 0.97 on it and 0.92-0.93 under the planners (medians of four pairs).
 """
 
 from __future__ import annotations
