@@ -7,22 +7,14 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from netns_hosts import TwoHosts, can_make_hosts, leftovers, start_ray  # noqa: E402
+from netns_hosts import Cluster, TwoHosts, can_make_hosts, leftovers, start_ray  # noqa: E402
 
 HEAD_CPUS = 4  # logical: A holds every bundle of a run once B is gone
-
-
-@dataclass
-class Cluster:
-    hosts: TwoHosts
-    address: str
-    keys: Path  # CurveZMQ keys, copied to the same path on B (B has its own /tmp)
 
 
 @pytest.fixture(scope="module")

@@ -210,6 +210,15 @@ class TwoHosts:
             os.rmdir(f"/run/{PREFIX}-repo-{self.tag}")
 
 
+@dataclass
+class Cluster:
+    """The two hosts with Ray started across them (the ``two_hosts`` fixture's value)."""
+
+    hosts: TwoHosts
+    address: str
+    keys: Path  # CurveZMQ keys, copied to the same path on B (B has its own /tmp)
+
+
 def ray_env() -> dict[str, str]:
     """The environment for Ray on the two hosts. ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1``: at 0
     (what the fake cluster's tests set, to keep Ray on loopback) ``ray start --address`` refuses

@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Cluster
-from netns_hosts import Host, ray_env
+from netns_hosts import Cluster, Host, ray_env
 
 pytestmark = pytest.mark.timeout(420)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from conftest import FAST_SHIFTS, tiny
+from sim_workloads import FAST_SHIFTS, tiny
 
 from pivotflow.errors import ConfigError
 from pivotflow.sim.cluster import Split, role_options, simulate

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 import pytest
-from conftest import tiny
+from sim_workloads import tiny
 
 from pivotflow.sim.cluster import Split
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from conftest import TINY_DRIFT_TOML
+from sim_workloads import TINY_DRIFT_TOML
 
 
 @pytest.mark.timeout(300)

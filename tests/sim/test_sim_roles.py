@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from conftest import tiny
+from sim_workloads import tiny
 
 from pivotflow.errors import WorkerError
 from pivotflow.protocol import (
