@@ -44,15 +44,11 @@ from pivotflow.sim.workload import Lengths, Workload
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_gap import add_held_run_args, held_run  # noqa: E402  (a sibling script)
 
-Z99 = 2.3263478740408408  # the standard normal's 99th percentile
-
-
 def capped_share(lengths: Lengths) -> float:
     """P(a response reaches the cap) under the capped log-normal the simulator draws from."""
     if lengths.p99_over_median <= 1:
         return 1.0 if lengths.median >= lengths.cap else 0.0
-    sigma = math.log(lengths.p99_over_median) / Z99
-    z = (math.log(lengths.cap) - math.log(lengths.median)) / sigma
+    z = (math.log(lengths.cap) - math.log(lengths.median)) / lengths.sigma
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
