@@ -44,6 +44,7 @@ from pivotflow.sim.workload import Lengths, Workload
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_gap import add_held_run_args, held_run  # noqa: E402  (a sibling script)
 
+
 def capped_share(lengths: Lengths) -> float:
     """P(a response reaches the cap) under the capped log-normal the simulator draws from."""
     if lengths.p99_over_median <= 1:
