@@ -4,6 +4,9 @@
   smoothed line beside it (an exponential moving average, debiased at the start).
 * ``kl_ref.png`` (only when the graph has a reference stage): the KL to the reference model
   per step (``train_kl_ref``), raw and smoothed, as reward is.
+* ``response_lengths.png`` (runs whose records carry ``response_len_max``): the mean and the
+  longest response per step, and the share the length limit cut (``response_clip_ratio``) on
+  a second axis: how far responses grow over a run, and when the cap starts to bind.
 * ``pools_queues.png``: workers per pool, queue depth per edge and (from flow.jsonl) jobs in
   flight per stage over time, each shift marked by a dashed line. The queues come from
   flow.jsonl's samples over time when the run has one (``pivotflow.flow_samples``), else from
@@ -29,6 +32,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,7 @@ log = logging.getLogger(__name__)
 REWARD_ACCURACY_PNG = "reward_accuracy.png"
 POOLS_QUEUES_PNG = "pools_queues.png"
 KL_REF_PNG = "kl_ref.png"
+RESPONSE_LENGTHS_PNG = "response_lengths.png"
 STEP_PATH_PNG = "step_path.png"
 STEP_PATH_ROWS = 400  # the newest steps drawn: more rows than pixels say nothing
 POOL_OFFSET = 0.1  # workers between pool lines of the same size (less than the integer ticks)
@@ -280,6 +285,35 @@ def _kl_ref(records: list[dict[str, Any]], path: Path, resumes: list[tuple[int, 
     _save(fig, path)
 
 
+def plot_response_lengths(records: list[dict[str, Any]], path: Path,
+                          resumes: Sequence[tuple[int, float]] = ()) -> None:
+    """``response_lengths.png`` from step records (``pivotflow sim --out`` draws it too)."""
+    from matplotlib.figure import Figure
+
+    steps = [_num(r.get("step")) for r in records]
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(steps, [_num(r.get("response_len_mean")) for r in records], marker=".",
+            markersize=3, color="tab:blue", label="mean response")
+    ax.plot(steps, [_num(r.get("response_len_max")) for r in records], marker=".",
+            markersize=3, color="tab:orange", label="longest response")
+    ax.set_xlabel("step")
+    ax.set_ylabel("tokens")
+    ax.set_ylim(bottom=0)
+    _mark_resumes(ax, [float(s) for s, _ in resumes])
+    ax2 = ax.twinx()
+    ax2.plot(steps, [_num(r.get("response_clip_ratio")) for r in records], linewidth=1.0,
+             linestyle="--", color="tab:red", label="cut at the length limit (share)")
+    ax2.set_ylabel("share cut at the length limit")
+    ax2.set_ylim(-0.02, 1.02)
+    lines, labels = ax.get_legend_handles_labels()
+    more = ax2.get_legend_handles_labels()
+    ax.legend(lines + more[0], labels + more[1], loc="best", fontsize="small")
+    ax.set_title("response lengths per step")
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+
+
 def _pool_label(name: str, values: list[float]) -> str:
     lo, hi = int(min(values)), int(max(values))
     count = f"{lo}" if lo == hi else f"{lo}-{hi}"
@@ -412,6 +446,9 @@ def make_plots(
         written.append(out / REWARD_ACCURACY_PNG)
         _pools_queues(records, out / POOLS_QUEUES_PNG, resumes, flow)
         written.append(out / POOLS_QUEUES_PNG)
+        if any("response_len_max" in r for r in records):
+            plot_response_lengths(records, out / RESPONSE_LENGTHS_PNG, resumes)
+            written.append(out / RESPONSE_LENGTHS_PNG)
         if any("train_kl_ref" in r for r in records):
             _kl_ref(records, out / KL_REF_PNG, resumes)
             written.append(out / KL_REF_PNG)

@@ -93,7 +93,7 @@ def add_sim_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--out",
         type=Path,
         default=None,
-        help="write summary.json, metrics.jsonl, plots/pools.png and plots/step_path.png here",
+        help="write summary.json, metrics.jsonl and plots/ (pools, step_path, response_lengths) here",
     )
     p.set_defaults(func=lambda args, console=None: run_sim(args))
     return p
@@ -152,7 +152,12 @@ def run_sim(args: argparse.Namespace) -> int:
     summary["joint_bound"] = round(joint, 4)
     summary["fraction_of_joint"] = round(result.samples_per_s / joint, 4)
     if args.out is not None:
-        from pivotflow.metrics_plots import STEP_PATH_PNG, plot_step_path
+        from pivotflow.metrics_plots import (
+            RESPONSE_LENGTHS_PNG,
+            STEP_PATH_PNG,
+            plot_response_lengths,
+            plot_step_path,
+        )
         from pivotflow.sim.plots import plot_pools
 
         args.out.mkdir(parents=True, exist_ok=True)
@@ -162,5 +167,6 @@ def run_sim(args: argparse.Namespace) -> int:
                 f.write(json.dumps(rec) + "\n")
         plot_pools(result, args.out / "plots" / "pools.png")
         plot_step_path(result.records, args.out / "plots" / STEP_PATH_PNG)
+        plot_response_lengths(result.records, args.out / "plots" / RESPONSE_LENGTHS_PNG)
     print(json.dumps(summary))
     return 0

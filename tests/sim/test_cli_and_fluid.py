@@ -82,6 +82,7 @@ def test_sim_command_prints_a_summary_and_writes_records(
     assert len((tmp_path / "out/metrics.jsonl").read_text().splitlines()) == 12
     assert (tmp_path / "out/plots/pools.png").stat().st_size > 1000
     assert (tmp_path / "out/plots/step_path.png").stat().st_size > 1000  # each step's path
+    assert (tmp_path / "out/plots/response_lengths.png").stat().st_size > 1000
 
 
 def test_sim_command_takes_colocate_groups_and_says_what_a_small_cluster_needs(
