@@ -1,4 +1,5 @@
-"""The live view of a run (rich): step, reward, accuracy, pools, queue depths, throughput."""
+"""The live view of a run (rich): step, reward, accuracy, response lengths, pools, queue depths,
+throughput."""
 
 from __future__ import annotations
 
@@ -74,6 +75,10 @@ class LiveView:
         tokens = self.flow.get("tokens", r.get("tokens_generated", 0))
         table.add_row("reward", self._fmt(r.get("reward_mean")),
                       "accuracy", self._fmt(r.get("task_accuracy")))
+        if r.get("response_len_max") is not None:  # (records of runs before 12-05 lack it)
+            table.add_row("response", f"mean {r['response_len_mean']:.0f}  max "
+                          f"{r['response_len_max']}", "cut at limit",
+                          self._fmt(r.get("response_clip_ratio")))
         table.add_row("pools", " ".join(f"{k}={v}" for k, v in self.flow.get("pools", {}).items()),
                       "in flight", str(self.flow.get("in_flight", 0)))
         table.add_row("queues",

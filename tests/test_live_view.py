@@ -1,0 +1,32 @@
+"""The live view's table (rich), rendered to a recording console as a terminal would show it."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from pivotflow.live import LiveView
+
+
+def rendered(record: dict[str, object]) -> str:
+    console = Console(file=io.StringIO(), force_terminal=True, width=120, record=True)
+    view = LiveView("grpo", 10, console=console)
+    view.last = record
+    console.print(view._render())
+    return console.export_text()
+
+
+def test_the_table_shows_response_lengths_and_the_share_cut_at_the_limit() -> None:
+    text = rendered({"step": 3, "reward_mean": 0.5, "task_accuracy": 0.25, "samples": 64,
+                     "time_s": 4.0, "tokens_generated": 900, "response_len_mean": 41.7,
+                     "response_len_max": 128, "response_clip_ratio": 0.0625})
+    assert "mean 42  max 128" in text
+    assert "cut at limit" in text and "0.062" in text
+    assert "reward" in text and "0.500" in text
+
+
+def test_a_record_without_length_figures_shows_no_response_row() -> None:
+    text = rendered({"step": 1, "reward_mean": None, "task_accuracy": None, "samples": 8,
+                     "time_s": 1.0, "tokens_generated": 10})
+    assert "cut at limit" not in text and "reward" in text
