@@ -20,6 +20,9 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     lr: float = 3e-4
     clip_eps: float = 0.2  # PPO's clip range of the importance ratio
+    # DAPO's clip-higher: the ratio's upper clip is 1 + clip_eps_high (None: clip_eps; DAPO
+    # uses 0.28 with clip_eps 0.2; verl's clip_ratio_high)
+    clip_eps_high: float | None = None
     aggregation: str = "token-mean"  # one of AGGREGATIONS (token-mean: DAPO's)
     max_grad_norm: float = 1.0
     micro_batch_tokens: int = 4096  # padded token positions one forward pass holds
@@ -33,6 +36,8 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             problems.append(f"lr must be > 0, got {self.lr}")
         if not 0 < self.clip_eps < 1:
             problems.append(f"clip_eps must be in (0, 1), got {self.clip_eps}")
+        if self.clip_eps_high is not None and not 0 < self.clip_eps_high < float("inf"):
+            problems.append(f"clip_eps_high must be > 0, got {self.clip_eps_high}")
         if self.aggregation not in AGGREGATIONS:
             problems.append(f"aggregation must be one of {list(AGGREGATIONS)}, got "
                             f"{self.aggregation!r}")

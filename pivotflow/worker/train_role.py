@@ -157,7 +157,7 @@ class TrainRole:
                 logp = response_logprobs(self.model, batch)
             loss, stats = policy_loss(
                 logp, batch["old"], batch["adv"], batch["mask"],
-                clip_eps=self.tc.clip_eps,
+                clip_eps=self.tc.clip_eps, clip_eps_high=self.tc.clip_eps_high,
                 aggregation=aggregation,  # type: ignore[arg-type]
                 # GRPO's beta against the reference role's logprobs (0 still reports kl_ref
                 # when the samples carry them)

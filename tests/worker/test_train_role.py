@@ -33,3 +33,26 @@ def test_micro_batches_respect_the_budget_and_keep_every_sequence() -> None:
     for p in parts:
         width = max(len(s.prompt_ids) + len(s.response_ids) for s in p)
         assert len(p) == 1 or len(p) * width <= 20
+
+
+@pytest.mark.parametrize(("clip_eps_high", "clipped_high"), [(None, True), (0.5, False)])
+def test_clip_eps_high_reaches_the_loss(tmp_path: Path, clip_eps_high: float | None,
+                                        clipped_high: bool) -> None:
+    """DAPO's clip-higher from the graph's ``g.train(clip_eps_high=...)``: every token sampled
+    at ratio e^0.3 = 1.35 to the policy now is clipped above under clip_eps 0.2 and not under
+    an upper bound of 1.5."""
+    import torch
+
+    from pivotflow.worker.train_role import pack, response_logprobs
+
+    opts = {"lr": 1e-2} | ({} if clip_eps_high is None else {"clip_eps_high": clip_eps_high})
+    role = TrainRole(fresh_store(tmp_path / "store"), "policy", opts)
+    msg = step_msgs(0, 1, 1, "")[0]
+    with torch.no_grad():  # the tokens' logprobs under the weights the step starts from
+        for s in msg.seqs:
+            now = response_logprobs(role.model, pack([s]))[0, : len(s.response_ids)]
+            s.logprobs = (now - 0.3).tolist()
+            s.advantage = 1.0  # (clipping above binds for positive advantages)
+    stats = role.train(msg).stats
+    assert (stats["clip_frac_high"] > 0.99) is clipped_high
+    assert (stats["clip_frac_high"] == 0.0) is not clipped_high
