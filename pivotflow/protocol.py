@@ -195,7 +195,7 @@ class TrainStep(msgspec.Struct, tag=True, kw_only=True):
     rendezvous: str = ""
     total_tokens: int = 0  # valid response tokens in the whole batch (0: this shard is all)
     total_seqs: int = 0
-    any_signal: bool = True  # some advantage in the whole batch is nonzero
+    any_signal: bool = True  # some sequence of the whole batch with a loss has a nonzero advantage
     optim_version: int = -1
 
 

@@ -19,3 +19,11 @@ def seq_tokens(s: TrainSeq) -> int:
     """Tokens a train step reads for the sequence: its prompt and its response (what the
     controller balances shards by and the planner times a step by)."""
     return len(s.prompt_ids) + len(s.response_ids)
+
+
+def carries_signal(seqs: list[TrainSeq]) -> bool:
+    """Whether a step's batch moves the policy: some sequence the loss counts has a nonzero
+    advantage. A sequence the mask leaves out carries none, whatever its advantage
+    (``rl.group_fns.mask_truncated`` may leave out every one that had signal), and Adam stepped
+    on a batch without signal would still move every weight along its stale momentum."""
+    return any(s.advantage != 0 and valid_tokens(s) > 0 for s in seqs)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from pivotflow.controller import stages
 from pivotflow.controller.sample import Sample
-from pivotflow.controller.train_tokens import seq_tokens, valid_tokens
+from pivotflow.controller.train_tokens import carries_signal, seq_tokens, valid_tokens
 from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ class TrainSteps:
                           else os.path.join(self.rendezvous_dir, f"trainers-epoch{self.epoch}"))
         total_tokens = sum(valid_tokens(s) for s in seqs)
         total_seqs = sum(1 for s in seqs if valid_tokens(s) > 0)
-        any_signal = any(s.advantage != 0 for s in seqs)
+        any_signal = carries_signal(seqs)
         for rank, (wid, part) in enumerate(zip(order, parts, strict=True)):
             ctl.workers[wid].set_training(True)
             ctl.send(wid, TrainStep(
