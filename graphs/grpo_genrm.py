@@ -30,6 +30,9 @@ DEFAULTS = {
     "kl_coef": 0.0,
     "kl_estimator": "k3",
     "reference_workers": 1,
+    # AReaL's decoupled loss (worker/train_config.py): the clip around the step's own weights,
+    # each token weighted by min(pi / pi_rollout, 2) for the version that sampled it
+    "decoupled_loss": False,
 }
 
 
@@ -59,7 +62,8 @@ def build(config: dict) -> Graph:
                     max_tokens=8)
     advantage = g.group("advantage", grpo_advantage, writes=["advantage"])
     train = g.train("train", model="policy", pool="trainer", lr=config["lr"],
-                    kl_coef=config["kl_coef"], kl_estimator=config["kl_estimator"])
+                    kl_coef=config["kl_coef"], kl_estimator=config["kl_estimator"],
+                    decoupled_loss=config["decoupled_loss"])
     if config["kl_coef"] > 0:
         g.pool("reference", workers=config["reference_workers"])
         reference = g.reference("reference", model="policy", pool="reference")

@@ -254,6 +254,8 @@ def test_a_reference_on_an_untrained_model_uses_it_as_it_is() -> None:
     ({"aggregation": "mean"}, "aggregation must be one of ['token-mean', "),
     ({"lr": 0, "clip_eps": 1.5}, "lr must be > 0, got 0.0; clip_eps must be in (0, 1), got 1.5"),
     ({"clip_eps_high": 0.0}, "clip_eps_high must be > 0, got 0.0"),
+    ({"behavior_weight_cap": -1.0}, "behavior_weight_cap must be > 0, got -1.0"),
+    ({"decoupled_loss": "yes"}, "Expected `bool`, got `str` - at `$.decoupled_loss`"),
     ({"clip_eps_high": float("inf")}, "clip_eps_high must be > 0, got inf"),
 ])
 def test_bad_train_settings_name_the_stage_and_line(kw: dict, error: str) -> None:

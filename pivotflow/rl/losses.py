@@ -91,6 +91,7 @@ def _check_shapes(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     ref_logprobs: torch.Tensor | None,
+    behavior_logprobs: torch.Tensor | None = None,
 ) -> None:
     """Raise RLError unless all inputs agree with ``logprobs``' ``[B, T]`` shape."""
     if logprobs.dim() != 2:
@@ -99,6 +100,8 @@ def _check_shapes(
     named = {"old_logprobs": old_logprobs, "mask": mask}
     if ref_logprobs is not None:
         named["ref_logprobs"] = ref_logprobs
+    if behavior_logprobs is not None:
+        named["behavior_logprobs"] = behavior_logprobs
     for name, t in named.items():
         if t.shape != shape:
             raise RLError(
@@ -123,6 +126,8 @@ def policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: KLEstimator = "k3",
+    behavior_logprobs: torch.Tensor | None = None,
+    behavior_weight_cap: float = 2.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO/GRPO clipped surrogate loss with an optional KL penalty to a reference policy.
 
@@ -136,7 +141,16 @@ def policy_loss(
 
     ``clip_eps_high`` (default: ``clip_eps``) is DAPO's clip-higher (Yu et al. 2025,
     arXiv:2503.14476): a larger upper bound lets low-probability tokens grow, against entropy
-    collapse. The per-token losses are reduced by ``aggregation``:
+    collapse.
+
+    With ``behavior_logprobs`` (the decoupled loss of AReaL, Fu et al. 2025, arXiv:2505.24298,
+    after Hilton et al. 2021's decoupled PPO), ``old_logprobs`` are the *proximal* policy's
+    and ``behavior_logprobs`` those the rollout sampled with; each token's ``l_it`` is weighted
+    by ``w_it = min(exp(old - behavior), behavior_weight_cap)``, detached (truncated importance
+    sampling, verl's ``tis_imp_ratio_cap``): the clip keeps the update near the proximal policy,
+    and the weight corrects for the tokens having come from an older (or another engine's)
+    policy without letting one rare token's weight run away. The per-token losses are reduced by
+    ``aggregation``:
 
     * ``"token-mean"``: sum over all valid tokens of the batch / their count (DAPO's token-level
       loss, so long answers weigh by their length).
@@ -159,12 +173,17 @@ def policy_loss(
         ref_logprobs: ``[B, T]`` log-probs under the reference policy; needed when kl_coef > 0.
         kl_coef: weight of the KL penalty (GRPO's beta), >= 0.
         kl_estimator: "k1" or "k3" (see ``kl_penalty``).
+        behavior_logprobs: ``[B, T]`` log-probs the rollout sampled with (decoupled loss; None:
+            ``old_logprobs`` are those, plain PPO).
+        behavior_weight_cap: the truncation of the behavior weight, > 0.
 
     Returns:
         ``(loss, stats)``: the scalar loss and floats ``pg_loss`` (surrogate part), ``clip_frac``
         (share of valid tokens where clipping is active), ``clip_frac_low``, ``clip_frac_high``,
         ``ratio_mean``, ``approx_kl`` (k3 estimate of KL(old || new)), ``tokens`` (valid token
-        count), and ``kl_ref`` and ``kl_loss`` when ``ref_logprobs`` is given.
+        count), ``kl_ref`` and ``kl_loss`` when ``ref_logprobs`` is given, and
+        ``behavior_weight_mean`` and ``behavior_weight_capped`` (share of valid tokens at the cap)
+        when ``behavior_logprobs`` is.
 
     Raises:
         RLError: a shape disagrees, a knob is out of range, ``aggregation`` or ``kl_estimator`` is
@@ -188,7 +207,9 @@ def policy_loss(
         raise RLError(f"policy_loss: kl_coef must be >= 0, got {kl_coef}")
     if kl_coef > 0.0 and ref_logprobs is None:
         raise RLError("policy_loss: kl_coef > 0 needs ref_logprobs")
-    _check_shapes(logprobs, old_logprobs, advantages, mask, ref_logprobs)
+    if not 0.0 < behavior_weight_cap < float("inf"):
+        raise RLError(f"policy_loss: behavior_weight_cap must be > 0, got {behavior_weight_cap}")
+    _check_shapes(logprobs, old_logprobs, advantages, mask, ref_logprobs, behavior_logprobs)
 
     valid = mask.bool()
     # bf16/fp16 logprobs are scored in float32: fp16's exp overflows past 11 (its max is 65504)
@@ -210,6 +231,12 @@ def policy_loss(
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
     per_token_pg = -torch.minimum(unclipped, clipped)
+    behavior_w = None
+    if behavior_logprobs is not None:
+        behav = torch.where(valid, behavior_logprobs.detach().to(work), zeros)
+        behavior_w = torch.exp(torch.clamp(old - behav, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        behavior_w = torch.clamp(behavior_w, max=behavior_weight_cap)
+        per_token_pg = per_token_pg * behavior_w
     pg_loss = _aggregate(per_token_pg, valid, aggregation)
     loss = pg_loss
 
@@ -225,6 +252,10 @@ def policy_loss(
             "approx_kl": masked_mean(ratio - 1.0 - log_ratio, valid),
             "tokens": valid.sum().to(ratio.dtype),
         }
+        if behavior_w is not None:
+            stats["behavior_weight_mean"] = masked_mean(behavior_w, valid)
+            stats["behavior_weight_capped"] = masked_mean(
+                (behavior_w >= behavior_weight_cap).to(ratio.dtype), valid)
 
     if ref_logprobs is not None:
         ref = torch.where(valid, ref_logprobs.detach().to(work), zeros)

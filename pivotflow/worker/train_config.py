@@ -24,6 +24,13 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # uses 0.28 with clip_eps 0.2; verl's clip_ratio_high)
     clip_eps_high: float | None = None
     aggregation: str = "token-mean"  # one of AGGREGATIONS (token-mean: DAPO's)
+    # AReaL's decoupled loss (rl/losses.policy_loss): the clip around the proximal policy (the
+    # weights this step starts from: one optimizer step a batch, so its logprobs are this
+    # forward's, no extra pass), each token weighted by min(pi_prox / pi_rollout,
+    # behavior_weight_cap) for having been sampled by an older version or another engine.
+    # Off: the ratio to the rollout's logprobs is clipped, as in PPO.
+    decoupled_loss: bool = False
+    behavior_weight_cap: float = 2.0  # (verl's tis_imp_ratio_cap default)
     max_grad_norm: float = 1.0
     micro_batch_tokens: int = 4096  # padded token positions one forward pass holds
     kl_coef: float = 0.0  # GRPO's beta against a reference stage's logprobs
@@ -38,6 +45,8 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             problems.append(f"clip_eps must be in (0, 1), got {self.clip_eps}")
         if self.clip_eps_high is not None and not 0 < self.clip_eps_high < float("inf"):
             problems.append(f"clip_eps_high must be > 0, got {self.clip_eps_high}")
+        if not 0 < self.behavior_weight_cap < float("inf"):
+            problems.append(f"behavior_weight_cap must be > 0, got {self.behavior_weight_cap}")
         if self.aggregation not in AGGREGATIONS:
             problems.append(f"aggregation must be one of {list(AGGREGATIONS)}, got "
                             f"{self.aggregation!r}")

@@ -155,9 +155,13 @@ class TrainRole:
             batch = {k: v.to(self.device) for k, v in pack(part).items()}
             with self._compute():
                 logp = response_logprobs(self.model, batch)
+            # decoupled: the proximal policy is these weights (see TrainConfig.decoupled_loss)
+            prox, behavior = ((logp.detach(), batch["old"]) if self.tc.decoupled_loss
+                              else (batch["old"], None))
             loss, stats = policy_loss(
-                logp, batch["old"], batch["adv"], batch["mask"],
+                logp, prox, batch["adv"], batch["mask"],
                 clip_eps=self.tc.clip_eps, clip_eps_high=self.tc.clip_eps_high,
+                behavior_logprobs=behavior, behavior_weight_cap=self.tc.behavior_weight_cap,
                 aggregation=aggregation,  # type: ignore[arg-type]
                 # GRPO's beta against the reference role's logprobs (0 still reports kl_ref
                 # when the samples carry them)

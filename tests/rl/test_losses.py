@@ -284,3 +284,40 @@ def test_a_clamped_ratio_is_exp_20() -> None:
     old = torch.tensor([[-100.0, 0.0]])
     _, stats = policy_loss(new, old, torch.tensor([1.0]), torch.ones(1, 2))
     assert stats["ratio_mean"] == pytest.approx((math.exp(20) + math.exp(-20)) / 2, rel=1e-6)
+
+
+def test_the_decoupled_loss_with_behavior_equal_to_old_is_plain_ppo() -> None:
+    new, old, adv, mask = _example()
+    plain, stats = policy_loss(new, old, adv, mask)
+    same, dstats = policy_loss(new, old, adv, mask, behavior_logprobs=old.clone())
+    assert same.item() == pytest.approx(plain.item(), abs=1e-7)
+    assert dstats["behavior_weight_mean"] == pytest.approx(1.0)
+    assert dstats["behavior_weight_capped"] == 0.0
+    assert dstats["clip_frac"] == stats["clip_frac"]
+
+
+def test_the_decoupled_gradient_is_the_truncated_behavior_weight_times_the_advantage() -> None:
+    """Proximal = the weights the step starts from (ratio 1, the clip inactive): each token's
+    gradient is -min(pi_prox / pi_behavior, cap) * A / n_tokens under token-mean."""
+    new, _, adv, mask = _example()
+    behavior = new.detach() - torch.tensor([[0.1, 1.0, -0.5], [0.0, 2.0, 0.3]])
+    loss, stats = policy_loss(new, new.detach(), adv, mask, behavior_logprobs=behavior,
+                              behavior_weight_cap=2.0)
+    loss.backward()
+    w = torch.clamp(torch.exp(new.detach() - behavior), max=2.0)
+    n = mask.sum()
+    expected = -(w * adv.unsqueeze(-1) * mask) / n
+    assert torch.allclose(new.grad, expected, atol=1e-6)
+    assert stats["clip_frac"] == 0.0
+    valid = mask.bool()
+    assert stats["behavior_weight_mean"] == pytest.approx(w[valid].mean().item(), rel=1e-6)
+    # e^1.0 and e^2.0 are over the cap of 2: two of the five valid tokens
+    assert stats["behavior_weight_capped"] == pytest.approx(2 / 5)
+
+
+def test_a_bad_behavior_weight_cap_or_shape_is_an_rl_error() -> None:
+    new, old, adv, mask = _example()
+    with pytest.raises(RLError, match="behavior_weight_cap must be > 0, got 0.0"):
+        policy_loss(new, old, adv, mask, behavior_logprobs=old, behavior_weight_cap=0.0)
+    with pytest.raises(RLError, match=r"behavior_logprobs has shape \(2, 2\)"):
+        policy_loss(new, old, adv, mask, behavior_logprobs=old[:, :2])

@@ -56,3 +56,26 @@ def test_clip_eps_high_reaches_the_loss(tmp_path: Path, clip_eps_high: float | N
     stats = role.train(msg).stats
     assert (stats["clip_frac_high"] > 0.99) is clipped_high
     assert (stats["clip_frac_high"] == 0.0) is not clipped_high
+
+
+@pytest.mark.parametrize(("cap", "weight"), [(2.0, 1.3499), (1.2, 1.2)])
+def test_the_decoupled_loss_weights_each_token_by_its_behavior_ratio(
+        tmp_path: Path, cap: float, weight: float) -> None:
+    """``g.train(decoupled_loss=True)``: tokens sampled at 0.3 nats below the policy now are
+    weighted e^0.3 = 1.35 (or the cap), and nothing is clipped (the proximal policy is the
+    step's own weights)."""
+    import torch
+
+    from pivotflow.worker.train_role import pack, response_logprobs
+
+    role = TrainRole(fresh_store(tmp_path / "store"), "policy",
+                     {"lr": 1e-2, "decoupled_loss": True, "behavior_weight_cap": cap})
+    msg = step_msgs(0, 1, 1, "")[0]
+    with torch.no_grad():
+        for s in msg.seqs:
+            now = response_logprobs(role.model, pack([s]))[0, : len(s.response_ids)]
+            s.logprobs = (now - 0.3).tolist()
+    stats = role.train(msg).stats
+    assert stats["behavior_weight_mean"] == pytest.approx(weight, rel=1e-3)
+    assert stats["behavior_weight_capped"] == (1.0 if cap < 1.3 else 0.0)
+    assert stats["clip_frac"] == 0.0
