@@ -37,7 +37,8 @@ start) on over off is 0.91-1.04 per run, and colocated's phases leave nothing to
 processes (``bench/elastic.py --drift --max-staleness 1 --partial`` and ``bench/elastic_drift.py
 --pairs``) a carry cost a static split 27% until the embedded engine stopped padding the fresh
 prompts that join beside the carried prefixes to their length (``pivotflow/batching.py``); since,
-on over off is 0.97 on it and 0.92-0.93 under the planners (medians of four pairs).
+on over off is 0.96 on it, 0.95 under backpressure and 1.03 under adaptive (medians of eight
+pairs over two sittings; single pairs 0.85-1.13).
 """
 
 from __future__ import annotations
