@@ -87,3 +87,33 @@ def test_dataset_prompts_example_learns_from_its_parquet_table(tmp_path: Path) -
     steps = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert all(r["reward_mean"] == pytest.approx(r["task_accuracy"]) for r in steps)
     assert s["task_accuracy_gain"] >= 0.04, s
+
+
+def test_dapo_example_shapes_rewards_by_length_and_trains_only_uncut_responses(
+        tmp_path: Path) -> None:
+    """examples/dapo.py with a cap of 4 tokens (some answers and their EOS do not fit): every
+    trained reward is the judge's 0 or 1 less the overlong penalty of its length, and each step
+    trains exactly the tokens of the responses that ended on a stop token."""
+    from pivotflow.metrics import read_metrics
+
+    out = tmp_path / "dapo"
+    result = run(ROOT / "examples" / "dapo.py", steps=4, out=out, console=False,
+                 sets=["live=false", "log_samples=-1", "graph.max_tokens=4",
+                       "graph.decoupled_loss=true"])
+    s = result.summary
+    assert s["steps"] == 4 and s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
+    samples, steps = read_metrics(out / "samples.jsonl"), read_metrics(out / "metrics.jsonl")
+    assert any(x["finish_reason"] == "length" for x in samples)  # the cap cut some
+    for x in samples:  # penalty 0.5 x the share of the last 2 tokens before the cap reached
+        if x["reward"] is None:  # (a verdict the parser could not read stays None)
+            continue
+        penalty = 0.5 * min(1.0, max(0, x["response_tokens"] - 2) / 2)
+        judged = x["reward"] + penalty
+        assert min(abs(judged), abs(judged - 1.0)) < 1e-9, x
+    for rec in steps:
+        mine = [x for x in samples if x["step"] == rec["step"]]
+        assert rec["train_tokens"] == sum(x["response_tokens"] for x in mine
+                                          if x["finish_reason"] == "stop")
+        assert rec["response_clip_ratio"] == pytest.approx(
+            sum(x["finish_reason"] == "length" for x in mine) / len(mine))
+        assert "train_behavior_weight_mean" in rec  # the decoupled loss ran

@@ -77,6 +77,17 @@ class JudgeExample(msgspec.Struct, frozen=True, kw_only=True):
     kind: str
 
 
+def stage_template(prompt: str, response: str, **_: object) -> str:
+    """A judge stage's ``template`` for the built-in judge: the question with the policy's
+    answer (graphs/grpo_genrm.py writes the same inline, as a graph of your own would)."""
+    return judge_prompt(prompt, response)
+
+
+def stage_parse(verdict: str, **_: object) -> float | None:
+    """A judge stage's ``parse`` for the built-in judge's verdicts."""
+    return parse_verdict(verdict)
+
+
 def near_miss(answer: str, rng: random.Random) -> str:
     """A wrong answer that looks plausible: off by 1/10/100, swapped, dropped or doubled digits.
 
