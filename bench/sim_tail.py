@@ -114,7 +114,10 @@ def probe_run(wl: Workload, planner: str, split: cluster.Split, steps: int) -> d
     regimes = [wl.at(k).response for k in range(len(res.records))] if wl.schedule else [wl.response]
     p = statistics.fmean(capped_share(x) for x in regimes)
     g = wl.group_size
-    med = (lambda key: round(statistics.median(c[key] for c in caps), 2)) if caps else None
+
+    def med(key: str) -> float | None:  # over the capped sequences timed whole
+        return round(statistics.median(c[key] for c in caps), 2) if caps else None
+
     return {
         "workload": wl.name, "gpus": wl.gpus, "planner": planner, "split": split.as_dict(),
         "steps": len(res.records), "cap_last": regimes[-1].cap,
@@ -123,9 +126,9 @@ def probe_run(wl: Workload, planner: str, split: cluster.Split, steps: int) -> d
             statistics.fmean(1 - (1 - capped_share(x)) ** g for x in regimes), 4),
         "capped_share": round(probe.capped_all / probe.finished, 4) if probe.finished else None,
         "capped_whole_life": len(caps),
-        "per_token_ms": med("per_token_ms") if med else None,
-        "alone_per_token_ms": med("alone_per_token_ms") if med else None,
-        "life_s": med("life_s") if med else None,
+        "per_token_ms": med("per_token_ms"),
+        "alone_per_token_ms": med("alone_per_token_ms"),
+        "life_s": med("life_s"),
         "step_times_s": [round(r["time_s"], 1) for r in res.records],
         "sim_s": round(res.sim_s, 1), "wall_s": round(res.wall_s, 1),
     }

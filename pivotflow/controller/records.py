@@ -43,8 +43,6 @@ def step_record(ctl: Controller, batch: list[list[Sample]], msg: TrainDone) -> d
                              for s in samples),
         "judge_failures": ctl.ledger.judge_failures,
         "group_ids": sorted(g[0].group_id for g in batch),  # joins ledgers across resumes
-        "response_len_mean": sum(len(s.fields["response_ids"]) for s in samples)
-        / len(samples),
         **length_figures(samples),
         **step_path(ctl, samples),
         **tool_figures(samples),
@@ -54,12 +52,14 @@ def step_record(ctl: Controller, batch: list[list[Sample]], msg: TrainDone) -> d
 
 
 def length_figures(samples: list[Sample]) -> dict[str, Any]:
-    """The step's longest response and the share that ended at the length limit rather than
-    on a stop token (verl's ``response_length/clip_ratio``): as responses grow over a run, the
-    cap starts to cut them, and a step waits for those capped responses (bench/sim_tail.py).
-    A multi-turn sample counts by its last turn's end."""
+    """The step's mean and longest response, and the share that ended at the length limit
+    rather than on a stop token (verl's ``response_length/clip_ratio``): as responses grow over
+    a run, the cap starts to cut them, and a step waits for those capped responses
+    (bench/sim_tail.py). A multi-turn sample counts by its last turn's end."""
+    lengths = [len(s.fields["response_ids"]) for s in samples]
     return {
-        "response_len_max": max(len(s.fields["response_ids"]) for s in samples),
+        "response_len_mean": sum(lengths) / len(lengths),
+        "response_len_max": max(lengths),
         "response_clip_ratio": sum(s.fields.get("finish_reason") == "length" for s in samples)
         / len(samples),
     }

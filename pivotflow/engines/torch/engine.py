@@ -278,10 +278,11 @@ class TorchEngine:
         for i, seq in enumerate(joiners):
             self._install(start + i, seq)
         seqs = [s.request.prompt_ids + s.request.prefix_ids for s in joiners]
+        all_lengths = [len(s) for s in seqs]
         decoder, cache = self._serving()
         logits = []
-        for a, b in prefill_groups([len(s) for s in seqs]):
-            lengths = [len(s) for s in seqs[a:b]]
+        for a, b in prefill_groups(all_lengths):
+            lengths = all_lengths[a:b]
             width = lengths[-1]  # (sorted)
             ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs[a:b]],
                                device=self.device)
