@@ -33,6 +33,9 @@ DEFAULTS = {
     # AReaL's decoupled loss (worker/train_config.py): the clip around the step's own weights,
     # each token weighted by min(pi / pi_rollout, 2) for the version that sampled it
     "decoupled_loss": False,
+    # an entropy bonus (verl's entropy_coeff; 0 as in verl and DAPO): the loss less this times
+    # the policy's entropy, which every step records either way (train_entropy)
+    "entropy_coef": 0.0,
 }
 
 
@@ -63,7 +66,8 @@ def build(config: dict) -> Graph:
     advantage = g.group("advantage", grpo_advantage, writes=["advantage"])
     train = g.train("train", model="policy", pool="trainer", lr=config["lr"],
                     kl_coef=config["kl_coef"], kl_estimator=config["kl_estimator"],
-                    decoupled_loss=config["decoupled_loss"])
+                    decoupled_loss=config["decoupled_loss"],
+                    entropy_coef=config["entropy_coef"])
     if config["kl_coef"] > 0:
         g.pool("reference", workers=config["reference_workers"])
         reference = g.reference("reference", model="policy", pool="reference")

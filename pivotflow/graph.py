@@ -341,8 +341,8 @@ class Graph:
               kl_coef: float = 0.0, kl_estimator: str = "k3", **loss_options: Any) -> Node:
         """Optimizer steps on groups as they complete; publishes each new policy version.
         ``loss_options`` are the rest of ``worker.train_config.TrainConfig`` (clip_eps,
-        clip_eps_high, aggregation, max_grad_norm, micro_batch_tokens, train_dtype), checked
-        here.
+        clip_eps_high, aggregation, decoupled_loss, behavior_weight_cap, entropy_coef,
+        max_grad_norm, micro_batch_tokens, train_dtype), checked here.
 
         ``kl_coef`` > 0 adds GRPO's KL penalty, ``kl_coef * KL(policy || reference)`` per
         token (``kl_estimator`` "k1" or "k3", Schulman's estimators), against the

@@ -1,5 +1,5 @@
-"""The live view of a run (rich): step, reward, accuracy, response lengths, pools, queue depths,
-throughput."""
+"""The live view of a run (rich): step, reward, accuracy, response lengths, the policy's entropy
+and clipped share, pools, queue depths, throughput."""
 
 from __future__ import annotations
 
@@ -79,6 +79,9 @@ class LiveView:
             table.add_row("response", f"mean {r['response_len_mean']:.0f}  max "
                           f"{r['response_len_max']}", "cut at limit",
                           self._fmt(r.get("response_clip_ratio")))
+        if r.get("train_entropy") is not None:  # (a step that trained)
+            table.add_row("entropy", self._fmt(r["train_entropy"]), "clipped",
+                          self._fmt(r.get("train_clip_frac")))
         table.add_row("pools", " ".join(f"{k}={v}" for k, v in self.flow.get("pools", {}).items()),
                       "in flight", str(self.flow.get("in_flight", 0)))
         table.add_row("queues",

@@ -7,6 +7,10 @@
 * ``response_lengths.png`` (runs whose records carry ``response_len_max``): the mean and the
   longest response per step, and the share the length limit cut (``response_clip_ratio``) on
   a second axis: how far responses grow over a run, and when the cap starts to bind.
+* ``entropy_clip.png`` (runs whose records carry ``train_entropy``): the policy's entropy per
+  step, raw and smoothed, above the share of tokens the ratio clip held below and above: the
+  pair that shows entropy collapse (falling entropy, clipping mostly above) and what
+  clip-higher or an entropy bonus does to it.
 * ``pools_queues.png``: workers per pool, queue depth per edge and (from flow.jsonl) jobs in
   flight per stage over time, each shift marked by a dashed line. The queues come from
   flow.jsonl's samples over time when the run has one (``pivotflow.flow_samples``), else from
@@ -46,6 +50,7 @@ REWARD_ACCURACY_PNG = "reward_accuracy.png"
 POOLS_QUEUES_PNG = "pools_queues.png"
 KL_REF_PNG = "kl_ref.png"
 RESPONSE_LENGTHS_PNG = "response_lengths.png"
+ENTROPY_CLIP_PNG = "entropy_clip.png"
 STEP_PATH_PNG = "step_path.png"
 STEP_PATH_ROWS = 400  # the newest steps drawn: more rows than pixels say nothing
 POOL_OFFSET = 0.1  # workers between pool lines of the same size (less than the integer ticks)
@@ -285,6 +290,31 @@ def _kl_ref(records: list[dict[str, Any]], path: Path, resumes: list[tuple[int, 
     _save(fig, path)
 
 
+def _entropy_clip(records: list[dict[str, Any]], path: Path,
+                  resumes: list[tuple[int, float]]) -> None:
+    from matplotlib.figure import Figure
+
+    steps = [_num(r.get("step")) for r in records]
+    span = smoothing_span(len(records))
+    fig = Figure(figsize=(8, 6), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    _raw_and_smoothed(top, steps, [_num(r.get("train_entropy")) for r in records],
+                      "entropy", "tab:purple", span)
+    top.set_ylabel("nats per token")
+    top.set_title("the policy's entropy and the ratio clip per step")
+    for key, label, color in (("train_clip_frac_low", "clipped below", "tab:blue"),
+                              ("train_clip_frac_high", "clipped above", "tab:red")):
+        bottom.plot(steps, [_num(r.get(key)) for r in records], marker=".", markersize=3,
+                    linewidth=0.8, color=color, label=label)
+    bottom.set_ylabel("share of trained tokens")
+    bottom.set_xlabel("step")
+    for ax in (top, bottom):
+        _mark_resumes(ax, [float(s) for s, _ in resumes])
+        ax.legend(loc="best", fontsize="small")
+        ax.grid(alpha=0.3)
+    _save(fig, path)
+
+
 def plot_response_lengths(records: list[dict[str, Any]], path: Path,
                           resumes: Sequence[tuple[int, float]] = ()) -> None:
     """``response_lengths.png`` from step records (``pivotflow sim --out`` draws it too)."""
@@ -449,6 +479,9 @@ def make_plots(
         if any("response_len_max" in r for r in records):
             plot_response_lengths(records, out / RESPONSE_LENGTHS_PNG, resumes)
             written.append(out / RESPONSE_LENGTHS_PNG)
+        if any("train_entropy" in r for r in records):
+            _entropy_clip(records, out / ENTROPY_CLIP_PNG, resumes)
+            written.append(out / ENTROPY_CLIP_PNG)
         if any("train_kl_ref" in r for r in records):
             _kl_ref(records, out / KL_REF_PNG, resumes)
             written.append(out / KL_REF_PNG)

@@ -29,6 +29,8 @@ def test_grpo_genrm_learns_end_to_end(tmp_path: Path) -> None:
     assert s["ledger"]["groups_trained"] == 200 * 8
     steps = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert steps[-1]["judge_failures"] < 0.05 * 200 * 64  # the judge's verdicts parse
+    # every step reports the policy's entropy (nats per token, under ln of the vocabulary)
+    assert all(0 < r["train_entropy"] < 12 for r in steps), [r.get("train_entropy") for r in steps]
     # `pivotflow run graphs/grpo_genrm.py` (lr 3e-5) on the BPE built-in models measured
     # 0.378 -> 0.595 (+0.216), the same figures on a quiet and on a loaded machine (55 s / 134 s
     # wall); the margin leaves room for a small change of numerics, not for a policy that stalls.

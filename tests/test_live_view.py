@@ -30,3 +30,12 @@ def test_a_record_without_length_figures_shows_no_response_row() -> None:
     text = rendered({"step": 1, "reward_mean": None, "task_accuracy": None, "samples": 8,
                      "time_s": 1.0, "tokens_generated": 10})
     assert "cut at limit" not in text and "reward" in text
+    assert "entropy" not in text  # (no step trained yet)
+
+
+def test_the_table_shows_the_policys_entropy_and_the_clipped_share() -> None:
+    text = rendered({"step": 5, "reward_mean": 0.5, "task_accuracy": 0.5, "samples": 64,
+                     "time_s": 9.0, "tokens_generated": 2000, "train_entropy": 1.234,
+                     "train_clip_frac": 0.0421})
+    assert "entropy" in text and "1.234" in text
+    assert "clipped" in text and "0.042" in text

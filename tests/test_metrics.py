@@ -202,6 +202,17 @@ def test_a_run_with_length_figures_gets_the_response_lengths_plot(tmp_path: Path
     assert all(_is_png(p) for p in written)
 
 
+def test_a_run_with_trainer_figures_gets_the_entropy_and_clip_plot(tmp_path: Path) -> None:
+    rec = RunRecorder(tmp_path)
+    for s in range(1, 9):  # entropy collapsing, clipping mostly above
+        rec.record_step(_step(s, extra={"train_entropy": 2.0 / s, "train_clip_frac_low": 0.01,
+                                        "train_clip_frac_high": 0.02 * s}))
+    written = rec.make_plots()
+    assert sorted(p.name for p in written) == [
+        "entropy_clip.png", "pools_queues.png", "reward_accuracy.png"]
+    assert all(_is_png(p) for p in written)
+
+
 def test_the_step_path_plot_draws_each_known_part(tmp_path: Path) -> None:
     from pivotflow.metrics_plots import path_segments
 
@@ -341,7 +352,8 @@ def test_plots_of_a_resumed_real_run_show_the_whole_run(resumed_run: Path) -> No
         assert ts[0] == 0.0 and ts[-1] == times[-1] and ts == sorted(ts)
         assert all(v >= 0 for v in values)
     written = make_plots(resumed_run / "metrics.jsonl", resumed_run / "replot")
-    names = ["pools_queues.png", "response_lengths.png", "reward_accuracy.png", "step_path.png"]
+    names = ["entropy_clip.png", "pools_queues.png", "response_lengths.png",
+             "reward_accuracy.png", "step_path.png"]
     assert sorted(p.name for p in written) == names
     assert all(_is_png(p) for p in written)
     assert sorted(p.name for p in (resumed_run / "plots").iterdir()) == names  # the run's own

@@ -92,6 +92,7 @@ def _check_shapes(
     mask: torch.Tensor,
     ref_logprobs: torch.Tensor | None,
     behavior_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
 ) -> None:
     """Raise RLError unless all inputs agree with ``logprobs``' ``[B, T]`` shape."""
     if logprobs.dim() != 2:
@@ -102,6 +103,8 @@ def _check_shapes(
         named["ref_logprobs"] = ref_logprobs
     if behavior_logprobs is not None:
         named["behavior_logprobs"] = behavior_logprobs
+    if entropy is not None:
+        named["entropy"] = entropy
     for name, t in named.items():
         if t.shape != shape:
             raise RLError(
@@ -128,6 +131,8 @@ def policy_loss(
     kl_estimator: KLEstimator = "k3",
     behavior_logprobs: torch.Tensor | None = None,
     behavior_weight_cap: float = 2.0,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO/GRPO clipped surrogate loss with an optional KL penalty to a reference policy.
 
@@ -149,7 +154,13 @@ def policy_loss(
     by ``w_it = min(exp(old - behavior), behavior_weight_cap)``, detached (truncated importance
     sampling, verl's ``tis_imp_ratio_cap``): the clip keeps the update near the proximal policy,
     and the weight corrects for the tokens having come from an older (or another engine's)
-    policy without letting one rare token's weight run away. The per-token losses are reduced by
+    policy without letting one rare token's weight run away.
+
+    With ``entropy`` (each position's entropy of the policy's next-token distribution) the stats
+    report it aggregated as the loss is (verl's ``actor/entropy``: the figure that shows entropy
+    collapse, which clip-higher is against), and ``entropy_coef`` > 0 subtracts ``entropy_coef``
+    times it from the loss (an entropy bonus, verl's ``entropy_coeff``; 0, the default, as in
+    verl and DAPO, leaves the loss as it is). The per-token losses are reduced by
     ``aggregation``:
 
     * ``"token-mean"``: sum over all valid tokens of the batch / their count (DAPO's token-level
@@ -176,6 +187,8 @@ def policy_loss(
         behavior_logprobs: ``[B, T]`` log-probs the rollout sampled with (decoupled loss; None:
             ``old_logprobs`` are those, plain PPO).
         behavior_weight_cap: the truncation of the behavior weight, > 0.
+        entropy: ``[B, T]`` the policy's entropy at each position (None: not reported).
+        entropy_coef: weight of the entropy bonus, >= 0 (> 0 needs ``entropy``, with its graph).
 
     Returns:
         ``(loss, stats)``: the scalar loss and floats ``pg_loss`` (surrogate part), ``clip_frac``
@@ -183,7 +196,7 @@ def policy_loss(
         ``ratio_mean``, ``approx_kl`` (k3 estimate of KL(old || new)), ``tokens`` (valid token
         count), ``kl_ref`` and ``kl_loss`` when ``ref_logprobs`` is given, and
         ``behavior_weight_mean`` and ``behavior_weight_capped`` (share of valid tokens at the cap)
-        when ``behavior_logprobs`` is.
+        when ``behavior_logprobs`` is, and ``entropy`` when ``entropy`` is.
 
     Raises:
         RLError: a shape disagrees, a knob is out of range, ``aggregation`` or ``kl_estimator`` is
@@ -209,7 +222,12 @@ def policy_loss(
         raise RLError("policy_loss: kl_coef > 0 needs ref_logprobs")
     if not 0.0 < behavior_weight_cap < float("inf"):
         raise RLError(f"policy_loss: behavior_weight_cap must be > 0, got {behavior_weight_cap}")
-    _check_shapes(logprobs, old_logprobs, advantages, mask, ref_logprobs, behavior_logprobs)
+    if not 0.0 <= entropy_coef < float("inf"):
+        raise RLError(f"policy_loss: entropy_coef must be >= 0, got {entropy_coef}")
+    if entropy_coef > 0.0 and entropy is None:
+        raise RLError("policy_loss: entropy_coef > 0 needs entropy")
+    _check_shapes(logprobs, old_logprobs, advantages, mask, ref_logprobs, behavior_logprobs,
+                  entropy)
 
     valid = mask.bool()
     # bf16/fp16 logprobs are scored in float32: fp16's exp overflows past 11 (its max is 65504)
@@ -266,6 +284,12 @@ def policy_loss(
         with torch.no_grad():
             stats["kl_ref"] = masked_mean(per_token_kl, valid)
             stats["kl_loss"] = kl_loss.detach()
+
+    if entropy is not None:
+        ent = _aggregate(torch.where(valid, entropy.to(work), zeros), valid, aggregation)
+        if entropy_coef > 0.0:
+            loss = loss - entropy_coef * ent
+        stats["entropy"] = ent.detach()
 
     # One device-to-host transfer for all stats instead of one sync per number.
     names = list(stats)

@@ -35,6 +35,9 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     micro_batch_tokens: int = 4096  # padded token positions one forward pass holds
     kl_coef: float = 0.0  # GRPO's beta against a reference stage's logprobs
     kl_estimator: str = "k3"  # one of KL_ESTIMATORS
+    # an entropy bonus: the loss less entropy_coef x the policy's entropy (verl's entropy_coeff;
+    # 0, as in verl and DAPO: the entropy is reported in every step's record either way)
+    entropy_coef: float = 0.0
     train_dtype: str = "float32"  # the weights' and AdamW state's dtype (train_role.py says why)
 
     def __post_init__(self) -> None:
@@ -56,6 +59,8 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             problems.append(f"micro_batch_tokens must be >= 1, got {self.micro_batch_tokens}")
         if not 0 <= self.kl_coef < float("inf"):
             problems.append(f"kl_coef must be a number >= 0, got {self.kl_coef}")
+        if not 0 <= self.entropy_coef < float("inf"):
+            problems.append(f"entropy_coef must be a number >= 0, got {self.entropy_coef}")
         if self.kl_estimator not in KL_ESTIMATORS:
             problems.append(f"kl_estimator must be one of {list(KL_ESTIMATORS)}, got "
                             f"{self.kl_estimator!r}")

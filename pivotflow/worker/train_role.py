@@ -23,7 +23,7 @@ import time
 import torch
 
 from pivotflow.controller.train_tokens import valid_tokens
-from pivotflow.engines.torch.model import token_logprobs
+from pivotflow.engines.torch.model import entropy_detached, pick_targets, token_logprobs
 from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve_dtype
 from pivotflow.errors import CheckpointError, WorkerError
 from pivotflow.params.base import ParamStore
@@ -36,6 +36,9 @@ from pivotflow.worker.train_group import TrainGroup
 from pivotflow.worker.worker_config import worker_config
 
 OPTIM_WAIT_S = 30.0  # for the optimizer state to reach this node's store (on a cluster)
+# Response positions whose vocabulary-wide probabilities one pass of the entropy metric holds
+# (a 152k vocabulary: 19 MB in float32; taken whole, 4096 positions would be 2.5 GB more).
+ENTROPY_CHUNK = 32
 
 
 def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
@@ -74,12 +77,30 @@ def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
     return out
 
 
+def response_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The logits that score each response token of a ``pack``ed batch: ``[B, T, V]``."""
+    logits = model(batch["ids"], attention_mask=batch["attn"])
+    pos = batch["gather"].unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+    return logits.gather(1, pos)
+
+
 def response_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """log p(response token) under ``model`` for a ``pack``ed batch: ``[B, T]`` float32 (the
     trainer's forward, and the reference role's, so both score a token the same way)."""
-    logits = model(batch["ids"], attention_mask=batch["attn"])
-    pos = batch["gather"].unsqueeze(-1).expand(-1, -1, logits.shape[-1])
-    return token_logprobs(logits.gather(1, pos), batch["targets"])
+    return token_logprobs(response_logits(model, batch), batch["targets"])
+
+
+def response_logprobs_entropy(model: torch.nn.Module, batch: dict[str, torch.Tensor],
+                              entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``response_logprobs`` and each response position's entropy (``[B, T]`` float32), from
+    one forward and one log-softmax. With ``entropy_grad`` (an entropy bonus in the loss) the
+    entropy is in the autograd graph; without it, it is only reported, so it is computed
+    detached, ``ENTROPY_CHUNK`` positions at a time (``bench/train_entropy.py`` times it)."""
+    logp_all = torch.log_softmax(response_logits(model, batch).float(), dim=-1)
+    logp = pick_targets(logp_all, batch["targets"])  # (= token_logprobs on the same logits)
+    if entropy_grad:
+        return logp, -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy_detached(logp_all, ENTROPY_CHUNK)
 
 
 def micro_batches(seqs: list[TrainSeq], budget: int) -> list[list[TrainSeq]]:
@@ -154,7 +175,8 @@ class TrainRole:
         for part in micro_batches(msg.seqs, budget):
             batch = {k: v.to(self.device) for k, v in pack(part).items()}
             with self._compute():
-                logp = response_logprobs(self.model, batch)
+                logp, entropy = response_logprobs_entropy(
+                    self.model, batch, entropy_grad=self.tc.entropy_coef > 0)
             # decoupled: the proximal policy is these weights (see TrainConfig.decoupled_loss)
             prox, behavior = ((logp.detach(), batch["old"]) if self.tc.decoupled_loss
                               else (batch["old"], None))
@@ -167,6 +189,7 @@ class TrainRole:
                 # when the samples carry them)
                 ref_logprobs=batch.get("ref"), kl_coef=self.tc.kl_coef,
                 kl_estimator=self.tc.kl_estimator,  # type: ignore[arg-type]
+                entropy=entropy, entropy_coef=self.tc.entropy_coef,
             )
             weight = batch_weight(aggregation, batch["mask"], total_tokens, total_seqs)
             # A batch whose advantages are all zero carries no signal; stepping Adam on it

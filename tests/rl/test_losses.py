@@ -321,3 +321,50 @@ def test_a_bad_behavior_weight_cap_or_shape_is_an_rl_error() -> None:
         policy_loss(new, old, adv, mask, behavior_logprobs=old, behavior_weight_cap=0.0)
     with pytest.raises(RLError, match=r"behavior_logprobs has shape \(2, 2\)"):
         policy_loss(new, old, adv, mask, behavior_logprobs=old[:, :2])
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_entropy_is_reported_as_the_loss_aggregates_and_its_bonus_is_subtracted(
+        aggregation: str) -> None:
+    """verl's ``actor/entropy`` and ``entropy_coeff``: the reported entropy is the valid
+    positions' entropies reduced as the loss is (a masked position's entropy counts nowhere),
+    and an entropy bonus lowers the loss by exactly ``coef`` times it."""
+    new, old, adv, mask = _example()
+    ent = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 99.0]])  # 99 sits under the mask
+    plain, _ = policy_loss(new, old, adv, mask, aggregation=aggregation)  # type: ignore[arg-type]
+    loss, stats = policy_loss(new, old, adv, mask, aggregation=aggregation,  # type: ignore[arg-type]
+                              entropy=ent, entropy_coef=0.01)
+    expected = 15 / 5 if aggregation == "token-mean" else (2.0 + 4.5) / 2
+    assert stats["entropy"] == pytest.approx(expected)
+    assert loss.item() == pytest.approx(plain.item() - 0.01 * expected, abs=1e-6)
+    reported, _ = policy_loss(new, old, adv, mask, entropy=ent)  # coef 0: reported only
+    assert reported.item() == pytest.approx(
+        policy_loss(new, old, adv, mask)[0].item(), abs=1e-7)
+
+
+def test_an_entropy_bonus_step_raises_the_entropy() -> None:
+    """The bonus's gradient goes through the entropy: one gradient step on logits with a
+    zero advantage and ``entropy_coef`` > 0 makes each distribution flatter."""
+    from pivotflow.engines.torch.model import token_entropy, token_logprobs
+
+    torch.manual_seed(0)
+    logits = (torch.randn(2, 3, 11) * 3).requires_grad_(True)
+    targets = torch.randint(0, 11, (2, 3))
+    logp = token_logprobs(logits, targets)
+    before = token_entropy(logits)
+    loss, _ = policy_loss(logp, logp.detach(), torch.zeros(2), torch.ones(2, 3),
+                          entropy=before, entropy_coef=1.0)
+    loss.backward()
+    with torch.no_grad():
+        after = token_entropy(logits - 0.5 * logits.grad)
+    assert bool((after > before.detach()).all())
+
+
+def test_a_bad_entropy_coef_is_an_rl_error() -> None:
+    new, old, adv, mask = _example()
+    with pytest.raises(RLError, match="entropy_coef must be >= 0, got -0.1"):
+        policy_loss(new, old, adv, mask, entropy=old, entropy_coef=-0.1)
+    with pytest.raises(RLError, match="entropy_coef > 0 needs entropy"):
+        policy_loss(new, old, adv, mask, entropy_coef=0.1)
+    with pytest.raises(RLError, match=r"entropy has shape \(2, 2\)"):
+        policy_loss(new, old, adv, mask, entropy=old[:, :2])

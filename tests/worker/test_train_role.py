@@ -79,3 +79,52 @@ def test_the_decoupled_loss_weights_each_token_by_its_behavior_ratio(
     assert stats["behavior_weight_mean"] == pytest.approx(weight, rel=1e-3)
     assert stats["behavior_weight_capped"] == (1.0 if cap < 1.3 else 0.0)
     assert stats["clip_frac"] == 0.0
+
+
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.5])
+def test_the_step_reports_the_policys_entropy(tmp_path: Path, entropy_coef: float) -> None:
+    """Every step's stats carry the policy's entropy over the trained tokens, equal to the
+    entropy of the model's own next-token distributions at those positions (computed here
+    with torch.distributions, apart from the trainer's code); with ``entropy_coef`` the loss
+    is the surrogate less that bonus."""
+    import torch
+
+    from pivotflow.worker.train_role import pack, response_logits
+
+    role = TrainRole(fresh_store(tmp_path / "store"), "policy",
+                     {"lr": 1e-2, "entropy_coef": entropy_coef})
+    msg = step_msgs(0, 1, 1, "")[0]
+    with torch.no_grad():  # token-mean over the step's valid positions, before the update
+        batch = pack(msg.seqs)
+        dist = torch.distributions.Categorical(logits=response_logits(role.model, batch).float())
+        valid = batch["mask"].bool()
+        expected = float(dist.entropy()[valid].mean())
+    stats = role.train(msg).stats
+    assert stats["entropy"] == pytest.approx(expected, rel=1e-4)
+    assert stats["loss"] == pytest.approx(stats["pg_loss"] - entropy_coef * expected, abs=1e-5)
+
+
+def test_a_bad_entropy_coef_names_the_knob() -> None:
+    from pivotflow.worker.train_config import check_train_options
+
+    with pytest.raises(ValueError, match="entropy_coef must be a number >= 0, got -1"):
+        check_train_options({"entropy_coef": -1})
+
+
+def test_the_entropy_metric_in_chunks_equals_it_whole(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reported only (no bonus), the entropy is computed detached in chunks of positions; the
+    chunks give what the whole tensor gives."""
+    import torch
+
+    import pivotflow.worker.train_role as train_role
+
+    role = TrainRole(fresh_store(tmp_path / "store"), "policy", {})
+    batch = train_role.pack(step_msgs(0, 1, 1, "")[0].seqs)
+    with torch.no_grad():
+        _, whole = train_role.response_logprobs_entropy(role.model, batch, entropy_grad=True)
+    monkeypatch.setattr(train_role, "ENTROPY_CHUNK", 3)
+    logp, chunked = train_role.response_logprobs_entropy(role.model, batch, entropy_grad=False)
+    assert logp.requires_grad and not chunked.requires_grad
+    assert torch.allclose(whole, chunked, atol=1e-6)
+    assert whole.numel() > 3 * 2  # (several chunks)

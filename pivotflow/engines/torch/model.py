@@ -314,5 +314,35 @@ class Decoder(nn.Module):
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log p(target) per position: logits [B, T, V], targets [B, T] -> [B, T] (float32)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    return pick_targets(torch.log_softmax(logits.float(), dim=-1), targets)
+
+
+def pick_targets(logp: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each position's target's entry of a log-softmax: [B, T, V], [B, T] -> [B, T]."""
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """The entropy of each position's next-token distribution, in nats: logits [..., V] ->
+    [...] (float32; differentiable)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def entropy_detached(logp: torch.Tensor, chunk: int) -> torch.Tensor:
+    """``token_entropy`` from a log-softmax already taken ([..., V] -> [...]), outside autograd,
+    ``chunk`` positions at a time through one reused buffer: a fresh vocabulary-wide tensor per
+    chunk cost 3x the time on CPU (allocating and faulting in the pages) and, whole, as much
+    memory as the logits."""
+    with torch.no_grad():
+        flat = logp.detach().reshape(-1, logp.shape[-1])
+        out = torch.empty(flat.shape[0], dtype=flat.dtype, device=flat.device)
+        buf = torch.empty(min(chunk, flat.shape[0]), flat.shape[1], dtype=flat.dtype,
+                          device=flat.device)
+        for start in range(0, flat.shape[0], chunk):
+            part = flat[start:start + chunk]
+            b = buf[: part.shape[0]]
+            torch.exp(part, out=b)
+            b.mul_(part)
+            torch.sum(b, dim=-1, out=out[start:start + part.shape[0]])
+        return out.neg_().reshape(logp.shape[:-1])
