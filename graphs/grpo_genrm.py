@@ -22,6 +22,10 @@ DEFAULTS = {
     # Swept on the BPE built-in models (200 steps, seed 0; gain in task_accuracy, first vs last
     # tenth): 1e-5 +0.143, 2e-5 +0.185, 3e-5 +0.216, 5e-5 +0.186.
     "lr": 3e-5,
+    # the rate's schedule (worker/train_config.lr_at): "constant", "cosine" or "linear" decay
+    # over the run after a linear warm-up of lr_warmup_steps
+    "lr_schedule": "constant",
+    "lr_warmup_steps": 0,
     "max_tokens": 6,
     "temperature": 1.0,
     "rollout_workers": 1,
@@ -65,6 +69,7 @@ def build(config: dict) -> Graph:
                     max_tokens=8)
     advantage = g.group("advantage", grpo_advantage, writes=["advantage"])
     train = g.train("train", model="policy", pool="trainer", lr=config["lr"],
+                    lr_schedule=config["lr_schedule"], lr_warmup_steps=config["lr_warmup_steps"],
                     kl_coef=config["kl_coef"], kl_estimator=config["kl_estimator"],
                     decoupled_loss=config["decoupled_loss"],
                     entropy_coef=config["entropy_coef"])

@@ -16,6 +16,7 @@ WARM_ROLES = False
 OVER_SAMPLE = 0.0
 MAX_BATCH = 64  # sequences a generate worker decodes side by side (its slots)
 KL_ESTIMATORS = ("k1", "k3")  # Schulman's KL estimators (rl/losses.kl_penalty; graph.train)
+LR_SCHEDULES = ("constant", "cosine", "linear")  # after the warm-up (worker/train_config.lr_at)
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")  # the losses'
 THREADS_PER_WORKER = 1  # torch threads in each worker process
 RESULTS_PER_FRAME = 0  # a worker's results per JobsDone frame (0: every one a step finished)

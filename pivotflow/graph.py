@@ -340,7 +340,8 @@ class Graph:
     def train(self, name: str, *, model: str, pool: str, lr: float = 3e-4,
               kl_coef: float = 0.0, kl_estimator: str = "k3", **loss_options: Any) -> Node:
         """Optimizer steps on groups as they complete; publishes each new policy version.
-        ``loss_options`` are the rest of ``worker.train_config.TrainConfig`` (clip_eps,
+        ``loss_options`` are the rest of ``worker.train_config.TrainConfig`` (the learning
+        rate's lr_schedule, lr_warmup_steps, lr_decay_steps and min_lr_ratio; clip_eps,
         clip_eps_high, aggregation, decoupled_loss, behavior_weight_cap, entropy_coef,
         max_grad_norm, micro_batch_tokens, train_dtype), checked here.
 

@@ -271,7 +271,8 @@ def role_options(graph: Graph, cfg: RunConfig,
                  model_dirs: dict[str, Path] | None = None) -> dict[str, dict[str, Any]]:
     """Each pool's worker options (flat: they travel in AssignRole). Every model stage gets
     ``tokenizer_dir`` (its model's folder: engines decode to match stop strings, and vLLM and
-    SGLang load the tokenizer from it), ``dtype`` and ``device``; a trainer, its loss knobs."""
+    SGLang load the tokenizer from it), ``dtype`` and ``device``; a trainer, its loss knobs
+    (and a decaying learning rate's end, the run's ``steps``, where the graph left it 0)."""
     opts: dict[str, dict[str, Any]] = {}
     for node in graph.order():
         if not node.pool:
@@ -281,6 +282,8 @@ def role_options(graph: Graph, cfg: RunConfig,
         if node.kind == "train":
             o.update({k: v for k, v in node.options.items()
                       if isinstance(v, (int, float, str, bool))})
+            if o.get("lr_schedule", "constant") != "constant" and not o.get("lr_decay_steps"):
+                o["lr_decay_steps"] = cfg.steps  # a decay spans the run unless told otherwise
         opts[node.pool] = o
     return opts
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,26 +67,46 @@ def test_dtype_and_device_default_to_the_config_and_cpu() -> None:
     assert resolve(parse_overrides(["device=cuda:1"]), DEFAULTS).device == "cuda:1"
 
 
-def test_workers_are_told_the_model_folder_dtype_and_device(tmp_path: Path) -> None:
+def rl_graph(folder: Path, **train_knobs: Any) -> Any:
+    """prompts -> rollout -> reward -> advantage -> train on a model in ``folder``."""
     from pivotflow.graph import Graph
     from pivotflow.rl.group_fns import grpo_advantage
-    from pivotflow.run import role_options
 
     g = Graph("g")
-    g.model("policy", source=str(tmp_path))
+    g.model("policy", source=str(folder))
     g.pool("rollout")
     g.pool("trainer")
     g.chain(g.source("prompts", task="arithmetic"),
             g.generate("rollout", model="policy", pool="rollout"),
             g.map("reward", lambda **_: 1.0, writes=["reward"]),
             g.group("advantage", grpo_advantage, writes=["advantage"]),
-            g.train("train", model="policy", pool="trainer", lr=1e-4))
+            g.train("train", model="policy", pool="trainer", **train_knobs))
+    return g
+
+
+def test_workers_are_told_the_model_folder_dtype_and_device(tmp_path: Path) -> None:
+    from pivotflow.run import role_options
+
+    g = rl_graph(tmp_path, lr=1e-4)
     cfg = resolve(parse_overrides(["dtype=bf16", "device=cuda"]), {})
     opts = role_options(g, cfg, {"policy": tmp_path})
     for pool in ("rollout", "trainer"):
         assert opts[pool]["tokenizer_dir"] == str(tmp_path)
         assert (opts[pool]["dtype"], opts[pool]["device"]) == ("bf16", "cuda")
     assert opts["trainer"]["lr"] == 1e-4 and "tokenizer" not in opts["rollout"]
+
+
+def test_a_decay_of_the_learning_rate_spans_the_run_unless_the_graph_says_where_it_ends(
+        tmp_path: Path) -> None:
+    from pivotflow.run import role_options
+
+    def trainer_options(**knobs: Any) -> dict[str, Any]:
+        cfg = resolve(parse_overrides(["steps=30"]), {})
+        return role_options(rl_graph(tmp_path, **knobs), cfg)["trainer"]
+
+    assert trainer_options(lr_schedule="cosine")["lr_decay_steps"] == 30
+    assert trainer_options(lr_schedule="cosine", lr_decay_steps=12)["lr_decay_steps"] == 12
+    assert trainer_options()["lr_decay_steps"] == 0  # constant: nothing to fill in
 
 
 def test_each_component_gets_its_typed_config_composed_from_the_flat_keys(tmp_path: Path) -> None:

@@ -8,17 +8,27 @@ instead of a setting the trainer silently never reads. torch-free: the control p
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
 
-from pivotflow.defaults import AGGREGATIONS, KL_ESTIMATORS
+from pivotflow.defaults import AGGREGATIONS, KL_ESTIMATORS, LR_SCHEDULES
 
 
 class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One optimizer step's knobs (rl/losses.policy_loss's, AdamW's, the micro-batching)."""
 
     lr: float = 3e-4
+    # The learning rate over optimizer steps (``lr_at``; verl's lr_warmup_steps, warmup_style
+    # and min_lr_ratio, TRL's lr_scheduler_type): a linear warm-up over lr_warmup_steps, then
+    # constant, or a cosine or linear decay to min_lr_ratio x lr at lr_decay_steps (0: the
+    # run's steps, filled in by run.role_options). A function of the step alone, so a resumed
+    # run or a trainer that joins later takes it up exactly where it was.
+    lr_schedule: str = "constant"  # one of LR_SCHEDULES
+    lr_warmup_steps: int = 0
+    lr_decay_steps: int = 0
+    min_lr_ratio: float = 0.0
     clip_eps: float = 0.2  # PPO's clip range of the importance ratio
     # DAPO's clip-higher: the ratio's upper clip is 1 + clip_eps_high (None: clip_eps; DAPO
     # uses 0.28 with clip_eps 0.2; verl's clip_ratio_high)
@@ -44,6 +54,17 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         problems = []
         if not self.lr > 0:
             problems.append(f"lr must be > 0, got {self.lr}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            problems.append(f"lr_schedule must be one of {list(LR_SCHEDULES)}, got "
+                            f"{self.lr_schedule!r}")
+        if self.lr_warmup_steps < 0 or self.lr_decay_steps < 0:
+            problems.append("lr_warmup_steps and lr_decay_steps must be >= 0, got "
+                            f"{self.lr_warmup_steps} and {self.lr_decay_steps}")
+        elif 0 < self.lr_decay_steps <= self.lr_warmup_steps:
+            problems.append(f"lr_decay_steps ({self.lr_decay_steps}) must be more than "
+                            f"lr_warmup_steps ({self.lr_warmup_steps})")
+        if not 0 <= self.min_lr_ratio <= 1:
+            problems.append(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if not 0 < self.clip_eps < 1:
             problems.append(f"clip_eps must be in (0, 1), got {self.clip_eps}")
         if self.clip_eps_high is not None and not 0 < self.clip_eps_high < float("inf"):
@@ -66,6 +87,23 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                             f"{self.kl_estimator!r}")
         if problems:
             raise ValueError("; ".join(problems))
+
+
+def lr_at(tc: TrainConfig, step: int) -> float:
+    """The learning rate of optimizer step ``step`` (0-based: the policy version it starts
+    from). The warm-up's first step takes ``lr / lr_warmup_steps``, not 0 (HF's schedules give
+    step 0 a rate of 0, an optimizer step that moves nothing); the decay reaches
+    ``min_lr_ratio * lr`` at ``lr_decay_steps`` and stays there."""
+    if step < tc.lr_warmup_steps:
+        return tc.lr * (step + 1) / tc.lr_warmup_steps
+    if tc.lr_schedule == "constant":
+        return tc.lr
+    if tc.lr_decay_steps <= tc.lr_warmup_steps:
+        raise ValueError(f"lr_schedule {tc.lr_schedule!r} needs lr_decay_steps past the "
+                         f"warm-up, got {tc.lr_decay_steps}")
+    done = min((step - tc.lr_warmup_steps) / (tc.lr_decay_steps - tc.lr_warmup_steps), 1.0)
+    left = 0.5 * (1 + math.cos(math.pi * done)) if tc.lr_schedule == "cosine" else 1 - done
+    return tc.lr * (tc.min_lr_ratio + (1 - tc.min_lr_ratio) * left)
 
 
 def train_config(options: dict[str, Any]) -> TrainConfig:

@@ -31,7 +31,7 @@ from pivotflow.params.node_agent import wait_crossed
 from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
 from pivotflow.rl import policy_loss
 from pivotflow.worker.adam_state import adam_tensors, init_adam_state, load_adam_tensors
-from pivotflow.worker.train_config import train_config
+from pivotflow.worker.train_config import lr_at, train_config
 from pivotflow.worker.train_group import TrainGroup
 from pivotflow.worker.worker_config import worker_config
 
@@ -144,6 +144,8 @@ class TrainRole:
         wc = worker_config(options)
         self.device = torch.device(wc.device)
         self.tc = train_config(options)  # the knobs, typed (graph.train checked them)
+        # (a decaying schedule without its end is an error here, not at its first decayed step)
+        lr_at(self.tc, max(self.tc.lr_warmup_steps, self.tc.lr_decay_steps))
         master = resolve_dtype(self.hf_config, self.tc.train_dtype, where)
         compute = resolve_dtype(self.hf_config, wc.dtype, where)
         bf16_compute = compute == torch.bfloat16 and master != torch.bfloat16
@@ -170,6 +172,9 @@ class TrainRole:
         total_tokens = msg.total_tokens or sum(valid_tokens(s) for s in msg.seqs)
         total_seqs = msg.total_seqs or sum(1 for s in msg.seqs if valid_tokens(s) > 0)
         budget = self.tc.micro_batch_tokens
+        lr = lr_at(self.tc, msg.step)
+        for group in self.optim.param_groups:
+            group["lr"] = lr
         self.optim.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         for part in micro_batches(msg.seqs, budget):
@@ -221,7 +226,7 @@ class TrainRole:
             # on a cluster: report the step once its version is on every node (see node_agent)
             for name in (f"{self.model_name}.optim", self.model_name):
                 wait_crossed(self.store.root, name, self.version)
-        out.update({"grad_norm": float(grad_norm), "step_s": time.perf_counter() - t0,
+        out.update({"lr": lr, "grad_norm": float(grad_norm), "step_s": time.perf_counter() - t0,
                     "sync_s": sync_s, "world": float(msg.world),
                     "group_formed": float(formed)})
         return TrainDone(step=msg.step, version=self.version, stats=out,
