@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from pivotflow.concurrency import serve_beside
 from pivotflow.controller.clock import Clock
 from pivotflow.controller.core import Controller, ControllerConfig
+from pivotflow.controller.evaluation import Evaluation
 from pivotflow.controller.recovery import Respawn
 from pivotflow.controller.sample import Sample
 from pivotflow.controller.source import PromptSource
@@ -61,6 +62,7 @@ class ControllerParts:
     on_step: Callable[[dict[str, Any]], None] | None = None
     on_samples: Callable[[list[list[Sample]], int, int], None] | None = None
     tool_pools: dict[str, Any] = field(default_factory=dict)
+    evaluation: Evaluation | None = None  # held-out rounds (eval_every)
 
 
 @dataclass
@@ -86,6 +88,7 @@ def assemble(stack: contextlib.ExitStack | contextlib.AsyncExitStack, graph: Gra
                      source=parts.source, assignments=parts.assignments,
                      role_options=parts.role_options, store_dir=parts.store_dir,
                      on_step=parts.on_step, planner=parts.planner, respawn=fleet.respawn,
-                     tool_pools=parts.tool_pools or None, on_samples=parts.on_samples)
+                     tool_pools=parts.tool_pools or None, on_samples=parts.on_samples,
+                     evaluation=parts.evaluation)
     fleet.bind(ctl)
     return Machine(ctl, fleet)

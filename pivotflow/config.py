@@ -76,6 +76,12 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     results_per_frame: int = defaults.RESULTS_PER_FRAME
     max_worker_restarts: int = defaults.MAX_WORKER_RESTARTS
     checkpoint_every: int = 50  # optimizer steps between checkpoints (0: only on Ctrl-C)
+    # evaluation rounds (controller/evaluation.py): the policy on eval_prompts held-out prompts
+    # at step 0, every eval_every optimizer steps and the last (0: none), generated at
+    # eval_temperature (0: greedy); eval.jsonl holds one line a round
+    eval_every: int = 0
+    eval_prompts: int = 64
+    eval_temperature: float = 0.0
     endpoint: str = ""  # where the controller binds; "" = a private ipc path
     curve_keys: str = ""  # a key dir (python -m pivotflow.transport.curve keygen DIR)
     chaos: ChaosConfig = msgspec.field(default_factory=ChaosConfig)
@@ -276,6 +282,10 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     _check_records(cfg)
     if cfg.max_staleness < 0:
         raise ConfigError(f"--set max_staleness={cfg.max_staleness}: must be >= 0")
+    if cfg.eval_every < 0 or cfg.eval_prompts < 1 or not 0 <= cfg.eval_temperature < 100:
+        raise ConfigError(f"--set eval_every={cfg.eval_every} eval_prompts={cfg.eval_prompts} "
+                          f"eval_temperature={cfg.eval_temperature}: eval_every must be >= 0 "
+                          "(0: no evaluation), eval_prompts >= 1, eval_temperature in [0, 100)")
     if cfg.over_sample < 0 or (cfg.over_sample and not cfg.partial_rollout):
         raise ConfigError(f"--set over_sample={cfg.over_sample}: must be >= 0, and it needs "
                           "partial_rollout=true (the groups over a step's need are carried)")

@@ -221,7 +221,8 @@ class Graph:
     def source(self, name: str, *, task: str | None = None, path: str | None = None,
                group_size: int = 8, groups_per_step: int = 8, prompt_key: str = "prompt",
                answer_key: str | None = "answer", shuffle: bool = True,
-               chat_template: bool = False, **task_options: Any) -> Node:
+               chat_template: bool = False, eval_path: str | None = None,
+               **task_options: Any) -> Node:
         """Prompts from a built-in task or a JSONL/Parquet file; each prompt becomes a group.
 
         A file's rows are read and checked here (``pivotflow.tasks.datasets``): ``prompt_key``
@@ -234,7 +235,12 @@ class Graph:
         "content": ...}]``, as verl's and TRL's datasets do). Messages are always rendered with
         the policy's chat template (``add_generation_prompt=True``); a string prompt is encoded
         raw (with the tokenizer's BOS, where it has one) unless ``chat_template=True``, which
-        renders it as one user message. The ``prompt`` field keeps what the row held."""
+        renders it as one user message. The ``prompt`` field keeps what the row held.
+
+        ``eval_path`` is a file of held-out prompts in the same columns, for the run's
+        evaluation rounds (``--set eval_every=N``; its first ``eval_prompts`` rows). A task's
+        rounds need none: they draw a fixed set of the task's prompts with a seed of their own
+        (``controller/evaluation.py``)."""
         where = _caller_where()
         if (task is None) == (path is None):
             raise GraphError(f"source {name!r} at {where}: give exactly one of task= or path=")
@@ -249,6 +255,14 @@ class Graph:
             table = _prompt_table(name, where, path, prompt_key, answer_key)
             opts["table"] = table
             writes = writes | frozenset(table.columns)
+        if eval_path is not None:
+            held_out = _prompt_table(name, where, eval_path, prompt_key, answer_key)
+            if opts.get("table") is not None and held_out.columns != opts["table"].columns:
+                raise GraphError(f"source {name!r} at {where}: eval_path {eval_path} has the "
+                                 f"columns {sorted(held_out.columns)}, the prompts "
+                                 f"{sorted(opts['table'].columns)}")
+            opts["eval_table"] = held_out
+            writes = writes | frozenset(held_out.columns)
         return self._add(Node(name, "source", where, writes=writes, options=opts))
 
     def generate(self, name: str, *, model: str, pool: str, max_tokens: int = 8,

@@ -26,6 +26,7 @@ class LiveView:
         self.task = self.progress.add_task("steps", total=steps)
         self.last: dict[str, Any] = {}
         self.flow: dict[str, Any] = {}
+        self.eval: dict[str, Any] = {}  # the last evaluation round's record
         self.started = time.perf_counter()
         self._live: Live | None = None
 
@@ -48,6 +49,17 @@ class LiveView:
             self._live.update(self._render())
         elif not self.quiet:
             self.console.print(self._line(record), highlight=False)
+
+    def update_eval(self, record: dict[str, Any]) -> None:
+        """An evaluation round's result (shown until the next one)."""
+        self.eval = record
+        if self._live is not None:
+            self._live.update(self._render())
+        elif not self.quiet:
+            self.console.print(f"eval  step {record['step']:>4}  accuracy "
+                               f"{self._fmt(record.get('task_accuracy'))}  reward "
+                               f"{self._fmt(record.get('reward_mean'))}  prompts "
+                               f"{record['prompts']}", highlight=False)
 
     def update_flow(self, ctl: Any) -> None:
         self.flow = {
@@ -79,6 +91,9 @@ class LiveView:
             table.add_row("response", f"mean {r['response_len_mean']:.0f}  max "
                           f"{r['response_len_max']}", "cut at limit",
                           self._fmt(r.get("response_clip_ratio")))
+        if self.eval:
+            table.add_row("eval", f"step {self.eval['step']}", "accuracy",
+                          self._fmt(self.eval.get("task_accuracy")))
         if r.get("train_entropy") is not None:  # (a step that trained)
             table.add_row("entropy", self._fmt(r["train_entropy"]), "clipped",
                           self._fmt(r.get("train_clip_frac")))

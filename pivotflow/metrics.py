@@ -9,6 +9,9 @@ Files (key names are an interface; see docs/records.md):
 * ``samples.jsonl``: a few of each step's trained samples, whole (``pivotflow.sinks.samples``
   lists the keys); a resume moves the lines after its checkpoint to
   ``samples.superseded.jsonl``, as it does the metrics.
+* ``eval.jsonl``: one line per evaluation round (``--set eval_every=N``;
+  ``pivotflow.controller.evaluation``), keyed by the step it was taken at and continued by a
+  resume as the metrics are.
 * ``summary.json``: one ``RunSummary`` at the end.
 * ``plots/``: PNGs drawn from ``metrics.jsonl`` (``pivotflow.metrics_plots``).
 
@@ -297,6 +300,7 @@ class RunRecorder:
         self.plots_dir = self.out_dir / "plots"
         self.metrics = StepLog(self.metrics_path)
         self.samples = StepLog(self.samples_path)
+        self.evals = StepLog(self.out_dir / "eval.jsonl")
 
     @property
     def last_step(self) -> int | None:
@@ -329,13 +333,19 @@ class RunRecorder:
         if lines:
             self.samples.append(step, lines)
 
+    def record_eval(self, record: dict[str, Any]) -> None:
+        """Append an evaluation round's line to eval.jsonl (keyed by its ``step``)."""
+        self.evals.append(int(record["step"]), [record])
+
     def continue_after(self, step: int) -> None:
         """Resume after ``step``: the next ``record_step`` first moves the records after it to
-        metrics.superseded.jsonl (and the next ``record_samples``, the samples after it to
-        samples.superseded.jsonl). Until then no file is touched, so a resume that fails before
-        its first step leaves the run's records byte for byte as they were."""
+        metrics.superseded.jsonl (and the next ``record_samples`` and ``record_eval``, the
+        samples and rounds after it to their superseded files). Until then no file is touched,
+        so a resume that fails before its first step leaves the run's records byte for byte as
+        they were."""
         self.metrics.continue_after(step)
         self.samples.continue_after(step)
+        self.evals.continue_after(step)
 
     def truncate_after(self, step: int) -> int:
         """Drop the records with ``step`` > the given step (resuming from that checkpoint).
@@ -343,6 +353,7 @@ class RunRecorder:
         Returns how many records were dropped. The file is rewritten atomically.
         """
         self.samples.truncate_after(step)
+        self.evals.truncate_after(step)
         return self.metrics.truncate_after(step)
 
     def write_summary(self, summary: RunSummary) -> Path:

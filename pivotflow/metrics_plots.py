@@ -1,7 +1,8 @@
 """PNG plots of a run, drawn from its metrics.jsonl (and flow.jsonl, config.json beside it).
 
 * ``reward_accuracy.png``: reward mean and task accuracy per step, each raw (thin, dots) with a
-  smoothed line beside it (an exponential moving average, debiased at the start).
+  smoothed line beside it (an exponential moving average, debiased at the start), and the
+  evaluation rounds' held-out accuracy where the run has eval.jsonl.
 * ``kl_ref.png`` (only when the graph has a reference stage): the KL to the reference model
   per step (``train_kl_ref``), raw and smoothed, as reward is.
 * ``response_lengths.png`` (runs whose records carry ``response_len_max``): the mean and the
@@ -243,7 +244,8 @@ def _mark_resumes(ax: Any, xs: list[float]) -> None:
 
 
 def _reward_accuracy(records: list[dict[str, Any]], path: Path,
-                     resumes: list[tuple[int, float]]) -> None:
+                     resumes: list[tuple[int, float]],
+                     rounds: Sequence[dict[str, Any]] = ()) -> None:
     from matplotlib.figure import Figure
 
     steps = [_num(r.get("step")) for r in records]
@@ -257,9 +259,14 @@ def _reward_accuracy(records: list[dict[str, Any]], path: Path,
     _mark_resumes(ax, [float(s) for s, _ in resumes])
     handles = ax
     accuracy = [_num(r.get("task_accuracy")) for r in records]
-    if any(not math.isnan(a) for a in accuracy):
+    held_out = [(float(r["step"]), _num(r.get("task_accuracy"))) for r in rounds]
+    if any(not math.isnan(a) for a in accuracy + [a for _, a in held_out]):
         ax2 = ax.twinx()
         _raw_and_smoothed(ax2, steps, accuracy, "task accuracy", "tab:green", span)
+        if held_out:  # eval.jsonl: the rounds on held-out prompts
+            ax2.plot([s for s, _ in held_out], [a for _, a in held_out], marker="D",
+                     markersize=5, linewidth=1.2, color="tab:red",
+                     label="held-out accuracy (evaluation rounds)")
         ax2.set_ylabel("task accuracy")
         ax2.set_ylim(-0.02, 1.02)
         handles = ax2
@@ -472,7 +479,8 @@ def make_plots(
                 log.warning("queues drawn from the step ends: %s", e)
         out = Path(plots_dir)
         out.mkdir(parents=True, exist_ok=True)
-        _reward_accuracy(records, out / REWARD_ACCURACY_PNG, resumes)
+        rounds = read_metrics(here / "eval.jsonl") if (here / "eval.jsonl").is_file() else []
+        _reward_accuracy(records, out / REWARD_ACCURACY_PNG, resumes, rounds)
         written.append(out / REWARD_ACCURACY_PNG)
         _pools_queues(records, out / POOLS_QUEUES_PNG, resumes, flow)
         written.append(out / POOLS_QUEUES_PNG)

@@ -27,6 +27,7 @@ from pivotflow.config import (
 )
 from pivotflow.controller.clock import LoopClock
 from pivotflow.controller.core import Controller
+from pivotflow.controller.evaluation import Evaluation
 from pivotflow.controller.snapshot import restore, snapshot
 from pivotflow.controller.source import PromptSource
 from pivotflow.errors import (
@@ -52,8 +53,8 @@ from pivotflow.resume import (
     refuse,
     resume_point,
 )
-from pivotflow.run_models import ProblemStream, prepare_models
-from pivotflow.run_records import decisions_by_shift, save_policy_folder, summarize
+from pivotflow.run_models import ProblemStream, eval_problems, prepare_models
+from pivotflow.run_records import decisions_by_shift, eval_ends, save_policy_folder, summarize
 from pivotflow.run_stop import Interrupt, TermBeforeLoop, with_hint
 from pivotflow.sinks import open_sinks, prometheus
 from pivotflow.sinks.samples import step_lines
@@ -358,6 +359,27 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
         if cfg.checkpoint_every and record["step"] % cfg.checkpoint_every == 0:
             ctl.checkpoint_soon(write_checkpoint)
 
+    def on_eval_round(record: dict[str, Any]) -> None:
+        try:
+            recorder.record_eval(record)
+        except OSError as exc:
+            ctl.fail(MetricsError(f"cannot write the run records in {out}: "
+                                  f"{exc.strerror or exc}"))
+            return
+        log.info("evaluation at step %d: task_accuracy %s, reward_mean %s (%d prompts)",
+                 record["step"], record["task_accuracy"], record["reward_mean"],
+                 record["prompts"])
+        live.update_eval(record)
+
+    evaluation = None
+    if cfg.eval_every:
+        source_node = graph.order()[0]
+        evaluation = Evaluation(
+            eval_problems(source_node, cfg.eval_prompts), source.tok, every=cfg.eval_every,
+            steps=cfg.steps, temperature=cfg.eval_temperature,
+            chat_template=bool(source_node.options.get("chat_template")), seed=cfg.seed,
+            on_round=on_eval_round, after=recorder.evals.last_step)
+
     def on_samples(batch: list[Any], step: int, version: int) -> None:
         sampled[:] = step_lines(batch, step, version, cfg.log_samples)
 
@@ -395,7 +417,8 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
                                 role_options=role_options(graph, cfg, models.dirs),
                                 store_dir=str(store.root), planner=build_planner(cfg, graph),
                                 on_step=on_step, tool_pools=tool_pools,
-                                on_samples=on_samples if cfg.log_samples else None)
+                                on_samples=on_samples if cfg.log_samples else None,
+                                evaluation=evaluation)
         machine = assemble(stack, graph, cfg.controller_config(), parts, transport=transport,
                            clock=LoopClock(), fleet=LauncherFleet(launcher, assignments))
         ctl = machine.controller
@@ -439,6 +462,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     summary.extra["segments"] = cont.segment + 1
     summary.extra["worker_pids"] = [p.pid for p in launcher.procs.values()]
     summary.extra["chaos_kills"] = chaos.kills
+    summary.extra.update(eval_ends(recorder))
     summary.extra["metrics_requests"] = None if endpoint is None else endpoint.requests
     summary.extra.update(launcher_summary(launcher, lc))
     if tool_pools:  # what the tool calls gave, by kind (ok, timeout, parse, ...), all stages

@@ -189,3 +189,28 @@ class ProblemStream:
         if self.task is None or answer is None:
             return None
         return self.task.check(answer, completion)
+
+
+EVAL_SEED = 7919  # a task's held-out prompts: the same set whatever the run's seed
+
+
+def eval_problems(node: Node, prompts: int) -> list[Problem]:
+    """The held-out prompts of a run's evaluation rounds: the source's ``eval_path`` rows (the
+    first ``prompts``), else ``prompts`` distinct prompts of its task drawn with ``EVAL_SEED``.
+
+    Raises:
+        GraphError: the source reads a file and names no ``eval_path``.
+    """
+    from pivotflow.tasks.registry import make_dataset
+
+    opts = node.options
+    table = opts.get("eval_table")
+    if table is not None:
+        return [Problem(prompt=r["prompt"], answer=r["answer"],
+                        meta={k: v for k, v in r.items() if k not in ("prompt", "answer")})
+                for r in table.rows[:prompts]]
+    if opts["task"] is None:
+        raise GraphError(f"source {node.name!r} at {node.where}: --set eval_every needs "
+                         "held-out prompts: give the source eval_path=FILE")
+    task = get_task(opts["task"], **opts["task_options"])
+    return make_dataset(task, prompts, seed=EVAL_SEED)

@@ -11,7 +11,7 @@ from typing import Any
 from pivotflow.controller.core import Controller
 from pivotflow.errors import PivotflowError
 from pivotflow.graph import Graph
-from pivotflow.metrics import Ledger, RunSummary
+from pivotflow.metrics import Ledger, RunRecorder, RunSummary, read_metrics
 from pivotflow.params.base import ParamStore
 
 
@@ -50,6 +50,19 @@ def summarize(ctl: Controller, steps: list[dict[str, Any]], wall: float,
                "error": None if error is None else f"{type(error).__name__}: {error}",
                **_accuracy_ends(steps)},
     )
+
+
+def eval_ends(recorder: RunRecorder) -> dict[str, Any]:
+    """The summary's evaluation keys, from the whole run's eval.jsonl (a resume's too): the
+    rounds taken and the first and last round's step and rule-checked accuracy (none of them
+    where the run did not evaluate)."""
+    rounds = read_metrics(recorder.evals.path) if recorder.evals.path.exists() else []
+    if not rounds:
+        return {}
+    return {"eval_rounds": len(rounds),
+            "eval_task_accuracy_first": rounds[0].get("task_accuracy"),
+            "eval_task_accuracy_last": rounds[-1].get("task_accuracy"),
+            "eval_step_first": rounds[0]["step"], "eval_step_last": rounds[-1]["step"]}
 
 
 def save_policy_folder(store: ParamStore, graph: Graph, out: Path,

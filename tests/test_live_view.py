@@ -39,3 +39,14 @@ def test_the_table_shows_the_policys_entropy_and_the_clipped_share() -> None:
                      "train_clip_frac": 0.0421})
     assert "entropy" in text and "1.234" in text
     assert "clipped" in text and "0.042" in text
+
+
+def test_the_table_shows_the_last_evaluation_round() -> None:
+    console = Console(file=io.StringIO(), force_terminal=True, width=120, record=True)
+    view = LiveView("grpo", 10, console=console)
+    view.last = {"step": 6, "reward_mean": 0.5, "task_accuracy": 0.5, "samples": 64,
+                 "time_s": 9.0, "tokens_generated": 2000}
+    view.eval = {"step": 5, "task_accuracy": 0.8125, "prompts": 16}
+    console.print(view._render())
+    text = console.export_text()
+    assert "eval" in text and "step 5" in text and "0.812" in text

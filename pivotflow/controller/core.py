@@ -22,6 +22,7 @@ from pivotflow.controller import stages, user_code
 from pivotflow.controller.barriers import Barriers
 from pivotflow.controller.clock import Clock
 from pivotflow.controller.edges import Edge
+from pivotflow.controller.evaluation import EVAL, Evaluation
 from pivotflow.controller.handlers import Handlers
 from pivotflow.controller.jobs import JobTable
 from pivotflow.controller.partial import PartialRollouts
@@ -79,12 +80,13 @@ class Controller:
                  store_dir: str, on_step: Callable[[dict[str, Any]], None] | None = None,
                  planner: Planner | None = None, respawn: Respawn | None = None,
                  tool_pools: dict[str, ToolPool] | None = None,
-                 on_samples: Callable[[list[list[Sample]], int, int], None] | None = None
-                 ) -> None:
+                 on_samples: Callable[[list[list[Sample]], int, int], None] | None = None,
+                 evaluation: Evaluation | None = None) -> None:
         self.graph, self.cfg, self.transport, self.clock = graph, cfg, transport, clock
         self.order = graph.order()
         self.tok = tokenizers
         self.source = source
+        self.evaluation = evaluation  # held-out rounds (eval_every), None when off
         self.store_dir = store_dir
         # a launcher with a store copy per node names each worker's (launch/workers.attach)
         self.store_dir_for: Callable[[str], str] = lambda _worker: store_dir
@@ -207,7 +209,7 @@ class Controller:
     def plan_once(self, pump: bool = True) -> None:
         """Ask the planner and carry out its moves (each logged with its numbers). Called every
         planner interval, and when a batch is ready (so the trainer pool can grow first)."""
-        if self.version >= self.cfg.steps:
+        if self.version >= self.cfg.steps and not self.evaluating:
             return
         for move in self.planner.decide(self.planner_view()):
             rec = self.shifts.shift(move.worker, move.to_pool, reason=move.reason)
@@ -246,9 +248,15 @@ class Controller:
         self.filtered_since_step = 0
 
     def finish_if_trained(self) -> None:
-        """End the run once its last optimizer step is done (``run`` returns)."""
-        if self.version >= self.cfg.steps and self._done is not None:
+        """End the run once its last optimizer step is done (``run`` returns), and its last
+        evaluation round, when the run evaluates."""
+        if self.version >= self.cfg.steps and not self.evaluating and self._done is not None:
             self._done.set()
+
+    @property
+    def evaluating(self) -> bool:
+        """An evaluation round is in flight or still to come."""
+        return self.evaluation is not None and self.evaluation.busy
 
     @property
     def checkpoint_pending(self) -> Set[int]:
@@ -270,6 +278,9 @@ class Controller:
         for group in self.source.admit(self, now):
             for sample in group:
                 self.advance(sample, 1, now)
+        if self.evaluation is not None:
+            for sample in self.evaluation.admit(self, now):
+                self.advance(sample, 1, now)
         for idx in self.edges:
             self._dispatch(idx, now)
         self.training.maybe_start()
@@ -277,11 +288,19 @@ class Controller:
     def advance(self, sample: Sample, idx: int, now: float) -> None:
         """Move a sample to stage ``idx``: run Python stages at once, queue model stages (the
         one way a part that held a sample, a tool call or a regenerated group, hands it on)."""
-        if self.ledger.settled(sample.group_id):
+        held_out = EVAL in sample.private
+        if not held_out and self.ledger.settled(sample.group_id):
             return  # its group was skipped (a stage function failed, on_error=skip)
         while True:
             sample.reached[idx] = now
             node = self.order[idx]
+            if held_out and (node.kind in BARRIERS or node.kind == "reference"):
+                if node.kind == "reference":  # (logprobs for the KL term: none to train)
+                    idx += 1
+                    continue
+                assert self.evaluation is not None
+                self.evaluation.arrive(self, sample, now)  # an evaluation sample is done
+                return
             if node.kind in SERVED:
                 self.edges[idx].push(sample, now)
                 return
@@ -354,6 +373,9 @@ class Controller:
         stage function failed on it (on_error=skip). Its samples still queued or generating
         are dropped when they come back. Returns the groups dropped since the last optimizer
         step and the limit past which nothing is left to train on (the caller says why)."""
+        if group_id < 0 and self.evaluation is not None:  # an evaluation sample
+            self.evaluation.drop(self, group_id)
+            return 0, 1
         self.ledger.count_dropped(filtered=filtered)
         self.ledger.settle(group_id)
         self.train_buffer.dropped(group_id)
@@ -413,7 +435,7 @@ class Controller:
             for sample in edge.pop_many(n, now):
                 job_id = self.jobs.new_id()
                 if generate:
-                    if partial and FIRST not in sample.private:
+                    if partial and FIRST not in sample.private and EVAL not in sample.private:
                         sample.private[FIRST] = self.version
                         self.train_buffer.started(sample.group_id, self.version)
                     job = stages.generate_job(node, sample, job_id, tok, self.version)

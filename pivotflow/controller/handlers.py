@@ -154,7 +154,7 @@ class Handlers:
             stages.apply_reference(node, sample, r)
         else:
             ran, judged = user_code.guard(ctl, stages.apply_verdict, node, sample, r, tok)
-            if ran and not judged:
+            if ran and not judged and sample.group_id >= 0:  # (an evaluation round counts its own)
                 ctl.count_judge_failure()
         ctl.advance(sample, idx + 1, now)  # (dropped there if its group was skipped)
         # finished before a checkpoint's abort reached it; only now is the sample somewhere a

@@ -73,8 +73,9 @@ class PartialRollouts:
         ctl = self.ctl
         self.aborting &= ctl.jobs.keys()  # (ones whose worker died, or that finished first)
         by_worker: dict[str, list[int]] = {}
-        for job_id, (_, idx, wid, _) in ctl.jobs.items():
-            if idx in self.stages and job_id not in self.aborting:
+        for job_id, (s, idx, wid, _) in ctl.jobs.items():
+            # (an evaluation round measures the version it started on: not cut)
+            if idx in self.stages and job_id not in self.aborting and s.group_id >= 0:
                 by_worker.setdefault(wid, []).append(job_id)
         for wid, ids in by_worker.items():
             if ctl.send(wid, AbortJobs(job_ids=sorted(ids))):

@@ -75,10 +75,14 @@ def snapshot(ctl: Controller) -> ControllerState:
     """The state to checkpoint: between steps, or after the run stopped (a step cut short
     counts as not taken: its groups wait for the trainer again)."""
     saved: list[SampleState] = []
+    # (an evaluation round in flight is not kept: its ids are negative, and a resumed run
+    # takes the rounds after the last one recorded; controller/evaluation.py)
     for idx, edge in ctl.edges.items():
-        saved += [_saved(s, idx) for s in edge.samples()]
-    saved += [_saved(s, idx) for s, idx, _, _ in ctl.jobs.values() if VOID not in s.private]
-    saved += [_saved(s, idx) for s, idx in ctl.tools.waiting.values()]  # called again on resume
+        saved += [_saved(s, idx) for s in edge.samples() if s.group_id >= 0]
+    saved += [_saved(s, idx) for s, idx, _, _ in ctl.jobs.values()
+              if VOID not in s.private and s.group_id >= 0]
+    saved += [_saved(s, idx) for s, idx in ctl.tools.waiting.values()  # called again on resume
+              if s.group_id >= 0]
     saved += [_saved(s, idx) for idx, s in ctl.barriers.waiting()]
     saved += [_saved(s, TRAIN_BUFFER) for group in ctl.train_buffer.ready.values() for s in group]
     saved += [_saved(s, TRAIN_BUFFER) for s in ctl.training.samples()]  # a step cut short

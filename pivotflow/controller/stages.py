@@ -17,6 +17,7 @@ from pivotflow.messages import encode_prompt, message_problem
 from pivotflow.protocol import GenerateJob, JobDone, TrainSeq
 from pivotflow.tokenizer.base import Tokenizer
 
+EVAL_TEMPERATURE = "_eval_temperature"  # private key: an evaluation sample's temperature
 SERVED = ("generate", "judge", "reference")  # stage kinds whose jobs a pool's workers serve
 PARTIAL = "_partial"  # private key of an aborted job's partial state, consumed on re-dispatch
 COUNTED = "_counted"  # private key: tokens of that partial state already counted as generated
@@ -36,7 +37,8 @@ def generate_job(node: Node, sample: Sample, job_id: int, tok: Tokenizer,
         prompt_ids=sample.fields["prompt_ids"],
         max_tokens=int(sample.fields.get("max_tokens", opts["max_tokens"])),
         min_tokens=int(sample.fields.get("min_tokens", opts.get("min_tokens", 0))),
-        temperature=float(opts["temperature"]),
+        # (an evaluation sample's own: controller/evaluation.py)
+        temperature=float(sample.private.get(EVAL_TEMPERATURE, opts["temperature"])),
         top_p=float(opts["top_p"]),
         seed=sample.seed,
         stop_token_ids=list(tok.eos_ids),

@@ -189,6 +189,9 @@ def skip_group(ctl: Controller, exc: StageError) -> None:
     queued or generating, are dropped when they come back), so it is neither lost nor trained."""
     log.error("skipped a group (on_error=skip): %s", exc, exc_info=exc)
     gid = exc.group_id
+    if gid < 0:  # an evaluation sample (controller/evaluation.py): the round counts it failed
+        ctl.drop_group(gid, filtered=False)
+        return
     if ctl.ledger.settled(gid):
         return  # another sample of it failed first
     # counted with the filtered: a stage that fails on everything must not spin forever

@@ -1,0 +1,133 @@
+"""Evaluation rounds: the policy on held-out prompts every ``eval_every`` optimizer steps
+(verl's ``test_freq`` with ``val_before_train``, OpenRLHF's ``eval_steps``).
+
+A round admits one sample per held-out prompt when the policy reaches a version due (0, every
+``eval_every``-th, and the run's last), generated at ``eval_temperature`` (0: greedy, as verl's
+validation) with the first generate stage's other settings. Its samples go through the graph's
+stages like any other, the judge and map stages included, and leave the flow at the first
+stage that waits for a whole group (a group, filter or train stage): they are never grouped,
+advantaged or trained, and a reference stage passes them by. What they hold there is the
+round's result: the rule-checked accuracy (``correct``, the task's rule), the reward the
+judge or a map stage gave, the response lengths.
+
+Their ids are negative (group ``-1 - k``, sample ``-1 - k``), so no training sample, ledger
+entry or snapshot ever meets them: a checkpoint leaves a round in flight out, and a resumed
+run takes the rounds after the last one recorded. Generating them costs what generating
+training samples costs, on the same pools; the planner sees them as queued work.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pivotflow.controller.records import length_figures
+from pivotflow.controller.sample import Sample
+from pivotflow.controller.stages import EVAL_TEMPERATURE
+from pivotflow.messages import encode_prompt
+from pivotflow.tasks.registry import Problem
+from pivotflow.tokenizer.base import Tokenizer
+
+if TYPE_CHECKING:
+    from pivotflow.controller.core import Controller
+
+EVAL = "_eval"  # private key: the version of the round a sample belongs to
+
+
+class Evaluation:
+    """Held-out prompts, the rounds due, and the round in flight (one at a time)."""
+
+    def __init__(self, problems: list[Problem], tok: Tokenizer, *, every: int, steps: int,
+                 temperature: float, chat_template: bool, seed: int,
+                 on_round: Callable[[dict[str, Any]], None],
+                 after: int | None = None) -> None:
+        self.problems = problems
+        self.prompt_ids = [encode_prompt(tok, p.prompt, chat_template=chat_template)
+                           for p in problems]
+        self.every, self.steps, self.temperature = every, steps, temperature
+        # one sampling seed per prompt, the same every round (rounds differ by the policy only)
+        rng = random.Random(f"eval/{seed}")
+        self.seeds = [rng.randrange(2**31) for _ in problems]
+        self.on_round = on_round
+        self.after = -1 if after is None else after  # rounds at versions up to it are recorded
+        self.version: int | None = None  # the round in flight
+        self.waiting: set[int] = set()  # its samples not back yet (group ids)
+        self.results: list[Sample] = []
+        self.failed = 0  # its samples a stage function failed on (on_error=skip)
+        self.started_s = 0.0
+        self.next_id = 0
+
+    def due(self, version: int) -> bool:
+        """A round is due at ``version`` (none is in flight, none was taken there)."""
+        return (self.version is None and version > self.after and bool(self.problems)
+                and (version % self.every == 0 or version == self.steps))
+
+    @property
+    def busy(self) -> bool:
+        """A round is in flight, or the run's last one is still to come."""
+        return self.version is not None or self.after < self.steps
+
+    def admit(self, ctl: Controller, now: float) -> list[Sample]:
+        """The samples of the round due at the policy's version, if one is (else none)."""
+        if not self.due(ctl.version):
+            return []
+        self.version, self.started_s = ctl.version, now
+        self.results, self.failed = [], 0
+        samples = []
+        for i, (problem, ids) in enumerate(zip(self.problems, self.prompt_ids, strict=True)):
+            k = self.next_id
+            self.next_id += 1
+            columns = dict(problem.meta)
+            fields = {**columns, "prompt": problem.prompt, "answer": problem.answer,
+                      "prompt_ids": ids, "prompt_id": i, "group_id": -1 - k,
+                      "sample_id": -1 - k}
+            sample = Sample(-1 - k, -1 - k, 1, ctl.version, self.seeds[i], fields)
+            sample.private[EVAL] = ctl.version
+            sample.private[EVAL_TEMPERATURE] = self.temperature
+            samples.append(sample)
+        self.waiting = {s.group_id for s in samples}
+        return samples
+
+    def arrive(self, ctl: Controller, sample: Sample, now: float) -> None:
+        """A sample of the round reached the first stage that waits for a group: done."""
+        if sample.group_id not in self.waiting:
+            return
+        self.results.append(sample)
+        self._one_back(ctl, sample.group_id, now)
+
+    def drop(self, ctl: Controller, group_id: int) -> None:
+        """A stage function failed on a sample of the round (``on_error=skip``)."""
+        if group_id in self.waiting:
+            self.failed += 1
+            self._one_back(ctl, group_id, ctl.clock.now())
+
+    def _one_back(self, ctl: Controller, group_id: int, now: float) -> None:
+        self.waiting.discard(group_id)
+        if self.waiting:
+            return
+        version, samples = self.version, self.results
+        assert version is not None
+        correct = [bool(s.fields["correct"]) for s in samples
+                   if s.fields.get("correct") is not None]
+        rewards = [float(s.fields["reward"]) for s in samples
+                   if s.fields.get("reward") is not None]
+        versions = [v for s in samples for v in (s.fields.get("versions") or ())]
+        lengths = length_figures(samples) if samples else {}
+        record: dict[str, Any] = {
+            "step": version,
+            "time_s": now - ctl.started_at,
+            "round_s": now - self.started_s,
+            "prompts": len(self.problems),
+            "temperature": self.temperature,
+            "task_accuracy": sum(correct) / len(correct) if correct else None,
+            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "reward_missing": len(samples) - len(rewards),
+            "samples_failed": self.failed,
+            "policy_version_min": min(versions) if versions else None,
+            "policy_version_max": max(versions) if versions else None,
+            **lengths,
+        }
+        self.after, self.version, self.results = version, None, []
+        self.on_round(record)
+        ctl.finish_if_trained()  # (the run's last round ends the run)
