@@ -45,6 +45,11 @@ class Chaos:
                 next_step += self.every_steps
 
     def _kill_one(self) -> None:
+        if self.ctl.version >= self.ctl.cfg.steps:
+            # the run is ending (its last step done; records, checkpoint, shutdown): a kill
+            # now tests no recovery, and none would follow it (a kill after the 20th of 20
+            # steps counted one more kill than restarts)
+            return
         serving = sorted(w for w, h in self.ctl.workers.items() if h.state == "ready")
         if serving and self.launcher.kill(self.rng.choice(serving)):
             self.kills += 1
