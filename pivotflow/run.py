@@ -27,7 +27,6 @@ from pivotflow.config import (
 )
 from pivotflow.controller.clock import LoopClock
 from pivotflow.controller.core import Controller
-from pivotflow.controller.evaluation import Evaluation
 from pivotflow.controller.snapshot import restore, snapshot
 from pivotflow.controller.source import PromptSource
 from pivotflow.errors import (
@@ -53,7 +52,7 @@ from pivotflow.resume import (
     refuse,
     resume_point,
 )
-from pivotflow.run_models import ProblemStream, eval_problems, prepare_models
+from pivotflow.run_models import ProblemStream, make_evaluation, prepare_models
 from pivotflow.run_records import decisions_by_shift, eval_ends, save_policy_folder, summarize
 from pivotflow.run_stop import Interrupt, TermBeforeLoop, with_hint
 from pivotflow.sinks import open_sinks, prometheus
@@ -371,14 +370,8 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
                  record["prompts"])
         live.update_eval(record)
 
-    evaluation = None
-    if cfg.eval_every:
-        source_node = graph.order()[0]
-        evaluation = Evaluation(
-            eval_problems(source_node, cfg.eval_prompts), source.tok, every=cfg.eval_every,
-            steps=cfg.steps, temperature=cfg.eval_temperature,
-            chat_template=bool(source_node.options.get("chat_template")), seed=cfg.seed,
-            on_round=on_eval_round, after=recorder.evals.last_step)
+    evaluation = (make_evaluation(graph.order()[0], cfg, source.tok, on_eval_round,
+                                  after=recorder.evals.last_step) if cfg.eval_every else None)
 
     def on_samples(batch: list[Any], step: int, version: int) -> None:
         sampled[:] = step_lines(batch, step, version, cfg.log_samples)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pivotflow.errors import CheckpointError, GraphError, ModelConfigError, PivotflowError
 from pivotflow.graph import Graph, ModelSpec, Node
@@ -13,6 +14,10 @@ from pivotflow.messages import is_messages
 from pivotflow.params.base import ParamStore
 from pivotflow.tasks.registry import Problem, get_task
 from pivotflow.tokenizer.base import Tokenizer
+
+if TYPE_CHECKING:
+    from pivotflow.config import RunConfig
+    from pivotflow.controller.evaluation import Evaluation
 
 # What a tokenizer folder holds (any of them); checked first so that a folder without any says
 # so in one line instead of failing on whichever file a loader looks for first.
@@ -168,9 +173,7 @@ class ProblemStream:
         """The next prompt; a file's row keeps its other columns in ``meta``."""
         self.cursor += 1
         if self.rows:
-            row = self.rows[self._row_index(self.cursor - 1)]
-            extra = {k: v for k, v in row.items() if k not in ("prompt", "answer")}
-            return Problem(prompt=row["prompt"], answer=row["answer"], meta=extra)
+            return row_problem(self.rows[self._row_index(self.cursor - 1)])
         assert self.task is not None
         return self.task.sample(self.rng)
 
@@ -191,6 +194,12 @@ class ProblemStream:
         return self.task.check(answer, completion)
 
 
+def row_problem(row: dict[str, Any]) -> Problem:
+    """A prompt file's row as a problem: its other columns in ``meta``."""
+    extra = {k: v for k, v in row.items() if k not in ("prompt", "answer")}
+    return Problem(prompt=row["prompt"], answer=row["answer"], meta=extra)
+
+
 EVAL_SEED = 7919  # a task's held-out prompts: the same set whatever the run's seed
 
 
@@ -206,11 +215,22 @@ def eval_problems(node: Node, prompts: int) -> list[Problem]:
     opts = node.options
     table = opts.get("eval_table")
     if table is not None:
-        return [Problem(prompt=r["prompt"], answer=r["answer"],
-                        meta={k: v for k, v in r.items() if k not in ("prompt", "answer")})
-                for r in table.rows[:prompts]]
+        return [row_problem(r) for r in table.rows[:prompts]]
     if opts["task"] is None:
         raise GraphError(f"source {node.name!r} at {node.where}: --set eval_every needs "
                          "held-out prompts: give the source eval_path=FILE")
     task = get_task(opts["task"], **opts["task_options"])
     return make_dataset(task, prompts, seed=EVAL_SEED)
+
+
+def make_evaluation(source: Node, cfg: RunConfig, tok: Tokenizer,
+                    on_round: Callable[[dict[str, Any]], None],
+                    after: int | None) -> Evaluation:
+    """The run's evaluation rounds (``eval_every``) on the source's held-out prompts;
+    ``after``: the last round a resumed run's eval.jsonl holds."""
+    from pivotflow.controller.evaluation import Evaluation
+
+    return Evaluation(eval_problems(source, cfg.eval_prompts), tok, every=cfg.eval_every,
+                      steps=cfg.steps, temperature=cfg.eval_temperature,
+                      chat_template=bool(source.options.get("chat_template")), seed=cfg.seed,
+                      on_round=on_round, after=after)

@@ -22,7 +22,7 @@ from pivotflow.controller import stages, user_code
 from pivotflow.controller.barriers import Barriers
 from pivotflow.controller.clock import Clock
 from pivotflow.controller.edges import Edge
-from pivotflow.controller.evaluation import EVAL, Evaluation
+from pivotflow.controller.evaluation import Evaluation
 from pivotflow.controller.handlers import Handlers
 from pivotflow.controller.jobs import JobTable
 from pivotflow.controller.partial import PartialRollouts
@@ -30,7 +30,7 @@ from pivotflow.controller.planning import planner_view
 from pivotflow.controller.pools import Pool, Roster, WorkerHandle
 from pivotflow.controller.records import lost_groups, step_record
 from pivotflow.controller.recovery import Recovery, Respawn
-from pivotflow.controller.sample import Ledger, Sample
+from pivotflow.controller.sample import Ledger, Sample, held_out
 from pivotflow.controller.shifts import ShiftManager
 from pivotflow.controller.source import PromptSource
 from pivotflow.controller.stages import SERVED
@@ -288,13 +288,13 @@ class Controller:
     def advance(self, sample: Sample, idx: int, now: float) -> None:
         """Move a sample to stage ``idx``: run Python stages at once, queue model stages (the
         one way a part that held a sample, a tool call or a regenerated group, hands it on)."""
-        held_out = EVAL in sample.private
-        if not held_out and self.ledger.settled(sample.group_id):
+        evaluated = held_out(sample.group_id)
+        if not evaluated and self.ledger.settled(sample.group_id):
             return  # its group was skipped (a stage function failed, on_error=skip)
         while True:
             sample.reached[idx] = now
             node = self.order[idx]
-            if held_out and (node.kind in BARRIERS or node.kind == "reference"):
+            if evaluated and (node.kind in BARRIERS or node.kind == "reference"):
                 if node.kind == "reference":  # (logprobs for the KL term: none to train)
                     idx += 1
                     continue
@@ -373,9 +373,6 @@ class Controller:
         stage function failed on it (on_error=skip). Its samples still queued or generating
         are dropped when they come back. Returns the groups dropped since the last optimizer
         step and the limit past which nothing is left to train on (the caller says why)."""
-        if group_id < 0 and self.evaluation is not None:  # an evaluation sample
-            self.evaluation.drop(self, group_id)
-            return 0, 1
         self.ledger.count_dropped(filtered=filtered)
         self.ledger.settle(group_id)
         self.train_buffer.dropped(group_id)
@@ -435,7 +432,7 @@ class Controller:
             for sample in edge.pop_many(n, now):
                 job_id = self.jobs.new_id()
                 if generate:
-                    if partial and FIRST not in sample.private and EVAL not in sample.private:
+                    if partial and FIRST not in sample.private and not held_out(sample.group_id):
                         sample.private[FIRST] = self.version
                         self.train_buffer.started(sample.group_id, self.version)
                     job = stages.generate_job(node, sample, job_id, tok, self.version)

@@ -32,7 +32,6 @@ from pivotflow.tokenizer.base import Tokenizer
 if TYPE_CHECKING:
     from pivotflow.controller.core import Controller
 
-EVAL = "_eval"  # private key: the version of the round a sample belongs to
 
 
 class Evaluation:
@@ -60,7 +59,7 @@ class Evaluation:
 
     def due(self, version: int) -> bool:
         """A round is due at ``version`` (none is in flight, none was taken there)."""
-        return (self.version is None and version > self.after and bool(self.problems)
+        return (self.version is None and version > self.after
                 and (version % self.every == 0 or version == self.steps))
 
     @property
@@ -83,7 +82,6 @@ class Evaluation:
                       "prompt_ids": ids, "prompt_id": i, "group_id": -1 - k,
                       "sample_id": -1 - k}
             sample = Sample(-1 - k, -1 - k, 1, ctl.version, self.seeds[i], fields)
-            sample.private[EVAL] = ctl.version
             sample.private[EVAL_TEMPERATURE] = self.temperature
             samples.append(sample)
         self.waiting = {s.group_id for s in samples}

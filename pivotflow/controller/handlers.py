@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pivotflow.controller import stages, user_code
 from pivotflow.controller.pools import WorkerHandle
+from pivotflow.controller.sample import held_out
 from pivotflow.errors import WorkerError
 from pivotflow.protocol import (
     PROTOCOL_VERSION,
@@ -154,7 +155,7 @@ class Handlers:
             stages.apply_reference(node, sample, r)
         else:
             ran, judged = user_code.guard(ctl, stages.apply_verdict, node, sample, r, tok)
-            if ran and not judged and sample.group_id >= 0:  # (an evaluation round counts its own)
+            if ran and not judged and not held_out(sample.group_id):  # (an evaluation round counts its own)
                 ctl.count_judge_failure()
         ctl.advance(sample, idx + 1, now)  # (dropped there if its group was skipped)
         # finished before a checkpoint's abort reached it; only now is the sample somewhere a

@@ -47,7 +47,7 @@ import math
 from typing import TYPE_CHECKING
 
 from pivotflow.controller import stages
-from pivotflow.controller.sample import Sample
+from pivotflow.controller.sample import Sample, held_out
 from pivotflow.controller.train_batch import RETRIED, VOID, oldest_token
 from pivotflow.protocol import AbortJobs, JobDone
 
@@ -75,7 +75,7 @@ class PartialRollouts:
         by_worker: dict[str, list[int]] = {}
         for job_id, (s, idx, wid, _) in ctl.jobs.items():
             # (an evaluation round measures the version it started on: not cut)
-            if idx in self.stages and job_id not in self.aborting and s.group_id >= 0:
+            if idx in self.stages and job_id not in self.aborting and not held_out(s.group_id):
                 by_worker.setdefault(wid, []).append(job_id)
         for wid, ids in by_worker.items():
             if ctl.send(wid, AbortJobs(job_ids=sorted(ids))):

@@ -27,6 +27,12 @@ class Sample:
     reached: dict[int, float] = field(default_factory=dict)
 
 
+def held_out(group_id: int) -> bool:
+    """Whether a group id is an evaluation sample's (controller/evaluation.py: they are
+    negative, training's count up from 0): the one test every part that passes them over uses."""
+    return group_id < 0
+
+
 @dataclass(slots=True)
 class Ledger:
     """Counts that must balance: every admitted group is trained, filtered or skipped once."""

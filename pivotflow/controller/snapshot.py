@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from pivotflow.controller import stages
-from pivotflow.controller.sample import Sample
+from pivotflow.controller.sample import Sample, held_out
 from pivotflow.controller.train_batch import FIRST, RETRIED, VOID
 from pivotflow.controller.turns import AWAITING
 from pivotflow.errors import CheckpointError
@@ -78,11 +78,11 @@ def snapshot(ctl: Controller) -> ControllerState:
     # (an evaluation round in flight is not kept: its ids are negative, and a resumed run
     # takes the rounds after the last one recorded; controller/evaluation.py)
     for idx, edge in ctl.edges.items():
-        saved += [_saved(s, idx) for s in edge.samples() if s.group_id >= 0]
+        saved += [_saved(s, idx) for s in edge.samples() if not held_out(s.group_id)]
     saved += [_saved(s, idx) for s, idx, _, _ in ctl.jobs.values()
-              if VOID not in s.private and s.group_id >= 0]
+              if VOID not in s.private and not held_out(s.group_id)]
     saved += [_saved(s, idx) for s, idx in ctl.tools.waiting.values()  # called again on resume
-              if s.group_id >= 0]
+              if not held_out(s.group_id)]
     saved += [_saved(s, idx) for idx, s in ctl.barriers.waiting()]
     saved += [_saved(s, TRAIN_BUFFER) for group in ctl.train_buffer.ready.values() for s in group]
     saved += [_saved(s, TRAIN_BUFFER) for s in ctl.training.samples()]  # a step cut short

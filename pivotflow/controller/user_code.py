@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pivotflow.controller.sample import Sample
+from pivotflow.controller.sample import Sample, held_out
 from pivotflow.errors import StageError
 from pivotflow.graph import DEFAULT_DEADLINE_S
 
@@ -189,8 +189,9 @@ def skip_group(ctl: Controller, exc: StageError) -> None:
     queued or generating, are dropped when they come back), so it is neither lost nor trained."""
     log.error("skipped a group (on_error=skip): %s", exc, exc_info=exc)
     gid = exc.group_id
-    if gid < 0:  # an evaluation sample (controller/evaluation.py): the round counts it failed
-        ctl.drop_group(gid, filtered=False)
+    if held_out(gid):  # an evaluation sample (controller/evaluation.py): the round counts it
+        assert ctl.evaluation is not None
+        ctl.evaluation.drop(ctl, gid)
         return
     if ctl.ledger.settled(gid):
         return  # another sample of it failed first

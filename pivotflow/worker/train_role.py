@@ -23,7 +23,12 @@ import time
 import torch
 
 from pivotflow.controller.train_tokens import valid_tokens
-from pivotflow.engines.torch.model import entropy_detached, pick_targets, token_logprobs
+from pivotflow.engines.torch.model import (
+    entropy_detached,
+    entropy_of,
+    pick_targets,
+    token_logprobs,
+)
 from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve_dtype
 from pivotflow.errors import CheckpointError, WorkerError
 from pivotflow.params.base import ParamStore
@@ -99,7 +104,7 @@ def response_logprobs_entropy(model: torch.nn.Module, batch: dict[str, torch.Ten
     logp_all = torch.log_softmax(response_logits(model, batch).float(), dim=-1)
     logp = pick_targets(logp_all, batch["targets"])  # (= token_logprobs on the same logits)
     if entropy_grad:
-        return logp, -(logp_all.exp() * logp_all).sum(-1)
+        return logp, entropy_of(logp_all)
     return logp, entropy_detached(logp_all, ENTROPY_CHUNK)
 
 

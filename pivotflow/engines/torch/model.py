@@ -325,12 +325,16 @@ def pick_targets(logp: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """The entropy of each position's next-token distribution, in nats: logits [..., V] ->
     [...] (float32; differentiable)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    return entropy_of(torch.log_softmax(logits.float(), dim=-1))
+
+
+def entropy_of(logp: torch.Tensor) -> torch.Tensor:
+    """``token_entropy`` from a log-softmax already taken ([..., V] -> [...]; differentiable)."""
     return -(logp.exp() * logp).sum(-1)
 
 
 def entropy_detached(logp: torch.Tensor, chunk: int) -> torch.Tensor:
-    """``token_entropy`` from a log-softmax already taken ([..., V] -> [...]), outside autograd,
+    """``entropy_of`` a log-softmax ([..., V] -> [...]), outside autograd,
     ``chunk`` positions at a time through one reused buffer: a fresh vocabulary-wide tensor per
     chunk cost 3x the time on CPU (allocating and faulting in the pages) and, whole, as much
     memory as the logits."""
