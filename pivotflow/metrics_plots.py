@@ -33,7 +33,6 @@ returned. matplotlib is imported here, lazily, and only its object API with the 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -44,6 +43,16 @@ from typing import Any
 from pivotflow.controller.records import path_points
 from pivotflow.flow_samples import read_flow
 from pivotflow.metrics import read_metrics
+from pivotflow.metrics_timeline import (
+    Timeline,
+    continuous_times,
+    float_or_nan,
+    flow_timeline,
+    placed_shifts,
+    pool_timeline,
+    read_history,
+    resume_points,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +66,6 @@ STEP_PATH_ROWS = 400  # the newest steps drawn: more rows than pixels say nothin
 POOL_OFFSET = 0.1  # workers between pool lines of the same size (less than the integer ticks)
 RESUME_STYLE = {"color": "tab:red", "linestyle": ":", "linewidth": 1.2}
 
-Timeline = dict[str, tuple[list[float], list[float]]]
-
-
-def _num(v: Any) -> float:
-    """A record value as a float for plotting; null and non-numbers become NaN (a gap)."""
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
-
 
 def _series(records: list[dict[str, Any]], key: str) -> dict[str, list[float]]:
     """``{name: values}`` of a ``{name: number}`` field, aligned to records (missing -> NaN)."""
@@ -72,7 +74,7 @@ def _series(records: list[dict[str, Any]], key: str) -> dict[str, list[float]]:
         for name in r.get(key) or {}:
             if name not in names:
                 names.append(name)
-    return {n: [_num((r.get(key) or {}).get(n)) for r in records] for n in names}
+    return {n: [float_or_nan((r.get(key) or {}).get(n)) for r in records] for n in names}
 
 
 def ema(values: list[float], span: float) -> list[float]:
@@ -93,131 +95,6 @@ def ema(values: list[float], span: float) -> list[float]:
 def smoothing_span(n: int) -> int:
     """Points the smoothed line averages over: a tenth of the run, within [2, 50]."""
     return max(2, min(50, round(n / 10)))
-
-
-def continuous_times(records: list[dict[str, Any]]) -> list[float]:
-    """time_s of each record on one clock: where it goes backwards (a resume of a run from
-    before time_s continued restarted it from 0), the time of the step it resumed from (the
-    record before) is added from there on."""
-    out: list[float] = []
-    offset = last = 0.0
-    for r in records:
-        t = _num(r.get("time_s"))
-        if out and not math.isnan(t) and t + offset < last:
-            offset = last
-        out.append(t + offset)
-        if not math.isnan(t + offset):
-            last = t + offset
-    return out
-
-
-def read_history(config_path: Path) -> list[dict[str, Any]]:
-    """config.json's ``history`` (the run's segments), [] when there is none to read."""
-    try:
-        history = json.loads(config_path.read_text()).get("history")
-    except (OSError, ValueError, AttributeError):
-        return []
-    return [h for h in history if isinstance(h, dict)] if isinstance(history, list) else []
-
-
-def resume_points(records: list[dict[str, Any]], times: list[float],
-                  history: list[dict[str, Any]]) -> list[tuple[int, float]]:
-    """(step, time_s) where each resume continued, from config.json's history."""
-    at = {int(_num(r.get("step"))): t for r, t in zip(records, times, strict=True)
-          if not math.isnan(_num(r.get("step")))}
-    out = []
-    for h in history[1:]:
-        step = h.get("from_step")
-        if isinstance(step, int) and step in at:
-            out.append((step, at[step]))
-    return out
-
-
-def _segment_start(step: float, resumes: list[tuple[int, float]]) -> float | None:
-    """The run time at which the segment that recorded ``step`` started (None: the first)."""
-    starts = [t for s, t in resumes if s < step]
-    return starts[-1] if starts else None
-
-
-def placed_shifts(records: list[dict[str, Any]], times: list[float],
-                  resumes: list[tuple[int, float]]) -> list[list[tuple[float, str, str]]]:
-    """Each record's shifts as (time, from, to), in time order, placed within its step: a
-    shift timed before its step (a resumed segment that timed its shifts from its own start)
-    is moved by the segment's start time; one still outside the step is put at its nearer end."""
-    out = []
-    before = 0.0
-    for r, end in zip(records, times, strict=True):
-        start = _segment_start(_num(r.get("step")), resumes)
-        placed = []
-        for e in r.get("shift_events") or []:
-            if not isinstance(e, dict) or math.isnan(end):
-                continue
-            t = _num(e.get("time_s"))
-            if not math.isnan(t) and t < before and start is not None and before <= t + start:
-                t += start
-            placed.append((end if math.isnan(t) else min(max(t, before), end),
-                           str(e.get("from")), str(e.get("to"))))
-        out.append(sorted(placed))
-        if not math.isnan(end):
-            before = end
-    return out
-
-
-def pool_timeline(records: list[dict[str, Any]],
-                  resumes: list[tuple[int, float]] | None = None) -> Timeline:
-    """Workers per pool as step functions of time, from each step's pools and its shifts.
-
-    A step's record sees the pools only at its end, which would hide every shift within the
-    step: each step's line starts from its end's pools with its shifts undone, then replays
-    them at their times (``placed_shifts``). A jump between one step's end and the next one's
-    start (a resume starts from the configured pools) is drawn where the step starts; a pool
-    first seen later had 0 workers before."""
-    times = continuous_times(records)
-    line: Timeline = {}
-
-    def move(name: str, t: float, value: float) -> None:
-        ts, vs = line.setdefault(name, ([0.0], [0.0]))
-        if vs[-1] == value:
-            return
-        if ts[-1] == t:  # two changes at one time: one step
-            vs[-1] = value
-        else:
-            ts.append(t)
-            vs.append(value)
-
-    before = 0.0
-    for r, end, events in zip(records, times, placed_shifts(records, times, resumes or []),
-                              strict=True):
-        if math.isnan(end):
-            continue
-        sizes = {k: _num(v) for k, v in (r.get("pools") or {}).items()}
-        for _, src, dst in events:  # undo this step's shifts: the pools at its start
-            sizes[src] = sizes.get(src, 0.0) + 1
-            sizes[dst] = sizes.get(dst, 0.0) - 1
-        for name in [*line, *(n for n in sizes if n not in line)]:
-            move(name, before, sizes.get(name, 0.0))
-        for t, src, dst in events:
-            for name, delta in ((src, -1.0), (dst, 1.0)):
-                move(name, t, line.get(name, ([0.0], [0.0]))[1][-1] + delta)
-        before = end
-    for ts, vs in line.values():
-        ts.append(before)
-        vs.append(vs[-1])
-    return line
-
-
-def flow_timeline(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """flow.jsonl's samples on one time axis, in time order: a segment's samples from after
-    the next segment's start (the time a resume took again from its checkpoint) are left out."""
-    timed = [(int(_num(s.get("segment")) if s.get("segment") is not None else 0),
-              _num(s.get("time_s")), s) for s in samples]
-    starts: dict[int, float] = {}
-    for seg, t, _ in timed:
-        if not math.isnan(t):
-            starts.setdefault(seg, t)
-    kept = [(t, s) for seg, t, s in timed if not math.isnan(t)
-            and t < min([u for k, u in starts.items() if k > seg], default=math.inf)]
-    return [s for _, s in sorted(kept, key=lambda ts: ts[0])]
 
 
 def _save(fig: Any, path: Path) -> None:
@@ -248,18 +125,18 @@ def _reward_accuracy(records: list[dict[str, Any]], path: Path,
                      rounds: Sequence[dict[str, Any]] = ()) -> None:
     from matplotlib.figure import Figure
 
-    steps = [_num(r.get("step")) for r in records]
+    steps = [float_or_nan(r.get("step")) for r in records]
     span = smoothing_span(len(records))
     fig = Figure(figsize=(8, 4.5), layout="constrained")
     ax = fig.add_subplot()
-    _raw_and_smoothed(ax, steps, [_num(r.get("reward_mean")) for r in records], "reward mean",
-                      "tab:blue", span)
+    _raw_and_smoothed(ax, steps, [float_or_nan(r.get("reward_mean")) for r in records],
+                      "reward mean", "tab:blue", span)
     ax.set_xlabel("step")
     ax.set_ylabel("reward mean")
     _mark_resumes(ax, [float(s) for s, _ in resumes])
     handles = ax
-    accuracy = [_num(r.get("task_accuracy")) for r in records]
-    held_out = [(float(r["step"]), _num(r.get("task_accuracy"))) for r in rounds]
+    accuracy = [float_or_nan(r.get("task_accuracy")) for r in records]
+    held_out = [(float(r["step"]), float_or_nan(r.get("task_accuracy"))) for r in rounds]
     if any(not math.isnan(a) for a in accuracy + [a for _, a in held_out]):
         ax2 = ax.twinx()
         _raw_and_smoothed(ax2, steps, accuracy, "task accuracy", "tab:green", span)
@@ -285,8 +162,8 @@ def _kl_ref(records: list[dict[str, Any]], path: Path, resumes: list[tuple[int, 
 
     fig = Figure(figsize=(8, 4.5), layout="constrained")
     ax = fig.add_subplot()
-    _raw_and_smoothed(ax, [_num(r.get("step")) for r in records],
-                      [_num(r.get("train_kl_ref")) for r in records], "KL to the reference",
+    _raw_and_smoothed(ax, [float_or_nan(r.get("step")) for r in records],
+                      [float_or_nan(r.get("train_kl_ref")) for r in records], "KL to the reference",
                       "tab:purple", smoothing_span(len(records)))
     _mark_resumes(ax, [float(s) for s, _ in resumes])
     ax.set_xlabel("step")
@@ -301,17 +178,17 @@ def _entropy_clip(records: list[dict[str, Any]], path: Path,
                   resumes: list[tuple[int, float]]) -> None:
     from matplotlib.figure import Figure
 
-    steps = [_num(r.get("step")) for r in records]
+    steps = [float_or_nan(r.get("step")) for r in records]
     span = smoothing_span(len(records))
     fig = Figure(figsize=(8, 6), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
-    _raw_and_smoothed(top, steps, [_num(r.get("train_entropy")) for r in records],
+    _raw_and_smoothed(top, steps, [float_or_nan(r.get("train_entropy")) for r in records],
                       "entropy", "tab:purple", span)
     top.set_ylabel("nats per token")
     top.set_title("the policy's entropy and the ratio clip per step")
     for key, label, color in (("train_clip_frac_low", "clipped below", "tab:blue"),
                               ("train_clip_frac_high", "clipped above", "tab:red")):
-        bottom.plot(steps, [_num(r.get(key)) for r in records], marker=".", markersize=3,
+        bottom.plot(steps, [float_or_nan(r.get(key)) for r in records], marker=".", markersize=3,
                     linewidth=0.8, color=color, label=label)
     bottom.set_ylabel("share of trained tokens")
     bottom.set_xlabel("step")
@@ -327,19 +204,19 @@ def plot_response_lengths(records: list[dict[str, Any]], path: Path,
     """``response_lengths.png`` from step records (``pivotflow sim --out`` draws it too)."""
     from matplotlib.figure import Figure
 
-    steps = [_num(r.get("step")) for r in records]
+    steps = [float_or_nan(r.get("step")) for r in records]
     fig = Figure(figsize=(8, 4.5), layout="constrained")
     ax = fig.add_subplot()
-    ax.plot(steps, [_num(r.get("response_len_mean")) for r in records], marker=".",
+    ax.plot(steps, [float_or_nan(r.get("response_len_mean")) for r in records], marker=".",
             markersize=3, color="tab:blue", label="mean response")
-    ax.plot(steps, [_num(r.get("response_len_max")) for r in records], marker=".",
+    ax.plot(steps, [float_or_nan(r.get("response_len_max")) for r in records], marker=".",
             markersize=3, color="tab:orange", label="longest response")
     ax.set_xlabel("step")
     ax.set_ylabel("tokens")
     ax.set_ylim(bottom=0)
     _mark_resumes(ax, [float(s) for s, _ in resumes])
     ax2 = ax.twinx()
-    ax2.plot(steps, [_num(r.get("response_clip_ratio")) for r in records], linewidth=1.0,
+    ax2.plot(steps, [float_or_nan(r.get("response_clip_ratio")) for r in records], linewidth=1.0,
              linestyle="--", color="tab:red", label="cut at the length limit (share)")
     ax2.set_ylabel("share cut at the length limit")
     ax2.set_ylim(-0.02, 1.02)
@@ -383,7 +260,7 @@ def _pools_queues(records: list[dict[str, Any]], path: Path,
     axes = fig.subplots(panels, 1, sharex=True)
     _draw_pools(axes[0], pool_timeline(records, resumes))
     if flow:
-        flow_t = [_num(s.get("time_s")) for s in flow]
+        flow_t = [float_or_nan(s.get("time_s")) for s in flow]
         for name, values in _series(flow, "queue_depth").items():
             axes[1].step(flow_t, values, where="post", label=name)
         for name, values in _series(flow, "jobs_in_flight").items():
@@ -435,7 +312,7 @@ def plot_step_path(records: list[dict[str, Any]], path: Path) -> None:
     by_part: dict[str, list[tuple[float, float, float]]] = {}
     for r in rows:
         for part, a, b in path_segments(r):
-            by_part.setdefault(part, []).append((_num(r.get("step")), a, b - a))
+            by_part.setdefault(part, []).append((float_or_nan(r.get("step")), a, b - a))
     fig = Figure(figsize=(9, max(3.0, min(12.0, 1.5 + 0.12 * len(rows)))), layout="constrained")
     ax = fig.add_subplot()
     colors = {"generation": "tab:blue", "to the trainer": "tab:gray", "waiting": "tab:orange",

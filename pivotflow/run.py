@@ -39,7 +39,7 @@ from pivotflow.graph_check import build_graph, graph_defaults, import_graph_file
 from pivotflow.launch.chaos import Chaos
 from pivotflow.launch.fleet import LauncherFleet
 from pivotflow.launch.workers import launcher_summary, open_workers
-from pivotflow.metrics import STEP_KEYS, RunRecorder, StepRecord
+from pivotflow.metrics import RunRecorder
 from pivotflow.params.base import ParamStore
 from pivotflow.planner import Planner, make_planner
 from pivotflow.resume import (
@@ -52,11 +52,11 @@ from pivotflow.resume import (
     refuse,
     resume_point,
 )
+from pivotflow.run_callbacks import RunCallbacks
 from pivotflow.run_models import ProblemStream, make_evaluation, prepare_models
 from pivotflow.run_records import decisions_by_shift, eval_ends, save_policy_folder, summarize
 from pivotflow.run_stop import Interrupt, TermBeforeLoop, with_hint
 from pivotflow.sinks import open_sinks, prometheus
-from pivotflow.sinks.samples import step_lines
 from pivotflow.transport.curve import load_controller_keys
 
 log = logging.getLogger("pivotflow.run")
@@ -313,13 +313,10 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     from pivotflow.live import LiveView
 
     out, cont = seg.out, seg.cont
-    steps: list[dict[str, Any]] = list(cont.steps)  # the whole run's, across resumes
     live = LiveView(graph.name, cfg.steps, console=console, enabled=cfg.live)
     policy = graph.order()[-1].model or ""  # the trained model
     checkpointed: dict[str, Any] = {"step": cont.step if seg.ckpt is not None else None,
                                     "error": None}
-    sampled: list[dict[str, Any]] = []  # this step's samples.jsonl lines, until its record
-    last: dict[str, Any] = {}  # the newest step record, for the metrics endpoint
 
     def write_checkpoint() -> None:
         if ctl.version <= (checkpointed["step"] or 0) or checkpointed["error"]:
@@ -333,59 +330,9 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
             return
         checkpointed["step"] = ctl.version
 
-    def on_step(record: dict[str, Any]) -> None:
-        record["controller_cpu_s"] = time.process_time()  # this process is the controller
-        record["controller_loop_cpu_s"] = time.thread_time()  # ... its event loop's thread alone
-        cont.carry_onto(record)  # one clock and one count of shifts across resumes
-        std = {k: record[k] for k in STEP_KEYS if k in record}
-        extra = {k: v for k, v in record.items() if k not in STEP_KEYS}
-        first = len(steps) == len(cont.steps)
-        try:
-            recorder.record_step(StepRecord(**std, extra=extra))
-            recorder.record_samples(record["step"], sampled)
-            if first and seg.ckpt is not None:  # a resume's config, once it has a step
-                recorder.write_config(seg.config)
-        except OSError as exc:
-            ctl.fail(MetricsError(f"cannot write the run records in {out}: "
-                                  f"{exc.strerror or exc}"))
-            return
-        # only what the summary needs: a long run must not keep every record in memory
-        steps.append({"step": record["step"], "task_accuracy": record.get("task_accuracy")})
-        sampled.clear()
-        last["record"] = record
-        sinks.write(record)
-        live.update_step(record)
-        if cfg.checkpoint_every and record["step"] % cfg.checkpoint_every == 0:
-            ctl.checkpoint_soon(write_checkpoint)
-
-    def on_eval_round(record: dict[str, Any]) -> None:
-        try:
-            recorder.record_eval(record)
-        except OSError as exc:
-            ctl.fail(MetricsError(f"cannot write the run records in {out}: "
-                                  f"{exc.strerror or exc}"))
-            return
-        log.info("evaluation at step %d: task_accuracy %s, reward_mean %s (%d prompts)",
-                 record["step"], record["task_accuracy"], record["reward_mean"],
-                 record["prompts"])
-        live.update_eval(record)
-
-    evaluation = (make_evaluation(graph.order()[0], cfg, source.tok, on_eval_round,
+    records = RunCallbacks(cfg, recorder, seg, live, write_checkpoint)
+    evaluation = (make_evaluation(graph.order()[0], cfg, source.tok, records.on_eval_round,
                                   after=recorder.evals.last_step) if cfg.eval_every else None)
-
-    def on_samples(batch: list[Any], step: int, version: int) -> None:
-        sampled[:] = step_lines(batch, step, version, cfg.log_samples)
-
-    from pivotflow.flow_samples import FlowSampler
-
-    flow: list[FlowSampler] = []  # made once this segment may write: a resume, at its first step
-
-    def sample_flow() -> None:
-        if seg.ckpt is not None and len(steps) == len(cont.steps):
-            return  # a resume that records no step leaves every earlier record as it was
-        if not flow:
-            flow.append(FlowSampler(ctl, out / "flow.jsonl"))
-        flow[0].sample()
 
     loop = asyncio.get_running_loop()
     started = time.perf_counter()
@@ -395,9 +342,9 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     # What the run opens is released in reverse order however it ends: the signal handlers
     # first, then the workers, the socket, the tool pools, the metrics endpoint, the sinks.
     async with contextlib.AsyncExitStack() as stack:
-        sinks = open_sinks(cfg.sinks, out, seg.config,
-                           cont.step if seg.ckpt is not None else None)
-        stack.callback(sinks.close)
+        records.sinks = open_sinks(cfg.sinks, out, seg.config,
+                                   cont.step if seg.ckpt is not None else None)
+        stack.callback(records.sinks.close)
         tool_pools = start_tool_pools(graph, out)
         stack.callback(close_tool_pools, tool_pools)
         tc = cfg.transport_config()
@@ -409,14 +356,14 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
                                 assignments=assignments,
                                 role_options=role_options(graph, cfg, models.dirs),
                                 store_dir=str(store.root), planner=build_planner(cfg, graph),
-                                on_step=on_step, tool_pools=tool_pools,
-                                on_samples=on_samples if cfg.log_samples else None,
+                                on_step=records.on_step, tool_pools=tool_pools,
+                                on_samples=records.on_samples if cfg.log_samples else None,
                                 evaluation=evaluation)
         machine = assemble(stack, graph, cfg.controller_config(), parts, transport=transport,
                            clock=LoopClock(), fleet=LauncherFleet(launcher, assignments))
-        ctl = machine.controller
+        ctl = records.ctl = machine.controller
         if listener is not None:
-            endpoint = prometheus.MetricsEndpoint(listener, ctl, lambda: last.get("record"))
+            endpoint = prometheus.MetricsEndpoint(listener, ctl, lambda: records.last)
             stack.push_async_callback(endpoint.close)
         if seg.ckpt is not None:
             restore(ctl, seg.ckpt.state)
@@ -436,7 +383,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
                         console.print(f"Prometheus metrics at {url}", highlight=False)
                 # chaos and the live view (with flow.jsonl) run beside the controller and the
                 # fleet's exit watch, are cancelled when it ends; an error in one stops the run
-                await machine.run(chaos.run(), _refresh(live, ctl, sample_flow))
+                await machine.run(chaos.run(), _refresh(live, ctl, records.sample_flow))
         except Exception as exc:  # every stop writes summary.json with why (raised again below)
             error = exc
     wall = time.perf_counter() - started
@@ -444,10 +391,10 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     # it); a checkpoint that cannot be taken (a full disk) leaves the last whole one
     write_checkpoint()
     error = error or checkpointed["error"]
-    if error is not None and seg.ckpt is not None and len(steps) == len(cont.steps):
+    if error is not None and records.resume_without_step():
         # a resume that recorded no step leaves every earlier record as it was
         raise with_hint(error, seg, checkpointed["step"])
-    summary = summarize(ctl, steps, cont.time_s + wall, error)
+    summary = summarize(ctl, records.steps, cont.time_s + wall, error)
     summary.shifts += cont.shifts
     summary.migrations += cont.migrations
     summary.worker_restarts += cont.worker_restarts
@@ -477,7 +424,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
                                       f"{getattr(exc, 'strerror', None) or exc}")
     if error is not None:
         raise with_hint(error, seg, checkpointed["step"])
-    return RunResult(out, json.loads((out / "summary.json").read_text()), steps)
+    return RunResult(out, json.loads((out / "summary.json").read_text()), records.steps)
 
 
 async def _unhook_signals(loop: asyncio.AbstractEventLoop) -> None:

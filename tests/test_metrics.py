@@ -275,7 +275,7 @@ def test_ewma_rate_tracks_a_steady_rate_and_decays() -> None:
 
 
 def test_pool_timeline_replays_the_shifts_within_steps() -> None:
-    from pivotflow.metrics_plots import pool_timeline
+    from pivotflow.metrics_timeline import pool_timeline
 
     # step 1 ends at t=2 with pools {r: 2, t: 0}: a shift t -> r at 1.0 happened in it;
     # step 2 ends at t=4 with {r: 1, t: 1}: r -> t at 3.0 (and nothing else)
@@ -301,7 +301,7 @@ def test_smoothed_line_is_a_debiased_ema_that_bridges_gaps() -> None:
 
 
 def test_a_restarted_clock_and_segment_timed_shifts_go_on_one_axis() -> None:
-    from pivotflow.metrics_plots import continuous_times, placed_shifts, pool_timeline
+    from pivotflow.metrics_timeline import continuous_times, placed_shifts, pool_timeline
 
     # step 3 resumed from step 2 (t=4) by a run from before time_s continued: its time and
     # its shift's time restarted at 0
@@ -338,8 +338,8 @@ def resumed_run(tmp_path_factory: pytest.TempPathFactory, random_models: dict[st
 
 @pytest.mark.timeout(240)
 def test_plots_of_a_resumed_real_run_show_the_whole_run(resumed_run: Path) -> None:
-    from pivotflow.metrics_plots import continuous_times, pool_timeline, read_history
-    from pivotflow.metrics_plots import resume_points as resumes_of
+    from pivotflow.metrics_timeline import continuous_times, pool_timeline, read_history
+    from pivotflow.metrics_timeline import resume_points as resumes_of
 
     records = read_metrics(resumed_run / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
