@@ -82,6 +82,9 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     eval_every: int = 0
     eval_prompts: int = 64
     eval_temperature: float = 0.0
+    # samples per held-out prompt (verl's val_kwargs.n): task_accuracy is then their mean
+    # (mean@n) and task_pass_at_n the share of prompts with one right; needs a temperature
+    eval_samples: int = 1
     endpoint: str = ""  # where the controller binds; "" = a private ipc path
     curve_keys: str = ""  # a key dir (python -m pivotflow.transport.curve keygen DIR)
     chaos: ChaosConfig = msgspec.field(default_factory=ChaosConfig)
@@ -282,6 +285,10 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     _check_records(cfg)
     if cfg.max_staleness < 0:
         raise ConfigError(f"--set max_staleness={cfg.max_staleness}: must be >= 0")
+    if cfg.eval_samples < 1 or (cfg.eval_samples > 1 and cfg.eval_temperature == 0):
+        raise ConfigError(f"--set eval_samples={cfg.eval_samples}: must be >= 1, and more than "
+                          "one sample per prompt needs eval_temperature > 0 (greedy samples "
+                          "of a prompt are all the same)")
     if cfg.eval_every < 0 or cfg.eval_prompts < 1 or not 0 <= cfg.eval_temperature < 100:
         raise ConfigError(f"--set eval_every={cfg.eval_every} eval_prompts={cfg.eval_prompts} "
                           f"eval_temperature={cfg.eval_temperature}: eval_every must be >= 0 "

@@ -232,5 +232,6 @@ def make_evaluation(source: Node, cfg: RunConfig, tok: Tokenizer,
 
     return Evaluation(eval_problems(source, cfg.eval_prompts), tok, every=cfg.eval_every,
                       steps=cfg.steps, temperature=cfg.eval_temperature,
+                      samples_per_prompt=cfg.eval_samples,
                       chat_template=bool(source.options.get("chat_template")), seed=cfg.seed,
                       on_round=on_round, after=after)

@@ -62,6 +62,8 @@ def eval_ends(recorder: RunRecorder) -> dict[str, Any]:
     return {"eval_rounds": len(rounds),
             "eval_task_accuracy_first": rounds[0].get("task_accuracy"),
             "eval_task_accuracy_last": rounds[-1].get("task_accuracy"),
+            "eval_task_pass_at_n_first": rounds[0].get("task_pass_at_n"),
+            "eval_task_pass_at_n_last": rounds[-1].get("task_pass_at_n"),
             "eval_step_first": rounds[0]["step"], "eval_step_last": rounds[-1]["step"]}
 
 

@@ -33,6 +33,7 @@ def test_rounds_at_the_start_every_n_steps_and_the_end(evaluated: tuple[Path, Pa
     for r in rounds:
         assert r["prompts"] == 16 and r["samples_failed"] == 0 and r["temperature"] == 0.0
         assert 0.0 <= r["task_accuracy"] <= 1.0  # the task's rule, on every held-out prompt
+        assert r["samples_per_prompt"] == 1 and r["task_pass_at_n"] == r["task_accuracy"]
         assert r["reward_mean"] is not None  # the graph's own judge scored them
         assert r["policy_version_min"] >= r["step"]  # generated on the version due, or newer
         assert r["response_len_mean"] > 0
@@ -75,6 +76,24 @@ def test_a_resumed_run_takes_each_round_once(tmp_path: Path) -> None:
     assert [r["step"] for r in read_metrics(out / "eval.jsonl")] == [0, 2, 4, 6]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["eval_rounds"] == 4 and summary["ledger"]["duplicates"] == 0
+
+
+def test_several_samples_per_prompt_give_mean_and_pass_at_n(tmp_path: Path) -> None:
+    """``eval_samples=4`` at temperature 1: each of 8 held-out prompts sampled 4 times;
+    task_accuracy is the mean over the 32 (mean@4), task_pass_at_n the share of the 8 with one
+    right, at least the mean."""
+    out = tmp_path / "run"
+    run(GENRM, sets=["live=false", "eval_every=1", "eval_prompts=8", "eval_samples=4",
+                     "eval_temperature=1.0"], out=out, steps=1, console=False)
+    rounds = read_metrics(out / "eval.jsonl")
+    assert [r["step"] for r in rounds] == [0, 1]
+    for r in rounds:
+        assert (r["prompts"], r["samples_per_prompt"], r["samples_failed"]) == (8, 4, 0)
+        assert (r["task_accuracy"] * 32) == pytest.approx(round(r["task_accuracy"] * 32))
+        assert (r["task_pass_at_n"] * 8) == pytest.approx(round(r["task_pass_at_n"] * 8))
+        assert r["task_accuracy"] <= r["task_pass_at_n"] <= 1.0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["eval_task_pass_at_n_last"] == rounds[-1]["task_pass_at_n"]
 
 
 FILE_GRAPH = '''
@@ -133,6 +152,9 @@ def test_bad_evaluation_settings_are_one_line_errors(
     with pytest.raises(ConfigError, match=r"eval_every=-1 .*eval_every must be >= 0"):
         run(GENRM, sets=["live=false", "eval_every=-1"], out=tmp_path / "a", steps=1,
             console=False)
+    with pytest.raises(ConfigError, match=r"eval_samples=4: .*needs eval_temperature > 0"):
+        run(GENRM, sets=["live=false", "eval_every=1", "eval_samples=4"], out=tmp_path / "a2",
+            steps=1, console=False)
     graph = file_graph(tmp_path, random_models["policy"], eval_path=None)
     with pytest.raises(GraphError, match="eval_every needs held-out prompts: give the source "
                                          "eval_path=FILE") as err:

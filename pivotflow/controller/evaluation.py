@@ -1,9 +1,11 @@
 """Evaluation rounds: the policy on held-out prompts every ``eval_every`` optimizer steps
 (verl's ``test_freq`` with ``val_before_train``, OpenRLHF's ``eval_steps``).
 
-A round admits one sample per held-out prompt when the policy reaches a version due (0, every
-``eval_every``-th, and the run's last), generated at ``eval_temperature`` (0: greedy, as verl's
-validation) with the first generate stage's other settings. Its samples go through the graph's
+A round admits ``eval_samples`` samples per held-out prompt (one by default) when the policy
+reaches a version due (0, every ``eval_every``-th, and the run's last), generated at
+``eval_temperature`` (0: greedy, as verl's validation) with the first generate stage's other
+settings. With several a prompt's accuracy is their mean (verl's mean@n) and pass@n whether
+one of them is right. Its samples go through the graph's
 stages like any other, the judge and map stages included, and leave the flow at the first
 stage that waits for a whole group (a group, filter or train stage): they are never grouped,
 advantaged or trained, and a reference stage passes them by. What they hold there is the
@@ -39,15 +41,20 @@ class Evaluation:
 
     def __init__(self, problems: list[Problem], tok: Tokenizer, *, every: int, steps: int,
                  temperature: float, chat_template: bool, seed: int,
-                 on_round: Callable[[dict[str, Any]], None],
+                 samples_per_prompt: int = 1, on_round: Callable[[dict[str, Any]], None],
                  after: int | None = None) -> None:
         self.problems = problems
         self.prompt_ids = [encode_prompt(tok, p.prompt, chat_template=chat_template)
                            for p in problems]
         self.every, self.steps, self.temperature = every, steps, temperature
-        # one sampling seed per prompt, the same every round (rounds differ by the policy only)
+        # the sampling seeds of each prompt's samples, the same every round (rounds differ by
+        # the policy only); each prompt's first seed is drawn first, so a prompt's first sample
+        # is the same whatever eval_samples says
+        self.samples_per_prompt = samples_per_prompt
         rng = random.Random(f"eval/{seed}")
-        self.seeds = [rng.randrange(2**31) for _ in problems]
+        firsts = [rng.randrange(2**31) for _ in problems]
+        self.seeds = [[first] + [rng.randrange(2**31) for _ in range(samples_per_prompt - 1)]
+                      for first in firsts]
         self.on_round = on_round
         self.after = -1 if after is None else after  # rounds at versions up to it are recorded
         self.version: int | None = None  # the round in flight
@@ -75,15 +82,15 @@ class Evaluation:
         self.results, self.failed = [], 0
         samples = []
         for i, (problem, ids) in enumerate(zip(self.problems, self.prompt_ids, strict=True)):
-            k = self.next_id
-            self.next_id += 1
-            columns = dict(problem.meta)
-            fields = {**columns, "prompt": problem.prompt, "answer": problem.answer,
-                      "prompt_ids": ids, "prompt_id": i, "group_id": -1 - k,
-                      "sample_id": -1 - k}
-            sample = Sample(-1 - k, -1 - k, 1, ctl.version, self.seeds[i], fields)
-            sample.private[EVAL_TEMPERATURE] = self.temperature
-            samples.append(sample)
+            for seed in self.seeds[i]:
+                k = self.next_id
+                self.next_id += 1
+                fields = {**problem.meta, "prompt": problem.prompt, "answer": problem.answer,
+                          "prompt_ids": ids, "prompt_id": i, "group_id": -1 - k,
+                          "sample_id": -1 - k}
+                sample = Sample(-1 - k, -1 - k, 1, ctl.version, seed, fields)
+                sample.private[EVAL_TEMPERATURE] = self.temperature
+                samples.append(sample)
         self.waiting = {s.group_id for s in samples}
         return samples
 
@@ -106,8 +113,10 @@ class Evaluation:
             return
         version, samples = self.version, self.results
         assert version is not None
-        correct = [bool(s.fields["correct"]) for s in samples
-                   if s.fields.get("correct") is not None]
+        checked = [s for s in samples if s.fields.get("correct") is not None]
+        correct = [bool(s.fields["correct"]) for s in checked]
+        right_prompts = {s.fields["prompt_id"] for s in checked if s.fields["correct"]}
+        checked_prompts = {s.fields["prompt_id"] for s in checked}
         rewards = [float(s.fields["reward"]) for s in samples
                    if s.fields.get("reward") is not None]
         versions = [v for s in samples for v in (s.fields.get("versions") or ())]
@@ -117,8 +126,11 @@ class Evaluation:
             "time_s": now - ctl.started_at,
             "round_s": now - self.started_s,
             "prompts": len(self.problems),
+            "samples_per_prompt": self.samples_per_prompt,
             "temperature": self.temperature,
             "task_accuracy": sum(correct) / len(correct) if correct else None,
+            "task_pass_at_n": (len(right_prompts) / len(checked_prompts) if checked_prompts
+                               else None),
             "reward_mean": sum(rewards) / len(rewards) if rewards else None,
             "reward_missing": len(samples) - len(rewards),
             "samples_failed": self.failed,
