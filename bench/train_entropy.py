@@ -2,7 +2,7 @@
 (every step does, since 2026-12-05) against the same step without it, alternated in one sitting.
 
 The entropy is a vocabulary-wide pass over each trained position's logits (softmax, product,
-sum), detached and in chunks (``train_role.ENTROPY_CHUNK``), so its cost grows with the
+sum), detached and in chunks (``response_scoring.ENTROPY_CHUNK``), so its cost grows with the
 vocabulary and not with the model's depth: the worst case is a shallow model with a large
 vocabulary. The default is Qwen2.5's vocabulary (151,936) on a small random Qwen2 (hidden 256,
 2 layers), where the logits are most of the step; ``--vocab`` and ``--layers`` move it.
@@ -11,8 +11,8 @@ vocabulary. The default is Qwen2.5's vocabulary (151,936) on a small random Qwen
         [--seqs 8] [--prompt 32] [--response 96] [--reps 5] [--threads 1]
 
 "Without" runs the step as it ran before the metric: the same forward through
-``response_logprobs`` (the reference role's path), no entropy. Prints the median step time of
-each, their ratio and the metric's share of the step; the last line is one JSON object.
+``response_scoring.response_logprobs`` (the reference role's path), no entropy. Prints the
+median step time of each, their ratio and the metric's share of the step; the last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.engines.torch.weights import config_to_hf
 from pivotflow.params.shm_store import ShmParamStore
 from pivotflow.protocol import TrainSeq, TrainStep
-from pivotflow.worker import train_role
+from pivotflow.worker import response_scoring, train_role
 from pivotflow.worker.train_role import TrainRole
 
 
-def without_entropy(model: torch.nn.Module, batch: dict[str, torch.Tensor],
-                    entropy_grad: bool) -> tuple[torch.Tensor, None]:
+def without_entropy(model: Decoder, batch: dict[str, torch.Tensor], entropy: str,
+                    chunk: int = 0) -> tuple[torch.Tensor, None]:
     """The step's forward as before the metric: logprobs only."""
-    return train_role.response_logprobs(model, batch), None
+    return response_scoring.response_logprobs(model, batch, chunk), None
 
 
 def step_message(step: int, args: argparse.Namespace) -> TrainStep:

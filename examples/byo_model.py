@@ -31,7 +31,11 @@ from pivotflow.tasks.arithmetic import check_answer
 from pivotflow.verdicts import boxed, first_of, yes_no
 
 DEFAULTS = {"model": "", "prompts": "prompts.jsonl", "judge": False, "max_tokens": 16,
-            "group_size": 4, "groups_per_step": 2, "lr": 1e-5}
+            "group_size": 4, "groups_per_step": 2, "lr": 1e-5,
+            # the trainer's memory (worker/train_config.py; bench/train_memory.py): recompute
+            # the layers in the backward pass, and the output head's logits in chunks of this
+            # many positions (0: whole); both trade compute for memory, neither changes a step
+            "gradient_checkpointing": False, "logits_chunk_tokens": 0}
 
 
 def exact_reward(answer: str, completion: str, **_: object) -> float:
@@ -66,7 +70,9 @@ def build(config: dict) -> Graph:
     else:
         reward = g.map("reward", exact_reward, writes=["reward"])
     advantage = g.group("advantage", grpo_advantage, writes=["advantage"])
-    train = g.train("train", model="policy", pool="trainer", lr=config["lr"])
+    train = g.train("train", model="policy", pool="trainer", lr=config["lr"],
+                    gradient_checkpointing=config["gradient_checkpointing"],
+                    logits_chunk_tokens=config["logits_chunk_tokens"])
     g.chain(prompts, rollout, reward, advantage, train)
     return g
 

@@ -356,8 +356,10 @@ class Graph:
         """Optimizer steps on groups as they complete; publishes each new policy version.
         ``loss_options`` are the rest of ``worker.train_config.TrainConfig`` (the learning
         rate's lr_schedule, lr_warmup_steps, lr_decay_steps and min_lr_ratio; clip_eps,
-        clip_eps_high, aggregation, decoupled_loss, behavior_weight_cap, entropy_coef,
-        max_grad_norm, micro_batch_tokens, train_dtype), checked here.
+        clip_eps_high, aggregation, importance_sampling_level (GSPO's "sequence"),
+        decoupled_loss, behavior_weight_cap, entropy_coef, max_grad_norm, micro_batch_tokens,
+        train_dtype, and the memory knobs gradient_checkpointing and logits_chunk_tokens),
+        checked here.
 
         ``kl_coef`` > 0 adds GRPO's KL penalty, ``kl_coef * KL(policy || reference)`` per
         token (``kl_estimator`` "k1" or "k3", Schulman's estimators), against the

@@ -233,3 +233,9 @@ def test_the_example_builds_a_folder_pivotflow_runs(tmp_path: Path) -> None:
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
     judge = graph.nodes["genrm"].options
     assert judge["parse"]("so: \\boxed{yes}") == 1.0 and judge["parse"]("No.") == 0.0
+    # the trainer's memory knobs reach the train stage's options (the roles' options; what
+    # they do: tests/worker/test_train_memory.py)
+    graph = load_graph(example, {**module.DEFAULTS, "model": str(model), "prompts": str(prompts),
+                                 "gradient_checkpointing": True, "logits_chunk_tokens": 64})
+    train = graph.nodes["train"].options
+    assert train["gradient_checkpointing"] is True and train["logits_chunk_tokens"] == 64

@@ -5,7 +5,7 @@ are the prompt and ``prefix_ids`` the response; the role answers with the log-pr
 every response token under its weights (``logprobs``, one per token, ``token_ids`` empty,
 ``finish_reason`` "scored"). The trainer turns those into the KL penalty (GRPO's beta term).
 
-It runs the trainer's own forward (``train_role.pack`` and ``response_logprobs``), in
+It runs the trainer's own forward (``train_role.pack`` and ``response_scoring``), in
 inference mode, so a token is scored exactly as the trainer scores it: at step 0, when the
 policy still is the reference, the KL the trainer reports is zero up to float rounding. It is
 a pool's role like any other, so the planner can shift workers to and from it; its weights are
@@ -24,11 +24,16 @@ import torch
 from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve_dtype
 from pivotflow.params.base import ParamStore
 from pivotflow.protocol import GenerateJob, JobDone, TrainSeq
+from pivotflow.worker.response_scoring import response_logprobs
 from pivotflow.worker.train_config import train_config
-from pivotflow.worker.train_role import micro_batches, pack, response_logprobs
+from pivotflow.worker.train_role import micro_batches, pack
 from pivotflow.worker.worker_config import worker_config
 
 SCORED = "scored"  # the finish_reason of a scored job
+# Response positions the output head scores at a time when the run sets no logits_chunk_tokens:
+# without autograd a chunk costs nothing (no recompute), and 512 positions of a 152k vocabulary
+# hold 0.3 GB of logits where a whole 4096-token micro-batch held 2.5 GB, twice.
+SCORE_CHUNK_TOKENS = 512
 
 
 class ScoreRole:
@@ -44,7 +49,8 @@ class ScoreRole:
         dtype = resolve_dtype(hf_config, wc.dtype, where)
         t_build = time.perf_counter()
         self.model = build_model(self.config, tensors, self.device, dtype)
-        self.budget = train_config(options).micro_batch_tokens
+        tc = train_config(options)
+        self.budget, self.chunk = tc.micro_batch_tokens, tc.logits_chunk_tokens or SCORE_CHUNK_TOKENS
         self.queue: OrderedDict[int, tuple[GenerateJob, float]] = OrderedDict()
         self.warmup_s = time.perf_counter() - t_build
         self.load_s = time.perf_counter() - t0
@@ -91,7 +97,7 @@ class ScoreRole:
         part = micro_batches(seqs, self.budget)[0]
         batch = {k: v.to(self.device) for k, v in pack(part).items()}
         with torch.inference_mode():
-            logp = response_logprobs(self.model, batch).cpu()
+            logp = response_logprobs(self.model, batch, self.chunk).cpu()
         now = time.perf_counter()
         out = []
         for i, s in enumerate(part):

@@ -47,6 +47,13 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kl_estimator: str = "k3"  # one of KL_ESTIMATORS
     # an entropy bonus: the loss less entropy_coef x the policy's entropy (verl's entropy_coeff;
     # 0, as in verl and DAPO: the entropy is reported in every step's record either way)
+    # Memory (worker/response_scoring.py, bench/train_memory.py): recompute each decoder layer
+    # in the backward pass instead of keeping its intermediates (verl's
+    # enable_gradient_checkpointing), and run the output head over this many response
+    # positions at a time, recomputing their logits in the backward pass (0: all at once;
+    # verl's entropy_checkpointing). Both trade compute for memory; neither changes the step.
+    gradient_checkpointing: bool = False
+    logits_chunk_tokens: int = 0
     entropy_coef: float = 0.0
     train_dtype: str = "float32"  # the weights' and AdamW state's dtype (train_role.py says why)
 
@@ -85,6 +92,9 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.kl_estimator not in KL_ESTIMATORS:
             problems.append(f"kl_estimator must be one of {list(KL_ESTIMATORS)}, got "
                             f"{self.kl_estimator!r}")
+        if self.logits_chunk_tokens < 0:
+            problems.append("logits_chunk_tokens must be >= 0 (0: all at once), got "
+                            f"{self.logits_chunk_tokens}")
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -23,12 +23,6 @@ import time
 import torch
 
 from pivotflow.controller.train_tokens import valid_tokens
-from pivotflow.engines.torch.model import (
-    entropy_detached,
-    entropy_of,
-    pick_targets,
-    token_logprobs,
-)
 from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve_dtype
 from pivotflow.errors import CheckpointError, WorkerError
 from pivotflow.params.base import ParamStore
@@ -36,14 +30,12 @@ from pivotflow.params.node_agent import wait_crossed
 from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
 from pivotflow.rl import policy_loss
 from pivotflow.worker.adam_state import adam_tensors, init_adam_state, load_adam_tensors
+from pivotflow.worker.response_scoring import response_logprobs_entropy
 from pivotflow.worker.train_config import lr_at, train_config
 from pivotflow.worker.train_group import TrainGroup
 from pivotflow.worker.worker_config import worker_config
 
 OPTIM_WAIT_S = 30.0  # for the optimizer state to reach this node's store (on a cluster)
-# Response positions whose vocabulary-wide probabilities one pass of the entropy metric holds
-# (a 152k vocabulary: 19 MB in float32; taken whole, 4096 positions would be 2.5 GB more).
-ENTROPY_CHUNK = 32
 
 
 def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
@@ -63,12 +55,14 @@ def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
     old = torch.zeros(b, resp)
     ref = torch.zeros(b, resp) if all(s.ref_logprobs for s in seqs) else None
     mask = torch.zeros(b, resp)
+    valid = torch.zeros(b, resp, dtype=torch.bool)  # a response token, not padding
     for i, s in enumerate(seqs):
         p, r = len(s.prompt_ids), len(s.response_ids)
         ids[i, : p + r] = torch.tensor(s.prompt_ids + s.response_ids)
         attn[i, : p + r] = 1
         gather[i, :r] = torch.arange(p - 1, p + r - 1)
         targets[i, :r] = torch.tensor(s.response_ids, dtype=torch.long)
+        valid[i, :r] = True
         old[i, :r] = torch.tensor(s.logprobs)
         if ref is not None:
             ref[i, :r] = torch.tensor(s.ref_logprobs)
@@ -76,36 +70,10 @@ def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
         mask[i, :r] = torch.tensor(lm, dtype=torch.float32)
     adv = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
     out = {"ids": ids, "attn": attn, "gather": gather, "targets": targets, "old": old,
-           "mask": mask, "adv": adv}
+           "mask": mask, "valid": valid, "adv": adv}
     if ref is not None:
         out["ref"] = ref
     return out
-
-
-def response_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The logits that score each response token of a ``pack``ed batch: ``[B, T, V]``."""
-    logits = model(batch["ids"], attention_mask=batch["attn"])
-    pos = batch["gather"].unsqueeze(-1).expand(-1, -1, logits.shape[-1])
-    return logits.gather(1, pos)
-
-
-def response_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """log p(response token) under ``model`` for a ``pack``ed batch: ``[B, T]`` float32 (the
-    trainer's forward, and the reference role's, so both score a token the same way)."""
-    return token_logprobs(response_logits(model, batch), batch["targets"])
-
-
-def response_logprobs_entropy(model: torch.nn.Module, batch: dict[str, torch.Tensor],
-                              entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``response_logprobs`` and each response position's entropy (``[B, T]`` float32), from
-    one forward and one log-softmax. With ``entropy_grad`` (an entropy bonus in the loss) the
-    entropy is in the autograd graph; without it, it is only reported, so it is computed
-    detached, ``ENTROPY_CHUNK`` positions at a time (``bench/train_entropy.py`` times it)."""
-    logp_all = torch.log_softmax(response_logits(model, batch).float(), dim=-1)
-    logp = pick_targets(logp_all, batch["targets"])  # (= token_logprobs on the same logits)
-    if entropy_grad:
-        return logp, entropy_of(logp_all)
-    return logp, entropy_detached(logp_all, ENTROPY_CHUNK)
 
 
 def micro_batches(seqs: list[TrainSeq], budget: int) -> list[list[TrainSeq]]:
@@ -156,6 +124,7 @@ class TrainRole:
         bf16_compute = compute == torch.bfloat16 and master != torch.bfloat16
         self.autocast = torch.bfloat16 if bf16_compute else None
         self.model = build_model(self.config, tensors, self.device, master).train()
+        self.model.gradient_checkpointing = self.tc.gradient_checkpointing
         self.model.requires_grad_(True)
         t_optim = time.perf_counter()
         self.optim = torch.optim.AdamW(self.model.parameters(), lr=self.tc.lr,
@@ -186,7 +155,8 @@ class TrainRole:
             batch = {k: v.to(self.device) for k, v in pack(part).items()}
             with self._compute():
                 logp, entropy = response_logprobs_entropy(
-                    self.model, batch, entropy_grad=self.tc.entropy_coef > 0)
+                    self.model, batch, "grad" if self.tc.entropy_coef > 0 else "report",
+                    self.tc.logits_chunk_tokens)
             # decoupled: the proximal policy is these weights (see TrainConfig.decoupled_loss)
             prox, behavior = ((logp.detach(), batch["old"]) if self.tc.decoupled_loss
                               else (batch["old"], None))

@@ -14,8 +14,9 @@ from pivotflow.params.shm_store import ShmParamStore
 from pivotflow.protocol import GenerateJob, TrainSeq
 from pivotflow.worker.generate_role import GenerateRole
 from pivotflow.worker.host import RoleHost
+from pivotflow.worker.response_scoring import response_logprobs
 from pivotflow.worker.score_role import SCORED, ScoreRole
-from pivotflow.worker.train_role import TrainRole, pack, response_logprobs
+from pivotflow.worker.train_role import TrainRole, pack
 
 
 def published(tmp_path: Path, folder: Path) -> ShmParamStore:

@@ -43,7 +43,8 @@ def test_clip_eps_high_reaches_the_loss(tmp_path: Path, clip_eps_high: float | N
     an upper bound of 1.5."""
     import torch
 
-    from pivotflow.worker.train_role import pack, response_logprobs
+    from pivotflow.worker.response_scoring import response_logprobs
+    from pivotflow.worker.train_role import pack
 
     opts = {"lr": 1e-2} | ({} if clip_eps_high is None else {"clip_eps_high": clip_eps_high})
     role = TrainRole(fresh_store(tmp_path / "store"), "policy", opts)
@@ -66,7 +67,8 @@ def test_the_decoupled_loss_weights_each_token_by_its_behavior_ratio(
     step's own weights)."""
     import torch
 
-    from pivotflow.worker.train_role import pack, response_logprobs
+    from pivotflow.worker.response_scoring import response_logprobs
+    from pivotflow.worker.train_role import pack
 
     role = TrainRole(fresh_store(tmp_path / "store"), "policy",
                      {"lr": 1e-2, "decoupled_loss": True, "behavior_weight_cap": cap})
@@ -89,7 +91,8 @@ def test_the_step_reports_the_policys_entropy(tmp_path: Path, entropy_coef: floa
     is the surrogate less that bonus."""
     import torch
 
-    from pivotflow.worker.train_role import pack, response_logits
+    from pivotflow.worker.response_scoring import response_logits
+    from pivotflow.worker.train_role import pack
 
     role = TrainRole(fresh_store(tmp_path / "store"), "policy",
                      {"lr": 1e-2, "entropy_coef": entropy_coef})
@@ -117,14 +120,15 @@ def test_the_entropy_metric_in_chunks_equals_it_whole(tmp_path: Path,
     chunks give what the whole tensor gives."""
     import torch
 
-    import pivotflow.worker.train_role as train_role
+    from pivotflow.worker import response_scoring
+    from pivotflow.worker.train_role import pack
 
     role = TrainRole(fresh_store(tmp_path / "store"), "policy", {})
-    batch = train_role.pack(step_msgs(0, 1, 1, "")[0].seqs)
+    batch = pack(step_msgs(0, 1, 1, "")[0].seqs)
     with torch.no_grad():
-        _, whole = train_role.response_logprobs_entropy(role.model, batch, entropy_grad=True)
-    monkeypatch.setattr(train_role, "ENTROPY_CHUNK", 3)
-    logp, chunked = train_role.response_logprobs_entropy(role.model, batch, entropy_grad=False)
-    assert logp.requires_grad and not chunked.requires_grad
-    assert torch.allclose(whole, chunked, atol=1e-6)
+        _, whole = response_scoring.response_logprobs_entropy(role.model, batch, "grad")
+    monkeypatch.setattr(response_scoring, "ENTROPY_CHUNK", 3)
+    logp, chunked = response_scoring.response_logprobs_entropy(role.model, batch, "report")
+    assert logp.requires_grad and chunked is not None and not chunked.requires_grad
+    assert whole is not None and torch.allclose(whole, chunked, atol=1e-6)
     assert whole.numel() > 3 * 2  # (several chunks)

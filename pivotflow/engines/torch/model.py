@@ -16,6 +16,7 @@ import msgspec
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from pivotflow.errors import ModelConfigError
 
@@ -271,6 +272,9 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg.validate()
+        # (verl's enable_gradient_checkpointing, HF's gradient_checkpointing_enable(): set by the
+        # trainer from its gradient_checkpointing knob; inference never recomputes)
+        self.gradient_checkpointing = False
         self.model = _Backbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
@@ -287,13 +291,20 @@ class Decoder(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, std=0.02)
 
-    def forward(
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None, cache: KVCacheHook | None = None,
+                ) -> torch.Tensor:
+        return self.lm_head(self.hidden_states(input_ids, attention_mask, positions, cache))
+
+    def hidden_states(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
         cache: KVCacheHook | None = None,
     ) -> torch.Tensor:
+        """The final norm's output [B, T, H]: what ``lm_head`` reads (the trainer applies the
+        head to the positions it scores only, ``worker/response_scoring.py``)."""
         b, t = input_ids.shape
         if positions is None:
             positions = torch.arange(t, device=input_ids.device).expand(b, t)
@@ -307,9 +318,16 @@ class Decoder(nn.Module):
             causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
             mask = causal[None, None] & attention_mask.bool()[:, None, None, :]
             mask[..., 0] = True
+        recompute = self.gradient_checkpointing and cache is None and torch.is_grad_enabled()
         for layer in self.model.layers:
-            x = layer(x, cos, sin, mask, cache)
-        return self.lm_head(self.model.norm(x))
+            if recompute:
+                # Activation checkpointing: keep each layer's input only and run the layer again
+                # in the backward pass (about one more forward of the stack, for the memory of
+                # every layer's intermediates; bench/train_memory.py measures both).
+                x = checkpoint(layer, x, cos, sin, mask, None, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, mask, cache)
+        return self.model.norm(x)
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
