@@ -21,6 +21,11 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
                  steps=args.steps, console=console, resume=args.resume,
                  accept_changes=args.accept_changes)
     s = result.summary
+    if s["steps"] == 0:  # an evaluation-only run (--steps 0 --set eval_every=1)
+        console.print(f"[bold green]evaluated[/] the policy in {s['wall_s']:.1f}s: task_accuracy "
+                      f"{_fmt(s.get('eval_task_accuracy_last'))}, pass@n "
+                      f"{_fmt(s.get('eval_task_pass_at_n_last'))}; records in {result.out}")
+        return 0
     resumed = (f" (resumed from step {s['resumed_from_step']}; totals cover the whole run)"
                if s.get("resumed_from_step") is not None else "")
     console.print(f"[bold green]done[/] {s['steps']} steps in {s['wall_s']:.1f}s{resumed}, "
@@ -55,7 +60,9 @@ def build_parser(*, with_sim: bool = True) -> argparse.ArgumentParser:
                    help="override a setting (repeatable); unknown keys are an error")
     r.add_argument("--out", type=Path, default=None, help="run records folder")
     r.add_argument("--workers", type=int, default=None, help="total worker processes")
-    r.add_argument("--steps", type=int, default=None, help="optimizer steps")
+    r.add_argument("--steps", type=int, default=None,
+                   help="optimizer steps (0, with --set eval_every=1: one evaluation round of "
+                   "the policy, no training)")
     r.add_argument("--resume", default=None, metavar="DIR|auto",
                    help="continue a run from its newest whole checkpoint, with its settings "
                    "(--set and --steps change them; --steps N extends a finished run); auto: "

@@ -275,7 +275,10 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
         raise ConfigError(f"--set device={cfg.device}: unknown device; valid: cpu, cuda, "
                           "cuda:N")
-    for name in ("steps", "threads_per_worker", "max_batch", "max_jobs_per_frame"):
+    if cfg.steps == 0 and cfg.eval_every < 1:
+        raise ConfigError("steps 0: trains nothing; with --set eval_every=1 it takes one "
+                          "evaluation round of the policy and stops (verl's val_only)")
+    for name in ("threads_per_worker", "max_batch", "max_jobs_per_frame"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--set {name}={getattr(cfg, name)}: must be >= 1")
     for name in ("kill_worker_every_s", "kill_worker_every_steps"):
@@ -289,6 +292,8 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
         raise ConfigError(f"--set eval_samples={cfg.eval_samples}: must be >= 1, and more than "
                           "one sample per prompt needs eval_temperature > 0 (greedy samples "
                           "of a prompt are all the same)")
+    if cfg.steps < 0:
+        raise ConfigError(f"--set steps={cfg.steps}: must be >= 1")
     if cfg.eval_every < 0 or cfg.eval_prompts < 1 or not 0 <= cfg.eval_temperature < 100:
         raise ConfigError(f"--set eval_every={cfg.eval_every} eval_prompts={cfg.eval_prompts} "
                           f"eval_temperature={cfg.eval_temperature}: eval_every must be >= 0 "

@@ -125,8 +125,9 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
     ``steps`` on top; one that changes what shapes the checkpoint's state is refused unless
     ``accept_changes`` (see pivotflow.resume). Raises ConfigError for a folder without a
     checkpoint, CheckpointError if every checkpoint in it is damaged."""
-    if steps is not None and steps < 1:
-        raise ConfigError(f"--steps {steps}: must be >= 1")
+    if steps is not None and steps < 0:
+        raise ConfigError(f"--steps {steps}: must be >= 1 (0: an evaluation round only, "
+                          "with --set eval_every)")
     module = import_graph_file(graph_path)
     defaults = graph_defaults(module)
     given = parse_overrides(sets or [], defaults)
@@ -417,8 +418,9 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
             for rec, why in zip(ctl.shifts.done, decisions_by_shift(ctl), strict=False):
                 f.write(json.dumps({**rec.as_record(), "planner": why}) + "\n")
         recorder.write_summary(summary)
-        recorder.make_plots()
-        save_policy_folder(store, graph, out, models.dirs.get(graph.order()[-1].model or ""))
+        if cfg.steps > 0:  # (an evaluation-only run trained nothing: no curves, no new policy)
+            recorder.make_plots()
+            save_policy_folder(store, graph, out, models.dirs.get(graph.order()[-1].model or ""))
     except (OSError, CheckpointError) as exc:  # a full disk: what was written stays whole
         error = error or MetricsError(f"cannot write the run records in {out}: "
                                       f"{getattr(exc, 'strerror', None) or exc}")

@@ -42,7 +42,8 @@ def test_int_given_for_float_knob_is_a_float() -> None:
         (["pools.judge=2"], r"--set pools.judge=2: the graph has no pool 'judge'; valid keys: "
                             r".*pools.rollout"),
         (["pools.rollout=-1"], r"pool size must be >= 0"),
-        (["steps=0"], r"steps=0: must be >= 1"),
+        (["steps=0"], r"steps 0: trains nothing; with --set eval_every=1"),
+        (["steps=-1"], r"steps=-1: must be >= 1"),
         (["planner=magic"], r"unknown planner"),
         (["colocate=rollout"], r"only the static planner takes pool groups"),
         (["chaos.kill_worker_every_steps=-2"], r"chaos.kill_worker_every_steps=-2: must be >= 0"),
@@ -164,7 +165,9 @@ def test_planner_knobs_by_planner_name_and_the_older_spelling() -> None:
 def test_steps_flag_errors_name_the_flag() -> None:
     from pivotflow.run import run
 
-    with pytest.raises(ConfigError, match=r"^--steps 0: must be >= 1$"):
+    with pytest.raises(ConfigError, match=r"^--steps -1: must be >= 1 \(0: an evaluation"):
+        run("graphs/grpo_rule.py", steps=-1)
+    with pytest.raises(ConfigError, match=r"^steps 0: trains nothing; with --set eval_every=1"):
         run("graphs/grpo_rule.py", steps=0)
     with pytest.raises(ConfigError, match=r"^--steps 3 and --set steps=4 are both given"):
         run("graphs/grpo_rule.py", steps=3, sets=["steps=4"])

@@ -96,6 +96,20 @@ def test_several_samples_per_prompt_give_mean_and_pass_at_n(tmp_path: Path) -> N
     assert summary["eval_task_pass_at_n_last"] == rounds[-1]["task_pass_at_n"]
 
 
+def test_zero_steps_evaluate_the_policy_and_train_nothing(tmp_path: Path) -> None:
+    """``--steps 0 --set eval_every=1`` (verl's val_only): one round at step 0, no training
+    prompt admitted, no step record, no new policy folder; without eval_every, an error."""
+    out = tmp_path / "eval_only"
+    result = run(GENRM, sets=["live=false", "eval_every=1", "eval_prompts=8"], out=out, steps=0,
+                 console=False)
+    assert [r["step"] for r in read_metrics(out / "eval.jsonl")] == [0]
+    assert result.summary["steps"] == 0 and result.summary["ledger"]["prompts_in"] == 0
+    assert result.summary["eval_task_accuracy_last"] is not None
+    assert not (out / "metrics.jsonl").exists() and not (out / "checkpoints" / "policy").exists()
+    with pytest.raises(ConfigError, match="steps 0: trains nothing; with --set eval_every=1"):
+        run(GENRM, sets=["live=false"], out=tmp_path / "none", steps=0, console=False)
+
+
 FILE_GRAPH = '''
 from pivotflow.graph import Graph
 from pivotflow.rl.group_fns import grpo_advantage
