@@ -141,9 +141,16 @@ def _reward_accuracy(records: list[dict[str, Any]], path: Path,
         ax2 = ax.twinx()
         _raw_and_smoothed(ax2, steps, accuracy, "task accuracy", "tab:green", span)
         if held_out:  # eval.jsonl: the rounds on held-out prompts
+            n = max(int(r.get("samples_per_prompt") or 1) for r in rounds)
             ax2.plot([s for s, _ in held_out], [a for _, a in held_out], marker="D",
                      markersize=5, linewidth=1.2, color="tab:red",
-                     label="held-out accuracy (evaluation rounds)")
+                     label="held-out accuracy (evaluation rounds" +
+                     (f", mean@{n})" if n > 1 else ")"))
+            if n > 1:  # eval_samples: whether one of a prompt's n samples was right
+                ax2.plot([float(r["step"]) for r in rounds],
+                         [float_or_nan(r.get("task_pass_at_n")) for r in rounds], marker="^",
+                         markersize=5, linewidth=1.0, linestyle="--", color="tab:purple",
+                         label=f"held-out pass@{n}")
         ax2.set_ylabel("task accuracy")
         ax2.set_ylim(-0.02, 1.02)
         handles = ax2

@@ -190,6 +190,27 @@ def test_plots_are_real_pngs(tmp_path: Path) -> None:
     assert all(p.parent == tmp_path / "plots" and _is_png(p) for p in written)
 
 
+def test_evaluation_rounds_of_n_samples_draw_mean_and_pass_at_n(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """eval.jsonl beside the steps: its rounds on the accuracy axis, with pass@n as a line of
+    its own when a round took several samples per prompt (a round without a rule: a gap)."""
+    import pivotflow.metrics_plots as metrics_plots
+
+    rec = RunRecorder(tmp_path)
+    for s in range(1, 9):
+        rec.record_step(_step(s, task_accuracy=0.1 * s))
+    rounds = [{"step": s, "samples_per_prompt": 4, "task_accuracy": 0.05 * s,
+               "task_pass_at_n": None if s == 4 else 0.1 * s} for s in (0, 4, 8)]
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
+    figures: dict[str, object] = {}
+    monkeypatch.setattr(metrics_plots, "_save", lambda fig, path: figures.update({path.name: fig}))
+    rec.make_plots()
+    figure = figures["reward_accuracy.png"]
+    labels = [t.get_text() for t in figure.axes[0].get_legend().texts]  # type: ignore[attr-defined]
+    assert "held-out accuracy (evaluation rounds, mean@4)" in labels
+    assert "held-out pass@4" in labels
+
+
 def test_a_run_with_length_figures_gets_the_response_lengths_plot(tmp_path: Path) -> None:
     rec = RunRecorder(tmp_path)
     for s in range(1, 9):  # responses grow until the cap (512) cuts a share of them
