@@ -40,6 +40,13 @@ DEFAULTS = {
     # an entropy bonus (verl's entropy_coeff; 0 as in verl and DAPO): the loss less this times
     # the policy's entropy, which every step records either way (train_entropy)
     "entropy_coef": 0.0,
+    # the clipped loss (rl/losses.policy_loss): PPO's clip range, DAPO's clip-higher, and GSPO
+    # with importance_sampling_level=sequence (its paper clips at 3e-4 / 4e-4 and averages
+    # each sequence's tokens: aggregation=seq-mean-token-mean)
+    "clip_eps": 0.2,
+    "clip_eps_high": 0.2,
+    "aggregation": "token-mean",
+    "importance_sampling_level": "token",
 }
 
 
@@ -72,7 +79,9 @@ def build(config: dict) -> Graph:
                     lr_schedule=config["lr_schedule"], lr_warmup_steps=config["lr_warmup_steps"],
                     kl_coef=config["kl_coef"], kl_estimator=config["kl_estimator"],
                     decoupled_loss=config["decoupled_loss"],
-                    entropy_coef=config["entropy_coef"])
+                    entropy_coef=config["entropy_coef"], clip_eps=config["clip_eps"],
+                    clip_eps_high=config["clip_eps_high"], aggregation=config["aggregation"],
+                    importance_sampling_level=config["importance_sampling_level"])
     if config["kl_coef"] > 0:
         g.pool("reference", workers=config["reference_workers"])
         reference = g.reference("reference", model="policy", pool="reference")

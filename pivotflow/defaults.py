@@ -18,6 +18,8 @@ MAX_BATCH = 64  # sequences a generate worker decodes side by side (its slots)
 KL_ESTIMATORS = ("k1", "k3")  # Schulman's KL estimators (rl/losses.kl_penalty; graph.train)
 LR_SCHEDULES = ("constant", "cosine", "linear")  # after the warm-up (worker/train_config.lr_at)
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")  # the losses'
+# the policy loss's importance ratio: PPO's per token, or GSPO's per sequence (rl/losses.py)
+RATIO_LEVELS = ("token", "sequence")
 THREADS_PER_WORKER = 1  # torch threads in each worker process
 RESULTS_PER_FRAME = 0  # a worker's results per JobsDone frame (0: every one a step finished)
 ENGINE = "torch"  # the engine a generate worker runs (engines.ENGINE_KINDS)

@@ -12,11 +12,12 @@ from typing import Literal
 
 import torch
 
-from pivotflow.defaults import AGGREGATIONS, KL_ESTIMATORS
+from pivotflow.defaults import AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS
 from pivotflow.errors import RLError
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 KLEstimator = Literal["k1", "k3"]
+RatioLevel = Literal["token", "sequence"]
 
 _AGGREGATIONS = AGGREGATIONS
 _KL_ESTIMATORS = KL_ESTIMATORS
@@ -133,6 +134,7 @@ def policy_loss(
     behavior_weight_cap: float = 2.0,
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
+    importance_sampling_level: RatioLevel = "token",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO/GRPO clipped surrogate loss with an optional KL penalty to a reference policy.
 
@@ -147,6 +149,16 @@ def policy_loss(
     ``clip_eps_high`` (default: ``clip_eps``) is DAPO's clip-higher (Yu et al. 2025,
     arXiv:2503.14476): a larger upper bound lets low-probability tokens grow, against entropy
     collapse.
+
+    With ``importance_sampling_level="sequence"`` every token of sequence i takes GSPO's
+    sequence ratio (Zheng et al. 2025, arXiv:2507.18071, eq. 7; TRL's
+    ``importance_sampling_level``, verl's ``loss_mode="gspo"``),
+    ``s_i = exp(mean_t (logprobs - old_logprobs))``, the geometric mean of its tokens' ratios,
+    clipped as one: a sequence is in or out of the trust region whole, and one token's extreme
+    ratio cannot dominate its gradient. Written per token as ``sg[s_i] * pi(t) / sg[pi(t)]``
+    (GSPO-token, eq. 13), so its gradient is ``s_i`` times each token's score: with
+    ``"seq-mean-token-mean"`` the loss is GSPO's exactly. GSPO clips far tighter than PPO
+    (3e-4 and 4e-4 in the paper), since ``s_i`` is a per-token average.
 
     With ``behavior_logprobs`` (the decoupled loss of AReaL, Fu et al. 2025, arXiv:2505.24298,
     after Hilton et al. 2021's decoupled PPO), ``old_logprobs`` are the *proximal* policy's
@@ -189,6 +201,7 @@ def policy_loss(
         behavior_weight_cap: the truncation of the behavior weight, > 0.
         entropy: ``[B, T]`` the policy's entropy at each position (None: not reported).
         entropy_coef: weight of the entropy bonus, >= 0 (> 0 needs ``entropy``, with its graph).
+        importance_sampling_level: "token" (PPO's ratio per token) or "sequence" (GSPO's).
 
     Returns:
         ``(loss, stats)``: the scalar loss and floats ``pg_loss`` (surrogate part), ``clip_frac``
@@ -226,6 +239,9 @@ def policy_loss(
         raise RLError(f"policy_loss: entropy_coef must be >= 0, got {entropy_coef}")
     if entropy_coef > 0.0 and entropy is None:
         raise RLError("policy_loss: entropy_coef > 0 needs entropy")
+    if importance_sampling_level not in RATIO_LEVELS:
+        raise RLError(f"policy_loss: importance_sampling_level must be one of {RATIO_LEVELS}, "
+                      f"got {importance_sampling_level!r}")
     _check_shapes(logprobs, old_logprobs, advantages, mask, ref_logprobs, behavior_logprobs,
                   entropy)
 
@@ -244,7 +260,14 @@ def policy_loss(
     # (a loss of inf, a gradient of inf * 0 = NaN). Clamped at +-LOG_RATIO_CLAMP as verl does
     # (exp(20) ~ 4.9e8, finite in float32); inside it nothing changes, and beyond it the
     # token's gradient is 0 (clamp), where clipping already stops most of them.
-    log_ratio = torch.clamp(new - old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    token_log_ratio = torch.clamp(new - old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_ratio = token_log_ratio
+    if importance_sampling_level == "sequence":
+        # GSPO: each token carries its sequence's mean log-ratio as its value and its own
+        # log-probability's gradient (new - sg[new] is 0 with gradient 1)
+        seq_log_ratio = masked_mean(new - old, valid, dim=-1).detach().unsqueeze(-1)
+        log_ratio = torch.clamp(new - new.detach() + seq_log_ratio,
+                                -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
@@ -267,7 +290,8 @@ def policy_loss(
             "clip_frac_low": masked_mean((active & (ratio < 1.0)).to(ratio.dtype), valid),
             "clip_frac_high": masked_mean((active & (ratio > 1.0)).to(ratio.dtype), valid),
             "ratio_mean": masked_mean(ratio, valid),
-            "approx_kl": masked_mean(ratio - 1.0 - log_ratio, valid),
+            # (per token whatever the ratio's level: how far the policy moved)
+            "approx_kl": masked_mean(token_log_ratio.exp() - 1.0 - token_log_ratio, valid),
             "tokens": valid.sum().to(ratio.dtype),
         }
         if behavior_w is not None:

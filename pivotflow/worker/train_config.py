@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from pivotflow.defaults import AGGREGATIONS, KL_ESTIMATORS, LR_SCHEDULES
+from pivotflow.defaults import AGGREGATIONS, KL_ESTIMATORS, LR_SCHEDULES, RATIO_LEVELS
 
 
 class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -34,6 +34,10 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # uses 0.28 with clip_eps 0.2; verl's clip_ratio_high)
     clip_eps_high: float | None = None
     aggregation: str = "token-mean"  # one of AGGREGATIONS (token-mean: DAPO's)
+    # "token": PPO's ratio per token; "sequence": GSPO's, the geometric mean of a sequence's
+    # token ratios, clipped as one (rl/losses.policy_loss; TRL's importance_sampling_level,
+    # verl's loss_mode="gspo"; GSPO clips at 3e-4 / 4e-4, not PPO's 0.2)
+    importance_sampling_level: str = "token"
     # AReaL's decoupled loss (rl/losses.policy_loss): the clip around the proximal policy (the
     # weights this step starts from: one optimizer step a batch, so its logprobs are this
     # forward's, no extra pass), each token weighted by min(pi_prox / pi_rollout,
@@ -43,10 +47,6 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     behavior_weight_cap: float = 2.0  # (verl's tis_imp_ratio_cap default)
     max_grad_norm: float = 1.0
     micro_batch_tokens: int = 4096  # padded token positions one forward pass holds
-    kl_coef: float = 0.0  # GRPO's beta against a reference stage's logprobs
-    kl_estimator: str = "k3"  # one of KL_ESTIMATORS
-    # an entropy bonus: the loss less entropy_coef x the policy's entropy (verl's entropy_coeff;
-    # 0, as in verl and DAPO: the entropy is reported in every step's record either way)
     # Memory (worker/response_scoring.py, bench/train_memory.py): recompute each decoder layer
     # in the backward pass instead of keeping its intermediates (verl's
     # enable_gradient_checkpointing), and run the output head over this many response
@@ -54,6 +54,10 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # verl's entropy_checkpointing). Both trade compute for memory; neither changes the step.
     gradient_checkpointing: bool = False
     logits_chunk_tokens: int = 0
+    kl_coef: float = 0.0  # GRPO's beta against a reference stage's logprobs
+    kl_estimator: str = "k3"  # one of KL_ESTIMATORS
+    # an entropy bonus: the loss less entropy_coef x the policy's entropy (verl's entropy_coeff;
+    # 0, as in verl and DAPO: the entropy is reported in every step's record either way)
     entropy_coef: float = 0.0
     train_dtype: str = "float32"  # the weights' and AdamW state's dtype (train_role.py says why)
 
@@ -78,6 +82,9 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             problems.append(f"clip_eps_high must be > 0, got {self.clip_eps_high}")
         if not 0 < self.behavior_weight_cap < float("inf"):
             problems.append(f"behavior_weight_cap must be > 0, got {self.behavior_weight_cap}")
+        if self.importance_sampling_level not in RATIO_LEVELS:
+            problems.append(f"importance_sampling_level must be one of {list(RATIO_LEVELS)}, "
+                            f"got {self.importance_sampling_level!r}")
         if self.aggregation not in AGGREGATIONS:
             problems.append(f"aggregation must be one of {list(AGGREGATIONS)}, got "
                             f"{self.aggregation!r}")
@@ -85,6 +92,9 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             problems.append(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
         if self.micro_batch_tokens < 1:
             problems.append(f"micro_batch_tokens must be >= 1, got {self.micro_batch_tokens}")
+        if self.logits_chunk_tokens < 0:
+            problems.append("logits_chunk_tokens must be >= 0 (0: all at once), got "
+                            f"{self.logits_chunk_tokens}")
         if not 0 <= self.kl_coef < float("inf"):
             problems.append(f"kl_coef must be a number >= 0, got {self.kl_coef}")
         if not 0 <= self.entropy_coef < float("inf"):
@@ -92,9 +102,6 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.kl_estimator not in KL_ESTIMATORS:
             problems.append(f"kl_estimator must be one of {list(KL_ESTIMATORS)}, got "
                             f"{self.kl_estimator!r}")
-        if self.logits_chunk_tokens < 0:
-            problems.append("logits_chunk_tokens must be >= 0 (0: all at once), got "
-                            f"{self.logits_chunk_tokens}")
         if problems:
             raise ValueError("; ".join(problems))
 

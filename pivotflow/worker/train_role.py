@@ -170,6 +170,7 @@ class TrainRole:
                 ref_logprobs=batch.get("ref"), kl_coef=self.tc.kl_coef,
                 kl_estimator=self.tc.kl_estimator,  # type: ignore[arg-type]
                 entropy=entropy, entropy_coef=self.tc.entropy_coef,
+                importance_sampling_level=self.tc.importance_sampling_level,  # type: ignore[arg-type]
             )
             weight = batch_weight(aggregation, batch["mask"], total_tokens, total_seqs)
             # A batch whose advantages are all zero carries no signal; stepping Adam on it

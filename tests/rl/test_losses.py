@@ -368,3 +368,70 @@ def test_a_bad_entropy_coef_is_an_rl_error() -> None:
         policy_loss(new, old, adv, mask, entropy_coef=0.1)
     with pytest.raises(RLError, match=r"entropy has shape \(2, 2\)"):
         policy_loss(new, old, adv, mask, entropy=old[:, :2])
+
+
+def test_gspo_takes_each_sequences_geometric_mean_ratio() -> None:
+    """``importance_sampling_level="sequence"`` (GSPO): every token of a sequence carries
+    exp(mean of its token log-ratios); row 0's ratios 1.0, 1.5, 0.5 have the geometric mean
+    0.9086 (inside 0.8-1.2), row 1's 0.5, 1.5 (its third token masked) 0.8660."""
+    new, old, adv, mask = _example()
+    _, stats = policy_loss(new, old, adv, mask, importance_sampling_level="sequence",
+                           aggregation="seq-mean-token-mean")
+    s0, s1 = (1.0 * 1.5 * 0.5) ** (1 / 3), (0.5 * 1.5) ** 0.5
+    assert stats["ratio_mean"] == pytest.approx((3 * s0 + 2 * s1) / 5, rel=1e-6)
+    assert stats["clip_frac"] == 0.0  # both inside [0.8, 1.2]
+    # the tokens' own ratios still give approx_kl (how far the policy moved, per token)
+    _, token_stats = policy_loss(new, old, adv, mask)
+    assert stats["approx_kl"] == pytest.approx(token_stats["approx_kl"], rel=1e-6)
+
+
+def test_gspos_gradient_is_the_sequence_ratios() -> None:
+    """GSPO's gradient (its eq. 10), with seq-mean-token-mean over B sequences: each valid
+    token of sequence i gets -A_i * s_i / (|y_i| * B) when s_i is inside the clip, and 0 when
+    the clip is active for the sequence (all its tokens at once)."""
+    new, old, adv, mask = _example()
+    loss, _ = policy_loss(new, old, adv, mask, importance_sampling_level="sequence",
+                          aggregation="seq-mean-token-mean")
+    loss.backward()
+    assert new.grad is not None
+    s0, s1 = (1.0 * 1.5 * 0.5) ** (1 / 3), (0.5 * 1.5) ** 0.5
+    expected = [[-1.0 * s0 / (3 * 2)] * 3, [2.0 * s1 / (2 * 2)] * 2 + [0.0]]
+    torch.testing.assert_close(new.grad, torch.tensor(expected))
+    # clip tightly (GSPO's 3e-4 / 4e-4): row 0 (A > 0, s < 1) stays unclipped below, row 1
+    # (A < 0, s < 1 - eps) is clipped whole: no gradient for any of its tokens
+    new.grad = None
+    loss, stats = policy_loss(new, old, adv, mask, importance_sampling_level="sequence",
+                              aggregation="seq-mean-token-mean", clip_eps=3e-4,
+                              clip_eps_high=4e-4)
+    loss.backward()
+    assert new.grad is not None
+    torch.testing.assert_close(new.grad[1], torch.zeros(3))
+    assert bool((new.grad[0] != 0).all())
+    assert stats["clip_frac"] == pytest.approx(2 / 5)
+
+
+def test_gspo_on_one_token_sequences_is_ppo() -> None:
+    """A one-token sequence's geometric mean is its token's ratio: the two levels agree."""
+    g = torch.Generator().manual_seed(3)
+    old = torch.randn(6, 1, generator=g) - 1.0
+    new = (old + 0.3 * torch.randn(6, 1, generator=g)).requires_grad_()
+    adv, mask = torch.randn(6, generator=g), torch.ones(6, 1)
+    results = []
+    for level in ("token", "sequence"):
+        new.grad = None
+        loss, _ = policy_loss(new, old, adv, mask, importance_sampling_level=level)  # type: ignore[arg-type]
+        loss.backward()
+        assert new.grad is not None
+        results.append((loss.detach(), new.grad.clone()))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    torch.testing.assert_close(results[0][1], results[1][1])
+
+
+def test_a_bad_importance_sampling_level_is_an_error() -> None:
+    from pivotflow.worker.train_config import check_train_options
+
+    new, old, adv, mask = _example()
+    with pytest.raises(RLError, match="importance_sampling_level must be one of"):
+        policy_loss(new, old, adv, mask, importance_sampling_level="group")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="importance_sampling_level must be one of"):
+        check_train_options({"importance_sampling_level": "seq"})
