@@ -14,7 +14,11 @@ before the pass: the model, its gradients and the batch):
 * ``both``.
 
     python bench/train_memory.py [--layers 4] [--seqs 1] [--prompt 128] [--response 896] \
-        [--chunk 256] [--rounds 2] [--threads 2]
+        [--chunk 256] [--rounds 2] [--threads 2] [--device cuda] [--bf16]
+
+On a GPU (``--device cuda``) the peak is the CUDA allocator's, over what it held before the
+pass; ``--bf16`` runs the pass under bf16 autocast over the float32 weights, as the trainer
+does with ``--set dtype=bfloat16``.
 
 The rounds alternate the variants' order; times are medians over rounds and passes. The last
 line is one JSON object.
@@ -23,6 +27,7 @@ line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import statistics
@@ -69,7 +74,9 @@ def one_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = Decoder(model_config(args)).train()
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    model = Decoder(model_config(args)).to(device).train()
     model.gradient_checkpointing = variant in ("checkpointing", "both")
     chunk = args.chunk if variant in ("chunk", "both") else 0
     for p in model.parameters():  # the gradients exist before the pass: not its memory
@@ -81,18 +88,33 @@ def one_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         seqs.append(TrainSeq(job_id=i, prompt_ids=ids[:args.prompt],
                              response_ids=ids[args.prompt:], logprobs=[-12.0] * args.response,
                              versions=[0] * args.response, advantage=1.0 if i % 2 else -1.0))
-    batch = pack(seqs)
+    batch = {k: v.to(device) for k, v in pack(seqs).items()}
+    # bf16 autocast over float32 weights, as the trainer computes with --set dtype=bfloat16
+    compute = (torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16
+               else contextlib.nullcontext())
 
     def one_pass() -> float:
         t0 = time.perf_counter()
-        if variant == "before":
-            logp, entropy = before_forward(model, batch)
-        else:
-            logp, entropy = response_logprobs_entropy(model, batch, "report", chunk)
+        with compute:
+            if variant == "before":
+                logp, entropy = before_forward(model, batch)
+            else:
+                logp, entropy = response_logprobs_entropy(model, batch, "report", chunk)
         loss, _ = policy_loss(logp, batch["old"], batch["adv"], batch["mask"], entropy=entropy)
         loss.backward()
+        if cuda:
+            torch.cuda.synchronize()
         return time.perf_counter() - t0
 
+    if cuda:  # the allocator's own peak over what the weights, gradients and batch hold
+        torch.cuda.synchronize()
+        held = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        times = [one_pass()]
+        peak_mb = (torch.cuda.max_memory_allocated() - held) / 2**20
+        times += [one_pass() for _ in range(args.passes - 1)]
+        return {"variant": variant, "peak_mb": peak_mb, "held_mb": held / 2**20,
+                "pass_s": times, "first_pass_page_faults": 0}
     before = resource.getrusage(resource.RUSAGE_SELF)
     times = [one_pass()]
     after = resource.getrusage(resource.RUSAGE_SELF)
@@ -114,6 +136,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--passes", type=int, default=3, help="per process (the first one's peak)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (the allocator's peak)")
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast, as --set dtype=bf16")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)  # (a child process)
     args = ap.parse_args()
@@ -122,7 +146,8 @@ def main() -> None:
         return
     variants = args.variants.split(",")
     child_args = [f"--{k}={getattr(args, k)}" for k in (
-        "layers", "seqs", "prompt", "response", "chunk", "passes", "threads")]
+        "layers", "seqs", "prompt", "response", "chunk", "passes", "threads", "device")]
+    child_args += ["--bf16"] if args.bf16 else []
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     for r in range(args.rounds):
         for v in variants if r % 2 == 0 else variants[::-1]:
@@ -142,7 +167,7 @@ def main() -> None:
         "model": "Qwen2.5-0.5B-shaped, random", "layers": args.layers,
         "positions": args.seqs * (args.prompt + args.response),
         "response_tokens": args.seqs * args.response, "chunk": args.chunk,
-        "threads": args.threads,
+        "threads": args.threads, "device": args.device, "bf16": args.bf16,
         "peak_mb": peak, "pass_s": pass_s, "first_pass_page_faults": faults,
         f"peak_over_{base}": {v: peak[v] / peak[base] for v in variants},
         f"time_over_{base}": {v: pass_s[v] / pass_s[base] for v in variants},

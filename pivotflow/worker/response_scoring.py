@@ -121,8 +121,8 @@ class ChunkedHeadScore(torch.autograd.Function):
                 grad_h[start:end] = grad_z @ _as(ctx, weight)
             if grad_w is not None and grad_z.dtype == grad_w.dtype:
                 grad_w.addmm_(grad_z.t(), h)  # in place: no weight-sized temporary per chunk
-            elif grad_w is not None:
-                grad_w += (grad_z.t() @ _as(ctx, h)).to(grad_w.dtype)
+            elif grad_w is not None:  # (autocast: a half-width product, added as it is cast)
+                grad_w.add_(grad_z.t() @ _as(ctx, h))
         return grad_h, grad_w, None, None, None
 
 
