@@ -12,7 +12,9 @@ example runs anywhere in a minute; a random model learns nothing, so read it for
 
 Prompts (``prompts.jsonl``) hold a list of chat messages per row, as verl's and TRL's datasets
 do; the policy's chat template renders them (``add_generation_prompt``). A plain string prompt
-is encoded raw unless the source says ``chat_template=True``. With ``--set graph.judge=true``
+is encoded raw unless the source says ``chat_template=True``. ``--set graph.reward_model=DIR``
+scores each response with a discriminative reward model (a ``*ForSequenceClassification``
+folder with one label) instead of the rule. With ``--set graph.judge=true``
 the reward comes from a GenRM judge instead of the exact rule: its template returns messages
 (rendered with the judge's own chat template) and ``pivotflow.verdicts`` parses its text.
 """
@@ -35,7 +37,10 @@ DEFAULTS = {"model": "", "prompts": "prompts.jsonl", "judge": False, "max_tokens
             # the trainer's memory (worker/train_config.py; bench/train_memory.py): recompute
             # the layers in the backward pass, and the output head's logits in chunks of this
             # many positions (0: whole); both trade compute for memory, neither changes a step
-            "gradient_checkpointing": False, "logits_chunk_tokens": 0}
+            "gradient_checkpointing": False, "logits_chunk_tokens": 0,
+            # a discriminative reward model's folder (*ForSequenceClassification, one label):
+            # its score is the reward, instead of the exact rule or a judge
+            "reward_model": ""}
 
 
 def exact_reward(answer: str, completion: str, **_: object) -> float:
@@ -62,7 +67,11 @@ def build(config: dict) -> Graph:
                        groups_per_step=config["groups_per_step"])
     rollout = g.generate("rollout", model="policy", pool="rollout",
                          max_tokens=config["max_tokens"])
-    if config["judge"]:  # the same folder as the judge here; name any other one
+    if config["reward_model"]:
+        g.model("rm", source=config["reward_model"])
+        g.pool("scorer", workers=1)
+        reward = g.reward_model("rm", model="rm", pool="scorer")
+    elif config["judge"]:  # the same folder as the judge here; name any other one
         g.model("judge", source=config["model"])
         g.pool("genrm", workers=1)
         reward = g.judge("genrm", model="judge", pool="genrm", template=judge_template,

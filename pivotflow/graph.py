@@ -27,7 +27,8 @@ from pivotflow.errors import GraphError, TaskError
 from pivotflow.tasks.datasets import PromptTable, load_prompt_file
 from pivotflow.worker.train_config import check_train_options
 
-NodeKind = Literal["source", "generate", "judge", "reference", "map", "group", "filter", "train"]
+NodeKind = Literal["source", "generate", "judge", "reference", "reward_model", "map", "group",
+                   "filter", "train"]
 
 # Fields the runtime itself fills, by the kind of node that writes them.
 SOURCE_FIELDS = frozenset({"prompt", "answer", "prompt_ids", "prompt_id", "group_id", "sample_id"})
@@ -36,6 +37,7 @@ GENERATE_FIELDS = frozenset(
 )
 JUDGE_FIELDS = frozenset({"verdict", "reward", "judge_failed"})
 REFERENCE_FIELDS = frozenset({"ref_logprobs"})
+REWARD_MODEL_FIELDS = frozenset({"reward"})
 # ... and what the controller writes itself (the task's exact check of a response)
 RUNTIME_FIELDS = frozenset({"correct", "advantage"})
 TRAIN_READS = frozenset({"prompt_ids", "response_ids", "logprobs", "advantage"})
@@ -318,6 +320,28 @@ class Graph:
         return self._add(Node(name, "reference", _caller_where(),
                               reads=frozenset({"prompt_ids", "response_ids"}),
                               writes=REFERENCE_FIELDS, model=model, pool=pool))
+
+    def reward_model(self, name: str, *, model: str, pool: str,
+                     template: Callable[..., Any] | None = None,
+                     deadline_s: float | None = DEFAULT_DEADLINE_S,
+                     on_error: str = "stop") -> Node:
+        """A discriminative reward model scores each response: ``reward``, the ``score`` head
+        of a Hugging Face ``*ForSequenceClassification`` folder with one label (a Skywork- or
+        RM-style reward model; OpenRLHF's ``--reward_pretrain``, verl's ``reward_model``) at
+        the last token. It reads the prompt and the response as one conversation rendered
+        with the *reward model's* chat template (no generation prompt: the text ends with the
+        answer), since it may tokenize differently from the policy; ``template(**fields)``
+        may return that conversation itself (chat messages, or a string read as it is).
+        A sequence the model cannot read (longer than its context) stops the run, naming the
+        stage and sample. ``deadline_s`` and ``on_error`` govern ``template`` as they do a map
+        stage's function."""
+        where = _caller_where()
+        reads = (fn_reads(template, where, name) if template is not None
+                 else frozenset({"prompt", "response"}))
+        opts = {"template": template,
+                **_fault_options("reward_model", name, where, deadline_s, on_error)}
+        return self._add(Node(name, "reward_model", where, reads=reads,
+                              writes=REWARD_MODEL_FIELDS, model=model, pool=pool, options=opts))
 
     def map(self, name: str, fn: Callable[..., Any], *, writes: Iterable[str],
             deadline_s: float | None = DEFAULT_DEADLINE_S, on_error: str = "stop") -> Node:

@@ -15,7 +15,7 @@ from pivotflow.graph import Graph, Node
 if TYPE_CHECKING:
     import networkx as nx
 
-MODEL_KINDS = ("generate", "judge", "reference", "train")
+MODEL_KINDS = ("generate", "judge", "reference", "reward_model", "train")
 
 
 def import_graph_file(path: str | Path) -> ModuleType:

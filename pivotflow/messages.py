@@ -56,3 +56,18 @@ def encode_prompt(tok: Tokenizer, prompt: Prompt, *, chat_template: bool = False
     """The ids a model is prompted with (see the module's docstring)."""
     text, templated = render(tok, prompt, chat_template=chat_template)
     return tok.encode(text, add_special_tokens=not templated)
+
+
+def encode_conversation(tok: Tokenizer, conversation: Prompt) -> list[int]:
+    """The ids a reward model reads: a whole conversation, the answer included, rendered with
+    its chat template without a generation prompt (the text ends with the answer) and encoded
+    without special tokens; a string is encoded as it is."""
+    if isinstance(conversation, str):
+        return tok.encode(conversation, add_special_tokens=True)
+    return tok.encode(tok.apply_chat_template(conversation, add_generation_prompt=False))
+
+
+def with_answer(prompt: Prompt, response: str) -> list[Message]:
+    """``prompt`` (a string: one user message) followed by ``response`` as the assistant's."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    return [*messages, {"role": "assistant", "content": response}]

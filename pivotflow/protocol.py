@@ -71,6 +71,9 @@ class JobDone(msgspec.Struct, **_HOT):  # type: ignore[call-arg]
     # seconds from the job's arrival at the worker to its result's send (0: not measured);
     # the controller's round trip minus this is the wire and the controller's own time
     worker_s: float = 0.0
+    # a reward model's score of the whole sequence (the score role on a sequence classifier,
+    # for a reward_model stage; None from every other role)
+    score: float | None = None
 
 
 class JobsDone(msgspec.Struct, **_HOT):  # type: ignore[call-arg]

@@ -91,6 +91,7 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
             tok = tokenizer_of(path, folder.config.vocab_size)
         except PivotflowError as exc:
             raise type(exc)(f"model {spec.name!r} at {spec.where}: {exc}") from None
+        check_model_heads(graph, spec.name, folder.config.num_labels, path)
         hf_config = dict(folder.hf_config)
         if spec.context is not None:  # RoPE has no learned positions: serve more (or fewer)
             hf_config["max_position_embeddings"] = spec.context
@@ -102,7 +103,38 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
         models.dirs[spec.name] = path
     check_chat_templates(graph, models)
     check_reference_tokenizers(graph, models)
+    check_reward_model_templates(graph, models)
     return models
+
+
+def check_model_heads(graph: Graph, model: str, num_labels: int, path: Path) -> None:
+    """A reward_model stage's model is a sequence classifier with one label, and no other
+    model stage's is one (a classifier scores sequences: it cannot generate or be trained)."""
+    for node in graph.order():
+        if node.model != model:
+            continue
+        if node.kind == "reward_model" and num_labels != 1:
+            what = "a causal LM" if not num_labels else f"a classifier with {num_labels} labels"
+            raise GraphError(f"reward_model {node.name!r} at {node.where}: model {model!r} "
+                             f"({path / 'config.json'}) is {what}; a reward model is a "
+                             "*ForSequenceClassification folder with num_labels 1")
+        if node.kind != "reward_model" and num_labels:
+            raise GraphError(f"{node.kind} {node.name!r} at {node.where}: model {model!r} "
+                             f"({path / 'config.json'}) is a sequence classifier, which scores "
+                             "sequences and cannot generate or train; use it in a reward_model "
+                             "stage")
+
+
+def check_reward_model_templates(graph: Graph, models: Models) -> None:
+    """A reward_model stage without a template renders the conversation with its model's
+    chat template, so that tokenizer must have one."""
+    for node in graph.order():
+        if (node.kind == "reward_model" and node.options.get("template") is None
+                and models.tokenizers[node.model or ""].chat_template is None):
+            raise GraphError(f"reward_model {node.name!r} at {node.where}: the tokenizer of "
+                             f"model {node.model!r} ({models.dirs[node.model or '']}) has no "
+                             "chat template to render the conversation with; give the stage "
+                             "template=... returning the text the reward model reads")
 
 
 def check_reference_tokenizers(graph: Graph, models: Models) -> None:

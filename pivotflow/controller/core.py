@@ -52,7 +52,8 @@ class _RunOver(Exception):
 
 
 BARRIERS = ("group", "filter", "train")  # stages that wait for a whole group
-ROLE_OF = {"train": "train", "reference": "score"}  # a pool's worker role; others "generate"
+# a pool's worker role; others "generate" (a reward model's pool scores, as a reference's)
+ROLE_OF = {"train": "train", "reference": "score", "reward_model": "score"}
 
 
 @dataclass(slots=True)
@@ -440,6 +441,10 @@ class Controller:
                         job = self.tools.job(idx, job, sample)
                 elif node.kind == "reference":
                     job = stages.reference_job(sample, job_id)
+                elif node.kind == "reward_model":
+                    ran, job = user_code.guard(self, stages.reward_job, node, sample, job_id, tok)
+                    if not ran:
+                        continue
                 else:
                     ran, job = user_code.guard(self, stages.judge_job, node, sample, job_id, tok)
                     if not ran:

@@ -153,6 +153,8 @@ class Handlers:
             ctl.source.check(sample)
         elif node.kind == "reference":
             stages.apply_reference(node, sample, r)
+        elif node.kind == "reward_model":
+            stages.apply_reward(node, sample, r)
         else:
             ran, judged = user_code.guard(ctl, stages.apply_verdict, node, sample, r, tok)
             if ran and not judged and not held_out(sample.group_id):  # (an evaluation round counts its own)

@@ -13,12 +13,13 @@ from pivotflow.controller import user_code
 from pivotflow.controller.sample import Sample
 from pivotflow.errors import GraphError, TokenizerError
 from pivotflow.graph import Node
-from pivotflow.messages import encode_prompt, message_problem
+from pivotflow.messages import encode_conversation, encode_prompt, message_problem, with_answer
 from pivotflow.protocol import GenerateJob, JobDone, TrainSeq
 from pivotflow.tokenizer.base import Tokenizer
 
 EVAL_TEMPERATURE = "_eval_temperature"  # private key: an evaluation sample's temperature
-SERVED = ("generate", "judge", "reference")  # stage kinds whose jobs a pool's workers serve
+# stage kinds whose jobs a pool's workers serve
+SERVED = ("generate", "judge", "reference", "reward_model")
 PARTIAL = "_partial"  # private key of an aborted job's partial state, consumed on re-dispatch
 COUNTED = "_counted"  # private key: tokens of that partial state already counted as generated
 # private key: the tokens a response held when a step boundary last cut it (partial rollouts),
@@ -49,17 +50,23 @@ def generate_job(node: Node, sample: Sample, job_id: int, tok: Tokenizer,
     )
 
 
+def templated(node: Node, sample: Sample) -> str | list[Any]:
+    """A judge's or reward model's ``template(**fields)``: a string, or chat messages (checked:
+    anything else is a GraphError naming the stage)."""
+    out = user_code.call(node, "template", node.options["template"], sample.fields, [sample])
+    problem = None if isinstance(out, str) else message_problem(out)
+    if problem is not None:
+        raise GraphError(f"{node.kind} {node.name!r} at {node.where}: template returned "
+                         f"{type(out).__name__}, expected a str or a list of chat messages "
+                         f"({problem})")
+    return out  # type: ignore[no-any-return]
+
+
 def judge_job(node: Node, sample: Sample, job_id: int, tok: Tokenizer) -> GenerateJob:
     """The job that asks the GenRM for a verdict on ``sample`` (greedy, judge weights v0+).
     ``template`` returns a string (encoded as is) or chat messages (rendered with the judge's
     chat template): the contract is in ``pivotflow.verdicts``."""
-    prompt = user_code.call(node, "template", node.options["template"], sample.fields, [sample])
-    if not isinstance(prompt, str):
-        problem = message_problem(prompt)
-        if problem is not None:
-            raise GraphError(f"judge {node.name!r} at {node.where}: template returned "
-                             f"{type(prompt).__name__}, expected a str or a list of chat "
-                             f"messages ({problem})")
+    prompt = templated(node, sample)
     try:
         prompt_ids = encode_prompt(tok, prompt)
     except TokenizerError as exc:  # e.g. messages for a judge without a chat template
@@ -97,6 +104,31 @@ def apply_reference(node: Node, sample: Sample, result: JobDone) -> None:
         raise GraphError(f"reference {node.name!r} at {node.where} on sample "
                          f"{sample.sample_id}: {why}")
     sample.fields["ref_logprobs"] = result.logprobs
+
+
+def reward_job(node: Node, sample: Sample, job_id: int, tok: Tokenizer) -> GenerateJob:
+    """The job that asks a reward model (a score role on a sequence classifier) to score
+    ``sample``: the prompt and response as one conversation in the reward model's chat
+    template, or what the stage's ``template`` returns. Like a reference score it has no
+    partial state: one aborted by a shift is sent again whole."""
+    sample.private.pop(PARTIAL, None)
+    conversation = (with_answer(sample.fields["prompt"], sample.fields["response"])
+                    if node.options.get("template") is None else templated(node, sample))
+    try:
+        ids = encode_conversation(tok, conversation)
+    except TokenizerError as exc:  # e.g. messages for a reward model without a chat template
+        raise GraphError(f"reward_model {node.name!r} at {node.where}: {exc}") from None
+    return GenerateJob(job_id=job_id, prompt_ids=ids, max_tokens=0)
+
+
+def apply_reward(node: Node, sample: Sample, result: JobDone) -> None:
+    """Write the reward model's score as the reward; a sequence the role refused (longer than
+    the reward model reads) is the run's error, named by stage and sample."""
+    if result.error or result.score is None:
+        why = result.error or "no score in the result"
+        raise GraphError(f"reward_model {node.name!r} at {node.where} on sample "
+                         f"{sample.sample_id}: {why}")
+    sample.fields["reward"] = result.score
 
 
 def apply_generation(sample: Sample, result: JobDone, tok: Tokenizer) -> None:

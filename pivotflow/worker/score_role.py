@@ -1,4 +1,5 @@
-"""The score role: a frozen reference model that scores responses instead of generating them.
+"""The score role: a frozen model that scores responses instead of generating them: a reference
+model's logprobs, or a reward model's score.
 
 A reference stage (``Graph.reference``) sends each sample as a GenerateJob whose ``prompt_ids``
 are the prompt and ``prefix_ids`` the response; the role answers with the log-probability of
@@ -12,6 +13,10 @@ a pool's role like any other, so the planner can shift workers to and from it; i
 one version that never changes (the run publishes the policy's initial weights under
 ``<model>.ref``). ``micro_batch_tokens`` bounds one forward pass as it does the trainer's; one
 ``step`` runs one such pass, so an abort waits for at most one.
+
+On a sequence classifier (a reward model, ``Graph.reward_model``) a job's ``prompt_ids`` are the
+whole sequence the reward model reads (its own chat template's rendering of the prompt and the
+response) and the answer is one ``score`` at its last token (``reward_scoring.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve
 from pivotflow.params.base import ParamStore
 from pivotflow.protocol import GenerateJob, JobDone, TrainSeq
 from pivotflow.worker.response_scoring import response_logprobs
+from pivotflow.worker.reward_scoring import pad_sequences, sequence_scores
 from pivotflow.worker.train_config import train_config
 from pivotflow.worker.train_role import micro_batches, pack
 from pivotflow.worker.worker_config import worker_config
@@ -74,7 +80,10 @@ class ScoreRole:
 
     def _problem(self, j: GenerateJob) -> str:
         ids = j.prompt_ids + j.prefix_ids
-        if not j.prompt_ids or not j.prefix_ids:
+        if self.config.num_labels and (not j.prompt_ids or j.prefix_ids):
+            return (f"job {j.job_id}: a reward model scores one whole sequence (got "
+                    f"{len(j.prompt_ids)} tokens and a {len(j.prefix_ids)}-token response)")
+        if not self.config.num_labels and (not j.prompt_ids or not j.prefix_ids):
             return (f"job {j.job_id}: a reference score needs a prompt and a response "
                     f"(got {len(j.prompt_ids)} and {len(j.prefix_ids)} tokens)")
         if len(ids) > self.config.max_position_embeddings:
@@ -95,6 +104,8 @@ class ScoreRole:
                          logprobs=[0.0] * len(j.prefix_ids), versions=[], advantage=0.0)
                 for j, _ in self.queue.values()]
         part = micro_batches(seqs, self.budget)[0]
+        if self.config.num_labels:
+            return self._rewards(part)
         batch = {k: v.to(self.device) for k, v in pack(part).items()}
         with torch.inference_mode():
             logp = response_logprobs(self.model, batch, self.chunk).cpu()
@@ -106,6 +117,20 @@ class ScoreRole:
             out.append(JobDone(job_id=s.job_id, token_ids=[], logprobs=logp[i, :n].tolist(),
                                versions=[self._version] * n, finish_reason=SCORED,
                                worker_s=now - arrived))
+        return out
+
+    def _rewards(self, part: list[TrainSeq]) -> list[JobDone]:
+        """A reward model's micro-batch: each whole sequence's score."""
+        batch = {k: v.to(self.device) for k, v in
+                 pad_sequences([s.prompt_ids for s in part]).items()}
+        with torch.inference_mode():
+            scores = sequence_scores(self.model, batch).cpu().tolist()
+        now = time.perf_counter()
+        out = []
+        for s, score in zip(part, scores, strict=True):
+            _, arrived = self.queue.pop(s.job_id)
+            out.append(JobDone(job_id=s.job_id, token_ids=[], logprobs=[], versions=[],
+                               finish_reason=SCORED, worker_s=now - arrived, score=score))
         return out
 
     def abort(self, job_ids: list[int]) -> list[JobDone]:

@@ -16,6 +16,10 @@ from pivotflow.engines.torch.model import ARCHITECTURES, ROPE_TYPES, ModelConfig
 from pivotflow.errors import ModelConfigError
 
 HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# the same decoders with a ``score`` head over the last token (reward models)
+HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
+                  "llama": "LlamaForSequenceClassification",
+                  "qwen3": "Qwen3ForSequenceClassification"}
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -51,7 +55,8 @@ def _model_type(raw: dict[str, Any], where: str) -> str:
     kind = raw.get("model_type")
     if kind is None:  # very old exports name only the class
         archs = raw.get("architectures") or []
-        kind = next((k for k, cls in HF_CLASSES.items() if cls in archs), None)
+        kind = next((k for k, cls in (*HF_CLASSES.items(), *HF_CLASSIFIERS.items())
+                     if cls in archs), None)
     if kind not in ARCHITECTURES:
         raise ModelConfigError(
             f"{where}: model_type={kind!r} {_ENGINE} ({', '.join(ARCHITECTURES)})"
@@ -154,11 +159,24 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         # Qwen2 always has q/k/v biases; Llama and Qwen3 only when the config says so.
         attention_bias=True if kind == "qwen2" else bool(raw.get("attention_bias", False)),
         architecture=kind,
+        num_labels=_num_labels(raw, where),
     )
     try:
         return cfg.validate()
     except ModelConfigError as exc:
         raise ModelConfigError(f"{where}: {exc}") from None
+
+
+def _num_labels(raw: dict[str, Any], where: str) -> int:
+    """A ``*ForSequenceClassification`` config's outputs (``num_labels``, else its
+    ``id2label``'s size, else transformers' default of 2); 0 for a causal LM."""
+    archs = raw.get("architectures") or []
+    if not any(str(a).endswith("ForSequenceClassification") for a in archs):
+        return 0
+    n = raw.get("num_labels", len(raw.get("id2label") or {}) or 2)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ModelConfigError(f"{where}: num_labels={n!r} is not a positive integer")
+    return n
 
 
 def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
@@ -180,8 +198,9 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
             original_max_position_embeddings=cfg.rope_original_max_position_embeddings
             or cfg.max_position_embeddings,
         )
+    classes = HF_CLASSIFIERS if cfg.num_labels else HF_CLASSES
     out: dict[str, Any] = {
-        "architectures": [HF_CLASSES[cfg.architecture]],
+        "architectures": [classes[cfg.architecture]],
         "model_type": cfg.architecture,
         **{
             f: getattr(cfg, f)
@@ -201,6 +220,10 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         "dtype": dtype_name,
         "use_cache": True,
     }
+    if cfg.num_labels:
+        out.update(num_labels=cfg.num_labels,
+                   id2label={str(i): f"LABEL_{i}" for i in range(cfg.num_labels)},
+                   label2id={f"LABEL_{i}": i for i in range(cfg.num_labels)})
     if cfg.architecture == "llama":
         out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
     else:

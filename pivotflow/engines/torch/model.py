@@ -54,6 +54,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     attention_bias: bool = True  # Qwen2 always has q/k/v biases; Llama/Qwen3 per config.
     qk_norm: bool | None = None
     architecture: str = "qwen2"  # one of ARCHITECTURES
+    # A sequence classifier (HF's *ForSequenceClassification, e.g. a reward model): a ``score``
+    # head of this many outputs over the last token instead of ``lm_head``; 0: a causal LM.
+    num_labels: int = 0
 
     def __post_init__(self) -> None:
         # Derived defaults; force_setattr because the struct is frozen.
@@ -76,6 +79,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
                      "max_position_embeddings"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ModelConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_labels < 0:
+            raise ModelConfigError(f"num_labels must be >= 0, got {self.num_labels}")
         if self.architecture not in ARCHITECTURES:
             raise ModelConfigError(
                 f"architecture {self.architecture!r} is not one of {', '.join(ARCHITECTURES)}"
@@ -276,10 +281,13 @@ class Decoder(nn.Module):
         # trainer from its gradient_checkpointing knob; inference never recomputes)
         self.gradient_checkpointing = False
         self.model = _Backbone(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-        if not self.lm_head.weight.is_meta:  # on meta, weights are loaded next: init is waste
+        if cfg.num_labels:  # a classifier's head, as transformers names it (no lm_head)
+            self.score = nn.Linear(cfg.hidden_size, cfg.num_labels, bias=False)
+        else:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            if cfg.tie_word_embeddings:
+                self.lm_head.weight = self.model.embed_tokens.weight
+        if not self.model.norm.weight.is_meta:  # on meta, weights are loaded next: no init
             self.apply(self._init_weights)
 
     @staticmethod
@@ -294,7 +302,8 @@ class Decoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, cache: KVCacheHook | None = None,
                 ) -> torch.Tensor:
-        return self.lm_head(self.hidden_states(input_ids, attention_mask, positions, cache))
+        head = self.score if self.config.num_labels else self.lm_head
+        return head(self.hidden_states(input_ids, attention_mask, positions, cache))
 
     def hidden_states(
         self,

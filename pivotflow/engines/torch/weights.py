@@ -50,7 +50,7 @@ def check_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], where: str
     """Raise ModelConfigError naming ``where`` and the tensor if ``tensors`` do not fit ``cfg``:
     a missing, unexpected, non-float or wrongly shaped tensor."""
     expected = dict(expected_shapes(cfg))
-    if cfg.tie_word_embeddings:  # tied checkpoints may or may not repeat the head
+    if cfg.tie_word_embeddings and not cfg.num_labels:  # tied: the head may be repeated
         expected.setdefault("lm_head.weight", (cfg.vocab_size, cfg.hidden_size))
     for name, tensor in tensors.items():
         if name.endswith(_OPTIONAL_SUFFIXES):
@@ -89,7 +89,7 @@ def build_model(
         with torch.device("meta"):
             model = Decoder(cfg)
         model = model.to_empty(device=device).to(dtype).eval()
-        if cfg.tie_word_embeddings:  # to_empty gives each module its own tensor; re-tie
+        if cfg.tie_word_embeddings and not cfg.num_labels:  # to_empty unties them: re-tie
             model.lm_head.weight = model.model.embed_tokens.weight
         model.requires_grad_(False)
     with torch.no_grad():
