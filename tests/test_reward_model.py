@@ -27,7 +27,7 @@ from pivotflow.rl.group_fns import grpo_advantage
 def build(config):
     g = Graph("rm")
     g.model("policy", source=%(policy)r)
-    g.model("rm", source=%(rm)r)
+    g.model("rm", source=%(rm)r, context=%(context)r)
     g.pool("rollout", workers=1)
     g.pool("scorer", workers=1)
     g.pool("trainer", workers=1)
@@ -68,14 +68,18 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     model.save_pretrained(policy)
     torch.manual_seed(1)
     Qwen2ForSequenceClassification(Qwen2Config(**_config(vocab), num_labels=1)).save_pretrained(rm)
-    for f in policy.iterdir():  # the same tokenizer files beside the reward model's weights
-        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
-            shutil.copy(f, rm / f.name)
+    # a classifier of two labels: not a reward model
+    two = root / "two_labels"
+    Qwen2ForSequenceClassification(Qwen2Config(**_config(vocab), num_labels=2)).save_pretrained(two)
+    for folder in (rm, two):  # the same tokenizer files beside the classifiers' weights
+        for f in policy.iterdir():
+            if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+                shutil.copy(f, folder / f.name)
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(
         json.dumps({"prompt": [{"role": "user", "content": f"What is {a}+{a + 7}?"}]}) + "\n"
         for a in range(10, 30)))
-    return {"policy": policy, "rm": rm, "prompts": prompts, "root": root}
+    return {"policy": policy, "rm": rm, "two_labels": two, "prompts": prompts, "root": root}
 
 
 def transformers_scores(rm: Path, sequences: list[list[int]]) -> list[float]:
@@ -102,11 +106,11 @@ def test_the_score_head_reads_as_transformers_does(folders: dict[str, Path]) -> 
 
 
 def write_graph(folders: dict[str, Path], name: str, generator: str = "policy",
-                scorer: str = "rm") -> Path:
+                scorer: str = "rm", rm: str = "rm", context: int | None = None) -> Path:
     graph = folders["root"] / f"{name}.py"
-    graph.write_text(GRAPH % {"policy": str(folders["policy"]), "rm": str(folders["rm"]),
+    graph.write_text(GRAPH % {"policy": str(folders["policy"]), "rm": str(folders[rm]),
                               "prompts": str(folders["prompts"]), "generator": generator,
-                              "scorer": scorer})
+                              "scorer": scorer, "context": context})
     return graph
 
 
@@ -130,17 +134,32 @@ def test_a_run_rewards_each_response_with_the_reward_models_score(
     assert summary["ledger"]["samples_trained"] == 16 and summary["error"] is None
 
 
-@pytest.mark.parametrize(("generator", "scorer", "says"), [
-    ("policy", "policy", r"reward_model 'rm' at .*: model 'policy' \(.*config.json\) is a "
-                         r"causal LM; a reward model is a \*ForSequenceClassification folder"),
-    ("rm", "rm", r"generate 'rollout' at .*: model 'rm' \(.*config.json\) is a sequence "
-                 r"classifier, which scores sequences and cannot generate or train"),
+@pytest.mark.parametrize(("generator", "scorer", "rm", "says"), [
+    ("policy", "policy", "rm", r"reward_model 'rm' at .*: model 'policy' \(.*config.json\) is a "
+                               r"causal LM; a reward model is a \*ForSequenceClassification"),
+    ("rm", "rm", "rm", r"generate 'rollout' at .*: model 'rm' \(.*config.json\) is a sequence "
+                       r"classifier, which scores sequences and cannot generate or train"),
+    ("policy", "rm", "two_labels", r"reward_model 'rm' at .*: model 'rm' \(.*config.json\) is "
+                                   r"a classifier with 2 labels; a reward model is"),
 ])
 def test_a_model_in_the_wrong_kind_of_stage_is_a_one_line_error(
-        folders: dict[str, Path], tmp_path: Path, generator: str, scorer: str,
+        folders: dict[str, Path], tmp_path: Path, generator: str, scorer: str, rm: str,
         says: str) -> None:
-    graph = write_graph(folders, f"bad_{generator}_{scorer}", generator, scorer)
+    graph = write_graph(folders, f"bad_{generator}_{scorer}_{rm}", generator, scorer, rm)
     with pytest.raises(GraphError, match=says) as err:
+        run(graph, sets=["live=false"], out=tmp_path / "out", steps=1, console=False)
+    assert "\n" not in str(err.value)
+
+
+def test_a_conversation_longer_than_the_reward_model_reads_stops_the_run(
+        folders: dict[str, Path], tmp_path: Path) -> None:
+    """Served with 16 positions (``context=16``), the reward model cannot read a prompt and
+    response of ~30 tokens: the run stops with one line naming the stage, the sample and why,
+    not a truncated score."""
+    graph = write_graph(folders, "short_rm", context=16)
+    with pytest.raises(GraphError, match=r"reward_model 'rm' at .* on sample \d+: job \d+: "
+                                         r"\d+ tokens exceed the reward model's "
+                                         r"max_position_embeddings 16") as err:
         run(graph, sets=["live=false"], out=tmp_path / "out", steps=1, console=False)
     assert "\n" not in str(err.value)
 

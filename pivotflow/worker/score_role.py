@@ -86,12 +86,13 @@ class ScoreRole:
         if not self.config.num_labels and (not j.prompt_ids or not j.prefix_ids):
             return (f"job {j.job_id}: a reference score needs a prompt and a response "
                     f"(got {len(j.prompt_ids)} and {len(j.prefix_ids)} tokens)")
+        what = "reward model" if self.config.num_labels else "reference model"
         if len(ids) > self.config.max_position_embeddings:
-            return (f"job {j.job_id}: {len(ids)} tokens exceed the reference model's "
+            return (f"job {j.job_id}: {len(ids)} tokens exceed the {what}'s "
                     f"max_position_embeddings {self.config.max_position_embeddings}")
         bad = next((t for t in ids if not 0 <= t < self.config.vocab_size), None)
         if bad is not None:
-            return (f"job {j.job_id}: token id {bad} is outside the reference model's "
+            return (f"job {j.job_id}: token id {bad} is outside the {what}'s "
                     f"vocabulary (vocab_size {self.config.vocab_size})")
         return ""
 
