@@ -36,10 +36,35 @@ def length_grid(lengths: Lengths) -> list[float]:
     ]
 
 
-def expected_max(lengths: Lengths, n: int) -> float:
-    """Expected largest of ``n`` draws (the ``n/(n+1)`` quantile), capped."""
+def expected_max(lengths: Lengths, n: int, group_size: int = 1) -> float:
+    """Expected largest of ``n`` draws (the ``n/(n+1)`` quantile), capped. With
+    ``lengths.group_share`` the draws come in groups of ``group_size`` that share a part of
+    their log-length: the length at which the largest of them is as likely below as ``n``
+    independent draws' ``n/(n+1)`` quantile is (fewer independent draws: a shorter longest)."""
     q = n / (n + 1)
-    return min(lengths.cap, lengths.median * math.exp(lengths.sigma * NormalDist().inv_cdf(q)))
+    if not lengths.group_share or group_size <= 1:
+        return min(lengths.cap, lengths.median * math.exp(lengths.sigma * NormalDist().inv_cdf(q)))
+    return group_max_tokens(lengths, n / group_size, group_size, q**n)
+
+
+def group_max_tokens(lengths: Lengths, groups: float, group_size: int, target: float) -> float:
+    """The length ``x`` (capped) with P(the largest of ``groups`` groups of ``group_size``
+    correlated draws <= x) = ``target``: a group shares ``sqrt(share) z_g`` of its standard
+    normal log-length, so P(its max <= t) = E_zg[Phi((t - sqrt(share) z_g) /
+    sqrt(1 - share))^group_size], taken on a grid of ``z_g``, and ``t`` found by bisection."""
+    nd = NormalDist()
+    a, b = math.sqrt(lengths.group_share), math.sqrt(1 - lengths.group_share)
+    zs = [nd.inv_cdf((i + 0.5) / 400) for i in range(400)]  # equally likely z_g
+
+    def cdf(t: float) -> float:
+        group = sum(nd.cdf((t - a * z) / b) ** group_size for z in zs) / len(zs)
+        return group**groups
+
+    lo, hi = -10.0, 10.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < target else (lo, mid)
+    return min(lengths.cap, lengths.median * math.exp(lengths.sigma * (lo + hi) / 2))
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +115,7 @@ def role_rates(wl: Workload) -> RoleRates:
     trainer = 1000 / per_1000
     # Critical path: the longest sequence alone at batch 1, its judging, the train step.
     n = wl.samples_per_step
-    longest = expected_max(wl.response, n)
+    longest = expected_max(wl.response, n, wl.group_size)
     k1 = cost.decode(pol, 1)
     decode = longest * (k1.base + k1.per_seq + k1.per_ctx * prompt) + k1.per_ctx * longest**2 / 2
     kj1 = cost.decode(jud, 1)
@@ -126,7 +151,7 @@ def nonclairvoyant_decode_s(wl: Workload) -> float:
     ``k``-th token every sequence still unfinished decodes one too (any of them may be the
     longest), spread evenly over every policy replica of the cluster, at least one a replica."""
     n = wl.samples_per_step
-    return _unfinished_decode_s(wl, n, expected_max(wl.response, n))
+    return _unfinished_decode_s(wl, n, expected_max(wl.response, n, wl.group_size))
 
 
 def _unfinished_decode_s(wl: Workload, n: float, tokens: float) -> float:
@@ -170,7 +195,7 @@ def nonclairvoyant_partial_end(wl: Workload, over_sample: float) -> list[tuple[f
     without over-sampling the one choice: the step's samples and the longest of them."""
     n0 = wl.samples_per_step
     if over_sample <= 0:
-        return [(float(n0), expected_max(wl.response, n0))]
+        return [(float(n0), expected_max(wl.response, n0, wl.group_size))]
     r = wl.response
     nd = NormalDist()
     out = []
@@ -180,8 +205,12 @@ def nonclairvoyant_partial_end(wl: Workload, over_sample: float) -> list[tuple[f
         groups = n / wl.group_size
         # the (n / G)-th complete group of n (1 + o) / G: the group max's quantile 1/(1+o)
         # (o = 0: the largest of ``groups``, as ``expected_max``)
-        q = (1 / (1 + o) * groups / (groups + 1)) ** (1 / wl.group_size)
-        end = min(r.cap, r.median * math.exp(r.sigma * nd.inv_cdf(q))) if r.sigma else r.median
+        q_group = 1 / (1 + o) * groups / (groups + 1)
+        if r.group_share and r.sigma:  # a group's responses alike: its max's own quantile
+            end = group_max_tokens(r, 1, wl.group_size, q_group)
+        else:
+            q = q_group ** (1 / wl.group_size)
+            end = min(r.cap, r.median * math.exp(r.sigma * nd.inv_cdf(q))) if r.sigma else r.median
         out.append((n, end))
     return out
 

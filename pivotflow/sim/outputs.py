@@ -34,10 +34,16 @@ def unit(seed: int, salt: int = 0) -> float:
     return (z + 0.5) / 2.0**64
 
 
-def response_length(lengths: Lengths, seed: int, max_tokens: int) -> tuple[int, bool]:
+def response_length(lengths: Lengths, seed: int, max_tokens: int,
+                    group: int = 0) -> tuple[int, bool]:
     """Tokens a rollout of ``seed`` generates (log-normal, capped) and whether it stops by EOS
-    (False when the cap or ``max_tokens`` cuts it)."""
-    n = round(math.exp(lengths.sigma * _INV_CDF(unit(seed))) * lengths.median)
+    (False when the cap or ``max_tokens`` cuts it). ``group`` keys what the responses to one
+    prompt share (``Lengths.group_share`` of the log-length's variance; none at 0)."""
+    z = _INV_CDF(unit(seed))
+    if lengths.group_share:
+        z = (math.sqrt(lengths.group_share) * _INV_CDF(unit(group, salt=1))
+             + math.sqrt(1 - lengths.group_share) * z)
+    n = round(math.exp(lengths.sigma * z) * lengths.median)
     cap = min(lengths.cap, max_tokens)
     return (cap, False) if n >= cap else (max(n, 1), True)
 

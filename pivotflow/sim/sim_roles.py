@@ -174,7 +174,11 @@ class SimGenerateRole:
         step = job.prefix_versions[0] if job.prefix_versions else self.shared.version
         if self.model == "judge":  # (its weights are the judge's: no policy version on it)
             return cost.verdict_at(cost.policy_version), True
-        n, stop = response_length(cost.response_at(step), job.seed, job.max_tokens)
+        lengths = cost.response_at(step)
+        # a prompt's responses share a length component (Lengths.group_share), keyed by the
+        # prompt's ids, which every response of a group (and a migrated one) carries
+        group = hash(tuple(job.prompt_ids)) & 0xFFFFFFFF if lengths.group_share else 0
+        n, stop = response_length(lengths, job.seed, job.max_tokens, group)
         if n < job.min_tokens:  # as a real engine, no EOS before min_tokens
             n = min(job.min_tokens, job.max_tokens)
             stop = n < job.max_tokens

@@ -85,7 +85,10 @@ class SimProblems:
     def next(self) -> Problem:
         self.cursor += 1
         n = min(self.cap, max(1, round(self.rng.lognormvariate(0.0, self.sigma) * self.median)))
-        return Problem(prompt=FILLER * n, answer="")
+        # The prompt's number leads it (its length unchanged), so each prompt's text is its
+        # own: a workload whose responses to one prompt are alike (group_share) keys on it.
+        tag = str(self.cursor)[:n]
+        return Problem(prompt=tag + FILLER * (n - len(tag)), answer="")
 
     def check(self, answer: str, completion: str) -> bool | None:
         return None

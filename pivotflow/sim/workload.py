@@ -60,6 +60,12 @@ class Lengths:
     # "budget" (a map stage per sample id, as graphs/grpo_genrm_longtail.py's, so a simulated
     # run generates the very lengths the real one does: calibration).
     draw: str = "engine"
+    # The share of the log-length's variance a prompt's responses share (0 <= share < 1): a
+    # group draws ``sigma sqrt(share) z_group``, each response ``sigma sqrt(1 - share) z_own``
+    # more, so every response's own distribution stays the same and only how alike a group's
+    # responses are moves. Seer (arXiv:2511.14617) schedules on responses to one prompt having
+    # similar lengths; 0 (the default, every shipped workload) draws them independently.
+    group_share: float = 0.0
 
     @property
     def sigma(self) -> float:
@@ -153,6 +159,7 @@ class Workload:
             s.at("response_p99_over_median", step, r.p99_over_median),
             int(s.at("response_cap_tokens", step, r.cap)),
             r.draw,
+            r.group_share,
         )
 
     def verdict_at(self, step: float) -> int:
@@ -231,7 +238,14 @@ def _lengths(t: Table) -> Lengths:
         t.num("p99_over_median", lo=1.0, lo_open=False),
         t.num("cap_tokens", integer=True),
         t.text("draw", "engine"),
+        t.num("group_share", 0.0, lo=0.0, lo_open=False) if t.name == "response" else 0.0,
     )
+    if not out.group_share < 1:
+        raise ConfigError(f"{t.path}: [{t.name}] group_share = {out.group_share}: must be in "
+                          "[0, 1) (1 would make a group's responses one length)")
+    if out.group_share and out.draw != "engine":
+        raise ConfigError(f"{t.path}: [{t.name}] group_share needs draw = \"engine\" (a budget "
+                          "draws each sample's length on its own)")
     if out.draw not in LENGTH_DRAWS:
         raise ConfigError(f"{t.path}: [{t.name}] draw = {out.draw!r}: one of {list(LENGTH_DRAWS)}")
     if out.cap < out.median:
