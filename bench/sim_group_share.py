@@ -2,7 +2,8 @@
 each shipped group rerun with ``[response] group_share`` (the share of the log-length's variance
 a prompt's responses have in common; every shipped workload says 0), under backpressure and the
 static analytic split (the split of share 0 for every share, so only the lengths move), with the
-bounds for the same setting beside them.
+bounds for the same setting beside them, and how often prompts wait for a rollout slot (only then
+can an order of dispatch, such as a group-informed longest-first one, matter).
 
 Seer (arXiv:2511.14617) reports that responses to one prompt have similar lengths and schedules
 on it; no figure for how similar is taken from it here, so the shares are a sweep, not a claim.
@@ -24,12 +25,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pivotflow.sim.cluster import Split, simulate
+from pivotflow.sim.cluster import SimResult, Split, simulate
 from pivotflow.sim.fluid import expected_max, rank_splits
 from pivotflow.sim.joint_bound import bounds
 from pivotflow.sim.workload import load_workload
 
 HERE = Path(__file__).resolve().parent
+
+
+def rollout_wait_share(result: SimResult) -> float:
+    """The share of the steady steps' trace times (after the first step, up to the last) at
+    which prompts wait for a rollout slot: when an order of dispatch (longest-first) could
+    matter at all."""
+    first, last = result.records[0]["time_s"], result.records[-2]["time_s"]
+    waiting = [q.get("prompts->rollout", 0) > 0 for t, q in result.queue_trace
+               if first < t <= last]
+    return sum(waiting) / len(waiting) if waiting else 0.0
 
 
 def main() -> None:
@@ -60,15 +71,19 @@ def main() -> None:
                 "joint_bound": b["joint_samples_per_s"],
             }
             for planner in ("backpressure", "static"):
-                rate = simulate(wl, planner, split, steps=args.steps).samples_per_s
+                result = simulate(wl, planner, split, steps=args.steps, trace_every_s=1.0)
+                rate = result.samples_per_s
                 row[planner] = rate
+                row[f"{planner}_rollout_wait_share"] = rollout_wait_share(result)
                 row[f"{planner}_fraction_of_nonclairvoyant"] = rate / b[
                     "nonclairvoyant_samples_per_s"]
             rows.append(row)
             print(f"{wl.name:18s} share {share:.1f}: longest {row['step_longest_tokens']:6d} "
                   f"tokens; backpressure {row['backpressure']:7.2f}, static {row['static']:7.2f}"
                   f" samples/s; nc bound {row['nonclairvoyant_bound']:7.2f} (backpressure "
-                  f"{row['backpressure_fraction_of_nonclairvoyant']:.3f})", flush=True)
+                  f"{row['backpressure_fraction_of_nonclairvoyant']:.3f}); prompts wait for a "
+                  f"rollout slot {row['backpressure_rollout_wait_share']:.0%} of the time",
+                  flush=True)
     print(json.dumps({"bench": "sim_group_share", "command": " ".join(["python", *sys.argv]),
                       "steps": args.steps, "rows": rows}))
 

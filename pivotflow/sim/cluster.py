@@ -85,6 +85,9 @@ class SimResult:
     # the controller's decision log (every move with its numbers; a re-size's carry resize=1)
     decision_log: list[dict[str, Any]] = field(default_factory=list, repr=False)
     planner_log: list[dict[str, Any]] = field(default_factory=list, repr=False)  # (adaptive)
+    # each trace time's samples waiting on each edge (``pool_trace``'s times): whether work
+    # ever waits for a free slot, which an order of dispatch needs to matter
+    queue_trace: list[tuple[float, dict[str, int]]] = field(default_factory=list, repr=False)
 
     def summary(self) -> dict[str, Any]:
         totals = [s["total_s"] for s in self.shifts if s.get("total_s") is not None]
@@ -253,13 +256,16 @@ async def _simulate(
     fleet = SimFleet([SimWorker(hub.connect(w), cost, wl.group_gpus, tok, cores=cores)
                       for w in assignments])
     trace: list[tuple[float, dict[str, int]]] = []
+    queues: list[tuple[float, dict[str, int]]] = []
     wall0 = time.perf_counter()
     t_start = loop.time()
 
     async def watch() -> None:
         """Trace the pools' sizes; end the run at the virtual horizon or the wall limit."""
         while True:
-            trace.append((loop.time() - t_start, {n: len(p.workers) for n, p in ctl.pools.items()}))
+            now = loop.time() - t_start
+            trace.append((now, {n: len(p.workers) for n, p in ctl.pools.items()}))
+            queues.append((now, {e.name: len(e) for e in ctl.edges.values()}))
             await asyncio.sleep(trace_every_s)
             if loop.time() - t_start > horizon_s or time.perf_counter() - wall0 > wall_limit_s:
                 raise _Horizon
@@ -309,6 +315,7 @@ async def _simulate(
         len(ctl.decisions),
         list(ctl.decisions),
         list(getattr(planner, "log", [])),
+        queues,
     )
 
 

@@ -27,6 +27,15 @@ def test_runs_are_deterministic(tiny_workload: Workload) -> None:
     assert a.sim_s == b.sim_s and a.tokens_generated == b.tokens_generated
 
 
+def test_the_queue_trace_counts_what_waits_on_each_edge(tiny_workload: Workload) -> None:
+    """Beside the pools' sizes, each trace time's samples waiting on each edge: with a rollout
+    pool of one worker, prompts wait for a slot at some trace time."""
+    r = simulate(tiny_workload, "static", Split(1, 2, 5), steps=2, trace_every_s=0.5)
+    assert [t for t, _ in r.queue_trace] == [t for t, _ in r.pool_trace]
+    assert set(r.queue_trace[0][1]) == {"prompts->rollout", "rollout->genrm"}
+    assert max(q["prompts->rollout"] for _, q in r.queue_trace) > 0
+
+
 def test_starving_a_pool_is_slower_and_under_the_bounds(tiny_workload: Workload) -> None:
     # 12 steps: the bound is in expectation (of the longest response), a few steps vary
     good = simulate(tiny_workload, "static", Split(**rank_splits(tiny_workload, 1)[0][1]), steps=12)
