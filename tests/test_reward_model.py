@@ -94,7 +94,8 @@ def test_the_score_head_reads_as_transformers_does(folders: dict[str, Path]) -> 
     """A right-padded batch of three lengths: each score is transformers' for that sequence
     alone (the last real token's, not the padding's)."""
     from pivotflow.engines.torch.weights import build_model, load_model_folder
-    from pivotflow.worker.reward_scoring import pad_sequences, sequence_scores
+    from pivotflow.worker.reward_scoring import sequence_scores
+    from pivotflow.worker.train_role import pad_sequences
 
     folder = load_model_folder(folders["rm"])
     assert folder.config.num_labels == 1

@@ -295,10 +295,10 @@ class Controller:
         while True:
             sample.reached[idx] = now
             node = self.order[idx]
-            if evaluated and (node.kind in BARRIERS or node.kind == "reference"):
-                if node.kind == "reference":  # (logprobs for the KL term: none to train)
-                    idx += 1
-                    continue
+            if evaluated and node.kind == "reference":  # (logprobs for the KL term: none to train)
+                idx += 1
+                continue
+            if evaluated and node.kind in BARRIERS:
                 assert self.evaluation is not None
                 self.evaluation.arrive(self, sample, now)  # an evaluation sample is done
                 return

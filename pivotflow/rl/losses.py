@@ -282,6 +282,8 @@ def policy_loss(
     loss = pg_loss
 
     with torch.no_grad():
+        # (GSPO's ratio is the sequence's; PPO's is already the token's own)
+        token_ratio = ratio if log_ratio is token_log_ratio else token_log_ratio.exp()
         # Clipping is active where the clipped branch is the smaller (chosen, gradient-free) one.
         active = clipped < unclipped
         stats = {
@@ -291,7 +293,7 @@ def policy_loss(
             "clip_frac_high": masked_mean((active & (ratio > 1.0)).to(ratio.dtype), valid),
             "ratio_mean": masked_mean(ratio, valid),
             # (per token whatever the ratio's level: how far the policy moved)
-            "approx_kl": masked_mean(token_log_ratio.exp() - 1.0 - token_log_ratio, valid),
+            "approx_kl": masked_mean(token_ratio - 1.0 - token_log_ratio, valid),
             "tokens": valid.sum().to(ratio.dtype),
         }
         if behavior_w is not None:

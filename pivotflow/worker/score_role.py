@@ -30,9 +30,9 @@ from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve
 from pivotflow.params.base import ParamStore
 from pivotflow.protocol import GenerateJob, JobDone, TrainSeq
 from pivotflow.worker.response_scoring import response_logprobs
-from pivotflow.worker.reward_scoring import pad_sequences, sequence_scores
+from pivotflow.worker.reward_scoring import sequence_scores
 from pivotflow.worker.train_config import train_config
-from pivotflow.worker.train_role import micro_batches, pack
+from pivotflow.worker.train_role import micro_batches, pack, pad_sequences
 from pivotflow.worker.worker_config import worker_config
 
 SCORED = "scored"  # the finish_reason of a scored job

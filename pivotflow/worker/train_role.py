@@ -38,6 +38,18 @@ from pivotflow.worker.worker_config import worker_config
 OPTIM_WAIT_S = 30.0  # for the optimizer state to reach this node's store (on a cluster)
 
 
+def pad_sequences(seqs: list[list[int]], pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """Right-padded ids ``[B, T]`` and their attention mask (1 = a real token): a ``pack``ed
+    batch's, and a reward model's whole sequences (``reward_scoring.sequence_scores``)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        attn[i, : len(s)] = 1
+    return {"ids": ids, "attn": attn}
+
+
 def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
     """Right-padded prompt+response ids, with response-token positions and their old logprobs
     (and the reference model's, ``ref``, when every sequence carries them).
@@ -45,11 +57,9 @@ def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
     Position ``p`` of ``logits`` predicts token ``p + 1``, so the response token at index ``j``
     (absolute position ``len(prompt) + j``) is scored by logits at ``len(prompt) + j - 1``.
     """
-    width = max(len(s.prompt_ids) + len(s.response_ids) for s in seqs)
+    out = pad_sequences([s.prompt_ids + s.response_ids for s in seqs], pad_id)
     resp = max(max(len(s.response_ids) for s in seqs), 1)
     b = len(seqs)
-    ids = torch.full((b, width), pad_id, dtype=torch.long)
-    attn = torch.zeros(b, width, dtype=torch.long)
     gather = torch.zeros(b, resp, dtype=torch.long)  # logit position of each response token
     targets = torch.zeros(b, resp, dtype=torch.long)
     old = torch.zeros(b, resp)
@@ -58,8 +68,6 @@ def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
     valid = torch.zeros(b, resp, dtype=torch.bool)  # a response token, not padding
     for i, s in enumerate(seqs):
         p, r = len(s.prompt_ids), len(s.response_ids)
-        ids[i, : p + r] = torch.tensor(s.prompt_ids + s.response_ids)
-        attn[i, : p + r] = 1
         gather[i, :r] = torch.arange(p - 1, p + r - 1)
         targets[i, :r] = torch.tensor(s.response_ids, dtype=torch.long)
         valid[i, :r] = True
@@ -69,8 +77,7 @@ def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
         lm = s.loss_mask if s.loss_mask else [1] * r
         mask[i, :r] = torch.tensor(lm, dtype=torch.float32)
     adv = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
-    out = {"ids": ids, "attn": attn, "gather": gather, "targets": targets, "old": old,
-           "mask": mask, "valid": valid, "adv": adv}
+    out.update(gather=gather, targets=targets, old=old, mask=mask, valid=valid, adv=adv)
     if ref is not None:
         out["ref"] = ref
     return out
