@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pivotflow.controller.evaluation import pass_at_k
 from pivotflow.errors import ConfigError, GraphError
 from pivotflow.metrics import read_metrics
 from pivotflow.run import run
@@ -92,6 +93,10 @@ def test_several_samples_per_prompt_give_mean_and_pass_at_n(tmp_path: Path) -> N
         assert (r["task_accuracy"] * 32) == pytest.approx(round(r["task_accuracy"] * 32))
         assert (r["task_pass_at_n"] * 8) == pytest.approx(round(r["task_pass_at_n"] * 8))
         assert r["task_accuracy"] <= r["task_pass_at_n"] <= 1.0
+        # unbiased pass@k below n: pass@1 is mean@4 (every prompt has its 4), pass@2 between
+        assert set(r["task_pass_at_k"]) == {"1", "2"}
+        assert r["task_pass_at_k"]["1"] == pytest.approx(r["task_accuracy"])
+        assert r["task_accuracy"] <= r["task_pass_at_k"]["2"] <= r["task_pass_at_n"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["eval_task_pass_at_n_last"] == rounds[-1]["task_pass_at_n"]
 
@@ -187,3 +192,15 @@ def test_every_key_of_eval_records_is_documented(evaluated: tuple[Path, Path]) -
     assert_documented({k for r in read_metrics(out / "eval.jsonl") for k in r}, "eval.jsonl")
     summary = json.loads((out / "summary.json").read_text())
     assert_documented({k for k in summary if k.startswith("eval")}, "summary.json")
+
+
+def test_pass_at_k_is_the_unbiased_estimate() -> None:
+    """1 - C(n-c, k)/C(n, k) per prompt, averaged; k = n is "any right", k = 1 the share right;
+    a prompt with fewer than k samples checked is left out, and none left gives None."""
+    assert pass_at_k([(4, 1)], 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    assert pass_at_k([(4, 1), (4, 0)], 2) == pytest.approx(0.25)
+    assert pass_at_k([(4, 3)], 1) == pytest.approx(0.75)
+    assert pass_at_k([(4, 1), (4, 0), (4, 4)], 4) == pytest.approx(2 / 3)
+    assert pass_at_k([(8, 2)], 4) == pytest.approx(1 - 15 / 70)  # C(6,4) / C(8,4)
+    assert pass_at_k([(2, 2), (4, 0)], 4) == pytest.approx(0.0)
+    assert pass_at_k([(2, 1)], 4) is None

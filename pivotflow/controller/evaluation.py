@@ -5,7 +5,8 @@ A round admits ``eval_samples`` samples per held-out prompt (one by default) whe
 reaches a version due (0, every ``eval_every``-th, and the run's last), generated at
 ``eval_temperature`` (0: greedy, as verl's validation) with the first generate stage's other
 settings. With several a prompt's accuracy is their mean (verl's mean@n) and pass@n whether
-one of them is right. Its samples go through the graph's
+one of them is right, and pass@k for each power of two k below n the unbiased estimate from
+the same samples (``pass_at_k``). Its samples go through the graph's
 stages like any other, the judge and map stages included, and leave the flow at the first
 stage that waits for a whole group (a group, filter or train stage): they are never grouped,
 advantaged or trained, and a reference stage passes them by. What they hold there is the
@@ -20,8 +21,9 @@ training samples costs, on the same pools; the planner sees them as queued work.
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from pivotflow.controller.records import length_figures
@@ -34,6 +36,15 @@ from pivotflow.tokenizer.base import Tokenizer
 if TYPE_CHECKING:
     from pivotflow.controller.core import Controller
 
+
+
+def pass_at_k(counts: Iterable[tuple[int, int]], k: int) -> float | None:
+    """The unbiased pass@k (Chen et al. 2021, arXiv:2107.03374) over prompts given as
+    (samples checked, samples right): the mean over prompts of 1 - C(n-c, k) / C(n, k), the
+    chance that k of a prompt's n samples drawn without replacement hold one right. Prompts with
+    fewer than k samples checked are left out; None when none is left."""
+    per_prompt = [1.0 - math.comb(n - c, k) / math.comb(n, k) for n, c in counts if n >= k]
+    return sum(per_prompt) / len(per_prompt) if per_prompt else None
 
 
 class Evaluation:
@@ -117,6 +128,12 @@ class Evaluation:
         correct = [bool(s.fields["correct"]) for s in checked]
         right_prompts = {s.fields["prompt_id"] for s in checked if s.fields["correct"]}
         checked_prompts = {s.fields["prompt_id"] for s in checked}
+        counts = {i: [0, 0] for i in checked_prompts}  # prompt -> [checked, right]
+        for s in checked:
+            counts[s.fields["prompt_id"]][0] += 1
+            counts[s.fields["prompt_id"]][1] += bool(s.fields["correct"])
+        ks = [2**e for e in range(self.samples_per_prompt.bit_length())
+              if 2**e < self.samples_per_prompt]
         rewards = [float(s.fields["reward"]) for s in samples
                    if s.fields.get("reward") is not None]
         versions = [v for s in samples for v in (s.fields.get("versions") or ())]
@@ -131,6 +148,8 @@ class Evaluation:
             "task_accuracy": sum(correct) / len(correct) if correct else None,
             "task_pass_at_n": (len(right_prompts) / len(checked_prompts) if checked_prompts
                                else None),
+            # (keys are strings: JSON's; k = n is task_pass_at_n, k = 1 mean@n per prompt)
+            "task_pass_at_k": {str(k): pass_at_k(((n, c) for n, c in counts.values()), k) for k in ks},
             "reward_mean": sum(rewards) / len(rewards) if rewards else None,
             "reward_missing": len(samples) - len(rewards),
             "samples_failed": self.failed,
