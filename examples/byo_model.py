@@ -38,6 +38,9 @@ DEFAULTS = {"model": "", "prompts": "prompts.jsonl", "judge": False, "max_tokens
             # the layers in the backward pass, and the output head's logits in chunks of this
             # many positions (0: whole); both trade compute for memory, neither changes a step
             "gradient_checkpointing": False, "logits_chunk_tokens": 0,
+            # LoRA (worker/lora.py): a rank-r update of every linear layer, the weights frozen
+            # and the AdamW state the adapters' alone (0: train every weight)
+            "lora_rank": 0, "lora_alpha": 16.0,
             # a discriminative reward model's folder (*ForSequenceClassification, one label):
             # its score is the reward, instead of the exact rule or a judge
             "reward_model": ""}
@@ -81,7 +84,8 @@ def build(config: dict) -> Graph:
     advantage = g.group("advantage", grpo_advantage, writes=["advantage"])
     train = g.train("train", model="policy", pool="trainer", lr=config["lr"],
                     gradient_checkpointing=config["gradient_checkpointing"],
-                    logits_chunk_tokens=config["logits_chunk_tokens"])
+                    logits_chunk_tokens=config["logits_chunk_tokens"],
+                    lora_rank=config["lora_rank"], lora_alpha=config["lora_alpha"])
     g.chain(prompts, rollout, reward, advantage, train)
     return g
 

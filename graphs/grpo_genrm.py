@@ -47,6 +47,11 @@ DEFAULTS = {
     "clip_eps_high": 0.2,
     "aggregation": "token-mean",
     "importance_sampling_level": "token",
+    # LoRA (worker/lora.py; verl's lora_rank and lora_alpha): 0 trains every weight; r > 0 a
+    # rank-r update of each linear layer, merged into every published policy (lr: LoRA is
+    # usually trained at a larger rate than the full model)
+    "lora_rank": 0,
+    "lora_alpha": 16.0,
 }
 
 
@@ -81,7 +86,8 @@ def build(config: dict) -> Graph:
                     decoupled_loss=config["decoupled_loss"],
                     entropy_coef=config["entropy_coef"], clip_eps=config["clip_eps"],
                     clip_eps_high=config["clip_eps_high"], aggregation=config["aggregation"],
-                    importance_sampling_level=config["importance_sampling_level"])
+                    importance_sampling_level=config["importance_sampling_level"],
+                    lora_rank=config["lora_rank"], lora_alpha=config["lora_alpha"])
     if config["kl_coef"] > 0:
         g.pool("reference", workers=config["reference_workers"])
         reference = g.reference("reference", model="policy", pool="reference")

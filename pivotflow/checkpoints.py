@@ -2,7 +2,8 @@
 
 ``RUN/checkpoints/step-000040/`` holds the policy (a Hugging Face folder: safetensors, the
 model's own config.json as the store holds it, and its tokenizer files, so it loads with
-transformers' ``AutoModelForCausalLM`` and ``AutoTokenizer``), its AdamW state (``optimizer.safetensors``), the controller's state (``state.msgpack``:
+transformers' ``AutoModelForCausalLM`` and ``AutoTokenizer``), its AdamW state (``optimizer.safetensors``;
+under LoRA the adapters too, and ``adapter/`` holds them as PEFT saves them), the controller's state (``state.msgpack``:
 ledger, prompt cursor and random states, every admitted-but-untrained sample) and, written
 last, ``manifest.json``, which lists every file with its SHA-256. Each is written into a
 temporary folder that is renamed into place only when whole, then ``LATEST`` moves to it; so a
@@ -23,7 +24,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -49,10 +50,11 @@ class Checkpoint:
 
 
 def write(run_dir: Path, model: str, store: ParamStore, state: ControllerState, *,
-          tokenizer_dir: Path | None = None) -> Path:
+          tokenizer_dir: Path | None = None, lora: LoraExport | None = None) -> Path:
     """Checkpoint version ``state.version`` of ``model`` (taken from the store) with ``state``;
     the tokenizer and generation files in ``tokenizer_dir`` (the model's folder) go into the
-    policy folder. Returns the checkpoint's folder. Raises CheckpointError if the store no
+    policy folder. Under LoRA (``lora``) the adapters also go into ``adapter/`` as PEFT saves
+    them. Returns the checkpoint's folder. Raises CheckpointError if the store no
     longer has that version, or (one line, naming the folder) if the files cannot be written:
     the temporary folder is removed and the previous checkpoints are left as they were."""
     step = state.version
@@ -63,7 +65,7 @@ def write(run_dir: Path, model: str, store: ParamStore, state: ControllerState, 
         root.mkdir(parents=True, exist_ok=True)
         sweep_temporary(run_dir)
         shutil.rmtree(tmp, ignore_errors=True)
-        _write_into(tmp, model, store, state, tokenizer_dir)
+        _write_into(tmp, model, store, state, tokenizer_dir, lora)
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
@@ -82,7 +84,7 @@ def write(run_dir: Path, model: str, store: ParamStore, state: ControllerState, 
 
 
 def _write_into(tmp: Path, model: str, store: ParamStore, state: ControllerState,
-                tokenizer_dir: Path | None) -> None:
+                tokenizer_dir: Path | None, lora: LoraExport | None) -> None:
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
@@ -109,6 +111,8 @@ def _write_into(tmp: Path, model: str, store: ParamStore, state: ControllerState
         except (SafetensorError, RuntimeError, ValueError) as exc:  # a failed write
             raise OSError(str(exc)) from exc
         files.append("optimizer.safetensors")
+        if lora is not None:
+            files += _write_adapter(tmp / "adapter", optim, lora)
     (tmp / "state.msgpack").write_bytes(msgspec.msgpack.encode(state))
     t1 = time.perf_counter()
     sums = {name: file_digest(tmp / name) for name in files}
@@ -117,6 +121,46 @@ def _write_into(tmp: Path, model: str, store: ParamStore, state: ControllerState
                 "checksums": sums, "checksum_s": time.perf_counter() - t1}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     _fsync_dir(tmp)
+
+
+@dataclass(frozen=True)
+class LoraExport:
+    """What PEFT's adapter_config.json needs beside the adapters: their scale, the layers they
+    adapt, and the folder of the model they apply to (the policy before training)."""
+
+    alpha: float
+    targets: list[str]
+    base_model: str
+
+
+def lora_export(train_options: dict[str, Any], base_model: Path | None) -> LoraExport | None:
+    """What a run's checkpoints write its adapters with, from its train stage's options (None
+    without LoRA)."""
+    from pivotflow.worker.train_config import train_config
+
+    tc = train_config(train_options)
+    if not tc.lora_rank:
+        return None
+    return LoraExport(tc.lora_alpha, list(tc.lora_target_modules), str(base_model or ""))
+
+
+def _write_adapter(folder: Path, optim: dict[str, torch.Tensor], lora: LoraExport) -> list[str]:
+    """The optimizer state's adapters (``worker/lora.py``) as a PEFT adapter folder; returns
+    the files written, relative to the checkpoint."""
+    from safetensors.torch import save_file
+
+    from pivotflow.worker.lora import ADAPTER_SUFFIXES, peft_adapter
+
+    adapters = {k: v for k, v in optim.items() if k.endswith(ADAPTER_SUFFIXES)}
+    tensors, config = peft_adapter(adapters, alpha=lora.alpha, targets=lora.targets,
+                                   base_model=lora.base_model)
+    folder.mkdir()
+    try:
+        save_file(tensors, folder / "adapter_model.safetensors")
+    except (RuntimeError, ValueError) as exc:  # a failed write
+        raise OSError(str(exc)) from exc
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    return ["adapter/adapter_config.json", "adapter/adapter_model.safetensors"]
 
 
 def file_digest(path: Path) -> str:

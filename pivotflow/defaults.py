@@ -20,6 +20,9 @@ LR_SCHEDULES = ("constant", "cosine", "linear")  # after the warm-up (worker/tra
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")  # the losses'
 # the policy loss's importance ratio: PPO's per token, or GSPO's per sequence (rl/losses.py)
 RATIO_LEVELS = ("token", "sequence")
+# The linear layers LoRA may adapt, by their Hugging Face names (worker/lora.py; PEFT's
+# "all-linear" for the decoder bodies pivotflow runs: never the output head or embeddings)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 THREADS_PER_WORKER = 1  # torch threads in each worker process
 RESULTS_PER_FRAME = 0  # a worker's results per JobsDone frame (0: every one a step finished)
 ENGINE = "torch"  # the engine a generate worker runs (engines.ENGINE_KINDS)

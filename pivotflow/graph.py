@@ -382,8 +382,8 @@ class Graph:
         rate's lr_schedule, lr_warmup_steps, lr_decay_steps and min_lr_ratio; clip_eps,
         clip_eps_high, aggregation, importance_sampling_level (GSPO's "sequence"),
         decoupled_loss, behavior_weight_cap, entropy_coef, max_grad_norm, micro_batch_tokens,
-        train_dtype, and the memory knobs gradient_checkpointing and logits_chunk_tokens),
-        checked here.
+        train_dtype, the memory knobs gradient_checkpointing and logits_chunk_tokens, and
+        LoRA's lora_rank, lora_alpha and lora_target_modules), checked here.
 
         ``kl_coef`` > 0 adds GRPO's KL penalty, ``kl_coef * KL(policy || reference)`` per
         token (``kl_estimator`` "k1" or "k3", Schulman's estimators), against the

@@ -318,13 +318,14 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     policy = graph.order()[-1].model or ""  # the trained model
     checkpointed: dict[str, Any] = {"step": cont.step if seg.ckpt is not None else None,
                                     "error": None}
+    lora = checkpoints.lora_export(graph.order()[-1].options, models.dirs.get(policy))
 
     def write_checkpoint() -> None:
         if ctl.version <= (checkpointed["step"] or 0) or checkpointed["error"]:
             return  # nothing new since the one on disk (a resume rewrites none before a step)
         try:
             checkpoints.write(out, policy, store, snapshot(ctl),
-                              tokenizer_dir=models.dirs.get(policy))
+                              tokenizer_dir=models.dirs.get(policy), lora=lora)
         except CheckpointError as exc:  # a full disk: stop now, the last whole one stays
             checkpointed["error"] = exc
             ctl.fail(exc)

@@ -26,6 +26,8 @@ def adam_tensors(model: torch.nn.Module, optim: torch.optim.Optimizer) -> dict[s
     order."""
     out: dict[str, torch.Tensor] = {}
     for name, p in model.named_parameters():
+        if not p.requires_grad:  # (frozen: LoRA's base weights, which AdamW never steps)
+            continue
         state = optim.state[p]
         for key in _KEYS:
             out[f"{name}.{key}"] = state[key]

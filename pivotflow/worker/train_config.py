@@ -13,7 +13,13 @@ from typing import Any
 
 import msgspec
 
-from pivotflow.defaults import AGGREGATIONS, KL_ESTIMATORS, LR_SCHEDULES, RATIO_LEVELS
+from pivotflow.defaults import (
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    LORA_TARGETS,
+    LR_SCHEDULES,
+    RATIO_LEVELS,
+)
 
 
 class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -60,6 +66,12 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # 0, as in verl and DAPO: the entropy is reported in every step's record either way)
     entropy_coef: float = 0.0
     train_dtype: str = "float32"  # the weights' and AdamW state's dtype (train_role.py says why)
+    # LoRA (worker/lora.py; verl's and OpenRLHF's lora_rank, lora_alpha, target_modules): 0 trains
+    # every weight; r > 0 freezes them and trains a rank-r update of each linear layer named in
+    # lora_target_modules, merged into the policy every version publishes
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_target_modules: list[str] = msgspec.field(default_factory=lambda: list(LORA_TARGETS))
 
     def __post_init__(self) -> None:
         problems = []
@@ -102,6 +114,17 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.kl_estimator not in KL_ESTIMATORS:
             problems.append(f"kl_estimator must be one of {list(KL_ESTIMATORS)}, got "
                             f"{self.kl_estimator!r}")
+        if self.lora_rank < 0:
+            problems.append(f"lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
+        if not 0 < self.lora_alpha < float("inf"):
+            problems.append(f"lora_alpha must be > 0, got {self.lora_alpha}")
+        unknown = [m for m in self.lora_target_modules if m not in LORA_TARGETS]
+        if unknown or not self.lora_target_modules:
+            problems.append(f"lora_target_modules must name some of {list(LORA_TARGETS)}, got "
+                            f"{self.lora_target_modules}")
+        if self.lora_rank and self.train_dtype not in ("float32", "fp32"):
+            problems.append(f"lora_rank needs train_dtype float32, got {self.train_dtype!r} (the "
+                            "merged policy would round the adapters' update away: worker/lora.py)")
         if problems:
             raise ValueError("; ".join(problems))
 

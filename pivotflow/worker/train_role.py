@@ -13,6 +13,9 @@ versions and each engine casts them to the dtype it serves in. When the run's ``
 bfloat16 (given, or "auto" on a bf16 model) the forward and backward run under bf16 autocast
 over those float32 weights. float16 compute is not used: its gradients underflow without loss
 scaling. ``device`` (default cpu) is where the model and its optimizer state live.
+
+LoRA (``lora_rank`` > 0, ``lora.py``): the weights stay frozen, the adapters train, every version
+publishes the merged policy and ``<model>.optim`` carries the adapters beside AdamW's state.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pivotflow.params.node_agent import wait_crossed
 from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
 from pivotflow.rl import policy_loss
 from pivotflow.worker.adam_state import adam_tensors, init_adam_state, load_adam_tensors
+from pivotflow.worker.lora import adapter_tensors, apply_lora, merged_state_dict, restore
 from pivotflow.worker.response_scoring import response_logprobs_entropy
 from pivotflow.worker.train_config import lr_at, train_config
 from pivotflow.worker.train_group import TrainGroup
@@ -133,9 +137,12 @@ class TrainRole:
         self.model = build_model(self.config, tensors, self.device, master).train()
         self.model.gradient_checkpointing = self.tc.gradient_checkpointing
         self.model.requires_grad_(True)
+        if self.tc.lora_rank:  # (the same A on every trainer: a fixed seed)
+            apply_lora(self.model, self.tc.lora_rank, self.tc.lora_alpha,
+                       self.tc.lora_target_modules)
         t_optim = time.perf_counter()
-        self.optim = torch.optim.AdamW(self.model.parameters(), lr=self.tc.lr,
-                                       betas=(0.9, 0.99), weight_decay=0.0)
+        self.optim = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
+                                       lr=self.tc.lr, betas=(0.9, 0.99), weight_decay=0.0)
         init_adam_state(self.model, self.optim)  # same tensors on every rank, for broadcasts
         self.group = TrainGroup()
         self.warmup_s = time.perf_counter() - t_optim
@@ -201,8 +208,8 @@ class TrainRole:
         out = dict(zip(sums, summed.tolist(), strict=True))
         self.version = msg.step + 1
         if msg.rank == 0:  # the optimizer state too: a trainer may die, or leave, any time
-            self.store.publish(f"{self.model_name}.optim", self.version,
-                               adam_tensors(self.model, self.optim), self.hf_config)
+            self.store.publish(f"{self.model_name}.optim", self.version, self.optim_state(),
+                               self.hf_config)
             self.store.gc(f"{self.model_name}.optim", keep=2)
             self.store.publish(self.model_name, self.version, self.state_dict(), self.hf_config)
             self.store.gc(self.model_name, keep=3)
@@ -222,10 +229,17 @@ class TrainRole:
         return torch.autocast(self.device.type, dtype=self.autocast)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        sd = self.model.state_dict()
+        """The policy under Hugging Face names, what every version publishes (the adapters
+        merged in, under LoRA)."""
+        sd = merged_state_dict(self.model) if self.tc.lora_rank else self.model.state_dict()
         if self.config.tie_word_embeddings:
             sd.pop("lm_head.weight", None)
         return sd
+
+    def optim_state(self) -> dict[str, torch.Tensor]:
+        """What the pool's next trainer needs beside the policy: AdamW's state, and under LoRA
+        the adapters (the policy holds them only merged)."""
+        return {**adam_tensors(self.model, self.optim), **adapter_tensors(self.model)}
 
     def state_tensors(self) -> list[torch.Tensor]:
         """Everything ranks must agree on: weights, then the optimizer state, in one order."""
@@ -248,6 +262,11 @@ class TrainRole:
                     raise WorkerError(f"optimizer state {self.model_name}.optim@v{version} never "
                                       "reached the parameter store") from None
                 time.sleep(0.01)
+        bad = restore(self.model, state)  # (LoRA: the adapters, and the base from the policy)
+        if bad:
+            raise CheckpointError(f"optimizer state {self.model_name}.optim@v{version} has no "
+                                  f"LoRA adapter {bad[0]!r} of this run's shape (lora_rank "
+                                  f"{self.tc.lora_rank}); {len(bad)} missing or misshaped")
         load_adam_tensors(self.model, self.optim, state)
 
     def release(self) -> None:

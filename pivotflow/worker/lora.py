@@ -1,0 +1,139 @@
+"""LoRA for the trainer (Hu et al. 2021, arXiv:2106.09685; verl's and OpenRLHF's ``lora_rank``,
+TRL's ``peft_config``): each targeted linear layer keeps its weight ``W0`` frozen and trains a
+low-rank update, ``W = W0 + (alpha / rank) B A`` with ``A`` [rank, in] and ``B`` [out, rank].
+
+Only ``A`` and ``B`` take gradients and AdamW state, so the optimizer's memory is the adapters'
+(about ``2 rank (in + out)`` numbers a layer instead of ``2 in out``). Everything outside the
+trainer sees plain weights: the policy a trainer publishes is merged (``merged_state_dict``), so
+rollout engines, vLLM, the reference role and checkpoints' policy folders read an ordinary Hugging
+Face model, and what the adapters are sits in the optimizer state beside AdamW's moments
+(``adapter_tensors``); each checkpoint writes them as PEFT saves them too (``peft_adapter``).
+
+A trainer that takes over the pool's state (another trainer left, a run resumes) loads the merged
+policy and the adapters and gets its frozen base back as ``W - (alpha / rank) B A`` in float32
+(``restore``): exact up to one rounding of float32 per take-over, which is why LoRA needs
+``train_dtype`` float32 (bf16 would round the merged weight, and small updates with it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pivotflow.defaults import LORA_TARGETS
+
+__all__ = ["LORA_TARGETS", "LoRALinear", "adapter_tensors", "apply_lora", "merged_state_dict",
+           "peft_adapter", "restore"]
+ADAPTER_SUFFIXES = (".lora_A", ".lora_B")
+
+
+class LoRALinear(nn.Linear):
+    """A linear layer with a LoRA update. Its ``weight`` (and ``bias``) keep their Hugging Face
+    names and stay frozen; ``lora_A`` and ``lora_B`` are the trained parameters."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float,
+                 generator: torch.Generator) -> None:
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight = base.weight
+        self.bias = base.bias
+        self.weight.requires_grad_(False)
+        if self.bias is not None:
+            self.bias.requires_grad_(False)
+        self.scaling = alpha / rank
+        w = base.weight
+        # PEFT's initialisation: A as nn.Linear's default (Kaiming uniform, a = sqrt(5)), B zero,
+        # so the adapted model starts as the base model exactly. A comes from ``generator`` on
+        # the host: every trainer of the pool draws the same A.
+        bound = 1 / math.sqrt(self.in_features)
+        a = torch.rand(rank, self.in_features, generator=generator, dtype=torch.float64)
+        self.lora_A = nn.Parameter((a * 2 - 1).mul_(bound).to(w.device, w.dtype))
+        self.lora_B = nn.Parameter(torch.zeros(self.out_features, rank, device=w.device,
+                                               dtype=w.dtype))
+
+    def delta(self) -> torch.Tensor:
+        """``(alpha / rank) B A``: what the adapters add to the frozen weight."""
+        return (self.lora_B @ self.lora_A) * self.scaling
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # the update through the rank-r bottleneck, never as a full matrix
+        return F.linear(x, self.weight, self.bias) + F.linear(
+            F.linear(x, self.lora_A), self.lora_B) * self.scaling
+
+
+def apply_lora(model: nn.Module, rank: int, alpha: float, targets: list[str],
+               seed: int = 0) -> int:
+    """Replace every linear layer named in ``targets`` (LORA_TARGETS' names) with a LoRALinear
+    and freeze the rest of ``model``. Returns how many layers took adapters."""
+    model.requires_grad_(False)
+    generator = torch.Generator().manual_seed(seed)
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if name in targets and isinstance(child, nn.Linear) and not isinstance(
+                    child, LoRALinear):
+                setattr(parent, name, LoRALinear(child, rank, alpha, generator))
+                swapped += 1
+    return swapped
+
+
+def _lora_layers(model: nn.Module) -> list[tuple[str, LoRALinear]]:
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, LoRALinear)]
+
+
+@torch.no_grad()
+def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state under Hugging Face names with each adapter merged into its weight:
+    what a plain (unadapted) model of the same config loads."""
+    sd = {k: v for k, v in model.state_dict().items() if not k.endswith(ADAPTER_SUFFIXES)}
+    for name, layer in _lora_layers(model):
+        sd[f"{name}.weight"] = layer.weight + layer.delta()
+    return sd
+
+
+def adapter_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``{"<layer>.lora_A": A, "<layer>.lora_B": B}`` (views), in module order."""
+    out: dict[str, torch.Tensor] = {}
+    for name, layer in _lora_layers(model):
+        out[f"{name}.lora_A"], out[f"{name}.lora_B"] = layer.lora_A.data, layer.lora_B.data
+    return out
+
+
+@torch.no_grad()
+def restore(model: nn.Module, adapters: dict[str, torch.Tensor]) -> list[str]:
+    """After the merged policy was loaded into the layers' weights: copy the adapters in and
+    take their update back out of each weight (``W0 = W - (alpha / rank) B A``). Returns the
+    adapter names missing from ``adapters`` or of another shape (nothing is changed then)."""
+    mine = adapter_tensors(model)
+    bad = [k for k, t in mine.items()
+           if k not in adapters or adapters[k].shape != t.shape]
+    if bad:
+        return bad
+    for k, t in mine.items():
+        t.copy_(adapters[k])
+    for _, layer in _lora_layers(model):
+        layer.weight.sub_(layer.delta())
+    return []
+
+
+def peft_adapter(adapters: dict[str, torch.Tensor], *, alpha: float, targets: list[str],
+                 base_model: str) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
+    """The adapters as PEFT saves them (``adapter_model.safetensors``'s tensors and
+    ``adapter_config.json``), so ``PeftModel.from_pretrained(base, folder)`` loads them onto
+    ``base_model`` (the policy's folder before training). ``adapters`` as ``adapter_tensors``
+    names them (the optimizer state's ``<layer>.lora_A`` / ``.lora_B``)."""
+    ranks = {t.shape[0] for k, t in adapters.items() if k.endswith(".lora_A")}
+    if len(ranks) != 1:
+        raise ValueError(f"adapters of ranks {sorted(ranks)}: expected one rank")
+    tensors = {f"base_model.model.{k}.weight": t.contiguous() for k, t in adapters.items()}
+    config: dict[str, object] = {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+        "r": ranks.pop(), "lora_alpha": alpha, "target_modules": list(targets),
+        "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False,
+        "use_dora": False, "init_lora_weights": True, "inference_mode": True,
+        "modules_to_save": None,
+    }
+    return tensors, config

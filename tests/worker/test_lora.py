@@ -1,0 +1,136 @@
+"""LoRA in the trainer (``lora_rank``): the adapted layer computes the merged weight's product;
+the base weights never move; every published policy is the base plus the adapters' update, of
+rank r; AdamW keeps state for the adapters alone; and a trainer that takes over the pool's state
+from the store continues exactly as the one that left."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_train_memory import CFG, message, store_at
+from torch import nn
+
+from pivotflow.engines.torch.model import Decoder
+from pivotflow.errors import CheckpointError, GraphError
+from pivotflow.graph import Graph
+from pivotflow.protocol import TrainStep
+from pivotflow.worker.lora import LoRALinear, apply_lora, merged_state_dict
+from pivotflow.worker.train_role import TrainRole
+
+pytestmark = pytest.mark.timeout(120)
+
+LORA = {"lr": 1e-2, "lora_rank": 4, "lora_alpha": 8.0}
+
+
+def test_the_adapted_layer_is_the_merged_weights_product() -> None:
+    torch.manual_seed(0)
+    base = nn.Linear(12, 7)
+    layer = LoRALinear(base, rank=3, alpha=6.0, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        layer.lora_B.normal_()  # (B starts at zero: give the update something to say)
+    x = torch.randn(5, 12)
+    merged = base.weight + 2.0 * layer.lora_B @ layer.lora_A
+    torch.testing.assert_close(layer(x), F.linear(x, merged, base.bias))
+    assert not layer.weight.requires_grad and not layer.bias.requires_grad
+    assert layer.lora_A.requires_grad and layer.lora_B.requires_grad
+
+
+def test_adapters_start_as_the_base_model_and_cover_the_targets() -> None:
+    torch.manual_seed(0)
+    model = Decoder(CFG)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert apply_lora(model, 4, 8.0, ["q_proj", "down_proj"]) == 2 * CFG.num_hidden_layers
+    merged = merged_state_dict(model)
+    assert merged.keys() == before.keys()  # Hugging Face names only
+    for k, v in before.items():
+        assert torch.equal(merged[k], v), k  # B = 0: the update is exactly nothing
+    trained = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trained and all(n.endswith((".lora_A", ".lora_B")) for n in trained)
+    assert all(".q_proj." in n or ".down_proj." in n for n in trained)
+
+
+def test_lora_steps_move_only_the_adapters(tmp_path: Path) -> None:
+    """Two optimizer steps: each published version is the base plus an update of rank <= r in
+    every adapted layer and the base itself elsewhere; AdamW's state is the adapters' alone."""
+    store = store_at(tmp_path / "store")
+    _, _, base = store.load("policy", 0)
+    role = TrainRole(store, "policy", dict(LORA))
+    for step in (0, 1):
+        stats = role.train(message(step)).stats
+        assert stats["grad_norm"] > 0
+    _, _, published = store.load("policy", 2)
+    # (the tied head is the embedding: not published, as without LoRA)
+    assert published.keys() == base.keys() - {"lm_head.weight"}
+    adapted = [k for k in published if k.endswith("_proj.weight")]
+    assert len(adapted) == 7 * CFG.num_hidden_layers
+    for k, new in published.items():
+        w = base[k]
+        diff = new - w
+        if k in adapted:
+            assert diff.abs().max() > 0, k
+            assert torch.linalg.matrix_rank(diff.double(), atol=1e-6) <= 4, k
+        else:  # norms and embeddings: frozen, not adapted
+            assert torch.equal(new, w), k
+    _, _, optim = store.load("policy.optim", 2)
+    names = {k.rsplit(".", 1)[0] if k.endswith(("exp_avg", "exp_avg_sq", "step")) else k
+             for k in optim}
+    assert all(n.endswith((".lora_A", ".lora_B")) for n in names)
+    full = sum(w.numel() for w in base.values())
+    kept = sum(t.numel() for t in optim.values())
+    assert kept < 0.5 * full  # the adapters and their moments, not two copies of the model
+
+
+def test_a_trainer_taking_over_continues_the_same_run(tmp_path: Path) -> None:
+    """Trainer A takes steps 0 and 1, then leaves; trainer B, built from the store, takes over
+    at version 2 (the adapters and their AdamW state from ``policy.optim``, its base as the
+    policy less their update) and takes step 2 as A would have: the same published policy."""
+    runs = []
+    for takeover in (False, True):
+        store = store_at(tmp_path / f"store-{takeover}")
+        a = TrainRole(store, "policy", dict(LORA))
+        a.train(message(0))
+        a.train(message(1))
+        if takeover:
+            a.release()
+            b = TrainRole(store, "policy", dict(LORA))
+            m = message(2)
+            b.train(TrainStep(step=2, seqs=m.seqs, rank=0, world=1, epoch=2, rendezvous="",
+                              total_tokens=m.total_tokens, total_seqs=m.total_seqs,
+                              optim_version=2))
+        else:
+            a.train(message(2))
+        runs.append(store.load("policy", 3)[2])
+    stayed, took_over = runs
+    for k, w in stayed.items():
+        # (the base comes back from float32 merged weights: one rounding, then Adam's step)
+        torch.testing.assert_close(took_over[k], w, rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_adapters_of_another_rank_are_a_clear_error(tmp_path: Path) -> None:
+    """A run resumed with another lora_rank finds adapters it cannot take: one line naming the
+    state and the adapter, not a shape error from deep in torch."""
+    store = store_at(tmp_path / "store")
+    TrainRole(store, "policy", dict(LORA)).train(message(0))
+    other = TrainRole(store, "policy", {**LORA, "lora_rank": 2})
+    with pytest.raises(CheckpointError, match=r"^optimizer state policy\.optim@v1 has no LoRA "
+                                              r"adapter 'model\.layers\.0\..*lora_rank 2\)"):
+        other.load_from_store(1)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"lora_rank": -1}, r"lora_rank must be >= 0 \(0: no LoRA\), got -1"),
+    ({"lora_rank": 8, "lora_alpha": 0}, r"lora_alpha must be > 0, got 0"),
+    ({"lora_rank": 8, "lora_target_modules": ["lm_head"]},
+     r"lora_target_modules must name some of \['q_proj', .*got \['lm_head'\]"),
+    ({"lora_rank": 8, "train_dtype": "bfloat16"}, r"lora_rank needs train_dtype float32"),
+])
+def test_bad_lora_settings_are_one_line_errors_at_the_graph(options: dict, message: str) -> None:
+    g = Graph("lora")
+    g.model("policy", source="builtin:policy")
+    g.pool("trainer", workers=1)
+    with pytest.raises(GraphError, match=message) as err:
+        g.train("train", model="policy", pool="trainer", **options)
+    assert "\n" not in str(err.value)
