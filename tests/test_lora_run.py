@@ -73,3 +73,19 @@ def peft_merges_to_the_policy(ckpt: Path) -> None:
         torch.testing.assert_close(theirs[k], w, rtol=0, atol=1e-6, msg=k)
     # (the adapters changed the weights, so the comparison says something)
     assert any(not torch.equal(mine[k], before[k]) for k in mine)
+
+
+def test_trainers_taking_over_each_step_keep_the_base(tmp_path: Path) -> None:
+    """Rollout and trainer time-share one worker (colocated), so every step's trainer is built
+    anew and takes the pool's state from the store: the policy less the adapters' update is its
+    base. After four such take-overs the checkpoint is still the base plus the adapters (PEFT
+    merges to it), which a base restored wrong (kept merged, or the update taken twice) fails."""
+    out = tmp_path / "run"
+    run(GENRM, sets=["live=false", "checkpoint_every=4", "graph.lora_rank=4", "graph.lr=3e-3",
+                     "planner=static", "colocate=rollout+trainer"],
+        out=out, workers=2, steps=4, console=False)
+    shifts = [json.loads(x) for x in (out / "shifts.jsonl").read_text().splitlines()]
+    assert sum(x["to"] == "trainer" for x in shifts) >= 3  # (the first trainer starts fresh)
+    latest = checkpoints.latest(out)
+    assert latest is not None and checkpoints.read(latest).step == 4
+    peft_merges_to_the_policy(latest)
