@@ -5,7 +5,8 @@ prompt -> rollout (policy generates) -> genrm (the judge writes a verdict, parse
 
 With ``--set graph.kl_coef=0.04`` (GRPO's beta; 0, the default, as in TRL and DAPO) a frozen
 copy of the initial policy scores each response on its own pool (``reference``, after the
-rollout) and the trainer adds the KL penalty (``kl_estimator``: k3, or k1).
+rollout) and the trainer adds the KL penalty (``kl_estimator``: k3, or k1). With
+``graph.lora_rank`` > 0 too, the trainer's frozen base is that reference and no pool is added.
 
 Run:  pivotflow run graphs/grpo_genrm.py            (knobs: --set graph.KEY=VALUE)
 """
@@ -88,7 +89,8 @@ def build(config: dict) -> Graph:
                     clip_eps_high=config["clip_eps_high"], aggregation=config["aggregation"],
                     importance_sampling_level=config["importance_sampling_level"],
                     lora_rank=config["lora_rank"], lora_alpha=config["lora_alpha"])
-    if config["kl_coef"] > 0:
+    # (under LoRA the trainer's frozen base is the reference: no reference pool)
+    if config["kl_coef"] > 0 and not config["lora_rank"]:
         g.pool("reference", workers=config["reference_workers"])
         reference = g.reference("reference", model="policy", pool="reference")
         g.chain(prompts, rollout, reference, genrm, advantage, train)

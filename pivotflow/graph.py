@@ -388,7 +388,10 @@ class Graph:
         ``kl_coef`` > 0 adds GRPO's KL penalty, ``kl_coef * KL(policy || reference)`` per
         token (``kl_estimator`` "k1" or "k3", Schulman's estimators), against the
         ``ref_logprobs`` of a :meth:`reference` stage upstream; the step records report it as
-        ``train_kl_ref`` whenever the samples carry reference logprobs."""
+        ``train_kl_ref`` whenever the samples carry reference logprobs. Under LoRA
+        (``lora_rank`` > 0) the trainer's frozen base is the reference and no reference stage
+        is needed (verl's reference in the actor): it scores each micro-batch once more with
+        the adapters left out."""
         where = _caller_where()
         try:  # typed, with one default each (worker/train_config.py): a typo is an error here
             cfg = check_train_options({"lr": lr, "kl_coef": kl_coef, "kl_estimator": kl_estimator,
@@ -396,7 +399,9 @@ class Graph:
         except ValueError as exc:
             raise GraphError(f"train {name!r} at {where}: {exc}") from None
         opts = msgspec.structs.asdict(cfg)
-        reads = TRAIN_READS | (REFERENCE_FIELDS if cfg.kl_coef > 0 else frozenset())
+        # (under LoRA the trainer's frozen base is the reference: no stage needs to write it)
+        reads = TRAIN_READS | (REFERENCE_FIELDS if cfg.kl_coef > 0 and not cfg.lora_rank
+                               else frozenset())
         return self._add(Node(name, "train", where, reads=reads, model=model, pool=pool,
                               options=opts))
 

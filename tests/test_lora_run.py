@@ -89,3 +89,16 @@ def test_trainers_taking_over_each_step_keep_the_base(tmp_path: Path) -> None:
     latest = checkpoints.latest(out)
     assert latest is not None and checkpoints.read(latest).step == 4
     peft_merges_to_the_policy(latest)
+
+
+def test_a_kl_penalty_under_lora_needs_no_reference_pool(tmp_path: Path) -> None:
+    """``graph.kl_coef`` with ``graph.lora_rank``: the graph adds no reference pool, and the
+    trainer reports the KL to its base (zero at the first step, when the policy is the base)."""
+    out = tmp_path / "run"
+    result = run(GENRM, sets=["live=false", "graph.lora_rank=4", "graph.lr=3e-3",
+                              "graph.kl_coef=0.1"], out=out, steps=3, console=False)
+    steps = read_metrics(out / "metrics.jsonl")
+    assert all(set(r["pools"]) == {"rollout", "genrm", "trainer"} for r in steps)
+    kl = [r["train_kl_ref"] for r in steps]
+    assert kl[0] == pytest.approx(0.0, abs=1e-6) and kl[-1] > 0
+    assert result.summary["ledger"]["duplicates"] == 0

@@ -17,7 +17,9 @@ policy and the adapters and gets its frozen base back as ``W - (alpha / rank) B 
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +27,8 @@ from torch import nn
 
 from pivotflow.defaults import LORA_TARGETS
 
-__all__ = ["LORA_TARGETS", "LoRALinear", "adapter_tensors", "apply_lora", "merged_state_dict",
-           "peft_adapter", "restore"]
+__all__ = ["LORA_TARGETS", "LoRALinear", "adapter_tensors", "adapters_off", "apply_lora",
+           "merged_state_dict", "peft_adapter", "restore"]
 ADAPTER_SUFFIXES = (".lora_A", ".lora_B")
 
 
@@ -78,6 +80,21 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, targets: list[str],
                 setattr(parent, name, LoRALinear(child, rank, alpha, generator))
                 swapped += 1
     return swapped
+
+
+@contextlib.contextmanager
+def adapters_off(model: nn.Module) -> Iterator[None]:
+    """The base model for the duration: every adapter's update left out (verl's reference
+    logprobs under LoRA, computed by the actor with its adapters disabled)."""
+    layers = [layer for _, layer in _lora_layers(model)]
+    scales = [layer.scaling for layer in layers]
+    for layer in layers:
+        layer.scaling = 0.0
+    try:
+        yield
+    finally:
+        for layer, scale in zip(layers, scales, strict=True):
+            layer.scaling = scale
 
 
 def _lora_layers(model: nn.Module) -> list[tuple[str, LoRALinear]]:

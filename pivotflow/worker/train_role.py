@@ -33,8 +33,14 @@ from pivotflow.params.node_agent import wait_crossed
 from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
 from pivotflow.rl import policy_loss
 from pivotflow.worker.adam_state import adam_tensors, init_adam_state, load_adam_tensors
-from pivotflow.worker.lora import adapter_tensors, apply_lora, merged_state_dict, restore
-from pivotflow.worker.response_scoring import response_logprobs_entropy
+from pivotflow.worker.lora import (
+    adapter_tensors,
+    adapters_off,
+    apply_lora,
+    merged_state_dict,
+    restore,
+)
+from pivotflow.worker.response_scoring import response_logprobs, response_logprobs_entropy
 from pivotflow.worker.train_config import lr_at, train_config
 from pivotflow.worker.train_group import TrainGroup
 from pivotflow.worker.worker_config import worker_config
@@ -167,6 +173,8 @@ class TrainRole:
         sums: dict[str, float] = {}
         for part in micro_batches(msg.seqs, budget):
             batch = {k: v.to(self.device) for k, v in pack(part).items()}
+            if self.base_is_reference and "ref" not in batch:
+                batch["ref"] = self._base_logprobs(batch)
             with self._compute():
                 logp, entropy = response_logprobs_entropy(
                     self.model, batch, "grad" if self.tc.entropy_coef > 0 else "report",
@@ -221,6 +229,18 @@ class TrainRole:
                     "group_formed": float(formed)})
         return TrainDone(step=msg.step, version=self.version, stats=out,
                          job_ids=[s.job_id for s in msg.seqs], rank=msg.rank)
+
+    @property
+    def base_is_reference(self) -> bool:
+        """Under LoRA with a KL penalty the frozen base is the reference (the policy's weights
+        before training, as ``<model>.ref`` holds them): no reference stage is needed, and
+        samples that carry a reference stage's logprobs keep them."""
+        return bool(self.tc.lora_rank) and self.tc.kl_coef > 0
+
+    def _base_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The response tokens' logprobs under the base model (the adapters left out)."""
+        with torch.no_grad(), adapters_off(self.model), self._compute():
+            return response_logprobs(self.model, batch, self.tc.logits_chunk_tokens).float()
 
     def _compute(self) -> contextlib.AbstractContextManager[object]:
         """bf16 autocast over the float32 weights when the run computes in bf16."""

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from msgspec.structs import replace as msgspec_replace
 from test_train_memory import CFG, message, store_at
 from torch import nn
 
@@ -134,3 +135,42 @@ def test_bad_lora_settings_are_one_line_errors_at_the_graph(options: dict, messa
     with pytest.raises(GraphError, match=message) as err:
         g.train("train", model="policy", pool="trainer", **options)
     assert "\n" not in str(err.value)
+
+
+def test_under_lora_the_base_is_the_reference(tmp_path: Path) -> None:
+    """A KL penalty under LoRA with no reference logprobs on the samples: the trainer scores
+    each batch with its adapters left out, which is the frozen base, the run's initial policy.
+    The same two steps given those logprobs by the base model itself (what a reference stage
+    computes) take the same steps and report the same KL."""
+    from pivotflow.worker.response_scoring import response_logprobs
+    from pivotflow.worker.train_role import pack
+
+    options = {**LORA, "kl_coef": 0.5}
+    runs = []
+    for given in (False, True):
+        store = store_at(tmp_path / f"store-{given}")
+        _, _, base_weights = store.load("policy", 0)
+        base = Decoder(CFG)
+        base.load_state_dict(base_weights)
+        role = TrainRole(store, "policy", dict(options))
+        assert role.base_is_reference
+        stats = []
+        for step in (0, 1):
+            m = message(step)
+            if given:
+                with torch.no_grad():
+                    ref = response_logprobs(base, pack(m.seqs))
+                seqs = [msgspec_replace(s, ref_logprobs=ref[i, :len(s.response_ids)].tolist())
+                        for i, s in enumerate(m.seqs)]
+                m = TrainStep(step=step, seqs=seqs, rank=0, world=1, epoch=1, rendezvous="",
+                              total_tokens=m.total_tokens, total_seqs=m.total_seqs)
+            stats.append(role.train(m).stats)
+        runs.append((stats, role.state_dict()))
+    (computed, w1), (given_stats, w2) = runs
+    assert computed[0]["kl_ref"] == pytest.approx(0.0, abs=1e-7)  # step 0: policy = base
+    assert computed[1]["kl_ref"] > 0  # (the adapters moved the policy off its base)
+    for a, b in zip(computed, given_stats, strict=True):
+        for key in ("loss", "kl_ref", "grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-8), key
+    for k, w in w1.items():
+        torch.testing.assert_close(w2[k], w, rtol=1e-5, atol=1e-7, msg=k)
