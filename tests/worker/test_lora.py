@@ -174,3 +174,46 @@ def test_under_lora_the_base_is_the_reference(tmp_path: Path) -> None:
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-8), key
     for k, w in w1.items():
         torch.testing.assert_close(w2[k], w, rtol=1e-5, atol=1e-7, msg=k)
+
+
+def test_lora_trainers_in_a_group_take_the_steps_of_one(tmp_path: Path) -> None:
+    """Data parallel under LoRA: two ranks (the adapters' gradients summed) take the same three
+    steps as one trainer; then a trainer that joins a group later is sent the adapters and
+    their AdamW state by the group's broadcast."""
+    from test_train_group import OPTS, assert_same, fresh_store, run_trainers, step_msgs
+
+    opts = {**OPTS, "lora_rank": 4, "lora_alpha": 8.0, "lr": 1e-2}
+    fresh_store(tmp_path / "solo")
+    solo = run_trainers(tmp_path / "solo", [[step_msgs(s, 1, 1, "")[0] for s in range(4)]],
+                        opts)[0]
+    assert any(k.endswith("lora_B.exp_avg") for k in solo)  # (the state holds the adapters')
+    fresh_store(tmp_path / "pair")
+    rdv = str(tmp_path / "rdv")
+    pair = [[step_msgs(s, 2, 1, rdv)[r] for s in range(4)] for r in range(2)]
+    a, b = run_trainers(tmp_path / "pair", pair, opts)
+    assert_same(a, solo)
+    assert_same(b, solo)
+    store = fresh_store(tmp_path / "shared")
+    run_trainers(store.root, [[step_msgs(s, 1, 1, "")[0] for s in range(2)]], opts)
+    rdv = str(tmp_path / "rdv2")
+    b_plan = [step_msgs(2, 1, 2, "", optim_version=2)[0], step_msgs(3, 2, 3, rdv)[0]]
+    late = [step_msgs(3, 2, 3, rdv)[1]]
+    b, joined = run_trainers(store.root, [b_plan, late], opts)
+    assert_same(b, solo)
+    assert_same(joined, solo)
+
+
+def test_the_memory_knobs_take_the_same_lora_steps(tmp_path: Path) -> None:
+    """Gradient checkpointing and the chunked head under LoRA: the frozen weights pass no
+    gradient of their own through the recomputed layers, and the steps are the same."""
+    runs = []
+    for knobs in ({}, {"gradient_checkpointing": True, "logits_chunk_tokens": 3}):
+        role = TrainRole(store_at(tmp_path / f"store-{len(runs)}"), "policy", {**LORA, **knobs})
+        stats = [role.train(message(step)).stats for step in (0, 1)]
+        runs.append((role.state_dict(), stats))
+    (plain, plain_stats), (knobbed, knobbed_stats) = runs
+    for k, w in plain.items():
+        torch.testing.assert_close(knobbed[k], w, rtol=1e-4, atol=5e-5, msg=k)
+    for a, b in zip(plain_stats, knobbed_stats, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)

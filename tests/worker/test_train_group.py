@@ -51,10 +51,11 @@ def step_msgs(step: int, world: int, epoch: int, rendezvous: str,
             for r, part in enumerate(parts)]
 
 
-def trainer_proc(root: str, plan: list[TrainStep], out: mp.Queue) -> None:
+def trainer_proc(root: str, plan: list[TrainStep], out: mp.Queue,
+                 opts: dict | None = None) -> None:
     """One trainer process: run its TrainSteps, then report the final state it holds."""
     torch.manual_seed(0)
-    role = TrainRole(ShmParamStore(root), "policy", OPTS)
+    role = TrainRole(ShmParamStore(root), "policy", opts or OPTS)
     for msg in plan:
         role.train(msg)
     state = {**role.state_dict(), **adam_tensors(role.model, role.optim)}
@@ -62,10 +63,12 @@ def trainer_proc(root: str, plan: list[TrainStep], out: mp.Queue) -> None:
     role.release()
 
 
-def run_trainers(root: Path, plans: list[list[TrainStep]]) -> list[dict[str, torch.Tensor]]:
+def run_trainers(root: Path, plans: list[list[TrainStep]],
+                 opts: dict | None = None) -> list[dict[str, torch.Tensor]]:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=trainer_proc, args=(str(root), plan, q)) for plan in plans]
+    procs = [ctx.Process(target=trainer_proc, args=(str(root), plan, q, opts))
+             for plan in plans]
     for p in procs:
         p.start()
     results = [{k: torch.from_numpy(v) for k, v in q.get(timeout=90).items()} for _ in procs]
