@@ -2,14 +2,14 @@
 
 ``RUN/checkpoints/step-000040/`` holds the policy (a Hugging Face folder: safetensors, the
 model's own config.json as the store holds it, and its tokenizer files, so it loads with
-transformers' ``AutoModelForCausalLM`` and ``AutoTokenizer``), its AdamW state (``optimizer.safetensors``;
-under LoRA the adapters too, and ``adapter/`` holds them as PEFT saves them), the controller's state (``state.msgpack``:
-ledger, prompt cursor and random states, every admitted-but-untrained sample) and, written
-last, ``manifest.json``, which lists every file with its SHA-256. Each is written into a
-temporary folder that is renamed into place only when whole, then ``LATEST`` moves to it; so a
-controller killed at any moment — even mid-write — leaves the previous checkpoint intact and
-loadable, and a write that fails (a full disk) removes its temporary folder and says so in one
-line. A resume verifies every checksum and that the manifest, the folder's name and the
+transformers' ``AutoModelForCausalLM`` and ``AutoTokenizer``), its AdamW state
+(``optimizer.safetensors``; under LoRA the adapters too, and ``adapter/`` holds them as PEFT
+saves them), the controller's state (``state.msgpack``: ledger, prompt cursor and random
+states, every admitted-but-untrained sample) and, written last, ``manifest.json``, which lists
+every file with its SHA-256. Each is written into a temporary folder that is renamed into place
+only when whole, then ``LATEST`` moves to it; so a controller killed at any moment — even
+mid-write — leaves the previous checkpoint intact and loadable, and a write that fails (a full
+disk) removes its temporary folder and says so in one line. A resume verifies every checksum and that the manifest, the folder's name and the
 controller state agree on the step before it uses a checkpoint (``newest_whole``); a damaged
 one is passed over for the one before it, and the reason is returned so the run can say so.
 Importing this module loads no torch (``pivotflow run`` imports it before it needs any).
