@@ -129,7 +129,8 @@ class AssignRole(msgspec.Struct, tag=True, kw_only=True, frozen=True):
 
     role: str
     model: str
-    options: dict[str, float | int | str | bool] = {}
+    # (a list of names: a trainer's lora_target_modules)
+    options: dict[str, float | int | str | bool | list[str]] = {}
     # warm roles: keep the role held now loaded (parked) rather than release it, and take
     # ``role`` back from the parked ones where it is there (RoleReady.resumed)
     keep: bool = False

@@ -282,7 +282,8 @@ def role_options(graph: Graph, cfg: RunConfig,
         o = cfg.worker_config(node.pool, tokenizer_dir=folder).options()
         if node.kind == "train":
             o.update({k: v for k, v in node.options.items()
-                      if isinstance(v, (int, float, str, bool))})
+                      if isinstance(v, (int, float, str, bool)) or (
+                          isinstance(v, list) and all(isinstance(x, str) for x in v))})
             if o.get("lr_schedule", "constant") != "constant" and not o.get("lr_decay_steps"):
                 o["lr_decay_steps"] = cfg.steps  # a decay spans the run unless told otherwise
         opts[node.pool] = o

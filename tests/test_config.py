@@ -97,6 +97,24 @@ def test_workers_are_told_the_model_folder_dtype_and_device(tmp_path: Path) -> N
     assert opts["trainer"]["lr"] == 1e-4 and "tokenizer" not in opts["rollout"]
 
 
+def test_a_trainers_list_knob_reaches_its_workers(tmp_path: Path) -> None:
+    """``lora_target_modules`` is a list: it travels in AssignRole like the scalar knobs (it was
+    once dropped on the way, and the trainer adapted every layer while the checkpoint's adapter
+    config named the graph's few)."""
+    import msgspec
+
+    from pivotflow.protocol import AssignRole
+    from pivotflow.run import role_options
+    from pivotflow.worker.train_config import train_config
+
+    g = rl_graph(tmp_path, lora_rank=4, lora_target_modules=["q_proj", "v_proj"])
+    opts = role_options(g, resolve(parse_overrides([]), {}))["trainer"]
+    wire = msgspec.msgpack.decode(msgspec.msgpack.encode(AssignRole(role="train", model="policy",
+                                                                    options=opts)),
+                                  type=AssignRole)
+    assert train_config(dict(wire.options)).lora_target_modules == ["q_proj", "v_proj"]
+
+
 def test_a_decay_of_the_learning_rate_spans_the_run_unless_the_graph_says_where_it_ends(
         tmp_path: Path) -> None:
     from pivotflow.run import role_options
