@@ -37,6 +37,7 @@ from pivotflow.protocol import (
     TrainDone,
     TrainStep,
 )
+from pivotflow.worker.worker_config import worker_config
 
 log = logging.getLogger("pivotflow.worker")
 
@@ -174,7 +175,7 @@ class RoleHost:
         if self.release_s is not None:
             release_s = 0.0 if msg.keep else self.release_s(before)
         options = dict(msg.options)
-        self.results_per_frame = int(options.get("results_per_frame", 0))
+        self.results_per_frame = worker_config(options).results_per_frame
         warm = self.parked.pop((msg.role, msg.model), None)  # (none left without keep)
         # A parked role holds what it held when it was left: a generate role refreshes its
         # weights when a job asks for a newer version; a trainer's state is current when it
