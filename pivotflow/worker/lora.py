@@ -49,7 +49,7 @@ class LoRALinear(nn.Linear):
         w = base.weight
         # PEFT's initialisation: A as nn.Linear's default (Kaiming uniform, a = sqrt(5)), B zero,
         # so the adapted model starts as the base model exactly. A comes from ``generator`` on
-        # the host: every trainer of the pool draws the same A.
+        # the host, seeded with the run's seed: every trainer of the pool draws the same A.
         bound = 1 / math.sqrt(self.in_features)
         a = torch.rand(rank, self.in_features, generator=generator, dtype=torch.float64)
         self.lora_A = nn.Parameter((a * 2 - 1).mul_(bound).to(w.device, w.dtype))

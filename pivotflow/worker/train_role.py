@@ -143,9 +143,9 @@ class TrainRole:
         self.model = build_model(self.config, tensors, self.device, master).train()
         self.model.gradient_checkpointing = self.tc.gradient_checkpointing
         self.model.requires_grad_(True)
-        if self.tc.lora_rank:  # (the same A on every trainer: a fixed seed)
+        if self.tc.lora_rank:  # (the same A on every trainer of a run: the run's seed)
             apply_lora(self.model, self.tc.lora_rank, self.tc.lora_alpha,
-                       self.tc.lora_target_modules)
+                       self.tc.lora_target_modules, seed=wc.seed)
         t_optim = time.perf_counter()
         self.optim = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
                                        lr=self.tc.lr, betas=(0.9, 0.99), weight_decay=0.0)

@@ -217,3 +217,14 @@ def test_the_memory_knobs_take_the_same_lora_steps(tmp_path: Path) -> None:
     for a, b in zip(plain_stats, knobbed_stats, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+
+
+def test_the_adapters_start_from_the_runs_seed(tmp_path: Path) -> None:
+    """Every trainer of a run draws the same A (a group's ranks must agree before any
+    broadcast); another run seed draws another."""
+    def first_a(seed: int, name: str) -> torch.Tensor:
+        role = TrainRole(store_at(tmp_path / name), "policy", {**LORA, "seed": seed})
+        return role.model.model.layers[0].self_attn.q_proj.lora_A.detach().clone()
+
+    assert torch.equal(first_a(3, "a"), first_a(3, "b"))
+    assert not torch.equal(first_a(3, "c"), first_a(4, "d"))
