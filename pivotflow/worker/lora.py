@@ -107,7 +107,9 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     what a plain (unadapted) model of the same config loads."""
     sd = {k: v for k, v in model.state_dict().items() if not k.endswith(ADAPTER_SUFFIXES)}
     for name, layer in _lora_layers(model):
-        sd[f"{name}.weight"] = layer.weight + layer.delta()
+        # each merged weight is a new tensor: on a GPU it goes to the host at once (the store
+        # copies it there anyway), so the device never holds a second copy of the model
+        sd[f"{name}.weight"] = (layer.weight + layer.delta()).cpu()
     return sd
 
 
