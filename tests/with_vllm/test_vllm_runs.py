@@ -81,3 +81,22 @@ def test_multi_turn_tool_rollouts_on_vllm(tmp_path: Path) -> None:
     steps = [json.loads(line) for line in (result.out / "metrics.jsonl").read_text().splitlines()]
     assert all(r["tool_errors"] == 0 for r in steps)
     assert max(r["turns_mean"] for r in steps) > 1.0  # some samples took a second turn
+
+
+def test_a_lora_policy_on_vllm(tmp_path: Path) -> None:
+    # LoRA publishes the merged policy every step: vLLM loads it as any new version (each
+    # step's rollouts need the version before it, max_staleness 0), and the run writes PEFT's
+    # adapter folder beside the plain policy.
+    sets = ["engine.rollout=vllm", "live=false", "graph.lora_rank=4", "graph.lr=3e-3",
+            "checkpoint_every=3"]
+    result = run(ROOT / "graphs" / "grpo_genrm.py", sets=sets, out=tmp_path / "out", steps=3,
+                 console=False)  # fmt: skip
+    s = result.summary
+    assert s["error"] is None and s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
+    assert s["ledger"]["groups_trained"] == 3 * 8 and s["generation_errors"] == 0
+    steps = [json.loads(line) for line in (result.out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in steps] == [1, 2, 3]
+    logs = {p.name.split("-", 1)[1]: p for p in (result.out / "logs").glob("w*.log")}
+    assert vllm_started(logs["rollout.log"])
+    adapter = result.out / "checkpoints" / "step-000003" / "adapter"
+    assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 4
