@@ -41,6 +41,9 @@ DEFAULTS = {"model": "", "prompts": "prompts.jsonl", "judge": False, "max_tokens
             # LoRA (worker/lora.py): a rank-r update of every linear layer, the weights frozen
             # and the AdamW state the adapters' alone (0: train every weight)
             "lora_rank": 0, "lora_alpha": 16.0,
+            # a PEFT LoRA adapter folder (an SFT run's) merged into the model as it loads: the run
+            # starts from base + adapter
+            "adapter": "",
             # a discriminative reward model's folder (*ForSequenceClassification, one label):
             # its score is the reward, instead of the exact rule or a judge
             "reward_model": ""}
@@ -62,7 +65,7 @@ def build(config: dict) -> Graph:
     if not config["model"]:
         raise ValueError("set graph.model=/path/to/model/folder (or run this file with python)")
     g = Graph("byo_model")
-    g.model("policy", source=config["model"])
+    g.model("policy", source=config["model"], adapter=config["adapter"] or None)
     g.pool("rollout", workers=1)
     g.pool("trainer", workers=1)
     prompts = g.source("prompts", path=config["prompts"], check_with="arithmetic",

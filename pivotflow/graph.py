@@ -92,6 +92,7 @@ class ModelSpec:
     engine: str
     where: str
     context: int | None = None  # max positions to serve, when not the checkpoint's
+    adapter: str | None = None  # a PEFT LoRA adapter folder merged into the weights at load
 
 
 @dataclass(slots=True)
@@ -189,11 +190,13 @@ class Graph:
     # ------------------------------------------------------------ resources
 
     def model(self, name: str, *, source: str, engine: str = "torch",
-              context: int | None = None) -> ModelSpec:
+              context: int | None = None, adapter: str | None = None) -> ModelSpec:
         """Declare a model: ``builtin:policy``, ``builtin:judge`` or a checkpoint directory.
         ``context`` serves it with that many positions instead of the checkpoint's (RoPE has
-        no learned positions; quality past the trained length is the model's own)."""
-        spec = ModelSpec(name, source, engine, _caller_where(), context)
+        no learned positions; quality past the trained length is the model's own).
+        ``adapter``: a PEFT LoRA adapter folder (an SFT run's, say) merged into ``source``'s
+        weights when the run loads them; the run starts from the merged model."""
+        spec = ModelSpec(name, source, engine, _caller_where(), context, adapter or None)
         if name in self.models:
             raise GraphError(f"model {name!r} declared twice (at {self.models[name].where} "
                              f"and {spec.where})")

@@ -92,13 +92,21 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
         except PivotflowError as exc:
             raise type(exc)(f"model {spec.name!r} at {spec.where}: {exc}") from None
         check_model_heads(graph, spec.name, folder.config.num_labels, path)
+        tensors = folder.tensors
+        if spec.adapter:  # (an SFT adapter: the run starts from base + its update)
+            from pivotflow.worker.lora import merge_peft_adapter
+
+            try:
+                tensors = merge_peft_adapter(tensors, Path(spec.adapter))
+            except PivotflowError as exc:
+                raise type(exc)(f"model {spec.name!r} at {spec.where}: adapter: {exc}") from None
         hf_config = dict(folder.hf_config)
         if spec.context is not None:  # RoPE has no learned positions: serve more (or fewer)
             hf_config["max_position_embeddings"] = spec.context
-        store.publish(spec.name, 0, folder.tensors, hf_config)
+        store.publish(spec.name, 0, tensors, hf_config)
         for copy, of in frozen.items():
             if of == spec.name:
-                store.publish(copy, 0, folder.tensors, hf_config)
+                store.publish(copy, 0, tensors, hf_config)
         models.tokenizers[spec.name] = tok
         models.dirs[spec.name] = path
     check_chat_templates(graph, models)

@@ -18,17 +18,20 @@ policy and the adapters and gets its frozen base back as ``W - (alpha / rank) B 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pivotflow.defaults import LORA_TARGETS
+from pivotflow.errors import ModelConfigError
 
 __all__ = ["LORA_TARGETS", "LoRALinear", "adapter_tensors", "adapters_off", "apply_lora",
-           "merged_state_dict", "peft_adapter", "restore"]
+           "merge_peft_adapter", "merged_state_dict", "peft_adapter", "restore"]
 ADAPTER_SUFFIXES = (".lora_A", ".lora_B")
 
 
@@ -156,3 +159,54 @@ def peft_adapter(adapters: dict[str, torch.Tensor], *, alpha: float, targets: li
         "modules_to_save": None,
     }
     return tensors, config
+
+
+def merge_peft_adapter(tensors: dict[str, torch.Tensor], folder: Path) -> dict[str, torch.Tensor]:
+    """``tensors`` (a model's, Hugging Face names) with the PEFT LoRA adapter saved in
+    ``folder`` merged in: ``W + (lora_alpha / r) B A`` for every adapted layer, computed in
+    float32 and stored in W's dtype. What a run starts from when its model is an SFT adapter on a
+    base (``Graph.model(..., adapter=)``). Raises ModelConfigError naming the file and what is
+    wrong: not a LoRA adapter, a kind this does not merge (DoRA, per-layer ranks), or a layer
+    the model does not have or of another shape. rsLoRA's scale (alpha / sqrt(r)) is kept."""
+    from safetensors.torch import load_file
+
+    config_path, weights_path = folder / "adapter_config.json", folder / "adapter_model.safetensors"
+    for path in (config_path, weights_path):
+        if not path.is_file():
+            raise ModelConfigError(f"{path}: no such file (a PEFT adapter folder holds "
+                                   "adapter_config.json and adapter_model.safetensors)")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelConfigError(f"{config_path}: unreadable ({exc})") from None
+    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
+        kind = config.get("peft_type") if isinstance(config, dict) else None
+        raise ModelConfigError(f"{config_path}: peft_type {kind!r}; only LORA adapters merge")
+    for key in ("use_dora", "fan_in_fan_out"):
+        if config.get(key):
+            raise ModelConfigError(f"{config_path}: {key} is true; not supported")
+    if config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise ModelConfigError(f"{config_path}: rank_pattern/alpha_pattern are not supported")
+    r, alpha = config.get("r"), config.get("lora_alpha")
+    if not isinstance(r, int) or r < 1 or not isinstance(alpha, (int, float)):
+        raise ModelConfigError(f"{config_path}: r {r!r} and lora_alpha {alpha!r} must be a "
+                               "positive int and a number")
+    scaling = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+    adapter = load_file(str(weights_path))
+    merged, layers = dict(tensors), 0
+    for key, a in adapter.items():
+        if not key.endswith(".lora_A.weight"):
+            continue
+        layer = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+        b = adapter.get(key.replace(".lora_A.", ".lora_B."))
+        w = tensors.get(f"{layer}.weight")
+        if b is None or w is None or w.shape != (b.shape[0], a.shape[1]):
+            raise ModelConfigError(
+                f"{weights_path}: {key} does not fit the model (its lora_B "
+                f"{'missing' if b is None else tuple(b.shape)}, the model's {layer}.weight "
+                f"{'missing' if w is None else tuple(w.shape)})")
+        merged[f"{layer}.weight"] = (w.float() + scaling * (b.float() @ a.float())).to(w.dtype)
+        layers += 1
+    if not layers:
+        raise ModelConfigError(f"{weights_path}: no lora_A/lora_B pair: nothing to merge")
+    return merged
