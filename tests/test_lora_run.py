@@ -78,8 +78,9 @@ def peft_merges_to_the_policy(ckpt: Path) -> None:
 def test_trainers_taking_over_each_step_keep_the_base(tmp_path: Path) -> None:
     """Rollout and trainer time-share one worker (colocated), so every step's trainer is built
     anew and takes the pool's state from the store: the policy less the adapters' update is its
-    base. After four such take-overs the checkpoint is still the base plus the adapters (PEFT
-    merges to it), which a base restored wrong (kept merged, or the update taken twice) fails."""
+    base. After the take-overs of four steps (three at least) the checkpoint is still the base
+    plus the adapters (PEFT merges to it), which a base restored wrong (kept merged, or the
+    update taken twice) fails."""
     out = tmp_path / "run"
     run(GENRM, sets=["live=false", "checkpoint_every=4", "graph.lora_rank=4", "graph.lr=3e-3",
                      "planner=static", "colocate=rollout+trainer"],
