@@ -1,14 +1,16 @@
 """What LoRA (``lora_rank``) changes in the trainer: the real ``TrainRole`` step (forward,
 backward, AdamW, publishing the policy and its optimizer state to the parameter store) on a
 Qwen2.5-0.5B-shaped random model, every weight trained against a rank-r update of every linear
-layer, each variant in a fresh process.
+layer, each variant in a fresh process. ``lora_kl`` adds a KL penalty with no reference logprobs
+on the samples, so the trainer scores each micro-batch once more with the adapters left out
+(the base as the reference): what that extra forward costs against a reference pool's.
 
 Reported per variant: the parameters AdamW trains, the optimizer state a step publishes
 (``<model>.optim``: AdamW's moments, and under LoRA the adapters; every step writes it, so a
 trainer that leaves never takes it along), the process's peak resident memory, and the
-median step time once the store reuses its buffers (from the fourth step). ``--rounds`` repeats both variants,
-alternating their order (this machine's speed moves between minutes: a ratio wants them side
-by side).
+median step time once the store reuses its buffers (from the fourth step). ``--rounds`` repeats
+the variants, alternating their order (this machine's speed moves between minutes: a ratio
+wants them side by side).
 
     python bench/lora_trainer.py [--layers 4] [--rank 8] [--seqs 4] [--prompt 64] \
         [--response 192] [--steps 6] [--rounds 2] [--threads 2] \
@@ -30,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-VARIANTS = ("full", "lora")
+VARIANTS = ("full", "lora", "lora_kl")
 # Steps timed from here on: the store keeps three policy versions and two optimizer states and
 # writes later ones into the buffers of collected versions (pages tmpfs already has, about 2x
 # faster than new ones); the first steps also fault in AdamW's state.
@@ -66,8 +68,10 @@ def one_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         store.publish("policy", 0, weights, config_to_hf(cfg, torch.float32))
         del weights
         options: dict[str, Any] = {"lr": 1e-5}
-        if variant == "lora":
+        if variant.startswith("lora"):
             options.update(lora_rank=args.rank, lora_alpha=2.0 * args.rank, lr=1e-4)
+        if variant == "lora_kl":
+            options.update(kl_coef=0.04)
         role = TrainRole(store, "policy", options)
         trained = sum(p.numel() for p in role.model.parameters() if p.requires_grad)
         g = torch.Generator().manual_seed(1)
@@ -137,6 +141,8 @@ def main() -> None:
         "layers": args.layers, "rank": args.rank, "variants": rows,
         "lora_over_full": {k: lora[k] / full[k] for k in
                            ("trained_params", "optim_state_mb", "peak_rss_mb", "step_s")},
+        # the base as the reference: the step with the KL's extra forward, over without
+        "lora_kl_step_over_lora": rows["lora_kl"]["step_s"] / lora["step_s"],
     }))
 
 
