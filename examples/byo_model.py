@@ -17,6 +17,11 @@ scores each response with a discriminative reward model (a ``*ForSequenceClassif
 folder with one label) instead of the rule. With ``--set graph.judge=true``
 the reward comes from a GenRM judge instead of the exact rule: its template returns messages
 (rendered with the judge's own chat template) and ``pivotflow.verdicts`` parses its text.
+
+LoRA: ``--set graph.lora_rank=8 --set graph.lr=1e-4`` trains a rank-8 update of every linear
+layer instead of every weight (LoRA wants a larger rate than full training); checkpoints then
+hold PEFT's ``adapter/`` beside the merged ``policy/``. ``--set graph.adapter=DIR`` starts the
+run from an SFT adapter (a PEFT LoRA folder) merged into the model.
 """
 
 from __future__ import annotations
