@@ -9,9 +9,10 @@ states, every admitted-but-untrained sample) and, written last, ``manifest.json`
 every file with its SHA-256. Each is written into a temporary folder that is renamed into place
 only when whole, then ``LATEST`` moves to it; so a controller killed at any moment — even
 mid-write — leaves the previous checkpoint intact and loadable, and a write that fails (a full
-disk) removes its temporary folder and says so in one line. A resume verifies every checksum and that the manifest, the folder's name and the
-controller state agree on the step before it uses a checkpoint (``newest_whole``); a damaged
-one is passed over for the one before it, and the reason is returned so the run can say so.
+disk) removes its temporary folder and says so in one line. A resume verifies every checksum
+and that the manifest, the folder's name and the controller state agree on the step before it
+uses a checkpoint (``newest_whole``); a damaged one is passed over for the one before it, and
+the reason is returned so the run can say so.
 Importing this module loads no torch (``pivotflow run`` imports it before it needs any).
 """
 
@@ -86,7 +87,6 @@ def write(run_dir: Path, model: str, store: ParamStore, state: ControllerState, 
 def _write_into(tmp: Path, model: str, store: ParamStore, state: ControllerState,
                 tokenizer_dir: Path | None, lora: LoraExport | None) -> None:
     from safetensors import SafetensorError
-    from safetensors.torch import save_file
 
     t0 = time.perf_counter()
     step = state.version
@@ -105,11 +105,7 @@ def _write_into(tmp: Path, model: str, store: ParamStore, state: ControllerState
     except PivotflowError:
         optim = None  # version 0: no optimizer step yet
     if optim is not None:
-        try:
-            save_file({k: v.contiguous() for k, v in optim.items()},
-                      tmp / "optimizer.safetensors")
-        except (SafetensorError, RuntimeError, ValueError) as exc:  # a failed write
-            raise OSError(str(exc)) from exc
+        _save_tensors(optim, tmp / "optimizer.safetensors")
         files.append("optimizer.safetensors")
         if lora is not None:
             files += _write_adapter(tmp / "adapter", optim, lora)
@@ -147,20 +143,27 @@ def lora_export(train_options: dict[str, Any], base_model: Path | None) -> LoraE
 def _write_adapter(folder: Path, optim: dict[str, torch.Tensor], lora: LoraExport) -> list[str]:
     """The optimizer state's adapters (``worker/lora.py``) as a PEFT adapter folder; returns
     the files written, relative to the checkpoint."""
-    from safetensors.torch import save_file
-
     from pivotflow.worker.lora import ADAPTER_SUFFIXES, peft_adapter
 
     adapters = {k: v for k, v in optim.items() if k.endswith(ADAPTER_SUFFIXES)}
     tensors, config = peft_adapter(adapters, alpha=lora.alpha, targets=lora.targets,
                                    base_model=lora.base_model)
     folder.mkdir()
-    try:
-        save_file(tensors, folder / "adapter_model.safetensors")
-    except (RuntimeError, ValueError) as exc:  # a failed write
-        raise OSError(str(exc)) from exc
+    _save_tensors(tensors, folder / "adapter_model.safetensors")
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
     return ["adapter/adapter_config.json", "adapter/adapter_model.safetensors"]
+
+
+def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """``tensors`` as one safetensors file; a failed write (a full disk, which safetensors
+    reports as its own error) is an OSError, which ``write`` turns into its one-line error."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, path)
+    except (SafetensorError, RuntimeError, ValueError) as exc:
+        raise OSError(str(exc)) from exc
 
 
 def file_digest(path: Path) -> str:

@@ -150,7 +150,7 @@ def peft_adapter(adapters: dict[str, torch.Tensor], *, alpha: float, targets: li
     ranks = {t.shape[0] for k, t in adapters.items() if k.endswith(".lora_A")}
     if len(ranks) != 1:
         raise ValueError(f"adapters of ranks {sorted(ranks)}: expected one rank")
-    tensors = {f"base_model.model.{k}.weight": t.contiguous() for k, t in adapters.items()}
+    tensors = {f"base_model.model.{k}.weight": t for k, t in adapters.items()}
     config: dict[str, object] = {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
         "r": ranks.pop(), "lora_alpha": alpha, "target_modules": list(targets),
