@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -126,12 +127,10 @@ class Evaluation:
         assert version is not None
         checked = [s for s in samples if s.fields.get("correct") is not None]
         correct = [bool(s.fields["correct"]) for s in checked]
-        right_prompts = {s.fields["prompt_id"] for s in checked if s.fields["correct"]}
-        checked_prompts = {s.fields["prompt_id"] for s in checked}
-        counts = {i: [0, 0] for i in checked_prompts}  # prompt -> [checked, right]
-        for s in checked:
-            counts[s.fields["prompt_id"]][0] += 1
-            counts[s.fields["prompt_id"]][1] += bool(s.fields["correct"])
+        # each prompt's (samples checked, samples right): pass@n and pass@k read these
+        n_checked = Counter(s.fields["prompt_id"] for s in checked)
+        n_right = Counter(s.fields["prompt_id"] for s in checked if s.fields["correct"])
+        counts = [(n, n_right[i]) for i, n in n_checked.items()]
         ks = [2**e for e in range(self.samples_per_prompt.bit_length())
               if 2**e < self.samples_per_prompt]
         rewards = [float(s.fields["reward"]) for s in samples
@@ -146,10 +145,9 @@ class Evaluation:
             "samples_per_prompt": self.samples_per_prompt,
             "temperature": self.temperature,
             "task_accuracy": sum(correct) / len(correct) if correct else None,
-            "task_pass_at_n": (len(right_prompts) / len(checked_prompts) if checked_prompts
-                               else None),
+            "task_pass_at_n": len(n_right) / len(n_checked) if n_checked else None,
             # (keys are strings: JSON's; k = n is task_pass_at_n, k = 1 mean@n per prompt)
-            "task_pass_at_k": {str(k): pass_at_k(((n, c) for n, c in counts.values()), k) for k in ks},
+            "task_pass_at_k": {str(k): pass_at_k(counts, k) for k in ks},
             "reward_mean": sum(rewards) / len(rewards) if rewards else None,
             "reward_missing": len(samples) - len(rewards),
             "samples_failed": self.failed,
