@@ -316,14 +316,15 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
 
     out, cont = seg.out, seg.cont
     live = LiveView(graph.name, cfg.steps, console=console, enabled=cfg.live)
-    policy = graph.order()[-1].model or ""  # the trained model
+    train = graph.order()[-1]
+    policy = train.model or ""  # the trained model
     checkpointed: dict[str, Any] = {"step": cont.step if seg.ckpt is not None else None,
                                     "error": None}
     # (a run that started from an SFT adapter trains on base + that adapter, which no folder
     # holds, so PEFT's adapter_config could name no base: its checkpoints write policy/ only)
     started_from_adapter = policy in graph.models and graph.models[policy].adapter
     lora = (None if started_from_adapter else
-            checkpoints.lora_export(graph.order()[-1].options, models.dirs.get(policy)))
+            checkpoints.lora_export(train.options, models.dirs.get(policy)))
 
     def write_checkpoint() -> None:
         if ctl.version <= (checkpointed["step"] or 0) or checkpointed["error"]:

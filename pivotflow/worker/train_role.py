@@ -240,7 +240,7 @@ class TrainRole:
     def _base_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The response tokens' logprobs under the base model (the adapters left out)."""
         with torch.no_grad(), adapters_off(self.model), self._compute():
-            return response_logprobs(self.model, batch, self.tc.logits_chunk_tokens).float()
+            return response_logprobs(self.model, batch, self.tc.logits_chunk_tokens)
 
     def _compute(self) -> contextlib.AbstractContextManager[object]:
         """bf16 autocast over the float32 weights when the run computes in bf16."""
