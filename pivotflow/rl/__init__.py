@@ -1,4 +1,4 @@
-"""RL math: group-relative advantages and policy-gradient losses (pure tensor functions).
+"""RL math: group-relative advantages, policy-gradient and value losses (pure tensor functions).
 
 The names below are loaded on first use (module ``__getattr__``), not when the package is
 imported: graph files and the controller import ``pivotflow.rl.group_fns`` and
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         masked_mean,
         masked_sum,
         policy_loss,
+        value_loss,
     )
 
 # public name -> the submodule that defines it
@@ -32,6 +33,7 @@ _HOME = {
     "masked_sum": "losses",
     "policy_loss": "losses",
     "rloo_advantages": "advantages",
+    "value_loss": "losses",
 }
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "masked_sum",
     "policy_loss",
     "rloo_advantages",
+    "value_loss",
 ]
 
 

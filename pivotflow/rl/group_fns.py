@@ -2,7 +2,8 @@
 
 They take sample fields by name (lists over the group) and ``**_`` for the rest, as every stage
 function does. A sample whose reward is None (a failed judgement) gets advantage 0: it adds no
-gradient, and the failure is already counted by the controller.
+gradient, and the failure is already counted by the controller. ``gae_advantage`` is the one
+per-sample function here (a ``g.map`` stage): GAE needs a learned critic's values, not the group.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pivotflow.rl.list_math import grpo_list, rloo_list
+from pivotflow.rl.list_math import gae_list, grpo_list, rloo_list
 
 
 def _with_failures(reward: list[float | None], fn: Any) -> dict[str, list[float]]:
@@ -35,6 +36,82 @@ def grpo_advantage_no_std(reward: list[float | None], **_: Any) -> dict[str, lis
 def rloo_advantage(reward: list[float | None], **_: Any) -> dict[str, list[float]]:
     """RLOO: r_i minus the mean of the other samples' rewards."""
     return _with_failures(reward, rloo_list)
+
+
+def gae_advantage(gamma: float = 1.0, lam: float = 1.0,
+                  kl_coef: float = 0.0) -> Callable[..., dict[str, list[float]]]:
+    """PPO with a learned critic: per-token GAE advantages and returns for one sample, as a
+    per-sample function (verl's and OpenRLHF's ``advantage_estimator=gae``)::
+
+        g.map("gae", gae_advantage(), writes=["advantage", "returns"])
+
+    It reads ``reward`` (the sequence's), ``values`` (the critic's V before each response token)
+    and ``response_ids``. The reward is placed on the last response token and every other token
+    rewards 0, as verl and OpenRLHF place an outcome reward, then ``list_math.gae_list`` runs
+    with ``V = 0`` after the last token. It writes ``advantage`` (one per response token, for
+    ``policy_loss``'s ``[B, T]`` advantages) and ``returns`` (the critic's targets, for
+    ``value_loss``).
+
+    ``gamma = lam = 1`` (the defaults, as verl's for LLM PPO; OpenRLHF's are ``gamma=1``,
+    ``lambd=0.95``) telescopes GAE to ``A_t = R - V_t``: every token's advantage is the outcome
+    less what the critic expected before it. Lower ``lam`` trades that variance for the
+    critic's bias. The advantages are not
+    whitened here: verl and OpenRLHF normalise them over the whole batch, which one sample
+    cannot see, so the trainer does it.
+
+    With ``kl_coef`` > 0 every token also rewards ``-kl_coef * (logprob - ref_logprob)``, the
+    k1 estimate of its KL to the reference model (verl's ``use_kl_in_reward``, OpenRLHF's
+    ``init_kl_coef``: PPO's KL in the reward, where GRPO puts it in the loss); it then reads
+    ``logprobs`` and ``ref_logprobs`` too, so a ``reference`` stage must come before it.
+
+    A failed judgement (reward None) gets advantages of 0.0 and returns equal to its values:
+    no policy gradient, and no value loss while the critic still predicts those values (its
+    target is its own prediction), since the failure is already counted by the controller and
+    the critic has nothing to learn from a missing reward.
+
+    Raises:
+        ValueError: ``gamma`` or ``lam`` is outside [0, 1], or ``kl_coef`` < 0 (here);
+            ``values`` and ``response_ids`` differ in length (from the stage function).
+    """
+    for name, x in (("gamma", gamma), ("lam", lam)):
+        if not 0.0 <= x <= 1.0:  # (a NaN fails too)
+            raise ValueError(f"gae_advantage: {name} must be in [0, 1], got {x}")
+    if not 0.0 <= kl_coef < float("inf"):
+        raise ValueError(f"gae_advantage: kl_coef must be >= 0, got {kl_coef}")
+
+    def advantages_of(reward: float | None, values: list[float], response_ids: list[int],
+                      token_rewards: list[float] | None) -> dict[str, list[float]]:
+        if len(values) != len(response_ids):
+            raise ValueError(f"gae_advantage: {len(values)} values for "
+                             f"{len(response_ids)} response tokens")
+        v = [float(x) for x in values]
+        if reward is None:
+            return {"advantage": [0.0] * len(v), "returns": v}
+        rewards = list(token_rewards) if token_rewards is not None else [0.0] * len(v)
+        if rewards:  # (an empty response has no token to carry its reward)
+            rewards[-1] += float(reward)
+        advantages, returns = gae_list(rewards, v, gamma, lam)
+        return {"advantage": advantages, "returns": returns}
+
+    def gae(reward: float | None, values: list[float], response_ids: list[int],
+            **_: Any) -> dict[str, list[float]]:
+        return advantages_of(reward, values, response_ids, None)
+
+    gae.__name__ = f"gae_advantage({gamma}, {lam})"
+    if not kl_coef:
+        return gae
+
+    def gae_kl(reward: float | None, values: list[float], response_ids: list[int],
+               logprobs: list[float], ref_logprobs: list[float],
+               **_: Any) -> dict[str, list[float]]:
+        if not len(logprobs) == len(ref_logprobs) == len(response_ids):
+            raise ValueError(f"gae_advantage: {len(logprobs)} logprobs and {len(ref_logprobs)} "
+                             f"ref_logprobs for {len(response_ids)} response tokens")
+        kl = [-kl_coef * (lp - ref) for lp, ref in zip(logprobs, ref_logprobs, strict=True)]
+        return advantages_of(reward, values, response_ids, kl)
+
+    gae_kl.__name__ = f"gae_advantage({gamma}, {lam}, kl_coef={kl_coef})"
+    return gae_kl
 
 
 def has_signal(reward: list[float | None], **_: Any) -> bool:

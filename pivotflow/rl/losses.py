@@ -1,5 +1,6 @@
 """Policy-gradient losses on per-token logprobs: the PPO/GRPO clipped surrogate with an optional KL
-penalty against a reference policy, and the masked reductions they are built from.
+penalty against a reference policy, PPO's clipped value loss for a learned critic, and the masked
+reductions they are built from.
 
 Shapes: ``B`` sequences (samples) by ``T`` response positions. ``mask`` marks the positions that
 are real response tokens (prompt and padding positions are 0). Masked positions contribute nothing
@@ -112,10 +113,28 @@ def _check_shapes(
                 f"policy_loss: {name} has shape {tuple(t.shape)}, "
                 f"expected logprobs' shape {tuple(shape)}"
             )
-    if advantages.shape != shape[:1]:
+    # [B]: one advantage per sequence (GRPO, RLOO); [B, T]: one per token, as logprobs (GAE's,
+    # from a learned critic)
+    if advantages.shape not in (shape[:1], shape):
         raise RLError(
-            f"policy_loss: advantages must be [B] = [{shape[0]}], got {tuple(advantages.shape)}"
+            f"policy_loss: advantages must be [B] = [{shape[0]}] or [B, T] = "
+            f"[{shape[0]}, {shape[1]}], got {tuple(advantages.shape)}"
         )
+
+
+def _token_advantages(advantages: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``advantages`` shaped to multiply ``[B, T]`` per-token ratios.
+
+    A ``[B]`` advantage is broadcast along its sequence (every token shares it). A ``[B, T]``
+    one is used per token, its masked positions zeroed first, as every other input is: GAE
+    writes nothing meaningful in padding, and an inf or NaN there would make ``ratio * A`` NaN.
+    The masked reductions and the zeroed logprobs already keep that NaN out of the loss and
+    the gradient; zeroing it here keeps it out of the arithmetic altogether, so no later
+    change to how positions are combined can let it through.
+    """
+    if advantages.dim() == 1:
+        return advantages.unsqueeze(-1)
+    return torch.where(valid, advantages, torch.zeros_like(advantages))
 
 
 def policy_loss(
@@ -140,11 +159,15 @@ def policy_loss(
 
     Per valid token t of sequence i, with ratio ``rho = exp(logprobs - old_logprobs)`` (the
     log-ratio clamped to +-``LOG_RATIO_CLAMP`` first, so it never overflows) and the
-    sequence's advantage ``A_i`` (PPO, Schulman et al. 2017, arXiv:1707.06347; GRPO, Shao et al.
+    advantage ``A_it`` (PPO, Schulman et al. 2017, arXiv:1707.06347; GRPO, Shao et al.
     2024, arXiv:2402.03300, eq. 3)::
 
-        l_it = -min(rho * A_i, clip(rho, 1 - clip_eps, 1 + clip_eps_high) * A_i)
+        l_it = -min(rho * A_it, clip(rho, 1 - clip_eps, 1 + clip_eps_high) * A_it)
                + kl_coef * KL_it                 (KL_it from ``kl_penalty``, only if kl_coef > 0)
+
+    ``A_it = A_i``, the sequence's advantage, for ``[B]`` advantages (GRPO, RLOO: one outcome
+    reward per sequence); ``[B, T]`` advantages give each token its own (PPO with a learned
+    critic: GAE, verl's and OpenRLHF's ``advantage_estimator=gae``).
 
     ``clip_eps_high`` (default: ``clip_eps``) is DAPO's clip-higher (Yu et al. 2025,
     arXiv:2503.14476): a larger upper bound lets low-probability tokens grow, against entropy
@@ -188,7 +211,8 @@ def policy_loss(
     Args:
         logprobs: ``[B, T]`` log-probs of the sampled tokens under the policy being trained.
         old_logprobs: ``[B, T]`` log-probs under the policy that generated the tokens.
-        advantages: ``[B]`` one advantage per sequence.
+        advantages: ``[B]`` one advantage per sequence, or ``[B, T]`` one per token (masked
+            positions may hold anything, inf and NaN included).
         mask: ``[B, T]`` nonzero where the position is a response token to train on.
         clip_eps: lower (and, by default, upper) clip range, > 0.
         clip_eps_high: upper clip range, > 0; None means ``clip_eps``.
@@ -253,7 +277,7 @@ def policy_loss(
     # through exp() even where the result is thrown away.
     new = torch.where(valid, logprobs.to(work), zeros)
     old = torch.where(valid, old_logprobs.detach().to(work), zeros)
-    adv = advantages.detach().to(work).unsqueeze(-1)
+    adv = _token_advantages(advantages.detach().to(work), valid)
 
     # A real model's numbers reach here: a token the sampler drew at logprob -1e4, or weights
     # far from the ones that generated it, give log-ratios of +-100s, and exp() of them is inf
@@ -321,3 +345,107 @@ def policy_loss(
     names = list(stats)
     values = torch.stack([stats[n].to(work) for n in names]).tolist()
     return loss, dict(zip(names, values, strict=True))
+
+
+def _check_value_inputs(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                        mask: torch.Tensor, clip: float | None, aggregation: str) -> None:
+    """Raise RLError unless ``value_loss``'s inputs are ``[B, T]`` alike and its knobs known."""
+    if values.dim() != 2:
+        raise RLError(f"value_loss: values must be [B, T], got {tuple(values.shape)}")
+    for name, t in {"old_values": old_values, "returns": returns, "mask": mask}.items():
+        if t.shape != values.shape:
+            raise RLError(f"value_loss: {name} has shape {tuple(t.shape)}, "
+                          f"expected values' shape {tuple(values.shape)}")
+    # (written so that a NaN clip fails too)
+    if clip is not None and not clip > 0.0:
+        raise RLError(f"value_loss: clip must be None or > 0, got {clip}")
+    if aggregation not in _AGGREGATIONS:
+        raise RLError(
+            f"value_loss: aggregation must be one of {_AGGREGATIONS}, got {aggregation!r}"
+        )
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip: float | None = 0.2,
+    aggregation: Aggregation = "token-mean",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped value loss: regresses a learned critic's ``V`` onto the (GAE) returns.
+
+    Per valid token (PPO, Schulman et al. 2017, arXiv:1707.06347; the clipped form is that of
+    OpenAI's baselines, as verl's ``compute_value_loss`` and OpenRLHF's ``ValueLoss`` use it)::
+
+        V_clip = old + clamp(values - old, -clip, clip)
+        l_it   = 0.5 * max((values - returns)^2, (V_clip - returns)^2)
+
+    A trust region on the critic, as the ratio clip is one on the policy: once ``values`` has
+    moved more than ``clip`` from ``old_values``, the max picks the clipped branch whenever it
+    is the worse fit, and that branch has no gradient, so one batch cannot drag the critic far
+    from where it was when the advantages were computed. The max keeps it pessimistic: moving
+    past the region is never rewarded with a smaller loss. With ``clip=None`` it is the plain
+    ``0.5 * (values - returns)^2``. ``clip`` is in the returns' units, not a ratio (verl's
+    ``cliprange_value`` is 0.5; OpenRLHF's ``value_clip`` 0.2 or 0.5 by release), so it wants
+    rescaling with the rewards.
+
+    The per-token losses are reduced by ``aggregation`` exactly as ``policy_loss``'s are, so a
+    padding row or an all-zero mask gives 0, never NaN. Gradients flow only into ``values``:
+    ``old_values`` and ``returns`` are detached. Masked positions may hold anything (inf and NaN
+    included) without reaching the loss or its gradient.
+
+    Args:
+        values: ``[B, T]`` the critic's values now, with their graph.
+        old_values: ``[B, T]`` the critic's values when the advantages were computed.
+        returns: ``[B, T]`` the regression targets (GAE's ``A_t + V_t``).
+        mask: ``[B, T]`` nonzero where the position is a response token to train on.
+        clip: how far ``values`` may move from ``old_values`` before clipping, > 0 (None: no
+            clipping).
+        aggregation: as for ``policy_loss``.
+
+    Returns:
+        ``(loss, stats)``: the scalar loss and floats ``value_loss``, ``value_clip_frac`` (share
+        of valid tokens where the clipped branch is the larger one, i.e. the one the loss takes;
+        0 with ``clip=None``), ``value_mean`` and ``return_mean`` (masked means) and
+        ``value_error`` (masked mean of ``|values - returns|``).
+
+    Raises:
+        RLError: a shape disagrees, ``clip`` is not None or > 0, or ``aggregation`` is unknown.
+    """
+    _check_value_inputs(values, old_values, returns, mask, clip, aggregation)
+    valid = mask.bool()
+    # float32 at least, as in policy_loss: a squared error of bf16 values loses most of its bits
+    work = torch.promote_types(values.dtype, torch.float32)
+    zeros = torch.zeros_like(values, dtype=work)
+    # Zeroed before any arithmetic (not multiplied by the mask afterwards): a NaN at a padded
+    # position would otherwise give the gradient NaN * 0 = NaN there.
+    new = torch.where(valid, values.to(work), zeros)
+    old = torch.where(valid, old_values.detach().to(work), zeros)
+    ret = torch.where(valid, returns.detach().to(work), zeros)
+
+    unclipped = (new - ret) ** 2
+    if clip is None:
+        per_token = 0.5 * unclipped
+        clip_active = torch.zeros_like(valid)
+    else:
+        clipped = (old + torch.clamp(new - old, -clip, clip) - ret) ** 2
+        per_token = 0.5 * torch.maximum(unclipped, clipped)
+        # verl's vf_clipfrac: where the clipped branch is strictly larger, so chosen (its
+        # gradient is 0: the value sits outside the trust region on the wrong side)
+        clip_active = clipped > unclipped
+    loss = _aggregate(per_token, valid, aggregation)
+
+    with torch.no_grad():
+        stats = {
+            "value_loss": loss.detach(),
+            "value_clip_frac": masked_mean(clip_active.to(work), valid),
+            "value_mean": masked_mean(new, valid),
+            "return_mean": masked_mean(ret, valid),
+            "value_error": masked_mean((new - ret).abs(), valid),
+        }
+        # One device-to-host transfer for all stats, as in policy_loss.
+        names = list(stats)
+        numbers = torch.stack([stats[n] for n in names]).tolist()
+    return loss, dict(zip(names, numbers, strict=True))
