@@ -4,7 +4,8 @@
 model's own config.json as the store holds it, and its tokenizer files, so it loads with
 transformers' ``AutoModelForCausalLM`` and ``AutoTokenizer``), its AdamW state
 (``optimizer.safetensors``; under LoRA the adapters too, and ``adapter/`` holds them as PEFT
-saves them), the controller's state (``state.msgpack``: ledger, prompt cursor and random
+saves them; with a critic, ``critic/``, a Hugging Face classifier folder, and its AdamW state
+``critic_optimizer.safetensors``), the controller's state (``state.msgpack``: ledger, prompt cursor and random
 states, every admitted-but-untrained sample) and, written last, ``manifest.json``, which lists
 every file with its SHA-256. Each is written into a temporary folder that is renamed into place
 only when whole, then ``LATEST`` moves to it; so a controller killed at any moment — even
@@ -48,14 +49,18 @@ class Checkpoint:
     policy_dir: Path
     optimizer: dict[str, torch.Tensor] | None
     state: ControllerState
+    critic_dir: Path | None = None  # PPO's value model, when the run trains one
+    critic_optimizer: dict[str, torch.Tensor] | None = None
 
 
 def write(run_dir: Path, model: str, store: ParamStore, state: ControllerState, *,
-          tokenizer_dir: Path | None = None, lora: LoraExport | None = None) -> Path:
+          tokenizer_dir: Path | None = None, lora: LoraExport | None = None,
+          critic: tuple[str, Path | None] | None = None) -> Path:
     """Checkpoint version ``state.version`` of ``model`` (taken from the store) with ``state``;
     the tokenizer and generation files in ``tokenizer_dir`` (the model's folder) go into the
     policy folder. Under LoRA (``lora``) the adapters also go into ``adapter/`` as PEFT saves
-    them. Returns the checkpoint's folder. Raises CheckpointError if the store no
+    them. ``critic``: the critic's store name and folder, whose version goes into ``critic/``
+    with its optimizer state. Returns the checkpoint's folder. Raises CheckpointError if the store no
     longer has that version, or (one line, naming the folder) if the files cannot be written:
     the temporary folder is removed and the previous checkpoints are left as they were."""
     step = state.version
@@ -66,7 +71,7 @@ def write(run_dir: Path, model: str, store: ParamStore, state: ControllerState, 
         root.mkdir(parents=True, exist_ok=True)
         sweep_temporary(run_dir)
         shutil.rmtree(tmp, ignore_errors=True)
-        _write_into(tmp, model, store, state, tokenizer_dir, lora)
+        _write_into(tmp, model, store, state, tokenizer_dir, lora, critic)
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
@@ -85,30 +90,23 @@ def write(run_dir: Path, model: str, store: ParamStore, state: ControllerState, 
 
 
 def _write_into(tmp: Path, model: str, store: ParamStore, state: ControllerState,
-                tokenizer_dir: Path | None, lora: LoraExport | None) -> None:
-    from safetensors import SafetensorError
-
+                tokenizer_dir: Path | None, lora: LoraExport | None,
+                critic: tuple[str, Path | None] | None) -> None:
     t0 = time.perf_counter()
     step = state.version
-    _, config, tensors = store.load(model, step)
-    try:
-        write_folder(tmp / "policy", config, tensors, side_files_from=tokenizer_dir)
-    except CheckpointError as exc:  # its own one-line error; the cause is an OSError
-        if isinstance(exc.__cause__, OSError):
-            raise exc.__cause__ from None
-        raise
-    except SafetensorError as exc:  # how safetensors reports a failed write (a full disk)
-        raise OSError(str(exc)) from exc
-    files = [f"policy/{p.name}" for p in sorted((tmp / "policy").iterdir())] + ["state.msgpack"]
-    try:
-        _, _, optim = store.load(f"{model}.optim", step)
-    except PivotflowError:
-        optim = None  # version 0: no optimizer step yet
+    files = _write_model(tmp, "policy", model, step, store, tokenizer_dir) + ["state.msgpack"]
+    optim = _optim_at(store, model, step)
     if optim is not None:
         _save_tensors(optim, tmp / "optimizer.safetensors")
         files.append("optimizer.safetensors")
         if lora is not None:
             files += _write_adapter(tmp / "adapter", optim, lora)
+    if critic is not None:
+        files += _write_model(tmp, "critic", critic[0], step, store, critic[1])
+        critic_optim = _optim_at(store, critic[0], step)
+        if critic_optim is not None:
+            _save_tensors(critic_optim, tmp / "critic_optimizer.safetensors")
+            files.append("critic_optimizer.safetensors")
     (tmp / "state.msgpack").write_bytes(msgspec.msgpack.encode(state))
     t1 = time.perf_counter()
     sums = {name: file_digest(tmp / name) for name in files}
@@ -117,6 +115,30 @@ def _write_into(tmp: Path, model: str, store: ParamStore, state: ControllerState
                 "checksums": sums, "checksum_s": time.perf_counter() - t1}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     _fsync_dir(tmp)
+
+
+def _write_model(tmp: Path, folder: str, model: str, step: int, store: ParamStore,
+                 side_files_from: Path | None) -> list[str]:
+    """Version ``step`` of ``model`` as a Hugging Face folder ``tmp/folder``; its files."""
+    from safetensors import SafetensorError
+
+    _, config, tensors = store.load(model, step)
+    try:
+        write_folder(tmp / folder, config, tensors, side_files_from=side_files_from)
+    except CheckpointError as exc:  # its own one-line error; the cause is an OSError
+        if isinstance(exc.__cause__, OSError):
+            raise exc.__cause__ from None
+        raise
+    except SafetensorError as exc:  # how safetensors reports a failed write (a full disk)
+        raise OSError(str(exc)) from exc
+    return [f"{folder}/{p.name}" for p in sorted((tmp / folder).iterdir())]
+
+
+def _optim_at(store: ParamStore, model: str, step: int) -> dict[str, torch.Tensor] | None:
+    try:
+        return store.load(f"{model}.optim", step)[2]
+    except PivotflowError:
+        return None  # version 0: no optimizer step yet
 
 
 @dataclass(frozen=True)
@@ -260,6 +282,9 @@ def read(path: Path) -> Checkpoint:
                                        type=ControllerState)
         optim = (load_file(path / "optimizer.safetensors")
                  if "optimizer.safetensors" in manifest["files"] else None)
+        critic_optim = (load_file(path / "critic_optimizer.safetensors")
+                        if "critic_optimizer.safetensors" in manifest["files"] else None)
+        has_critic = any(name.startswith("critic/") for name in manifest["files"])
         step = int(manifest["step"])
     except (OSError, ValueError, KeyError, TypeError, msgspec.DecodeError) as exc:
         raise CheckpointError(f"checkpoint {path} is unreadable: {exc}") from exc
@@ -267,17 +292,27 @@ def read(path: Path) -> Checkpoint:
     if state.version != step or (named.isdigit() and int(named) != step):
         raise CheckpointError(f"checkpoint {path}: its manifest says step {step}, its "
                               f"controller state version {state.version}: they must agree")
-    return Checkpoint(step, path, path / "policy", optim, state)
+    return Checkpoint(step, path, path / "policy", optim, state,
+                      path / "critic" if has_critic else None, critic_optim)
 
 
-def publish(ckpt: Checkpoint, model: str, store: ParamStore) -> None:
+def publish(ckpt: Checkpoint, model: str, store: ParamStore, critic: str | None = None) -> None:
     """Put the checkpoint's policy and optimizer state into the store as its version, so
     workers and the first trainer pick them up as if the run had never stopped (with the
-    config dict the checkpoint holds, which is the one the run published)."""
+    config dict the checkpoint holds, which is the one the run published); with ``critic``
+    (the run's critic model) the critic's too, which the checkpoint must then hold."""
     config, tensors = read_folder(ckpt.policy_dir)
     store.publish(model, ckpt.step, tensors, config)
     if ckpt.optimizer is not None:
         store.publish(f"{model}.optim", ckpt.step, ckpt.optimizer, config)
+    if critic is not None:
+        if ckpt.critic_dir is None:
+            raise CheckpointError(f"checkpoint {ckpt.path} holds no critic/ folder, and this "
+                                  f"run's graph trains critic {critic!r}")
+        critic_config, critic_tensors = read_folder(ckpt.critic_dir)
+        store.publish(critic, ckpt.step, critic_tensors, critic_config)
+        if ckpt.critic_optimizer is not None:
+            store.publish(f"{critic}.optim", ckpt.step, ckpt.critic_optimizer, critic_config)
     # workers ask the store for the controller's version: a disagreement would have them
     # ask, fail and restart forever, so it is an error here, before any of them starts
     if store.latest(model) != ckpt.state.version:

@@ -27,8 +27,8 @@ from pivotflow.errors import GraphError, TaskError
 from pivotflow.tasks.datasets import PromptTable, load_prompt_file
 from pivotflow.worker.train_config import check_train_options
 
-NodeKind = Literal["source", "generate", "judge", "reference", "reward_model", "map", "group",
-                   "filter", "train"]
+NodeKind = Literal["source", "generate", "judge", "reference", "reward_model", "critic", "map",
+                   "group", "filter", "train"]
 
 # Fields the runtime itself fills, by the kind of node that writes them.
 SOURCE_FIELDS = frozenset({"prompt", "answer", "prompt_ids", "prompt_id", "group_id", "sample_id"})
@@ -38,6 +38,9 @@ GENERATE_FIELDS = frozenset(
 JUDGE_FIELDS = frozenset({"verdict", "reward", "judge_failed"})
 REFERENCE_FIELDS = frozenset({"ref_logprobs"})
 REWARD_MODEL_FIELDS = frozenset({"reward"})
+CRITIC_FIELDS = frozenset({"values"})
+# ... and what the train stage reads besides when the graph has a critic (its value targets)
+CRITIC_TRAIN_READS = frozenset({"values", "returns"})
 # ... and what the controller writes itself (the task's exact check of a response)
 RUNTIME_FIELDS = frozenset({"correct", "advantage"})
 TRAIN_READS = frozenset({"prompt_ids", "response_ids", "logprobs", "advantage"})
@@ -346,6 +349,24 @@ class Graph:
         return self._add(Node(name, "reward_model", where, reads=reads,
                               writes=REWARD_MODEL_FIELDS, model=model, pool=pool, options=opts))
 
+    def critic(self, name: str, *, model: str, pool: str) -> Node:
+        """A learned value model scores each response: ``values``, its estimate of the return
+        from the state before every response token (PPO's critic; verl's and OpenRLHF's
+        ``advantage_estimator=gae``). A ``map`` after it turns the reward and the values into
+        per-token advantages and value targets (``pivotflow.rl.gae_advantage`` writes
+        ``advantage`` and ``returns``), and the train stage then trains the critic beside the
+        policy, on the same batch (``critic_lr``, ``value_clip``): every step publishes a new
+        version of both, and this stage scores each sample with the newest.
+
+        ``model`` is a Hugging Face folder: a causal LM (the policy's base, as verl starts its
+        critic; the run gives it a value head that starts at zero, so the first advantages are
+        the rewards) or a ``*ForSequenceClassification`` with one label (a reward model, as
+        OpenRLHF starts its critic; its score head becomes the value head). It must not be the
+        model the train stage trains as the policy."""
+        return self._add(Node(name, "critic", _caller_where(),
+                              reads=frozenset({"prompt_ids", "response_ids"}),
+                              writes=CRITIC_FIELDS, model=model, pool=pool))
+
     def map(self, name: str, fn: Callable[..., Any], *, writes: Iterable[str],
             deadline_s: float | None = DEFAULT_DEADLINE_S, on_error: str = "stop") -> Node:
         """Per-sample Python: ``fn(**fields)`` returns a value (one field) or a dict of fields.
@@ -416,6 +437,10 @@ class Graph:
                                             for n in self.nodes.values()):
             return f"{model}.ref"
         return model
+
+    def critic_model(self) -> str | None:
+        """The model of the graph's critic stage (the trainer steps it too), or None."""
+        return next((n.model for n in self.nodes.values() if n.kind == "critic"), None)
 
     # ------------------------------------------------------------ edges
 

@@ -10,12 +10,12 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from pivotflow.errors import GraphError
-from pivotflow.graph import Graph, Node
+from pivotflow.graph import CRITIC_TRAIN_READS, Graph, Node
 
 if TYPE_CHECKING:
     import networkx as nx
 
-MODEL_KINDS = ("generate", "judge", "reference", "reward_model", "train")
+MODEL_KINDS = ("generate", "judge", "reference", "reward_model", "critic", "train")
 
 
 def import_graph_file(path: str | Path) -> ModuleType:
@@ -127,7 +127,34 @@ def validate(graph: Graph) -> None:
                              "outputs; samples stream along one path, so each node has at most "
                              "one of each")
     # No "source inside a cycle" check here: _check_cycles has refused every cycle already.
-    _check_fields(graph, linear_order(graph))
+    critic = _check_critic(graph, trains[0])
+    _check_fields(graph, linear_order(graph), critic)
+
+
+def _check_critic(graph: Graph, train: Node) -> Node | None:
+    """At most one critic stage, on a model of its own (the trainer steps the policy and the
+    critic as two models; one model cannot be both)."""
+    critics = [n for n in graph.nodes.values() if n.kind == "critic"]
+    if len(critics) > 1:
+        raise GraphError(f"critic {critics[1].name!r} at {critics[1].where}: a graph has at "
+                         f"most one critic stage ({critics[0].name!r} at {critics[0].where} "
+                         "is the other)")
+    if not critics:
+        return None
+    critic = critics[0]
+    if critic.model == train.model:
+        raise GraphError(f"critic {critic.name!r} at {critic.where}: its model {critic.model!r} "
+                         f"is the policy train {train.name!r} trains; declare the critic as a "
+                         "model of its own (g.model(\"critic\", source=...), the same folder "
+                         "may serve both)")
+    other = next((n for n in graph.nodes.values()
+                  if n.model == critic.model and n is not critic and n is not train), None)
+    if other is not None:
+        raise GraphError(f"critic {critic.name!r} at {critic.where}: its model {critic.model!r} "
+                         f"is also the model of {other.kind} {other.name!r} (at {other.where}); "
+                         "the run turns it into a value model, so give the critic a model of "
+                         "its own")
+    return critic
 
 
 def _check_cycles(graph: Graph, preds: dict[str, set[str]]) -> None:
@@ -187,11 +214,17 @@ def linear_order(graph: Graph) -> list[str]:
     return order
 
 
-def _check_fields(graph: Graph, order: list[str]) -> None:
+def _check_fields(graph: Graph, order: list[str], critic: Node | None = None) -> None:
     have: set[str] = set()
     for name in order:
         node: Node = graph.nodes[name]
         missing = node.reads - have
+        if critic is not None and node.kind == "train" and CRITIC_TRAIN_READS - have:
+            raise GraphError(
+                f"train {node.name!r} at {node.where} trains the model of critic "
+                f"{critic.name!r} and needs {sorted(CRITIC_TRAIN_READS - have)} upstream of it: put "
+                "g.map(\"gae\", pivotflow.rl.gae_advantage(), writes=[\"advantage\", "
+                "\"returns\"]) after the critic")
         if missing:
             raise GraphError(
                 f"node {node.name!r} at {node.where} reads {sorted(missing)}, which no upstream "

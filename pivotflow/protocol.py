@@ -74,6 +74,9 @@ class JobDone(msgspec.Struct, **_HOT):  # type: ignore[call-arg]
     # a reward model's score of the whole sequence (the score role on a sequence classifier,
     # for a reward_model stage; None from every other role)
     score: float | None = None
+    # a critic's value of the state before each response token (the score role on a value
+    # model, for a critic stage; empty from every other role)
+    values: list[float] = []
 
 
 class JobsDone(msgspec.Struct, **_HOT):  # type: ignore[call-arg]
@@ -170,7 +173,9 @@ class AbortJobs(msgspec.Struct, tag=True, kw_only=True, frozen=True):
 class TrainSeq(msgspec.Struct, kw_only=True, array_like=True, gc=False):  # (see _HOT)
     """One trajectory to train on; ``loss_mask`` is 1 on policy tokens of ``response_ids``;
     ``ref_logprobs`` (one per response token) are the reference model's, from a reference
-    stage, for the KL penalty (empty: the graph has none)."""
+    stage, for the KL penalty (empty: the graph has none). With a critic (PPO with GAE)
+    ``token_advantages`` replace ``advantage`` (one per response token), and ``values`` (the
+    critic's, from the critic stage) and ``returns`` are its value targets."""
 
     job_id: int
     prompt_ids: list[int]
@@ -180,6 +185,9 @@ class TrainSeq(msgspec.Struct, kw_only=True, array_like=True, gc=False):  # (see
     advantage: float
     loss_mask: list[int] = []
     ref_logprobs: list[float] = []
+    token_advantages: list[float] = []
+    values: list[float] = []
+    returns: list[float] = []
 
 
 class TrainStep(msgspec.Struct, tag=True, kw_only=True):

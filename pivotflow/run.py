@@ -205,7 +205,8 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
         models = prepare_models(graph, store, console=console,
                                 seed=cfg.seed if cfg.models_seed < 0 else cfg.models_seed)
         if ckpt is not None:
-            checkpoints.publish(ckpt, graph.order()[-1].model or "", store)
+            checkpoints.publish(ckpt, graph.order()[-1].model or "", store,
+                                critic=graph.critic_model())
         source_node = graph.order()[0]
         problems = ProblemStream(source_node, seed=cfg.seed)
         policy_model = next(n.model for n in graph.order() if n.kind == "generate")
@@ -286,6 +287,8 @@ def role_options(graph: Graph, cfg: RunConfig,
                           isinstance(v, list) and all(isinstance(x, str) for x in v))})
             if o.get("lr_schedule", "constant") != "constant" and not o.get("lr_decay_steps"):
                 o["lr_decay_steps"] = cfg.steps  # a decay spans the run unless told otherwise
+            if graph.critic_model():  # the trainer steps the critic stage's model too
+                o["critic_model"] = graph.critic_model()
         opts[node.pool] = o
     return opts
 
@@ -326,12 +329,15 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     lora = (None if started_from_adapter else
             checkpoints.lora_export(train.options, models.dirs.get(policy)))
 
+    critic_model = graph.critic_model()
+    critic = None if critic_model is None else (critic_model, models.dirs.get(critic_model))
+
     def write_checkpoint() -> None:
         if ctl.version <= (checkpointed["step"] or 0) or checkpointed["error"]:
             return  # nothing new since the one on disk (a resume rewrites none before a step)
         try:
             checkpoints.write(out, policy, store, snapshot(ctl),
-                              tokenizer_dir=models.dirs.get(policy), lora=lora)
+                              tokenizer_dir=models.dirs.get(policy), lora=lora, critic=critic)
         except CheckpointError as exc:  # a full disk: stop now, the last whole one stays
             checkpointed["error"] = exc
             ctl.fail(exc)

@@ -79,6 +79,7 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
     # a reference stage on a trained model reads a frozen copy of its initial weights
     frozen = {graph.weights_of(n): n.model for n in graph.order()
               if n.kind == "reference" and graph.weights_of(n) != n.model}
+    critics = {n.model for n in graph.order() if n.kind == "critic"}
     for spec in graph.models.values():
         path = model_dir(spec, seed, console)
         if spec.context is not None and spec.context < 2:
@@ -101,6 +102,8 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
             except PivotflowError as exc:
                 raise type(exc)(f"model {spec.name!r} at {spec.where}: adapter: {exc}") from None
         hf_config = dict(folder.hf_config)
+        if spec.name in critics and not folder.config.num_labels:
+            tensors, hf_config = value_model(tensors, hf_config, folder.config)
         if spec.context is not None:  # RoPE has no learned positions: serve more (or fewer)
             hf_config["max_position_embeddings"] = spec.context
         store.publish(spec.name, 0, tensors, hf_config)
@@ -115,11 +118,37 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
     return models
 
 
+def value_model(tensors: dict[str, Any], hf_config: dict[str, Any],
+                config: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A causal LM as a critic (verl starts its critic from the policy's base): its body, and a
+    one-label ``score`` head of zeros in place of the LM head, so the critic starts predicting
+    0 everywhere and the first advantages are the rewards themselves, not a random head's
+    noise. The config becomes the ``*ForSequenceClassification`` transformers loads it as."""
+    import torch
+
+    from pivotflow.engines.torch.hf_config import HF_CLASSIFIERS
+
+    body = {k: v for k, v in tensors.items() if not k.startswith("lm_head.")}
+    like = body["model.embed_tokens.weight"]
+    body["score.weight"] = torch.zeros(1, config.hidden_size, dtype=like.dtype)
+    out = {k: v for k, v in hf_config.items() if k not in ("id2label", "label2id")}
+    out.update(architectures=[HF_CLASSIFIERS[config.architecture]], num_labels=1,
+               id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+    return body, out
+
+
 def check_model_heads(graph: Graph, model: str, num_labels: int, path: Path) -> None:
     """A reward_model stage's model is a sequence classifier with one label, and no other
-    model stage's is one (a classifier scores sequences: it cannot generate or be trained)."""
+    model stage's is one (a classifier scores sequences: it cannot generate or be trained); a
+    critic's is a causal LM (given a value head) or a one-label classifier."""
     for node in graph.order():
         if node.model != model:
+            continue
+        if node.kind == "critic":
+            if num_labels > 1:
+                raise GraphError(f"critic {node.name!r} at {node.where}: model {model!r} "
+                                 f"({path / 'config.json'}) is a classifier with {num_labels} "
+                                 "labels; a critic is a causal LM or a one-label classifier")
             continue
         if node.kind == "reward_model" and num_labels != 1:
             what = "a causal LM" if not num_labels else f"a classifier with {num_labels} labels"
@@ -146,13 +175,14 @@ def check_reward_model_templates(graph: Graph, models: Models) -> None:
 
 
 def check_reference_tokenizers(graph: Graph, models: Models) -> None:
-    """A reference model that is not the policy scores the policy's token ids, so it must read
+    """A reference model (or a critic) that is not the policy scores the policy's token ids, so
+    it must read
     them as the same text: the same vocabulary, token for token, and the same stop tokens (a
     different tokenizer would give a KL over unrelated tokens)."""
     order = graph.order()
     policy = next((n.model for n in order if n.kind == "generate"), None)
     for node in order:
-        if node.kind != "reference" or policy is None or node.model == policy:
+        if node.kind not in ("reference", "critic") or policy is None or node.model == policy:
             continue
         ref, pol = models.tokenizers[node.model or ""], models.tokenizers[policy]
         why = ""
@@ -166,8 +196,8 @@ def check_reference_tokenizers(graph: Graph, models: Models) -> None:
                 why = "the same ids decode to other text"
         if why:
             raise GraphError(
-                f"reference {node.name!r} at {node.where}: model {node.model!r} has another "
-                f"tokenizer than the policy {policy!r} ({why}); a reference must read the "
+                f"{node.kind} {node.name!r} at {node.where}: model {node.model!r} has another "
+                f"tokenizer than the policy {policy!r} ({why}); a {node.kind} must read the "
                 "policy's token ids")
 
 

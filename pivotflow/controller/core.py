@@ -53,7 +53,7 @@ class _RunOver(Exception):
 
 BARRIERS = ("group", "filter", "train")  # stages that wait for a whole group
 # a pool's worker role; others "generate" (a reward model's pool scores, as a reference's)
-ROLE_OF = {"train": "train", "reference": "score", "reward_model": "score"}
+ROLE_OF = {"train": "train", "reference": "score", "reward_model": "score", "critic": "score"}
 
 
 @dataclass(slots=True)
@@ -441,6 +441,8 @@ class Controller:
                         job = self.tools.job(idx, job, sample)
                 elif node.kind == "reference":
                     job = stages.reference_job(sample, job_id)
+                elif node.kind == "critic":  # (the critic as new as the policy, see critic_job)
+                    job = stages.critic_job(sample, job_id, self.version)
                 elif node.kind == "reward_model":
                     ran, job = user_code.guard(self, stages.reward_job, node, sample, job_id, tok)
                     if not ran:

@@ -9,7 +9,8 @@ one of them is right, and pass@k for each power of two k below n the unbiased es
 the same samples (``pass_at_k``). Its samples go through the graph's
 stages like any other, the judge and map stages included, and leave the flow at the first
 stage that waits for a whole group (a group, filter or train stage): they are never grouped,
-advantaged or trained, and a reference stage passes them by. What they hold there is the
+advantaged or trained, and a reference stage passes them by (a critic scores them, so that a
+GAE map after it runs on them as on any sample). What they hold there is the
 round's result: the rule-checked accuracy (``correct``, the task's rule), the reward the
 judge or a map stage gave, the response lengths.
 

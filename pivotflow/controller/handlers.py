@@ -153,6 +153,8 @@ class Handlers:
             ctl.source.check(sample)
         elif node.kind == "reference":
             stages.apply_reference(node, sample, r)
+        elif node.kind == "critic":
+            stages.apply_values(node, sample, r)
         elif node.kind == "reward_model":
             stages.apply_reward(node, sample, r)
         else:

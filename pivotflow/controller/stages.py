@@ -19,7 +19,7 @@ from pivotflow.tokenizer.base import Tokenizer
 
 EVAL_TEMPERATURE = "_eval_temperature"  # private key: an evaluation sample's temperature
 # stage kinds whose jobs a pool's workers serve
-SERVED = ("generate", "judge", "reference", "reward_model")
+SERVED = ("generate", "judge", "reference", "reward_model", "critic")
 PARTIAL = "_partial"  # private key of an aborted job's partial state, consumed on re-dispatch
 COUNTED = "_counted"  # private key: tokens of that partial state already counted as generated
 # private key: the tokens a response held when a step boundary last cut it (partial rollouts),
@@ -104,6 +104,28 @@ def apply_reference(node: Node, sample: Sample, result: JobDone) -> None:
         raise GraphError(f"reference {node.name!r} at {node.where} on sample "
                          f"{sample.sample_id}: {why}")
     sample.fields["ref_logprobs"] = result.logprobs
+
+
+def critic_job(sample: Sample, job_id: int, min_version: int) -> GenerateJob:
+    """The job that asks the critic (a score role on a value model) for the value before each
+    response token, with its weights of at least ``min_version``: the trainer steps the
+    critic with the policy, so the critic is as new as the policy the job goes out under.
+    Like a reference score it has no partial state."""
+    sample.private.pop(PARTIAL, None)
+    f = sample.fields
+    return GenerateJob(job_id=job_id, prompt_ids=f["prompt_ids"], max_tokens=0,
+                       prefix_ids=f["response_ids"], min_version=min_version)
+
+
+def apply_values(node: Node, sample: Sample, result: JobDone) -> None:
+    """Write the critic's values; one the role refused is the run's error, named by stage and
+    sample: GAE cannot go without them."""
+    n = len(sample.fields["response_ids"])
+    if result.error or len(result.values) != n:
+        why = result.error or f"{len(result.values)} values for {n} response tokens"
+        raise GraphError(f"critic {node.name!r} at {node.where} on sample "
+                         f"{sample.sample_id}: {why}")
+    sample.fields["values"] = result.values
 
 
 def reward_job(node: Node, sample: Sample, job_id: int, tok: Tokenizer) -> GenerateJob:
@@ -220,9 +242,14 @@ def keep_group(node: Node, samples: list[Sample]) -> bool:
 
 
 def train_seq(sample: Sample) -> TrainSeq:
-    """What the trainer needs of one sample."""
+    """What the trainer needs of one sample. An ``advantage`` list (GAE's, one per response
+    token) travels as ``token_advantages``; with a critic, ``values`` and ``returns`` too."""
     f = sample.fields
+    adv = f["advantage"]
+    per_token = isinstance(adv, (list, tuple))
     return TrainSeq(job_id=sample.sample_id, prompt_ids=f["prompt_ids"],
                     response_ids=f["response_ids"], logprobs=f["logprobs"],
-                    versions=f["versions"], advantage=float(f["advantage"]),
-                    loss_mask=f.get("loss_mask") or [], ref_logprobs=f.get("ref_logprobs") or [])
+                    versions=f["versions"], advantage=0.0 if per_token else float(adv),
+                    loss_mask=f.get("loss_mask") or [], ref_logprobs=f.get("ref_logprobs") or [],
+                    token_advantages=[float(a) for a in adv] if per_token else [],
+                    values=f.get("values") or [], returns=f.get("returns") or [])

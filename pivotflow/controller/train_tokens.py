@@ -26,4 +26,25 @@ def carries_signal(seqs: list[TrainSeq]) -> bool:
     advantage. A sequence the mask leaves out carries none, whatever its advantage
     (``rl.group_fns.mask_truncated`` may leave out every one that had signal), and Adam stepped
     on a batch without signal would still move every weight along its stale momentum."""
-    return any(s.advantage != 0 and valid_tokens(s) > 0 for s in seqs)
+    return any(valid_tokens(s) > 0 and (any(a != 0 for a in s.token_advantages)
+                                        if s.token_advantages else s.advantage != 0)
+               for s in seqs)
+
+
+def whiten_token_advantages(seqs: list[TrainSeq]) -> None:
+    """Per-token advantages (GAE's) of a step's whole batch less their mean, over their
+    standard deviation, counted over the tokens the loss keeps (verl's ``masked_whiten``,
+    unbiased variance, eps 1e-8 inside the root; OpenRLHF normalises GAE's the same way). The
+    controller does it before the batch is cut into shards, so every rank sees the batch's
+    figures. Sequences that carry one advantage (a group's) are left as they are."""
+    kept = [a for s in seqs if s.token_advantages
+            for a, m in zip(s.token_advantages, s.loss_mask or [1] * len(s.token_advantages),
+                            strict=True) if m]
+    if len(kept) < 2:
+        return
+    mean = sum(kept) / len(kept)
+    var = sum((a - mean) ** 2 for a in kept) / (len(kept) - 1)
+    scale = 1.0 / (var + 1e-8) ** 0.5
+    for s in seqs:
+        if s.token_advantages:
+            s.token_advantages = [(a - mean) * scale for a in s.token_advantages]

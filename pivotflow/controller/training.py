@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING
 
 from pivotflow.controller import stages
 from pivotflow.controller.sample import Sample
-from pivotflow.controller.train_tokens import carries_signal, seq_tokens, valid_tokens
+from pivotflow.controller.train_tokens import (
+    carries_signal,
+    seq_tokens,
+    valid_tokens,
+    whiten_token_advantages,
+)
 from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
 
 if TYPE_CHECKING:
@@ -45,6 +50,8 @@ class TrainSteps:
         self.ctl = ctl
         self.pool = pool
         self.rendezvous_dir = rendezvous_dir
+        train = ctl.order[-1]
+        self.whiten = bool(train.options.get("whiten_advantages", True))
         # (rank 0's worker id, epoch) -> the group's address, set by a launcher whose trainers
         # may be on several hosts (Ray: tcp:// on rank 0's node); else a FileStore path here
         self.rendezvous_for: Callable[[str, int], str] | None = None
@@ -91,6 +98,8 @@ class TrainSteps:
         if batch is None:
             return
         seqs = [stages.train_seq(s) for group in batch for s in group]
+        if self.whiten:
+            whiten_token_advantages(seqs)
         # Rank 0 is a trainer that took the last step and never left since: it holds the
         # newest weights and optimizer state. With none such, rank 0 reads them from the store.
         last = dict(zip(self.members, self.member_roles, strict=True))

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("pivotflow.controller")
 
 NUMERIC_FIELDS = frozenset({"reward", "advantage"})  # the RL math reads these as numbers
+# ... or, these, as one number per response token (GAE's advantages and value targets)
+PER_TOKEN_FIELDS = frozenset({"advantage", "returns"})
 
 
 class _Runner:
@@ -161,7 +163,11 @@ def call(node: Node, role: str, fn: Callable[..., Any], kwargs: dict[str, Any],
 
 def check_value(node: Node, samples: list[Sample], key: str, value: Any) -> None:
     """A written field's value: RL numbers must be real numbers (``reward`` may be None, a
-    failed judgement) and no float may be NaN or infinite."""
+    failed judgement) and no float may be NaN or infinite; ``advantage`` and ``returns`` may
+    be lists of them, one per response token of the sample."""
+    if key in PER_TOKEN_FIELDS and isinstance(value, (list, tuple)):
+        _check_per_token(node, samples, key, value)
+        return
     if (key in NUMERIC_FIELDS and not (value is None and key == "reward")
             and not isinstance(value, numbers.Real)):  # (numpy's scalars are Real too)
         raise stage_error(node, samples, f"returned {key}={_one_line(repr(value), 60)} of "
@@ -169,6 +175,19 @@ def check_value(node: Node, samples: list[Sample], key: str, value: Any) -> None
     if (isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
             and not math.isfinite(value)):
         raise stage_error(node, samples, f"returned a non-finite {key}={value!r}")
+
+
+def _check_per_token(node: Node, samples: list[Sample], key: str, value: Any) -> None:
+    """One finite number per response token of the (one) sample it was written for."""
+    bad = next((v for v in value if isinstance(v, bool) or not isinstance(v, numbers.Real)
+                or not math.isfinite(v)), None)
+    if bad is not None:
+        raise stage_error(node, samples, f"returned a {key} list holding "
+                                         f"{_one_line(repr(bad), 60)}, expected finite numbers")
+    tokens = len(samples[0].fields.get("response_ids") or ()) if len(samples) == 1 else None
+    if tokens is not None and len(value) != tokens:
+        raise stage_error(node, samples, f"returned {len(value)} {key} values for "
+                                         f"{tokens} response tokens (one per token)")
 
 
 def guard(ctl: Controller, stage: Callable[..., Any], *args: Any) -> tuple[bool, Any]:

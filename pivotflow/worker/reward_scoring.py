@@ -1,7 +1,8 @@
-"""A reward model's forward: a sequence classifier (Hugging Face ``*ForSequenceClassification``,
-one label) scores each whole sequence at its last token, as transformers does for a
-right-padded batch. The score role runs it for a ``reward_model`` stage
-(``Graph.reward_model``); tests call it to check a stage's rewards offline.
+"""A one-label classifier's forwards (Hugging Face ``*ForSequenceClassification``): a reward
+model scores each whole sequence at its last token, as transformers does for a right-padded
+batch, and a critic (PPO's value model, the same shape: OpenRLHF starts its critic from a reward
+model) scores the state before every response token. The score role runs them for a
+``reward_model`` and a ``critic`` stage, and the trainer the critic's with gradients.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from pivotflow.engines.torch.model import Decoder
+from pivotflow.worker.response_scoring import response_hidden
 
 
 def sequence_scores(model: Decoder, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -18,3 +20,11 @@ def sequence_scores(model: Decoder, batch: dict[str, torch.Tensor]) -> torch.Ten
     last = batch["attn"].sum(dim=1) - 1
     rows = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
     return model.score(rows).float()[:, 0]
+
+
+def response_values(model: Decoder, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The value of the state before each response token of a ``pack``ed batch: ``[B, T]``
+    float32, the ``score`` head at the position that predicts the token (the hidden state the
+    policy's head reads there), as verl's critic takes its values. Padding positions hold
+    whatever the head gives there; the value loss masks them."""
+    return model.score(response_hidden(model, batch)).float()[..., 0]

@@ -17,6 +17,12 @@ one version that never changes (the run publishes the policy's initial weights u
 On a sequence classifier (a reward model, ``Graph.reward_model``) a job's ``prompt_ids`` are the
 whole sequence the reward model reads (its own chat template's rendering of the prompt and the
 response) and the answer is one ``score`` at its last token (``reward_scoring.py``).
+
+A critic (``Graph.critic``, PPO's value model) is a one-label classifier too; its jobs carry a
+response (``prefix_ids``), which a reward model's never do, and the answer is the value before
+each response token (``values``). Its weights change every step (the trainer steps it with the
+policy), so a job asking for a newer version than the role holds (``min_version``) reloads the
+newest from the store first, as a rollout engine does.
 """
 
 from __future__ import annotations
@@ -27,15 +33,17 @@ from collections import OrderedDict
 import torch
 
 from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve_dtype
+from pivotflow.errors import CheckpointError
 from pivotflow.params.base import ParamStore
 from pivotflow.protocol import GenerateJob, JobDone, TrainSeq
 from pivotflow.worker.response_scoring import response_logprobs
-from pivotflow.worker.reward_scoring import sequence_scores
+from pivotflow.worker.reward_scoring import response_values, sequence_scores
 from pivotflow.worker.train_config import train_config
 from pivotflow.worker.train_role import micro_batches, pack, pad_sequences
 from pivotflow.worker.worker_config import worker_config
 
 SCORED = "scored"  # the finish_reason of a scored job
+VERSION_WAIT_S = 60.0  # for a version published on another node to reach this one's store
 # Response positions the output head scores at a time when the run sets no logits_chunk_tokens:
 # without autograd a chunk costs nothing (no recompute), and 512 positions of a 152k vocabulary
 # hold 0.3 GB of logits where a whole 4096-token micro-batch held 2.5 GB, twice.
@@ -47,6 +55,7 @@ class ScoreRole:
 
     def __init__(self, store: ParamStore, model: str, options: dict) -> None:
         t0 = time.perf_counter()
+        self.store, self.model_name = store, model
         self._version, hf_config, tensors = store.load(model)
         where = f"config of {model}@v{self._version} (parameter store {store.root})"
         self.config = config_from_hf(hf_config, where)
@@ -68,6 +77,9 @@ class ScoreRole:
     def add(self, jobs: list[GenerateJob]) -> list[JobDone]:
         """Queue jobs; returns at once those that cannot be scored (with their error)."""
         now = time.perf_counter()
+        need = max((j.min_version for j in jobs), default=0)
+        if need > self._version:
+            self._refresh(need)
         rejected = []
         for j in jobs:
             problem = self._problem(j)
@@ -78,15 +90,34 @@ class ScoreRole:
                 self.queue[j.job_id] = (j, now)
         return rejected
 
+    def _refresh(self, min_version: int) -> None:
+        """Load the newest version of the weights (a critic's), waiting a while for
+        ``min_version`` to reach this node's store (on a cluster it may still be crossing)."""
+        deadline = time.monotonic() + VERSION_WAIT_S
+        while True:
+            try:
+                version, _, tensors = self.store.load(self.model_name)
+            except CheckpointError:  # collected between LATEST and the read: read again
+                version, tensors = -1, {}
+            if version >= min_version or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        if version < min_version:
+            raise CheckpointError(f"{self.model_name}@v{min_version} was asked for but the "
+                                  f"store's latest is v{max(version, self._version)}")
+        with torch.no_grad():
+            self.model.load_state_dict(tensors, strict=False)
+        self._version = version
+
     def _problem(self, j: GenerateJob) -> str:
         ids = j.prompt_ids + j.prefix_ids
-        if self.config.num_labels and (not j.prompt_ids or j.prefix_ids):
-            return (f"job {j.job_id}: a reward model scores one whole sequence (got "
-                    f"{len(j.prompt_ids)} tokens and a {len(j.prefix_ids)}-token response)")
-        if not self.config.num_labels and (not j.prompt_ids or not j.prefix_ids):
+        if not j.prompt_ids or (not self.config.num_labels and not j.prefix_ids):
             return (f"job {j.job_id}: a reference score needs a prompt and a response "
-                    f"(got {len(j.prompt_ids)} and {len(j.prefix_ids)} tokens)")
-        what = "reward model" if self.config.num_labels else "reference model"
+                    f"(got {len(j.prompt_ids)} and {len(j.prefix_ids)} tokens)"
+                    if not self.config.num_labels else
+                    f"job {j.job_id}: a reward model or critic needs a sequence to score")
+        what = ("reference model" if not self.config.num_labels
+                else "critic" if j.prefix_ids else "reward model")
         if len(ids) > self.config.max_position_embeddings:
             return (f"job {j.job_id}: {len(ids)} tokens exceed the {what}'s "
                     f"max_position_embeddings {self.config.max_position_embeddings}")
@@ -105,19 +136,23 @@ class ScoreRole:
                          logprobs=[0.0] * len(j.prefix_ids), versions=[], advantage=0.0)
                 for j, _ in self.queue.values()]
         part = micro_batches(seqs, self.budget)[0]
-        if self.config.num_labels:
-            return self._rewards(part)
+        whole = [s for s in part if not s.response_ids] if self.config.num_labels else []
+        if whole:  # a reward model's (or a critic's with an empty response: no values)
+            return self._rewards(whole)
+        critic = bool(self.config.num_labels)
         batch = {k: v.to(self.device) for k, v in pack(part).items()}
         with torch.inference_mode():
-            logp = response_logprobs(self.model, batch, self.chunk).cpu()
+            scored = (response_values(self.model, batch) if critic
+                      else response_logprobs(self.model, batch, self.chunk)).cpu()
         now = time.perf_counter()
         out = []
         for i, s in enumerate(part):
             _, arrived = self.queue.pop(s.job_id)
             n = len(s.response_ids)
-            out.append(JobDone(job_id=s.job_id, token_ids=[], logprobs=logp[i, :n].tolist(),
+            row = scored[i, :n].tolist()
+            out.append(JobDone(job_id=s.job_id, token_ids=[], logprobs=[] if critic else row,
                                versions=[self._version] * n, finish_reason=SCORED,
-                               worker_s=now - arrived))
+                               worker_s=now - arrived, values=row if critic else []))
         return out
 
     def _rewards(self, part: list[TrainSeq]) -> list[JobDone]:

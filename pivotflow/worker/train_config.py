@@ -72,6 +72,23 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     lora_rank: int = 0
     lora_alpha: float = 16.0
     lora_target_modules: list[str] = msgspec.field(default_factory=lambda: list(LORA_TARGETS))
+    # PPO's critic (a graph's critic stage; Graph.critic): the value model this trainer steps
+    # beside the policy on each batch, with an AdamW of its own (critic_model: its store name,
+    # filled in by run.role_options from the critic stage, "" without one). critic_lr is
+    # verl's critic lr default; value_clip is PPO's clip of the value's move from the one the
+    # critic stage gave (verl's cliprange_value and OpenRLHF's value_clip defaults, 0.5; 0:
+    # unclipped).
+    critic_model: str = ""
+    critic_lr: float = 1e-5
+    value_clip: float = 0.5
+    # the first critic_warmup steps train the critic alone, so the policy's first updates see
+    # advantages from a critic that has learned something (verl's trainer.critic_warmup, 0)
+    critic_warmup: int = 0
+    # whiten per-token advantages (GAE's) over each step's batch: minus their mean, over their
+    # standard deviation, over the tokens the loss counts (verl's masked_whiten and OpenRLHF's
+    # advantage normalisation for GAE; a group's GRPO advantages are already normalised and are
+    # left as they are)
+    whiten_advantages: bool = True
 
     def __post_init__(self) -> None:
         problems = []
@@ -125,6 +142,12 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.lora_rank and self.train_dtype not in ("float32", "fp32"):
             problems.append(f"lora_rank needs train_dtype float32, got {self.train_dtype!r} (the "
                             "merged policy would round the adapters' update away: worker/lora.py)")
+        if not 0 < self.critic_lr < float("inf"):
+            problems.append(f"critic_lr must be > 0, got {self.critic_lr}")
+        if self.critic_warmup < 0:
+            problems.append(f"critic_warmup must be >= 0, got {self.critic_warmup}")
+        if not 0 <= self.value_clip < float("inf"):
+            problems.append(f"value_clip must be >= 0 (0: unclipped), got {self.value_clip}")
         if problems:
             raise ValueError("; ".join(problems))
 

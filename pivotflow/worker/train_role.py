@@ -16,6 +16,9 @@ scaling. ``device`` (default cpu) is where the model and its optimizer state liv
 
 LoRA (``lora_rank`` > 0, ``lora.py``): the weights stay frozen, the adapters train, every version
 publishes the merged policy and ``<model>.optim`` carries the adapters beside AdamW's state.
+
+A critic (``critic_model``, PPO's value model: ``critic_trainer.py``) is stepped beside the
+policy on the same micro-batches and published with it under the same version.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ import torch
 
 from pivotflow.controller.train_tokens import valid_tokens
 from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve_dtype
-from pivotflow.errors import CheckpointError, WorkerError
+from pivotflow.errors import CheckpointError
 from pivotflow.params.base import ParamStore
 from pivotflow.params.node_agent import wait_crossed
 from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
 from pivotflow.rl import policy_loss
 from pivotflow.worker.adam_state import adam_tensors, init_adam_state, load_adam_tensors
+from pivotflow.worker.critic_trainer import CriticTrainer, load_optim_state
 from pivotflow.worker.lora import (
     adapter_tensors,
     adapters_off,
@@ -44,8 +48,6 @@ from pivotflow.worker.response_scoring import response_logprobs, response_logpro
 from pivotflow.worker.train_config import lr_at, train_config
 from pivotflow.worker.train_group import TrainGroup
 from pivotflow.worker.worker_config import worker_config
-
-OPTIM_WAIT_S = 30.0  # for the optimizer state to reach this node's store (on a cluster)
 
 
 def pad_sequences(seqs: list[list[int]], pad_id: int = 0) -> dict[str, torch.Tensor]:
@@ -86,10 +88,36 @@ def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
             ref[i, :r] = torch.tensor(s.ref_logprobs)
         lm = s.loss_mask if s.loss_mask else [1] * r
         mask[i, :r] = torch.tensor(lm, dtype=torch.float32)
-    adv = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
-    out.update(gather=gather, targets=targets, old=old, mask=mask, valid=valid, adv=adv)
+    out.update(gather=gather, targets=targets, old=old, mask=mask, valid=valid,
+               adv=_advantages(seqs, resp))
     if ref is not None:
         out["ref"] = ref
+    if all(s.returns for s in seqs):  # a critic's targets, and the values they came with
+        out["old_values"] = _per_token(seqs, resp, "values")
+        out["returns"] = _per_token(seqs, resp, "returns")
+    return out
+
+
+def _per_token(seqs: list[TrainSeq], width: int, field: str) -> torch.Tensor:
+    """A per-response-token field of every sequence, right-padded with 0 to ``width``."""
+    out = torch.zeros(len(seqs), width)
+    for i, s in enumerate(seqs):
+        row = getattr(s, field)
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out
+
+
+def _advantages(seqs: list[TrainSeq], width: int) -> torch.Tensor:
+    """``[B]`` one advantage a sequence, or ``[B, T]`` when some carry one a token (GAE's): a
+    sequence without then carries its own on every token."""
+    if not any(s.token_advantages for s in seqs):
+        return torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
+    out = torch.zeros(len(seqs), width)
+    for i, s in enumerate(seqs):
+        if s.token_advantages:
+            out[i, : len(s.token_advantages)] = torch.tensor(s.token_advantages)
+        else:
+            out[i, : len(s.response_ids)] = s.advantage
     return out
 
 
@@ -150,6 +178,8 @@ class TrainRole:
         self.optim = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
                                        lr=self.tc.lr, betas=(0.9, 0.99), weight_decay=0.0)
         init_adam_state(self.model, self.optim)  # same tensors on every rank, for broadcasts
+        self.critic = (CriticTrainer(store, self.tc.critic_model, self.tc, self.device)
+                       if self.tc.critic_model else None)
         self.group = TrainGroup()
         self.warmup_s = time.perf_counter() - t_optim
         self.load_s = time.perf_counter() - t0
@@ -170,6 +200,12 @@ class TrainRole:
         for group in self.optim.param_groups:
             group["lr"] = lr
         self.optim.zero_grad(set_to_none=True)
+        if self.critic is not None:
+            self.critic.zero_grad()
+        # (no signal: Adam would still move every weight along its stale momentum; and under
+        # a critic's warm-up the policy waits for it)
+        policy_steps = msg.any_signal and (self.critic is None
+                                           or msg.step >= self.tc.critic_warmup)
         sums: dict[str, float] = {}
         for part in micro_batches(msg.seqs, budget):
             batch = {k: v.to(self.device) for k, v in pack(part).items()}
@@ -195,14 +231,17 @@ class TrainRole:
                 importance_sampling_level=self.tc.importance_sampling_level,  # type: ignore[arg-type]
             )
             weight = batch_weight(aggregation, batch["mask"], total_tokens, total_seqs)
-            # A batch whose advantages are all zero carries no signal; stepping Adam on it
-            # would still move every weight along its stale momentum.
-            if msg.any_signal:
+            if policy_steps:
                 (loss * weight).backward()
+            if self.critic is not None:  # (every batch teaches the critic, signal or not)
+                with self._compute():
+                    v_loss, v_stats = self.critic.loss(batch)
+                (v_loss * weight).backward()
+                stats.update(v_stats)
             for k, v in {"loss": loss.item(), **stats}.items():
                 sums[k] = sums.get(k, 0.0) + float(v) * weight
         grad_norm = torch.zeros(())
-        if msg.any_signal:
+        if policy_steps:
             params = [p for p in self.model.parameters() if p.requires_grad]
             for p in params:
                 if p.grad is None:
@@ -211,9 +250,13 @@ class TrainRole:
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 params, self.tc.max_grad_norm)
             self.optim.step()
+        critic_norm = (self.critic.step(self.group.all_reduce_sum)
+                       if self.critic is not None else None)
         summed = torch.tensor(list(sums.values()), dtype=torch.float64)
         self.group.all_reduce_sum([summed])
         out = dict(zip(sums, summed.tolist(), strict=True))
+        if critic_norm is not None:
+            out["critic_grad_norm"] = critic_norm
         self.version = msg.step + 1
         if msg.rank == 0:  # the optimizer state too: a trainer may die, or leave, any time
             self.store.publish(f"{self.model_name}.optim", self.version, self.optim_state(),
@@ -221,8 +264,11 @@ class TrainRole:
             self.store.gc(f"{self.model_name}.optim", keep=2)
             self.store.publish(self.model_name, self.version, self.state_dict(), self.hf_config)
             self.store.gc(self.model_name, keep=3)
+            published = [f"{self.model_name}.optim", self.model_name]
+            if self.critic is not None:
+                published += self.critic.publish(self.version)
             # on a cluster: report the step once its version is on every node (see node_agent)
-            for name in (f"{self.model_name}.optim", self.model_name):
+            for name in published:
                 wait_crossed(self.store.root, name, self.version)
         out.update({"lr": lr, "grad_norm": float(grad_norm), "step_s": time.perf_counter() - t0,
                     "sync_s": sync_s, "world": float(msg.world),
@@ -265,32 +311,28 @@ class TrainRole:
         """Everything ranks must agree on: weights, then the optimizer state, in one order."""
         with torch.no_grad():
             params = [p.data for p in self.model.parameters()]
-        return params + list(adam_tensors(self.model, self.optim).values())
+        critic = self.critic.state_tensors() if self.critic is not None else []
+        return params + list(adam_tensors(self.model, self.optim).values()) + critic
 
     def load_from_store(self, version: int) -> None:
         """Take over the pool's state at ``version``: the policy, and the optimizer state rank 0
         published with it (waits for it: on a cluster it may still be crossing to this node)."""
         _, _, tensors = self.store.load(self.model_name, version)
         self.model.load_state_dict(tensors, strict=False)
-        deadline = time.monotonic() + OPTIM_WAIT_S
-        while True:
-            try:
-                _, _, state = self.store.load(f"{self.model_name}.optim", version)
-                break
-            except CheckpointError:
-                if time.monotonic() > deadline:
-                    raise WorkerError(f"optimizer state {self.model_name}.optim@v{version} never "
-                                      "reached the parameter store") from None
-                time.sleep(0.01)
+        state = load_optim_state(self.store, self.model_name, version)
         bad = restore(self.model, state)  # (LoRA: the adapters, and the base from the policy)
         if bad:
             raise CheckpointError(f"optimizer state {self.model_name}.optim@v{version} has no "
                                   f"LoRA adapter {bad[0]!r} of this run's shape (lora_rank "
                                   f"{self.tc.lora_rank}); {len(bad)} missing or misshaped")
         load_adam_tensors(self.model, self.optim, state)
+        if self.critic is not None:
+            self.critic.load_from_store(version)
 
     def release(self) -> None:
         """Leave the group and free the model; the optimizer state is already in the store
         (rank 0 publishes it with every version), so the next trainer takes it from there."""
         self.group.leave()
+        if self.critic is not None:
+            self.critic.release()
         del self.model, self.optim

@@ -1,0 +1,114 @@
+"""PPO's critic in the trainer: the value model a graph's critic stage scores with, stepped
+beside the policy on each batch (``Graph.critic``; verl's ``update_critic``, OpenRLHF's critic
+trainer), with an AdamW of its own.
+
+One trainer steps both models, so one optimizer step still is one version: rank 0 publishes the
+critic (``<critic>``) and its optimizer state (``<critic>.optim``) with the policy's, under the
+same version number, and the critic stage scores each sample with the critic of the policy that
+generated it (``stages.critic_job``). The critic trains whole (no LoRA), in float32 like the
+policy, its forward and backward under the policy's autocast.
+
+The loss is PPO's clipped value loss (``rl.losses.value_loss``) against ``returns``, around the
+values the critic stage gave (``old_values``), reduced as the policy's loss is so the data-parallel
+shards' gradients sum to the batch's. Its gradient norm is clipped on its own (the policy's
+``max_grad_norm``): one norm over both models would let the critic's early, large gradients
+shrink the policy's step.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve_dtype
+from pivotflow.errors import CheckpointError, WorkerError
+from pivotflow.params.base import ParamStore
+from pivotflow.rl.losses import value_loss
+from pivotflow.worker.adam_state import adam_tensors, init_adam_state, load_adam_tensors
+from pivotflow.worker.reward_scoring import response_values
+from pivotflow.worker.train_config import TrainConfig
+
+OPTIM_WAIT_S = 30.0  # for the optimizer state to reach this node's store (on a cluster)
+
+
+def load_optim_state(store: ParamStore, name: str, version: int) -> dict[str, torch.Tensor]:
+    """``<name>.optim`` at ``version``, waiting for it a while: on a cluster rank 0's publish
+    may still be crossing to this node's store."""
+    deadline = time.monotonic() + OPTIM_WAIT_S
+    while True:
+        try:
+            return store.load(f"{name}.optim", version)[2]
+        except CheckpointError:
+            if time.monotonic() > deadline:
+                raise WorkerError(f"optimizer state {name}.optim@v{version} never reached the "
+                                  "parameter store") from None
+            time.sleep(0.01)
+
+
+class CriticTrainer:
+    """The value model and its AdamW; the train role calls it once per micro-batch and step."""
+
+    def __init__(self, store: ParamStore, name: str, tc: TrainConfig,
+                 device: torch.device) -> None:
+        self.store, self.name, self.tc = store, name, tc
+        _, self.hf_config, tensors = store.load(name)
+        where = f"config of critic {name} (parameter store {store.root})"
+        self.config = config_from_hf(self.hf_config, where)
+        if self.config.num_labels != 1:
+            raise WorkerError(f"{where}: a critic is a classifier with one label, got "
+                              f"num_labels={self.config.num_labels}")
+        master = resolve_dtype(self.hf_config, tc.train_dtype, where)
+        self.model = build_model(self.config, tensors, device, master).train()
+        self.model.gradient_checkpointing = tc.gradient_checkpointing
+        self.model.requires_grad_(True)
+        self.optim = torch.optim.AdamW(self.model.parameters(), lr=tc.critic_lr,
+                                       betas=(0.9, 0.99), weight_decay=0.0)
+        init_adam_state(self.model, self.optim)
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped value loss of one micro-batch (call under the step's autocast)."""
+        values = response_values(self.model, batch)
+        return value_loss(values, batch["old_values"], batch["returns"], batch["mask"],
+                          clip=self.tc.value_clip or None,
+                          aggregation=self.tc.aggregation)  # type: ignore[arg-type]
+
+    def zero_grad(self) -> None:
+        self.optim.zero_grad(set_to_none=True)
+
+    def step(self, all_reduce_sum: object) -> float:
+        """Sum the ranks' gradients (``all_reduce_sum``: the group's), clip, step; returns the
+        gradient norm before clipping."""
+        params = list(self.model.parameters())
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        all_reduce_sum([p.grad for p in params])  # type: ignore[operator]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.tc.max_grad_norm)
+        self.optim.step()
+        return float(norm)
+
+    def publish(self, version: int) -> list[str]:
+        """Rank 0: the critic and its optimizer state as ``version``; returns the names."""
+        self.store.publish(f"{self.name}.optim", version,
+                           adam_tensors(self.model, self.optim), self.hf_config)
+        self.store.gc(f"{self.name}.optim", keep=2)
+        self.store.publish(self.name, version, self.model.state_dict(), self.hf_config)
+        self.store.gc(self.name, keep=3)
+        return [f"{self.name}.optim", self.name]
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """What ranks must agree on, in one order: the weights, then AdamW's state."""
+        with torch.no_grad():
+            params = [p.data for p in self.model.parameters()]
+        return params + list(adam_tensors(self.model, self.optim).values())
+
+    def load_from_store(self, version: int) -> None:
+        """Take over the critic and its optimizer state at ``version``."""
+        _, _, tensors = self.store.load(self.name, version)
+        self.model.load_state_dict(tensors, strict=False)
+        load_adam_tensors(self.model, self.optim, load_optim_state(self.store, self.name,
+                                                                    version))
+
+    def release(self) -> None:
+        del self.model, self.optim
