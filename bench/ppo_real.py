@@ -1,0 +1,99 @@
+"""PPO with a learned critic (``graphs/ppo_genrm.py``) against GRPO (``graphs/grpo_genrm.py``) on
+the main job: the same task, judge, policy, learning rate and samples a step (64), real
+processes, ``--steps`` steps a run, for each seed. Variants:
+
+* ``grpo``: 8 prompts x 8 samples, advantages normalised within each prompt's group;
+* ``ppo``: 64 prompts x 1 sample, GAE on the critic's values (its defaults: gamma = lam = 1,
+  whitened over the batch, critic at ``graph.critic_lr``);
+* ``ppo_g8``: PPO on grpo's 8 x 8 batches, so that the advantage estimator is the only change.
+
+The variants alternate within each seed, so a machine that slows down mid-sitting weighs on
+each alike. samples/s is each graph's own deployment: PPO runs one more worker (the critic's
+pool) on the same cores. Each run's line (with its command) goes to ``--out`` as JSON lines;
+the last line printed is one JSON object with the means and ratios.
+
+    python bench/ppo_real.py [--steps 200] [--seeds 0,1] [--out bench/results/ppo_real.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = {
+    "grpo": ("graphs/grpo_genrm.py", []),
+    "ppo": ("graphs/ppo_genrm.py", []),
+    "ppo_g8": ("graphs/ppo_genrm.py", ["graph.group_size=8", "graph.groups_per_step=8"]),
+}
+
+
+def one_run(variant: str, seed: int, steps: int) -> dict[str, Any]:
+    graph, sets = VARIANTS[variant]
+    sets = ["live=false", f"seed={seed}", "models_seed=0", *sets]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        cmd = ["pivotflow", "run", graph, "--steps", str(steps), "--out", str(out)]
+        for s in sets:
+            cmd += ["--set", s]
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-2000:]}")
+        summary = json.loads((out / "summary.json").read_text())
+        steps_rec = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    last = steps_rec[-max(5, len(steps_rec) // 10):]  # the critic's figures at the end
+    critic = {k: statistics.mean(r[k] for r in last)
+              for k in ("train_value_mean", "train_return_mean", "train_value_error")
+              if k in last[0]}
+    return {"bench": "ppo_real", "date": datetime.date.today().isoformat(), "variant": variant,
+            "command": " ".join(["pivotflow", "run", graph, "--steps", str(steps)]
+                                + [f"--set {s}" for s in sets]),
+            "seed": seed, "steps": steps,
+            "task_accuracy_start": summary["task_accuracy_start"],
+            "task_accuracy_end": summary["task_accuracy_end"],
+            "samples_per_s": summary["samples_per_s"], "wall_s": summary["wall_s"],
+            **{f"{k}_last_tenth": v for k, v in critic.items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--out", type=Path, default=None, help="append each run's line here")
+    args = ap.parse_args()
+    variants = args.variants.split(",")
+    runs = []
+    for i, seed in enumerate(int(s) for s in args.seeds.split(",")):
+        order = variants if i % 2 == 0 else variants[::-1]
+        for v in order:
+            line = one_run(v, seed, args.steps)
+            print(json.dumps(line), file=sys.stderr, flush=True)
+            runs.append(line)
+            if args.out is not None:
+                with args.out.open("a") as f:
+                    f.write(json.dumps(line) + "\n")
+    out: dict[str, Any] = {"bench": "ppo_real", "steps": args.steps, "seeds": args.seeds}
+    for v in variants:
+        mine = [r for r in runs if r["variant"] == v]
+        out[f"{v}_accuracy_end"] = statistics.mean(r["task_accuracy_end"] for r in mine)
+        out[f"{v}_accuracy_gain"] = statistics.mean(
+            r["task_accuracy_end"] - r["task_accuracy_start"] for r in mine)
+        out[f"{v}_samples_per_s"] = statistics.mean(r["samples_per_s"] for r in mine)
+    if "grpo" in variants:
+        for v in variants:
+            if v != "grpo":
+                out[f"{v}_over_grpo_samples_per_s"] = (out[f"{v}_samples_per_s"]
+                                                       / out["grpo_samples_per_s"])
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
