@@ -353,8 +353,8 @@ class Graph:
         """A learned value model scores each response: ``values``, its estimate of the return
         from the state before every response token (PPO's critic; verl's and OpenRLHF's
         ``advantage_estimator=gae``). A ``map`` after it turns the reward and the values into
-        per-token advantages and value targets (``pivotflow.rl.gae_advantage`` writes
-        ``advantage`` and ``returns``), and the train stage then trains the critic beside the
+        per-token advantages and value targets (``pivotflow.rl.group_fns.gae_advantage``
+        writes ``advantage`` and ``returns``), and the train stage then trains the critic beside the
         policy, on the same batch (``critic_lr``, ``value_clip``): every step publishes a new
         version of both, and this stage scores each sample with the newest.
 

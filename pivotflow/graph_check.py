@@ -222,9 +222,9 @@ def _check_fields(graph: Graph, order: list[str], critic: Node | None = None) ->
         if critic is not None and node.kind == "train" and CRITIC_TRAIN_READS - have:
             raise GraphError(
                 f"train {node.name!r} at {node.where} trains the model of critic "
-                f"{critic.name!r} and needs {sorted(CRITIC_TRAIN_READS - have)} upstream of it: put "
-                "g.map(\"gae\", pivotflow.rl.gae_advantage(), writes=[\"advantage\", "
-                "\"returns\"]) after the critic")
+                f"{critic.name!r} and needs {sorted(CRITIC_TRAIN_READS - have)} upstream of "
+                "it: put g.map(\"gae\", pivotflow.rl.group_fns.gae_advantage(), "
+                "writes=[\"advantage\", \"returns\"]) after the critic")
         if missing:
             raise GraphError(
                 f"node {node.name!r} at {node.where} reads {sorted(missing)}, which no upstream "

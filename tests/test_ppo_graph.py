@@ -104,7 +104,8 @@ def graph_with_critic(critic_model: str = "critic", gae: bool = True,
                                  r"'t' trains; declare the critic as a model of its own"),
     ({"critics": 2}, r"critic 'c1' at .*: a graph has at most one critic stage \('c0' at "),
     ({"gae": False}, r"train 't' at .* trains the model of critic 'c0' and needs \['returns'\] "
-                     r"upstream of it: put g.map\(\"gae\", pivotflow.rl.gae_advantage\(\)"),
+                     r"upstream of it: put g.map\(\"gae\", "
+                     r"pivotflow.rl.group_fns.gae_advantage\(\)"),
     ({"judge_on_critic": True}, r"critic 'c0' at .*: its model 'critic' is also the model of judge 'j' "
                                 r"\(at .*\); the run turns it into a value model"),
 ], ids=["critic-is-the-policy", "two-critics", "no-returns", "model-shared"])

@@ -30,7 +30,8 @@ def test_a_ppo_run_trains_its_critic_checkpoints_it_and_resumes(tmp_path: Path) 
     first = read_metrics(out / "metrics.jsonl")
     for r in first:  # the critic's figures are in every step's record
         for key in ("train_value_loss", "train_value_clip_frac", "train_value_mean",
-                    "train_return_mean", "train_value_error", "train_critic_grad_norm"):
+                    "train_return_mean", "train_value_error", "train_critic_grad_norm",
+                    "train_value_explained_var"):
             assert key in r, key
     assert_documented({k for r in first for k in r}, "metrics.jsonl of a PPO run")
     # step 0's critic is the zero head: its values are all 0, so with gamma = lam = 1 each

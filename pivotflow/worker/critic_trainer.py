@@ -30,6 +30,20 @@ from pivotflow.worker.reward_scoring import response_values
 from pivotflow.worker.train_config import TrainConfig
 
 OPTIM_WAIT_S = 30.0  # for the optimizer state to reach this node's store (on a cluster)
+# per-token moments of a micro-batch, summed over the step like every stat, then replaced by the
+# explained variance (``explained_variance``): not records of their own
+MOMENTS = ("_return_sq_mean", "_error_mean", "_error_sq_mean")
+
+
+def explained_variance(stats: dict[str, float]) -> None:
+    """Replace the summed moments in a step's ``stats`` by ``value_explained_var``, ``1 -
+    Var(R - V) / Var(R)`` over the step's tokens (verl's ``critic/vf_explained_var``, its eps):
+    1 when the critic predicts every return, 0 when it does no better than their mean, below 0
+    when worse. Exact under the token-mean aggregation, where each micro-batch's stats weigh by
+    its tokens; a sequence-mean weighs them by sequences instead."""
+    r2, e, e2 = (stats.pop(k) for k in MOMENTS)
+    r = stats["return_mean"]
+    stats["value_explained_var"] = 1.0 - (e2 - e * e) / (r2 - r * r + 1e-8)
 
 
 def load_optim_state(store: ParamStore, name: str, version: int) -> dict[str, torch.Tensor]:
@@ -67,11 +81,21 @@ class CriticTrainer:
         init_adam_state(self.model, self.optim)
 
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        """The clipped value loss of one micro-batch (call under the step's autocast)."""
+        """The clipped value loss of one micro-batch (call under the step's autocast), with
+        the moments ``explained_variance`` turns into the batch's figure once summed."""
         values = response_values(self.model, batch)
-        return value_loss(values, batch["old_values"], batch["returns"], batch["mask"],
-                          clip=self.tc.value_clip or None,
-                          aggregation=self.tc.aggregation)  # type: ignore[arg-type]
+        loss, stats = value_loss(values, batch["old_values"], batch["returns"], batch["mask"],
+                                 clip=self.tc.value_clip or None,
+                                 aggregation=self.tc.aggregation)  # type: ignore[arg-type]
+        with torch.no_grad():
+            valid = batch["mask"].bool()
+            ret, err = batch["returns"][valid], (batch["returns"] - values.float())[valid]
+            if ret.numel():
+                stats.update({MOMENTS[0]: float((ret * ret).mean()),
+                              MOMENTS[1]: float(err.mean()), MOMENTS[2]: float((err * err).mean())})
+            else:
+                stats.update(dict.fromkeys(MOMENTS, 0.0))
+        return loss, stats
 
     def zero_grad(self) -> None:
         self.optim.zero_grad(set_to_none=True)

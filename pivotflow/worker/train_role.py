@@ -36,7 +36,11 @@ from pivotflow.params.node_agent import wait_crossed
 from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
 from pivotflow.rl import policy_loss
 from pivotflow.worker.adam_state import adam_tensors, init_adam_state, load_adam_tensors
-from pivotflow.worker.critic_trainer import CriticTrainer, load_optim_state
+from pivotflow.worker.critic_trainer import (
+    CriticTrainer,
+    explained_variance,
+    load_optim_state,
+)
 from pivotflow.worker.lora import (
     adapter_tensors,
     adapters_off,
@@ -257,6 +261,7 @@ class TrainRole:
         out = dict(zip(sums, summed.tolist(), strict=True))
         if critic_norm is not None:
             out["critic_grad_norm"] = critic_norm
+            explained_variance(out)
         self.version = msg.step + 1
         if msg.rank == 0:  # the optimizer state too: a trainer may die, or leave, any time
             self.store.publish(f"{self.model_name}.optim", self.version, self.optim_state(),

@@ -131,12 +131,19 @@ def test_the_trainer_steps_the_critic_toward_the_returns_and_publishes_it(
             s.values = v[i, : len(s.response_ids)].tolist()
         done = role.train(step_msg(step, seqs))
         errors.append(done.stats["value_error"])
+        # verl's vf_explained_var over the step's tokens, from the values the step started at
+        ret = torch.tensor([x for s in seqs for x in s.returns])
+        err = ret - torch.tensor([x for s in seqs for x in s.values])
+        want = 1 - err.var(unbiased=False) / (ret.var(unbiased=False) + 1e-8)
+        assert done.stats["value_explained_var"] == pytest.approx(float(want), abs=1e-5)
+        assert not any(k.startswith("_") for k in done.stats)  # (its moments are not records)
         assert done.stats["critic_grad_norm"] > 0
         # each version carries the critic as the trainer holds it, and its optimizer state
         for k, w in role.critic.model.state_dict().items():  # type: ignore[union-attr]
             assert torch.equal(critic_of(store, step + 1)[k], w), k
         assert store.load("critic.optim", step + 1)[2]["score.weight.step"].item() == step + 1
     assert errors[-1] < 0.5 * errors[0]  # it learns the returns
+    assert done.stats["value_explained_var"] > 0.5
     role.release()
 
 
