@@ -5,14 +5,17 @@ processes, ``--steps`` steps a run, for each seed. Variants:
 * ``grpo``: 8 prompts x 8 samples, advantages normalised within each prompt's group;
 * ``ppo``: 64 prompts x 1 sample, GAE on the critic's values (its defaults: gamma = lam = 1,
   whitened over the batch, critic at ``graph.critic_lr``);
-* ``ppo_g8``: PPO on grpo's 8 x 8 batches, so that the advantage estimator is the only change.
+* ``ppo_g8``: PPO on grpo's 8 x 8 batches, so that the advantage estimator is the only change;
+* with ``--variants``, also grpo_genrm's other estimators on its 8 x 8 batches (``rloo``,
+  ``grpo_no_std``, ``reinforce_pp``, ``reinforce_pp_baseline``: ``graph.estimator``).
 
 The variants alternate within each seed, so a machine that slows down mid-sitting weighs on
 each alike. samples/s is each graph's own deployment: PPO runs one more worker (the critic's
 pool) on the same cores. Each run's line (with its command) goes to ``--out`` as JSON lines;
 the last line printed is one JSON object with the means and ratios.
 
-    python bench/ppo_real.py [--steps 200] [--seeds 0,1] [--out bench/results/ppo_real.jsonl]
+    python bench/ppo_real.py [--steps 200] [--seeds 0,1] [--variants grpo,ppo,ppo_g8] \
+        [--out bench/results/ppo_real.jsonl]
 """
 
 from __future__ import annotations
@@ -32,7 +35,10 @@ VARIANTS = {
     "grpo": ("graphs/grpo_genrm.py", []),
     "ppo": ("graphs/ppo_genrm.py", []),
     "ppo_g8": ("graphs/ppo_genrm.py", ["graph.group_size=8", "graph.groups_per_step=8"]),
+    **{e: ("graphs/grpo_genrm.py", [f"graph.estimator={e}"])
+       for e in ("rloo", "grpo_no_std", "reinforce_pp", "reinforce_pp_baseline")},
 }
+DEFAULT_VARIANTS = "grpo,ppo,ppo_g8"
 
 
 def one_run(variant: str, seed: int, steps: int) -> dict[str, Any]:
@@ -66,7 +72,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", default="0,1")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"of {','.join(VARIANTS)}")
     ap.add_argument("--out", type=Path, default=None, help="append each run's line here")
     args = ap.parse_args()
     variants = args.variants.split(",")

@@ -7,6 +7,7 @@ With ``--set graph.kl_coef=0.04`` (GRPO's beta; 0, the default, as in TRL and DA
 copy of the initial policy scores each response on its own pool (``reference``, after the
 rollout) and the trainer adds the KL penalty (``kl_estimator``: k3, or k1). With
 ``graph.lora_rank`` > 0 too, the trainer's frozen base is that reference and no pool is added.
+``graph.estimator`` picks the advantage: GRPO's by default, Dr. GRPO's, RLOO or REINFORCE++.
 
 Run:  pivotflow run graphs/grpo_genrm.py            (knobs: --set graph.KEY=VALUE)
 """
@@ -14,7 +15,13 @@ Run:  pivotflow run graphs/grpo_genrm.py            (knobs: --set graph.KEY=VALU
 from __future__ import annotations
 
 from pivotflow.graph import Graph
-from pivotflow.rl.group_fns import grpo_advantage
+from pivotflow.rl.group_fns import (
+    grpo_advantage,
+    grpo_advantage_no_std,
+    reinforce_pp_advantage,
+    reinforce_pp_baseline_advantage,
+    rloo_advantage,
+)
 from pivotflow.tasks.judge_format import judge_prompt, parse_verdict
 
 DEFAULTS = {
@@ -53,6 +60,19 @@ DEFAULTS = {
     # usually trained at a larger rate than the full model)
     "lora_rank": 0,
     "lora_alpha": 16.0,
+    # the advantage (verl's and OpenRLHF's advantage_estimator): "grpo", "grpo_no_std" (Dr.
+    # GRPO), "rloo", "reinforce_pp" and "reinforce_pp_baseline" (REINFORCE++, per-token returns
+    # whitened over the batch; the first needs no groups). PPO with a critic: ppo_genrm.py
+    "estimator": "grpo",
+}
+
+# estimator -> (a group function, or a per-sample one: the stage kind it needs)
+ESTIMATORS = {
+    "grpo": ("group", grpo_advantage),
+    "grpo_no_std": ("group", grpo_advantage_no_std),
+    "rloo": ("group", rloo_advantage),
+    "reinforce_pp": ("map", reinforce_pp_advantage()),
+    "reinforce_pp_baseline": ("group", reinforce_pp_baseline_advantage()),
 }
 
 
@@ -80,7 +100,12 @@ def build(config: dict) -> Graph:
                          max_tokens=config["max_tokens"], temperature=config["temperature"])
     genrm = g.judge("genrm", model="judge", pool="genrm", template=judge_template, parse=parse,
                     max_tokens=8)
-    advantage = g.group("advantage", grpo_advantage, writes=["advantage"])
+    if config["estimator"] not in ESTIMATORS:
+        raise ValueError(f"graph.estimator must be one of {sorted(ESTIMATORS)}, got "
+                         f"{config['estimator']!r}")
+    kind, estimator = ESTIMATORS[config["estimator"]]
+    stage = g.group if kind == "group" else g.map
+    advantage = stage("advantage", estimator, writes=["advantage"])
     train = g.train("train", model="policy", pool="trainer", lr=config["lr"],
                     lr_schedule=config["lr_schedule"], lr_warmup_steps=config["lr_warmup_steps"],
                     kl_coef=config["kl_coef"], kl_estimator=config["kl_estimator"],

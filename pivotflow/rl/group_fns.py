@@ -104,14 +104,118 @@ def gae_advantage(gamma: float = 1.0, lam: float = 1.0,
     def gae_kl(reward: float | None, values: list[float], response_ids: list[int],
                logprobs: list[float], ref_logprobs: list[float],
                **_: Any) -> dict[str, list[float]]:
-        if not len(logprobs) == len(ref_logprobs) == len(response_ids):
-            raise ValueError(f"gae_advantage: {len(logprobs)} logprobs and {len(ref_logprobs)} "
-                             f"ref_logprobs for {len(response_ids)} response tokens")
-        kl = [-kl_coef * (lp - ref) for lp, ref in zip(logprobs, ref_logprobs, strict=True)]
+        kl = _kl_token_rewards(kl_coef, logprobs, ref_logprobs, len(response_ids),
+                               "gae_advantage")
         return advantages_of(reward, values, response_ids, kl)
 
     gae_kl.__name__ = f"gae_advantage({gamma}, {lam}, kl_coef={kl_coef})"
     return gae_kl
+
+
+def _kl_token_rewards(kl_coef: float, logprobs: list[float], ref_logprobs: list[float],
+                      tokens: int, who: str) -> list[float]:
+    """Each token's reward ``-kl_coef * (logprob - ref_logprob)`` (k1: the KL in the reward)."""
+    if not len(logprobs) == len(ref_logprobs) == tokens:
+        raise ValueError(f"{who}: {len(logprobs)} logprobs and {len(ref_logprobs)} "
+                         f"ref_logprobs for {tokens} response tokens")
+    return [-kl_coef * (lp - ref) for lp, ref in zip(logprobs, ref_logprobs, strict=True)]
+
+
+def _returns_to_go(outcome: float, tokens: int, gamma: float,
+                   token_rewards: list[float] | None) -> list[float]:
+    """Each token's discounted sum of the rewards from it on: ``token_rewards`` (0 without),
+    the outcome on the last token (GAE with every value 0 and lam 1)."""
+    rewards = list(token_rewards) if token_rewards is not None else [0.0] * tokens
+    if rewards:
+        rewards[-1] += outcome
+    return gae_list(rewards, [0.0] * tokens, gamma, 1.0)[0]
+
+
+def _check_gamma_kl(who: str, gamma: float, kl_coef: float) -> None:
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"{who}: gamma must be in [0, 1], got {gamma}")
+    if not 0.0 <= kl_coef < float("inf"):
+        raise ValueError(f"{who}: kl_coef must be >= 0, got {kl_coef}")
+
+
+def reinforce_pp_advantage(gamma: float = 1.0,
+                           kl_coef: float = 0.0) -> Callable[..., dict[str, list[float]]]:
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262; OpenRLHF's ``advantage_estimator=reinforce``),
+    as a per-sample stage function::
+
+        g.map("advantage", reinforce_pp_advantage(kl_coef=0.01), writes=["advantage"])
+
+    No critic and no groups: each token's advantage is its return to go, the sequence's reward
+    on the last token plus, with ``kl_coef`` > 0, every token's ``-kl_coef * (logprob -
+    ref_logprob)`` (the KL in the reward; it then reads ``logprobs`` and ``ref_logprobs``, so a
+    ``reference`` stage must come before it). The baseline is the whole batch's: the
+    controller whitens a step's per-token advantages (``g.train``'s ``whiten_advantages``, on
+    by default), as REINFORCE++ normalises them globally. A failed judgement (reward None)
+    gets advantages of 0.0."""
+    who = "reinforce_pp_advantage"
+    _check_gamma_kl(who, gamma, kl_coef)
+
+    def advantages_of(reward: float | None, tokens: int,
+                      kl: list[float] | None) -> dict[str, list[float]]:
+        if reward is None:
+            return {"advantage": [0.0] * tokens}
+        return {"advantage": _returns_to_go(float(reward), tokens, gamma, kl)}
+
+    def reinforce_pp(reward: float | None, response_ids: list[int],
+                     **_: Any) -> dict[str, list[float]]:
+        return advantages_of(reward, len(response_ids), None)
+
+    def reinforce_pp_kl(reward: float | None, response_ids: list[int], logprobs: list[float],
+                        ref_logprobs: list[float], **_: Any) -> dict[str, list[float]]:
+        n = len(response_ids)
+        return advantages_of(reward, n, _kl_token_rewards(kl_coef, logprobs, ref_logprobs,
+                                                          n, who))
+
+    fn = reinforce_pp_kl if kl_coef else reinforce_pp
+    fn.__name__ = f"reinforce_pp_advantage({gamma}, kl_coef={kl_coef})"
+    return fn
+
+
+def reinforce_pp_baseline_advantage(
+        gamma: float = 1.0, kl_coef: float = 0.0) -> Callable[..., dict[str, list[list[float]]]]:
+    """REINFORCE++-baseline (Hu 2025; OpenRLHF's ``advantage_estimator=reinforce_baseline``), as
+    a group stage function::
+
+        g.group("advantage", reinforce_pp_baseline_advantage(), writes=["advantage"])
+
+    Each reward less its group's mean (over the samples judged: a failed judgement, reward
+    None, gets advantages of 0.0 and takes no part), then as :func:`reinforce_pp_advantage`:
+    returns to go per token (with the KL in the reward when ``kl_coef`` > 0), whitened over the
+    step's batch by the controller. Unlike GRPO no group's standard deviation divides them: the
+    batch's does, so a group whose rewards barely differ is not blown up."""
+    who = "reinforce_pp_baseline_advantage"
+    _check_gamma_kl(who, gamma, kl_coef)
+
+    def advantages_of(reward: list[float | None], tokens: list[int],
+                      kl: list[list[float]] | None) -> dict[str, list[list[float]]]:
+        scored = [float(r) for r in reward if r is not None]
+        mean = sum(scored) / len(scored) if scored else 0.0
+        out = []
+        for i, (r, n) in enumerate(zip(reward, tokens, strict=True)):
+            out.append([0.0] * n if r is None else
+                       _returns_to_go(float(r) - mean, n, gamma, None if kl is None else kl[i]))
+        return {"advantage": out}
+
+    def baseline(reward: list[float | None], response_ids: list[list[int]],
+                 **_: Any) -> dict[str, list[list[float]]]:
+        return advantages_of(reward, [len(ids) for ids in response_ids], None)
+
+    def baseline_kl(reward: list[float | None], response_ids: list[list[int]],
+                    logprobs: list[list[float]], ref_logprobs: list[list[float]],
+                    **_: Any) -> dict[str, list[list[float]]]:
+        tokens = [len(ids) for ids in response_ids]
+        kl = [_kl_token_rewards(kl_coef, lp, ref, n, who)
+              for lp, ref, n in zip(logprobs, ref_logprobs, tokens, strict=True)]
+        return advantages_of(reward, tokens, kl)
+
+    fn = baseline_kl if kl_coef else baseline
+    fn.__name__ = f"reinforce_pp_baseline_advantage({gamma}, kl_coef={kl_coef})"
+    return fn
 
 
 def has_signal(reward: list[float | None], **_: Any) -> bool:
