@@ -1,7 +1,7 @@
 """Whole runs with vLLM workers (real worker processes, the built-in models as HF folders with
 head_dim 32): every sample trained exactly once, vLLM in every generating role (rollout, GenRM
-judge, multi-turn tool rollouts) or in one pool beside the embedded engine, and a vLLM worker's
-shifts timed part by part.
+judge, multi-turn tool rollouts, a LoRA policy's and PPO's rollouts) or in one pool beside the
+embedded engine, and a vLLM worker's shifts timed part by part.
 
 Each run starts its own workers (and so its own vLLM engines), so there are few and short
 ones. Skipped when vllm is not installed (the main environment).
@@ -100,3 +100,20 @@ def test_a_lora_policy_on_vllm(tmp_path: Path) -> None:
     assert vllm_started(logs["rollout.log"])
     adapter = result.out / "checkpoints" / "step-000003" / "adapter"
     assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 4
+
+
+def test_ppo_with_a_critic_on_vllm(tmp_path: Path) -> None:
+    # vLLM serves the rollouts; the critic (a score role on the embedded forward) scores them
+    # with the critic of each step, and the trainer steps both: the per-token advantages are
+    # GAE's on vLLM's tokens.
+    sets = ["engine.rollout=vllm", "live=false", "graph.groups_per_step=16"]
+    result = run(ROOT / "graphs" / "ppo_genrm.py", sets=sets, out=tmp_path / "out", steps=3,
+                 console=False)  # fmt: skip
+    s = result.summary
+    assert s["error"] is None and s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
+    assert s["ledger"]["samples_trained"] == 3 * 16 and s["generation_errors"] == 0
+    steps = [json.loads(line) for line in (result.out / "metrics.jsonl").read_text().splitlines()]
+    assert steps[0]["train_value_mean"] == 0.0  # the zero value head
+    assert all(r["train_critic_grad_norm"] > 0 for r in steps)
+    logs = {p.name.split("-", 1)[1]: p for p in (result.out / "logs").glob("w*.log")}
+    assert vllm_started(logs["rollout.log"]) and not vllm_started(logs["values.log"])
