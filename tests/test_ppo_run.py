@@ -81,3 +81,22 @@ def transformers_reads_the_critic(folder: Path) -> None:
         want = theirs.score(hidden)[0, 2:6, 0]  # the states before the 4 response tokens
     torch.testing.assert_close(mine, want, rtol=1e-5, atol=1e-5)
     assert mine.abs().max() > 0  # (the trained head moved: the comparison says something)
+
+
+def test_workers_killed_under_ppo_lose_neither_samples_nor_the_critics_state(
+        tmp_path: Path) -> None:
+    """A worker SIGKILLed after every third step (chaos: a rollout, judge, critic or trainer
+    worker), each replaced: a new trainer takes the critic and its AdamW state from the store
+    and a new critic worker loads the newest critic, so the critic's optimizer ends at one
+    step per version and no sample is lost or trained twice."""
+    out = tmp_path / "run"
+    sets = ["live=false", "graph.groups_per_step=16", "graph.critic_lr=1e-3",
+            "chaos.kill_worker_every_steps=3"]
+    result = run(PPO, sets=sets, out=out, steps=10, console=False)
+    s = result.summary
+    assert s["error"] is None and s["steps"] == 10 and s["chaos_kills"] >= 2
+    assert s["worker_restarts"] >= s["chaos_kills"]
+    assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
+    last = checkpoints.read(checkpoints.latest(out) or out)
+    assert last.step == 10 and last.critic_optimizer is not None
+    assert {float(v) for k, v in last.critic_optimizer.items() if k.endswith(".step")} == {10.0}
