@@ -406,8 +406,10 @@ class Graph:
         rate's lr_schedule, lr_warmup_steps, lr_decay_steps and min_lr_ratio; clip_eps,
         clip_eps_high, aggregation, importance_sampling_level (GSPO's "sequence"),
         decoupled_loss, behavior_weight_cap, entropy_coef, max_grad_norm, micro_batch_tokens,
-        train_dtype, the memory knobs gradient_checkpointing and logits_chunk_tokens, and
-        LoRA's lora_rank, lora_alpha and lora_target_modules), checked here.
+        train_dtype, the memory knobs gradient_checkpointing and logits_chunk_tokens,
+        LoRA's lora_rank, lora_alpha and lora_target_modules, whiten_advantages for
+        per-token advantages (GAE's, REINFORCE++'s), and with a critic stage (:meth:`critic`)
+        critic_lr, value_clip and critic_warmup), checked here.
 
         ``kl_coef`` > 0 adds GRPO's KL penalty, ``kl_coef * KL(policy || reference)`` per
         token (``kl_estimator`` "k1" or "k3", Schulman's estimators), against the
@@ -417,6 +419,9 @@ class Graph:
         is needed (verl's reference in the actor): it scores each micro-batch once more with
         the adapters left out."""
         where = _caller_where()
+        if "critic_model" in loss_options:  # (the run fills it in from the graph)
+            raise GraphError(f"train {name!r} at {where}: critic_model is the model of the "
+                             "graph's critic stage (Graph.critic); declare one instead")
         try:  # typed, with one default each (worker/train_config.py): a typo is an error here
             cfg = check_train_options({"lr": lr, "kl_coef": kl_coef, "kl_estimator": kl_estimator,
                                        **loss_options})

@@ -115,6 +115,12 @@ def test_a_wrong_critic_is_a_one_line_graph_error(kwargs: dict, says: str) -> No
     assert "\n" not in str(info.value)
 
 
+def test_critic_model_is_not_a_train_knob() -> None:
+    with pytest.raises(GraphError, match=r"train 't' at .*: critic_model is the model of the "
+                                         r"graph's critic stage \(Graph.critic\)"):
+        Graph("g").train("t", model="policy", pool="p", critic_model="judge")
+
+
 def test_a_critic_of_two_labels_is_refused_before_anything_starts(
         tmp_path: Path, random_models: dict[str, Path]) -> None:
     two = classifier(tmp_path, random_models["policy"], 2)
