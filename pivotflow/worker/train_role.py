@@ -96,8 +96,8 @@ def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
                adv=_advantages(seqs, resp))
     if ref is not None:
         out["ref"] = ref
-    if all(s.returns for s in seqs):  # a critic's targets, and the values they came with
-        out["old_values"] = _per_token(seqs, resp, "values")
+    if any(s.returns for s in seqs):  # a critic's targets, and the values they came with
+        out["old_values"] = _per_token(seqs, resp, "values")  # (an empty response: none)
         out["returns"] = _per_token(seqs, resp, "returns")
     return out
 
@@ -238,6 +238,9 @@ class TrainRole:
             if policy_steps:
                 (loss * weight).backward()
             if self.critic is not None:  # (every batch teaches the critic, signal or not)
+                if "returns" not in batch:  # only empty responses here: no token to fit, but
+                    # the same stats on every rank (their sums are all-reduced by position)
+                    batch["returns"] = batch["old_values"] = torch.zeros_like(batch["mask"])
                 with self._compute():
                     v_loss, v_stats = self.critic.loss(batch)
                 (v_loss * weight).backward()

@@ -222,3 +222,23 @@ def test_under_a_critic_warm_up_the_policy_waits_for_the_critic(tmp_path: Path) 
         assert torch.equal(policy[1][k], policy[0][k]) and torch.equal(policy[2][k], policy[0][k])
     assert any(not torch.equal(policy[3][k], policy[0][k]) for k in policy[1])
     assert not torch.equal(critic[1]["score.weight"], critic[0]["score.weight"])
+
+
+def test_empty_responses_give_the_critic_nothing_to_fit_and_break_nothing(
+        tmp_path: Path) -> None:
+    """A response may be empty (EOS first): it has no values, returns or advantages. Cut so
+    that a micro-batch holds only such responses, the step still fits the rest, and its stats
+    are the same keys as any step's (ranks all-reduce them by position)."""
+    store = publish_models(tmp_path / "store")
+    role = TrainRole(store, "policy", {**OPTS, "micro_batch_tokens": 8})
+    seqs = critic_batch(0)
+    empty = [TrainSeq(job_id=10 + i, prompt_ids=[5, 6, 7], response_ids=[], logprobs=[],
+                      versions=[], advantage=0.0) for i in range(2)]
+    full = role.train(step_msg(0, seqs + empty))
+    assert full.stats["value_error"] > 0 and full.stats["critic_grad_norm"] > 0
+    again = TrainRole(publish_models(tmp_path / "b"), "policy", {**OPTS, "micro_batch_tokens": 8})
+    plain = again.train(step_msg(0, critic_batch(0)))
+    assert full.stats.keys() == plain.stats.keys()
+    assert full.stats["value_error"] == pytest.approx(plain.stats["value_error"])
+    role.release()
+    again.release()
