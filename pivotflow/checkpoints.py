@@ -5,15 +5,15 @@ model's own config.json as the store holds it, and its tokenizer files, so it lo
 transformers' ``AutoModelForCausalLM`` and ``AutoTokenizer``), its AdamW state
 (``optimizer.safetensors``; under LoRA the adapters too, and ``adapter/`` holds them as PEFT
 saves them; with a critic, ``critic/``, a Hugging Face classifier folder, and its AdamW state
-``critic_optimizer.safetensors``), the controller's state (``state.msgpack``: ledger, prompt cursor and random
-states, every admitted-but-untrained sample) and, written last, ``manifest.json``, which lists
-every file with its SHA-256. Each is written into a temporary folder that is renamed into place
-only when whole, then ``LATEST`` moves to it; so a controller killed at any moment — even
-mid-write — leaves the previous checkpoint intact and loadable, and a write that fails (a full
-disk) removes its temporary folder and says so in one line. A resume verifies every checksum
-and that the manifest, the folder's name and the controller state agree on the step before it
-uses a checkpoint (``newest_whole``); a damaged one is passed over for the one before it, and
-the reason is returned so the run can say so.
+``critic_optimizer.safetensors``), the controller's state (``state.msgpack``: ledger, prompt
+cursor and random states, every admitted-but-untrained sample) and, written last,
+``manifest.json``, which lists every file with its SHA-256. Each is written into a temporary
+folder that is renamed into place only when whole, then ``LATEST`` moves to it; so a controller
+killed at any moment — even mid-write — leaves the previous checkpoint intact and loadable, and
+a write that fails (a full disk) removes its temporary folder and says so in one line. A resume
+verifies every checksum and that the manifest, the folder's name and the controller state agree
+on the step before it uses a checkpoint (``newest_whole``); a damaged one is passed over for the
+one before it, and the reason is returned so the run can say so.
 Importing this module loads no torch (``pivotflow run`` imports it before it needs any).
 """
 
@@ -60,9 +60,10 @@ def write(run_dir: Path, model: str, store: ParamStore, state: ControllerState, 
     the tokenizer and generation files in ``tokenizer_dir`` (the model's folder) go into the
     policy folder. Under LoRA (``lora``) the adapters also go into ``adapter/`` as PEFT saves
     them. ``critic``: the critic's store name and folder, whose version goes into ``critic/``
-    with its optimizer state. Returns the checkpoint's folder. Raises CheckpointError if the store no
-    longer has that version, or (one line, naming the folder) if the files cannot be written:
-    the temporary folder is removed and the previous checkpoints are left as they were."""
+    with its optimizer state. Returns the checkpoint's folder. Raises CheckpointError if the
+    store no longer has that version, or (one line, naming the folder) if the files cannot be
+    written: the temporary folder is removed and the previous checkpoints are left as they
+    were."""
     step = state.version
     root = run_dir / "checkpoints"
     final = root / f"step-{step:06d}"

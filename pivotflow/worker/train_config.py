@@ -84,10 +84,10 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the first critic_warmup steps train the critic alone, so the policy's first updates see
     # advantages from a critic that has learned something (verl's trainer.critic_warmup, 0)
     critic_warmup: int = 0
-    # whiten per-token advantages (GAE's, REINFORCE++'s) over each step's batch: minus their mean, over their
-    # standard deviation, over the tokens the loss counts (verl's masked_whiten and OpenRLHF's
-    # advantage normalisation for GAE; a group's GRPO advantages are already normalised and are
-    # left as they are)
+    # whiten per-token advantages (GAE's, REINFORCE++'s) over each step's batch: minus their
+    # mean, over their standard deviation, over the tokens the loss counts (verl's masked_whiten
+    # and OpenRLHF's advantage normalisation; a group's GRPO advantages are already normalised
+    # and are left as they are)
     whiten_advantages: bool = True
 
     def __post_init__(self) -> None:
