@@ -15,7 +15,7 @@ pool) on the same cores. Each run's line (with its command) goes to ``--out`` as
 the last line printed is one JSON object with the means and ratios.
 
     python bench/ppo_real.py [--steps 200] [--seeds 0,1] [--variants grpo,ppo,ppo_g8] \
-        [--out bench/results/ppo_real.jsonl]
+        [--out bench/results/ppo_real.jsonl] [--plot bench/results/ppo_real_accuracy.png]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -65,7 +66,8 @@ def one_run(variant: str, seed: int, steps: int) -> dict[str, Any]:
             "task_accuracy_start": summary["task_accuracy_start"],
             "task_accuracy_end": summary["task_accuracy_end"],
             "samples_per_s": summary["samples_per_s"], "wall_s": summary["wall_s"],
-            **{f"{k}_last_tenth": v for k, v in critic.items()}}
+            **{f"{k}_last_tenth": v for k, v in critic.items()},
+            "task_accuracy_by_step": [r.get("task_accuracy") for r in steps_rec]}
 
 
 def main() -> None:
@@ -74,6 +76,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"of {','.join(VARIANTS)}")
     ap.add_argument("--out", type=Path, default=None, help="append each run's line here")
+    ap.add_argument("--plot", type=Path, default=None,
+                    help="draw each variant's accuracy per step (PNG), one panel per seed")
     args = ap.parse_args()
     variants = args.variants.split(",")
     runs = []
@@ -98,7 +102,34 @@ def main() -> None:
             if v != "grpo":
                 out[f"{v}_over_grpo_samples_per_s"] = (out[f"{v}_samples_per_s"]
                                                        / out["grpo_samples_per_s"])
+    if args.plot is not None:
+        plot(runs, variants, args.plot)
     print(json.dumps(out))
+
+
+def plot(runs: list[dict[str, Any]], variants: list[str], path: Path) -> None:
+    """task_accuracy per step of each variant, raw (thin) and smoothed, one panel per seed."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from pivotflow.metrics_plots import ema, smoothing_span
+
+    seeds = sorted({r["seed"] for r in runs})
+    fig = Figure(figsize=(9, 3.2 * len(seeds)), layout="constrained")
+    axes = fig.subplots(len(seeds), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, seed in zip(axes, seeds, strict=True):
+        for i, v in enumerate(variants):
+            run = next(r for r in runs if r["variant"] == v and r["seed"] == seed)
+            acc = [math.nan if a is None else a for a in run["task_accuracy_by_step"]]
+            steps = list(range(1, len(acc) + 1))
+            ax.plot(steps, acc, linewidth=0.6, alpha=0.3, color=f"C{i}")
+            ax.plot(steps, ema(acc, smoothing_span(len(acc))), linewidth=2.0, color=f"C{i}",
+                    label=f"{v} ({run['samples_per_s']:.0f} samples/s)")
+        ax.set_ylabel(f"task accuracy, seed {seed}")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize="small")
+    axes[-1].set_xlabel("step")
+    FigureCanvasAgg(fig).print_png(str(path))
 
 
 if __name__ == "__main__":

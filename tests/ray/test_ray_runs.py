@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from ray_fixtures import FakeCluster, left_on_cluster, listening_addresses, worker_pid
 
+from pivotflow import checkpoints
 from pivotflow.errors import ConfigError
 from pivotflow.launch.ray_host import log_root
 from pivotflow.metrics import read_metrics
@@ -238,4 +239,32 @@ def test_a_node_that_joins_later_takes_the_lost_bundle(tmp_path: Path,
     assert s["ledger"]["groups_trained"] == s["ledger"]["prompts_in"] == 10
     assert s["ray"]["stores"]["nodes"] == 4  # the head's, two first nodes', the one that joined
     assert not list(Path("/dev/shm").glob(f"pivotflow-out-{proc.pid}*"))  # no copy left
+    assert left_on_cluster() == {"placement_groups": [], "actors": []}
+
+
+def test_ppo_on_two_nodes_carries_the_critic_to_every_node(tmp_path: Path,
+                                                          ray_cluster: FakeCluster) -> None:
+    """PPO's four pools on two nodes: the trainer publishes the critic with each policy version
+    into its node's store, and every version crosses to the controller's store (its
+    checkpoints) and to the critic worker's node when that is another one."""
+    out = tmp_path / "out"
+    sets = ["live=false", "graph.groups_per_step=8", "launcher=ray", "ray.strategy=SPREAD",
+            "planner=static"]
+    result = run(Path(__file__).resolve().parents[2] / "graphs" / "ppo_genrm.py", sets=sets,
+                 out=out, steps=3, console=False)
+    s = result.summary
+    assert s["error"] is None and s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
+    assert s["ledger"]["samples_trained"] == 3 * 8
+    st = s["ray"]["stores"]
+    roots = st["workers"]
+    by_root = {n["root"]: n for n in st["by_node"].values()}
+    head = next(n for n in st["by_node"].values() if n["rank"] == 0)
+    assert head["received"]["critic"] == [1, 2, 3]
+    assert head["received"]["critic.optim"][-1] == 3
+    if roots["w2-values"] != roots["w3-trainer"]:  # (SPREAD: two of the four on each node)
+        assert 1 in by_root[roots["w2-values"]]["received"]["critic"]
+    last = checkpoints.read(checkpoints.latest(out) or out)
+    assert last.step == 3 and last.critic_optimizer is not None
+    assert {float(v) for k, v in last.critic_optimizer.items() if k.endswith(".step")} == {3.0}
+    assert no_store_left() == []
     assert left_on_cluster() == {"placement_groups": [], "actors": []}
