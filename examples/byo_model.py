@@ -18,6 +18,11 @@ folder with one label) instead of the rule. With ``--set graph.judge=true``
 the reward comes from a GenRM judge instead of the exact rule: its template returns messages
 (rendered with the judge's own chat template) and ``pivotflow.verdicts`` parses its text.
 
+PPO with a learned critic: ``--set graph.critic=DIR`` (the model's own folder, as verl starts its
+critic, or a reward model's, as OpenRLHF does) scores the state before each response token, GAE
+gives per-token advantages, and the trainer steps the critic beside the policy
+(``graph.critic_lr``); each prompt is then sampled ``group_size`` times as before.
+
 LoRA: ``--set graph.lora_rank=8 --set graph.lr=1e-4`` trains a rank-8 update of every linear
 layer instead of every weight (LoRA wants a larger rate than full training); checkpoints then
 hold PEFT's ``adapter/`` beside the merged ``policy/``. ``--set graph.adapter=DIR`` starts the
@@ -33,7 +38,7 @@ import tempfile
 from pathlib import Path
 
 from pivotflow.graph import Graph
-from pivotflow.rl.group_fns import grpo_advantage
+from pivotflow.rl.group_fns import gae_advantage, grpo_advantage
 from pivotflow.tasks.arithmetic import check_answer
 from pivotflow.verdicts import boxed, first_of, yes_no
 
@@ -51,7 +56,10 @@ DEFAULTS = {"model": "", "prompts": "prompts.jsonl", "judge": False, "max_tokens
             "adapter": "",
             # a discriminative reward model's folder (*ForSequenceClassification, one label):
             # its score is the reward, instead of the exact rule or a judge
-            "reward_model": ""}
+            "reward_model": "",
+            # PPO's critic (Graph.critic): a causal LM folder (given a zero value head) or a
+            # one-label classifier's; GAE's advantages instead of GRPO's ("": GRPO)
+            "critic": "", "critic_lr": 1e-5}
 
 
 def exact_reward(answer: str, completion: str, **_: object) -> float:
@@ -89,12 +97,21 @@ def build(config: dict) -> Graph:
                          parse=first_of(boxed, yes_no), max_tokens=16)
     else:
         reward = g.map("reward", exact_reward, writes=["reward"])
-    advantage = g.group("advantage", grpo_advantage, writes=["advantage"])
+    critic: list = []
+    if config["critic"]:
+        g.model("critic", source=config["critic"])
+        g.pool("values", workers=1)
+        critic = [g.critic("critic", model="critic", pool="values")]
+        advantage = g.map("gae", gae_advantage(), writes=["advantage", "returns"])
+    else:
+        advantage = g.group("advantage", grpo_advantage, writes=["advantage"])
+    critic_knobs = {"critic_lr": config["critic_lr"]} if config["critic"] else {}
     train = g.train("train", model="policy", pool="trainer", lr=config["lr"],
                     gradient_checkpointing=config["gradient_checkpointing"],
                     logits_chunk_tokens=config["logits_chunk_tokens"],
-                    lora_rank=config["lora_rank"], lora_alpha=config["lora_alpha"])
-    g.chain(prompts, rollout, reward, advantage, train)
+                    lora_rank=config["lora_rank"], lora_alpha=config["lora_alpha"],
+                    **critic_knobs)
+    g.chain(prompts, rollout, reward, *critic, advantage, train)
     return g
 
 

@@ -239,3 +239,48 @@ def test_the_example_builds_a_folder_pivotflow_runs(tmp_path: Path) -> None:
                                  "gradient_checkpointing": True, "logits_chunk_tokens": 64})
     train = graph.nodes["train"].options
     assert train["gradient_checkpointing"] is True and train["logits_chunk_tokens"] == 64
+
+
+def test_ppo_on_a_transformers_folder_with_its_own_folder_as_the_critic(tmp_path: Path) -> None:
+    """examples/byo_model.py with ``graph.critic`` = the model's own folder (a tied-embedding
+    Qwen2 that transformers saved): the run gives it a value head, trains it two steps, and
+    the checkpoint's critic loads in transformers as a one-label classifier. (A random reward
+    model scores the responses: the exact rule never rewards a random policy, and a critic
+    whose returns are all 0 has nothing to learn.)"""
+    import torch
+    from transformers import (
+        AutoConfig,
+        AutoModelForSequenceClassification,
+        Qwen2ForSequenceClassification,
+    )
+
+    from pivotflow import checkpoints
+    from pivotflow.run import run
+
+    example = Path(__file__).parents[1] / "examples" / "byo_model.py"
+    spec = importlib.util.spec_from_file_location("byo_example", example)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.build_tiny_folder(tmp_path / "model")
+    prompts = module.write_prompts(tmp_path / "prompts.jsonl", n=8)
+    rm = tmp_path / "rm"
+    torch.manual_seed(1)
+    Qwen2ForSequenceClassification(AutoConfig.from_pretrained(model, num_labels=1)
+                                   ).save_pretrained(rm)
+    for f in model.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(f, rm / f.name)
+    out = tmp_path / "run"
+    result = run(example, steps=2, out=out, console=False,
+                 sets=["live=false", f"graph.model={model}", f"graph.prompts={prompts}",
+                       f"graph.critic={model}", "graph.critic_lr=1e-3",
+                       f"graph.reward_model={rm}"])
+    s = result.summary
+    assert s["error"] is None and s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
+    ckpt = checkpoints.read(checkpoints.latest(out) or out)
+    assert ckpt.critic_dir is not None
+    critic, info = AutoModelForSequenceClassification.from_pretrained(
+        ckpt.critic_dir, output_loading_info=True)
+    assert not info["missing_keys"] and critic.config.num_labels == 1
+    assert float(critic.score.weight.detach().abs().max()) > 0  # the zero head was trained
