@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parent.parent
 PPO = ROOT / "graphs" / "ppo_genrm.py"
 SETS = ["live=false", "checkpoint_every=2", "graph.groups_per_step=16",
-        "graph.critic_lr=1e-3"]
+        "graph.critic_lr=1e-3", "log_samples=4"]
 
 
 def test_a_ppo_run_trains_its_critic_checkpoints_it_and_resumes(tmp_path: Path) -> None:
@@ -34,6 +34,11 @@ def test_a_ppo_run_trains_its_critic_checkpoints_it_and_resumes(tmp_path: Path) 
                     "train_value_explained_var"):
             assert key in r, key
     assert_documented({k for r in first for k in r}, "metrics.jsonl of a PPO run")
+    lines = read_metrics(out / "samples.jsonl")
+    assert_documented({k for r in lines for k in r}, "samples.jsonl of a PPO run")
+    for line in lines:  # what a person debugging a critic reads: one value per token
+        n = line["response_tokens"]
+        assert len(line["values"]) == len(line["returns"]) == len(line["advantage"]) == n
     # step 0's critic is the zero head: its values are all 0, so with gamma = lam = 1 each
     # token's return is its response's reward (0 or 1), and the loss is half of its square
     r0 = first[0]

@@ -8,7 +8,8 @@ and the version it made), ``group_id``, ``sample_id``, ``prompt``, ``answer``, `
 ``versions_min``/``versions_max`` (the policy versions its tokens came from: they differ for
 an off-policy or resumed generation), ``response_tokens``, ``finish_reason``; multi-turn
 stages add ``turns``, ``tool_calls``, ``tool_errors`` and ``trajectory`` (every turn and tool
-observation as text). ``--set log_samples=N`` picks N per step (-1: all, 0: no file), one from
+observation as text); with a critic, ``values`` and ``returns`` (one per response token, as is
+then ``advantage``, before the step whitens it). ``--set log_samples=N`` picks N per step (-1: all, 0: no file), one from
 each group in turn, so a step's lines show as many prompts as they can.
 """
 
@@ -20,7 +21,8 @@ import msgspec
 
 # sample fields copied as they are (when the graph writes them), in this order
 FIELDS = ("prompt", "answer", "response", "verdict", "reward", "judge_failed", "correct",
-          "advantage", "finish_reason", "turns", "tool_calls", "tool_errors", "trajectory")
+          "advantage", "finish_reason", "turns", "tool_calls", "tool_errors", "trajectory",
+          "values", "returns")
 SAMPLE_KEYS = ("step", "policy_version", "group_id", "sample_id", *FIELDS[:8],
                "versions_min", "versions_max", "response_tokens", *FIELDS[8:])
 
