@@ -34,6 +34,10 @@ DEFAULTS = {
     "critic_lr": 1e-4,
     "value_clip": 0.5,  # verl's cliprange_value (0: unclipped)
     "critic_warmup": 0,  # steps that train the critic alone first (verl's critic_warmup)
+    # LoRA (worker/lora.py): the policy's, and the critic's (its value head trains whole)
+    "lora_rank": 0,
+    "lora_alpha": 16.0,
+    "critic_lora_rank": 0,
     "kl_coef": 0.0,  # the KL to the initial policy, in the reward
     "reference_workers": 1,
     "gamma": 1.0,  # verl's and OpenRLHF's defaults for LLM PPO: A_t = R - V_t when both are 1
@@ -73,6 +77,8 @@ def build(config: dict) -> Graph:
     train = g.train("train", model="policy", pool="trainer", lr=config["lr"],
                     critic_lr=config["critic_lr"], value_clip=config["value_clip"],
                     critic_warmup=config["critic_warmup"],
+                    lora_rank=config["lora_rank"], lora_alpha=config["lora_alpha"],
+                    critic_lora_rank=config["critic_lora_rank"],
                     whiten_advantages=config["whiten_advantages"],
                     clip_eps=config["clip_eps"], aggregation=config["aggregation"])
     if config["kl_coef"] > 0:

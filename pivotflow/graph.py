@@ -409,7 +409,8 @@ class Graph:
         train_dtype, the memory knobs gradient_checkpointing and logits_chunk_tokens,
         LoRA's lora_rank, lora_alpha and lora_target_modules, whiten_advantages for
         per-token advantages (GAE's, REINFORCE++'s), and with a critic stage (:meth:`critic`)
-        critic_lr, value_clip and critic_warmup), checked here.
+        critic_lr, value_clip, critic_warmup, critic_lora_rank and critic_lora_alpha), checked
+        here.
 
         ``kl_coef`` > 0 adds GRPO's KL penalty, ``kl_coef * KL(policy || reference)`` per
         token (``kl_estimator`` "k1" or "k3", Schulman's estimators), against the

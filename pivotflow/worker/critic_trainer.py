@@ -6,7 +6,10 @@ One trainer steps both models, so one optimizer step still is one version: rank 
 critic (``<critic>``) and its optimizer state (``<critic>.optim``) with the policy's, under the
 same version number, and the critic stage scores each sample with the critic of the policy that
 generated it (``stages.critic_job``). The critic trains whole (no LoRA), in float32 like the
-policy, its forward and backward under the policy's autocast.
+policy, its forward and backward under the policy's autocast. With ``critic_lora_rank`` > 0
+its body is frozen and a rank-r update of each targeted layer trains beside the value head
+(``lora.py``, as the policy's LoRA): it is published merged, and ``<critic>.optim`` carries the
+adapters beside their moments, so a trainer that takes over gets the frozen body back.
 
 The loss is PPO's clipped value loss (``rl.losses.value_loss``) against ``returns``, around the
 values the critic stage gave (``old_values``), reduced as the policy's loss is so the data-parallel
@@ -26,6 +29,7 @@ from pivotflow.errors import CheckpointError, WorkerError
 from pivotflow.params.base import ParamStore
 from pivotflow.rl.losses import value_loss
 from pivotflow.worker.adam_state import adam_tensors, init_adam_state, load_adam_tensors
+from pivotflow.worker.lora import adapter_tensors, apply_lora, merged_state_dict, restore
 from pivotflow.worker.reward_scoring import response_values
 from pivotflow.worker.train_config import TrainConfig
 
@@ -64,7 +68,7 @@ class CriticTrainer:
     """The value model and its AdamW; the train role calls it once per micro-batch and step."""
 
     def __init__(self, store: ParamStore, name: str, tc: TrainConfig,
-                 device: torch.device) -> None:
+                 device: torch.device, seed: int = 0) -> None:
         self.store, self.name, self.tc = store, name, tc
         _, self.hf_config, tensors = store.load(name)
         where = f"config of critic {name} (parameter store {store.root})"
@@ -76,8 +80,12 @@ class CriticTrainer:
         self.model = build_model(self.config, tensors, device, master).train()
         self.model.gradient_checkpointing = tc.gradient_checkpointing
         self.model.requires_grad_(True)
-        self.optim = torch.optim.AdamW(self.model.parameters(), lr=tc.critic_lr,
-                                       betas=(0.9, 0.99), weight_decay=0.0)
+        if tc.critic_lora_rank:  # (A from the run's seed, as the policy's: the same on every rank)
+            apply_lora(self.model, tc.critic_lora_rank, tc.critic_lora_alpha,
+                       tc.lora_target_modules, seed=seed)
+            self.model.score.requires_grad_(True)  # the value head trains whole
+        self.optim = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
+                                       lr=tc.critic_lr, betas=(0.9, 0.99), weight_decay=0.0)
         init_adam_state(self.model, self.optim)
 
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -103,7 +111,7 @@ class CriticTrainer:
     def step(self, all_reduce_sum: object) -> float:
         """Sum the ranks' gradients (``all_reduce_sum``: the group's), clip, step; returns the
         gradient norm before clipping."""
-        params = list(self.model.parameters())
+        params = [p for p in self.model.parameters() if p.requires_grad]
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -115,9 +123,12 @@ class CriticTrainer:
     def publish(self, version: int) -> list[str]:
         """Rank 0: the critic and its optimizer state as ``version``; returns the names."""
         self.store.publish(f"{self.name}.optim", version,
-                           adam_tensors(self.model, self.optim), self.hf_config)
+                           {**adam_tensors(self.model, self.optim),
+                            **adapter_tensors(self.model)}, self.hf_config)
         self.store.gc(f"{self.name}.optim", keep=2)
-        self.store.publish(self.name, version, self.model.state_dict(), self.hf_config)
+        weights = (merged_state_dict(self.model) if self.tc.critic_lora_rank
+                   else self.model.state_dict())
+        self.store.publish(self.name, version, weights, self.hf_config)
         self.store.gc(self.name, keep=3)
         return [f"{self.name}.optim", self.name]
 
@@ -131,8 +142,13 @@ class CriticTrainer:
         """Take over the critic and its optimizer state at ``version``."""
         _, _, tensors = self.store.load(self.name, version)
         self.model.load_state_dict(tensors, strict=False)
-        load_adam_tensors(self.model, self.optim, load_optim_state(self.store, self.name,
-                                                                    version))
+        state = load_optim_state(self.store, self.name, version)
+        bad = restore(self.model, state)  # (LoRA: the adapters, and the body from the merge)
+        if bad:
+            raise CheckpointError(f"optimizer state {self.name}.optim@v{version} has no LoRA "
+                                  f"adapter {bad[0]!r} of this run's shape (critic_lora_rank "
+                                  f"{self.tc.critic_lora_rank}); {len(bad)} missing or misshaped")
+        load_adam_tensors(self.model, self.optim, state)
 
     def release(self) -> None:
         del self.model, self.optim

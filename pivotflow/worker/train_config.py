@@ -84,6 +84,11 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the first critic_warmup steps train the critic alone, so the policy's first updates see
     # advantages from a critic that has learned something (verl's trainer.critic_warmup, 0)
     critic_warmup: int = 0
+    # LoRA for the critic (verl's critic lora_rank): its body frozen, a rank-r update of the
+    # same lora_target_modules trained with its value head whole (PEFT's modules_to_save for a
+    # classifier), published merged; 0 trains every weight
+    critic_lora_rank: int = 0
+    critic_lora_alpha: float = 16.0
     # whiten per-token advantages (GAE's, REINFORCE++'s) over each step's batch: minus their
     # mean, over their standard deviation, over the tokens the loss counts (verl's masked_whiten
     # and OpenRLHF's advantage normalisation; a group's GRPO advantages are already normalised
@@ -144,6 +149,13 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                             "merged policy would round the adapters' update away: worker/lora.py)")
         if not 0 < self.critic_lr < float("inf"):
             problems.append(f"critic_lr must be > 0, got {self.critic_lr}")
+        if self.critic_lora_rank < 0:
+            problems.append(f"critic_lora_rank must be >= 0, got {self.critic_lora_rank}")
+        if not 0 < self.critic_lora_alpha < float("inf"):
+            problems.append(f"critic_lora_alpha must be > 0, got {self.critic_lora_alpha}")
+        if self.critic_lora_rank and self.train_dtype not in ("float32", "fp32"):
+            problems.append(f"critic_lora_rank needs train_dtype float32, got "
+                            f"{self.train_dtype!r} (as lora_rank does: worker/lora.py)")
         if self.critic_warmup < 0:
             problems.append(f"critic_warmup must be >= 0, got {self.critic_warmup}")
         if not 0 <= self.value_clip < float("inf"):

@@ -182,8 +182,8 @@ class TrainRole:
         self.optim = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
                                        lr=self.tc.lr, betas=(0.9, 0.99), weight_decay=0.0)
         init_adam_state(self.model, self.optim)  # same tensors on every rank, for broadcasts
-        self.critic = (CriticTrainer(store, self.tc.critic_model, self.tc, self.device)
-                       if self.tc.critic_model else None)
+        self.critic = (CriticTrainer(store, self.tc.critic_model, self.tc, self.device,
+                                     seed=wc.seed) if self.tc.critic_model else None)
         self.group = TrainGroup()
         self.warmup_s = time.perf_counter() - t_optim
         self.load_s = time.perf_counter() - t0

@@ -242,3 +242,68 @@ def test_empty_responses_give_the_critic_nothing_to_fit_and_break_nothing(
     assert full.stats["value_error"] == pytest.approx(plain.stats["value_error"])
     role.release()
     again.release()
+
+
+LORA = {**OPTS, "critic_lora_rank": 4}
+
+
+def test_a_lora_critic_trains_its_adapters_and_head_and_publishes_them_merged(
+        tmp_path: Path) -> None:
+    store = publish_models(tmp_path / "store")
+    role = TrainRole(store, "policy", LORA)
+    critic = role.critic
+    assert critic is not None
+    trained = {n for n, p in critic.model.named_parameters() if p.requires_grad}
+    assert trained and all(".lora_" in n or n == "score.weight" for n in trained)
+    assert "score.weight" in trained
+    seqs = critic_batch(0)
+    errors = []
+    for step in range(8):
+        with torch.no_grad():
+            v = response_values(critic.model, pack(seqs))
+        for i, s in enumerate(seqs):
+            s.values = v[i, : len(s.response_ids)].tolist()
+        errors.append(role.train(step_msg(step, seqs)).stats["value_error"])
+    assert errors[-1] < errors[0]
+    # the published critic is a plain classifier's weights: it scores as the adapted model
+    plain = build_model(CRITIC, critic_of(store, 8), torch.device("cpu"), torch.float32)
+    assert not any("lora" in k for k in critic_of(store, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(response_values(plain, pack(seqs)),
+                                   response_values(critic.model, pack(seqs)),
+                                   rtol=1e-5, atol=1e-6)
+    optim = store.load("critic.optim", 8)[2]
+    assert any(k.endswith(".lora_B") for k in optim)
+    role.release()
+
+
+def test_a_trainer_taking_over_a_lora_critic_continues_it(tmp_path: Path) -> None:
+    """As for a whole critic: the taker loads the merged critic and the adapters, takes their
+    update back out of the body, and continues to the same critic (float32 rounding apart)."""
+    stayed = publish_models(tmp_path / "a")
+    role = TrainRole(stayed, "policy", LORA)
+    for step in range(3):
+        role.train(step_msg(step, critic_batch(step)))
+    role.release()
+    moved = publish_models(tmp_path / "b")
+    first = TrainRole(moved, "policy", LORA)
+    for step in range(2):
+        first.train(step_msg(step, critic_batch(step)))
+    first.release()
+    second = TrainRole(moved, "policy", LORA)
+    second.train(step_msg(2, critic_batch(2), optim_version=2))
+    second.release()
+    a, b = critic_of(stayed, 3), critic_of(moved, 3)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
+    # an optimizer state without the adapters is a one-line error naming them
+    broken = TrainRole(publish_models(tmp_path / "c"), "policy", LORA)
+    config = moved.load("critic")[1]
+    broken.store.publish("critic", 2, critic_of(moved, 2), config)
+    broken.store.publish("critic.optim", 2, {k: v for k, v in
+                                             moved.load("critic.optim", 2)[2].items()
+                                             if ".lora_" not in k}, config)
+    with pytest.raises(CheckpointError, match=r"critic.optim@v2 has no LoRA adapter .* "
+                                              r"\(critic_lora_rank 4\)"):
+        broken.critic.load_from_store(2)  # type: ignore[union-attr]
+    broken.release()
