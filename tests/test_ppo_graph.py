@@ -131,6 +131,26 @@ def test_a_critic_of_two_labels_is_refused_before_anything_starts(
             out=tmp_path / "out", steps=1, console=False)
 
 
+def test_a_critic_with_another_tokenizer_is_refused_before_anything_starts(
+        tmp_path: Path, random_models: dict[str, Path]) -> None:
+    """A critic scores the policy's token ids, so it must read them as the same text (as a
+    reference model must)."""
+    from hf_folders import save_tokenizer, train_bpe
+
+    other = tmp_path / "other"
+    vocab = save_tokenizer(train_bpe(vocab_size=300), other)
+    shape = ModelConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                        max_position_embeddings=64)
+    save_checkpoint(other, shape, Decoder(shape).state_dict())
+    with pytest.raises(GraphError, match=r"critic 'critic' at .*: model 'critic' has another "
+                                         r"tokenizer than the policy 'policy' \(.*\); a "
+                                         r"critic must read the policy's token ids") as info:
+        run(ppo_graph(tmp_path, random_models["policy"], other), sets=["live=false"],
+            out=tmp_path / "out", steps=1, console=False)
+    assert "\n" not in str(info.value)
+
+
 def test_a_gae_function_writing_the_wrong_count_stops_the_run_naming_it(
         tmp_path: Path, random_models: dict[str, Path]) -> None:
     path = ppo_graph(tmp_path, random_models["policy"], random_models["policy"], cut="[:-1]")
