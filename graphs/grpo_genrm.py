@@ -55,6 +55,10 @@ DEFAULTS = {
     "clip_eps_high": 0.2,
     "aggregation": "token-mean",
     "importance_sampling_level": "token",
+    # optimizer updates a step (verl's ppo_mini_batch_size and ppo_epochs, TRL's
+    # num_iterations): the batch cut into mini_batches, each an update, passed over epochs times
+    "mini_batches": 1,
+    "epochs": 1,
     # LoRA (worker/lora.py; verl's lora_rank and lora_alpha): 0 trains every weight; r > 0 a
     # rank-r update of each linear layer, merged into every published policy (lr: LoRA is
     # usually trained at a larger rate than the full model)
@@ -113,7 +117,8 @@ def build(config: dict) -> Graph:
                     entropy_coef=config["entropy_coef"], clip_eps=config["clip_eps"],
                     clip_eps_high=config["clip_eps_high"], aggregation=config["aggregation"],
                     importance_sampling_level=config["importance_sampling_level"],
-                    lora_rank=config["lora_rank"], lora_alpha=config["lora_alpha"])
+                    lora_rank=config["lora_rank"], lora_alpha=config["lora_alpha"],
+                    mini_batches=config["mini_batches"], epochs=config["epochs"])
     # (under LoRA the trainer's frozen base is the reference: no reference pool)
     if config["kl_coef"] > 0 and not config["lora_rank"]:
         g.pool("reference", workers=config["reference_workers"])

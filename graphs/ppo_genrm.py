@@ -51,6 +51,10 @@ DEFAULTS = {
     "digits": 2,
     "clip_eps": 0.2,
     "aggregation": "token-mean",
+    # optimizer updates a step (verl's ppo_mini_batch_size and ppo_epochs): the batch cut into
+    # mini_batches, each an update of the policy and the critic, passed over epochs times
+    "mini_batches": 1,
+    "epochs": 1,
 }
 
 
@@ -80,7 +84,8 @@ def build(config: dict) -> Graph:
                     lora_rank=config["lora_rank"], lora_alpha=config["lora_alpha"],
                     critic_lora_rank=config["critic_lora_rank"],
                     whiten_advantages=config["whiten_advantages"],
-                    clip_eps=config["clip_eps"], aggregation=config["aggregation"])
+                    clip_eps=config["clip_eps"], aggregation=config["aggregation"],
+                    mini_batches=config["mini_batches"], epochs=config["epochs"])
     if config["kl_coef"] > 0:
         g.pool("reference", workers=config["reference_workers"])
         reference = g.reference("reference", model="policy", pool="reference")

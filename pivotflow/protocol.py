@@ -209,6 +209,12 @@ class TrainStep(msgspec.Struct, tag=True, kw_only=True):
     total_seqs: int = 0
     any_signal: bool = True  # some sequence of the whole batch with a loss has a nonzero advantage
     optim_version: int = -1
+    # several optimizer updates a step (TrainConfig.mini_batches): this rank's sequences of each
+    # mini-batch, in order (``seqs`` is their concatenation), and each whole mini-batch's
+    # valid tokens and sequences; empty: one update on the whole batch
+    part_sizes: list[int] = []
+    part_tokens: list[int] = []
+    part_seqs: list[int] = []
 
 
 class Shutdown(msgspec.Struct, tag=True, kw_only=True, frozen=True):

@@ -43,6 +43,28 @@ def shards(seqs: list[TrainSeq], n: int) -> list[list[TrainSeq]]:
     return parts
 
 
+def mini_batch_shards(seqs: list[TrainSeq], k: int, world: int
+                      ) -> tuple[list[list[TrainSeq]], list[list[int]], list[int], list[int]]:
+    """``seqs`` cut into ``k`` contiguous mini-batches of near-equal counts, each sharded over
+    the ranks (as many as the smallest mini-batch has sequences, at most ``world``): each
+    rank's sequences (its shard of every mini-batch, in order), how many of them each
+    mini-batch holds, and each mini-batch's valid tokens and sequences. A mini-batch is the
+    same sequences whatever the number of ranks, so a step is the same on one trainer or four."""
+    k = max(1, min(k, len(seqs)))
+    bounds = [round(i * len(seqs) / k) for i in range(k + 1)]
+    parts = [seqs[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    ranks = max(1, min(world, min(len(p) for p in parts)))
+    rank_seqs: list[list[TrainSeq]] = [[] for _ in range(ranks)]
+    sizes: list[list[int]] = [[] for _ in range(ranks)]
+    for part in parts:
+        for r, shard in enumerate(shards(part, ranks)):
+            rank_seqs[r] += shard
+            sizes[r].append(len(shard))
+    tokens = [sum(valid_tokens(s) for s in p) for p in parts]
+    counted = [sum(1 for s in p if valid_tokens(s) > 0) for p in parts]
+    return rank_seqs, sizes, tokens, counted
+
+
 class TrainSteps:
     """The controller's side of training: one step in flight at a time."""
 
@@ -52,6 +74,7 @@ class TrainSteps:
         self.rendezvous_dir = rendezvous_dir
         train = ctl.order[-1]
         self.whiten = bool(train.options.get("whiten_advantages", True))
+        self.mini_batches = int(train.options.get("mini_batches", 1))
         # (rank 0's worker id, epoch) -> the group's address, set by a launcher whose trainers
         # may be on several hosts (Ray: tcp:// on rank 0's node); else a FileStore path here
         self.rendezvous_for: Callable[[str, int], str] | None = None
@@ -107,7 +130,14 @@ class TrainSteps:
         # in the last step's rank order, so that the same trainers keep the same group
         stayed = [m for m in self.members if m in here and last[m] == here[m]]
         order = stayed + [w.worker_id for w in workers if w.worker_id not in stayed]
-        parts = shards(seqs, len(order))
+        sizes: list[list[int]] = []
+        part_tokens: list[int] = []
+        part_seqs: list[int] = []
+        if self.mini_batches > 1:  # several updates: each rank's part of every mini-batch
+            parts, sizes, part_tokens, part_seqs = mini_batch_shards(seqs, self.mini_batches,
+                                                                     len(order))
+        else:
+            parts = shards(seqs, len(order))
         order = order[: len(parts)]
         roles = [ctl.workers[w].roles_taken for w in order]
         # rank 0 publishes weights and optimizer state every step, so from version 1 on the
@@ -137,7 +167,9 @@ class TrainSteps:
                 step=ctl.version, seqs=part, rank=rank, world=len(order), epoch=self.epoch,
                 rendezvous=rendezvous,
                 optim_version=optim_version if rank == 0 else -1, total_tokens=total_tokens,
-                total_seqs=total_seqs, any_signal=any_signal))
+                total_seqs=total_seqs, any_signal=any_signal,
+                part_sizes=sizes[rank] if sizes else [], part_tokens=part_tokens,
+                part_seqs=part_seqs))
 
     def on_done(self, worker_id: str, msg: TrainDone) -> tuple[list[list[Sample]], TrainDone] | None:
         """A shard finished; the whole step when it was the last one (else None)."""

@@ -52,6 +52,13 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     decoupled_loss: bool = False
     behavior_weight_cap: float = 2.0  # (verl's tis_imp_ratio_cap default)
     max_grad_norm: float = 1.0
+    # Optimizer updates a step: the batch cut into mini_batches parts, one update each, passed
+    # over epochs times (verl's train_batch_size / ppo_mini_batch_size and ppo_epochs; TRL's
+    # num_mini_batches and num_iterations, GRPO's mu; OpenRLHF's max_epochs). The step still
+    # publishes one version; from the second update on the policy differs from the one that
+    # sampled, so the clip acts. 1 and 1: one update on the whole batch.
+    mini_batches: int = 1
+    epochs: int = 1
     micro_batch_tokens: int = 4096  # padded token positions one forward pass holds
     # Memory (worker/response_scoring.py, bench/train_memory.py): recompute each decoder layer
     # in the backward pass instead of keeping its intermediates (verl's
@@ -122,6 +129,9 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.aggregation not in AGGREGATIONS:
             problems.append(f"aggregation must be one of {list(AGGREGATIONS)}, got "
                             f"{self.aggregation!r}")
+        if self.mini_batches < 1 or self.epochs < 1:
+            problems.append(f"mini_batches and epochs must be >= 1, got {self.mini_batches} "
+                            f"and {self.epochs}")
         if not self.max_grad_norm > 0:
             problems.append(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
         if self.micro_batch_tokens < 1:

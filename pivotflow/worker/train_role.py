@@ -141,6 +141,32 @@ def micro_batches(seqs: list[TrainSeq], budget: int) -> list[list[TrainSeq]]:
     return parts
 
 
+def mini_batch_parts(msg: TrainStep) -> list[tuple[list[TrainSeq], int, int]]:
+    """This rank's sequences of each mini-batch of the step, with the whole mini-batch's valid
+    tokens and sequences (what its loss is scaled by): the controller's ``part_sizes`` and
+    totals, or the whole shard as one."""
+    if not msg.part_sizes:
+        tokens = msg.total_tokens or sum(valid_tokens(s) for s in msg.seqs)
+        nseqs = msg.total_seqs or sum(1 for s in msg.seqs if valid_tokens(s) > 0)
+        return [(msg.seqs, tokens, nseqs)]
+    out, at = [], 0
+    for size, tokens, nseqs in zip(msg.part_sizes, msg.part_tokens, msg.part_seqs,
+                                   strict=True):
+        out.append((msg.seqs[at: at + size], tokens, nseqs))
+        at += size
+    return out
+
+
+def _rows(seqs: list[TrainSeq], per_seq: dict[int, torch.Tensor],
+          shape: torch.Size) -> torch.Tensor:
+    """Per-sequence response rows (by job id) as a right-padded ``shape`` tensor."""
+    out = torch.zeros(shape)
+    for i, s in enumerate(seqs):
+        row = per_seq[s.job_id]
+        out[i, : len(row)] = row
+    return out
+
+
 def batch_weight(aggregation: str, mask: torch.Tensor, total_tokens: int,
                  total_seqs: int) -> float:
     """This micro-batch's share of the step's loss: its valid tokens (token-mean) or valid
@@ -196,22 +222,64 @@ class TrainRole:
         if formed:
             self.group.broadcast(self.state_tensors())
         sync_s = time.perf_counter() - t0
-        aggregation = self.tc.aggregation
-        total_tokens = msg.total_tokens or sum(valid_tokens(s) for s in msg.seqs)
-        total_seqs = msg.total_seqs or sum(1 for s in msg.seqs if valid_tokens(s) > 0)
-        budget = self.tc.micro_batch_tokens
         lr = lr_at(self.tc, msg.step)
         for group in self.optim.param_groups:
             group["lr"] = lr
-        self.optim.zero_grad(set_to_none=True)
-        if self.critic is not None:
-            self.critic.zero_grad()
         # (no signal: Adam would still move every weight along its stale momentum; and under
         # a critic's warm-up the policy waits for it)
         policy_steps = msg.any_signal and (self.critic is None
                                            or msg.step >= self.tc.critic_warmup)
+        parts = mini_batch_parts(msg)
+        updates = len(parts) * self.tc.epochs
+        # several updates a step: the proximal policy of the decoupled loss is the step's
+        # first weights, scored once before any update (AReaL's recomputed proximal logprobs)
+        prox = (self._proximal(msg.seqs) if self.tc.decoupled_loss and updates > 1 else None)
         sums: dict[str, float] = {}
-        for part in micro_batches(msg.seqs, budget):
+        norms: list[tuple[float, float | None]] = []
+        for _ in range(self.tc.epochs):
+            for seqs, tokens, nseqs in parts:
+                norms.append(self._update(seqs, tokens, nseqs, policy_steps, prox, sums,
+                                          1.0 / updates))
+        grad_norm = sum(n for n, _ in norms) / len(norms)
+        critic_norm = (None if self.critic is None
+                       else sum(c or 0.0 for _, c in norms) / len(norms))
+        summed = torch.tensor(list(sums.values()), dtype=torch.float64)
+        self.group.all_reduce_sum([summed])
+        out = dict(zip(sums, summed.tolist(), strict=True))
+        if critic_norm is not None:
+            out["critic_grad_norm"] = critic_norm
+            explained_variance(out)
+        self.version = msg.step + 1
+        if msg.rank == 0:  # the optimizer state too: a trainer may die, or leave, any time
+            self.store.publish(f"{self.model_name}.optim", self.version, self.optim_state(),
+                               self.hf_config)
+            self.store.gc(f"{self.model_name}.optim", keep=2)
+            self.store.publish(self.model_name, self.version, self.state_dict(), self.hf_config)
+            self.store.gc(self.model_name, keep=3)
+            published = [f"{self.model_name}.optim", self.model_name]
+            if self.critic is not None:
+                published += self.critic.publish(self.version)
+            # on a cluster: report the step once its version is on every node (see node_agent)
+            for name in published:
+                wait_crossed(self.store.root, name, self.version)
+        out.update({"lr": lr, "grad_norm": grad_norm, "step_s": time.perf_counter() - t0,
+                    "sync_s": sync_s, "world": float(msg.world),
+                    "group_formed": float(formed)})
+        return TrainDone(step=msg.step, version=self.version, stats=out,
+                         job_ids=[s.job_id for s in msg.seqs], rank=msg.rank)
+
+    def _update(self, seqs: list[TrainSeq], total_tokens: int, total_seqs: int,
+                policy_steps: bool, prox: dict[int, torch.Tensor] | None,
+                sums: dict[str, float], share: float) -> tuple[float, float | None]:
+        """One optimizer update of the policy (and the critic) on this rank's ``seqs`` of one
+        mini-batch, whose whole-batch totals scale the loss; adds each stat, weighted by its
+        micro-batch's part of the mini-batch and by ``share`` (the update's part of the step),
+        to ``sums``. Returns the gradient norms before clipping (policy, critic)."""
+        aggregation = self.tc.aggregation
+        self.optim.zero_grad(set_to_none=True)
+        if self.critic is not None:
+            self.critic.zero_grad()
+        for part in micro_batches(seqs, self.tc.micro_batch_tokens):
             batch = {k: v.to(self.device) for k, v in pack(part).items()}
             if self.base_is_reference and "ref" not in batch:
                 batch["ref"] = self._base_logprobs(batch)
@@ -219,11 +287,14 @@ class TrainRole:
                 logp, entropy = response_logprobs_entropy(
                     self.model, batch, "grad" if self.tc.entropy_coef > 0 else "report",
                     self.tc.logits_chunk_tokens)
-            # decoupled: the proximal policy is these weights (see TrainConfig.decoupled_loss)
-            prox, behavior = ((logp.detach(), batch["old"]) if self.tc.decoupled_loss
-                              else (batch["old"], None))
+            # decoupled: the proximal policy is the step's first weights: this forward's on a
+            # step of one update, else scored before the first (see TrainConfig.decoupled_loss)
+            behavior = batch["old"] if self.tc.decoupled_loss else None
+            proximal = (batch["old"] if not self.tc.decoupled_loss
+                        else logp.detach() if prox is None
+                        else _rows(part, prox, logp.shape).to(self.device))
             loss, stats = policy_loss(
-                logp, prox, batch["adv"], batch["mask"],
+                logp, proximal, batch["adv"], batch["mask"],
                 clip_eps=self.tc.clip_eps, clip_eps_high=self.tc.clip_eps_high,
                 behavior_logprobs=behavior, behavior_weight_cap=self.tc.behavior_weight_cap,
                 aggregation=aggregation,  # type: ignore[arg-type]
@@ -246,43 +317,30 @@ class TrainRole:
                 (v_loss * weight).backward()
                 stats.update(v_stats)
             for k, v in {"loss": loss.item(), **stats}.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * weight
-        grad_norm = torch.zeros(())
+                sums[k] = sums.get(k, 0.0) + float(v) * weight * share
+        grad_norm = 0.0
         if policy_steps:
             params = [p for p in self.model.parameters() if p.requires_grad]
             for p in params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
             self.group.all_reduce_sum([p.grad for p in params if p.grad is not None])
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                params, self.tc.max_grad_norm)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.tc.max_grad_norm))
             self.optim.step()
         critic_norm = (self.critic.step(self.group.all_reduce_sum)
                        if self.critic is not None else None)
-        summed = torch.tensor(list(sums.values()), dtype=torch.float64)
-        self.group.all_reduce_sum([summed])
-        out = dict(zip(sums, summed.tolist(), strict=True))
-        if critic_norm is not None:
-            out["critic_grad_norm"] = critic_norm
-            explained_variance(out)
-        self.version = msg.step + 1
-        if msg.rank == 0:  # the optimizer state too: a trainer may die, or leave, any time
-            self.store.publish(f"{self.model_name}.optim", self.version, self.optim_state(),
-                               self.hf_config)
-            self.store.gc(f"{self.model_name}.optim", keep=2)
-            self.store.publish(self.model_name, self.version, self.state_dict(), self.hf_config)
-            self.store.gc(self.model_name, keep=3)
-            published = [f"{self.model_name}.optim", self.model_name]
-            if self.critic is not None:
-                published += self.critic.publish(self.version)
-            # on a cluster: report the step once its version is on every node (see node_agent)
-            for name in published:
-                wait_crossed(self.store.root, name, self.version)
-        out.update({"lr": lr, "grad_norm": float(grad_norm), "step_s": time.perf_counter() - t0,
-                    "sync_s": sync_s, "world": float(msg.world),
-                    "group_formed": float(formed)})
-        return TrainDone(step=msg.step, version=self.version, stats=out,
-                         job_ids=[s.job_id for s in msg.seqs], rank=msg.rank)
+        return grad_norm, critic_norm
+
+    def _proximal(self, seqs: list[TrainSeq]) -> dict[int, torch.Tensor]:
+        """Each sequence's response logprobs under the weights the step starts from."""
+        out: dict[int, torch.Tensor] = {}
+        for part in micro_batches(seqs, self.tc.micro_batch_tokens):
+            batch = {k: v.to(self.device) for k, v in pack(part).items()}
+            with torch.no_grad(), self._compute():
+                logp = response_logprobs(self.model, batch, self.tc.logits_chunk_tokens).cpu()
+            for i, s in enumerate(part):
+                out[s.job_id] = logp[i, : len(s.response_ids)]
+        return out
 
     @property
     def base_is_reference(self) -> bool:
