@@ -307,3 +307,22 @@ def test_a_trainer_taking_over_a_lora_critic_continues_it(tmp_path: Path) -> Non
                                               r"\(critic_lora_rank 4\)"):
         broken.critic.load_from_store(2)  # type: ignore[union-attr]
     broken.release()
+
+
+def test_the_critic_takes_one_update_a_mini_batch_as_the_policy_does(tmp_path: Path) -> None:
+    from pivotflow.controller.training import mini_batch_shards
+
+    seqs = critic_batch(0)
+    rank_seqs, sizes, tokens, counted = mini_batch_shards(seqs, 2, 1)
+    cut = TrainRole(publish_models(tmp_path / "a"), "policy", {**OPTS, "mini_batches": 2})
+    cut.train(TrainStep(step=0, seqs=rank_seqs[0], part_sizes=sizes[0], part_tokens=tokens,
+                        part_seqs=counted))
+    plain = TrainRole(publish_models(tmp_path / "b"), "policy", OPTS)
+    for step, half in enumerate((seqs[:3], seqs[3:])):
+        plain.train(TrainStep(step=step, seqs=half))
+    a = cut.critic.model.state_dict()  # type: ignore[union-attr]
+    b = plain.critic.model.state_dict()  # type: ignore[union-attr]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+    cut.release()
+    plain.release()
