@@ -20,20 +20,18 @@ shrink the policy's step.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve_dtype
-from pivotflow.errors import CheckpointError, WorkerError
+from pivotflow.errors import WorkerError
 from pivotflow.params.base import ParamStore
 from pivotflow.rl.losses import value_loss
-from pivotflow.worker.adam_state import adam_tensors, init_adam_state, load_adam_tensors
-from pivotflow.worker.lora import adapter_tensors, apply_lora, merged_state_dict, restore
+from pivotflow.worker.adam_state import adam_tensors, init_adam_state
+from pivotflow.worker.lora import adapter_tensors, apply_lora, merged_state_dict
 from pivotflow.worker.reward_scoring import response_values
+from pivotflow.worker.take_over import take_over
 from pivotflow.worker.train_config import TrainConfig
 
-OPTIM_WAIT_S = 30.0  # for the optimizer state to reach this node's store (on a cluster)
 # per-token moments of a micro-batch, summed over the step like every stat, then replaced by the
 # explained variance (``explained_variance``): not records of their own
 MOMENTS = ("_return_sq_mean", "_error_mean", "_error_sq_mean")
@@ -48,20 +46,6 @@ def explained_variance(stats: dict[str, float]) -> None:
     r2, e, e2 = (stats.pop(k) for k in MOMENTS)
     r = stats["return_mean"]
     stats["value_explained_var"] = 1.0 - (e2 - e * e) / (r2 - r * r + 1e-8)
-
-
-def load_optim_state(store: ParamStore, name: str, version: int) -> dict[str, torch.Tensor]:
-    """``<name>.optim`` at ``version``, waiting for it a while: on a cluster rank 0's publish
-    may still be crossing to this node's store."""
-    deadline = time.monotonic() + OPTIM_WAIT_S
-    while True:
-        try:
-            return store.load(f"{name}.optim", version)[2]
-        except CheckpointError:
-            if time.monotonic() > deadline:
-                raise WorkerError(f"optimizer state {name}.optim@v{version} never reached the "
-                                  "parameter store") from None
-            time.sleep(0.01)
 
 
 class CriticTrainer:
@@ -140,15 +124,8 @@ class CriticTrainer:
 
     def load_from_store(self, version: int) -> None:
         """Take over the critic and its optimizer state at ``version``."""
-        _, _, tensors = self.store.load(self.name, version)
-        self.model.load_state_dict(tensors, strict=False)
-        state = load_optim_state(self.store, self.name, version)
-        bad = restore(self.model, state)  # (LoRA: the adapters, and the body from the merge)
-        if bad:
-            raise CheckpointError(f"optimizer state {self.name}.optim@v{version} has no LoRA "
-                                  f"adapter {bad[0]!r} of this run's shape (critic_lora_rank "
-                                  f"{self.tc.critic_lora_rank}); {len(bad)} missing or misshaped")
-        load_adam_tensors(self.model, self.optim, state)
+        take_over(self.store, self.name, version, self.model, self.optim, "critic_lora_rank",
+                  self.tc.critic_lora_rank)
 
     def release(self) -> None:
         del self.model, self.optim

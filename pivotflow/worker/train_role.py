@@ -30,25 +30,20 @@ import torch
 
 from pivotflow.controller.train_tokens import valid_tokens
 from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve_dtype
-from pivotflow.errors import CheckpointError
 from pivotflow.params.base import ParamStore
 from pivotflow.params.node_agent import wait_crossed
 from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
 from pivotflow.rl import policy_loss
-from pivotflow.worker.adam_state import adam_tensors, init_adam_state, load_adam_tensors
-from pivotflow.worker.critic_trainer import (
-    CriticTrainer,
-    explained_variance,
-    load_optim_state,
-)
+from pivotflow.worker.adam_state import adam_tensors, init_adam_state
+from pivotflow.worker.critic_trainer import CriticTrainer, explained_variance
 from pivotflow.worker.lora import (
     adapter_tensors,
     adapters_off,
     apply_lora,
     merged_state_dict,
-    restore,
 )
 from pivotflow.worker.response_scoring import response_logprobs, response_logprobs_entropy
+from pivotflow.worker.take_over import take_over
 from pivotflow.worker.train_config import lr_at, train_config
 from pivotflow.worker.train_group import TrainGroup
 from pivotflow.worker.worker_config import worker_config
@@ -383,15 +378,8 @@ class TrainRole:
     def load_from_store(self, version: int) -> None:
         """Take over the pool's state at ``version``: the policy, and the optimizer state rank 0
         published with it (waits for it: on a cluster it may still be crossing to this node)."""
-        _, _, tensors = self.store.load(self.model_name, version)
-        self.model.load_state_dict(tensors, strict=False)
-        state = load_optim_state(self.store, self.model_name, version)
-        bad = restore(self.model, state)  # (LoRA: the adapters, and the base from the policy)
-        if bad:
-            raise CheckpointError(f"optimizer state {self.model_name}.optim@v{version} has no "
-                                  f"LoRA adapter {bad[0]!r} of this run's shape (lora_rank "
-                                  f"{self.tc.lora_rank}); {len(bad)} missing or misshaped")
-        load_adam_tensors(self.model, self.optim, state)
+        take_over(self.store, self.model_name, version, self.model, self.optim, "lora_rank",
+                  self.tc.lora_rank)
         if self.critic is not None:
             self.critic.load_from_store(version)
 
