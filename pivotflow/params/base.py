@@ -28,9 +28,13 @@ host memory over gloo.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
+
+from pivotflow.errors import CheckpointError
 
 if TYPE_CHECKING:  # annotations only: the control plane imports this module without torch
     import torch
@@ -95,3 +99,38 @@ class ParamStore(Protocol):
     def gc(self, model: str, keep: int = 2) -> list[int] | None:
         """Delete versions older than the ``keep`` newest that nobody holds."""
         ...
+
+
+# a reader's wait for a version published on another node to reach this one's store
+VERSION_WAIT_S = 60.0
+
+
+def load_newer(store: ParamStore, model: str, min_version: int, load: Callable[[], int],
+               wait_s: float = VERSION_WAIT_S) -> int:
+    """For a reader asked for ``model@min_version`` or newer (a rollout engine, a critic):
+    wait up to ``wait_s`` for the store to hold it (on a cluster its store agent publishes it
+    here when whole; better to wait than load an older one), then ``load()`` the newest, which
+    returns the version it loaded (read again if the store collects it between LATEST and the
+    read). Returns that version; raises CheckpointError if it is still older."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and _latest(store, model) < min_version:
+        time.sleep(0.01)
+    for attempt in range(3):
+        try:
+            version = load()
+            break
+        except CheckpointError:
+            if attempt == 2:
+                raise
+            time.sleep(0.05)
+    if version < min_version:
+        raise CheckpointError(f"{model}@v{min_version} was asked for but the store's latest "
+                              f"is v{version}")
+    return version
+
+
+def _latest(store: ParamStore, model: str) -> int:
+    try:
+        return store.latest(model)
+    except CheckpointError:  # nothing there yet
+        return -1

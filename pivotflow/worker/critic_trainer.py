@@ -5,11 +5,12 @@ trainer), with an AdamW of its own.
 One trainer steps both models, so one optimizer step still is one version: rank 0 publishes the
 critic (``<critic>``) and its optimizer state (``<critic>.optim``) with the policy's, under the
 same version number, and the critic stage scores each sample with the critic of the policy that
-generated it (``stages.critic_job``). The critic trains whole (no LoRA), in float32 like the
-policy, its forward and backward under the policy's autocast. With ``critic_lora_rank`` > 0
-its body is frozen and a rank-r update of each targeted layer trains beside the value head
-(``lora.py``, as the policy's LoRA): it is published merged, and ``<critic>.optim`` carries the
-adapters beside their moments, so a trainer that takes over gets the frozen body back.
+generated it (``stages.response_score_job``). The critic trains in float32 like the policy, its
+forward and backward under the policy's autocast, every weight by default; with
+``critic_lora_rank`` > 0 its body is frozen and a rank-r update of each targeted layer trains
+beside the value head (``lora.py``, as the policy's LoRA): it is published merged, and
+``<critic>.optim`` carries the adapters beside their moments, so a trainer that takes over gets
+the frozen body back.
 
 The loss is PPO's clipped value loss (``rl.losses.value_loss``) against ``returns``, around the
 values the critic stage gave (``old_values``), reduced as the policy's loss is so the data-parallel
@@ -29,8 +30,8 @@ from pivotflow.rl.losses import value_loss
 from pivotflow.worker.adam_state import adam_tensors, init_adam_state
 from pivotflow.worker.lora import adapter_tensors, apply_lora, merged_state_dict
 from pivotflow.worker.reward_scoring import response_values
-from pivotflow.worker.take_over import take_over
 from pivotflow.worker.train_config import TrainConfig
+from pivotflow.worker.trained_versions import publish_version, take_over
 
 # per-token moments of a micro-batch, summed over the step like every stat, then replaced by the
 # explained variance (``explained_variance``): not records of their own
@@ -106,15 +107,11 @@ class CriticTrainer:
 
     def publish(self, version: int) -> list[str]:
         """Rank 0: the critic and its optimizer state as ``version``; returns the names."""
-        self.store.publish(f"{self.name}.optim", version,
-                           {**adam_tensors(self.model, self.optim),
-                            **adapter_tensors(self.model)}, self.hf_config)
-        self.store.gc(f"{self.name}.optim", keep=2)
         weights = (merged_state_dict(self.model) if self.tc.critic_lora_rank
                    else self.model.state_dict())
-        self.store.publish(self.name, version, weights, self.hf_config)
-        self.store.gc(self.name, keep=3)
-        return [f"{self.name}.optim", self.name]
+        return publish_version(self.store, self.name, version, weights,
+                               {**adam_tensors(self.model, self.optim),
+                                **adapter_tensors(self.model)}, self.hf_config)
 
     def state_tensors(self) -> list[torch.Tensor]:
         """What ranks must agree on, in one order: the weights, then AdamW's state."""

@@ -24,20 +24,11 @@ from typing import Any
 
 from pivotflow.engines import load_version, make_engine
 from pivotflow.engines.base import GenerationOutput, GenerationRequest, SamplingParams
-from pivotflow.errors import CheckpointError, ModelConfigError, RequestError
-from pivotflow.params.base import ParamStore
+from pivotflow.errors import ModelConfigError, RequestError
+from pivotflow.params.base import VERSION_WAIT_S, ParamStore, load_newer
 from pivotflow.params.hf_folder import CONFIG, copy_side_files, write_folder
 from pivotflow.protocol import GenerateJob, JobDone
 from pivotflow.worker.worker_config import WorkerConfig, worker_config
-
-VERSION_WAIT_S = 60.0  # for a version published on another node to reach this one's store
-
-
-def _latest(store: ParamStore, model: str) -> int:
-    try:
-        return store.latest(model)
-    except CheckpointError:  # nothing there yet
-        return -1
 
 
 def _export(config: dict[str, Any], tensors: dict, tokenizer_dir: str | None) -> Path:
@@ -132,22 +123,8 @@ class GenerateRole:
         return self.engine.version
 
     def _refresh(self, min_version: int) -> None:
-        # on a cluster the version may still be crossing to this node's store (its store
-        # agent publishes it when whole): wait for it a while rather than load an older one
-        deadline = time.monotonic() + VERSION_WAIT_S
-        while time.monotonic() < deadline and _latest(self.store, self.model) < min_version:
-            time.sleep(0.01)
-        for attempt in range(3):  # the store may collect a version between LATEST and the read
-            try:
-                version = load_version(self.engine, self.store, self.model)
-                break
-            except CheckpointError:
-                if attempt == 2:
-                    raise
-                time.sleep(0.05)
-        if version < min_version:
-            raise CheckpointError(f"{self.model}@v{min_version} was asked for but the store's "
-                                  f"latest is v{version}")
+        load_newer(self.store, self.model, min_version,
+                   lambda: load_version(self.engine, self.store, self.model), VERSION_WAIT_S)
 
     def add(self, jobs: list[GenerateJob]) -> list[JobDone]:
         """Queue jobs; returns at once the ones rejected as bad requests (with their error)."""

@@ -33,8 +33,7 @@ from collections import OrderedDict
 import torch
 
 from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve_dtype
-from pivotflow.errors import CheckpointError
-from pivotflow.params.base import ParamStore
+from pivotflow.params.base import VERSION_WAIT_S, ParamStore, load_newer
 from pivotflow.protocol import GenerateJob, JobDone, TrainSeq
 from pivotflow.worker.response_scoring import response_logprobs
 from pivotflow.worker.reward_scoring import response_values, sequence_scores
@@ -43,7 +42,6 @@ from pivotflow.worker.train_role import micro_batches, pack, pad_sequences
 from pivotflow.worker.worker_config import worker_config
 
 SCORED = "scored"  # the finish_reason of a scored job
-VERSION_WAIT_S = 60.0  # for a version published on another node to reach this one's store
 # Response positions the output head scores at a time when the run sets no logits_chunk_tokens:
 # without autograd a chunk costs nothing (no recompute), and 512 positions of a 152k vocabulary
 # hold 0.3 GB of logits where a whole 4096-token micro-batch held 2.5 GB, twice.
@@ -91,33 +89,26 @@ class ScoreRole:
         return rejected
 
     def _refresh(self, min_version: int) -> None:
-        """Load the newest version of the weights (a critic's), waiting a while for
-        ``min_version`` to reach this node's store (on a cluster it may still be crossing)."""
-        deadline = time.monotonic() + VERSION_WAIT_S
-        while True:
-            try:
-                version, _, tensors = self.store.load(self.model_name)
-            except CheckpointError:  # collected between LATEST and the read: read again
-                version, tensors = -1, {}
-            if version >= min_version or time.monotonic() > deadline:
-                break
-            time.sleep(0.01)
-        if version < min_version:
-            raise CheckpointError(f"{self.model_name}@v{min_version} was asked for but the "
-                                  f"store's latest is v{max(version, self._version)}")
-        with torch.no_grad():
-            self.model.load_state_dict(tensors, strict=False)
-        self._version = version
+        """Load the newest version of the weights (a critic's), as a rollout engine does."""
+        def load() -> int:
+            self._version, _, tensors = self.store.load(self.model_name)
+            with torch.no_grad():
+                self.model.load_state_dict(tensors, strict=False)
+            return self._version
+
+        load_newer(self.store, self.model_name, min_version, load, VERSION_WAIT_S)
 
     def _problem(self, j: GenerateJob) -> str:
         ids = j.prompt_ids + j.prefix_ids
-        if not j.prompt_ids or (not self.config.num_labels and not j.prefix_ids):
-            return (f"job {j.job_id}: a reference score needs a prompt and a response "
-                    f"(got {len(j.prompt_ids)} and {len(j.prefix_ids)} tokens)"
-                    if not self.config.num_labels else
-                    f"job {j.job_id}: a reward model or critic needs a sequence to score")
-        what = ("reference model" if not self.config.num_labels
-                else "critic" if j.prefix_ids else "reward model")
+        if not self.config.num_labels:
+            if not j.prompt_ids or not j.prefix_ids:
+                return (f"job {j.job_id}: a reference score needs a prompt and a response "
+                        f"(got {len(j.prompt_ids)} and {len(j.prefix_ids)} tokens)")
+            what = "reference model"
+        else:
+            if not j.prompt_ids:
+                return f"job {j.job_id}: a reward model or critic needs a sequence to score"
+            what = "critic" if j.prefix_ids else "reward model"
         if len(ids) > self.config.max_position_embeddings:
             return (f"job {j.job_id}: {len(ids)} tokens exceed the {what}'s "
                     f"max_position_embeddings {self.config.max_position_embeddings}")

@@ -146,26 +146,22 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.kl_estimator not in KL_ESTIMATORS:
             problems.append(f"kl_estimator must be one of {list(KL_ESTIMATORS)}, got "
                             f"{self.kl_estimator!r}")
-        if self.lora_rank < 0:
-            problems.append(f"lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
-        if not 0 < self.lora_alpha < float("inf"):
-            problems.append(f"lora_alpha must be > 0, got {self.lora_alpha}")
+        for knob, rank, alpha in (("lora", self.lora_rank, self.lora_alpha),
+                                  ("critic_lora", self.critic_lora_rank, self.critic_lora_alpha)):
+            if rank < 0:
+                problems.append(f"{knob}_rank must be >= 0 (0: no LoRA), got {rank}")
+            if not 0 < alpha < float("inf"):
+                problems.append(f"{knob}_alpha must be > 0, got {alpha}")
+            if rank and self.train_dtype not in ("float32", "fp32"):
+                problems.append(f"{knob}_rank needs train_dtype float32, got "
+                                f"{self.train_dtype!r} (the merged weights would round the "
+                                "adapters' update away: worker/lora.py)")
         unknown = [m for m in self.lora_target_modules if m not in LORA_TARGETS]
         if unknown or not self.lora_target_modules:
             problems.append(f"lora_target_modules must name some of {list(LORA_TARGETS)}, got "
                             f"{self.lora_target_modules}")
-        if self.lora_rank and self.train_dtype not in ("float32", "fp32"):
-            problems.append(f"lora_rank needs train_dtype float32, got {self.train_dtype!r} (the "
-                            "merged policy would round the adapters' update away: worker/lora.py)")
         if not 0 < self.critic_lr < float("inf"):
             problems.append(f"critic_lr must be > 0, got {self.critic_lr}")
-        if self.critic_lora_rank < 0:
-            problems.append(f"critic_lora_rank must be >= 0, got {self.critic_lora_rank}")
-        if not 0 < self.critic_lora_alpha < float("inf"):
-            problems.append(f"critic_lora_alpha must be > 0, got {self.critic_lora_alpha}")
-        if self.critic_lora_rank and self.train_dtype not in ("float32", "fp32"):
-            problems.append(f"critic_lora_rank needs train_dtype float32, got "
-                            f"{self.train_dtype!r} (as lora_rank does: worker/lora.py)")
         if self.critic_warmup < 0:
             problems.append(f"critic_warmup must be >= 0, got {self.critic_warmup}")
         if not 0 <= self.value_clip < float("inf"):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -43,9 +44,9 @@ from pivotflow.worker.lora import (
     merged_state_dict,
 )
 from pivotflow.worker.response_scoring import response_logprobs, response_logprobs_entropy
-from pivotflow.worker.take_over import take_over
 from pivotflow.worker.train_config import lr_at, train_config
 from pivotflow.worker.train_group import TrainGroup
+from pivotflow.worker.trained_versions import publish_version, take_over
 from pivotflow.worker.worker_config import worker_config
 
 
@@ -91,18 +92,18 @@ def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
                adv=_advantages(seqs, resp))
     if ref is not None:
         out["ref"] = ref
-    if any(s.returns for s in seqs):  # a critic's targets, and the values they came with
-        out["old_values"] = _per_token(seqs, resp, "values")  # (an empty response: none)
-        out["returns"] = _per_token(seqs, resp, "returns")
+    # a critic's targets, and the values they came with (an empty response has none)
+    if any(s.returns for s in seqs):
+        out["old_values"] = _padded([s.values for s in seqs], resp)
+        out["returns"] = _padded([s.returns for s in seqs], resp)
     return out
 
 
-def _per_token(seqs: list[TrainSeq], width: int, field: str) -> torch.Tensor:
-    """A per-response-token field of every sequence, right-padded with 0 to ``width``."""
-    out = torch.zeros(len(seqs), width)
-    for i, s in enumerate(seqs):
-        row = getattr(s, field)
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
+def _padded(rows: list[Sequence[float] | torch.Tensor], width: int) -> torch.Tensor:
+    """Per-response-token rows, one per sequence, right-padded with 0 to ``width``."""
+    out = torch.zeros(len(rows), width)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.as_tensor(row, dtype=torch.float32)
     return out
 
 
@@ -111,13 +112,8 @@ def _advantages(seqs: list[TrainSeq], width: int) -> torch.Tensor:
     sequence without then carries its own on every token."""
     if not any(s.token_advantages for s in seqs):
         return torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
-    out = torch.zeros(len(seqs), width)
-    for i, s in enumerate(seqs):
-        if s.token_advantages:
-            out[i, : len(s.token_advantages)] = torch.tensor(s.token_advantages)
-        else:
-            out[i, : len(s.response_ids)] = s.advantage
-    return out
+    return _padded([s.token_advantages or [s.advantage] * len(s.response_ids) for s in seqs],
+                   width)
 
 
 def micro_batches(seqs: list[TrainSeq], budget: int) -> list[list[TrainSeq]]:
@@ -149,16 +145,6 @@ def mini_batch_parts(msg: TrainStep) -> list[tuple[list[TrainSeq], int, int]]:
                                    strict=True):
         out.append((msg.seqs[at: at + size], tokens, nseqs))
         at += size
-    return out
-
-
-def _rows(seqs: list[TrainSeq], per_seq: dict[int, torch.Tensor],
-          shape: torch.Size) -> torch.Tensor:
-    """Per-sequence response rows (by job id) as a right-padded ``shape`` tensor."""
-    out = torch.zeros(shape)
-    for i, s in enumerate(seqs):
-        row = per_seq[s.job_id]
-        out[i, : len(row)] = row
     return out
 
 
@@ -246,12 +232,8 @@ class TrainRole:
             explained_variance(out)
         self.version = msg.step + 1
         if msg.rank == 0:  # the optimizer state too: a trainer may die, or leave, any time
-            self.store.publish(f"{self.model_name}.optim", self.version, self.optim_state(),
-                               self.hf_config)
-            self.store.gc(f"{self.model_name}.optim", keep=2)
-            self.store.publish(self.model_name, self.version, self.state_dict(), self.hf_config)
-            self.store.gc(self.model_name, keep=3)
-            published = [f"{self.model_name}.optim", self.model_name]
+            published = publish_version(self.store, self.model_name, self.version,
+                                        self.state_dict(), self.optim_state(), self.hf_config)
             if self.critic is not None:
                 published += self.critic.publish(self.version)
             # on a cluster: report the step once its version is on every node (see node_agent)
@@ -287,7 +269,8 @@ class TrainRole:
             behavior = batch["old"] if self.tc.decoupled_loss else None
             proximal = (batch["old"] if not self.tc.decoupled_loss
                         else logp.detach() if prox is None
-                        else _rows(part, prox, logp.shape).to(self.device))
+                        else _padded([prox[s.job_id] for s in part],
+                                     logp.shape[1]).to(self.device))
             loss, stats = policy_loss(
                 logp, proximal, batch["adv"], batch["mask"],
                 clip_eps=self.tc.clip_eps, clip_eps_high=self.tc.clip_eps_high,

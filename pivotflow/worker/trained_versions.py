@@ -1,7 +1,11 @@
-"""How a trainer takes over a model it did not train last: the weights and the AdamW state rank
-0 published with them, waiting for the state a while (on a cluster it may still be crossing to
-this node's store), and under LoRA the adapters out of that state with their update taken back
-out of the published, merged weights. The policy's trainer and the critic's share it."""
+"""A trained model's versions in the parameter store, for the policy's trainer and the critic's.
+
+Rank 0 publishes each version with its AdamW state (``<model>.optim``), so a trainer that leaves
+or dies takes neither along, and keeps as many of each as the store agents keep on every node
+(``node_agent.KEEP``, ``KEEP_OPTIM``). A trainer that takes over a model it did not train last
+loads both, waiting for the state a while (on a cluster it may still be crossing to this node's
+store), and under LoRA takes the adapters out of that state and their update back out of the
+published, merged weights."""
 
 from __future__ import annotations
 
@@ -11,10 +15,23 @@ import torch
 
 from pivotflow.errors import CheckpointError, WorkerError
 from pivotflow.params.base import ParamStore
+from pivotflow.params.node_agent import KEEP, KEEP_OPTIM
 from pivotflow.worker.adam_state import load_adam_tensors
 from pivotflow.worker.lora import restore
 
 OPTIM_WAIT_S = 30.0  # for the optimizer state to reach this node's store (on a cluster)
+
+
+def publish_version(store: ParamStore, name: str, version: int,
+                    weights: dict[str, torch.Tensor], optim_state: dict[str, torch.Tensor],
+                    config: dict) -> list[str]:
+    """Publish ``name@version`` and its optimizer state, and collect the older ones; returns the
+    names published (the caller waits for them to cross to every node, all at once)."""
+    store.publish(f"{name}.optim", version, optim_state, config)
+    store.gc(f"{name}.optim", keep=KEEP_OPTIM)
+    store.publish(name, version, weights, config)
+    store.gc(name, keep=KEEP)
+    return [f"{name}.optim", name]
 
 
 def load_optim_state(store: ParamStore, name: str, version: int) -> dict[str, torch.Tensor]:
