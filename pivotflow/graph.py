@@ -354,9 +354,9 @@ class Graph:
         from the state before every response token (PPO's critic; verl's and OpenRLHF's
         ``advantage_estimator=gae``). A ``map`` after it turns the reward and the values into
         per-token advantages and value targets (``pivotflow.rl.group_fns.gae_advantage``
-        writes ``advantage`` and ``returns``), and the train stage then trains the critic beside the
-        policy, on the same batch (``critic_lr``, ``value_clip``): every step publishes a new
-        version of both, and this stage scores each sample with the newest.
+        writes ``advantage`` and ``returns``), and the train stage then trains the critic
+        beside the policy, on the same batch (``critic_lr``, ``value_clip``): every step
+        publishes a new version of both, and this stage scores each sample with the newest.
 
         ``model`` is a Hugging Face folder: a causal LM (the policy's base, as verl starts its
         critic; the run gives it a value head that starts at zero, so the first advantages are

@@ -276,6 +276,7 @@ def role_options(graph: Graph, cfg: RunConfig,
     SGLang load the tokenizer from it), ``dtype`` and ``device``; a trainer, its loss knobs
     (and a decaying learning rate's end, the run's ``steps``, where the graph left it 0)."""
     opts: dict[str, dict[str, Any]] = {}
+    critic = graph.critic_model()
     for node in graph.order():
         if not node.pool:
             continue
@@ -287,8 +288,8 @@ def role_options(graph: Graph, cfg: RunConfig,
                           isinstance(v, list) and all(isinstance(x, str) for x in v))})
             if o.get("lr_schedule", "constant") != "constant" and not o.get("lr_decay_steps"):
                 o["lr_decay_steps"] = cfg.steps  # a decay spans the run unless told otherwise
-            if graph.critic_model():  # the trainer steps the critic stage's model too
-                o["critic_model"] = graph.critic_model()
+            if critic:  # the trainer steps the critic stage's model too
+                o["critic_model"] = critic
         opts[node.pool] = o
     return opts
 

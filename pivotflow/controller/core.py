@@ -440,9 +440,9 @@ class Controller:
                     if turns:
                         job = self.tools.job(idx, job, sample)
                 elif node.kind == "reference":
-                    job = stages.reference_job(sample, job_id)
-                elif node.kind == "critic":  # (the critic as new as the policy, see critic_job)
-                    job = stages.critic_job(sample, job_id, self.version)
+                    job = stages.response_score_job(sample, job_id)
+                elif node.kind == "critic":  # (the critic as new as the policy)
+                    job = stages.response_score_job(sample, job_id, self.version)
                 elif node.kind == "reward_model":
                     ran, job = user_code.guard(self, stages.reward_job, node, sample, job_id, tok)
                     if not ran:

@@ -85,14 +85,16 @@ def judge_job(node: Node, sample: Sample, job_id: int, tok: Tokenizer) -> Genera
     )
 
 
-def reference_job(sample: Sample, job_id: int) -> GenerateJob:
-    """The job that asks a reference model (a score role) for the logprobs of ``sample``'s
-    response after its prompt. A score has no partial state: one aborted by a shift is sent
-    again whole."""
+def response_score_job(sample: Sample, job_id: int, min_version: int = 0) -> GenerateJob:
+    """The job that asks a score role for one figure per token of ``sample``'s response after
+    its prompt: a reference model's logprobs (its weights never change), or a critic's values
+    with its weights of at least ``min_version`` (the trainer steps the critic with the
+    policy, so the critic is as new as the policy the job goes out under). A score has no
+    partial state: one aborted by a shift is sent again whole."""
     sample.private.pop(PARTIAL, None)
     f = sample.fields
     return GenerateJob(job_id=job_id, prompt_ids=f["prompt_ids"], max_tokens=0,
-                       prefix_ids=f["response_ids"])
+                       prefix_ids=f["response_ids"], min_version=min_version)
 
 
 def apply_reference(node: Node, sample: Sample, result: JobDone) -> None:
@@ -104,17 +106,6 @@ def apply_reference(node: Node, sample: Sample, result: JobDone) -> None:
         raise GraphError(f"reference {node.name!r} at {node.where} on sample "
                          f"{sample.sample_id}: {why}")
     sample.fields["ref_logprobs"] = result.logprobs
-
-
-def critic_job(sample: Sample, job_id: int, min_version: int) -> GenerateJob:
-    """The job that asks the critic (a score role on a value model) for the value before each
-    response token, with its weights of at least ``min_version``: the trainer steps the
-    critic with the policy, so the critic is as new as the policy the job goes out under.
-    Like a reference score it has no partial state."""
-    sample.private.pop(PARTIAL, None)
-    f = sample.fields
-    return GenerateJob(job_id=job_id, prompt_ids=f["prompt_ids"], max_tokens=0,
-                       prefix_ids=f["response_ids"], min_version=min_version)
 
 
 def apply_values(node: Node, sample: Sample, result: JobDone) -> None:

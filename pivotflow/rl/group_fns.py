@@ -73,11 +73,9 @@ def gae_advantage(gamma: float = 1.0, lam: float = 1.0,
         ValueError: ``gamma`` or ``lam`` is outside [0, 1], or ``kl_coef`` < 0 (here);
             ``values`` and ``response_ids`` differ in length (from the stage function).
     """
-    for name, x in (("gamma", gamma), ("lam", lam)):
-        if not 0.0 <= x <= 1.0:  # (a NaN fails too)
-            raise ValueError(f"gae_advantage: {name} must be in [0, 1], got {x}")
-    if not 0.0 <= kl_coef < float("inf"):
-        raise ValueError(f"gae_advantage: kl_coef must be >= 0, got {kl_coef}")
+    _check_gamma_kl("gae_advantage", gamma, kl_coef)
+    if not 0.0 <= lam <= 1.0:  # (a NaN fails too)
+        raise ValueError(f"gae_advantage: lam must be in [0, 1], got {lam}")
 
     def advantages_of(reward: float | None, values: list[float], response_ids: list[int],
                       token_rewards: list[float] | None) -> dict[str, list[float]]:
@@ -87,9 +85,7 @@ def gae_advantage(gamma: float = 1.0, lam: float = 1.0,
         v = [float(x) for x in values]
         if reward is None:
             return {"advantage": [0.0] * len(v), "returns": v}
-        rewards = list(token_rewards) if token_rewards is not None else [0.0] * len(v)
-        if rewards:  # (an empty response has no token to carry its reward)
-            rewards[-1] += float(reward)
+        rewards = _with_outcome(float(reward), len(v), token_rewards)
         advantages, returns = gae_list(rewards, v, gamma, lam)
         return {"advantage": advantages, "returns": returns}
 
@@ -121,18 +117,25 @@ def _kl_token_rewards(kl_coef: float, logprobs: list[float], ref_logprobs: list[
     return [-kl_coef * (lp - ref) for lp, ref in zip(logprobs, ref_logprobs, strict=True)]
 
 
-def _returns_to_go(outcome: float, tokens: int, gamma: float,
-                   token_rewards: list[float] | None) -> list[float]:
-    """Each token's discounted sum of the rewards from it on: ``token_rewards`` (0 without),
-    the outcome on the last token (GAE with every value 0 and lam 1)."""
+def _with_outcome(outcome: float, tokens: int,
+                  token_rewards: list[float] | None) -> list[float]:
+    """Each token's reward: ``token_rewards`` (0 without), the sequence's outcome added on the
+    last token, as verl and OpenRLHF place it (an empty response has no token to carry it)."""
     rewards = list(token_rewards) if token_rewards is not None else [0.0] * tokens
     if rewards:
         rewards[-1] += outcome
-    return gae_list(rewards, [0.0] * tokens, gamma, 1.0)[0]
+    return rewards
+
+
+def _returns_to_go(outcome: float, tokens: int, gamma: float,
+                   token_rewards: list[float] | None) -> list[float]:
+    """Each token's discounted sum of the rewards from it on (GAE with every value 0 and lam
+    1)."""
+    return gae_list(_with_outcome(outcome, tokens, token_rewards), [0.0] * tokens, gamma, 1.0)[0]
 
 
 def _check_gamma_kl(who: str, gamma: float, kl_coef: float) -> None:
-    if not 0.0 <= gamma <= 1.0:
+    if not 0.0 <= gamma <= 1.0:  # (a NaN fails too)
         raise ValueError(f"{who}: gamma must be in [0, 1], got {gamma}")
     if not 0.0 <= kl_coef < float("inf"):
         raise ValueError(f"{who}: kl_coef must be >= 0, got {kl_coef}")

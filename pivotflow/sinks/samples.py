@@ -9,8 +9,9 @@ and the version it made), ``group_id``, ``sample_id``, ``prompt``, ``answer``, `
 an off-policy or resumed generation), ``response_tokens``, ``finish_reason``; multi-turn
 stages add ``turns``, ``tool_calls``, ``tool_errors`` and ``trajectory`` (every turn and tool
 observation as text); with a critic, ``values`` and ``returns`` (one per response token, as is
-then ``advantage``, before the step whitens it). ``--set log_samples=N`` picks N per step (-1: all, 0: no file), one from
-each group in turn, so a step's lines show as many prompts as they can.
+then ``advantage``, before the step whitens it). ``--set log_samples=N`` picks N per step (-1:
+all, 0: no file), one from each group in turn, so a step's lines show as many prompts as they
+can.
 """
 
 from __future__ import annotations
