@@ -51,6 +51,9 @@ DEFAULTS = {"model": "", "prompts": "prompts.jsonl", "judge": False, "max_tokens
             # LoRA (worker/lora.py): a rank-r update of every linear layer, the weights frozen
             # and the AdamW state the adapters' alone (0: train every weight)
             "lora_rank": 0, "lora_alpha": 16.0,
+            # trainers (a data-parallel group) and how they hold AdamW's state: zero_stage 0
+            # whole on each, 1 sharded over them (worker/group_adam.py: 1/n of it on each)
+            "trainer_workers": 1, "zero_stage": 0,
             # a PEFT LoRA adapter folder (an SFT run's) merged into the model as it loads: the run
             # starts from base + adapter
             "adapter": "",
@@ -80,7 +83,7 @@ def build(config: dict) -> Graph:
     g = Graph("byo_model")
     g.model("policy", source=config["model"], adapter=config["adapter"] or None)
     g.pool("rollout", workers=1)
-    g.pool("trainer", workers=1)
+    g.pool("trainer", workers=config["trainer_workers"])
     prompts = g.source("prompts", path=config["prompts"], check_with="arithmetic",
                        group_size=config["group_size"],
                        groups_per_step=config["groups_per_step"])
@@ -110,7 +113,7 @@ def build(config: dict) -> Graph:
                     gradient_checkpointing=config["gradient_checkpointing"],
                     logits_chunk_tokens=config["logits_chunk_tokens"],
                     lora_rank=config["lora_rank"], lora_alpha=config["lora_alpha"],
-                    **critic_knobs)
+                    zero_stage=config["zero_stage"], **critic_knobs)
     g.chain(prompts, rollout, reward, *critic, advantage, train)
     return g
 

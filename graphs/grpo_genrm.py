@@ -59,6 +59,10 @@ DEFAULTS = {
     # num_iterations): the batch cut into mini_batches, each an update, passed over epochs times
     "mini_batches": 1,
     "epochs": 1,
+    # trainers (a data-parallel group; the planner may add more) and how they hold AdamW's
+    # state: zero_stage 0 whole on each, 1 sharded over them (worker/group_adam.py)
+    "trainer_workers": 1,
+    "zero_stage": 0,
     # LoRA (worker/lora.py; verl's lora_rank and lora_alpha): 0 trains every weight; r > 0 a
     # rank-r update of each linear layer, merged into every published policy (lr: LoRA is
     # usually trained at a larger rate than the full model)
@@ -96,7 +100,7 @@ def build(config: dict) -> Graph:
     g.model("judge", source="builtin:judge")
     g.pool("rollout", workers=config["rollout_workers"])
     g.pool("genrm", workers=config["judge_workers"])
-    g.pool("trainer", workers=1)
+    g.pool("trainer", workers=config["trainer_workers"])
     prompts = g.source("prompts", task="arithmetic", digits=config["digits"],
                        group_size=config["group_size"],
                        groups_per_step=config["groups_per_step"])
@@ -118,7 +122,8 @@ def build(config: dict) -> Graph:
                     clip_eps_high=config["clip_eps_high"], aggregation=config["aggregation"],
                     importance_sampling_level=config["importance_sampling_level"],
                     lora_rank=config["lora_rank"], lora_alpha=config["lora_alpha"],
-                    mini_batches=config["mini_batches"], epochs=config["epochs"])
+                    mini_batches=config["mini_batches"], epochs=config["epochs"],
+                    zero_stage=config["zero_stage"])
     # (under LoRA the trainer's frozen base is the reference: no reference pool)
     if config["kl_coef"] > 0 and not config["lora_rank"]:
         g.pool("reference", workers=config["reference_workers"])

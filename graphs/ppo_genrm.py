@@ -55,6 +55,10 @@ DEFAULTS = {
     # mini_batches, each an update of the policy and the critic, passed over epochs times
     "mini_batches": 1,
     "epochs": 1,
+    # trainers (a data-parallel group; the planner may add more) and how they hold AdamW's
+    # state: zero_stage 0 whole on each, 1 sharded over them (worker/group_adam.py)
+    "trainer_workers": 1,
+    "zero_stage": 0,
 }
 
 
@@ -66,7 +70,7 @@ def build(config: dict) -> Graph:
     g.pool("rollout", workers=config["rollout_workers"])
     g.pool("genrm", workers=config["judge_workers"])
     g.pool("values", workers=config["critic_workers"])
-    g.pool("trainer", workers=1)
+    g.pool("trainer", workers=config["trainer_workers"])
     prompts = g.source("prompts", task="arithmetic", digits=config["digits"],
                        group_size=config["group_size"],
                        groups_per_step=config["groups_per_step"])
@@ -85,7 +89,8 @@ def build(config: dict) -> Graph:
                     critic_lora_rank=config["critic_lora_rank"],
                     whiten_advantages=config["whiten_advantages"],
                     clip_eps=config["clip_eps"], aggregation=config["aggregation"],
-                    mini_batches=config["mini_batches"], epochs=config["epochs"])
+                    mini_batches=config["mini_batches"], epochs=config["epochs"],
+                    zero_stage=config["zero_stage"])
     if config["kl_coef"] > 0:
         g.pool("reference", workers=config["reference_workers"])
         reference = g.reference("reference", model="policy", pool="reference")

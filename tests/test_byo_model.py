@@ -246,7 +246,8 @@ def test_ppo_on_a_transformers_folder_with_its_own_folder_as_the_critic(tmp_path
     Qwen2 that transformers saved): the run gives it a value head, trains it two steps, and
     the checkpoint's critic loads in transformers as a one-label classifier. (A random reward
     model scores the responses: the exact rule never rewards a random policy, and a critic
-    whose returns are all 0 has nothing to learn.)"""
+    whose returns are all 0 has nothing to learn.) Two trainers hold the policy's and the
+    critic's AdamW states sharded (``graph.zero_stage=1``)."""
     import torch
     from transformers import (
         AutoConfig,
@@ -255,6 +256,7 @@ def test_ppo_on_a_transformers_folder_with_its_own_folder_as_the_critic(tmp_path
     )
 
     from pivotflow import checkpoints
+    from pivotflow.metrics import read_metrics
     from pivotflow.run import run
 
     example = Path(__file__).parents[1] / "examples" / "byo_model.py"
@@ -275,10 +277,16 @@ def test_ppo_on_a_transformers_folder_with_its_own_folder_as_the_critic(tmp_path
     result = run(example, steps=2, out=out, console=False,
                  sets=["live=false", f"graph.model={model}", f"graph.prompts={prompts}",
                        f"graph.critic={model}", "graph.critic_lr=1e-3",
-                       f"graph.reward_model={rm}"])
+                       f"graph.reward_model={rm}", "graph.trainer_workers=2",
+                       "graph.zero_stage=1"])
     s = result.summary
     assert s["error"] is None and s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
+    assert {r.get("train_world") for r in read_metrics(out / "metrics.jsonl")} == {2.0}
     ckpt = checkpoints.read(checkpoints.latest(out) or out)
+    # each optimizer's state, gathered from both trainers, took one step a version
+    for state in (ckpt.optimizer, ckpt.critic_optimizer):
+        assert state is not None
+        assert {float(v) for k, v in state.items() if k.endswith(".step")} == {2.0}
     assert ckpt.critic_dir is not None
     critic, info = AutoModelForSequenceClassification.from_pretrained(
         ckpt.critic_dir, output_loading_info=True)

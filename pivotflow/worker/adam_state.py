@@ -34,14 +34,25 @@ def adam_tensors(model: torch.nn.Module, optim: torch.optim.Optimizer) -> dict[s
     return out
 
 
+def check_adam_tensors(named: list[tuple[str, torch.nn.Parameter]],
+                       tensors: dict[str, torch.Tensor]) -> None:
+    """Raise CheckpointError when ``tensors`` lacks an entry of the trainable weights ``named``
+    or has one of the wrong shape (a state saved for another model)."""
+    for name, p in named:
+        for key in _KEYS:
+            src = tensors.get(f"{name}.{key}")
+            want = () if key == "step" else tuple(p.shape)
+            if src is None or tuple(src.shape) != want:
+                raise CheckpointError(f"optimizer state entry {name}.{key!r} is missing or has "
+                                      f"shape {None if src is None else tuple(src.shape)}, not "
+                                      f"{want}")
+
+
 def load_adam_tensors(model: torch.nn.Module, optim: torch.optim.Optimizer,
                       tensors: dict[str, torch.Tensor]) -> None:
     """Copy a stored state into ``optim``; raises CheckpointError when an entry is missing or
     has the wrong shape (a state saved for another model)."""
+    check_adam_tensors([(n, p) for n, p in model.named_parameters() if p.requires_grad],
+                       tensors)
     for name, t in adam_tensors(model, optim).items():
-        src = tensors.get(name)
-        if src is None or src.shape != t.shape:
-            raise CheckpointError(f"optimizer state entry {name!r} is missing or has shape "
-                                  f"{None if src is None else tuple(src.shape)}, not "
-                                  f"{tuple(t.shape)}")
-        t.copy_(src)
+        t.copy_(tensors[name])

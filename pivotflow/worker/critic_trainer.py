@@ -27,10 +27,11 @@ from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve
 from pivotflow.errors import WorkerError
 from pivotflow.params.base import ParamStore
 from pivotflow.rl.losses import value_loss
-from pivotflow.worker.adam_state import adam_tensors, init_adam_state
+from pivotflow.worker.group_adam import group_adam
 from pivotflow.worker.lora import adapter_tensors, apply_lora, merged_state_dict
 from pivotflow.worker.reward_scoring import response_values
 from pivotflow.worker.train_config import TrainConfig
+from pivotflow.worker.train_group import TrainGroup
 from pivotflow.worker.trained_versions import publish_version, take_over
 
 # per-token moments of a micro-batch, summed over the step like every stat, then replaced by the
@@ -69,9 +70,8 @@ class CriticTrainer:
             apply_lora(self.model, tc.critic_lora_rank, tc.critic_lora_alpha,
                        tc.lora_target_modules, seed=seed)
             self.model.score.requires_grad_(True)  # the value head trains whole
-        self.optim = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
-                                       lr=tc.critic_lr, betas=(0.9, 0.99), weight_decay=0.0)
-        init_adam_state(self.model, self.optim)
+        # (the train role zeroes, steps and regroups it beside the policy's)
+        self.optim = group_adam(self.model, tc.critic_lr, tc.zero_stage)
 
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """The clipped value loss of one micro-batch (call under the step's autocast), with
@@ -90,34 +90,21 @@ class CriticTrainer:
                 stats.update(dict.fromkeys(MOMENTS, 0.0))
         return loss, stats
 
-    def zero_grad(self) -> None:
-        self.optim.zero_grad(set_to_none=True)
-
-    def step(self, all_reduce_sum: object) -> float:
-        """Sum the ranks' gradients (``all_reduce_sum``: the group's), clip, step; returns the
-        gradient norm before clipping."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        all_reduce_sum([p.grad for p in params])  # type: ignore[operator]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.tc.max_grad_norm)
-        self.optim.step()
-        return float(norm)
-
-    def publish(self, version: int) -> list[str]:
-        """Rank 0: the critic and its optimizer state as ``version``; returns the names."""
+    def publish(self, version: int, group: TrainGroup) -> list[str]:
+        """The critic and its optimizer state as ``version``, by rank 0; returns the names
+        published ([] on the other ranks). Every rank calls it: a sharded state is gathered."""
+        state = self.optim.state(group)
+        if group.rank != 0:
+            return []
         weights = (merged_state_dict(self.model) if self.tc.critic_lora_rank
                    else self.model.state_dict())
         return publish_version(self.store, self.name, version, weights,
-                               {**adam_tensors(self.model, self.optim),
-                                **adapter_tensors(self.model)}, self.hf_config)
+                               {**state, **adapter_tensors(self.model)}, self.hf_config)
 
-    def state_tensors(self) -> list[torch.Tensor]:
-        """What ranks must agree on, in one order: the weights, then AdamW's state."""
+    def weight_tensors(self) -> list[torch.Tensor]:
+        """The weights ranks must agree on, in one order (AdamW's state: ``optim.regroup``)."""
         with torch.no_grad():
-            params = [p.data for p in self.model.parameters()]
-        return params + list(adam_tensors(self.model, self.optim).values())
+            return [p.data for p in self.model.parameters()]
 
     def load_from_store(self, version: int) -> None:
         """Take over the critic and its optimizer state at ``version``."""

@@ -101,6 +101,11 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # and OpenRLHF's advantage normalisation; a group's GRPO advantages are already normalised
     # and are left as they are)
     whiten_advantages: bool = True
+    # How the trainers' group holds AdamW's state (worker/group_adam.py; DeepSpeed's and
+    # OpenRLHF's zero_stage): 0, whole on every trainer; 1, sharded, each of n trainers holding
+    # 1/n of it and stepping 1/n of the weights (the same step; 2 and 3, which also shard the
+    # gradients and the weights, are not built)
+    zero_stage: int = 0
 
     def __post_init__(self) -> None:
         problems = []
@@ -166,6 +171,9 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             problems.append(f"critic_warmup must be >= 0, got {self.critic_warmup}")
         if not 0 <= self.value_clip < float("inf"):
             problems.append(f"value_clip must be >= 0 (0: unclipped), got {self.value_clip}")
+        if self.zero_stage not in (0, 1):
+            problems.append(f"zero_stage must be 0 (AdamW's state on every trainer) or 1 (sharded "
+                            f"over them), got {self.zero_stage} (2 and 3 are not built)")
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -35,8 +35,8 @@ from pivotflow.params.base import ParamStore
 from pivotflow.params.node_agent import wait_crossed
 from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
 from pivotflow.rl import policy_loss
-from pivotflow.worker.adam_state import adam_tensors, init_adam_state
 from pivotflow.worker.critic_trainer import CriticTrainer, explained_variance
+from pivotflow.worker.group_adam import group_adam
 from pivotflow.worker.lora import (
     adapter_tensors,
     adapters_off,
@@ -46,7 +46,7 @@ from pivotflow.worker.lora import (
 from pivotflow.worker.response_scoring import response_logprobs, response_logprobs_entropy
 from pivotflow.worker.train_config import lr_at, train_config
 from pivotflow.worker.train_group import TrainGroup
-from pivotflow.worker.trained_versions import publish_version, take_over
+from pivotflow.worker.trained_versions import load_optim_state, publish_version, take_over
 from pivotflow.worker.worker_config import worker_config
 
 
@@ -186,9 +186,7 @@ class TrainRole:
             apply_lora(self.model, self.tc.lora_rank, self.tc.lora_alpha,
                        self.tc.lora_target_modules, seed=wc.seed)
         t_optim = time.perf_counter()
-        self.optim = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
-                                       lr=self.tc.lr, betas=(0.9, 0.99), weight_decay=0.0)
-        init_adam_state(self.model, self.optim)  # same tensors on every rank, for broadcasts
+        self.optim = group_adam(self.model, self.tc.lr, self.tc.zero_stage)
         self.critic = (CriticTrainer(store, self.tc.critic_model, self.tc, self.device,
                                      seed=wc.seed) if self.tc.critic_model else None)
         self.group = TrainGroup()
@@ -201,11 +199,14 @@ class TrainRole:
             self.load_from_store(msg.optim_version)
         formed = self.group.join(msg.epoch, msg.rank, msg.world, msg.rendezvous)
         if formed:
-            self.group.broadcast(self.state_tensors())
+            self.group.broadcast(self.weight_tensors())
+        self.optim.regroup(self.group, formed, lambda: self._stored(self.model_name))
+        if self.critic is not None:
+            self.critic.optim.regroup(self.group, formed,
+                                      lambda: self._stored(self.tc.critic_model))
         sync_s = time.perf_counter() - t0
         lr = lr_at(self.tc, msg.step)
-        for group in self.optim.param_groups:
-            group["lr"] = lr
+        self.optim.set_lr(lr)
         # (no signal: Adam would still move every weight along its stale momentum; and under
         # a critic's warm-up the policy waits for it)
         policy_steps = msg.any_signal and (self.critic is None
@@ -231,11 +232,15 @@ class TrainRole:
             out["critic_grad_norm"] = critic_norm
             explained_variance(out)
         self.version = msg.step + 1
-        if msg.rank == 0:  # the optimizer state too: a trainer may die, or leave, any time
+        # the optimizer state too: a trainer may die, or leave, any time (gathered from every
+        # rank when it is sharded: every rank takes part)
+        optim_state = self.optim_state()
+        critic = (self.critic.publish(self.version, self.group) if self.critic is not None
+                  else [])
+        if msg.rank == 0:
             published = publish_version(self.store, self.model_name, self.version,
-                                        self.state_dict(), self.optim_state(), self.hf_config)
-            if self.critic is not None:
-                published += self.critic.publish(self.version)
+                                        self.state_dict(), optim_state, self.hf_config)
+            published += critic
             # on a cluster: report the step once its version is on every node (see node_agent)
             for name in published:
                 wait_crossed(self.store.root, name, self.version)
@@ -253,9 +258,9 @@ class TrainRole:
         micro-batch's part of the mini-batch and by ``share`` (the update's part of the step),
         to ``sums``. Returns the gradient norms before clipping (policy, critic)."""
         aggregation = self.tc.aggregation
-        self.optim.zero_grad(set_to_none=True)
+        self.optim.zero_grad()
         if self.critic is not None:
-            self.critic.zero_grad()
+            self.critic.optim.zero_grad()
         for part in micro_batches(seqs, self.tc.micro_batch_tokens):
             batch = {k: v.to(self.device) for k, v in pack(part).items()}
             if self.base_is_reference and "ref" not in batch:
@@ -296,16 +301,9 @@ class TrainRole:
                 stats.update(v_stats)
             for k, v in {"loss": loss.item(), **stats}.items():
                 sums[k] = sums.get(k, 0.0) + float(v) * weight * share
-        grad_norm = 0.0
-        if policy_steps:
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            self.group.all_reduce_sum([p.grad for p in params if p.grad is not None])
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.tc.max_grad_norm))
-            self.optim.step()
-        critic_norm = (self.critic.step(self.group.all_reduce_sum)
+        grad_norm = (self.optim.step(self.group, self.tc.max_grad_norm) if policy_steps
+                     else 0.0)
+        critic_norm = (self.critic.optim.step(self.group, self.tc.max_grad_norm)
                        if self.critic is not None else None)
         return grad_norm, critic_norm
 
@@ -348,15 +346,23 @@ class TrainRole:
 
     def optim_state(self) -> dict[str, torch.Tensor]:
         """What the pool's next trainer needs beside the policy: AdamW's state, and under LoRA
-        the adapters (the policy holds them only merged)."""
-        return {**adam_tensors(self.model, self.optim), **adapter_tensors(self.model)}
+        the adapters (the policy holds them only merged); on rank 0 ({} on the others). Every
+        rank calls it: a sharded state is gathered."""
+        state = self.optim.state(self.group)
+        return {**state, **adapter_tensors(self.model)} if self.group.rank == 0 else {}
 
-    def state_tensors(self) -> list[torch.Tensor]:
-        """Everything ranks must agree on: weights, then the optimizer state, in one order."""
+    def weight_tensors(self) -> list[torch.Tensor]:
+        """The weights ranks must agree on, in one order: the policy's, then the critic's (the
+        optimizers' states follow in their ``regroup``)."""
         with torch.no_grad():
             params = [p.data for p in self.model.parameters()]
-        critic = self.critic.state_tensors() if self.critic is not None else []
-        return params + list(adam_tensors(self.model, self.optim).values()) + critic
+        critic = self.critic.weight_tensors() if self.critic is not None else []
+        return params + critic
+
+    def _stored(self, name: str) -> dict[str, torch.Tensor] | None:
+        """``name``'s optimizer state as the pool published it with the weights this trainer
+        holds (None before the first step: AdamW's state is zeros then)."""
+        return load_optim_state(self.store, name, self.version) if self.version > 0 else None
 
     def load_from_store(self, version: int) -> None:
         """Take over the pool's state at ``version``: the policy, and the optimizer state rank 0

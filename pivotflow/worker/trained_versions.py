@@ -16,7 +16,7 @@ import torch
 from pivotflow.errors import CheckpointError, WorkerError
 from pivotflow.params.base import ParamStore
 from pivotflow.params.node_agent import KEEP, KEEP_OPTIM
-from pivotflow.worker.adam_state import load_adam_tensors
+from pivotflow.worker.group_adam import GroupAdam
 from pivotflow.worker.lora import restore
 
 OPTIM_WAIT_S = 30.0  # for the optimizer state to reach this node's store (on a cluster)
@@ -48,7 +48,7 @@ def load_optim_state(store: ParamStore, name: str, version: int) -> dict[str, to
 
 
 def take_over(store: ParamStore, name: str, version: int, model: torch.nn.Module,
-              optim: torch.optim.Optimizer, rank_knob: str, rank: int) -> None:
+              optim: GroupAdam, rank_knob: str, rank: int) -> None:
     """Load ``name@version`` and its optimizer state into ``model`` and ``optim``; under LoRA
     (``rank`` > 0, set by the knob ``rank_knob``) the adapters, and the frozen weights as the
     published ones less the adapters' update. A state without this run's adapters is a
@@ -61,4 +61,4 @@ def take_over(store: ParamStore, name: str, version: int, model: torch.nn.Module
         raise CheckpointError(f"optimizer state {name}.optim@v{version} has no LoRA adapter "
                               f"{bad[0]!r} of this run's shape ({rank_knob} {rank}); "
                               f"{len(bad)} missing or misshaped")
-    load_adam_tensors(model, optim, state)
+    optim.load_state(state)

@@ -171,10 +171,11 @@ def test_a_trainer_taking_over_continues_the_critic_exactly(tmp_path: Path) -> N
     assert not torch.equal(a["score.weight"], start)  # (it moved: the comparison says something)
 
 
-def rank_proc(root: str, rank: int, world: int, rendezvous: str, q: mp.Queue) -> None:
+def rank_proc(root: str, rank: int, world: int, rendezvous: str, q: mp.Queue,
+              zero_stage: int = 0) -> None:
     from pivotflow.controller.training import shards
 
-    role = TrainRole(ShmParamStore(root), "policy", OPTS)
+    role = TrainRole(ShmParamStore(root), "policy", {**OPTS, "zero_stage": zero_stage})
     for step in range(2):
         part = shards(critic_batch(step), world)[rank]
         role.train(step_msg(step, part, rank, world, rendezvous))
@@ -182,7 +183,9 @@ def rank_proc(root: str, rank: int, world: int, rendezvous: str, q: mp.Queue) ->
     role.release()
 
 
-def test_two_data_parallel_trainers_step_the_critic_as_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("zero_stage", [0, 1])  # (1: AdamW's states sharded over the two)
+def test_two_data_parallel_trainers_step_the_critic_as_one(tmp_path: Path,
+                                                          zero_stage: int) -> None:
     one = publish_models(tmp_path / "one")
     role = TrainRole(one, "policy", OPTS)
     for step in range(2):
@@ -193,7 +196,8 @@ def test_two_data_parallel_trainers_step_the_critic_as_one(tmp_path: Path) -> No
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     rendezvous = os.path.join(tmp_path, "rdv")
-    procs = [ctx.Process(target=rank_proc, args=(str(two_root), r, 2, rendezvous, q))
+    procs = [ctx.Process(target=rank_proc, args=(str(two_root), r, 2, rendezvous, q,
+                                                 zero_stage))
              for r in range(2)]
     for p in procs:
         p.start()
@@ -201,9 +205,14 @@ def test_two_data_parallel_trainers_step_the_critic_as_one(tmp_path: Path) -> No
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
-    a, b = critic_of(one, 2), critic_of(ShmParamStore(two_root), 2)
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+    two = ShmParamStore(two_root)
+    for name in ("critic", "critic.optim", "policy.optim"):
+        a, b = one.load(name, 2)[2], two.load(name, 2)[2]
+        assert a.keys() == b.keys()
+        for k in a:
+            if "k_proj.bias" in k:  # (rounding noise: test_train_group.assert_same says why)
+                continue
+            torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=f"{name} {k}")
 
 
 def test_under_a_critic_warm_up_the_policy_waits_for_the_critic(tmp_path: Path) -> None:

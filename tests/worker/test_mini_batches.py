@@ -95,7 +95,7 @@ def test_a_step_of_two_mini_batches_is_two_steps(tmp_path: Path) -> None:
     a, b = cut.state_dict(), plain.state_dict()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
-    assert {float(st["step"]) for st in cut.optim.state.values()} == {2.0}  # two updates
+    assert {float(st["step"]) for st in cut.optim.optim.state.values()} == {2.0}  # two updates
     assert done.version == 1  # one version for the step
     cut.release()
     plain.release()

@@ -15,6 +15,7 @@ from pivotflow.engines.torch.weights import config_to_hf
 from pivotflow.params.shm_store import ShmParamStore
 from pivotflow.protocol import TrainSeq, TrainStep
 from pivotflow.worker.adam_state import adam_tensors
+from pivotflow.worker.group_adam import ReplicatedAdamW
 from pivotflow.worker.train_role import TrainRole
 
 pytestmark = pytest.mark.timeout(120)
@@ -58,7 +59,10 @@ def trainer_proc(root: str, plan: list[TrainStep], out: mp.Queue,
     role = TrainRole(ShmParamStore(root), "policy", opts or OPTS)
     for msg in plan:
         role.train(msg)
-    state = {**role.state_dict(), **adam_tensors(role.model, role.optim)}
+    # (every rank's whole state when replicated; rank 0's gathered one when sharded)
+    adam = (adam_tensors(role.model, role.optim.optim) if isinstance(role.optim, ReplicatedAdamW)
+            else role.optim.state(role.group))
+    state = {**role.state_dict(), **adam}
     out.put({k: v.detach().numpy().copy() for k, v in state.items()})  # no shared-memory fds
     role.release()
 

@@ -1,0 +1,166 @@
+"""What sharding AdamW's state over the trainers (``zero_stage`` 1, ``worker/sharded_adam.py``)
+saves and costs: two trainer processes (``--world``) take the same optimizer steps of a
+Qwen2.5-0.5B-shaped random model (its widths and 151,936-token vocabulary, ``--layers`` of its
+24 layers) under ``zero_stage`` 0 (replicated) and 1, through the train role itself (the
+parameter store, the gloo group, the publish of every version with its optimizer state).
+
+Per layout, each trainer reports:
+
+* ``optim_state_mib``: the AdamW state it holds (``state_bytes``), the figure a GPU's memory
+  would see;
+* ``rss_mib`` and ``rss_peak_mib``: the process's resident memory after the last step and its
+  high-water mark (rank 0 also maps what it publishes to the shared-memory store; rank 1 is the
+  clean figure);
+* ``step_s``: the median of the steps after the first (the first forms the group), with
+  ``sync_s`` (the group's re-cut at a new group) inside it.
+
+Beside them, computed (not run) for the sizes users bring: each trainer's bytes of float32
+weights, gradients and moments for a 0.5B, 7B and 32B policy on 8 trainers, per layout.
+
+    python bench/zero_optimizer.py [--layers 2] [--steps 4] [--seqs 4] [--tokens 64] \\
+        [--world 2] [--rounds 2]
+
+The rounds alternate the layouts' order. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+LAYOUTS = (0, 1)
+SIZES_B = {"0.5b": 0.494, "7b": 7.62, "32b": 32.8}  # Qwen2.5's parameter counts, billions
+
+
+def computed_gib(params_b: float, world: int) -> dict[str, float]:
+    """Per trainer: float32 weights (4 B) and gradients (4 B) whole, AdamW's two moments (8 B)
+    whole or 1/world of them."""
+    p = params_b * 1e9
+    return {"zero0": round(16 * p / 2**30, 1), "zero1": round((8 + 8 / world) * p / 2**30, 1)}
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def trainer(root: str, rank: int, args: argparse.Namespace, zero_stage: int,
+            rendezvous: str, out: Any) -> None:
+    import torch
+
+    from pivotflow.params.shm_store import ShmParamStore
+    from pivotflow.protocol import TrainSeq, TrainStep
+    from pivotflow.worker.train_role import TrainRole
+
+    torch.set_num_threads(1)
+    role = TrainRole(ShmParamStore(root), "policy",
+                     {"lr": 1e-5, "zero_stage": zero_stage, "threads": 1})
+    times, syncs = [], []
+    for step in range(args.steps):
+        g = torch.Generator().manual_seed(step * 100 + rank)
+        seqs = [TrainSeq(job_id=rank * 1000 + i, prompt_ids=torch.randint(
+                    3, 151936, (args.tokens // 2,), generator=g).tolist(),
+                    response_ids=torch.randint(3, 151936, (args.tokens // 2,),
+                                               generator=g).tolist(),
+                    logprobs=[-2.0] * (args.tokens // 2), versions=[step] * (args.tokens // 2),
+                    advantage=1.0 if i % 2 else -1.0) for i in range(args.seqs)]
+        total = args.seqs * args.world * (args.tokens // 2)
+        done = role.train(TrainStep(step=step, seqs=seqs, rank=rank, world=args.world, epoch=1,
+                                    rendezvous=rendezvous, total_tokens=total,
+                                    total_seqs=args.seqs * args.world))
+        times.append(done.stats["step_s"])
+        syncs.append(done.stats["sync_s"])
+    out.put({"rank": rank, "zero_stage": zero_stage,
+             "optim_state_mib": role.optim.state_bytes() / 2**20, "rss_mib": rss_mib(),
+             "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+             "step_s": statistics.median(times[1:]) if len(times) > 1 else times[0],
+             "first_step_s": times[0], "sync_s": syncs[0]})
+    role.release()
+
+
+def one_layout(zero_stage: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    import torch
+
+    from pivotflow.engines.torch.model import Decoder, ModelConfig
+    from pivotflow.engines.torch.weights import config_to_hf
+    from pivotflow.params.shm_store import ShmParamStore
+
+    cfg = ModelConfig(vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                      num_hidden_layers=args.layers, num_attention_heads=14,
+                      num_key_value_heads=2, max_position_embeddings=4096,
+                      tie_word_embeddings=True)
+    root = Path(tempfile.mkdtemp(prefix="pf-zero-", dir="/dev/shm"))
+    try:
+        torch.manual_seed(0)
+        ShmParamStore(root).publish("policy", 0, Decoder(cfg).state_dict(),
+                                    config_to_hf(cfg, torch.float32))
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        rendezvous = str(root / "rendezvous")
+        procs = [ctx.Process(target=trainer, args=(str(root), r, args, zero_stage, rendezvous, q))
+                 for r in range(args.world)]
+        for p in procs:
+            p.start()
+        rows = sorted((q.get(timeout=1800) for _ in procs), key=lambda r: r["rank"])
+        for p in procs:
+            p.join(60)
+        return rows
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--seqs", type=int, default=4, help="sequences per trainer a step")
+    ap.add_argument("--tokens", type=int, default=64, help="per sequence, half of it response")
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    runs: dict[int, list[list[dict[str, Any]]]] = {z: [] for z in LAYOUTS}
+    for rnd in range(args.rounds):
+        for z in (LAYOUTS if rnd % 2 == 0 else LAYOUTS[::-1]):
+            t0 = time.perf_counter()
+            rows = one_layout(z, args)
+            runs[z].append(rows)
+            print(f"round {rnd} zero_stage {z}: " + ", ".join(
+                f"rank {r['rank']} state {r['optim_state_mib']:.0f} MiB rss "
+                f"{r['rss_mib']:.0f} MiB step {r['step_s']:.2f} s" for r in rows)
+                + f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    layouts = {}
+    for z, rounds in runs.items():
+        per_rank = []
+        for rank in range(args.world):
+            rows = [rows[rank] for rows in rounds]
+            per_rank.append({k: statistics.median(r[k] for r in rows)
+                             for k in ("optim_state_mib", "rss_mib", "rss_peak_mib", "step_s",
+                                       "first_step_s", "sync_s")})
+        layouts[f"zero{z}"] = per_rank
+    z0, z1 = layouts["zero0"], layouts["zero1"]
+    result = {
+        "bench": "zero_optimizer", "layers": args.layers, "world": args.world,
+        "steps": args.steps, "seqs": args.seqs, "tokens": args.tokens, "rounds": args.rounds,
+        "layouts": layouts,
+        "optim_state_ratio": z1[0]["optim_state_mib"] / z0[0]["optim_state_mib"],
+        "rss_ratio_rank1": (z1[-1]["rss_mib"] / z0[-1]["rss_mib"]),
+        "step_time_ratio": z1[0]["step_s"] / z0[0]["step_s"],
+        "computed_gib_per_trainer_of_8": {name: computed_gib(b, 8)
+                                          for name, b in SIZES_B.items()},
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

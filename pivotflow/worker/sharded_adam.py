@@ -1,0 +1,267 @@
+"""AdamW with its state sharded over the trainers' group (``zero_stage`` 1, DeepSpeed's ZeRO
+stage 1; ``group_adam.py`` has the interface and the replicated layout).
+
+Why: AdamW's two moments are 8 bytes a float32 weight, twice the weights themselves, and every
+trainer of the replicated layout holds them whole. Sharded, each of ``world`` trainers holds
+1/world of them, and steps 1/world of the weights. A 7B policy trained in float32 needs
+28 GB of weights, 28 GB of gradients and 56 GB of moments on each of 8 GPUs replicated (112 GB:
+no 80 GB GPU holds it), 63 GB sharded.
+
+The layout: the trainable weights, in parameter order, are one flat index space cut into
+buckets of at most ``BUCKET_ELEMS`` (so no collective needs a buffer the size of the model);
+each bucket is padded to a multiple of ``world`` and rank ``r`` owns its ``r``-th chunk. A step
+reduce-scatters each bucket's gradient (each rank receives the summed gradient of its chunk),
+clips by the norm over every chunk (one all-reduced scalar), steps AdamW on the chunk of the
+weights it owns, in place (``torch.optim.adamw.adamw``, AdamW's own arithmetic, on views of
+the weights, their gradients and this rank's moments: no copy of the weights or gradients is
+kept), and all-gathers the stepped chunks back into every rank's weights. With a
+reduce-scatter as fast as half an all-reduce (NCCL's) that is the replicated layout's traffic;
+gloo's is slower than its all-reduce, so over gloo the bucket is all-reduced and each rank
+keeps its chunk, and the all-gather is the traffic added (``bench/zero_optimizer.py``). It is
+the same step: AdamW is elementwise, so cutting the weights changes no value (the norm's
+summation order aside).
+
+The state has no home of its own between groups: rank 0 gathers it under the weights' names
+for ``<model>.optim`` with every version, exactly what the replicated layout publishes. When
+the group changes (a trainer joins or leaves, or rank 0 takes the pool over), rank 0 takes the
+whole state from what it took over, from its own shards if it held them all, or from the
+parameter store's copy for the weights it holds, and scatters the new chunks.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch.optim.adamw import adamw
+
+from pivotflow.worker.adam_state import check_adam_tensors
+from pivotflow.worker.group_adam import BETAS, StoredState
+from pivotflow.worker.train_group import TrainGroup
+
+BUCKET_ELEMS = 1 << 24  # 16 Mi elements: 64 MiB a float32 collective buffer
+# (torch 2.13's names; the older ones warn there, and are all an older torch has)
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+class ShardedAdamW:
+    """This rank's chunks of AdamW's moments; see the module for the layout."""
+
+    def __init__(self, model: torch.nn.Module, lr: float, bucket_elems: int = 0) -> None:
+        bucket_elems = bucket_elems or BUCKET_ELEMS  # (read here: a test cuts finer)
+        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in self.named]
+        self.lr = lr
+        self.starts = [0]  # where each weight begins in the flat index space
+        for p in self.params:
+            self.starts.append(self.starts[-1] + p.numel())
+        total = self.starts[-1]
+        self.buckets = [(s, min(s + bucket_elems, total)) for s in range(0, total, bucket_elems)]
+        self.layout: tuple[int, int, int] | None = None  # (epoch, world, rank) it is cut for
+        self.world, self.rank = 1, 0
+        # this rank's chunk of each bucket, per moment (a bucket's padding past its end too)
+        self.moments: dict[str, list[torch.Tensor]] = {key: [] for key in MOMENTS}
+        self.steps = 0  # AdamW's step count, the same for every weight
+        # one bucket's collective buffer and one chunk's, kept: a fresh 64 MiB a bucket a step
+        # cost more in page faults than the collectives themselves (on CPU)
+        self.scratch = torch.zeros(0)
+        self.send = torch.zeros(0)
+        self.pending: dict[str, torch.Tensor] | None = None  # a taken-over state, rank 0
+
+    # -- the layout ----------------------------------------------------------------------
+
+    def _chunk(self, bucket: int) -> int:
+        s, e = self.buckets[bucket]
+        return math.ceil((e - s) / self.world)
+
+    def _owned(self, bucket: int) -> tuple[int, int]:
+        """The flat range this rank owns of ``bucket`` (empty past the bucket's end)."""
+        s, e = self.buckets[bucket]
+        c = self._chunk(bucket)
+        return min(s + self.rank * c, e), min(s + (self.rank + 1) * c, e)
+
+    def _pieces(self, lo: int, hi: int) -> list[tuple[int, int, int, int]]:
+        """(weight, start in it, end in it, offset from ``lo``) covering flat ``[lo, hi)``."""
+        out = []
+        i = bisect_right(self.starts, lo) - 1
+        while lo < hi and i < len(self.params):
+            a, b = max(lo, self.starts[i]), min(hi, self.starts[i + 1])
+            if a < b:
+                out.append((i, a - self.starts[i], b - self.starts[i], a - lo))
+            i += 1
+            if self.starts[i] >= hi:
+                break
+        return out
+
+    def _read(self, tensors: Sequence[torch.Tensor], lo: int, hi: int, out: torch.Tensor) -> None:
+        """``out[: hi - lo]`` = the flat ``[lo, hi)`` of ``tensors`` (one a weight); the rest
+        of ``out`` zeros."""
+        out.zero_()
+        for i, a, b, o in self._pieces(lo, hi):
+            out[o: o + b - a].copy_(tensors[i].detach().reshape(-1)[a:b])
+
+    def _write(self, buf: torch.Tensor, lo: int, hi: int,
+               tensors: Sequence[torch.Tensor]) -> None:
+        """The flat ``[lo, hi)`` of ``tensors`` = ``buf[: hi - lo]``."""
+        for i, a, b, o in self._pieces(lo, hi):
+            tensors[i].detach().view(-1)[a:b].copy_(buf[o: o + b - a])
+
+    def _new_buffer(self, n: int) -> torch.Tensor:
+        p = self.params[0]
+        return torch.zeros(n, dtype=p.dtype, device=p.device)
+
+    def _bucket_buffer(self, bucket: int) -> torch.Tensor:
+        """The scratch buffer, as long as ``bucket`` padded to ``world`` chunks."""
+        return self.scratch[: self._chunk(bucket) * self.world]
+
+    def _cut(self, world: int, rank: int) -> None:
+        """Fresh, zeroed chunks of the moments for ``rank`` of ``world``."""
+        self.world, self.rank = world, rank
+        chunks = [self._chunk(b) for b in range(len(self.buckets))]
+        self.moments = {key: [self._new_buffer(c) for c in chunks] for key in MOMENTS}
+        self.steps = 0
+        self.scratch = self._new_buffer(max(chunks, default=0) * world if world > 1 else 0)
+        self.send = self._new_buffer(max(chunks, default=0) if world > 1 else 0)
+
+    # -- the interface (group_adam.py) ---------------------------------------------------
+
+    def set_lr(self, lr: float) -> None:
+        self.lr = lr
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self, group: TrainGroup, max_grad_norm: float) -> float:
+        assert self.layout is not None, "regroup before the first step"
+        for p in self.params:  # (a weight the loss never reached: a zero gradient, as DDP)
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        sq = torch.zeros(1, dtype=torch.float64)
+        with torch.no_grad():
+            # 1. this rank's chunk of each bucket's summed gradient, written over its own
+            # gradient there (the rest of the gradient is never read again)
+            for b, (s, e) in enumerate(self.buckets):
+                lo, hi = self._owned(b)
+                if self.world > 1:
+                    full = self._bucket_buffer(b)
+                    self._read(grads, s, e, full)
+                    c = self._chunk(b)
+                    if dist.get_backend() == "gloo":
+                        # gloo's reduce-scatter took 2x its all-reduce of the same bucket (64
+                        # MiB on loopback, 2 ranks: 0.104 s against 0.053 s), so sum the whole
+                        # bucket and keep this rank's chunk
+                        dist.all_reduce(full)
+                        mine = full[self.rank * c: (self.rank + 1) * c]
+                    else:
+                        mine = self.send[:c]
+                        _reduce_scatter(mine, full)
+                    self._write(mine, lo, hi, grads)
+                for i, a, z, _ in self._pieces(lo, hi):
+                    sq += grads[i].view(-1)[a:z].double().pow(2).sum()
+            group.all_reduce_sum([sq])
+            norm = float(sq.sqrt())
+            coef = min(max_grad_norm / (norm + 1e-6), 1.0)  # (clip_grad_norm_'s)
+            # 2. AdamW on the chunks this rank owns, in place in the weights
+            ps, gs, ms, vs = [], [], [], []
+            for b in range(len(self.buckets)):
+                for i, a, z, o in self._pieces(*self._owned(b)):
+                    ps.append(self.params[i].detach().view(-1)[a:z])
+                    gs.append(grads[i].view(-1)[a:z].mul_(coef))
+                    ms.append(self.moments["exp_avg"][b][o: o + z - a])
+                    vs.append(self.moments["exp_avg_sq"][b][o: o + z - a])
+            steps = [torch.tensor(float(self.steps)) for _ in ps]  # (adamw counts each up)
+            adamw(ps, gs, ms, vs, [], steps, amsgrad=False, beta1=BETAS[0], beta2=BETAS[1],
+                  lr=self.lr, weight_decay=0.0, eps=1e-8, maximize=False)
+            self.steps += 1
+            self.zero_grad()
+            # 3. every rank's stepped chunks into every rank's weights
+            if self.world > 1:
+                for b, (s, e) in enumerate(self.buckets):
+                    c = self._chunk(b)
+                    lo, hi = self._owned(b)
+                    self._read(self.params, lo, hi, self.send[:c])
+                    full = self._bucket_buffer(b)
+                    _all_gather(full, self.send[:c])
+                    self._write(full, s, e, self.params)
+        return norm
+
+    def state(self, group: TrainGroup) -> dict[str, torch.Tensor]:
+        return self._gathered()
+
+    def _gathered(self) -> dict[str, torch.Tensor]:
+        """The whole state under the weights' names, on rank 0's host ({} on the other
+        ranks): a collective over the layout's group."""
+        whole = {key: [torch.empty(p.shape, dtype=p.dtype) for p in self.params]
+                 for key in MOMENTS}
+        for key in MOMENTS:
+            for b, (s, e) in enumerate(self.buckets):
+                chunk = self.moments[key][b]
+                if self.world == 1:
+                    self._write(chunk, s, e, whole[key])
+                    continue
+                full = self._bucket_buffer(b)
+                parts = list(full.split(chunk.numel())) if self.rank == 0 else None
+                dist.gather(chunk, parts, dst=0)
+                if parts is not None:
+                    self._write(full, s, e, whole[key])
+        out: dict[str, torch.Tensor] = {}
+        if self.rank != 0:
+            return out
+        for i, (name, _) in enumerate(self.named):  # adam_tensors' names and order
+            out[f"{name}.exp_avg"] = whole["exp_avg"][i]
+            out[f"{name}.exp_avg_sq"] = whole["exp_avg_sq"][i]
+            out[f"{name}.step"] = torch.tensor(float(self.steps))
+        return out
+
+    def load_state(self, tensors: dict[str, torch.Tensor]) -> None:
+        check_adam_tensors(self.named, tensors)
+        self.pending = tensors
+
+    def regroup(self, group: TrainGroup, formed: bool, stored: StoredState) -> None:
+        key = (group.epoch, group.world, group.rank)
+        if key == self.layout and self.pending is None:
+            return
+        source: dict[str, torch.Tensor] | None = None
+        if group.rank == 0:
+            if self.pending is not None:
+                source = self.pending
+            elif self.layout is not None and self.world == 1:
+                source = self._gathered()  # it held every chunk: no store read
+            else:
+                source = stored()
+        # every rank learns whether chunks are coming, and AdamW's step count
+        head = torch.tensor([0.0 if source is None else 1.0,
+                             0.0 if source is None else float(source[f"{self.named[0][0]}.step"])],
+                            dtype=torch.float64)
+        group.broadcast([head])
+        self._cut(group.world, group.rank)
+        self.layout, self.pending = key, None
+        if not head[0].item():
+            return  # no step taken yet: zeros, as AdamW's first step would make them
+        self.steps = int(head[1].item())
+        for key_name in MOMENTS:
+            whole = ([source[f"{n}.{key_name}"] for n, _ in self.named]
+                     if source is not None else [])
+            for b, (s, e) in enumerate(self.buckets):
+                chunk = self.moments[key_name][b]
+                if self.world == 1:
+                    self._read(whole, s, e, chunk)
+                    continue
+                parts = None
+                if group.rank == 0:
+                    full = self._bucket_buffer(b)
+                    self._read(whole, s, e, full)
+                    parts = list(full.split(chunk.numel()))
+                dist.scatter(chunk, parts, src=0)
+
+    def state_bytes(self) -> int:
+        """What this rank holds of AdamW's state: its chunks of the moments."""
+        return sum(t.numel() * t.element_size() for chunks in self.moments.values()
+                   for t in chunks)

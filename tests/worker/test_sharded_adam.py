@@ -1,0 +1,167 @@
+"""AdamW's state sharded over the trainers (``zero_stage`` 1, ``worker/sharded_adam.py``): the
+same steps as the replicated layout, 1/world of the state on each trainer, the same published
+``<model>.optim``, and the state re-cut whenever the group changes (a trainer leaves, joins, or
+takes the pool over from the parameter store). Real processes, gloo on loopback."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from pivotflow.errors import CheckpointError
+from pivotflow.params.shm_store import ShmParamStore
+from pivotflow.worker import sharded_adam
+from pivotflow.worker.adam_state import adam_tensors
+from pivotflow.worker.group_adam import ReplicatedAdamW
+from pivotflow.worker.sharded_adam import ShardedAdamW
+from pivotflow.worker.train_config import check_train_options
+from pivotflow.worker.train_group import TrainGroup
+from pivotflow.worker.train_role import TrainRole
+from tests.worker.test_train_group import (
+    OPTS,
+    assert_same,
+    fresh_store,
+    run_trainers,
+    step_msgs,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+SHARDED = {**OPTS, "zero_stage": 1}
+BUCKET = 1000  # elements: the test model's 10k weights cut into buckets that split weights
+
+
+def two_models() -> tuple[torch.nn.Module, torch.nn.Module]:
+    torch.manual_seed(0)
+    a = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.Linear(5, 3))
+    b = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.Linear(5, 3))
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def test_one_sharded_trainer_steps_as_the_replicated_one_across_cut_weights() -> None:
+    plain_model, cut_model = two_models()
+    plain = ReplicatedAdamW(plain_model, lr=0.1)
+    cut = ShardedAdamW(cut_model, lr=0.1, bucket_elems=4)  # every weight cut across buckets
+    solo = TrainGroup()
+    cut.regroup(solo, False, lambda: None)
+    for step in range(3):
+        x = torch.randn(4, 7, generator=torch.Generator().manual_seed(step))
+        norms = []
+        for model, opt in ((plain_model, plain), (cut_model, cut)):
+            opt.zero_grad()
+            (model(x) ** 2).sum().mul(10).backward()  # large: the clip acts
+            norms.append(opt.step(solo, max_grad_norm=1.0))
+        assert norms[0] > 1 and norms[1] == pytest.approx(norms[0], rel=1e-6)
+    for k, v in plain_model.state_dict().items():
+        torch.testing.assert_close(cut_model.state_dict()[k], v, rtol=1e-6, atol=1e-7)
+    state = cut.state(solo)
+    want = adam_tensors(plain_model, plain.optim)
+    assert list(state) == list(want)  # the replicated layout's names, in its order
+    for k, v in want.items():
+        torch.testing.assert_close(state[k], v, rtol=1e-5, atol=1e-8, msg=k)
+    assert float(state["0.weight.step"]) == 3.0
+
+
+def test_a_state_for_another_model_is_a_one_line_error() -> None:
+    model, _ = two_models()
+    opt = ShardedAdamW(model, lr=0.1)
+    state = adam_tensors(model, ReplicatedAdamW(model, lr=0.1).optim)
+    state["1.bias.exp_avg"] = torch.zeros(4)
+    with pytest.raises(CheckpointError, match=r"^optimizer state entry 1\.bias\.'exp_avg' is "
+                                              r"missing or has shape \(4,\), not \(3,\)$"):
+        opt.load_state(state)
+
+
+def test_zero_stages_past_one_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match=r"zero_stage must be 0 .* or 1 .*got 3 \(2 and 3 are "
+                                         r"not built\)"):
+        check_train_options({"zero_stage": 3})
+
+
+def sharded_proc(index: int, root: str, plan: list, out: mp.Queue, opts: dict,
+                 wait_for: int = -1) -> None:
+    """A trainer process with small buckets, reporting the weights it ends with (its share of
+    the optimizer state is checked where rank 0 published it whole); ``wait_for``: start once
+    the store holds that version of the optimizer state (a trainer that comes later, to take
+    the pool over)."""
+    sharded_adam.BUCKET_ELEMS = BUCKET
+    store = ShmParamStore(root)
+    while wait_for >= 0 and wait_for not in store.versions("policy.optim"):
+        time.sleep(0.05)
+    role = TrainRole(store, "policy", opts)
+    for msg in plan:
+        role.train(msg)
+    held = {k: v.detach().numpy().copy() for k, v in role.state_dict().items()}
+    out.put((index, held, role.optim.state_bytes()))
+    role.release()
+
+
+def run_sharded(root: Path, plans: list[list], waits: list[int] | None = None,
+                opts: dict | None = None) -> tuple[list[dict[str, torch.Tensor]], list[int]]:
+    """Each trainer's weights at its end, and the bytes of AdamW's state it held."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    waits = waits or [-1] * len(plans)
+    procs = [ctx.Process(target=sharded_proc, args=(i, str(root), plan, q, opts or SHARDED, w))
+             for i, (plan, w) in enumerate(zip(plans, waits, strict=True))]
+    for p in procs:
+        p.start()
+    results: list[dict[str, torch.Tensor]] = [{} for _ in procs]
+    state_bytes = [0] * len(procs)
+    for _ in procs:  # (in the order they finish)
+        i, held, state_bytes[i] = q.get(timeout=120)
+        results[i] = {k: torch.from_numpy(v) for k, v in held.items()}
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    return results, state_bytes
+
+
+def weights_and_optim(solo: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    moments = {k: v for k, v in solo.items() if k.endswith((".exp_avg", ".exp_avg_sq", ".step"))}
+    return {k: v for k, v in solo.items() if k not in moments}, moments
+
+
+def test_two_sharded_trainers_take_the_replicated_steps_holding_half_the_state(
+        tmp_path: Path) -> None:
+    fresh_store(tmp_path / "solo")
+    solo = run_trainers(tmp_path / "solo", [[step_msgs(s, 1, 1, "")[0] for s in range(3)]])[0]
+    weights, moments = weights_and_optim(solo)
+    store = fresh_store(tmp_path / "pair")
+    rdv = str(tmp_path / "rdv")
+    held, state_bytes = run_sharded(store.root, [[step_msgs(s, 2, 1, rdv)[r] for s in range(3)]
+                                                 for r in range(2)])
+    for w in held:
+        assert_same(w, weights)
+    # what rank 0 gathered and published is the replicated layout's <model>.optim
+    assert_same(store.load("policy.optim", 3)[2], moments)
+    whole = sum(t.numel() * 4 for k, t in moments.items() if not k.endswith(".step"))
+    for n in state_bytes:  # (the last bucket padded to an even length: a float a moment)
+        assert whole / 2 <= n <= whole / 2 + 8
+
+
+def test_the_state_is_re_cut_as_trainers_leave_join_and_take_over(tmp_path: Path) -> None:
+    """A and B sharded (steps 0-1); A alone (step 2: its half comes back whole from the store);
+    C, new, takes the pool over from the store (step 3); C and A again (step 4: C held it all
+    and scatters A's half). Every step equals one replicated trainer's."""
+    fresh_store(tmp_path / "solo")
+    solo = run_trainers(tmp_path / "solo", [[step_msgs(s, 1, 1, "")[0] for s in range(5)]])[0]
+    weights, moments = weights_and_optim(solo)
+    store = fresh_store(tmp_path / "pool")
+    rdv1, rdv4 = str(tmp_path / "rdv1"), str(tmp_path / "rdv4")
+    a_plan = [step_msgs(0, 2, 1, rdv1)[0], step_msgs(1, 2, 1, rdv1)[0],
+              step_msgs(2, 1, 2, "")[0], step_msgs(4, 2, 4, rdv4)[1]]
+    b_plan = [step_msgs(0, 2, 1, rdv1)[1], step_msgs(1, 2, 1, rdv1)[1]]
+    c_plan = [step_msgs(3, 1, 3, "", optim_version=3)[0], step_msgs(4, 2, 4, rdv4)[0]]
+    (a, b, c), _ = run_sharded(store.root, [a_plan, b_plan, c_plan], waits=[-1, -1, 3])
+    assert_same(a, weights)
+    assert_same(c, weights)
+    assert_same(store.load("policy.optim", 5)[2], moments)
+    assert not torch.equal(b["lm_head.weight"] if "lm_head.weight" in b else
+                           b["model.embed_tokens.weight"],
+                           weights.get("lm_head.weight", weights["model.embed_tokens.weight"]))
