@@ -70,8 +70,18 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     worker_timeout_s: float = defaults.WORKER_TIMEOUT_S
     engine: str = defaults.ENGINE
     engines: dict[str, str] = {}  # pool -> engine, where not ``engine`` (--set engine.POOL=)
+    # tensor parallelism of each vLLM or SGLang pool's engine (the embedded engine has none),
+    # and a pool's own (--set tensor_parallel.POOL=); on GPUs it needs as many a worker
+    tensor_parallel: int = 1
+    tensor_parallels: dict[str, int] = {}
     dtype: str = defaults.DTYPE  # one of DTYPES, for every worker's model
     device: str = defaults.DEVICE  # one of DEVICES, for every worker
+    # GPUs a worker holds (a Ray bundle's; the local launcher's CUDA_VISIBLE_DEVICES for each
+    # worker): -1, one when device is cuda; k > 1 for a rollout engine's tensor parallelism;
+    # 1/n for n workers to a GPU. gpus: the GPU ids the local launcher hands out ("": every
+    # one this host has)
+    gpus_per_worker: float = -1.0
+    gpus: str = ""
     live: bool = True
     results_per_frame: int = defaults.RESULTS_PER_FRAME
     max_worker_restarts: int = defaults.MAX_WORKER_RESTARTS
@@ -118,11 +128,13 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return WorkerConfig(threads=self.threads_per_worker, max_batch=self.max_batch,
                             engine=engine_of(self, pool), seed=self.seed,
                             results_per_frame=self.results_per_frame, dtype=self.dtype,
-                            device=self.device, tokenizer_dir=tokenizer_dir)
+                            device=self.device, tokenizer_dir=tokenizer_dir,
+                            tensor_parallel=tensor_parallel_of(self, pool))
 
     def launcher_config(self) -> LauncherConfig:
         return LauncherConfig(kind=self.launcher, threads=self.threads_per_worker,
-                              device=self.device, ray=self.ray)
+                              device=self.device, gpus_per_worker=self.gpus_per_worker,
+                              gpus=self.gpus, ray=self.ray)
 
     def transport_config(self) -> TransportConfig:
         return TransportConfig(endpoint=self.endpoint, curve_keys=self.curve_keys)
@@ -180,12 +192,20 @@ def _canonical(key: str) -> str:
     return key
 
 
-_NESTED = ("pools", "graph", "chaos", "engines", "ray", "planner_knobs")  # set through KEY.NAME, never whole
+_NESTED = ("pools", "graph", "chaos", "engines", "tensor_parallels", "ray", "planner_knobs")  # set through KEY.NAME, never whole
 
 
 def engine_of(cfg: RunConfig, pool: str) -> str:
     """The engine a pool's workers generate with: its own (``engine.POOL``), else ``engine``."""
     return cfg.engines.get(pool, cfg.engine)
+
+
+def tensor_parallel_of(cfg: RunConfig, pool: str) -> int:
+    """A pool's engine's tensor parallelism: its own, else ``tensor_parallel`` where its
+    engine has any (vLLM, SGLang), else 1."""
+    if pool in cfg.tensor_parallels:
+        return cfg.tensor_parallels[pool]
+    return cfg.tensor_parallel if engine_of(cfg, pool) in ("vllm", "sglang") else 1
 
 
 def valid_keys(graph_defaults: dict[str, Any], pools: list[str] | None) -> list[str]:
@@ -199,6 +219,7 @@ def valid_keys(graph_defaults: dict[str, Any], pools: list[str] | None) -> list[
     keys += [f"planner.{p}.{k}" for p in PLANNER_SECTIONS
              for k in BackpressureConfig.__struct_fields__]
     keys += [f"pools.{p}" for p in names] + [f"engine.{p}" for p in names]
+    keys += [f"tensor_parallel.{p}" for p in names]
     keys += [f"graph.{k}" for k in graph_defaults]
     return sorted(keys)
 
@@ -211,6 +232,7 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     pool_sizes: dict[str, int] = {}
     chaos: dict[str, Any] = {}
     engines: dict[str, Any] = {}
+    tensor_parallels: dict[str, int] = {}
     ray: dict[str, Any] = {}
     knobs: dict[str, float] = {}
     sections: dict[str, str] = {}  # planner.PLANNER.KEY given: PLANNER -> a key naming it
@@ -242,13 +264,19 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
                 raise bad_key(key, value, f"the graph has no pool {rest!r}",
                               valid_keys(graph_defaults, pools))
             engines[rest] = value
+        elif head == "tensor_parallel" and rest:
+            if pools is not None and rest not in pools:
+                raise bad_key(key, value, f"the graph has no pool {rest!r}",
+                              valid_keys(graph_defaults, pools))
+            tensor_parallels[rest] = _convert(key, value, int)
         elif key in RunConfig.__struct_fields__ and key not in _NESTED:
             top[key] = value
         else:
             raise bad_key(key, value, "unknown key", valid_keys(graph_defaults, pools))
     try:
         cfg = msgspec.convert({**top, "pools": pool_sizes, "graph": graph, "chaos": chaos,
-                               "engines": engines, "ray": ray, "planner_knobs": knobs},
+                               "engines": engines, "tensor_parallels": tensor_parallels,
+                               "ray": ray, "planner_knobs": knobs},
                               RunConfig, strict=False)
     except msgspec.ValidationError as exc:  # "Expected `int`, got `str` - at `$.steps`"
         why, _, where = str(exc).partition(" - at ")
@@ -269,6 +297,7 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
         if kind not in ENGINE_KINDS:
             raise ConfigError(f"--set {key}={kind}: unknown engine; valid: "
                               f"{', '.join(ENGINE_KINDS)}")
+    _check_tensor_parallel(cfg)
     if cfg.dtype not in DTYPES:
         raise ConfigError(f"--set dtype={cfg.dtype}: unknown dtype; valid: {', '.join(DTYPES)}")
     kind, _, index = cfg.device.partition(":")
@@ -328,6 +357,28 @@ def _check_planner_knobs(cfg: RunConfig, given: dict[str, float],
                               f"{'> 0' if name == 'interval_s' else '>= 0'}")
 
 
+def _check_tensor_parallel(cfg: RunConfig) -> None:
+    """Tensor parallelism: >= 1, only on a vLLM or SGLang pool, and on GPUs no more than a
+    worker holds."""
+    served = ("vllm", "sglang")
+    given = [("tensor_parallel", cfg.tensor_parallel),
+             *((f"tensor_parallel.{p}", n) for p, n in cfg.tensor_parallels.items())]
+    for key, n in given:
+        if n < 1:
+            raise ConfigError(f"--set {key}={n}: must be >= 1")
+    for pool, n in cfg.tensor_parallels.items():
+        if n > 1 and engine_of(cfg, pool) not in served:
+            raise ConfigError(f"--set tensor_parallel.{pool}={n}: pool {pool!r} runs the "
+                              f"{engine_of(cfg, pool)} engine, which has no tensor parallelism "
+                              f"(--set engine.{pool}=vllm or sglang)")
+    uses_global = cfg.engine in served or any(e in served for e in cfg.engines.values())
+    need = max([n for _, n in given[1:]] + ([cfg.tensor_parallel] if uses_global else [1]))
+    gpus = cfg.launcher_config().worker_gpus()
+    if cfg.device.startswith("cuda") and need > gpus:
+        raise ConfigError(f"tensor parallelism {need} needs {need} GPUs a worker; "
+                          f"gpus_per_worker is {gpus:g} (--set gpus_per_worker={need})")
+
+
 def _check_launcher(cfg: RunConfig) -> None:
     if cfg.launcher not in LAUNCHERS:
         raise ConfigError(f"--set launcher={cfg.launcher}: unknown launcher; valid: "
@@ -339,6 +390,9 @@ def _check_launcher(cfg: RunConfig) -> None:
         bad = "cpus_per_worker" if cfg.ray.cpus_per_worker < 0 else "place_timeout_s"
         raise ConfigError(f"--set ray.{bad}={getattr(cfg.ray, bad)}: must be "
                           f"{'>= 0' if bad == 'cpus_per_worker' else '> 0'}")
+    if cfg.gpus_per_worker < 0 and cfg.gpus_per_worker != -1:
+        raise ConfigError(f"--set gpus_per_worker={cfg.gpus_per_worker}: must be >= 0 "
+                          "(-1: one when device is cuda)")
     if not cfg.ray.address:
         raise ConfigError("--set ray.address=: give 'auto' or the cluster's HOST:PORT")
     if cfg.launcher == "ray" and importlib.util.find_spec("ray") is None:

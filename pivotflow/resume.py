@@ -37,9 +37,9 @@ from pivotflow.planner.backpressure import BackpressureConfig
 # Every graph.* knob counts too (group size, groups per step, lr, max tokens: they define the
 # graph), as do the graph file's content, its models and its data.
 SHAPE_KEYS = ("seed", "models_seed", "max_staleness", "dtype")
-PREFIX = {"engines": "engine", "planner_knobs": "planner"}  # a dict setting's --set prefix,
-# where it is not its name
-POOL_KEYED = ("pools", "engines")  # dict settings keyed by pool name
+# a dict setting's --set prefix, where it is not its name
+PREFIX = {"engines": "engine", "tensor_parallels": "tensor_parallel", "planner_knobs": "planner"}
+POOL_KEYED = ("pools", "engines", "tensor_parallels")  # dict settings keyed by pool name
 RUN_NAME = re.compile(r"-\d{8}-\d{6}$")  # run() names a fresh --out GRAPH-YYYYMMDD-HHMMSS
 
 

@@ -153,7 +153,8 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
             raise ConfigError(f"--resume {out}: its checkpoint is at step {ckpt.step} and the "
                               f"run's steps is {cfg.steps}; give --steps N above {ckpt.step} "
                               "to extend it")
-    for prefix, named in (("pools", cfg.pools), ("engine", cfg.engines)):
+    for prefix, named in (("pools", cfg.pools), ("engine", cfg.engines),
+                          ("tensor_parallel", cfg.tensor_parallels)):
         unknown = sorted(set(named) - set(graph.pools))
         if unknown:
             raise bad_key(f"{prefix}.{unknown[0]}", named[unknown[0]],

@@ -53,6 +53,16 @@ def test_int_given_for_float_knob_is_a_float() -> None:
                          r"float16, fp32, bf16, fp16"),
         (["device=tpu"], r"--set device=tpu: unknown device; valid: cpu, cuda, cuda:N"),
         (["device=cpu:1"], r"unknown device"),
+        (["tensor_parallel=0"], r"^--set tensor_parallel=0: must be >= 1$"),
+        (["tensor_parallel.rollout=2"], r"^--set tensor_parallel.rollout=2: pool 'rollout' runs "
+                                        r"the torch engine, which has no tensor parallelism "
+                                        r"\(--set engine.rollout=vllm or sglang\)$"),
+        (["tensor_parallel.judge=2"], r"the graph has no pool 'judge'; valid keys: "
+                                      r".*tensor_parallel.rollout"),
+        (["engine=vllm", "tensor_parallel=2", "device=cuda"],
+         r"^tensor parallelism 2 needs 2 GPUs a worker; gpus_per_worker is 1 "
+         r"\(--set gpus_per_worker=2\)$"),
+        (["gpus_per_worker=-2"], r"^--set gpus_per_worker=-2.0: must be >= 0"),
     ],
 )
 def test_bad_overrides(items: list[str], match: str) -> None:
@@ -146,8 +156,18 @@ def test_each_component_gets_its_typed_config_composed_from_the_flat_keys(tmp_pa
     assert "tokenizer_dir" not in rollout.options()
     launcher = cfg.launcher_config()
     assert (launcher.kind, launcher.threads, launcher.ray.cpus_per_worker) == ("local", 2, 3.0)
-    assert launcher.gpus_per_worker() == 1.0  # auto: a GPU per bundle for cuda workers
+    assert launcher.worker_gpus() == 1.0  # auto: a GPU a worker for cuda workers
     assert cfg.transport_config().endpoint == "tcp://127.0.0.1:5999"
+
+
+def test_tensor_parallelism_reaches_the_vllm_and_sglang_pools_only() -> None:
+    cfg = resolve(parse_overrides(["engine.rollout=vllm", "engine.judge=sglang",
+                                   "tensor_parallel=2", "tensor_parallel.judge=4",
+                                   "device=cuda", "gpus_per_worker=4"]), DEFAULTS,
+                  ["rollout", "judge", "trainer"])
+    assert [cfg.worker_config(p).tensor_parallel for p in ("rollout", "judge", "trainer")] == \
+        [2, 4, 1]  # the trainer's pool runs the embedded engine: none
+    assert cfg.launcher_config().worker_gpus() == 4.0
 
 
 def test_a_knobs_default_is_the_same_for_the_run_and_the_component() -> None:

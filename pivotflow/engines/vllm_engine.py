@@ -116,7 +116,9 @@ class VllmEngine:
         kw.setdefault("seed", 0)
         kw.setdefault("worker_extension_cls", WORKER_EXTENSION)
         if self.on_cpu:
-            kw.setdefault("distributed_executor_backend", "uni")
+            # in this process, unless tensor parallel: vLLM's CPU ranks are processes of its own
+            kw.setdefault("distributed_executor_backend",
+                          "mp" if kw.get("tensor_parallel_size", 1) > 1 else "uni")
             kw.setdefault("gpu_memory_utilization", 0.1)
             kw.setdefault("enforce_eager", True)
             if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:

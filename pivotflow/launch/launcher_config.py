@@ -30,16 +30,24 @@ class RayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class LauncherConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Where worker processes start (``kind``, one of LAUNCHERS), with how many torch threads,
-    on what device (a Ray bundle reserves a GPU for cuda). The CurveZMQ keys the workers load
-    are the transport's (``TransportConfig.curve_keys``)."""
+    on what device, with how many GPUs each (``gpus_per_worker``: a Ray bundle reserves them;
+    the local launcher hands each worker its own of ``gpus``, this host's GPU ids, "" for every
+    one it has). The CurveZMQ keys the workers load are the transport's
+    (``TransportConfig.curve_keys``)."""
 
     kind: str = "local"
     threads: int = defaults.THREADS_PER_WORKER
     device: str = defaults.DEVICE
+    gpus_per_worker: float = -1.0
+    gpus: str = ""
     ray: RayConfig = msgspec.field(default_factory=RayConfig)
 
-    def gpus_per_worker(self) -> float:
-        """A Ray bundle's GPUs: as given, or (-1, auto) one when the workers run on CUDA."""
-        if self.ray.gpus_per_worker >= 0:
+    def worker_gpus(self) -> float:
+        """GPUs a worker holds: ``ray.gpus_per_worker`` (Ray's own, kept from before there was
+        one for both launchers) or ``gpus_per_worker`` as given, else (-1, auto) one when the
+        workers run on CUDA, none on CPU."""
+        if self.kind == "ray" and self.ray.gpus_per_worker >= 0:
             return self.ray.gpus_per_worker
+        if self.gpus_per_worker >= 0:
+            return self.gpus_per_worker
         return 1.0 if self.device.startswith("cuda") else 0.0

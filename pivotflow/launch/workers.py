@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pivotflow.launch.base import Launcher
 from pivotflow.launch.launcher_config import LauncherConfig
-from pivotflow.launch.local import LocalLauncher
+from pivotflow.launch.local import LocalLauncher, local_gpu_slots
 from pivotflow.transport.admission import new_run_secret
 from pivotflow.transport.curve import CurveKeys
 from pivotflow.transport.endpoints import is_loopback_tcp
@@ -36,8 +36,14 @@ def open_workers(lc: LauncherConfig, tc: TransportConfig, curve: CurveKeys | Non
         secret = new_run_secret()
         transport = ZmqControllerTransport(tc.endpoint or None, curve=curve,
                                            worker_secret=secret)
+        try:
+            slots_of_gpus = local_gpu_slots(lc, slots)
+        except BaseException:
+            transport.close()
+            raise
         return transport, LocalLauncher(transport.endpoint, log_dir, threads=lc.threads,
-                                        curve_keys=tc.curve_keys, secret=secret)
+                                        curve_keys=tc.curve_keys, secret=secret,
+                                        gpu_slots=slots_of_gpus)
     from pivotflow.launch.ray import RayCluster, RayLauncher
 
     cluster = RayCluster(lc.ray.address)
@@ -57,7 +63,7 @@ def open_workers(lc: LauncherConfig, tc: TransportConfig, curve: CurveKeys | Non
         tcp = ZmqControllerTransport(endpoint, curve=curve, worker_secret=ray_secret)
         launcher = RayLauncher(tcp.endpoint, log_dir, threads=lc.threads,
                                curve_keys=tc.curve_keys, slots=slots,
-                               cpus=lc.ray.cpus_per_worker, gpus=lc.gpus_per_worker(),
+                               cpus=lc.ray.cpus_per_worker, gpus=lc.worker_gpus(),
                                strategy=lc.ray.strategy,
                                place_timeout_s=lc.ray.place_timeout_s, run_tag=run_tag,
                                cluster=cluster, secret_file=secret_file)
@@ -82,6 +88,10 @@ def attach(launcher: Launcher, ctl: Controller) -> None:
 
 
 def launcher_summary(launcher: Launcher, lc: LauncherConfig) -> dict[str, Any]:
-    """The run summary's ``launcher`` key, and ``ray`` (placement, nodes used and lost)."""
+    """The run summary's ``launcher`` key, and ``ray`` (placement, nodes used and lost) or
+    ``local_gpus`` (which GPUs each worker was given, when the local launcher gave any)."""
     stats = getattr(launcher, "stats", None)
-    return {"launcher": lc.kind, **({"ray": stats()} if stats is not None else {})}
+    if lc.kind == "ray" and stats is not None:
+        return {"launcher": lc.kind, "ray": stats()}
+    given = getattr(launcher, "gpus_given", None)
+    return {"launcher": lc.kind, **({"local_gpus": given} if given else {})}

@@ -51,7 +51,8 @@ def _vllm_engine(config: dict[str, Any], wc: WorkerConfig, where: str) -> dict[s
     dtype = resolve_dtype(config, wc.dtype, where)
     return {"model_path": str(path), "load_format": "dummy",
             "dtype": str(dtype).removeprefix("torch."), "max_num_seqs": wc.max_batch,
-            "seed": wc.seed, "threads": wc.threads}
+            "seed": wc.seed, "threads": wc.threads,
+            **({"tensor_parallel_size": wc.tensor_parallel} if wc.tensor_parallel > 1 else {})}
 
 
 def _torch_engine(config: dict[str, Any], wc: WorkerConfig, where: str) -> tuple[Any, dict]:
@@ -104,6 +105,8 @@ class GenerateRole:
             engine_kw = _vllm_engine(config, wc, where)
         elif kind == "sglang":  # loads a checkpoint folder itself
             engine_kw["model_path"] = str(_export(config, tensors, wc.tokenizer_dir or None))
+            if wc.tensor_parallel > 1:
+                engine_kw["tp_size"] = wc.tensor_parallel
         elif kind == "torch":
             model_config, engine_kw = _torch_engine(config, wc, where)
         self.export = engine_kw.get("model_path")

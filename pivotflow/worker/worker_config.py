@@ -27,6 +27,9 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     dtype: str = defaults.DTYPE
     device: str = defaults.DEVICE
     tokenizer_dir: str = ""  # the model's folder, when it has one ("" for a built-in)
+    # a vLLM or SGLang engine's tensor parallelism (vLLM's tensor_parallel_size, SGLang's
+    # tp_size): over the worker's GPUs (gpus_per_worker), or CPU processes
+    tensor_parallel: int = 1
 
     def options(self) -> dict[str, Any]:
         """The flat form AssignRole carries (an empty tokenizer_dir left out)."""
