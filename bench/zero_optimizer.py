@@ -4,7 +4,8 @@ Qwen2.5-0.5B-shaped random model (its widths and 151,936-token vocabulary, ``--l
 24 layers) under ``zero_stage`` 0 (replicated) and 1, through the train role itself (the
 parameter store, the gloo group, the publish of every version with its optimizer state).
 
-Per layout, each trainer reports:
+``zero1_bf16`` (``--layouts``) holds the model in bf16 (``train_dtype``) with float32 master
+weights beside the sharded moments. Per layout, each trainer reports:
 
 * ``optim_state_mib``: the AdamW state it holds (``state_bytes``), the figure a GPU's memory
   would see;
@@ -18,7 +19,7 @@ Beside them, computed (not run) for the sizes users bring: each trainer's bytes 
 weights, gradients and moments for a 0.5B, 7B and 32B policy on 8 trainers, per layout.
 
     python bench/zero_optimizer.py [--layers 2] [--steps 4] [--seqs 4] [--tokens 64] \\
-        [--world 2] [--rounds 2]
+        [--world 2] [--rounds 2] [--layouts zero0,zero1,zero1_bf16]
 
 The rounds alternate the layouts' order. The last line is one JSON object.
 """
@@ -37,15 +38,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-LAYOUTS = (0, 1)
+# layout -> the trainer's options
+LAYOUTS = {"zero0": {"zero_stage": 0}, "zero1": {"zero_stage": 1},
+           # the model in bf16, float32 master weights and moments sharded (DeepSpeed's bf16)
+           "zero1_bf16": {"zero_stage": 1, "train_dtype": "bfloat16"}}
 SIZES_B = {"0.5b": 0.494, "7b": 7.62, "32b": 32.8}  # Qwen2.5's parameter counts, billions
 
 
 def computed_gib(params_b: float, world: int) -> dict[str, float]:
     """Per trainer: float32 weights (4 B) and gradients (4 B) whole, AdamW's two moments (8 B)
-    whole or 1/world of them."""
+    whole or 1/world of them; or bf16 weights and gradients (2 + 2 B) with float32 masters
+    and moments (12 B) 1/world of them."""
     p = params_b * 1e9
-    return {"zero0": round(16 * p / 2**30, 1), "zero1": round((8 + 8 / world) * p / 2**30, 1)}
+    return {"zero0": round(16 * p / 2**30, 1), "zero1": round((8 + 8 / world) * p / 2**30, 1),
+            "zero1_bf16": round((4 + 12 / world) * p / 2**30, 1)}
 
 
 def rss_mib() -> float:
@@ -55,7 +61,7 @@ def rss_mib() -> float:
     return 0.0
 
 
-def trainer(root: str, rank: int, args: argparse.Namespace, zero_stage: int,
+def trainer(root: str, rank: int, args: argparse.Namespace, layout: str,
             rendezvous: str, out: Any) -> None:
     import torch
 
@@ -65,7 +71,7 @@ def trainer(root: str, rank: int, args: argparse.Namespace, zero_stage: int,
 
     torch.set_num_threads(1)
     role = TrainRole(ShmParamStore(root), "policy",
-                     {"lr": 1e-5, "zero_stage": zero_stage, "threads": 1})
+                     {"lr": 1e-5, "threads": 1, **LAYOUTS[layout]})
     times, syncs = [], []
     for step in range(args.steps):
         g = torch.Generator().manual_seed(step * 100 + rank)
@@ -81,7 +87,7 @@ def trainer(root: str, rank: int, args: argparse.Namespace, zero_stage: int,
                                     total_seqs=args.seqs * args.world))
         times.append(done.stats["step_s"])
         syncs.append(done.stats["sync_s"])
-    out.put({"rank": rank, "zero_stage": zero_stage,
+    out.put({"rank": rank, "layout": layout,
              "optim_state_mib": role.optim.state_bytes() / 2**20, "rss_mib": rss_mib(),
              "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
              "step_s": statistics.median(times[1:]) if len(times) > 1 else times[0],
@@ -89,7 +95,7 @@ def trainer(root: str, rank: int, args: argparse.Namespace, zero_stage: int,
     role.release()
 
 
-def one_layout(zero_stage: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+def one_layout(layout: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
 
     from pivotflow.engines.torch.model import Decoder, ModelConfig
@@ -108,7 +114,7 @@ def one_layout(zero_stage: int, args: argparse.Namespace) -> list[dict[str, Any]
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
         rendezvous = str(root / "rendezvous")
-        procs = [ctx.Process(target=trainer, args=(str(root), r, args, zero_stage, rendezvous, q))
+        procs = [ctx.Process(target=trainer, args=(str(root), r, args, layout, rendezvous, q))
                  for r in range(args.world)]
         for p in procs:
             p.start()
@@ -128,14 +134,18 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="per sequence, half of it response")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--layouts", default="zero0,zero1", help=f"of {','.join(LAYOUTS)}")
     args = ap.parse_args()
-    runs: dict[int, list[list[dict[str, Any]]]] = {z: [] for z in LAYOUTS}
+    order = args.layouts.split(",")
+    if unknown := set(order) - set(LAYOUTS) or {"zero0", "zero1"} - set(order):
+        ap.error(f"--layouts: give zero0 and zero1 and any of {sorted(LAYOUTS)}, not {unknown}")
+    runs: dict[str, list[list[dict[str, Any]]]] = {z: [] for z in order}
     for rnd in range(args.rounds):
-        for z in (LAYOUTS if rnd % 2 == 0 else LAYOUTS[::-1]):
+        for z in (order if rnd % 2 == 0 else order[::-1]):
             t0 = time.perf_counter()
             rows = one_layout(z, args)
             runs[z].append(rows)
-            print(f"round {rnd} zero_stage {z}: " + ", ".join(
+            print(f"round {rnd} {z}: " + ", ".join(
                 f"rank {r['rank']} state {r['optim_state_mib']:.0f} MiB rss "
                 f"{r['rss_mib']:.0f} MiB step {r['step_s']:.2f} s" for r in rows)
                 + f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
@@ -147,19 +157,38 @@ def main() -> None:
             per_rank.append({k: statistics.median(r[k] for r in rows)
                              for k in ("optim_state_mib", "rss_mib", "rss_peak_mib", "step_s",
                                        "first_step_s", "sync_s")})
-        layouts[f"zero{z}"] = per_rank
-    z0, z1 = layouts["zero0"], layouts["zero1"]
+        layouts[z] = per_rank
     result = {
         "bench": "zero_optimizer", "layers": args.layers, "world": args.world,
         "steps": args.steps, "seqs": args.seqs, "tokens": args.tokens, "rounds": args.rounds,
-        "layouts": layouts,
-        "optim_state_ratio": z1[0]["optim_state_mib"] / z0[0]["optim_state_mib"],
-        "rss_ratio_rank1": (z1[-1]["rss_mib"] / z0[-1]["rss_mib"]),
-        "step_time_ratio": z1[0]["step_s"] / z0[0]["step_s"],
+        "layouts": layouts, **ratios(layouts),
         "computed_gib_per_trainer_of_8": {name: computed_gib(b, 8)
                                           for name, b in SIZES_B.items()},
     }
     print(json.dumps(result))
+
+
+def ratios(layouts: dict[str, list[dict[str, float]]]) -> dict[str, float]:
+    """Each layout against ``zero0``. ``step_time_ratio`` is rank 0's; the group moves at its
+    slowest rank's pace, so ``group_step_time_ratio`` takes each layout's slowest median (a
+    rank that publishes nothing still waits in the next step's collectives for rank 0's
+    publish)."""
+    z0 = layouts["zero0"]
+
+    def group_step(rows: list[dict[str, float]]) -> float:
+        return max(r["step_s"] for r in rows)
+
+    out = {}
+    for name, prefix in (("zero1", ""), ("zero1_bf16", "bf16_")):
+        rows = layouts.get(name)
+        if rows is None:
+            continue
+        out[f"{prefix}optim_state_ratio"] = rows[0]["optim_state_mib"] / z0[0]["optim_state_mib"]
+        out[f"{prefix}rss_ratio_rank1"] = rows[-1]["rss_mib"] / z0[-1]["rss_mib"]
+        out[f"{prefix}peak_rss_ratio_rank1"] = rows[-1]["rss_peak_mib"] / z0[-1]["rss_peak_mib"]
+        out[f"{prefix}step_time_ratio"] = rows[0]["step_s"] / z0[0]["step_s"]
+        out[f"{prefix}group_step_time_ratio"] = group_step(rows) / group_step(z0)
+    return out
 
 
 if __name__ == "__main__":

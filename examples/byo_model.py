@@ -52,8 +52,10 @@ DEFAULTS = {"model": "", "prompts": "prompts.jsonl", "judge": False, "max_tokens
             # and the AdamW state the adapters' alone (0: train every weight)
             "lora_rank": 0, "lora_alpha": 16.0,
             # trainers (a data-parallel group) and how they hold AdamW's state: zero_stage 0
-            # whole on each, 1 sharded over them (worker/group_adam.py: 1/n of it on each)
-            "trainer_workers": 1, "zero_stage": 0,
+            # whole on each, 1 sharded over them (worker/group_adam.py: 1/n of it on each);
+            # train_dtype bfloat16 holds the model in bf16, with float32 master weights beside
+            # the sharded moments under zero_stage 1 (bf16 throughout under 0)
+            "trainer_workers": 1, "zero_stage": 0, "train_dtype": "float32",
             # a PEFT LoRA adapter folder (an SFT run's) merged into the model as it loads: the run
             # starts from base + adapter
             "adapter": "",
@@ -113,7 +115,8 @@ def build(config: dict) -> Graph:
                     gradient_checkpointing=config["gradient_checkpointing"],
                     logits_chunk_tokens=config["logits_chunk_tokens"],
                     lora_rank=config["lora_rank"], lora_alpha=config["lora_alpha"],
-                    zero_stage=config["zero_stage"], **critic_knobs)
+                    zero_stage=config["zero_stage"], train_dtype=config["train_dtype"],
+                    **critic_knobs)
     g.chain(prompts, rollout, reward, *critic, advantage, train)
     return g
 

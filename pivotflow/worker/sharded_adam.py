@@ -5,7 +5,9 @@ Why: AdamW's two moments are 8 bytes a float32 weight, twice the weights themsel
 trainer of the replicated layout holds them whole. Sharded, each of ``world`` trainers holds
 1/world of them, and steps 1/world of the weights. A 7B policy trained in float32 needs
 28 GB of weights, 28 GB of gradients and 56 GB of moments on each of 8 GPUs replicated (112 GB:
-no 80 GB GPU holds it), 63 GB sharded.
+no 80 GB GPU holds it), 63 GB sharded. With the model held in bf16 (``train_dtype``) each rank
+also keeps float32 master weights of its chunk, and the model is 2 bytes a weight, its
+gradients too: 39 GB (DeepSpeed's bf16 ZeRO stage 1).
 
 The layout: the trainable weights, in parameter order, are one flat index space cut into
 buckets of at most ``BUCKET_ELEMS`` (so no collective needs a buffer the size of the model);
@@ -47,6 +49,7 @@ BUCKET_ELEMS = 1 << 24  # 16 Mi elements: 64 MiB a float32 collective buffer
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 MOMENTS = ("exp_avg", "exp_avg_sq")
+STATE_DTYPE = torch.float32  # the moments', and a bf16 model's master weights'
 
 
 class ShardedAdamW:
@@ -64,13 +67,20 @@ class ShardedAdamW:
         self.buckets = [(s, min(s + bucket_elems, total)) for s in range(0, total, bucket_elems)]
         self.layout: tuple[int, int, int] | None = None  # (epoch, world, rank) it is cut for
         self.world, self.rank = 1, 0
-        # this rank's chunk of each bucket, per moment (a bucket's padding past its end too)
-        self.moments: dict[str, list[torch.Tensor]] = {key: [] for key in MOMENTS}
+        # A model held in bf16 (train_dtype) keeps float32 master weights of the chunks this
+        # rank owns: AdamW steps them and the model takes them rounded, so updates smaller than
+        # a bf16 weight's spacing add up instead of vanishing (DeepSpeed's bf16 ZeRO). They
+        # travel in <model>.optim as "<weight>.master".
+        self.keeps_master = any(p.dtype != STATE_DTYPE for p in self.params)
+        self.keys = MOMENTS + (("master",) if self.keeps_master else ())
+        # this rank's chunk of each bucket, per key (a bucket's padding past its end too)
+        self.chunks: dict[str, list[torch.Tensor]] = {key: [] for key in self.keys}
         self.steps = 0  # AdamW's step count, the same for every weight
         # one bucket's collective buffer and one chunk's, kept: a fresh 64 MiB a bucket a step
         # cost more in page faults than the collectives themselves (on CPU)
         self.scratch = torch.zeros(0)
         self.send = torch.zeros(0)
+        self.state_scratch = torch.zeros(0)  # the state's, when the model's dtype is not its
         self.pending: dict[str, torch.Tensor] | None = None  # a taken-over state, rank 0
 
     # -- the layout ----------------------------------------------------------------------
@@ -111,22 +121,33 @@ class ShardedAdamW:
         for i, a, b, o in self._pieces(lo, hi):
             tensors[i].detach().view(-1)[a:b].copy_(buf[o: o + b - a])
 
-    def _new_buffer(self, n: int) -> torch.Tensor:
+    def _new_buffer(self, n: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         p = self.params[0]
-        return torch.zeros(n, dtype=p.dtype, device=p.device)
+        return torch.zeros(n, dtype=dtype or p.dtype, device=p.device)
 
-    def _bucket_buffer(self, bucket: int) -> torch.Tensor:
-        """The scratch buffer, as long as ``bucket`` padded to ``world`` chunks."""
-        return self.scratch[: self._chunk(bucket) * self.world]
+    def _bucket_buffer(self, bucket: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A scratch buffer (the weights' dtype, or ``dtype``), as long as ``bucket`` padded
+        to ``world`` chunks."""
+        n = self._chunk(bucket) * self.world
+        if dtype is None or dtype == self.scratch.dtype:
+            return self.scratch[:n]
+        if self.state_scratch.numel() < n:
+            self.state_scratch = self._new_buffer(self.scratch.numel(), dtype)
+        return self.state_scratch[:n]
 
     def _cut(self, world: int, rank: int) -> None:
-        """Fresh, zeroed chunks of the moments for ``rank`` of ``world``."""
+        """Fresh chunks of the state for ``rank`` of ``world``: zeroed moments, and master
+        weights from the weights as they are."""
         self.world, self.rank = world, rank
-        chunks = [self._chunk(b) for b in range(len(self.buckets))]
-        self.moments = {key: [self._new_buffer(c) for c in chunks] for key in MOMENTS}
+        sizes = [self._chunk(b) for b in range(len(self.buckets))]
+        self.chunks = {key: [self._new_buffer(c, STATE_DTYPE) for c in sizes]
+                       for key in self.keys}
+        for b, master in enumerate(self.chunks.get("master", [])):
+            self._read(self.params, *self._owned(b), master)
         self.steps = 0
-        self.scratch = self._new_buffer(max(chunks, default=0) * world if world > 1 else 0)
-        self.send = self._new_buffer(max(chunks, default=0) if world > 1 else 0)
+        self.scratch = self._new_buffer(max(sizes, default=0) * world if world > 1 else 0)
+        self.send = self._new_buffer(max(sizes, default=0) if world > 1 else 0)
+        self.state_scratch = torch.zeros(0)
 
     # -- the interface (group_adam.py) ---------------------------------------------------
 
@@ -168,17 +189,18 @@ class ShardedAdamW:
             group.all_reduce_sum([sq])
             norm = float(sq.sqrt())
             coef = min(max_grad_norm / (norm + 1e-6), 1.0)  # (clip_grad_norm_'s)
-            # 2. AdamW on the chunks this rank owns, in place in the weights
-            ps, gs, ms, vs = [], [], [], []
-            for b in range(len(self.buckets)):
-                for i, a, z, o in self._pieces(*self._owned(b)):
-                    ps.append(self.params[i].detach().view(-1)[a:z])
-                    gs.append(grads[i].view(-1)[a:z].mul_(coef))
-                    ms.append(self.moments["exp_avg"][b][o: o + z - a])
-                    vs.append(self.moments["exp_avg_sq"][b][o: o + z - a])
-            steps = [torch.tensor(float(self.steps)) for _ in ps]  # (adamw counts each up)
-            adamw(ps, gs, ms, vs, [], steps, amsgrad=False, beta1=BETAS[0], beta2=BETAS[1],
-                  lr=self.lr, weight_decay=0.0, eps=1e-8, maximize=False)
+            # 2. AdamW on the chunks this rank owns
+            if self.keeps_master:
+                self._step_masters(grads, coef)
+            else:  # in place in the weights
+                ps, gs, ms, vs = [], [], [], []
+                for b in range(len(self.buckets)):
+                    for i, a, z, o in self._pieces(*self._owned(b)):
+                        ps.append(self.params[i].detach().view(-1)[a:z])
+                        gs.append(grads[i].view(-1)[a:z].mul_(coef))
+                        ms.append(self.chunks["exp_avg"][b][o: o + z - a])
+                        vs.append(self.chunks["exp_avg_sq"][b][o: o + z - a])
+                self._adamw(ps, gs, ms, vs)
             self.steps += 1
             self.zero_grad()
             # 3. every rank's stepped chunks into every rank's weights
@@ -192,21 +214,42 @@ class ShardedAdamW:
                     self._write(full, s, e, self.params)
         return norm
 
+    def _adamw(self, ps: list[torch.Tensor], gs: list[torch.Tensor], ms: list[torch.Tensor],
+               vs: list[torch.Tensor]) -> None:
+        """AdamW's own arithmetic (torch's, as ``torch.optim.AdamW`` runs it) on views."""
+        steps = [torch.tensor(float(self.steps)) for _ in ps]  # (adamw counts each up)
+        adamw(ps, gs, ms, vs, [], steps, amsgrad=False, beta1=BETAS[0], beta2=BETAS[1],
+              lr=self.lr, weight_decay=0.0, eps=1e-8, maximize=False)
+
+    def _step_masters(self, grads: list[torch.Tensor], coef: float) -> None:
+        """Step each owned chunk's float32 master weights on its gradient in float32, then
+        round them into the model's weights."""
+        g32 = self._new_buffer(max((self._chunk(b) for b in range(len(self.buckets))),
+                                   default=0), STATE_DTYPE)
+        for b in range(len(self.buckets)):
+            lo, hi = self._owned(b)
+            g = g32[: self._chunk(b)]
+            self._read(grads, lo, hi, g)
+            g.mul_(coef)
+            master = self.chunks["master"][b]
+            self._adamw([master], [g], [self.chunks["exp_avg"][b]], [self.chunks["exp_avg_sq"][b]])
+            self._write(master, lo, hi, self.params)
+
     def state(self, group: TrainGroup) -> dict[str, torch.Tensor]:
         return self._gathered()
 
     def _gathered(self) -> dict[str, torch.Tensor]:
         """The whole state under the weights' names, on rank 0's host ({} on the other
         ranks): a collective over the layout's group."""
-        whole = {key: [torch.empty(p.shape, dtype=p.dtype) for p in self.params]
-                 for key in MOMENTS}
-        for key in MOMENTS:
+        whole = {key: [torch.empty(p.shape, dtype=STATE_DTYPE) for p in self.params]
+                 for key in self.keys}
+        for key in self.keys:
             for b, (s, e) in enumerate(self.buckets):
-                chunk = self.moments[key][b]
+                chunk = self.chunks[key][b]
                 if self.world == 1:
                     self._write(chunk, s, e, whole[key])
                     continue
-                full = self._bucket_buffer(b)
+                full = self._bucket_buffer(b, STATE_DTYPE)
                 parts = list(full.split(chunk.numel())) if self.rank == 0 else None
                 dist.gather(chunk, parts, dst=0)
                 if parts is not None:
@@ -218,6 +261,8 @@ class ShardedAdamW:
             out[f"{name}.exp_avg"] = whole["exp_avg"][i]
             out[f"{name}.exp_avg_sq"] = whole["exp_avg_sq"][i]
             out[f"{name}.step"] = torch.tensor(float(self.steps))
+            if self.keeps_master:
+                out[f"{name}.master"] = whole["master"][i]
         return out
 
     def load_state(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -236,9 +281,12 @@ class ShardedAdamW:
                 source = self._gathered()  # it held every chunk: no store read
             else:
                 source = stored()
-        # every rank learns whether chunks are coming, and AdamW's step count
+        # every rank learns whether chunks are coming, AdamW's step count, and whether the
+        # state has master weights (one from a float32 model's run has none: the weights are)
+        first = self.named[0][0]
         head = torch.tensor([0.0 if source is None else 1.0,
-                             0.0 if source is None else float(source[f"{self.named[0][0]}.step"])],
+                             0.0 if source is None else float(source[f"{first}.step"]),
+                             float(source is not None and f"{first}.master" in source)],
                             dtype=torch.float64)
         group.broadcast([head])
         self._cut(group.world, group.rank)
@@ -246,22 +294,23 @@ class ShardedAdamW:
         if not head[0].item():
             return  # no step taken yet: zeros, as AdamW's first step would make them
         self.steps = int(head[1].item())
-        for key_name in MOMENTS:
+        for key_name in self.keys if head[2].item() else MOMENTS:
             whole = ([source[f"{n}.{key_name}"] for n, _ in self.named]
                      if source is not None else [])
             for b, (s, e) in enumerate(self.buckets):
-                chunk = self.moments[key_name][b]
+                chunk = self.chunks[key_name][b]
                 if self.world == 1:
                     self._read(whole, s, e, chunk)
                     continue
                 parts = None
                 if group.rank == 0:
-                    full = self._bucket_buffer(b)
+                    full = self._bucket_buffer(b, STATE_DTYPE)
                     self._read(whole, s, e, full)
                     parts = list(full.split(chunk.numel()))
                 dist.scatter(chunk, parts, src=0)
 
     def state_bytes(self) -> int:
-        """What this rank holds of AdamW's state: its chunks of the moments."""
-        return sum(t.numel() * t.element_size() for chunks in self.moments.values()
+        """What this rank holds of AdamW's state: its chunks of the moments (and of the master
+        weights, for a bf16 model)."""
+        return sum(t.numel() * t.element_size() for chunks in self.chunks.values()
                    for t in chunks)

@@ -72,7 +72,9 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # an entropy bonus: the loss less entropy_coef x the policy's entropy (verl's entropy_coeff;
     # 0, as in verl and DAPO: the entropy is reported in every step's record either way)
     entropy_coef: float = 0.0
-    train_dtype: str = "float32"  # the weights' and AdamW state's dtype (train_role.py says why)
+    # the weights' and AdamW state's dtype (train_role.py says why); bfloat16 under zero_stage 1
+    # keeps float32 master weights and moments beside the bf16 model (worker/sharded_adam.py)
+    train_dtype: str = "float32"
     # LoRA (worker/lora.py; verl's and OpenRLHF's lora_rank, lora_alpha, target_modules): 0 trains
     # every weight; r > 0 freezes them and trains a rank-r update of each linear layer named in
     # lora_target_modules, merged into the policy every version publishes

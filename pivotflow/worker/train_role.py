@@ -12,7 +12,10 @@ whatever the model's own dtype, because a bf16 weight rounds away every update s
 versions and each engine casts them to the dtype it serves in. When the run's ``dtype`` is
 bfloat16 (given, or "auto" on a bf16 model) the forward and backward run under bf16 autocast
 over those float32 weights. float16 compute is not used: its gradients underflow without loss
-scaling. ``device`` (default cpu) is where the model and its optimizer state live.
+scaling. ``device`` (default cpu) is where the model and its optimizer state live. With
+``train_dtype`` bfloat16 the model itself is bf16: under ``zero_stage`` 1 each trainer keeps
+float32 master weights and moments of its chunk beside it (``sharded_adam.py``: half the
+weights' and gradients' memory, no update lost), under 0 everything is bf16.
 
 LoRA (``lora_rank`` > 0, ``lora.py``): the weights stay frozen, the adapters train, every version
 publishes the merged policy and ``<model>.optim`` carries the adapters beside AdamW's state.

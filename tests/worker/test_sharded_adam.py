@@ -96,7 +96,9 @@ def sharded_proc(index: int, root: str, plan: list, out: mp.Queue, opts: dict,
     role = TrainRole(store, "policy", opts)
     for msg in plan:
         role.train(msg)
-    held = {k: v.detach().numpy().copy() for k, v in role.state_dict().items()}
+    # (numpy has no bf16: each tensor travels as float32 with its dtype's name)
+    held = {k: (str(v.dtype), v.detach().float().numpy().copy())
+            for k, v in role.state_dict().items()}
     out.put((index, held, role.optim.state_bytes()))
     role.release()
 
@@ -115,7 +117,8 @@ def run_sharded(root: Path, plans: list[list], waits: list[int] | None = None,
     state_bytes = [0] * len(procs)
     for _ in procs:  # (in the order they finish)
         i, held, state_bytes[i] = q.get(timeout=120)
-        results[i] = {k: torch.from_numpy(v) for k, v in held.items()}
+        results[i] = {k: torch.from_numpy(v).to(getattr(torch, dtype.removeprefix("torch.")))
+                      for k, (dtype, v) in held.items()}
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
@@ -165,3 +168,65 @@ def test_the_state_is_re_cut_as_trainers_leave_join_and_take_over(tmp_path: Path
     assert not torch.equal(b["lm_head.weight"] if "lm_head.weight" in b else
                            b["model.embed_tokens.weight"],
                            weights.get("lm_head.weight", weights["model.embed_tokens.weight"]))
+
+
+def test_a_bf16_model_keeps_float32_masters_so_small_updates_add_up() -> None:
+    """With the model in bf16 (``train_dtype``) the sharded layout steps float32 master
+    weights and rounds them into the model: after a few steps at a small rate the model is the
+    float32 run's weights rounded, where bf16 AdamW alone rounds each update away."""
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(16, 8)
+    with torch.no_grad():
+        ref.weight.mul_(40).round_().div_(4)  # weights on bf16's grid: their spacing is coarse
+        ref.bias.fill_(1.0)
+    cut, plain = (torch.nn.Linear(16, 8).bfloat16() for _ in range(2))
+    cut.load_state_dict(ref.state_dict())
+    plain.load_state_dict(ref.state_dict())
+    lr = 1e-3  # an update of about lr: under the spacing of a bf16 weight of 1 (2**-7)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
+    sharded = ShardedAdamW(cut, lr=lr, bucket_elems=50)  # (cuts the weight across buckets)
+    alone = ReplicatedAdamW(plain, lr=lr)
+    solo = TrainGroup()
+    sharded.regroup(solo, False, lambda: None)
+    for step in range(5):
+        g = torch.Generator().manual_seed(step)
+        grads = {n: torch.randn(p.shape, generator=g).bfloat16() for n, p in ref.named_parameters()}
+        for model in (ref, cut, plain):
+            for n, p in model.named_parameters():
+                p.grad = grads[n].to(p.dtype)
+        ref_opt.step()
+        sharded.step(solo, max_grad_norm=1e9)
+        alone.step(solo, max_grad_norm=1e9)
+    for n, p in ref.named_parameters():
+        torch.testing.assert_close(dict(cut.named_parameters())[n], p.detach().bfloat16(),
+                                   rtol=0, atol=0, msg=n)
+        torch.testing.assert_close(sharded.state(solo)[f"{n}.master"], p.detach(), rtol=1e-6,
+                                   atol=1e-7, msg=n)
+    assert torch.equal(plain.bias, torch.ones(8, dtype=torch.bfloat16))  # bf16 alone: stuck
+    assert not torch.equal(cut.bias, plain.bias)  # the masters' steps added up
+
+
+def test_sharded_bf16_trainers_take_one_trainers_steps_and_resume_its_masters(
+        tmp_path: Path) -> None:
+    """Two sharded bf16 trainers equal one; a new trainer that takes the pool over from the
+    store gets the float32 masters back (``<model>.optim``'s ``.master`` entries), so its step
+    equals the one the pool would have taken."""
+    opts = {**SHARDED, "train_dtype": "bfloat16"}
+    fresh_store(tmp_path / "solo")
+    (solo,), _ = run_sharded(tmp_path / "solo", [[step_msgs(s, 1, 1, "")[0] for s in range(3)]],
+                             opts=opts)
+    store = fresh_store(tmp_path / "pool")
+    rdv = str(tmp_path / "rdv")
+    pair = [[step_msgs(s, 2, 1, rdv)[r] for s in range(2)] for r in range(2)]
+    late = [step_msgs(2, 1, 2, "", optim_version=2)[0]]
+    (_, _, taken), _ = run_sharded(store.root, [*pair, late], waits=[-1, -1, 2], opts=opts)
+    assert {t.dtype for t in taken.values()} == {torch.bfloat16}
+    published = store.load("policy.optim", 3)[2]
+    assert {t.dtype for k, t in published.items() if k.endswith(".master")} == {torch.float32}
+    for k, v in solo.items():  # (bf16 weights: one rounding step apart at most)
+        if "k_proj.bias" not in k:
+            torch.testing.assert_close(taken[k].float(), v.float(), rtol=0, atol=2e-2, msg=k)
+    masters = {k.removesuffix(".master"): v for k, v in published.items()
+               if k.endswith(".master")}
+    for k, v in masters.items():
+        assert torch.equal(v.bfloat16(), taken[k])  # the model is its masters, rounded
