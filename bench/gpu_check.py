@@ -19,6 +19,10 @@ one leaves the others' figures; an engine that is not importable gets an entry s
   ``resume_memory_occupation`` (``enable_memory_saver``) + reload, each checked by greedy tokens
   equal to those before.
 
+``zero``: ``bench/zero_optimizer.py --device cuda`` at the model's 24 layers, two trainers on
+the one GPU: the sharded optimizer's collectives over gloo on CUDA tensors (never run before on
+a GPU), each layout's allocator peak and step.
+
 It needs torch with CUDA, and vLLM/SGLang where they are to be measured, in the running python.
 Sized for a 10-minute cap on one H200: about a minute per engine. The last line is one JSON object.
 """
@@ -64,7 +68,7 @@ SMOKE_SHAPE = {
 SMOKE_VOCAB = 512
 BATCH = 64
 STORE_NAME = "policy"
-PARTS = ("torch", "vllm", "sglang")
+PARTS = ("torch", "vllm", "sglang", "zero")
 
 
 def _device() -> str:
@@ -316,6 +320,8 @@ def prepare(folder: Path, store_root: Path, args: argparse.Namespace) -> dict[st
 
 def run_part(part: str, spec_path: Path, timeout: int) -> dict[str, Any]:
     """One engine's part in a child process; its JSON, or {"skipped"/"error": why}."""
+    if part == "zero":
+        return run_zero(timeout)
     module = {"torch": "torch", "vllm": "vllm", "sglang": "sglang"}[part]
     probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
                            text=True)  # fmt: skip
@@ -348,6 +354,25 @@ def run_part(part: str, spec_path: Path, timeout: int) -> dict[str, Any]:
     return out
 
 
+def run_zero(timeout: int) -> dict[str, Any]:
+    """``bench/zero_optimizer.py`` on the GPU; its JSON, or {"error": why}."""
+    smoke = _device() == "cpu"
+    cmd = [sys.executable, str(HERE / "zero_optimizer.py"), "--rounds", "1", "--steps", "3",
+           "--layouts", "zero0,zero1,zero1_bf16", "--device", _device(),
+           "--layers", "1" if smoke else "24"]
+    log(f"zero: starting (timeout {timeout} s)")
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"ran past --part-timeout {timeout} s"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        return {"error": f"exited {proc.returncode}; last line: {lines[-1] if lines else ''}"[:300]}
+    out = json.loads(lines[-1])
+    log(f"zero: {out}")
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -356,7 +381,7 @@ def main() -> int:
     parser.add_argument("--engines", default=",".join(PARTS), help="comma list of " + str(PARTS))
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="no GPU: a tiny model, embedded engine only, on the CPU")  # fmt: skip
-    parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)
+    parser.add_argument("--part", choices=("torch", "vllm", "sglang"), help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not torch.cuda.is_available() and not args.cpu_smoke:
@@ -367,7 +392,8 @@ def main() -> int:
         fn = {"torch": part_torch, "vllm": part_vllm, "sglang": part_sglang}[args.part]
         print(json.dumps(fn(spec)))
         return 0
-    engines = ["torch"] if args.cpu_smoke else [e for e in args.engines.split(",") if e]
+    engines = (["torch", "zero"] if args.cpu_smoke
+               else [e for e in args.engines.split(",") if e])
     if not engines or set(engines) - set(PARTS):
         parser.error(f"--engines takes a comma list of {list(PARTS)}, got {args.engines!r}")
     t0 = time.perf_counter()

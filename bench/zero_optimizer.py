@@ -19,7 +19,10 @@ Beside them, computed (not run) for the sizes users bring: each trainer's bytes 
 weights, gradients and moments for a 0.5B, 7B and 32B policy on 8 trainers, per layout.
 
     python bench/zero_optimizer.py [--layers 2] [--steps 4] [--seqs 4] [--tokens 64] \\
-        [--world 2] [--rounds 2] [--layouts zero0,zero1,zero1_bf16]
+        [--world 2] [--rounds 2] [--layouts zero0,zero1,zero1_bf16] [--device cuda]
+
+On a GPU (``--device cuda``, what ``bench/gpu_check.py`` runs as its ``zero`` part) every
+trainer shares the one device, and ``cuda_peak_mib`` is each one's allocator peak.
 
 The rounds alternate the layouts' order. The last line is one JSON object.
 """
@@ -71,7 +74,7 @@ def trainer(root: str, rank: int, args: argparse.Namespace, layout: str,
 
     torch.set_num_threads(1)
     role = TrainRole(ShmParamStore(root), "policy",
-                     {"lr": 1e-5, "threads": 1, **LAYOUTS[layout]})
+                     {"lr": 1e-5, "threads": 1, "device": args.device, **LAYOUTS[layout]})
     times, syncs = [], []
     for step in range(args.steps):
         g = torch.Generator().manual_seed(step * 100 + rank)
@@ -87,7 +90,9 @@ def trainer(root: str, rank: int, args: argparse.Namespace, layout: str,
                                     total_seqs=args.seqs * args.world))
         times.append(done.stats["step_s"])
         syncs.append(done.stats["sync_s"])
-    out.put({"rank": rank, "layout": layout,
+    cuda_peak = (torch.cuda.max_memory_allocated() / 2**20 if args.device.startswith("cuda")
+                 else 0.0)
+    out.put({"rank": rank, "layout": layout, "cuda_peak_mib": cuda_peak,
              "optim_state_mib": role.optim.state_bytes() / 2**20, "rss_mib": rss_mib(),
              "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
              "step_s": statistics.median(times[1:]) if len(times) > 1 else times[0],
@@ -135,6 +140,9 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--layouts", default="zero0,zero1", help=f"of {','.join(LAYOUTS)}")
+    ap.add_argument("--device", default="cpu",
+                    help="cuda: every trainer on this GPU (gloo over CUDA tensors; "
+                         "cuda_peak_mib: the allocator's peak)")
     args = ap.parse_args()
     order = args.layouts.split(",")
     if unknown := set(order) - set(LAYOUTS) or {"zero0", "zero1"} - set(order):
@@ -156,10 +164,11 @@ def main() -> None:
             rows = [rows[rank] for rows in rounds]
             per_rank.append({k: statistics.median(r[k] for r in rows)
                              for k in ("optim_state_mib", "rss_mib", "rss_peak_mib", "step_s",
-                                       "first_step_s", "sync_s")})
+                                       "first_step_s", "sync_s", "cuda_peak_mib")})
         layouts[z] = per_rank
     result = {
         "bench": "zero_optimizer", "layers": args.layers, "world": args.world,
+        "device": args.device,
         "steps": args.steps, "seqs": args.seqs, "tokens": args.tokens, "rounds": args.rounds,
         "layouts": layouts, **ratios(layouts),
         "computed_gib_per_trainer_of_8": {name: computed_gib(b, 8)

@@ -7,10 +7,12 @@ they run on CPU and what is checked is what each was given."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from pivotflow.errors import ConfigError
 from pivotflow.launch.local import LocalLauncher, gpu_slots
@@ -72,3 +74,11 @@ def test_a_run_gives_each_worker_a_gpu_and_too_few_is_named(tmp_path: Path) -> N
         run(GRPO, sets=["live=false", "gpus=3,5,7", "gpus_per_worker=2"],
             out=tmp_path / "run2", steps=2, console=False)
     assert time.monotonic() - t0 < 30  # refused before any worker started
+
+
+@pytest.mark.skipif("CUDA_VISIBLE_DEVICES" in os.environ or torch.cuda.device_count() > 0,
+                    reason="this host shows GPUs")
+def test_cuda_on_a_host_without_a_gpu_is_named_before_anything_starts(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^--set device=cuda: this host shows no GPU"):
+        run(GRPO, sets=["live=false", "device=cuda"], out=tmp_path / "run", steps=1,
+            console=False)

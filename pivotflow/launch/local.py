@@ -61,11 +61,15 @@ def local_gpu_slots(lc: LauncherConfig, workers: int) -> list[list[str]]:
     if per_worker <= 0 or ":" in lc.device:
         return []
     gpus = host_gpus(lc.gpus)
+    if not gpus:
+        raise ConfigError(f"--set device={lc.device}: this host shows no GPU (no "
+                          "CUDA_VISIBLE_DEVICES, torch sees none); --set gpus=0,1,... names them")
     slots = gpu_slots(gpus, per_worker)
     if len(slots) < workers:
-        raise ConfigError(f"{workers} workers need {workers} GPU slots of {per_worker:g} GPUs; "
-                          f"GPUs {','.join(gpus) or '(none found)'} give {len(slots)} "
-                          "(--set gpus=..., gpus_per_worker=..., or fewer pool workers)")
+        raise ConfigError(f"{workers} workers need {workers} GPU slots of {per_worker:g} "
+                          f"GPU{'' if per_worker == 1 else 's'}; GPUs {','.join(gpus)} give "
+                          f"{len(slots)} (--set gpus=..., gpus_per_worker=..., or fewer pool "
+                          "workers)")
     return slots
 
 

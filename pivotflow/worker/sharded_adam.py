@@ -241,6 +241,12 @@ class ShardedAdamW:
     def _gathered(self) -> dict[str, torch.Tensor]:
         """The whole state under the weights' names, on rank 0's host ({} on the other
         ranks): a collective over the layout's group."""
+        out: dict[str, torch.Tensor] = {}
+        if self.rank != 0:  # (its chunks go to rank 0; it holds no whole copy, even briefly)
+            for key in self.keys:
+                for chunk in self.chunks[key]:
+                    dist.gather(chunk, None, dst=0)
+            return out
         whole = {key: [torch.empty(p.shape, dtype=STATE_DTYPE) for p in self.params]
                  for key in self.keys}
         for key in self.keys:
@@ -250,13 +256,8 @@ class ShardedAdamW:
                     self._write(chunk, s, e, whole[key])
                     continue
                 full = self._bucket_buffer(b, STATE_DTYPE)
-                parts = list(full.split(chunk.numel())) if self.rank == 0 else None
-                dist.gather(chunk, parts, dst=0)
-                if parts is not None:
-                    self._write(full, s, e, whole[key])
-        out: dict[str, torch.Tensor] = {}
-        if self.rank != 0:
-            return out
+                dist.gather(chunk, list(full.split(chunk.numel())), dst=0)
+                self._write(full, s, e, whole[key])
         for i, (name, _) in enumerate(self.named):  # adam_tensors' names and order
             out[f"{name}.exp_avg"] = whole["exp_avg"][i]
             out[f"{name}.exp_avg_sq"] = whole["exp_avg_sq"][i]
