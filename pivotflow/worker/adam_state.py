@@ -43,7 +43,7 @@ def check_adam_tensors(named: list[tuple[str, torch.nn.Parameter]],
             src = tensors.get(f"{name}.{key}")
             want = () if key == "step" else tuple(p.shape)
             if src is None or tuple(src.shape) != want:
-                raise CheckpointError(f"optimizer state entry {name}.{key!r} is missing or has "
+                raise CheckpointError(f"optimizer state entry {f'{name}.{key}'!r} is missing or has "
                                       f"shape {None if src is None else tuple(src.shape)}, not "
                                       f"{want}")
 
