@@ -24,7 +24,9 @@ weights, gradients and moments for a 0.5B, 7B and 32B policy on 8 trainers, per 
 On a GPU (``--device cuda``, what ``bench/gpu_check.py`` runs as its ``zero`` part) every
 trainer shares the one device, and ``cuda_peak_mib`` is each one's allocator peak.
 
-The rounds alternate the layouts' order. The last line is one JSON object.
+The rounds alternate the layouts' order. The last line is one JSON object. ``--plot PNG``
+draws each layout's memory and step beside the others' (``--replot JSON PNG``: from a stored
+result, without running anything).
 """
 
 from __future__ import annotations
@@ -140,10 +142,16 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--layouts", default="zero0,zero1", help=f"of {','.join(LAYOUTS)}")
+    ap.add_argument("--plot", type=Path, help="a PNG of the result")
+    ap.add_argument("--replot", nargs=2, type=Path, metavar=("JSON", "PNG"),
+                    help="only draw a stored result")
     ap.add_argument("--device", default="cpu",
                     help="cuda: every trainer on this GPU (gloo over CUDA tensors; "
                          "cuda_peak_mib: the allocator's peak)")
     args = ap.parse_args()
+    if args.replot:
+        plot(json.loads(args.replot[0].read_text()), args.replot[1])
+        return
     order = args.layouts.split(",")
     if unknown := set(order) - set(LAYOUTS) or {"zero0", "zero1"} - set(order):
         ap.error(f"--layouts: give zero0 and zero1 and any of {sorted(LAYOUTS)}, not {unknown}")
@@ -174,7 +182,41 @@ def main() -> None:
         "computed_gib_per_trainer_of_8": {name: computed_gib(b, 8)
                                           for name, b in SIZES_B.items()},
     }
+    if args.plot:
+        plot(result, args.plot)
     print(json.dumps(result))
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Per layout and rank: AdamW's state, resident memory after a step and its peak (left);
+    the median step (right)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    layouts = result["layouts"]
+    fig = Figure(figsize=(10, 3.6), layout="constrained")
+    mem, step = fig.subplots(1, 2, width_ratios=(3, 1))
+    names = list(layouts)
+    keys = (("optim_state_mib", "AdamW state"), ("rss_mib", "resident after a step"),
+            ("rss_peak_mib", "peak resident"))
+    width = 0.8 / (len(keys) * 2)
+    for k, (key, label) in enumerate(keys):
+        for rank in range(2):
+            xs = [i + (2 * k + rank - len(keys) + 0.5) * width for i in range(len(names))]
+            mem.bar(xs, [layouts[n][rank][key] / 1024 for n in names], width, color=f"C{k}",
+                    alpha=1.0 if rank else 0.6, label=f"{label}, rank {rank}")
+    top = max(r["rss_peak_mib"] for n in names for r in layouts[n]) / 1024
+    mem.set_ylim(0, top * 1.35)  # (room for the legend above the bars)
+    mem.set_xticks(range(len(names)), names)
+    mem.set_ylabel("GiB a trainer")
+    mem.legend(fontsize="x-small", ncols=3, loc="upper right")
+    mem.grid(axis="y", alpha=0.3)
+    step.bar(names, [max(r["step_s"] for r in layouts[n]) for n in names], color="C3")
+    step.set_ylabel("the group's step, s (slower rank)")
+    step.tick_params(axis="x", labelrotation=20)
+    fig.suptitle(f"two trainers, Qwen2.5-0.5B-shaped, {result['layers']} layers, "
+                 f"{result.get('device', 'cpu')}")
+    FigureCanvasAgg(fig).print_png(str(path))
 
 
 def ratios(layouts: dict[str, list[dict[str, float]]]) -> dict[str, float]:
