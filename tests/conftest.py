@@ -49,16 +49,25 @@ def random_genrm_graph(tmp_path: Path, random_models: dict[str, Path]) -> Path:
     return path
 
 
-def load_bench_script(name: str) -> ModuleType:
-    """``bench/<name>.py`` as a module (bench/ holds scripts, not a package)."""
-    path = ROOT / "bench" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
+def load_script(path: Path) -> ModuleType:
+    """A script outside any package (a bench, an example, a graph file) as a module."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+def load_bench_script(name: str) -> ModuleType:
+    """``bench/<name>.py`` as a module (bench/ holds scripts, not a package)."""
+    return load_script(ROOT / "bench" / f"{name}.py")
+
+
 @pytest.fixture
 def bench_script() -> Callable[[str], ModuleType]:
     return load_bench_script
+
+
+@pytest.fixture
+def script() -> Callable[[Path], ModuleType]:
+    return load_script

@@ -4,12 +4,13 @@ prompts; and every bad input a newcomer may bring is one line naming the file an
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from hf_folders import IM_END, save_tokenizer_hf, train_bpe
@@ -131,6 +132,9 @@ def test_a_transformers_qwen2_runs_on_message_prompts_and_its_checkpoint_loads_b
     assert model(ids).logits.shape == (1, ids.shape[1], len(tok))
 
 
+EXAMPLE = Path(__file__).parents[1] / "examples" / "byo_model.py"
+
+
 def copy_model(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> Path:
     dst.mkdir()
     for f in src.iterdir():
@@ -208,25 +212,22 @@ def test_a_malformed_message_list_names_the_file_line_and_column(
                               says)
 
 
-def test_the_example_builds_a_folder_pivotflow_runs(tmp_path: Path) -> None:
+def test_the_example_builds_a_folder_pivotflow_runs(
+        tmp_path: Path, script: Callable[[Path], ModuleType]) -> None:
     """examples/byo_model.py (run end to end by hand: 3 steps in ~40 s): its folder and
     prompts load, and its graph builds with the judge, as a newcomer's copy would."""
     from pivotflow.engines.torch.weights import load_model_folder
     from pivotflow.graph_check import load_graph
     from pivotflow.run_models import tokenizer_of
 
-    example = Path(__file__).parents[1] / "examples" / "byo_model.py"
-    spec = importlib.util.spec_from_file_location("byo_example", example)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = script(EXAMPLE)  # its model folder and prompt file writers
     model = module.build_tiny_folder(tmp_path / "model")
     prompts = module.write_prompts(tmp_path / "prompts.jsonl", n=4)
     folder = load_model_folder(model)
     tok = tokenizer_of(model, folder.config.vocab_size)
     assert folder.config.head_dim == 32 and folder.eos_ids == (2, 0)
     assert tok.eos_ids == (0, 2)  # the tokenizer's eos, then generation_config's
-    graph = load_graph(example, {**module.DEFAULTS, "model": str(model),
+    graph = load_graph(EXAMPLE, {**module.DEFAULTS, "model": str(model),
                                  "prompts": str(prompts), "judge": True})
     row = graph.order()[0].options["table"].rows[0]
     text = tok.apply_chat_template(row["prompt"], add_generation_prompt=True)
@@ -235,13 +236,14 @@ def test_the_example_builds_a_folder_pivotflow_runs(tmp_path: Path) -> None:
     assert judge["parse"]("so: \\boxed{yes}") == 1.0 and judge["parse"]("No.") == 0.0
     # the trainer's memory knobs reach the train stage's options (the roles' options; what
     # they do: tests/worker/test_train_memory.py)
-    graph = load_graph(example, {**module.DEFAULTS, "model": str(model), "prompts": str(prompts),
+    graph = load_graph(EXAMPLE, {**module.DEFAULTS, "model": str(model), "prompts": str(prompts),
                                  "gradient_checkpointing": True, "logits_chunk_tokens": 64})
     train = graph.nodes["train"].options
     assert train["gradient_checkpointing"] is True and train["logits_chunk_tokens"] == 64
 
 
-def test_ppo_on_a_transformers_folder_with_its_own_folder_as_the_critic(tmp_path: Path) -> None:
+def test_ppo_on_a_transformers_folder_with_its_own_folder_as_the_critic(
+        tmp_path: Path, script: Callable[[Path], ModuleType]) -> None:
     """examples/byo_model.py with ``graph.critic`` = the model's own folder (a tied-embedding
     Qwen2 that transformers saved): the run gives it a value head, trains it two steps, and
     the checkpoint's critic loads in transformers as a one-label classifier. (A random reward
@@ -259,11 +261,7 @@ def test_ppo_on_a_transformers_folder_with_its_own_folder_as_the_critic(tmp_path
     from pivotflow.metrics import read_metrics
     from pivotflow.run import run
 
-    example = Path(__file__).parents[1] / "examples" / "byo_model.py"
-    spec = importlib.util.spec_from_file_location("byo_example", example)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = script(EXAMPLE)  # its model folder and prompt file writers
     model = module.build_tiny_folder(tmp_path / "model")
     prompts = module.write_prompts(tmp_path / "prompts.jsonl", n=8)
     rm = tmp_path / "rm"
@@ -274,7 +272,7 @@ def test_ppo_on_a_transformers_folder_with_its_own_folder_as_the_critic(tmp_path
         if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
             shutil.copy(f, rm / f.name)
     out = tmp_path / "run"
-    result = run(example, steps=2, out=out, console=False,
+    result = run(EXAMPLE, steps=2, out=out, console=False,
                  sets=["live=false", f"graph.model={model}", f"graph.prompts={prompts}",
                        f"graph.critic={model}", "graph.critic_lr=1e-3",
                        f"graph.reward_model={rm}", "graph.trainer_workers=2",

@@ -9,6 +9,7 @@ import socket
 
 import pytest
 import torch
+from spawned import run_spawned
 
 from pivotflow.errors import WorkerError
 from pivotflow.worker.train_group import TrainGroup
@@ -37,16 +38,8 @@ def member(rank: int, ports: list[int], out: mp.Queue) -> None:
 
 
 def test_two_trainers_meet_over_tcp_and_reform_at_a_new_port() -> None:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
     ports = [free_port(), free_port()]
-    procs = [ctx.Process(target=member, args=(r, ports, q)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    got = dict(q.get(timeout=90) for _ in procs)
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
+    got = dict(run_spawned(member, [(r, ports) for r in (0, 1)]))
     for rank in (0, 1):  # sums over both ranks; rank 0's tensor broadcast
         assert got[rank] == [([3.0] * 3, [1.0] * 2), ([5.0] * 3, [2.0] * 2)]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from spawned import run_spawned
 
 from pivotflow.controller.train_tokens import valid_tokens
 from pivotflow.engines.torch.model import Decoder, ModelConfig
@@ -147,23 +148,30 @@ def test_the_trainer_steps_the_critic_toward_the_returns_and_publishes_it(
     role.release()
 
 
-def test_a_trainer_taking_over_continues_the_critic_exactly(tmp_path: Path) -> None:
-    """One trainer for three steps, against one for two and another that takes the pool's
-    state from the store for the third: the same critic after it, to the bit."""
+def stayed_and_moved(tmp_path: Path, opts: dict) -> tuple[ShmParamStore, ShmParamStore]:
+    """Two pools' stores after three steps: one trainer took all three (``a``); one took two
+    and another, new, took the pool's state over from the store for the third (``b``)."""
     stayed = publish_models(tmp_path / "a")
-    start = critic_of(stayed, 0)["score.weight"].clone()
-    role = TrainRole(stayed, "policy", OPTS)
+    role = TrainRole(stayed, "policy", opts)
     for step in range(3):
         role.train(step_msg(step, critic_batch(step)))
     role.release()
     moved = publish_models(tmp_path / "b")
-    first = TrainRole(moved, "policy", OPTS)
+    first = TrainRole(moved, "policy", opts)
     for step in range(2):
         first.train(step_msg(step, critic_batch(step)))
     first.release()
-    second = TrainRole(moved, "policy", OPTS)
+    second = TrainRole(moved, "policy", opts)
     second.train(step_msg(2, critic_batch(2), optim_version=2))
     second.release()
+    return stayed, moved
+
+
+def test_a_trainer_taking_over_continues_the_critic_exactly(tmp_path: Path) -> None:
+    """One trainer for three steps, against one for two and another that takes the pool's
+    state from the store for the third: the same critic after it, to the bit."""
+    start = critic_of(publish_models(tmp_path / "start"), 0)["score.weight"]
+    stayed, moved = stayed_and_moved(tmp_path, OPTS)
     a, b = critic_of(stayed, 3), critic_of(moved, 3)
     assert a.keys() == b.keys()
     for k in a:
@@ -171,8 +179,8 @@ def test_a_trainer_taking_over_continues_the_critic_exactly(tmp_path: Path) -> N
     assert not torch.equal(a["score.weight"], start)  # (it moved: the comparison says something)
 
 
-def rank_proc(root: str, rank: int, world: int, rendezvous: str, q: mp.Queue,
-              zero_stage: int = 0) -> None:
+def rank_proc(root: str, rank: int, world: int, rendezvous: str, zero_stage: int,
+              q: mp.Queue) -> None:
     from pivotflow.controller.training import shards
 
     role = TrainRole(ShmParamStore(root), "policy", {**OPTS, "zero_stage": zero_stage})
@@ -193,18 +201,10 @@ def test_two_data_parallel_trainers_step_the_critic_as_one(tmp_path: Path,
     role.release()
     two_root = tmp_path / "two"
     publish_models(two_root)
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
     rendezvous = os.path.join(tmp_path, "rdv")
-    procs = [ctx.Process(target=rank_proc, args=(str(two_root), r, 2, rendezvous, q,
-                                                 zero_stage))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    assert sorted(q.get(timeout=90) for _ in procs) == [0, 1]
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
+    ranks = run_spawned(rank_proc, [(str(two_root), r, 2, rendezvous, zero_stage)
+                                    for r in range(2)])
+    assert sorted(ranks) == [0, 1]
     two = ShmParamStore(two_root)
     for name in ("critic", "critic.optim", "policy.optim"):
         a, b = one.load(name, 2)[2], two.load(name, 2)[2]
@@ -289,19 +289,7 @@ def test_a_lora_critic_trains_its_adapters_and_head_and_publishes_them_merged(
 def test_a_trainer_taking_over_a_lora_critic_continues_it(tmp_path: Path) -> None:
     """As for a whole critic: the taker loads the merged critic and the adapters, takes their
     update back out of the body, and continues to the same critic (float32 rounding apart)."""
-    stayed = publish_models(tmp_path / "a")
-    role = TrainRole(stayed, "policy", LORA)
-    for step in range(3):
-        role.train(step_msg(step, critic_batch(step)))
-    role.release()
-    moved = publish_models(tmp_path / "b")
-    first = TrainRole(moved, "policy", LORA)
-    for step in range(2):
-        first.train(step_msg(step, critic_batch(step)))
-    first.release()
-    second = TrainRole(moved, "policy", LORA)
-    second.train(step_msg(2, critic_batch(2), optim_version=2))
-    second.release()
+    stayed, moved = stayed_and_moved(tmp_path, LORA)
     a, b = critic_of(stayed, 3), critic_of(moved, 3)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from spawned import run_spawned
 
 from pivotflow.controller.train_tokens import valid_tokens
 from pivotflow.controller.training import mini_batch_shards
@@ -150,15 +151,7 @@ def test_two_trainers_take_the_same_mini_batch_updates_as_one(tmp_path: Path) ->
                       rendezvous=rendezvous, part_sizes=m.part_sizes,
                       part_tokens=m.part_tokens, part_seqs=m.part_seqs)
             for m in steps_for(seqs, 2, 2)]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=rank_proc, args=(str(two_root), m, q)) for m in msgs]
-    for p in procs:
-        p.start()
-    assert sorted(q.get(timeout=90) for _ in procs) == [0, 1]
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
+    assert sorted(run_spawned(rank_proc, [(str(two_root), m) for m in msgs])) == [0, 1]
     a, b = one.load("policy", 1)[2], ShmParamStore(two_root).load("policy", 1)[2]
     for k in a:  # (float rounding of the summed gradients, which Adam scales up near 0)
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)

@@ -11,6 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from spawned import run_spawned
+from test_train_group import (
+    OPTS,
+    assert_same,
+    fresh_store,
+    run_trainers,
+    step_msgs,
+)
 
 from pivotflow.errors import CheckpointError
 from pivotflow.params.shm_store import ShmParamStore
@@ -21,13 +29,6 @@ from pivotflow.worker.sharded_adam import ShardedAdamW
 from pivotflow.worker.train_config import check_train_options
 from pivotflow.worker.train_group import TrainGroup
 from pivotflow.worker.train_role import TrainRole
-from tests.worker.test_train_group import (
-    OPTS,
-    assert_same,
-    fresh_store,
-    run_trainers,
-    step_msgs,
-)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -83,8 +84,8 @@ def test_zero_stages_past_one_are_refused_by_name() -> None:
         check_train_options({"zero_stage": 3})
 
 
-def sharded_proc(index: int, root: str, plan: list, out: mp.Queue, opts: dict,
-                 wait_for: int = -1) -> None:
+def sharded_proc(index: int, root: str, plan: list, opts: dict, wait_for: int,
+                 out: mp.Queue) -> None:
     """A trainer process with small buckets, reporting the weights it ends with (its share of
     the optimizer state is checked where rank 0 published it whole); ``wait_for``: start once
     the store holds that version of the optimizer state (a trainer that comes later, to take
@@ -106,22 +107,16 @@ def sharded_proc(index: int, root: str, plan: list, out: mp.Queue, opts: dict,
 def run_sharded(root: Path, plans: list[list], waits: list[int] | None = None,
                 opts: dict | None = None) -> tuple[list[dict[str, torch.Tensor]], list[int]]:
     """Each trainer's weights at its end, and the bytes of AdamW's state it held."""
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
     waits = waits or [-1] * len(plans)
-    procs = [ctx.Process(target=sharded_proc, args=(i, str(root), plan, q, opts or SHARDED, w))
-             for i, (plan, w) in enumerate(zip(plans, waits, strict=True))]
-    for p in procs:
-        p.start()
-    results: list[dict[str, torch.Tensor]] = [{} for _ in procs]
-    state_bytes = [0] * len(procs)
-    for _ in procs:  # (in the order they finish)
-        i, held, state_bytes[i] = q.get(timeout=120)
+    got = run_spawned(sharded_proc, [(i, str(root), plan, opts or SHARDED, w)
+                                     for i, (plan, w) in enumerate(zip(plans, waits,
+                                                                       strict=True))],
+                      timeout=120)
+    results: list[dict[str, torch.Tensor]] = [{} for _ in plans]
+    state_bytes = [0] * len(plans)
+    for i, held, state_bytes[i] in got:  # (in the order they finished)
         results[i] = {k: torch.from_numpy(v).to(getattr(torch, dtype.removeprefix("torch.")))
                       for k, (dtype, v) in held.items()}
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
     return results, state_bytes
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from spawned import run_spawned
 
 from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.engines.torch.weights import config_to_hf
@@ -52,8 +53,7 @@ def step_msgs(step: int, world: int, epoch: int, rendezvous: str,
             for r, part in enumerate(parts)]
 
 
-def trainer_proc(root: str, plan: list[TrainStep], out: mp.Queue,
-                 opts: dict | None = None) -> None:
+def trainer_proc(root: str, plan: list[TrainStep], opts: dict | None, out: mp.Queue) -> None:
     """One trainer process: run its TrainSteps, then report the final state it holds."""
     torch.manual_seed(0)
     role = TrainRole(ShmParamStore(root), "policy", opts or OPTS)
@@ -69,17 +69,8 @@ def trainer_proc(root: str, plan: list[TrainStep], out: mp.Queue,
 
 def run_trainers(root: Path, plans: list[list[TrainStep]],
                  opts: dict | None = None) -> list[dict[str, torch.Tensor]]:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=trainer_proc, args=(str(root), plan, q, opts))
-             for plan in plans]
-    for p in procs:
-        p.start()
-    results = [{k: torch.from_numpy(v) for k, v in q.get(timeout=90).items()} for _ in procs]
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
-    return results
+    return [{k: torch.from_numpy(v) for k, v in held.items()}
+            for held in run_spawned(trainer_proc, [(str(root), plan, opts) for plan in plans])]
 
 
 def fresh_store(root: Path) -> ShmParamStore:
