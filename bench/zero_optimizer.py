@@ -13,7 +13,12 @@ weights beside the sharded moments. Per layout, each trainer reports:
   high-water mark (rank 0 also maps what it publishes to the shared-memory store; rank 1 is the
   clean figure);
 * ``step_s``: the median of the steps after the first (the first forms the group), with
-  ``sync_s`` (the group's re-cut at a new group) inside it.
+  ``sync_s`` (the group's forming at its first step, with no state yet) inside it;
+* ``recut_s``: the sync of one more step in a new epoch (``--recut 1``, the default), as when
+  a trainer joins, leaves or is replaced: the group re-forms around a state of ``--steps``
+  steps (replicated: rank 0 broadcasts its weights and its whole state; sharded: each rank
+  reads its new chunks from the store's copy; before 12-05, rank 0 read the whole state and
+  scattered it).
 
 Beside them, computed (not run) for the sizes users bring: each trainer's bytes of float32
 weights, gradients and moments for a 0.5B, 7B and 32B policy on 8 trainers, per layout.
@@ -78,7 +83,9 @@ def trainer(root: str, rank: int, args: argparse.Namespace, layout: str,
     role = TrainRole(ShmParamStore(root), "policy",
                      {"lr": 1e-5, "threads": 1, "device": args.device, **LAYOUTS[layout]})
     times, syncs = [], []
-    for step in range(args.steps):
+    # the last step comes in a new epoch, as when a trainer joins, leaves or is replaced: the
+    # group re-forms with a state to re-cut (its sync_s is recut_s, outside the medians)
+    for step in range(args.steps + args.recut):
         g = torch.Generator().manual_seed(step * 100 + rank)
         seqs = [TrainSeq(job_id=rank * 1000 + i, prompt_ids=torch.randint(
                     3, 151936, (args.tokens // 2,), generator=g).tolist(),
@@ -87,8 +94,9 @@ def trainer(root: str, rank: int, args: argparse.Namespace, layout: str,
                     logprobs=[-2.0] * (args.tokens // 2), versions=[step] * (args.tokens // 2),
                     advantage=1.0 if i % 2 else -1.0) for i in range(args.seqs)]
         total = args.seqs * args.world * (args.tokens // 2)
-        done = role.train(TrainStep(step=step, seqs=seqs, rank=rank, world=args.world, epoch=1,
-                                    rendezvous=rendezvous, total_tokens=total,
+        epoch = 2 if step >= args.steps else 1  # (each group its own rendezvous, as the run's)
+        done = role.train(TrainStep(step=step, seqs=seqs, rank=rank, world=args.world, epoch=epoch,
+                                    rendezvous=f"{rendezvous}-{epoch}", total_tokens=total,
                                     total_seqs=args.seqs * args.world))
         times.append(done.stats["step_s"])
         syncs.append(done.stats["sync_s"])
@@ -97,8 +105,10 @@ def trainer(root: str, rank: int, args: argparse.Namespace, layout: str,
     out.put({"rank": rank, "layout": layout, "cuda_peak_mib": cuda_peak,
              "optim_state_mib": role.optim.state_bytes() / 2**20, "rss_mib": rss_mib(),
              "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-             "step_s": statistics.median(times[1:]) if len(times) > 1 else times[0],
-             "first_step_s": times[0], "sync_s": syncs[0]})
+             "step_s": (statistics.median(times[1:args.steps]) if args.steps > 1
+                        else times[0]),
+             "first_step_s": times[0], "sync_s": syncs[0],
+             "recut_s": syncs[args.steps] if args.recut else 0.0})
     role.release()
 
 
@@ -140,6 +150,9 @@ def main() -> None:
     ap.add_argument("--seqs", type=int, default=4, help="sequences per trainer a step")
     ap.add_argument("--tokens", type=int, default=64, help="per sequence, half of it response")
     ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--recut", type=int, choices=(0, 1), default=1,
+                    help="one more step in a new epoch: the group re-forms and re-cuts the "
+                         "state (recut_s)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--layouts", default="zero0,zero1", help=f"of {','.join(LAYOUTS)}")
     ap.add_argument("--plot", type=Path, help="a PNG of the result")
@@ -172,7 +185,7 @@ def main() -> None:
             rows = [rows[rank] for rows in rounds]
             per_rank.append({k: statistics.median(r[k] for r in rows)
                              for k in ("optim_state_mib", "rss_mib", "rss_peak_mib", "step_s",
-                                       "first_step_s", "sync_s", "cuda_peak_mib")})
+                                       "first_step_s", "sync_s", "recut_s", "cuda_peak_mib")})
         layouts[z] = per_rank
     result = {
         "bench": "zero_optimizer", "layers": args.layers, "world": args.world,
@@ -237,8 +250,15 @@ def ratios(layouts: dict[str, list[dict[str, float]]]) -> dict[str, float]:
         out[f"{prefix}optim_state_ratio"] = rows[0]["optim_state_mib"] / z0[0]["optim_state_mib"]
         out[f"{prefix}rss_ratio_rank1"] = rows[-1]["rss_mib"] / z0[-1]["rss_mib"]
         out[f"{prefix}peak_rss_ratio_rank1"] = rows[-1]["rss_peak_mib"] / z0[-1]["rss_peak_mib"]
+        # (rank 0 publishes the weights and, replicated, the whole state: its figure moves
+        # with how the sharded state reaches the store)
+        out[f"{prefix}rss_ratio_rank0"] = rows[0]["rss_mib"] / z0[0]["rss_mib"]
+        out[f"{prefix}peak_rss_ratio_rank0"] = rows[0]["rss_peak_mib"] / z0[0]["rss_peak_mib"]
         out[f"{prefix}step_time_ratio"] = rows[0]["step_s"] / z0[0]["step_s"]
         out[f"{prefix}group_step_time_ratio"] = group_step(rows) / group_step(z0)
+        if z0[0].get("recut_s"):  # the group's re-cut at a new epoch: its slower rank's
+            out[f"{prefix}recut_time_ratio"] = (max(r["recut_s"] for r in rows)
+                                                / max(r["recut_s"] for r in z0))
     return out
 
 

@@ -17,6 +17,8 @@ DEFAULTS = {
     "temperature": 1.0,
     "rollout_workers": 1,
     "digits": 2,
+    # AdamW's state: 0 whole on each trainer, 1 sharded over them (worker/group_adam.py)
+    "zero_stage": 0,
 }
 
 
@@ -37,6 +39,7 @@ def build(config: dict) -> Graph:
                          max_tokens=config["max_tokens"], temperature=config["temperature"])
     reward = g.map("reward", exact_reward, writes=["reward"])
     advantage = g.group("advantage", grpo_advantage, writes=["advantage"])
-    train = g.train("train", model="policy", pool="trainer", lr=config["lr"])
+    train = g.train("train", model="policy", pool="trainer", lr=config["lr"],
+                    zero_stage=config["zero_stage"])
     g.chain(prompts, rollout, reward, advantage, train)
     return g

@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -135,9 +136,11 @@ def _write_model(tmp: Path, folder: str, model: str, step: int, store: ParamStor
     return [f"{folder}/{p.name}" for p in sorted((tmp / folder).iterdir())]
 
 
-def _optim_at(store: ParamStore, model: str, step: int) -> dict[str, torch.Tensor] | None:
-    try:
-        return store.load(f"{model}.optim", step)[2]
+def _optim_at(store: ParamStore, model: str, step: int) -> Mapping[str, torch.Tensor] | None:
+    from pivotflow.params.optim_entries import load_optim_state
+
+    try:  # (whole, or joined from the trainers' shards; no wait: the step is reported done)
+        return load_optim_state(store, model, step, wait_s=0)
     except PivotflowError:
         return None  # version 0: no optimizer step yet
 
@@ -163,12 +166,13 @@ def lora_export(train_options: dict[str, Any], base_model: Path | None) -> LoraE
     return LoraExport(tc.lora_alpha, list(tc.lora_target_modules), str(base_model or ""))
 
 
-def _write_adapter(folder: Path, optim: dict[str, torch.Tensor], lora: LoraExport) -> list[str]:
+def _write_adapter(folder: Path, optim: Mapping[str, torch.Tensor],
+                   lora: LoraExport) -> list[str]:
     """The optimizer state's adapters (``worker/lora.py``) as a PEFT adapter folder; returns
     the files written, relative to the checkpoint."""
     from pivotflow.worker.lora import ADAPTER_SUFFIXES, peft_adapter
 
-    adapters = {k: v for k, v in optim.items() if k.endswith(ADAPTER_SUFFIXES)}
+    adapters = {k: optim[k] for k in optim if k.endswith(ADAPTER_SUFFIXES)}  # (reads no other)
     tensors, config = peft_adapter(adapters, alpha=lora.alpha, targets=lora.targets,
                                    base_model=lora.base_model)
     folder.mkdir()
@@ -177,15 +181,15 @@ def _write_adapter(folder: Path, optim: dict[str, torch.Tensor], lora: LoraExpor
     return ["adapter/adapter_config.json", "adapter/adapter_model.safetensors"]
 
 
-def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """``tensors`` as one safetensors file; a failed write (a full disk, which safetensors
-    reports as its own error) is an OSError, which ``write`` turns into its one-line error."""
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
+def _save_tensors(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
+    """``tensors`` as one safetensors file, written one tensor at a time (a sharded optimizer
+    state is joined entry by entry as it is written: nobody holds it whole); a failed write (a
+    full disk) is an OSError, which ``write`` turns into its one-line error."""
+    from pivotflow.params.safetensors_stream import save_streamed
 
     try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, path)
-    except (SafetensorError, RuntimeError, ValueError) as exc:
+        save_streamed(tensors, path)
+    except (RuntimeError, ValueError) as exc:
         raise OSError(str(exc)) from exc
 
 

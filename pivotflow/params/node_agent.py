@@ -38,6 +38,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from pivotflow.params.optim_entries import is_optim
+
 log = logging.getLogger(__name__)
 
 KEEP = 3  # versions each node keeps of a model (the trainer keeps 3 of the policy)
@@ -47,7 +49,7 @@ KEEP_OPTIM = 2  # and of its AdamW state (``<model>.optim``), as the trainer kee
 def keep_for(model: str) -> int:
     """How many of ``model``'s newest versions every node holds (what its trainer keeps, so
     that a version the trainer collected is not sent back to it)."""
-    return KEEP_OPTIM if model.endswith(".optim") else KEEP
+    return KEEP_OPTIM if is_optim(model) else KEEP
 CROSSED = ".crossed"  # in a store root: per model, the newest version every node has
 CROSSED_WAIT_S = 60.0
 GROUP_TIMEOUT_S = 30.0  # a collective with a silent peer fails after this

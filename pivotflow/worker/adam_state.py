@@ -3,9 +3,11 @@ parameter store while no trainer holds it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
-from pivotflow.errors import CheckpointError
+from pivotflow.params.optim_entries import check_entries
 
 _KEYS = ("exp_avg", "exp_avg_sq", "step")
 
@@ -35,21 +37,14 @@ def adam_tensors(model: torch.nn.Module, optim: torch.optim.Optimizer) -> dict[s
 
 
 def check_adam_tensors(named: list[tuple[str, torch.nn.Parameter]],
-                       tensors: dict[str, torch.Tensor]) -> None:
+                       tensors: Mapping[str, torch.Tensor]) -> None:
     """Raise CheckpointError when ``tensors`` lacks an entry of the trainable weights ``named``
     or has one of the wrong shape (a state saved for another model)."""
-    for name, p in named:
-        for key in _KEYS:
-            src = tensors.get(f"{name}.{key}")
-            want = () if key == "step" else tuple(p.shape)
-            if src is None or tuple(src.shape) != want:
-                raise CheckpointError(f"optimizer state entry {f'{name}.{key}'!r} is missing or has "
-                                      f"shape {None if src is None else tuple(src.shape)}, not "
-                                      f"{want}")
+    check_entries([n for n, _ in named], [tuple(p.shape) for _, p in named], tensors)
 
 
 def load_adam_tensors(model: torch.nn.Module, optim: torch.optim.Optimizer,
-                      tensors: dict[str, torch.Tensor]) -> None:
+                      tensors: Mapping[str, torch.Tensor]) -> None:
     """Copy a stored state into ``optim``; raises CheckpointError when an entry is missing or
     has the wrong shape (a state saved for another model)."""
     check_adam_tensors([(n, p) for n, p in model.named_parameters() if p.requires_grad],

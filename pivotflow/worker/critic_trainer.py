@@ -32,7 +32,7 @@ from pivotflow.worker.lora import adapter_tensors, apply_lora, merged_state_dict
 from pivotflow.worker.reward_scoring import response_values
 from pivotflow.worker.train_config import TrainConfig
 from pivotflow.worker.train_group import TrainGroup
-from pivotflow.worker.trained_versions import publish_version, take_over
+from pivotflow.worker.trained_versions import publish_state, publish_version, take_over
 
 # per-token moments of a micro-batch, summed over the step like every stat, then replaced by the
 # explained variance (``explained_variance``): not records of their own
@@ -90,16 +90,17 @@ class CriticTrainer:
                 stats.update(dict.fromkeys(MOMENTS, 0.0))
         return loss, stats
 
-    def publish(self, version: int, group: TrainGroup) -> list[str]:
-        """The critic and its optimizer state as ``version``, by rank 0; returns the names
-        published ([] on the other ranks). Every rank calls it: a sharded state is gathered."""
-        state = self.optim.state(group)
-        if group.rank != 0:
-            return []
+    def publish_state(self, version: int, group: TrainGroup) -> list[str]:
+        """This rank's part of the critic's optimizer state (and adapters) as ``version``;
+        returns the names published."""
+        return publish_state(self.store, self.name, version, self.optim, group,
+                             adapter_tensors(self.model), self.hf_config)
+
+    def publish_weights(self, version: int) -> list[str]:
+        """The critic as ``version``, by rank 0 once every rank's part of its state is in."""
         weights = (merged_state_dict(self.model) if self.tc.critic_lora_rank
                    else self.model.state_dict())
-        return publish_version(self.store, self.name, version, weights,
-                               {**state, **adapter_tensors(self.model)}, self.hf_config)
+        return publish_version(self.store, self.name, version, weights, self.hf_config)
 
     def weight_tensors(self) -> list[torch.Tensor]:
         """The weights ranks must agree on, in one order (AdamW's state: ``optim.regroup``)."""

@@ -23,25 +23,27 @@ keeps its chunk, and the all-gather is the traffic added (``bench/zero_optimizer
 the same step: AdamW is elementwise, so cutting the weights changes no value (the norm's
 summation order aside).
 
-The state has no home of its own between groups: rank 0 gathers it under the weights' names
-for ``<model>.optim`` with every version, exactly what the replicated layout publishes. When
-the group changes (a trainer joins or leaves, or rank 0 takes the pool over), rank 0 takes the
-whole state from what it took over, from its own shards if it held them all, or from the
-parameter store's copy for the weights it holds, and scatters the new chunks.
+The state has no home of its own between groups: with every version each rank publishes the
+chunks it owns to the parameter store (``<model>.optim.r<rank>``, ``params/optim_entries.py``),
+which joins them into the replicated layout's ``<model>.optim`` for whoever needs it whole.
+When the group changes (a trainer joins or leaves, or rank 0 takes the pool over), each rank
+reads its new chunks straight from the store's copy at the version rank 0 took over or holds,
+whatever layout stored it (``optim_entries.StoredState``): nobody holds or sends the whole
+state. Only a rank that held every chunk and stays alone keeps them as they are.
 """
 
 from __future__ import annotations
 
-import math
-from bisect import bisect_right
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.optim.adamw import adamw
 
-from pivotflow.worker.adam_state import check_adam_tensors
-from pivotflow.worker.group_adam import BETAS, StoredState
+from pivotflow.params.flat_layout import FlatLayout
+from pivotflow.params.optim_entries import StoredState, chunk_name
+from pivotflow.worker.group_adam import BETAS, StatePart, StoreCopy
 from pivotflow.worker.train_group import TrainGroup
 
 BUCKET_ELEMS = 1 << 24  # 16 Mi elements: 64 MiB a float32 collective buffer
@@ -60,11 +62,9 @@ class ShardedAdamW:
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.params = [p for _, p in self.named]
         self.lr = lr
-        self.starts = [0]  # where each weight begins in the flat index space
-        for p in self.params:
-            self.starts.append(self.starts[-1] + p.numel())
-        total = self.starts[-1]
-        self.buckets = [(s, min(s + bucket_elems, total)) for s in range(0, total, bucket_elems)]
+        self.bucket_elems = bucket_elems
+        self.flat = FlatLayout([p.numel() for p in self.params], bucket_elems)
+        self.buckets = self.flat.buckets
         self.layout: tuple[int, int, int] | None = None  # (epoch, world, rank) it is cut for
         self.world, self.rank = 1, 0
         # A model held in bf16 (train_dtype) keeps float32 master weights of the chunks this
@@ -80,33 +80,19 @@ class ShardedAdamW:
         # cost more in page faults than the collectives themselves (on CPU)
         self.scratch = torch.zeros(0)
         self.send = torch.zeros(0)
-        self.state_scratch = torch.zeros(0)  # the state's, when the model's dtype is not its
-        self.pending: dict[str, torch.Tensor] | None = None  # a taken-over state, rank 0
+        self.pending: StoreCopy | None = None  # where a taken-over state is, rank 0
 
     # -- the layout ----------------------------------------------------------------------
 
     def _chunk(self, bucket: int) -> int:
-        s, e = self.buckets[bucket]
-        return math.ceil((e - s) / self.world)
+        return self.flat.chunk(bucket, self.world)
 
     def _owned(self, bucket: int) -> tuple[int, int]:
         """The flat range this rank owns of ``bucket`` (empty past the bucket's end)."""
-        s, e = self.buckets[bucket]
-        c = self._chunk(bucket)
-        return min(s + self.rank * c, e), min(s + (self.rank + 1) * c, e)
+        return self.flat.owned(bucket, self.world, self.rank)
 
     def _pieces(self, lo: int, hi: int) -> list[tuple[int, int, int, int]]:
-        """(weight, start in it, end in it, offset from ``lo``) covering flat ``[lo, hi)``."""
-        out = []
-        i = bisect_right(self.starts, lo) - 1
-        while lo < hi and i < len(self.params):
-            a, b = max(lo, self.starts[i]), min(hi, self.starts[i + 1])
-            if a < b:
-                out.append((i, a - self.starts[i], b - self.starts[i], a - lo))
-            i += 1
-            if self.starts[i] >= hi:
-                break
-        return out
+        return self.flat.pieces(lo, hi)
 
     def _read(self, tensors: Sequence[torch.Tensor], lo: int, hi: int, out: torch.Tensor) -> None:
         """``out[: hi - lo]`` = the flat ``[lo, hi)`` of ``tensors`` (one a weight); the rest
@@ -125,15 +111,10 @@ class ShardedAdamW:
         p = self.params[0]
         return torch.zeros(n, dtype=dtype or p.dtype, device=p.device)
 
-    def _bucket_buffer(self, bucket: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """A scratch buffer (the weights' dtype, or ``dtype``), as long as ``bucket`` padded
-        to ``world`` chunks."""
-        n = self._chunk(bucket) * self.world
-        if dtype is None or dtype == self.scratch.dtype:
-            return self.scratch[:n]
-        if self.state_scratch.numel() < n:
-            self.state_scratch = self._new_buffer(self.scratch.numel(), dtype)
-        return self.state_scratch[:n]
+    def _bucket_buffer(self, bucket: int) -> torch.Tensor:
+        """A scratch buffer in the weights' dtype, as long as ``bucket`` padded to ``world``
+        chunks."""
+        return self.scratch[: self._chunk(bucket) * self.world]
 
     def _cut(self, world: int, rank: int) -> None:
         """Fresh chunks of the state for ``rank`` of ``world``: zeroed moments, and master
@@ -147,7 +128,6 @@ class ShardedAdamW:
         self.steps = 0
         self.scratch = self._new_buffer(max(sizes, default=0) * world if world > 1 else 0)
         self.send = self._new_buffer(max(sizes, default=0) if world > 1 else 0)
-        self.state_scratch = torch.zeros(0)
 
     # -- the interface (group_adam.py) ---------------------------------------------------
 
@@ -235,80 +215,54 @@ class ShardedAdamW:
             self._adamw([master], [g], [self.chunks["exp_avg"][b]], [self.chunks["exp_avg_sq"][b]])
             self._write(master, lo, hi, self.params)
 
-    def state(self, group: TrainGroup) -> dict[str, torch.Tensor]:
-        return self._gathered()
+    def state_part(self, group: TrainGroup) -> StatePart:
+        """This rank's chunks, as they are (the store copies them): no collective."""
+        assert self.layout is not None, "regroup before publishing"
+        tensors = {chunk_name(key, b): chunk for key in self.keys
+                   for b, chunk in enumerate(self.chunks[key])}
+        shard: dict[str, Any] = {
+            "world": self.world, "rank": self.rank, "epoch": self.layout[0],
+            "steps": self.steps, "bucket_elems": self.bucket_elems, "keys": list(self.keys),
+            "params": [[n, list(p.shape)] for n, p in self.named]}
+        return StatePart(tensors, shard)
 
-    def _gathered(self) -> dict[str, torch.Tensor]:
-        """The whole state under the weights' names, on rank 0's host ({} on the other
-        ranks): a collective over the layout's group."""
-        out: dict[str, torch.Tensor] = {}
-        if self.rank != 0:  # (its chunks go to rank 0; it holds no whole copy, even briefly)
-            for key in self.keys:
-                for chunk in self.chunks[key]:
-                    dist.gather(chunk, None, dst=0)
-            return out
-        whole = {key: [torch.empty(p.shape, dtype=STATE_DTYPE) for p in self.params]
-                 for key in self.keys}
-        for key in self.keys:
-            for b, (s, e) in enumerate(self.buckets):
-                chunk = self.chunks[key][b]
-                if self.world == 1:
-                    self._write(chunk, s, e, whole[key])
-                    continue
-                full = self._bucket_buffer(b, STATE_DTYPE)
-                dist.gather(chunk, list(full.split(chunk.numel())), dst=0)
-                self._write(full, s, e, whole[key])
-        for i, (name, _) in enumerate(self.named):  # adam_tensors' names and order
-            out[f"{name}.exp_avg"] = whole["exp_avg"][i]
-            out[f"{name}.exp_avg_sq"] = whole["exp_avg_sq"][i]
-            out[f"{name}.step"] = torch.tensor(float(self.steps))
-            if self.keeps_master:
-                out[f"{name}.master"] = whole["master"][i]
-        return out
+    def take_over(self, copy: StoreCopy) -> None:
+        self.pending = copy  # (read at the regroup, each rank its chunks)
 
-    def load_state(self, tensors: dict[str, torch.Tensor]) -> None:
-        check_adam_tensors(self.named, tensors)
-        self.pending = tensors
-
-    def regroup(self, group: TrainGroup, formed: bool, stored: StoredState) -> None:
+    def regroup(self, group: TrainGroup, formed: bool, stored: StoreCopy) -> None:
         key = (group.epoch, group.world, group.rank)
         if key == self.layout and self.pending is None:
             return
-        source: dict[str, torch.Tensor] | None = None
-        if group.rank == 0:
-            if self.pending is not None:
-                source = self.pending
-            elif self.layout is not None and self.world == 1:
-                source = self._gathered()  # it held every chunk: no store read
-            else:
-                source = stored()
-        # every rank learns whether chunks are coming, AdamW's step count, and whether the
-        # state has master weights (one from a float32 model's run has none: the weights are)
-        first = self.named[0][0]
-        head = torch.tensor([0.0 if source is None else 1.0,
-                             0.0 if source is None else float(source[f"{first}.step"]),
-                             float(source is not None and f"{first}.master" in source)],
-                            dtype=torch.float64)
+        # rank 0 says where the state comes from, and every rank learns it: its own chunks
+        # when it held them all and stays alone, else the store's copy at the version rank 0
+        # took over or holds (0: no step taken yet, so zeros), from which each rank reads just
+        # its new chunks (nobody holds or sends the whole state)
+        own = (self.pending is None and group.world == 1 and self.layout is not None
+               and self.world == 1)
+        copy = self.pending or stored
+        head = torch.tensor([float(own), float(copy.version)], dtype=torch.float64)
         group.broadcast([head])
+        self.pending = None
+        if head[0].item():  # (alone before and after: one chunk a bucket, the bucket whole)
+            self.layout = key
+            return
         self._cut(group.world, group.rank)
-        self.layout, self.pending = key, None
-        if not head[0].item():
+        version = int(head[1].item())
+        if version == 0:
+            self.layout = key
             return  # no step taken yet: zeros, as AdamW's first step would make them
-        self.steps = int(head[1].item())
-        for key_name in self.keys if head[2].item() else MOMENTS:
-            whole = ([source[f"{n}.{key_name}"] for n, _ in self.named]
-                     if source is not None else [])
-            for b, (s, e) in enumerate(self.buckets):
-                chunk = self.chunks[key_name][b]
-                if self.world == 1:
-                    self._read(whole, s, e, chunk)
-                    continue
-                parts = None
-                if group.rank == 0:
-                    full = self._bucket_buffer(b, STATE_DTYPE)
-                    self._read(whole, s, e, full)
-                    parts = list(full.split(chunk.numel()))
-                dist.scatter(chunk, parts, src=0)
+        assert stored.store is not None
+        held = StoredState.wait(stored.store, stored.model, version)
+        held.check([n for n, _ in self.named], [tuple(p.shape) for _, p in self.named])
+        self.steps = held.steps
+        # (a state without master weights, from a float32 model's run: _cut took them from
+        # the weights)
+        for key_name in (k for k in self.keys if k in held.keys):
+            for b, chunk in enumerate(self.chunks[key_name]):
+                lo, hi = self._owned(b)
+                chunk.zero_()
+                held.read(key_name, self.flat, lo, hi, chunk)
+        self.layout = key  # (only now: a state that failed to load is read again next time)
 
     def state_bytes(self) -> int:
         """What this rank holds of AdamW's state: its chunks of the moments (and of the master

@@ -39,7 +39,7 @@ from pivotflow.params.node_agent import wait_crossed
 from pivotflow.protocol import TrainDone, TrainSeq, TrainStep
 from pivotflow.rl import policy_loss
 from pivotflow.worker.critic_trainer import CriticTrainer, explained_variance
-from pivotflow.worker.group_adam import group_adam
+from pivotflow.worker.group_adam import StoreCopy, group_adam
 from pivotflow.worker.lora import (
     adapter_tensors,
     adapters_off,
@@ -49,7 +49,7 @@ from pivotflow.worker.lora import (
 from pivotflow.worker.response_scoring import response_logprobs, response_logprobs_entropy
 from pivotflow.worker.train_config import lr_at, train_config
 from pivotflow.worker.train_group import TrainGroup
-from pivotflow.worker.trained_versions import load_optim_state, publish_version, take_over
+from pivotflow.worker.trained_versions import publish_state, publish_version, take_over
 from pivotflow.worker.worker_config import worker_config
 
 
@@ -203,10 +203,11 @@ class TrainRole:
         formed = self.group.join(msg.epoch, msg.rank, msg.world, msg.rendezvous)
         if formed:
             self.group.broadcast(self.weight_tensors())
-        self.optim.regroup(self.group, formed, lambda: self._stored(self.model_name))
+        self.optim.regroup(self.group, formed, StoreCopy(self.store, self.model_name,
+                                                         self.version))
         if self.critic is not None:
-            self.critic.optim.regroup(self.group, formed,
-                                      lambda: self._stored(self.tc.critic_model))
+            self.critic.optim.regroup(self.group, formed, StoreCopy(
+                self.store, self.tc.critic_model, self.version))
         sync_s = time.perf_counter() - t0
         lr = lr_at(self.tc, msg.step)
         self.optim.set_lr(lr)
@@ -235,18 +236,23 @@ class TrainRole:
             out["critic_grad_norm"] = critic_norm
             explained_variance(out)
         self.version = msg.step + 1
-        # the optimizer state too: a trainer may die, or leave, any time (gathered from every
-        # rank when it is sharded: every rank takes part)
-        optim_state = self.optim_state()
-        critic = (self.critic.publish(self.version, self.group) if self.critic is not None
-                  else [])
+        # the optimizer state too, every rank its part: a trainer may die, or leave, any time
+        entries = self.publish_state()
+        if self.critic is not None:
+            entries += self.critic.publish_state(self.version, self.group)
+        # on a cluster: report the step once its version is on every node (see node_agent)
+        for entry in entries:
+            wait_crossed(self.store.root, entry, self.version)
+        # every rank's part is in the store before the weights are: a version whose weights
+        # are there has its state whole (a rank that dies before this fails the step)
+        self.group.all_reduce_sum([torch.zeros(1)])
         if msg.rank == 0:
             published = publish_version(self.store, self.model_name, self.version,
-                                        self.state_dict(), optim_state, self.hf_config)
-            published += critic
-            # on a cluster: report the step once its version is on every node (see node_agent)
-            for name in published:
-                wait_crossed(self.store.root, name, self.version)
+                                        self.state_dict(), self.hf_config)
+            if self.critic is not None:
+                published += self.critic.publish_weights(self.version)
+            for entry in published:
+                wait_crossed(self.store.root, entry, self.version)
         out.update({"lr": lr, "grad_norm": grad_norm, "step_s": time.perf_counter() - t0,
                     "sync_s": sync_s, "world": float(msg.world),
                     "group_formed": float(formed)})
@@ -347,12 +353,11 @@ class TrainRole:
             sd.pop("lm_head.weight", None)
         return sd
 
-    def optim_state(self) -> dict[str, torch.Tensor]:
-        """What the pool's next trainer needs beside the policy: AdamW's state, and under LoRA
-        the adapters (the policy holds them only merged); on rank 0 ({} on the others). Every
-        rank calls it: a sharded state is gathered."""
-        state = self.optim.state(self.group)
-        return {**state, **adapter_tensors(self.model)} if self.group.rank == 0 else {}
+    def publish_state(self) -> list[str]:
+        """Publish this rank's part of what the pool's next trainer needs beside the policy:
+        AdamW's state, and under LoRA the adapters (the policy holds them only merged)."""
+        return publish_state(self.store, self.model_name, self.version, self.optim, self.group,
+                             adapter_tensors(self.model), self.hf_config)
 
     def weight_tensors(self) -> list[torch.Tensor]:
         """The weights ranks must agree on, in one order: the policy's, then the critic's (the
@@ -361,11 +366,6 @@ class TrainRole:
             params = [p.data for p in self.model.parameters()]
         critic = self.critic.weight_tensors() if self.critic is not None else []
         return params + critic
-
-    def _stored(self, name: str) -> dict[str, torch.Tensor] | None:
-        """``name``'s optimizer state as the pool published it with the weights this trainer
-        holds (None before the first step: AdamW's state is zeros then)."""
-        return load_optim_state(self.store, name, self.version) if self.version > 0 else None
 
     def load_from_store(self, version: int) -> None:
         """Take over the pool's state at ``version``: the policy, and the optimizer state rank 0

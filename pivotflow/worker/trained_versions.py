@@ -1,50 +1,45 @@
 """A trained model's versions in the parameter store, for the policy's trainer and the critic's.
 
-Rank 0 publishes each version with its AdamW state (``<model>.optim``), so a trainer that leaves
-or dies takes neither along, and keeps as many of each as the store agents keep on every node
-(``node_agent.KEEP``, ``KEEP_OPTIM``). A trainer that takes over a model it did not train last
-loads both, waiting for the state a while (on a cluster it may still be crossing to this node's
-store), and under LoRA takes the adapters out of that state and their update back out of the
-published, merged weights."""
+Each version goes with its AdamW state, so a trainer that leaves or dies takes neither along:
+every rank publishes its part of the state (``publish_state``: rank 0 the whole of a replicated
+state, each rank its chunks of a sharded one, ``params/optim_entries.py``), the group waits for
+every part, then rank 0 publishes the weights (``publish_version``); each is kept as many
+versions as the store agents keep on every node (``node_agent.KEEP``, ``KEEP_OPTIM``). A trainer
+that takes over a model it did not train last loads both, waiting for the state a while (on a
+cluster it may still be crossing to this node's store), and under LoRA takes the adapters out
+of that state and their update back out of the published, merged weights."""
 
 from __future__ import annotations
 
-import time
-
 import torch
 
-from pivotflow.errors import CheckpointError, WorkerError
+from pivotflow.errors import CheckpointError
 from pivotflow.params.base import ParamStore
 from pivotflow.params.node_agent import KEEP, KEEP_OPTIM
-from pivotflow.worker.group_adam import GroupAdam
+from pivotflow.params.optim_entries import publish_part, stored_extras
+from pivotflow.worker.group_adam import GroupAdam, StoreCopy
 from pivotflow.worker.lora import restore
+from pivotflow.worker.train_group import TrainGroup
 
-OPTIM_WAIT_S = 30.0  # for the optimizer state to reach this node's store (on a cluster)
+
+def publish_state(store: ParamStore, name: str, version: int, optim: GroupAdam,
+                  group: TrainGroup, extra: dict[str, torch.Tensor], config: dict) -> list[str]:
+    """This rank's part of ``name``'s optimizer state at ``version`` (``extra``, the LoRA
+    adapters, go with rank 0's); returns the names published ([]: this rank publishes none)."""
+    part = optim.state_part(group)
+    if part is None:
+        return []
+    tensors = {**part.tensors, **extra} if group.rank == 0 else part.tensors
+    return [publish_part(store, name, version, tensors, part.shard, config, KEEP_OPTIM)]
 
 
 def publish_version(store: ParamStore, name: str, version: int,
-                    weights: dict[str, torch.Tensor], optim_state: dict[str, torch.Tensor],
-                    config: dict) -> list[str]:
-    """Publish ``name@version`` and its optimizer state, and collect the older ones; returns the
-    names published (the caller waits for them to cross to every node, all at once)."""
-    store.publish(f"{name}.optim", version, optim_state, config)
-    store.gc(f"{name}.optim", keep=KEEP_OPTIM)
+                    weights: dict[str, torch.Tensor], config: dict) -> list[str]:
+    """Publish ``name@version`` (by rank 0, once every rank's part of its optimizer state is
+    published) and collect the older ones; returns the names published."""
     store.publish(name, version, weights, config)
     store.gc(name, keep=KEEP)
-    return [f"{name}.optim", name]
-
-
-def load_optim_state(store: ParamStore, name: str, version: int) -> dict[str, torch.Tensor]:
-    """``<name>.optim`` at ``version``, waiting for it up to ``OPTIM_WAIT_S``."""
-    deadline = time.monotonic() + OPTIM_WAIT_S
-    while True:
-        try:
-            return store.load(f"{name}.optim", version)[2]
-        except CheckpointError:
-            if time.monotonic() > deadline:
-                raise WorkerError(f"optimizer state {name}.optim@v{version} never reached the "
-                                  "parameter store") from None
-            time.sleep(0.01)
+    return [name]
 
 
 def take_over(store: ParamStore, name: str, version: int, model: torch.nn.Module,
@@ -55,10 +50,9 @@ def take_over(store: ParamStore, name: str, version: int, model: torch.nn.Module
     one-line CheckpointError naming the first."""
     _, _, tensors = store.load(name, version)
     model.load_state_dict(tensors, strict=False)
-    state = load_optim_state(store, name, version)
-    bad = restore(model, state)
+    bad = restore(model, stored_extras(store, name, version))
     if bad:
         raise CheckpointError(f"optimizer state {name}.optim@v{version} has no LoRA adapter "
                               f"{bad[0]!r} of this run's shape ({rank_knob} {rank}); "
                               f"{len(bad)} missing or misshaped")
-    optim.load_state(state)
+    optim.take_over(StoreCopy(store, name, version))

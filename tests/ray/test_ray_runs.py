@@ -49,9 +49,14 @@ def test_bundles_the_cluster_cannot_place_are_a_clear_error(tmp_path: Path,
 
 def test_a_run_on_two_nodes_with_a_trainer_group_over_tcp(tmp_path: Path,
                                                           ray_cluster: FakeCluster) -> None:
-    result = run(GRAPH, sets=[*FAST, "pools.trainer=2", "planner=static"],
+    """The two trainers shard AdamW's state (``zero_stage=1``): each publishes its shard on its
+    own node, and the controller's checkpoint joins the two from its node's store."""
+    result = run(GRAPH, sets=[*FAST, "pools.trainer=2", "planner=static", "graph.zero_stage=1"],
                  out=tmp_path / "out", steps=3, console=False)
     s = result.summary
+    ckpt, _ = checkpoints.newest_whole(result.out)
+    assert ckpt is not None and ckpt.optimizer is not None
+    assert {float(v) for k, v in ckpt.optimizer.items() if k.endswith(".step")} == {3.0}
     assert s["launcher"] == "ray"
     assert s["ray"]["nodes_used"] == 2 and s["ray"]["bundles"] == 3
     assert s["ray"]["rendezvous"] >= 1  # two trainers: a TCPStore on rank 0's node

@@ -21,10 +21,16 @@ from test_train_group import (
 )
 
 from pivotflow.errors import CheckpointError
+from pivotflow.params.optim_entries import (
+    JoinedState,
+    StoredState,
+    load_optim_state,
+    publish_part,
+)
 from pivotflow.params.shm_store import ShmParamStore
 from pivotflow.worker import sharded_adam
 from pivotflow.worker.adam_state import adam_tensors
-from pivotflow.worker.group_adam import ReplicatedAdamW
+from pivotflow.worker.group_adam import NO_STATE, ReplicatedAdamW, StoreCopy
 from pivotflow.worker.sharded_adam import ShardedAdamW
 from pivotflow.worker.train_config import check_train_options
 from pivotflow.worker.train_group import TrainGroup
@@ -49,7 +55,7 @@ def test_one_sharded_trainer_steps_as_the_replicated_one_across_cut_weights() ->
     plain = ReplicatedAdamW(plain_model, lr=0.1)
     cut = ShardedAdamW(cut_model, lr=0.1, bucket_elems=4)  # every weight cut across buckets
     solo = TrainGroup()
-    cut.regroup(solo, False, lambda: None)
+    cut.regroup(solo, False, NO_STATE)
     for step in range(3):
         x = torch.randn(4, 7, generator=torch.Generator().manual_seed(step))
         norms = []
@@ -60,7 +66,7 @@ def test_one_sharded_trainer_steps_as_the_replicated_one_across_cut_weights() ->
         assert norms[0] > 1 and norms[1] == pytest.approx(norms[0], rel=1e-6)
     for k, v in plain_model.state_dict().items():
         torch.testing.assert_close(cut_model.state_dict()[k], v, rtol=1e-6, atol=1e-7)
-    state = cut.state(solo)
+    state = joined(cut, solo)
     want = adam_tensors(plain_model, plain.optim)
     assert list(state) == list(want)  # the replicated layout's names, in its order
     for k, v in want.items():
@@ -68,20 +74,40 @@ def test_one_sharded_trainer_steps_as_the_replicated_one_across_cut_weights() ->
     assert float(state["0.weight.step"]) == 3.0
 
 
-def test_a_state_for_another_model_is_a_one_line_error() -> None:
+def test_a_state_for_another_model_is_a_one_line_error(tmp_path: Path) -> None:
     model, _ = two_models()
-    opt = ShardedAdamW(model, lr=0.1)
+    store = ShmParamStore(tmp_path / "store")
     state = adam_tensors(model, ReplicatedAdamW(model, lr=0.1).optim)
     state["1.bias.exp_avg"] = torch.zeros(4)
+    store.publish("policy.optim", 2, state, {})  # (a checkpoint's, as a resume publishes it)
+    opt = ShardedAdamW(model, lr=0.1)
+    opt.take_over(StoreCopy(store, "policy", 2))
     with pytest.raises(CheckpointError, match=r"^optimizer state entry '1\.bias\.exp_avg' is "
                                               r"missing or has shape \(4,\), not \(3,\)$"):
-        opt.load_state(state)
+        opt.regroup(TrainGroup(), False, StoreCopy(store, "policy", 2))
+    other = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.Linear(5, 4))
+    sharded = ShardedAdamW(other, lr=0.1)
+    sharded.regroup(TrainGroup(), False, NO_STATE)
+    part = sharded.state_part(TrainGroup())
+    publish_part(store, "critic", 3, part.tensors, part.shard, {}, 2)
+    opt.take_over(StoreCopy(store, "critic", 3))
+    with pytest.raises(CheckpointError, match=r"^optimizer state critic.optim@v3 was stored for "
+                                              r"other weights \(its shards' first weight "
+                                              r"'0.weight'\)$"):
+        opt.regroup(TrainGroup(), False, StoreCopy(store, "critic", 3))
 
 
 def test_zero_stages_past_one_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match=r"zero_stage must be 0 .* or 1 .*got 3 \(2 and 3 are "
                                          r"not built\)"):
         check_train_options({"zero_stage": 3})
+
+
+def joined(opt: ShardedAdamW, solo: TrainGroup) -> dict[str, torch.Tensor]:
+    """A solo trainer's shard, as the store would join it: the whole state."""
+    part = opt.state_part(solo)
+    assert part.shard is not None
+    return dict(JoinedState(StoredState(part.shard, [part.tensors], "a solo trainer's")))
 
 
 def sharded_proc(index: int, root: str, plan: list, opts: dict, wait_for: int,
@@ -92,7 +118,7 @@ def sharded_proc(index: int, root: str, plan: list, opts: dict, wait_for: int,
     the pool over)."""
     sharded_adam.BUCKET_ELEMS = BUCKET
     store = ShmParamStore(root)
-    while wait_for >= 0 and wait_for not in store.versions("policy.optim"):
+    while wait_for >= 0 and wait_for not in store.versions("policy"):  # (its state is in first)
         time.sleep(0.05)
     role = TrainRole(store, "policy", opts)
     for msg in plan:
@@ -143,8 +169,11 @@ def test_the_state_is_re_cut_as_trainers_leave_join_and_take_over(tmp_path: Path
                                          waits=[-1, -1, 3])
     assert_same(a, weights)
     assert_same(c, weights)
-    # what rank 0 gathered and published is the replicated layout's <model>.optim
-    assert_same(store.load("policy.optim", 5)[2], moments)
+    # the ranks' shards join into the replicated layout's <model>.optim; nobody gathered it
+    assert_same(load_optim_state(store, "policy", 5), moments)
+    assert not store.versions("policy.optim")
+    assert [store.load(f"policy.optim.r{r}", 5)[1]["optim_shard"]["world"] for r in (0, 1)] \
+        == [2, 2]
     whole = sum(t.numel() * 4 for k, t in moments.items() if not k.endswith(".step"))
     for n in state_bytes:  # each ended in a group of two: half the moments (the last bucket
         assert whole / 2 <= n <= whole / 2 + 8  # padded to an even length: a float a moment)
@@ -170,7 +199,7 @@ def test_a_bf16_model_keeps_float32_masters_so_small_updates_add_up() -> None:
     sharded = ShardedAdamW(cut, lr=lr, bucket_elems=50)  # (cuts the weight across buckets)
     alone = ReplicatedAdamW(plain, lr=lr)
     solo = TrainGroup()
-    sharded.regroup(solo, False, lambda: None)
+    sharded.regroup(solo, False, NO_STATE)
     for step in range(5):
         g = torch.Generator().manual_seed(step)
         grads = {n: torch.randn(p.shape, generator=g).bfloat16() for n, p in ref.named_parameters()}
@@ -183,7 +212,7 @@ def test_a_bf16_model_keeps_float32_masters_so_small_updates_add_up() -> None:
     for n, p in ref.named_parameters():
         torch.testing.assert_close(dict(cut.named_parameters())[n], p.detach().bfloat16(),
                                    rtol=0, atol=0, msg=n)
-        torch.testing.assert_close(sharded.state(solo)[f"{n}.master"], p.detach(), rtol=1e-6,
+        torch.testing.assert_close(joined(sharded, solo)[f"{n}.master"], p.detach(), rtol=1e-6,
                                    atol=1e-7, msg=n)
     assert torch.equal(plain.bias, torch.ones(8, dtype=torch.bfloat16))  # bf16 alone: stuck
     assert not torch.equal(cut.bias, plain.bias)  # the masters' steps added up
@@ -204,7 +233,7 @@ def test_sharded_bf16_trainers_take_one_trainers_steps_and_resume_its_masters(
     late = [step_msgs(2, 1, 2, "", optim_version=2)[0]]
     (_, _, taken), _ = run_sharded(store.root, [*pair, late], waits=[-1, -1, 2], opts=opts)
     assert {t.dtype for t in taken.values()} == {torch.bfloat16}
-    published = store.load("policy.optim", 3)[2]
+    published = load_optim_state(store, "policy", 3)
     assert {t.dtype for k, t in published.items() if k.endswith(".master")} == {torch.float32}
     for k, v in solo.items():  # (bf16 weights: one rounding step apart at most)
         if "k_proj.bias" not in k:

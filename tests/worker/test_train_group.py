@@ -13,6 +13,7 @@ from spawned import run_spawned
 
 from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.engines.torch.weights import config_to_hf
+from pivotflow.params.optim_entries import load_optim_state
 from pivotflow.params.shm_store import ShmParamStore
 from pivotflow.protocol import TrainSeq, TrainStep
 from pivotflow.worker.adam_state import adam_tensors
@@ -59,9 +60,11 @@ def trainer_proc(root: str, plan: list[TrainStep], opts: dict | None, out: mp.Qu
     role = TrainRole(ShmParamStore(root), "policy", opts or OPTS)
     for msg in plan:
         role.train(msg)
-    # (every rank's whole state when replicated; rank 0's gathered one when sharded)
+    # (every rank's whole state when replicated; when sharded, rank 0 reads it whole from
+    # the store: every rank's shard joined)
     adam = (adam_tensors(role.model, role.optim.optim) if isinstance(role.optim, ReplicatedAdamW)
-            else role.optim.state(role.group))
+            else load_optim_state(role.store, "policy", role.version) if role.group.rank == 0
+            else {})
     state = {**role.state_dict(), **adam}
     out.put({k: v.detach().numpy().copy() for k, v in state.items()})  # no shared-memory fds
     role.release()
