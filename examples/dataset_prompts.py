@@ -5,12 +5,16 @@ prompts (data.parquet) -> rollout -> reward (by each row's data_source) -> GRPO 
     python examples/dataset_prompts.py [--steps 30] [--out runs/dataset]
     pivotflow run examples/dataset_prompts.py --set graph.data=my.parquet
 
-The table is laid out as verl's RL datasets are: a ``question``, a ``ground_truth`` and a
-``data_source`` column (``prompt_key`` and ``answer_key`` name the first two; the ground truth
-becomes the ``answer`` field), and the reward dispatches on ``data_source`` as verl's
-``compute_score(data_source, solution_str, ground_truth)`` does. Any other column (here
-``carry``: whether the sum carries) is a sample field too, read by name. ``main`` writes a table
-of 512 sums first; a file of your own only needs the columns the graph reads.
+The table is laid out as verl's preprocessed datasets are (``data_preprocess/gsm8k.py``):
+``data_source``, the prompt, ``ability``, ``reward_model: {"style": "rule", "ground_truth":
+...}`` and ``extra_info`` (here the row's split, index and ``carry``: whether the sum carries).
+``answer_key="reward_model.ground_truth"`` reaches into the struct for the ``answer`` field,
+and the reward is a verl ``compute_score(data_source, solution_str, ground_truth, extra_info)``
+wrapped unchanged by ``verl_reward``, dispatching on ``data_source`` as verl's own does. Every
+column is a sample field too, read by name. (verl's prompt column holds chat messages; the
+built-in policy has no chat template, so this one is the plain ``question``: with a Hugging Face
+model, ``prompt_key="prompt"`` takes the messages as they are.) ``main`` writes a table of 512
+sums first; a file of your own only needs the columns the graph reads.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 
 from pivotflow.graph import Graph
 from pivotflow.rl.group_fns import grpo_advantage
+from pivotflow.rl.reward_adapters import verl_reward
 from pivotflow.tasks.arithmetic import check_answer
 
 DEFAULTS = {"data": "data.parquet", "group_size": 8, "groups_per_step": 8, "lr": 1e-5}
@@ -28,9 +33,12 @@ DEFAULTS = {"data": "data.parquet", "group_size": 8, "groups_per_step": 8, "lr":
 SCORERS = {"arithmetic": check_answer}  # data_source -> its exact rule
 
 
-def compute_score(data_source: str, answer: str, completion: str, **_: object) -> float:
-    """1.0 when the row's own checker accepts the completion (``answer``: its ground_truth)."""
-    return 1.0 if SCORERS[data_source](answer, completion) else 0.0
+def compute_score(data_source: str, solution_str: str, ground_truth: str,
+                  extra_info: dict | None = None) -> dict:
+    """verl's custom reward signature: 1.0 when the row's own checker accepts the response,
+    with the row's ``carry`` beside it (verl logs a dict's other keys)."""
+    right = SCORERS[data_source](ground_truth, solution_str)
+    return {"score": 1.0 if right else 0.0, "carry": bool((extra_info or {}).get("carry"))}
 
 
 def build(config: dict) -> Graph:
@@ -41,11 +49,12 @@ def build(config: dict) -> Graph:
     # the ground truth becomes the ``answer`` field; check_with: the task's exact rule gives
     # the run's task_accuracy (prompts of a task pivotflow does not know leave it null)
     prompts = g.source("prompts", path=config["data"], prompt_key="question",
-                       answer_key="ground_truth", check_with="arithmetic",
+                       answer_key="reward_model.ground_truth", check_with="arithmetic",
                        group_size=config["group_size"],
                        groups_per_step=config["groups_per_step"])
     rollout = g.generate("rollout", model="policy", pool="rollout", max_tokens=6)
-    reward = g.map("reward", compute_score, writes=["reward"])
+    reward = g.map("reward", verl_reward(compute_score, extra=("carry",)),
+                   writes=["reward", "carry"])
     advantage = g.group("advantage", grpo_advantage, writes=["advantage"])
     train = g.train("train", model="policy", pool="trainer", lr=config["lr"])
     g.chain(prompts, rollout, reward, advantage, train)
@@ -59,9 +68,11 @@ def write_table(path: Path, n: int = 512, seed: int = 1) -> Path:
 
     from pivotflow.tasks.registry import get_task, make_dataset
 
-    rows = [{"question": p.prompt, "ground_truth": p.answer, "data_source": "arithmetic",
-             "carry": (p.meta["a"] % 10 + p.meta["b"] % 10) >= 10}
-            for p in make_dataset(get_task("arithmetic"), n, seed)]
+    rows = [{"data_source": "arithmetic", "question": p.prompt, "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": p.answer},
+             "extra_info": {"split": "train", "index": i,
+                            "carry": (p.meta["a"] % 10 + p.meta["b"] % 10) >= 10}}
+            for i, p in enumerate(make_dataset(get_task("arithmetic"), n, seed))]
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
 

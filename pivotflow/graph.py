@@ -234,8 +234,9 @@ class Graph:
         """Prompts from a built-in task or a JSONL/Parquet file; each prompt becomes a group.
 
         A file's rows are read and checked here (``pivotflow.tasks.datasets``): ``prompt_key``
-        and ``answer_key`` name its prompt and answer columns, and every other column becomes a
-        sample field the stages may read. A relative ``path`` is taken from the working
+        and ``answer_key`` name its prompt and answer columns (``answer_key`` may reach into a
+        struct column with dots, as verl's datasets hold it: ``"reward_model.ground_truth"``),
+        and every other column becomes a sample field the stages may read. A relative ``path`` is taken from the working
         directory, else from the graph file's. With ``shuffle`` each pass over the file is in
         a new seeded order (verl's and TRL's default); else in file order.
 

@@ -5,8 +5,10 @@ A row needs a prompt (``prompt_key``: a non-empty string, or a list of chat mess
 ``answer_key`` is None, an answer (a string, or a number written as one). Every other column
 reaches the stage functions by name, as a dataset's columns reach a reward function in TRL: a row
 ``{"prompt": "2+2=", "answer": "4", "level": 3}`` lets ``def reward(completion, level, **_)``
-read ``level``. All rows have the same columns. Parquet needs pyarrow (``pip install
-'pivotflow[parquet]'``), imported only to read one.
+read ``level``. All rows have the same columns. ``answer_key`` may reach into a struct column
+with dots, as verl's datasets hold the answer (``reward_model.ground_truth``: the column
+``reward_model`` is ``{"style": "rule", "ground_truth": "72"}``); the column stays a field too.
+Parquet needs pyarrow (``pip install 'pivotflow[parquet]'``), imported only to read one.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def load_prompt_file(path: str | Path, *, prompt_key: str = "prompt",
         raise TaskError(f"{path}: no rows")
     where = "line" if path.suffix == ".jsonl" else "row"
     keys = set(raw[0][1])
-    columns = tuple(sorted(keys - {prompt_key, answer_key}))
+    columns = tuple(sorted(keys - {prompt_key, answer_key}))  # (a dotted answer's column stays)
     _check_columns(path, columns, reserved)
     rows = []
     for n, row in raw:
@@ -74,13 +76,30 @@ def _row(path: Path, where: str, row: dict[str, Any], prompt_key: str,
                         f"string ({got}; columns: {sorted(row)}) or a list of chat messages")
     answer: str | None = None
     if answer_key is not None:
-        value = row.get(answer_key)
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
-            got = "no such column" if answer_key not in row else type(value).__name__
+        value, missing = _dig(row, answer_key)
+        if missing is None and (isinstance(value, bool)
+                                or not isinstance(value, str | int | float)):
+            missing = type(value).__name__
+        if missing is not None:
             raise TaskError(f"{path}:{where}: the answer column {answer_key!r} must be a string "
-                            f"or a number ({got}); give answer_key=None for prompts without one")
+                            f"or a number ({missing}); give answer_key=None for prompts without "
+                            "one")
         answer = value if isinstance(value, str) else str(value)
     return {**{c: row[c] for c in columns}, "prompt": prompt, "answer": answer}
+
+
+def _dig(row: dict[str, Any], key: str) -> tuple[Any, str | None]:
+    """``row[key]``, or for a dotted key that is no column, the path into struct columns
+    (``reward_model.ground_truth``); (value, None), or (None, what is missing)."""
+    if key in row or "." not in key:
+        return row.get(key), None if key in row else "no such column"
+    value: Any = row
+    for depth, part in enumerate(key.split(".")):
+        if not isinstance(value, dict) or part not in value:
+            return None, ("no such column" if depth == 0 else
+                          f"no {part!r} in {'.'.join(key.split('.')[:depth])!r}")
+        value = value[part]
+    return value, None
 
 
 def _check_columns(path: Path, columns: tuple[str, ...], reserved: frozenset[str]) -> None:

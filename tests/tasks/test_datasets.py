@@ -44,6 +44,28 @@ def test_keys_name_the_columns_and_numbers_are_answers(tmp_path: Path) -> None:
     assert table.rows[0]["answer"] is None and table.columns == ("id", "solution")
 
 
+def test_verl_s_own_layout_reads_with_a_dotted_answer_key(tmp_path: Path) -> None:
+    """verl's preprocessed datasets (examples/data_preprocess/gsm8k.py) keep the answer in a
+    struct column: ``reward_model: {style, ground_truth}``, beside ``extra_info``."""
+    rows = [{"data_source": "openai/gsm8k", "question": "Natalia sold 48 clips...",
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": "72"},
+             "extra_info": {"split": "train", "index": i}} for i in range(2)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    table = load_prompt_file(tmp_path / "train.parquet", prompt_key="question",
+                             answer_key="reward_model.ground_truth")
+    assert table.columns == ("ability", "data_source", "extra_info", "reward_model")
+    assert table.rows[1]["answer"] == "72"
+    assert table.rows[1]["extra_info"] == {"split": "train", "index": 1}
+    assert table.rows[1]["reward_model"]["style"] == "rule"  # (the column stays a field)
+    for key, missing in (("reward_model.truth", "no 'truth' in 'reward_model'"),
+                         ("reward.ground_truth", "no such column"),
+                         ("reward_model", "dict")):
+        with pytest.raises(TaskError, match=rf"^.*train.parquet:row 1: the answer column "
+                                            rf"'{key}' must be a string or a number "
+                                            rf"\({missing}\); give answer_key=None"):
+            load_prompt_file(tmp_path / "train.parquet", prompt_key="question", answer_key=key)
+
+
 @pytest.mark.parametrize(
     ("lines", "error"),
     [
