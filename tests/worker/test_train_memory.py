@@ -60,8 +60,10 @@ def test_the_memory_knobs_take_the_same_steps(tmp_path: Path, checkpointing: boo
     for name, weight in plain.items():
         # Chunks sum the head's gradient in another order. Rounding, which Adam's first steps
         # scale up to a step of about lr for the rows no target names (their gradients are
-        # rounding-sized): 5e-5 is 0.5% of such a step; a wrong gradient moves weights by lr.
-        torch.testing.assert_close(weight, knobbed[name], rtol=1e-4, atol=5e-5, msg=name)
+        # rounding-sized): 5e-4 is 5% of such a step; a wrong gradient moves weights by lr.
+        # (Measured 12-05 on an AVX-512 AMD EPYC under the entropy term: up to 1.75e-4, where
+        # the 5e-5 this allowed before held on the machines before it.)
+        torch.testing.assert_close(weight, knobbed[name], rtol=1e-4, atol=5e-4, msg=name)
     for a, b in zip(plain_stats, knobbed_stats, strict=True):
         for key in ("loss", "pg_loss", "entropy", "grad_norm"):
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
