@@ -84,19 +84,21 @@ def test_lora_steps_move_only_the_adapters(tmp_path: Path) -> None:
     assert kept < 0.5 * full  # the adapters and their moments, not two copies of the model
 
 
-def test_a_trainer_taking_over_continues_the_same_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("zero_stage", [0, 1])
+def test_a_trainer_taking_over_continues_the_same_run(tmp_path: Path, zero_stage: int) -> None:
     """Trainer A takes steps 0 and 1, then leaves; trainer B, built from the store, takes over
-    at version 2 (the adapters and their AdamW state from ``policy.optim``, its base as the
-    policy less their update) and takes step 2 as A would have: the same published policy."""
+    at version 2 (the adapters and their AdamW state from ``policy.optim``, or from rank 0's
+    shard when sharded; its base as the policy less their update) and takes step 2 as A would
+    have: the same published policy."""
     runs = []
     for takeover in (False, True):
         store = store_at(tmp_path / f"store-{takeover}")
-        a = TrainRole(store, "policy", dict(LORA))
+        a = TrainRole(store, "policy", dict(LORA, zero_stage=zero_stage))
         a.train(message(0))
         a.train(message(1))
         if takeover:
             a.release()
-            b = TrainRole(store, "policy", dict(LORA))
+            b = TrainRole(store, "policy", dict(LORA, zero_stage=zero_stage))
             m = message(2)
             b.train(TrainStep(step=2, seqs=m.seqs, rank=0, world=1, epoch=2, rendezvous="",
                               total_tokens=m.total_tokens, total_seqs=m.total_seqs,
@@ -104,6 +106,7 @@ def test_a_trainer_taking_over_continues_the_same_run(tmp_path: Path) -> None:
         else:
             a.train(message(2))
         runs.append(store.load("policy", 3)[2])
+        assert bool(store.versions("policy.optim.r0")) == bool(zero_stage)  # (its shard)
     stayed, took_over = runs
     for k, w in stayed.items():
         # (the base comes back from float32 merged weights: one rounding, then Adam's step)
