@@ -46,6 +46,7 @@ def one_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     from pivotflow.controller.train_tokens import valid_tokens
     from pivotflow.engines.torch.model import Decoder, ModelConfig
     from pivotflow.engines.torch.weights import config_to_hf
+    from pivotflow.params.optim_entries import load_optim_state
     from pivotflow.params.shm_store import ShmParamStore, default_root
     from pivotflow.protocol import TrainSeq, TrainStep
     from pivotflow.worker.train_role import TrainRole
@@ -92,7 +93,9 @@ def one_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.perf_counter()
             role.train(msg)
             times.append(time.perf_counter() - t0)
-        optim_bytes = sum(t.numel() * t.element_size() for t in role.optim_state().values())
+        # what the last step wrote to the store beside the policy (the state, the adapters)
+        state = load_optim_state(role.store, "policy", role.version)
+        optim_bytes = sum(state[k].numel() * state[k].element_size() for k in state)
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     finally:
         shutil.rmtree(root, ignore_errors=True)
