@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from pivotflow.params.base import ParamStore
 
 SHARD_KEY = "optim_shard"  # in a shard's config: its layout (see the module)
+PLACEHOLDER_KEY = "optim_placeholder"  # in the config of an entry published empty to retire it
 OPTIM_WAIT_S = 30.0  # for a state to reach this node's store (on a cluster it may be crossing)
 _SHARD_NAME = re.compile(r".+\.optim\.r\d+")
 
@@ -78,6 +79,37 @@ def publish_part(store: ParamStore, model: str, version: int,
         store.publish(name, version, tensors, {**config, SHARD_KEY: shard})
     store.gc(name, keep=keep)
     return name
+
+
+def retire_stale(store: ParamStore, model: str, world: int, version: int,
+                 keep: int) -> list[str]:
+    """For rank 0 of a sharded group that published ``version``: the state entries it did not
+    write (the whole entry a resume published, the shards of ranks that left the group) get an
+    empty placeholder at ``version``, so the store's collection (``keep`` versions a name, on
+    every node) drops what they held two publishes on, while the version before stays for a
+    step redone from it. A name whose kept versions are all placeholders is left alone.
+    Returns the names published. (The store never collects a name's newest version, nor can a
+    name be removed from one node alone: a store agent would send it back.)"""
+    names = []
+    for entry in sorted(p.name for p in store.root.iterdir() if p.is_dir()):
+        rank = entry.removeprefix(f"{model}.optim.r")
+        if entry == optim_name(model) or (entry != rank and rank.isdigit() and
+                                          int(rank) >= world):
+            names.append(entry)
+    published = []
+    for name in names:
+        kept: list[int] = getattr(store, "versions", lambda _: [])(name)
+        if not kept or kept[-1] >= version or all(_placeholder(store, name, v) for v in kept):
+            continue
+        store.publish(name, version, {}, {PLACEHOLDER_KEY: True})
+        store.gc(name, keep=keep)
+        published.append(name)
+    return published
+
+
+def _placeholder(store: ParamStore, name: str, version: int) -> bool:
+    got = _load(store, name, version)
+    return got is None or bool(got[0].get(PLACEHOLDER_KEY))
 
 
 def load_optim_state(store: ParamStore, model: str, version: int,
@@ -227,7 +259,9 @@ def _find(store: ParamStore, model: str, version: int
     first = _load(store, shard_name(model, 0), version)
     if first is None:  # not sharded (or not here yet)
         got = _load(store, optim_name(model), version)
-        return None if got is None else (None, [got[1]])
+        if got is None or got[0].get(PLACEHOLDER_KEY):  # (a retired entry holds nothing)
+            return None
+        return None, [got[1]]
     layout = first[0][SHARD_KEY]
     shards = [first[1]]
     for rank in range(1, layout["world"]):

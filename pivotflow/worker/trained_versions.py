@@ -16,7 +16,7 @@ import torch
 from pivotflow.errors import CheckpointError
 from pivotflow.params.base import ParamStore
 from pivotflow.params.node_agent import KEEP, KEEP_OPTIM
-from pivotflow.params.optim_entries import publish_part, stored_extras
+from pivotflow.params.optim_entries import publish_part, retire_stale, stored_extras
 from pivotflow.worker.group_adam import GroupAdam, StoreCopy
 from pivotflow.worker.lora import restore
 from pivotflow.worker.train_group import TrainGroup
@@ -30,7 +30,10 @@ def publish_state(store: ParamStore, name: str, version: int, optim: GroupAdam,
     if part is None:
         return []
     tensors = {**part.tensors, **extra} if group.rank == 0 else part.tensors
-    return [publish_part(store, name, version, tensors, part.shard, config, KEEP_OPTIM)]
+    published = [publish_part(store, name, version, tensors, part.shard, config, KEEP_OPTIM)]
+    if part.shard is not None and group.rank == 0:  # what this layout does not write, retired
+        published += retire_stale(store, name, part.shard["world"], version, KEEP_OPTIM)
+    return published
 
 
 def publish_version(store: ParamStore, name: str, version: int,

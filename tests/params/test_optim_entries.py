@@ -18,6 +18,7 @@ from pivotflow.params.optim_entries import (
     is_optim,
     load_optim_state,
     publish_part,
+    retire_stale,
     shard_name,
 )
 from pivotflow.params.shm_store import ShmParamStore
@@ -161,3 +162,30 @@ def test_a_checkpoint_streams_the_joined_shards_to_its_optimizer_file(tmp_path: 
     assert set(saved) == set(want)
     for k, v in want.items():
         assert torch.equal(saved[k], v), k
+
+
+def test_entries_a_sharded_group_does_not_write_are_retired_two_publishes_on(
+        tmp_path: Path) -> None:
+    """A resume's whole entry, and the shard of a rank that left, get empty placeholders from
+    rank 0 of the group after them: two publishes on, the store's collection has dropped what
+    they held (the version before each publish stays, for a step redone from it)."""
+    model, opt = stepped()
+    store = ShmParamStore(tmp_path / "store")
+    whole = adam_tensors(model, opt.optim)
+    publish_part(store, "policy", 2, whole, None, HF, KEEP_OPTIM)  # (a resume's)
+    for tensors, shard in shards_of(model, opt, world=3, epoch=3):
+        publish_part(store, "policy", 3, tensors, shard, HF, KEEP_OPTIM)
+    for version in (4, 5, 6):  # a group of two from here on
+        for tensors, shard in shards_of(model, opt, world=2, epoch=4):
+            publish_part(store, "policy", version, tensors, shard, HF, KEEP_OPTIM)
+        retired = retire_stale(store, "policy", 2, version, KEEP_OPTIM)
+        assert retired == ([] if version == 6 else ["policy.optim", "policy.optim.r2"])
+        if version == 4:  # the versions before are whole still
+            assert set(load_optim_state(store, "policy", 3)) == set(whole)
+            assert set(load_optim_state(store, "policy", 2)) == set(whole)
+    assert store.versions("policy.optim") == [4, 5] and store.versions("policy.optim.r2") == [4, 5]
+    assert not store.load("policy.optim", 5)[2] and not store.load("policy.optim.r2", 5)[2]
+    assert set(load_optim_state(store, "policy", 6)) == set(whole)  # the group's own
+    with pytest.raises(CheckpointError, match="never reached"):  # a placeholder is no state
+        publish_part(store, "critic", 1, {}, None, {"optim_placeholder": True}, KEEP_OPTIM)
+        load_optim_state(store, "critic", 1, wait_s=0)
