@@ -24,6 +24,7 @@ Importing this module loads no torch.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -152,7 +153,7 @@ class StoredState:
             self.steps = int(layout["steps"])
             self.names = [n for n, _ in layout["params"]]
             self.shapes = [tuple(s) for _, s in layout["params"]]
-            self.flat = FlatLayout([_numel(s) for s in self.shapes], layout["bucket_elems"])
+            self.flat = FlatLayout([math.prod(s) for s in self.shapes], layout["bucket_elems"])
 
     @classmethod
     def wait(cls, store: ParamStore, model: str, version: int,
@@ -223,7 +224,7 @@ class JoinedState(Mapping[str, "torch.Tensor"]):
         if key == "step":
             return torch.tensor(float(self.held.steps))
         flat = self.held.flat
-        out = torch.empty(_numel(self.held.shapes[i]), dtype=torch.float32)
+        out = torch.empty(math.prod(self.held.shapes[i]), dtype=torch.float32)
         self.held.read(key, flat, flat.starts[i], flat.starts[i + 1], out)
         return out.view(self.held.shapes[i])
 
@@ -289,9 +290,3 @@ def check_entries(names: list[str], shapes: list[tuple[int, ...]],
                                       f"has shape {None if src is None else tuple(src.shape)}, "
                                       f"not {want}")
 
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n

@@ -14,6 +14,7 @@ then the tensors' bytes back to back), which safetensors itself reads (tested).
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,7 +46,7 @@ def save_streamed(tensors: Mapping[str, torch.Tensor], path: str | Path,
                         else (tensors[name].dtype, tuple(tensors[name].shape)))
         if dtype not in DTYPES:
             raise ValueError(f"{name!r}: dtype {dtype} has no safetensors name")
-        size = _numel(shape) * torch.empty((), dtype=dtype).element_size()
+        size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         specs[name] = {"dtype": DTYPES[dtype], "shape": list(shape),
                        "data_offsets": [offset, offset + size]}
         offset += size
@@ -68,9 +69,3 @@ def save_streamed(tensors: Mapping[str, torch.Tensor], path: str | Path,
                 del data
             del t, flat  # (before the next is read: one tensor at a time, not two)
 
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
