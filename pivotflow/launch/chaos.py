@@ -40,16 +40,22 @@ class Chaos:
         next_step = self.every_steps
         while True:
             await asyncio.sleep(0.02)  # a poll: the step counter has no event to wait on
-            if self.ctl.version >= next_step:
-                self._kill_one()
+            if self.ctl.version < next_step:
+                continue
+            # a kill that finds no worker ready (all loading, or a recovery under way) is
+            # tried again at the next poll, until it lands or the next kill is due: on a
+            # fast machine every due kill once met such a moment and a run had no kill
+            if self._kill_one() or self.ctl.version >= next_step + self.every_steps:
                 next_step += self.every_steps
 
-    def _kill_one(self) -> None:
+    def _kill_one(self) -> bool:
         if self.ctl.version >= self.ctl.cfg.steps:
             # the run is ending (its last step done; records, checkpoint, shutdown): a kill
             # now tests no recovery, and none would follow it (a kill after the 20th of 20
             # steps counted one more kill than restarts)
-            return
+            return False
         serving = sorted(w for w, h in self.ctl.workers.items() if h.state == "ready")
         if serving and self.launcher.kill(self.rng.choice(serving)):
             self.kills += 1
+            return True
+        return False
