@@ -54,6 +54,12 @@ def shard_name(model: str, rank: int) -> str:
     return f"{model}.optim.r{rank}"
 
 
+def shard_rank(model: str, name: str) -> int | None:
+    """The rank whose shard of ``model``'s state the entry ``name`` is; None for any other."""
+    rank = name.removeprefix(f"{model}.optim.r")
+    return int(rank) if rank != name and rank.isdigit() else None
+
+
 def is_optim(name: str) -> bool:
     """Whether a store entry is an optimizer state (whole or a shard): the store agents keep
     fewer versions of those (``node_agent.keep_for``)."""
@@ -93,9 +99,8 @@ def retire_stale(store: ParamStore, model: str, world: int, version: int,
     name be removed from one node alone: a store agent would send it back.)"""
     names = []
     for entry in sorted(p.name for p in store.root.iterdir() if p.is_dir()):
-        rank = entry.removeprefix(f"{model}.optim.r")
-        if entry == optim_name(model) or (entry != rank and rank.isdigit() and
-                                          int(rank) >= world):
+        rank = shard_rank(model, entry)
+        if entry == optim_name(model) or (rank is not None and rank >= world):
             names.append(entry)
     published = []
     for name in names:

@@ -20,6 +20,7 @@ from pivotflow.params.optim_entries import (
     publish_part,
     retire_stale,
     shard_name,
+    shard_rank,
 )
 from pivotflow.params.shm_store import ShmParamStore
 from pivotflow.worker.adam_state import adam_tensors
@@ -100,6 +101,10 @@ def test_shards_are_optimizer_states_to_the_store_agents() -> None:
                                   "critic.optim.r0")] == [True, True, False, False, True]
     assert keep_for("policy.optim.r3") == KEEP_OPTIM and keep_for("policy") == KEEP
     assert chunk_name("exp_avg", 3) == "#exp_avg.3"
+    # a shard's rank is read from its name only for that model's state
+    assert [shard_rank("policy", n) for n in ("policy.optim.r12", "policy.optim", "policy",
+                                             "critic.optim.r0", "policy.optim.rx")] == [
+        12, None, None, None, None]
 
 
 def test_the_whole_entry_is_what_a_replicated_rank_publishes(tmp_path: Path) -> None:
