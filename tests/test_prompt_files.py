@@ -14,11 +14,22 @@ from pivotflow.run import run
 GRAPH = '''
 from pivotflow.graph import Graph
 from pivotflow.rl.group_fns import grpo_advantage
+from pivotflow.rl.reward_adapters import trl_reward
 from pivotflow.tasks.arithmetic import check_answer
 
 def reward(completion, answer, weight, **_):
     # the dataset's own column, read by name as TRL passes columns to reward functions
     return weight + float(check_answer(answer, completion))
+
+
+# the same reward as two TRL reward functions, each called on a prompt's group
+def weight_reward(prompts, completions, weight, **_):
+    return list(weight)
+
+
+def exact_reward(prompts, completions, answer, trainer_state, **_):
+    assert trainer_state.global_step >= 0
+    return [float(check_answer(a, c)) for a, c in zip(answer, completions)]
 
 def build(config):
     g = Graph("from_parquet")
@@ -29,29 +40,39 @@ def build(config):
                    answer_key="solution", group_size=4, groups_per_step=2,
                    check_with="arithmetic")
     gen = g.generate("rollout", model="policy", pool="rollout", max_tokens=4)
-    rew = g.map("reward", reward, writes=["reward"])
+    rew = %(reward_stage)s
     adv = g.group("advantage", grpo_advantage, writes=["advantage"])
     g.chain(src, gen, rew, adv, g.train("train", model="policy", pool="trainer"))
     return g
 '''
 
 
+MAP_REWARD = 'g.map("reward", reward, writes=["reward"])'
+TRL_REWARD = ('g.group("reward", trl_reward([weight_reward, exact_reward], group=True, '
+              'each=True), writes=["reward", "reward_weight_reward", "reward_exact_reward"])')
+
+
 def graph_with_table(tmp_path: Path, random_models: dict[str, Path],
-                     distinct: bool = False) -> Path:
-    """12 rows; each weight 2.0, or with ``distinct`` the row's number (it names the row)."""
+                     distinct: bool = False, reward_stage: str = MAP_REWARD) -> Path:
+    """12 rows; each weight 2.0, or with ``distinct`` the row's number (it names the row).
+    The reward is the weight plus 1 where the arithmetic rule says right, from a map stage or
+    from two TRL reward functions on each group (``TRL_REWARD``)."""
     rows = [{"question": f"{a}+{b}=", "solution": a + b, "tags": ["add", "2d"]}
             for a in range(10, 14) for b in range(20, 23)]
     for i, row in enumerate(rows):
         row["weight"] = float(i) if distinct else 2.0
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "prompts.parquet")
     graph = tmp_path / "graph.py"  # the file's relative path is found beside the graph file
-    graph.write_text(GRAPH % {"policy": str(random_models["policy"])})
+    graph.write_text(GRAPH % {"policy": str(random_models["policy"]),
+                              "reward_stage": reward_stage})
     return graph
 
 
 def test_a_parquet_prompt_file_feeds_the_run(tmp_path: Path,
                                              random_models: dict[str, Path]) -> None:
-    graph = graph_with_table(tmp_path, random_models)
+    """...and into TRL reward functions, called on each group and summed, each function's
+    mean logged as TRL logs it."""
+    graph = graph_with_table(tmp_path, random_models, reward_stage=TRL_REWARD)
     result = run(graph, sets=["live=false", "planner=static"], out=tmp_path / "out",
                  steps=3, console=False)
     assert result.summary["ledger"]["groups_trained"] == 6
@@ -59,6 +80,8 @@ def test_a_parquet_prompt_file_feeds_the_run(tmp_path: Path,
         # the column's 2.0 on every sample, plus the exact rule's 1.0 where it is right
         assert rec["reward_mean"] == pytest.approx(2.0 + rec["task_accuracy"])
         assert rec["task_accuracy"] is not None  # checked by the arithmetic rule
+        assert rec["field_means"] == pytest.approx({"reward_weight_reward": 2.0,
+                                                    "reward_exact_reward": rec["task_accuracy"]})
 
 
 def test_a_run_on_a_prompt_file_resumes_where_it_stopped(tmp_path: Path,
@@ -95,7 +118,8 @@ def test_message_prompts_need_a_model_with_a_chat_template(
     (tmp_path / "prompts.jsonl").write_text(
         '{"question": [{"role": "user", "content": "1+2="}], "solution": 3, "weight": 1.0}\n')
     graph = tmp_path / "graph.py"
-    graph.write_text((GRAPH % {"policy": str(bare)}).replace("prompts.parquet", "prompts.jsonl"))
+    graph.write_text((GRAPH % {"policy": str(bare), "reward_stage": MAP_REWARD})
+                     .replace("prompts.parquet", "prompts.jsonl"))
     with pytest.raises(GraphError, match=rf"source 'prompts' at .*graph.py:\d+: "
                                          rf"{tmp_path / 'prompts.jsonl'} holds chat messages, "
                                          rf"but the tokenizer of model 'policy' \({bare}\) has "

@@ -46,6 +46,7 @@ def step_record(ctl: Controller, batch: list[list[Sample]], msg: TrainDone) -> d
         **length_figures(samples),
         **step_path(ctl, samples),
         **tool_figures(samples),
+        **field_means(ctl, samples),
         **partial_figures(ctl, samples, msg.version - 1),
         **{f"train_{k}": v for k, v in msg.stats.items()},
     }
@@ -116,6 +117,27 @@ def partial_figures(ctl: Controller, samples: list[Sample], policy: int) -> dict
                    groups_refused=ctl.partial.groups_refused,
                    tokens_refused=ctl.partial.tokens_refused)
     return out
+
+
+# written by stages but reported under keys of their own (reward_mean, task_accuracy) or not
+# one number a sample (per-token advantages and returns)
+_REPORTED_ELSEWHERE = frozenset({"reward", "correct", "advantage", "returns"})
+
+
+def field_means(ctl: Controller, samples: list[Sample]) -> dict[str, Any]:
+    """``field_means``: the step's mean of each number a ``map`` or ``group`` stage writes (a
+    verl ``compute_score``'s other keys, each TRL reward function's reward), as verl and TRL
+    log them; a None (a function that did not apply) is left out, a bool counts 0 or 1, and a
+    field holding no number this step is left out (none for a graph without such stages)."""
+    names = sorted({f for n in ctl.order if n.kind in ("map", "group") for f in n.writes}
+                   - _REPORTED_ELSEWHERE)
+    means = {}
+    for name in names:
+        values = [float(v) for s in samples
+                  if isinstance(v := s.fields.get(name), int | float) and v == v]
+        if values:
+            means[name] = sum(values) / len(values)
+    return {"field_means": means} if means else {}
 
 
 def tool_figures(samples: list[Sample]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Reward functions written for verl or TRL, as pivotflow stage functions (``Graph.map``).
+"""Reward functions written for verl or TRL, as pivotflow stage functions (``Graph.map``,
+``Graph.group``).
 
 A pivotflow stage function takes sample fields by name, one sample at a time: the decoded
 response is ``completion``, the prompt file's answer is ``answer``, and every other column of
@@ -9,11 +10,13 @@ their reward functions otherwise, and these wrap one unchanged:
   ``compute_score(data_source=, solution_str=, ground_truth=, extra_info=)`` and returning a
   number, or a dict whose ``"score"`` is the reward (verl logs its other keys; name the ones
   to keep with ``extra=("acc",)``, and add them to the stage's ``writes``);
-* ``trl_reward(reward_func)``: a TRL ``reward_funcs`` entry, called on a batch as
-  ``reward_func(prompts=[...], completions=[...], **columns)`` (each dataset column a list)
-  and returning a list of floats (None: "does not apply", which TRL skips; here 0.0 with a
-  count, since a sample needs a reward). Here the batch is the one sample; the columns are the
-  sample's fields but the per-token ones, and ``completion_ids`` its response's token ids.
+* ``trl_reward(reward_funcs, weights)``: TRL's ``reward_funcs`` and ``reward_weights``, each
+  function called on a batch as ``f(prompts=[...], completions=[...], completion_ids=[...],
+  trainer_state=..., **columns)`` (each dataset column a list; a chat prompt's completion is
+  one assistant message, as TRL gives it) and returning a list of floats or None ("does not
+  apply"), summed with the weights as TRL sums them. The batch is one sample (``g.map``) or a
+  prompt's group (``group=True``, ``g.group``); the columns are the samples' fields but the
+  per-token ones.
 
     g.map("reward", verl_reward(compute_score), writes=["reward"])
 
@@ -24,12 +27,15 @@ do) and passed as None otherwise.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 # per-token fields the runtime writes, which TRL never passes a reward function
 _TOKEN_LEVEL = frozenset({"prompt_ids", "response_ids", "logprobs", "versions", "ref_logprobs",
                           "values", "loss_mask"})
+RewardFunc = Callable[..., Any]
 
 
 def verl_reward(compute_score: Callable[..., Any],
@@ -59,29 +65,136 @@ def verl_reward(compute_score: Callable[..., Any],
     return reward
 
 
-def trl_reward(reward_func: Callable[..., Any]) -> Callable[..., Any]:
-    """``reward_func`` (TRL's batch signature) as a ``Graph.map`` function writing ``reward``
-    for one sample. A None reward counts in ``reward_func.not_applicable`` and reads 0.0."""
-    name = getattr(reward_func, "__name__", "reward_func")
+def trl_reward(reward_funcs: RewardFunc | Sequence[RewardFunc],
+               weights: Sequence[float] | None = None, *, group: bool = False,
+               each: bool = False) -> Callable[..., Any]:
+    """TRL's ``reward_funcs`` (one function or a list) and ``reward_weights`` as a stage
+    function writing ``reward``, summed as TRL's GRPO sums them: ``sum(w_i * r_i)`` over the
+    functions that apply (a None leaves its term out, TRL's ``nansum``), and None when none
+    applies (TRL's "unscorable": out of its group's baseline, advantage 0, which is what a
+    failed reward is here).
 
-    def reward(prompt: Any, completion: str, **fields: Any) -> float:
+    ``group=False``: a ``Graph.map`` function, each function called on a batch of one sample.
+    ``group=True``: a ``Graph.group`` function, each called once on a prompt's whole group
+    (TRL calls them on a batch; this is the batch a group-relative advantage reads, and what
+    a reward that runs a model or compares completions wants). ``each=True`` also writes each
+    function's reward as ``reward_<its name>`` (None where it does not apply): add those to
+    the stage's ``writes``, and the step's ``field_means`` in metrics.jsonl logs their means,
+    as TRL logs ``rewards/<name>/mean``."""
+    funcs: list[RewardFunc] = (list(reward_funcs) if isinstance(reward_funcs, list | tuple)
+                               else [reward_funcs])  # type: ignore[list-item]
+    names = _func_names(funcs)
+    scale = _weights(weights, len(funcs))
+    fields_out = [f"reward_{n}" for n in names]
+
+    def rewards_of(fields: dict[str, list[Any]], n: int) -> list[list[float | None]]:
+        prompts, completions = _conversation(fields.pop("prompt"), fields.pop("completion"))
         # the dataset's columns and the run's per-sample values, as TRL passes its columns;
         # the token-level ones left out but the response's ids (TRL's completion_ids)
-        columns = {k: [v] for k, v in fields.items() if k not in _TOKEN_LEVEL}
-        columns["completion_ids"] = [fields.get("response_ids", [])]
-        out = reward_func(prompts=[prompt], completions=[completion], **columns)
-        if not isinstance(out, list | tuple) or len(out) != 1:
-            raise ValueError(f"TRL reward {name} returned {type(out).__name__} "
-                             f"{_short(out)}: a list of one reward per completion (1 here)")
-        if out[0] is None:
-            reward.not_applicable += 1  # type: ignore[attr-defined]
-            return 0.0
-        return _number(out[0], name)
+        ids = fields.get("response_ids") or [[] for _ in range(n)]
+        columns: dict[str, Any] = {k: v for k, v in fields.items()
+                                   if k not in _TOKEN_LEVEL}
+        columns["completion_ids"] = ids
+        columns["trainer_state"] = TrainerStep(_steps_done(fields.get("versions")))
+        return [_called(f, name, n, prompts, completions, columns)
+                for f, name in zip(funcs, names, strict=True)]
 
-    reward.not_applicable = 0  # type: ignore[attr-defined]
-    reward.__name__ = f"trl_{name}"
-    reward.__qualname__ = reward.__name__
-    return reward
+    def total(per_func: list[float | None]) -> float | None:
+        terms = [w * r for w, r in zip(scale, per_func, strict=True) if r is not None]
+        return sum(terms) if terms else None
+
+    def sample_reward(prompt: Any, completion: str, **fields: Any) -> Any:
+        per = [r[0] for r in rewards_of({"prompt": [prompt], "completion": [completion],
+                                         **{k: [v] for k, v in fields.items()}}, 1)]
+        return {"reward": total(per), **dict(zip(fields_out, per, strict=True))} if each \
+            else total(per)
+
+    def group_reward(prompt: list[Any], completion: list[str], **fields: Any) -> Any:
+        n = len(completion)
+        per = rewards_of({"prompt": list(prompt), "completion": list(completion), **fields}, n)
+        out = {"reward": [total([r[i] for r in per]) for i in range(n)]}
+        return {**out, **dict(zip(fields_out, per, strict=True))} if each else out
+
+    fn = group_reward if group else sample_reward
+    fn.__name__ = f"trl_{'_'.join(names)}"
+    fn.__qualname__ = fn.__name__
+    return fn
+
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerStep:
+    """What a TRL reward function reads of ``trainer_state`` (transformers' ``TrainerState``)
+    for reward shaping over a run: ``global_step``, the optimizer steps done when the response
+    was sampled (its first token's policy version; with max_staleness > 0 a step or more
+    behind the trainer, as the response is). Other ``TrainerState`` attributes are not
+    known to a stage: reading one is an AttributeError the stage reports."""
+
+    global_step: int
+
+
+def _func_names(funcs: list[Any]) -> list[str]:
+    if not funcs:
+        raise ValueError("trl_reward: no reward function given")
+    names: list[str] = []
+    for i, f in enumerate(funcs):
+        if isinstance(f, str) or not callable(f) or hasattr(f, "forward"):
+            raise ValueError(f"trl_reward: reward function {i} is {type(f).__name__} "
+                             f"{_short(f)}; a reward model runs as g.reward_model(...), not "
+                             "inside a stage")
+        name = re.sub(r"\W+", "_", getattr(f, "__name__", "")).strip("_") or f"func{i}"
+        while name in names:  # two of one name (two lambdas) stay two fields
+            name = f"{name}_{i}"
+        names.append(name)
+    return names
+
+
+def _weights(weights: Sequence[float] | None, n: int) -> list[float]:
+    if weights is None:
+        return [1.0] * n
+    out = list(weights)
+    if len(out) != n:
+        raise ValueError(f"trl_reward: {len(out)} weights for {n} reward functions")
+    for w in out:
+        if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w):
+            raise ValueError(f"trl_reward: weight {_short(w)} is not a finite number")
+    return [float(w) for w in out]
+
+
+def _conversation(prompts: list[Any], completions: list[str]) -> tuple[list[Any], list[Any]]:
+    """TRL's prompts and completions: a chat prompt's completion is one assistant message,
+    and a prompt ending in an assistant message (a prefill) gives that message's text to the
+    completion, which continues it."""
+    out_prompts: list[Any] = []
+    out_completions: list[Any] = []
+    for prompt, text in zip(prompts, completions, strict=True):
+        if not _is_chat(prompt):
+            out_prompts.append(prompt)
+            out_completions.append(text)
+            continue
+        prefill = prompt[-1]["content"] if prompt and prompt[-1].get("role") == "assistant" \
+            else None
+        out_prompts.append(prompt[:-1] if prefill is not None else list(prompt))
+        out_completions.append([{"role": "assistant", "content": (prefill or "") + text}])
+    return out_prompts, out_completions
+
+
+def _is_chat(prompt: Any) -> bool:
+    return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt)
+
+
+def _steps_done(versions: list[Any] | None) -> int:
+    firsts = [v[0] for v in (versions or []) if v]
+    return min(firsts) if firsts else 0
+
+
+def _called(f: RewardFunc, name: str, n: int, prompts: list[Any], completions: list[Any],
+            columns: dict[str, Any]) -> list[float | None]:
+    out = f(prompts=prompts, completions=completions, **columns)
+    if not isinstance(out, list | tuple) or len(out) != n:
+        raise ValueError(f"TRL reward {name} returned {type(out).__name__} {_short(out)}: a "
+                         f"list of one reward per completion ({n} here)")
+    return [None if r is None else _number(r, name) for r in out]
 
 
 def _number(value: Any, name: str) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from pivotflow.graph import fn_reads
 from pivotflow.rl.reward_adapters import trl_reward, verl_reward
@@ -68,10 +69,89 @@ def test_a_trl_reward_func_gets_a_batch_of_one_with_the_columns_as_lists() -> No
     assert fn_reads(fn, "here", "reward") == {"prompt", "completion"}
 
 
-def test_a_trl_none_reads_zero_and_is_counted_and_a_bad_return_is_an_error() -> None:
-    fn = trl_reward(lambda prompts, completions, **_: [None])
-    assert fn(**FIELDS) == 0.0 and fn(**FIELDS) == 0.0
-    assert fn.not_applicable == 2  # type: ignore[attr-defined]
-    with pytest.raises(ValueError, match=r"^TRL reward <lambda> returned float 1.0: a list of "
+def test_trl_rewards_are_summed_with_their_weights_leaving_out_those_that_do_not_apply() -> None:
+    """TRL's reward_weights and nansum: a None leaves its term out; all None is unscorable,
+    which is a failed reward here (None: out of the group's baseline, advantage 0)."""
+    def fmt(completions: list, **_: Any) -> list:
+        return [0.5 if c.strip().isdigit() else 0.0 for c in completions]
+
+    def exact(completions: list, answer: list, **_: Any) -> list:
+        return [None if a is None else float(c == a) for c, a in zip(completions, answer,
+                                                                      strict=True)]
+
+    fn = trl_reward([fmt, exact], weights=[2.0, 0.5], each=True)
+    assert fn(**FIELDS) == {"reward": 2.0 * 0.5 + 0.5 * 1.0, "reward_fmt": 0.5,
+                            "reward_exact": 1.0}
+    assert fn(**{**FIELDS, "answer": None}) == {"reward": 1.0, "reward_fmt": 0.5,
+                                                "reward_exact": None}
+    assert trl_reward(exact)(**{**FIELDS, "answer": None}) is None
+    assert trl_reward([fmt, exact])(**FIELDS) == 1.5 and fn.__name__ == "trl_fmt_exact"
+
+
+def test_a_trl_group_reward_calls_each_function_once_on_the_whole_group() -> None:
+    calls: list[int] = []
+
+    def length(prompts: list, completions: list, completion_ids: list, level: list,
+               trainer_state: Any, **_: Any) -> list:
+        calls.append(len(completions))
+        assert level == [2, 2, 2] and trainer_state.global_step == 3
+        return [float(len(ids)) for ids in completion_ids]
+
+    group = {"prompt": ["2+2="] * 3, "completion": ["4", "44", "x"], "answer": ["4"] * 3,
+             "response_ids": [[1], [1, 2], [3, 4, 5]], "level": [2, 2, 2],
+             "versions": [[3], [4, 4], [3, 4, 4]], "logprobs": [[-0.1]] * 3}
+    fn = trl_reward(length, group=True, each=True)
+    assert fn(**group) == {"reward": [1.0, 2.0, 3.0], "reward_length": [1.0, 2.0, 3.0]}
+    assert calls == [3]  # one batch, not three
+    assert fn_reads(fn, "here", "reward") == {"prompt", "completion"}
+
+
+def test_a_chat_prompt_gives_trl_its_completion_as_an_assistant_message() -> None:
+    seen: dict[str, Any] = {}
+
+    def look(prompts: list, completions: list, **_: Any) -> list:
+        seen.update(prompts=prompts, completions=completions)
+        return [1.0]
+
+    chat = [{"role": "user", "content": "2+2?"}]
+    trl_reward(look)(**{**FIELDS, "prompt": chat})
+    assert seen == {"prompts": [chat], "completions": [[{"role": "assistant", "content": "4"}]]}
+    # a prefilled assistant turn is the completion's start, as TRL gives it
+    prefill = [*chat, {"role": "assistant", "content": "The sum is "}]
+    trl_reward(look)(**{**FIELDS, "prompt": prefill})
+    assert seen == {"prompts": [chat],
+                    "completions": [[{"role": "assistant", "content": "The sum is 4"}]]}
+
+
+def test_two_trl_functions_of_one_name_write_two_fields() -> None:
+    fn = trl_reward([lambda completions, **_: [1.0], lambda completions, **_: [2.0]],
+                    each=True)
+    assert fn(**FIELDS) == {"reward": 3.0, "reward_lambda": 1.0, "reward_lambda_1": 2.0}
+
+
+@pytest.mark.parametrize(("funcs", "weights", "error"), [
+    ([], None, r"^trl_reward: no reward function given$"),
+    (["Qwen/Qwen2.5-0.5B-RM"], None, r"^trl_reward: reward function 0 is str "
+                                     r"'Qwen/Qwen2.5-0.5B-RM'; a reward model runs as "
+                                     r"g.reward_model\(...\), not inside a stage$"),
+    ([torch.nn.Linear(1, 1)], None, r"^trl_reward: reward function 0 is Linear "),
+    ([len, len], [1.0], r"^trl_reward: 1 weights for 2 reward functions$"),
+    ([len], [float("inf")], r"^trl_reward: weight inf is not a finite number$"),
+])
+def test_what_trl_reward_is_given_is_checked_when_the_graph_is_built(
+        funcs: list, weights: list | None, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        trl_reward(funcs, weights)
+
+
+def test_a_trl_return_it_cannot_read_is_a_one_line_error() -> None:
+    with pytest.raises(ValueError, match=r"^TRL reward lambda returned float 1.0: a list of "
                                          r"one reward per completion \(1 here\)$"):
         trl_reward(lambda prompts, completions, **_: 1.0)(**FIELDS)
+    with pytest.raises(ValueError, match=r"^TRL reward f returned list \[1.0, 2.0\]: a list of "
+                                         r"one reward per completion \(1 here\)$"):
+        def f(completions: list, **_: Any) -> list:
+            return [1.0, 2.0]
+        trl_reward(f)(**FIELDS)
+    with pytest.raises(ValueError, match=r"^reward lambda returned str 'high', not a number$"):
+        trl_reward(lambda completions, **_: ["high"])(**FIELDS)
