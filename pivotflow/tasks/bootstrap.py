@@ -62,8 +62,11 @@ POLICY_BAND = (0.35, 0.55)  # sampled accuracy at temperature 1
 POLICY_MIN_GREEDY = 0.95
 JUDGE_TARGET = 0.97  # held-out verdict accuracy
 NEAR_MISS_TARGET = 0.93  # ... and on the near misses alone (what a policy's wrong answers are)
-# Looser targets and fewer steps for tests (``quick``)
-QUICK_POLICY_BAND = (0.05, 0.95)
+# Looser targets and fewer steps for tests (``quick``): the build and the cache are what a
+# quick build tests, and that it trained at all. An untrained policy samples 0-0.007 right;
+# 0.02 takes ~120 steps (seed 0), where 0.05 took 620 of the 750 allowed (75 s of a test's
+# 90, and near the cap). An untrained judge says No to all (0.51); 0.60 takes ~370 steps.
+QUICK_POLICY_BAND = (0.02, 0.95)
 QUICK_JUDGE_TARGET = 0.60
 QUICK_STEPS_SCALE = 0.25
 
@@ -168,7 +171,7 @@ def train_judge(seed: int, quick: bool, report: Callable[[dict], None],
         return False
 
     cfg = SFTConfig(steps=int(9000 * scale), batch_size=128, lr=3e-3, warmup_steps=200,
-                    schedule="cosine", threads=1, seed=seed, eval_every=250)
+                    schedule="cosine", threads=1, seed=seed, eval_every=int(250 * scale))
     res = train_sft(model, tok, pairs, cfg, should_stop=stop, progress=False)
     if not found:
         acc, near = verdict_accuracy()

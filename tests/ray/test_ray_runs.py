@@ -145,7 +145,9 @@ def test_a_silent_worker_is_replaced_in_its_own_bundle(tmp_path: Path,
     stopper = threading.Thread(target=stop_a_worker_after, args=(out, "w0-rollout", 2),
                                daemon=True)
     stopper.start()
-    result = run(GRAPH, sets=[*FAST, "planner=static", "worker_timeout_s=30"], out=out,
+    # 15 s of silence: well over a loaded worker's gap between 1 s heartbeats (sent from a
+    # thread of their own), and half the wait the test first had (30 s of its 42)
+    result = run(GRAPH, sets=[*FAST, "planner=static", "worker_timeout_s=15"], out=out,
                  steps=5, console=False)
     stopper.join(10)
     s = result.summary

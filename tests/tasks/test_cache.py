@@ -49,7 +49,8 @@ def test_corruption_is_named(tmp_path: Path, damage, match: str,  # type: ignore
 @pytest.mark.slow
 # One quick bootstrap trains both tiny models: 110-170 s on this 2-core machine (2026-12-02; the
 # test once built twice, to rebuild after damage, and took 296-345 s: that path is the next
-# test's, on the shipped models, which need no training)
+# test's, on the shipped models, which need no training); 77-97 s on 12-05, ~45 s since the
+# quick policy stops at 0.02 (bootstrap.QUICK_POLICY_BAND says why)
 @pytest.mark.timeout(900)
 def test_quick_bootstrap_builds_once_and_reuses(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -58,7 +59,8 @@ def test_quick_bootstrap_builds_once_and_reuses(
     policy, judge = ensure_models(seed=0, quick=True, progress=False)
     figures = json.loads((models_dir(0, quick=True) / "figures.json").read_text())
     assert figures["judge"]["verdict_accuracy"] >= 0.6  # the quick variant's looser target
-    assert 0.05 <= figures["policy"]["sampled_accuracy"] <= 0.95
+    # trained: an untrained policy samples 0-0.007 right
+    assert 0.02 <= figures["policy"]["sampled_accuracy"] <= 0.95
     stamp = (policy / "model.safetensors").stat().st_mtime_ns
     assert ensure_models(seed=0, quick=True, progress=False) == (policy, judge)
     assert (policy / "model.safetensors").stat().st_mtime_ns == stamp  # not built again
