@@ -14,9 +14,9 @@ their reward functions otherwise, and these wrap one unchanged:
   function called on a batch as ``f(prompts=[...], completions=[...], completion_ids=[...],
   trainer_state=..., **columns)`` (each dataset column a list; a chat prompt's completion is
   one assistant message, as TRL gives it) and returning a list of floats or None ("does not
-  apply"), summed with the weights as TRL sums them. The batch is one sample (``g.map``) or a
-  prompt's group (``group=True``, ``g.group``); the columns are the samples' fields but the
-  per-token ones.
+  apply"), summed with the weights as TRL sums them (an ``async def`` one is awaited). The
+  batch is one sample (``g.map``) or a prompt's group (``group=True``, ``g.group``); the
+  columns are the samples' fields but the per-token ones.
 
     g.map("reward", verl_reward(compute_score), writes=["reward"])
 
@@ -26,9 +26,13 @@ do) and passed as None otherwise.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 import re
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,8 +100,9 @@ def trl_reward(reward_funcs: RewardFunc | Sequence[RewardFunc],
                                    if k not in _TOKEN_LEVEL}
         columns["completion_ids"] = ids
         columns["trainer_state"] = TrainerStep(_steps_done(fields.get("versions")))
-        return [_called(f, name, n, prompts, completions, columns)
-                for f, name in zip(funcs, names, strict=True)]
+        outs = _awaited([f(prompts=prompts, completions=completions, **columns)
+                         for f in funcs])
+        return [_checked(out, name, n) for out, name in zip(outs, names, strict=True)]
 
     def total(per_func: list[float | None]) -> float | None:
         terms = [w * r for w, r in zip(scale, per_func, strict=True) if r is not None]
@@ -188,9 +193,35 @@ def _steps_done(versions: list[Any] | None) -> int:
     return min(firsts) if firsts else 0
 
 
-def _called(f: RewardFunc, name: str, n: int, prompts: list[Any], completions: list[Any],
-            columns: dict[str, Any]) -> list[float | None]:
-    out = f(prompts=prompts, completions=completions, **columns)
+def _awaited(outs: list[Any]) -> list[Any]:
+    """The functions' returns with those of async ones (TRL's async reward functions: an LLM
+    judge over HTTP) awaited, together, as TRL gathers them. They run on an event loop of a
+    thread of their own, a new one each call: the controller's loop called this stage function
+    and waits for it, as for any stage function (its deadline holds), and a call that hangs
+    past its deadline holds no thread a later call needs."""
+    pending = [i for i, out in enumerate(outs) if inspect.isawaitable(out)]
+    if not pending:
+        return outs
+
+    async def gathered() -> list[Any]:
+        return list(await asyncio.gather(*(outs[i] for i in pending)))
+
+    result: Future[list[Any]] = Future()
+
+    def run() -> None:
+        try:
+            result.set_result(asyncio.run(gathered()))
+        except BaseException as exc:  # handed to the stage, which names it
+            result.set_exception(exc)
+
+    threading.Thread(target=run, name="pivotflow-async-reward", daemon=True).start()
+    done = list(outs)
+    for i, out in zip(pending, result.result(), strict=True):
+        done[i] = out
+    return done
+
+
+def _checked(out: Any, name: str, n: int) -> list[float | None]:
     if not isinstance(out, list | tuple) or len(out) != n:
         raise ValueError(f"TRL reward {name} returned {type(out).__name__} {_short(out)}: a "
                          f"list of one reward per completion ({n} here)")

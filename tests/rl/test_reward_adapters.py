@@ -155,3 +155,36 @@ def test_a_trl_return_it_cannot_read_is_a_one_line_error() -> None:
         trl_reward(f)(**FIELDS)
     with pytest.raises(ValueError, match=r"^reward lambda returned str 'high', not a number$"):
         trl_reward(lambda completions, **_: ["high"])(**FIELDS)
+
+
+def test_async_trl_rewards_are_awaited_together() -> None:
+    """TRL gathers async reward functions (an LLM judge over HTTP): the first here waits for
+    what the second does, so run one after the other they would never end; one that raises
+    is the stage's error."""
+    import asyncio
+
+    started = None
+
+    async def waits_for_judge(completions: list, **_: Any) -> list:
+        await asyncio.wait_for(started.wait(), timeout=10)  # type: ignore[union-attr]
+        return [None for _ in completions]
+
+    async def judge(completions: list, **_: Any) -> list:
+        nonlocal started
+        started.set()  # type: ignore[union-attr]
+        await asyncio.sleep(0)
+        return [1.0 for _ in completions]
+
+    async def broken(completions: list, **_: Any) -> list:
+        raise ConnectionError("judge server refused")
+
+    def fresh_event(completions: list, **_: Any) -> list:
+        nonlocal started
+        started = asyncio.Event()  # (made outside the loop: bound to it at its first wait)
+        return [0.5]
+
+    fn = trl_reward([fresh_event, waits_for_judge, judge], each=True)
+    assert fn(**FIELDS) == {"reward": 1.5, "reward_fresh_event": 0.5,
+                            "reward_waits_for_judge": None, "reward_judge": 1.0}
+    with pytest.raises(ConnectionError, match="judge server refused"):
+        trl_reward(broken)(**FIELDS)
