@@ -36,7 +36,8 @@ SCORERS = {"arithmetic": check_answer}  # data_source -> its exact rule
 def compute_score(data_source: str, solution_str: str, ground_truth: str,
                   extra_info: dict | None = None) -> dict:
     """verl's custom reward signature: 1.0 when the row's own checker accepts the response,
-    with the row's ``carry`` beside it (verl logs a dict's other keys)."""
+    with the row's ``carry`` beside it (verl logs a dict's other keys; each step's
+    ``field_means`` in metrics.jsonl holds its mean)."""
     right = SCORERS[data_source](ground_truth, solution_str)
     return {"score": 1.0 if right else 0.0, "carry": bool((extra_info or {}).get("carry"))}
 

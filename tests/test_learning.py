@@ -89,6 +89,9 @@ def test_dataset_prompts_example_learns_from_its_parquet_table(tmp_path: Path) -
     steps = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert all(r["reward_mean"] == pytest.approx(r["task_accuracy"]) for r in steps)
     assert s["task_accuracy_gain"] >= 0.04, s
+    # the verl dict's other key (carry: whether the row's sum carries) is logged each step
+    carry = [r["field_means"]["carry"] for r in steps]
+    assert all(0.0 <= c <= 1.0 for c in carry) and 0.0 < sum(carry) / len(carry) < 1.0
 
 
 def test_dapo_example_shapes_rewards_by_length_and_trains_only_uncut_responses(
