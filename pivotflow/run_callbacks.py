@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pivotflow.config import RunConfig
 from pivotflow.controller.core import Controller
+from pivotflow.controller.records import stage_fields
 from pivotflow.errors import MetricsError
 from pivotflow.metrics import STEP_KEYS, RunRecorder, StepRecord
 from pivotflow.resume import Segment
@@ -86,7 +87,8 @@ class RunCallbacks:
         self.live.update_eval(record)
 
     def on_samples(self, batch: list[Any], step: int, version: int) -> None:
-        self.sampled[:] = step_lines(batch, step, version, self.cfg.log_samples)
+        self.sampled[:] = step_lines(batch, step, version, self.cfg.log_samples,
+                                     stage_fields(self.ctl))
 
     def sample_flow(self) -> None:
         if self.resume_without_step():

@@ -82,6 +82,11 @@ def test_a_parquet_prompt_file_feeds_the_run(tmp_path: Path,
         assert rec["task_accuracy"] is not None  # checked by the arithmetic rule
         assert rec["field_means"] == pytest.approx({"reward_weight_reward": 2.0,
                                                     "reward_exact_reward": rec["task_accuracy"]})
+    # and each logged sample shows each function's reward, as TRL's completions table does
+    lines = read_metrics(tmp_path / "out" / "samples.jsonl")
+    assert lines and all(line["stage_fields"] == {"reward_weight_reward": 2.0,
+                                                  "reward_exact_reward": float(line["correct"])}
+                         for line in lines)
 
 
 def test_a_run_on_a_prompt_file_resumes_where_it_stopped(tmp_path: Path,

@@ -124,15 +124,20 @@ def partial_figures(ctl: Controller, samples: list[Sample], policy: int) -> dict
 _REPORTED_ELSEWHERE = frozenset({"reward", "correct", "advantage", "returns"})
 
 
+def stage_fields(ctl: Controller) -> list[str]:
+    """The fields the graph's ``map`` and ``group`` stages write, but those reported under keys
+    of their own (``_REPORTED_ELSEWHERE``), sorted."""
+    return sorted({f for n in ctl.order if n.kind in ("map", "group") for f in n.writes}
+                  - _REPORTED_ELSEWHERE)
+
+
 def field_means(ctl: Controller, samples: list[Sample]) -> dict[str, Any]:
     """``field_means``: the step's mean of each number a ``map`` or ``group`` stage writes (a
     verl ``compute_score``'s other keys, each TRL reward function's reward), as verl and TRL
     log them; a None (a function that did not apply) is left out, a bool counts 0 or 1, and a
     field holding no number this step is left out (none for a graph without such stages)."""
-    names = sorted({f for n in ctl.order if n.kind in ("map", "group") for f in n.writes}
-                   - _REPORTED_ELSEWHERE)
     means = {}
-    for name in names:
+    for name in stage_fields(ctl):
         values = [float(v) for s in samples
                   if isinstance(v := s.fields.get(name), int | float) and v == v]
         if values:

@@ -9,13 +9,16 @@ and the version it made), ``group_id``, ``sample_id``, ``prompt``, ``answer``, `
 an off-policy or resumed generation), ``response_tokens``, ``finish_reason``; multi-turn
 stages add ``turns``, ``tool_calls``, ``tool_errors`` and ``trajectory`` (every turn and tool
 observation as text); with a critic, ``values`` and ``returns`` (one per response token, as is
-then ``advantage``, before the step whitens it). ``--set log_samples=N`` picks N per step (-1:
+then ``advantage``, before the step whitens it); ``stage_fields``, what the graph's own map and
+group stages write besides (a verl ``compute_score``'s other keys, each TRL reward function's
+reward), as TRL's completions table shows each reward function's column. ``--set log_samples=N`` picks N per step (-1:
 all, 0: no file), one from each group in turn, so a step's lines show as many prompts as they
 can.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -25,7 +28,7 @@ FIELDS = ("prompt", "answer", "response", "verdict", "reward", "judge_failed", "
           "advantage", "finish_reason", "turns", "tool_calls", "tool_errors", "trajectory",
           "values", "returns")
 SAMPLE_KEYS = ("step", "policy_version", "group_id", "sample_id", *FIELDS[:8],
-               "versions_min", "versions_max", "response_tokens", *FIELDS[8:])
+               "versions_min", "versions_max", "response_tokens", *FIELDS[8:], "stage_fields")
 
 
 def pick(batch: list[list[Any]], n: int) -> list[Any]:
@@ -42,8 +45,11 @@ def pick(batch: list[list[Any]], n: int) -> list[Any]:
     return out
 
 
-def sample_line(step: int, version: int, sample: Any) -> dict[str, Any]:
-    """One samples.jsonl object for a trained sample (a controller ``Sample``)."""
+def sample_line(step: int, version: int, sample: Any,
+                stage_fields: Sequence[str] = ()) -> dict[str, Any]:
+    """One samples.jsonl object for a trained sample (a controller ``Sample``); of the
+    ``stage_fields`` (what the graph's map and group stages write) those it holds that no key
+    above copies go under ``stage_fields``."""
     f = sample.fields
     line: dict[str, Any] = {"step": step, "policy_version": version,
                             "group_id": sample.group_id, "sample_id": sample.sample_id}
@@ -57,11 +63,15 @@ def sample_line(step: int, version: int, sample: Any) -> dict[str, Any]:
     for key in FIELDS[8:]:
         if key in f:
             line[key] = _jsonable(f[key])
+    own = {k: _jsonable(f[k]) for k in stage_fields if k in f and k not in FIELDS}
+    if own:
+        line["stage_fields"] = own
     return line
 
 
-def step_lines(batch: list[list[Any]], step: int, version: int, n: int) -> list[dict[str, Any]]:
-    return [sample_line(step, version, s) for s in pick(batch, n)]
+def step_lines(batch: list[list[Any]], step: int, version: int, n: int,
+               stage_fields: Sequence[str] = ()) -> list[dict[str, Any]]:
+    return [sample_line(step, version, s, stage_fields) for s in pick(batch, n)]
 
 
 def _jsonable(value: Any) -> Any:
