@@ -9,7 +9,9 @@ their reward functions otherwise, and these wrap one unchanged:
 * ``verl_reward(compute_score)``: verl's ``custom_reward_function``, called as
   ``compute_score(data_source=, solution_str=, ground_truth=, extra_info=)`` and returning a
   number, or a dict whose ``"score"`` is the reward (verl logs its other keys; name the ones
-  to keep with ``extra=("acc",)``, and add them to the stage's ``writes``);
+  to keep with ``extra=("acc",)``, and add them to the stage's ``writes``); with
+  ``batch=True``, verl's batch reward manager's ``compute_score(data_sources=,
+  solution_strs=, ground_truths=, extra_infos=)`` on a prompt's group (``g.group``);
 * ``trl_reward(reward_funcs, weights)``: TRL's ``reward_funcs`` and ``reward_weights``, each
   function called on a batch as ``f(prompts=[...], completions=[...], completion_ids=[...],
   trainer_state=..., **columns)`` (each dataset column a list; a chat prompt's completion is
@@ -42,31 +44,54 @@ _TOKEN_LEVEL = frozenset({"prompt_ids", "response_ids", "logprobs", "versions", 
 RewardFunc = Callable[..., Any]
 
 
-def verl_reward(compute_score: Callable[..., Any],
-                extra: Sequence[str] = ()) -> Callable[..., Any]:
+def verl_reward(compute_score: Callable[..., Any], extra: Sequence[str] = (), *,
+                batch: bool = False) -> Callable[..., Any]:
     """``compute_score`` (verl's signature) as a ``Graph.map`` function writing ``reward`` (and
-    the ``extra`` keys of a dict it returns)."""
+    the ``extra`` keys of a dict it returns). ``batch=True``: verl's batch reward manager's
+    signature instead, ``compute_score(data_sources=, solution_strs=, ground_truths=,
+    extra_infos=)`` returning one number or dict per response, as a ``Graph.group`` function
+    called once on a prompt's whole group."""
     name = getattr(compute_score, "__name__", "compute_score")
 
     def reward(completion: str, answer: str | None, data_source: str | None = None,
                extra_info: Any = None, **_: Any) -> Any:
-        out = compute_score(data_source=data_source, solution_str=completion,
-                            ground_truth=answer, extra_info=extra_info)
-        if isinstance(out, dict):
-            if "score" not in out:
-                raise ValueError(f"verl reward {name} returned a dict without 'score' (keys "
-                                 f"{sorted(out)[:8]})")
-            missing = [k for k in extra if k not in out]
-            if missing:
-                raise ValueError(f"verl reward {name} returned no {missing[0]!r}, which "
-                                 f"extra= names (keys {sorted(out)[:8]})")
-            return {"reward": _number(out["score"], name), **{k: out[k] for k in extra}}
-        value = _number(out, name)
-        return {"reward": value, **dict.fromkeys(extra)} if extra else value
+        score, kept = _verl_score(compute_score(data_source=data_source,
+                                                solution_str=completion, ground_truth=answer,
+                                                extra_info=extra_info), name, extra)
+        return {"reward": score, **kept} if extra else score
 
-    reward.__name__ = f"verl_{name}"
-    reward.__qualname__ = reward.__name__
-    return reward
+    def batch_reward(completion: list[str], answer: list[Any],
+                     data_source: list[Any] | None = None, extra_info: list[Any] | None = None,
+                     **_: Any) -> dict[str, list[Any]]:
+        n = len(completion)
+        outs = compute_score(data_sources=data_source or [None] * n, solution_strs=completion,
+                             ground_truths=answer, extra_infos=extra_info or [None] * n)
+        if not isinstance(outs, list | tuple) or len(outs) != n:
+            raise ValueError(f"verl batch reward {name} returned {type(outs).__name__} "
+                             f"{_short(outs)}: a list of one score per response ({n} here)")
+        scored = [_verl_score(out, name, extra) for out in outs]
+        return {"reward": [score for score, _ in scored],
+                **{k: [kept[k] for _, kept in scored] for k in extra}}
+
+    fn = batch_reward if batch else reward
+    fn.__name__ = f"verl_{name}"
+    fn.__qualname__ = fn.__name__
+    return fn
+
+
+def _verl_score(out: Any, name: str, extra: Sequence[str]) -> tuple[float, dict[str, Any]]:
+    """One response's reward and ``extra`` keys from what verl's ``compute_score`` returned
+    for it: a number, or a dict whose ``"score"`` is the reward."""
+    if not isinstance(out, dict):
+        return _number(out, name), dict.fromkeys(extra)
+    if "score" not in out:
+        raise ValueError(f"verl reward {name} returned a dict without 'score' (keys "
+                         f"{sorted(out)[:8]})")
+    missing = [k for k in extra if k not in out]
+    if missing:
+        raise ValueError(f"verl reward {name} returned no {missing[0]!r}, which "
+                         f"extra= names (keys {sorted(out)[:8]})")
+    return _number(out["score"], name), {k: out[k] for k in extra}
 
 
 def trl_reward(reward_funcs: RewardFunc | Sequence[RewardFunc],

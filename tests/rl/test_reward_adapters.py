@@ -54,6 +54,26 @@ def test_a_verl_return_it_cannot_read_is_a_one_line_error(returned: object,
         verl_reward(lambda **kw: returned, extra=("acc",))(**FIELDS)
 
 
+def test_a_verl_batch_compute_score_is_called_once_on_the_group() -> None:
+    """verl's batch reward manager's signature: plural names, a list of numbers or dicts."""
+    calls: list[dict[str, Any]] = []
+
+    def compute_scores(data_sources: list, solution_strs: list, ground_truths: list,
+                       extra_infos: list) -> list:
+        calls.append({"data_sources": data_sources, "extra_infos": extra_infos})
+        return [{"score": float(s == t), "acc": s == t} if i else 0.25
+                for i, (s, t) in enumerate(zip(solution_strs, ground_truths, strict=True))]
+
+    fn = verl_reward(compute_scores, extra=("acc",), batch=True)
+    group = {"completion": ["4", "4", "5"], "answer": ["4"] * 3, "level": [2] * 3}
+    assert fn(**group) == {"reward": [0.25, 1.0, 0.0], "acc": [None, True, False]}
+    assert calls == [{"data_sources": [None] * 3, "extra_infos": [None] * 3}]  # one call
+    assert fn_reads(fn, "here", "reward") == {"completion", "answer"}
+    with pytest.raises(ValueError, match=r"^verl batch reward <lambda> returned list \[1.0\]: "
+                                         r"a list of one score per response \(3 here\)$"):
+        verl_reward(lambda **kw: [1.0], batch=True)(**group)
+
+
 def test_a_trl_reward_func_gets_a_batch_of_one_with_the_columns_as_lists() -> None:
     seen: dict[str, Any] = {}
 
