@@ -151,7 +151,6 @@ def trl_reward(reward_funcs: RewardFunc | Sequence[RewardFunc],
     return fn
 
 
-
 @dataclass(frozen=True, slots=True)
 class TrainerStep:
     """What a TRL reward function reads of ``trainer_state`` (transformers' ``TrainerState``)
