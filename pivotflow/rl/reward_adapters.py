@@ -50,22 +50,24 @@ def verl_reward(compute_score: Callable[..., Any], extra: Sequence[str] = (), *,
     the ``extra`` keys of a dict it returns). ``batch=True``: verl's batch reward manager's
     signature instead, ``compute_score(data_sources=, solution_strs=, ground_truths=,
     extra_infos=)`` returning one number or dict per response, as a ``Graph.group`` function
-    called once on a prompt's whole group."""
+    called once on a prompt's whole group. An ``async def`` one (verl's reward loop takes
+    those) is awaited."""
     name = getattr(compute_score, "__name__", "compute_score")
 
     def reward(completion: str, answer: str | None, data_source: str | None = None,
                extra_info: Any = None, **_: Any) -> Any:
-        score, kept = _verl_score(compute_score(data_source=data_source,
-                                                solution_str=completion, ground_truth=answer,
-                                                extra_info=extra_info), name, extra)
+        [out] = _awaited([compute_score(data_source=data_source, solution_str=completion,
+                                        ground_truth=answer, extra_info=extra_info)])
+        score, kept = _verl_score(out, name, extra)
         return {"reward": score, **kept} if extra else score
 
     def batch_reward(completion: list[str], answer: list[Any],
                      data_source: list[Any] | None = None, extra_info: list[Any] | None = None,
                      **_: Any) -> dict[str, list[Any]]:
         n = len(completion)
-        outs = compute_score(data_sources=data_source or [None] * n, solution_strs=completion,
-                             ground_truths=answer, extra_infos=extra_info or [None] * n)
+        [outs] = _awaited([compute_score(data_sources=data_source or [None] * n,
+                                         solution_strs=completion, ground_truths=answer,
+                                         extra_infos=extra_info or [None] * n)])
         if not isinstance(outs, list | tuple) or len(outs) != n:
             raise ValueError(f"verl batch reward {name} returned {type(outs).__name__} "
                              f"{_short(outs)}: a list of one score per response ({n} here)")

@@ -41,6 +41,11 @@ def test_a_verl_dict_gives_its_score_and_the_keys_asked_for() -> None:
     assert fn(**FIELDS) == {"reward": 0.5, "acc": True}
     assert verl_reward(lambda **kw: True)(**FIELDS) == 1.0  # (a bool is a number to verl)
 
+    async def compute_async(**kw: Any) -> dict:
+        return {"score": 0.5, "acc": False}
+
+    assert verl_reward(compute_async, extra=("acc",))(**FIELDS) == {"reward": 0.5, "acc": False}
+
 
 @pytest.mark.parametrize(("returned", "error"), [
     ({"acc": 1}, r"^verl reward <lambda> returned a dict without 'score' \(keys \['acc'\]\)$"),
@@ -69,6 +74,10 @@ def test_a_verl_batch_compute_score_is_called_once_on_the_group() -> None:
     assert fn(**group) == {"reward": [0.25, 1.0, 0.0], "acc": [None, True, False]}
     assert calls == [{"data_sources": [None] * 3, "extra_infos": [None] * 3}]  # one call
     assert fn_reads(fn, "here", "reward") == {"completion", "answer"}
+    async def async_scores(solution_strs: list, **_: Any) -> list:  # verl's reward loop's kind
+        return [len(s) for s in solution_strs]
+
+    assert verl_reward(async_scores, batch=True)(**group) == {"reward": [1.0, 1.0, 1.0]}
     with pytest.raises(ValueError, match=r"^verl batch reward <lambda> returned list \[1.0\]: "
                                          r"a list of one score per response \(3 here\)$"):
         verl_reward(lambda **kw: [1.0], batch=True)(**group)
