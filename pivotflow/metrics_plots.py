@@ -12,6 +12,10 @@
   step, raw and smoothed, above the share of tokens the ratio clip held below and above: the
   pair that shows entropy collapse (falling entropy, clipping mostly above) and what
   clip-higher or an entropy bonus does to it.
+* ``field_means.png`` (runs whose records carry ``field_means``): the step's mean of each
+  number the graph's own map and group stages write (each TRL reward function's reward, a
+  verl ``compute_score``'s other keys), raw and smoothed, one colour a field: which part of
+  a summed reward moved.
 * ``pools_queues.png``: workers per pool, queue depth per edge and (from flow.jsonl) jobs in
   flight per stage over time, each shift marked by a dashed line. The queues come from
   flow.jsonl's samples over time when the run has one (``pivotflow.flow_samples``), else from
@@ -61,6 +65,7 @@ POOLS_QUEUES_PNG = "pools_queues.png"
 KL_REF_PNG = "kl_ref.png"
 RESPONSE_LENGTHS_PNG = "response_lengths.png"
 ENTROPY_CLIP_PNG = "entropy_clip.png"
+FIELD_MEANS_PNG = "field_means.png"
 STEP_PATH_PNG = "step_path.png"
 STEP_PATH_ROWS = 400  # the newest steps drawn: more rows than pixels say nothing
 POOL_OFFSET = 0.1  # workers between pool lines of the same size (less than the integer ticks)
@@ -203,6 +208,29 @@ def _entropy_clip(records: list[dict[str, Any]], path: Path,
         _mark_resumes(ax, [float(s) for s, _ in resumes])
         ax.legend(loc="best", fontsize="small")
         ax.grid(alpha=0.3)
+    _save(fig, path)
+
+
+def _field_means(records: list[dict[str, Any]], path: Path,
+                 resumes: list[tuple[int, float]]) -> None:
+    from matplotlib.figure import Figure
+
+    names = sorted({k for r in records for k in (r.get("field_means") or {})})
+    steps = [float_or_nan(r.get("step")) for r in records]
+    span = smoothing_span(len(records))
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    colors = [f"C{i % 10}" for i in range(len(names))]
+    for name, color in zip(names, colors, strict=True):
+        # a step where the field held no number (a None reward throughout) is a gap
+        _raw_and_smoothed(ax, steps, [float_or_nan((r.get("field_means") or {}).get(name))
+                                      for r in records], name, color, span)
+    _mark_resumes(ax, [float(s) for s, _ in resumes])
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean over the step's samples")
+    ax.legend(loc="best", fontsize="small")
+    ax.set_title("the graph's own fields per step (field_means)")
+    ax.grid(alpha=0.3)
     _save(fig, path)
 
 
@@ -374,6 +402,9 @@ def make_plots(
         if any("train_entropy" in r for r in records):
             _entropy_clip(records, out / ENTROPY_CLIP_PNG, resumes)
             written.append(out / ENTROPY_CLIP_PNG)
+        if any(r.get("field_means") for r in records):
+            _field_means(records, out / FIELD_MEANS_PNG, resumes)
+            written.append(out / FIELD_MEANS_PNG)
         if any("train_kl_ref" in r for r in records):
             _kl_ref(records, out / KL_REF_PNG, resumes)
             written.append(out / KL_REF_PNG)

@@ -41,6 +41,15 @@ def test_the_table_shows_the_policys_entropy_and_the_clipped_share() -> None:
     assert "clipped" in text and "0.042" in text
 
 
+def test_the_table_shows_the_means_of_the_graphs_own_fields() -> None:
+    text = rendered({"step": 5, "reward_mean": 0.5, "task_accuracy": 0.5, "samples": 64,
+                     "time_s": 9.0, "tokens_generated": 2000,
+                     "field_means": {"reward_accuracy_reward": 0.375, "carry": 0.5}})
+    assert "fields" in text and "reward_accuracy_reward 0.375  carry 0.500" in text
+    assert "fields" not in rendered({"step": 1, "reward_mean": None, "task_accuracy": None,
+                                     "samples": 8, "time_s": 1.0, "tokens_generated": 10})
+
+
 def test_the_table_shows_the_last_evaluation_round() -> None:
     console = Console(file=io.StringIO(), force_terminal=True, width=120, record=True)
     view = LiveView("grpo", 10, console=console)

@@ -234,6 +234,19 @@ def test_a_run_with_trainer_figures_gets_the_entropy_and_clip_plot(tmp_path: Pat
     assert all(_is_png(p) for p in written)
 
 
+def test_a_run_whose_stages_write_numbers_gets_their_means_plotted(tmp_path: Path) -> None:
+    rec = RunRecorder(tmp_path)
+    for s in range(1, 9):  # a TRL accuracy reward rising; its format reward on steps 3-8 only
+        means = {"reward_accuracy_reward": 0.3 + 0.05 * s}
+        if s >= 3:
+            means["reward_format_reward"] = 0.5
+        rec.record_step(_step(s, extra={"field_means": means}))
+    written = rec.make_plots()
+    assert sorted(p.name for p in written) == [
+        "field_means.png", "pools_queues.png", "reward_accuracy.png"]
+    assert all(_is_png(p) for p in written)
+
+
 def test_the_step_path_plot_draws_each_known_part(tmp_path: Path) -> None:
     from pivotflow.metrics_plots import path_segments
 
