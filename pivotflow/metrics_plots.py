@@ -125,6 +125,18 @@ def _mark_resumes(ax: Any, xs: list[float]) -> None:
         ax.axvline(x, **RESUME_STYLE, label="resumed" if i == 0 else None)
 
 
+def _finish_per_step(fig: Any, ax: Any, path: Path, resumes: list[tuple[int, float]],
+                     ylabel: str, title: str) -> None:
+    """A one-axis plot over steps: the resumes marked, labels, legend and grid; saved."""
+    _mark_resumes(ax, [float(s) for s, _ in resumes])
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.legend(loc="best", fontsize="small")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+
+
 def _reward_accuracy(records: list[dict[str, Any]], path: Path,
                      resumes: list[tuple[int, float]],
                      rounds: Sequence[dict[str, Any]] = ()) -> None:
@@ -177,13 +189,8 @@ def _kl_ref(records: list[dict[str, Any]], path: Path, resumes: list[tuple[int, 
     _raw_and_smoothed(ax, [float_or_nan(r.get("step")) for r in records],
                       [float_or_nan(r.get("train_kl_ref")) for r in records], "KL to the reference",
                       "tab:purple", smoothing_span(len(records)))
-    _mark_resumes(ax, [float(s) for s, _ in resumes])
-    ax.set_xlabel("step")
-    ax.set_ylabel("KL(policy || reference), nats per token")
-    ax.legend(loc="best", fontsize="small")
-    ax.set_title("KL to the reference model per step")
-    ax.grid(alpha=0.3)
-    _save(fig, path)
+    _finish_per_step(fig, ax, path, resumes, "KL(policy || reference), nats per token",
+                     "KL to the reference model per step")
 
 
 def _entropy_clip(records: list[dict[str, Any]], path: Path,
@@ -225,13 +232,8 @@ def _field_means(records: list[dict[str, Any]], path: Path,
         # a step where the field held no number (a None reward throughout) is a gap
         _raw_and_smoothed(ax, steps, [float_or_nan((r.get("field_means") or {}).get(name))
                                       for r in records], name, color, span)
-    _mark_resumes(ax, [float(s) for s, _ in resumes])
-    ax.set_xlabel("step")
-    ax.set_ylabel("mean over the step's samples")
-    ax.legend(loc="best", fontsize="small")
-    ax.set_title("the graph's own fields per step (field_means)")
-    ax.grid(alpha=0.3)
-    _save(fig, path)
+    _finish_per_step(fig, ax, path, resumes, "mean over the step's samples",
+                     "the graph's own fields per step (field_means)")
 
 
 def plot_response_lengths(records: list[dict[str, Any]], path: Path,
