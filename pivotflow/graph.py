@@ -406,7 +406,8 @@ class Graph:
         ``loss_options`` are the rest of ``worker.train_config.TrainConfig`` (the learning
         rate's lr_schedule, lr_warmup_steps, lr_decay_steps and min_lr_ratio; clip_eps,
         clip_eps_high, aggregation, importance_sampling_level (GSPO's "sequence"),
-        decoupled_loss, behavior_weight_cap, entropy_coef, max_grad_norm, micro_batch_tokens,
+        decoupled_loss, behavior_weight_cap, entropy_coef, top_entropy_quantile (TRL's),
+        max_grad_norm, micro_batch_tokens,
         the updates a step takes (mini_batches, epochs),
         train_dtype, the memory knobs gradient_checkpointing and logits_chunk_tokens,
         LoRA's lora_rank, lora_alpha and lora_target_modules, whiten_advantages for

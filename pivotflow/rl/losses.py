@@ -154,6 +154,7 @@ def policy_loss(
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
     importance_sampling_level: RatioLevel = "token",
+    top_entropy_quantile: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO/GRPO clipped surrogate loss with an optional KL penalty to a reference policy.
 
@@ -195,8 +196,12 @@ def policy_loss(
     report it aggregated as the loss is (verl's ``actor/entropy``: the figure that shows entropy
     collapse, which clip-higher is against), and ``entropy_coef`` > 0 subtracts ``entropy_coef``
     times it from the loss (an entropy bonus, verl's ``entropy_coeff``; 0, the default, as in
-    verl and DAPO, leaves the loss as it is). The per-token losses are reduced by
-    ``aggregation``:
+    verl and DAPO, leaves the loss as it is). ``top_entropy_quantile`` q < 1 (TRL's knob, after
+    Wang et al. 2025, "Beyond the 80/20 rule", arXiv:2506.01939: the high-entropy "forking"
+    tokens carry RL's gain) keeps the surrogate of the valid tokens whose entropy is at or above
+    the (1 - q) quantile of the batch's valid entropies and zeroes the rest, which still count in
+    the aggregation's denominators, as TRL masks them; the KL and entropy terms keep every
+    token. The per-token losses are reduced by ``aggregation``:
 
     * ``"token-mean"``: sum over all valid tokens of the batch / their count (DAPO's token-level
       loss, so long answers weigh by their length).
@@ -226,6 +231,8 @@ def policy_loss(
         entropy: ``[B, T]`` the policy's entropy at each position (None: not reported).
         entropy_coef: weight of the entropy bonus, >= 0 (> 0 needs ``entropy``, with its graph).
         importance_sampling_level: "token" (PPO's ratio per token) or "sequence" (GSPO's).
+        top_entropy_quantile: the share of the highest-entropy valid tokens whose surrogate
+            trains, in (0, 1]; 1 trains all (< 1 needs ``entropy``).
 
     Returns:
         ``(loss, stats)``: the scalar loss and floats ``pg_loss`` (surrogate part), ``clip_frac``
@@ -233,7 +240,8 @@ def policy_loss(
         ``ratio_mean``, ``approx_kl`` (k3 estimate of KL(old || new)), ``tokens`` (valid token
         count), ``kl_ref`` and ``kl_loss`` when ``ref_logprobs`` is given, and
         ``behavior_weight_mean`` and ``behavior_weight_capped`` (share of valid tokens at the cap)
-        when ``behavior_logprobs`` is, and ``entropy`` when ``entropy`` is.
+        when ``behavior_logprobs`` is, ``entropy`` when ``entropy`` is, and ``entropy_kept``
+        (the share of valid tokens whose surrogate trained) when ``top_entropy_quantile`` < 1.
 
     Raises:
         RLError: a shape disagrees, a knob is out of range, ``aggregation`` or ``kl_estimator`` is
@@ -263,6 +271,11 @@ def policy_loss(
         raise RLError(f"policy_loss: entropy_coef must be >= 0, got {entropy_coef}")
     if entropy_coef > 0.0 and entropy is None:
         raise RLError("policy_loss: entropy_coef > 0 needs entropy")
+    if not 0.0 < top_entropy_quantile <= 1.0:
+        raise RLError("policy_loss: top_entropy_quantile must be in (0, 1], got "
+                      f"{top_entropy_quantile}")
+    if top_entropy_quantile < 1.0 and entropy is None:
+        raise RLError("policy_loss: top_entropy_quantile < 1 needs entropy")
     if importance_sampling_level not in RATIO_LEVELS:
         raise RLError(f"policy_loss: importance_sampling_level must be one of {RATIO_LEVELS}, "
                       f"got {importance_sampling_level!r}")
@@ -302,6 +315,12 @@ def policy_loss(
         behavior_w = torch.exp(torch.clamp(old - behav, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
         behavior_w = torch.clamp(behavior_w, max=behavior_weight_cap)
         per_token_pg = per_token_pg * behavior_w
+    kept = None
+    if top_entropy_quantile < 1.0 and entropy is not None and bool(valid.any()):
+        ent_valid = entropy.detach().to(torch.float32)[valid]
+        threshold = torch.quantile(ent_valid, 1.0 - top_entropy_quantile)
+        kept = valid & (entropy.detach().to(torch.float32) >= threshold)
+        per_token_pg = per_token_pg * kept.to(work)
     pg_loss = _aggregate(per_token_pg, valid, aggregation)
     loss = pg_loss
 
@@ -320,6 +339,8 @@ def policy_loss(
             "approx_kl": masked_mean(token_ratio - 1.0 - token_log_ratio, valid),
             "tokens": valid.sum().to(ratio.dtype),
         }
+        if kept is not None:
+            stats["entropy_kept"] = masked_mean(kept.to(ratio.dtype), valid)
         if behavior_w is not None:
             stats["behavior_weight_mean"] = masked_mean(behavior_w, valid)
             stats["behavior_weight_capped"] = masked_mean(

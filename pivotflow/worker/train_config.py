@@ -72,6 +72,9 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # an entropy bonus: the loss less entropy_coef x the policy's entropy (verl's entropy_coeff;
     # 0, as in verl and DAPO: the entropy is reported in every step's record either way)
     entropy_coef: float = 0.0
+    # train the surrogate on the top q of each micro-batch's tokens by entropy (TRL's
+    # top_entropy_quantile, "Beyond the 80/20 rule"; 1: every token; rl/losses.py says how)
+    top_entropy_quantile: float = 1.0
     # the weights' and AdamW state's dtype (train_role.py says why); bfloat16 under zero_stage 1
     # keeps float32 master weights and moments beside the bf16 model (worker/sharded_adam.py)
     train_dtype: str = "float32"
@@ -150,6 +153,9 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             problems.append(f"kl_coef must be a number >= 0, got {self.kl_coef}")
         if not 0 <= self.entropy_coef < float("inf"):
             problems.append(f"entropy_coef must be a number >= 0, got {self.entropy_coef}")
+        if not 0 < self.top_entropy_quantile <= 1:
+            problems.append("top_entropy_quantile must be in (0, 1] (1: every token), got "
+                            f"{self.top_entropy_quantile}")
         if self.kl_estimator not in KL_ESTIMATORS:
             problems.append(f"kl_estimator must be one of {list(KL_ESTIMATORS)}, got "
                             f"{self.kl_estimator!r}")

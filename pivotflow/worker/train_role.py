@@ -296,6 +296,7 @@ class TrainRole:
                 kl_estimator=self.tc.kl_estimator,  # type: ignore[arg-type]
                 entropy=entropy, entropy_coef=self.tc.entropy_coef,
                 importance_sampling_level=self.tc.importance_sampling_level,  # type: ignore[arg-type]
+                top_entropy_quantile=self.tc.top_entropy_quantile,
             )
             weight = batch_weight(aggregation, batch["mask"], total_tokens, total_seqs)
             if policy_steps:

@@ -370,6 +370,47 @@ def test_a_bad_entropy_coef_is_an_rl_error() -> None:
         policy_loss(new, old, adv, mask, entropy=old[:, :2])
 
 
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_top_entropy_quantile_trains_only_the_highest_entropy_tokens(aggregation: str) -> None:
+    """TRL's ``top_entropy_quantile``: the surrogate of the valid tokens under the batch's
+    (1 - q) entropy quantile is zeroed, not dropped: the loss is the full loss with those
+    tokens' terms set to 0 (same denominators), their gradient is 0, the others' unchanged;
+    q = 1 is the plain loss; a masked position's entropy (99) is no part of the quantile."""
+    new, old, adv, mask = _example()
+    ent = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 99.0]])  # valid (MASK): 1 2 3 4 5
+    agg = aggregation
+    loss, stats = policy_loss(new, old, adv, mask, aggregation=agg, entropy=ent,  # type: ignore[arg-type]
+                              top_entropy_quantile=0.4)
+    loss.backward()
+    kept = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]])  # the quantile at 0.6 is 4.0
+    assert stats["entropy_kept"] == pytest.approx(2 / 5)
+    full_new = new.detach().clone().requires_grad_(True)
+    full, _ = policy_loss(full_new, old, adv, mask, aggregation=agg)  # type: ignore[arg-type]
+    full.backward()
+    assert full_new.grad is not None and new.grad is not None
+    assert torch.allclose(new.grad, full_new.grad * kept)
+    # the kept tokens' clipped terms (ratio = RATIOS, clip 0.2) over the same denominators
+    ratio, a = torch.tensor(RATIOS), torch.tensor(ADV).unsqueeze(1)
+    terms = -torch.minimum(ratio * a, ratio.clamp(0.8, 1.2) * a)
+    if aggregation == "token-mean":
+        expected = float((terms * kept).sum() / 5)
+    else:
+        expected = float(((terms * kept)[0, :3].sum() / 3 + (terms * kept)[1, :2].sum() / 2) / 2)
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    plain, _ = policy_loss(new.detach(), old, adv, mask, aggregation=agg, entropy=ent,  # type: ignore[arg-type]
+                           top_entropy_quantile=1.0)
+    assert plain.item() == pytest.approx(full.item(), abs=1e-7)
+
+
+def test_a_bad_top_entropy_quantile_is_an_rl_error() -> None:
+    new, old, adv, mask = _example()
+    for q in (0.0, 1.5, float("nan")):
+        with pytest.raises(RLError, match=r"top_entropy_quantile must be in \(0, 1\], got"):
+            policy_loss(new, old, adv, mask, entropy=old, top_entropy_quantile=q)
+    with pytest.raises(RLError, match="top_entropy_quantile < 1 needs entropy"):
+        policy_loss(new, old, adv, mask, top_entropy_quantile=0.2)
+
+
 def test_gspo_takes_each_sequences_geometric_mean_ratio() -> None:
     """``importance_sampling_level="sequence"`` (GSPO): every token of a sequence carries
     exp(mean of its token log-ratios); row 0's ratios 1.0, 1.5, 0.5 have the geometric mean

@@ -112,6 +112,19 @@ def test_a_bad_entropy_coef_names_the_knob() -> None:
 
     with pytest.raises(ValueError, match="entropy_coef must be a number >= 0, got -1"):
         check_train_options({"entropy_coef": -1})
+    with pytest.raises(ValueError, match=r"top_entropy_quantile must be in \(0, 1\] \(1: every "
+                                         r"token\), got 0"):
+        check_train_options({"top_entropy_quantile": 0})
+
+
+def test_a_step_on_the_top_entropy_quantile_trains_that_share_of_its_tokens(
+        tmp_path: Path) -> None:
+    """``top_entropy_quantile=0.2`` through a real trainer's step: the step reports the share
+    of its valid tokens whose surrogate trained, about the quantile asked for."""
+    role = TrainRole(fresh_store(tmp_path / "store"), "policy",
+                     {"lr": 1e-2, "top_entropy_quantile": 0.2})
+    stats = role.train(step_msgs(0, 1, 1, "")[0]).stats
+    assert 0.0 < stats["entropy_kept"] <= 0.3
 
 
 def test_the_entropy_metric_in_chunks_equals_it_whole(tmp_path: Path,
