@@ -217,3 +217,33 @@ def test_async_trl_rewards_are_awaited_together() -> None:
                             "reward_waits_for_judge": None, "reward_judge": 1.0}
     with pytest.raises(ConnectionError, match="judge server refused"):
         trl_reward(broken)(**FIELDS)
+
+
+def test_a_hanging_async_trl_reward_is_a_stage_error_after_its_deadline() -> None:
+    """Run as the controller runs a map stage (``user_code.call`` on the main thread, its
+    watchdog's signal ending a call past ``deadline_s``): the wait on the reward's own event
+    loop thread is interrupted like any stage function's, and that thread, left to its hung
+    call, holds nothing the next call needs."""
+    import asyncio
+    import time
+
+    from pivotflow.controller import user_code
+    from pivotflow.controller.sample import Sample
+    from pivotflow.errors import StageError
+    from pivotflow.graph import Node
+
+    async def judge_server(completions: list, **_: Any) -> list:
+        if completions == ["hang"]:
+            await asyncio.sleep(60)
+        return [1.0]
+
+    fn = trl_reward(judge_server)
+    node = Node("reward", "map", "graph.py:7", fn=fn, options={"deadline_s": 0.5})
+    sample = Sample(sample_id=3, group_id=1, group_size=1, admit_version=0, seed=0,
+                    fields={**FIELDS, "completion": "hang"})
+    t = time.monotonic()
+    with pytest.raises(StageError, match=r"^map 'reward' at graph.py:7 on sample 3 \(group 1\): "
+                                         r"function ran longer than its deadline_s=0.5"):
+        user_code.call(node, "function", fn, sample.fields, [sample])
+    assert time.monotonic() - t < 30  # (the hang is 60 s)
+    assert user_code.call(node, "function", fn, FIELDS, [sample]) == 1.0
