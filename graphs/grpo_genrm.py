@@ -48,6 +48,9 @@ DEFAULTS = {
     # an entropy bonus (verl's entropy_coeff; 0 as in verl and DAPO): the loss less this times
     # the policy's entropy, which every step records either way (train_entropy)
     "entropy_coef": 0.0,
+    # train only the highest-entropy share of each micro-batch's tokens (TRL's
+    # top_entropy_quantile, "Beyond the 80/20 rule"; 1: every token)
+    "top_entropy_quantile": 1.0,
     # the clipped loss (rl/losses.policy_loss): PPO's clip range, DAPO's clip-higher, and GSPO
     # with importance_sampling_level=sequence (its paper clips at 3e-4 / 4e-4 and averages
     # each sequence's tokens: aggregation=seq-mean-token-mean)
@@ -118,7 +121,8 @@ def build(config: dict) -> Graph:
                     lr_schedule=config["lr_schedule"], lr_warmup_steps=config["lr_warmup_steps"],
                     kl_coef=config["kl_coef"], kl_estimator=config["kl_estimator"],
                     decoupled_loss=config["decoupled_loss"],
-                    entropy_coef=config["entropy_coef"], clip_eps=config["clip_eps"],
+                    entropy_coef=config["entropy_coef"],
+                    top_entropy_quantile=config["top_entropy_quantile"], clip_eps=config["clip_eps"],
                     clip_eps_high=config["clip_eps_high"], aggregation=config["aggregation"],
                     importance_sampling_level=config["importance_sampling_level"],
                     lora_rank=config["lora_rank"], lora_alpha=config["lora_alpha"],
