@@ -10,6 +10,8 @@ A graph file builds a :class:`Graph` and exposes it as ``graph = ...`` or ``def 
     g.chain(prompts, rollout, judge, advantage, train)
 
 Every node remembers the file and line that made it, so every validation error names both.
+A stage function may call :func:`log_metric` (``from pivotflow.graph import log_metric``) to
+log a scalar into the step records (``logged_metrics``; ``controller/user_metrics.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from pivotflow.controller.user_metrics import log_metric  # noqa: F401 (for graph files)
 from pivotflow.errors import GraphError, TaskError
 from pivotflow.tasks.datasets import PromptTable, load_prompt_file
 from pivotflow.worker.train_config import check_train_options

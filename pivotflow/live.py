@@ -97,9 +97,9 @@ class LiveView:
         if r.get("train_entropy") is not None:  # (a step that trained)
             table.add_row("entropy", self._fmt(r["train_entropy"]), "clipped",
                           self._fmt(r.get("train_clip_frac")))
-        if r.get("field_means"):  # the graph's own fields: each TRL reward function's mean
-            table.add_row("fields", "  ".join(f"{k} {self._fmt(v)}"
-                                               for k, v in r["field_means"].items()))
+        for key, label in (("field_means", "fields"), ("logged_metrics", "logged")):
+            if r.get(key):  # the graph's own fields (each TRL reward function's), log_metric's
+                table.add_row(label, "  ".join(f"{k} {self._fmt(v)}" for k, v in r[key].items()))
         table.add_row("pools", " ".join(f"{k}={v}" for k, v in self.flow.get("pools", {}).items()),
                       "in flight", str(self.flow.get("in_flight", 0)))
         table.add_row("queues",

@@ -12,10 +12,11 @@
   step, raw and smoothed, above the share of tokens the ratio clip held below and above: the
   pair that shows entropy collapse (falling entropy, clipping mostly above) and what
   clip-higher or an entropy bonus does to it.
-* ``field_means.png`` (runs whose records carry ``field_means``): the step's mean of each
-  number the graph's own map and group stages write (each TRL reward function's reward, a
-  verl ``compute_score``'s other keys), raw and smoothed, one colour a field: which part of
-  a summed reward moved.
+* ``field_means.png`` (runs whose records carry ``field_means`` or ``logged_metrics``): the
+  step's mean of each number the graph's own map and group stages write (each TRL reward
+  function's reward, a verl ``compute_score``'s other keys) and of each name its code logged
+  with ``log_metric``, raw and smoothed, one colour a series: which part of a summed reward
+  moved.
 * ``pools_queues.png``: workers per pool, queue depth per edge and (from flow.jsonl) jobs in
   flight per stage over time, each shift marked by a dashed line. The queues come from
   flow.jsonl's samples over time when the run has one (``pivotflow.flow_samples``), else from
@@ -222,16 +223,17 @@ def _field_means(records: list[dict[str, Any]], path: Path,
                  resumes: list[tuple[int, float]]) -> None:
     from matplotlib.figure import Figure
 
-    names = sorted({k for r in records for k in (r.get("field_means") or {})})
+    series = [(key, name, name if key == "field_means" else f"{name} (log_metric)")
+              for key in ("field_means", "logged_metrics")
+              for name in sorted({k for r in records for k in (r.get(key) or {})})]
     steps = [float_or_nan(r.get("step")) for r in records]
     span = smoothing_span(len(records))
     fig = Figure(figsize=(8, 4.5), layout="constrained")
     ax = fig.add_subplot()
-    colors = [f"C{i % 10}" for i in range(len(names))]
-    for name, color in zip(names, colors, strict=True):
+    for i, (key, name, label) in enumerate(series):
         # a step where the field held no number (a None reward throughout) is a gap
-        _raw_and_smoothed(ax, steps, [float_or_nan((r.get("field_means") or {}).get(name))
-                                      for r in records], name, color, span)
+        _raw_and_smoothed(ax, steps, [float_or_nan((r.get(key) or {}).get(name))
+                                      for r in records], label, f"C{i % 10}", span)
     _finish_per_step(fig, ax, path, resumes, "mean over the step's samples",
                      "the graph's own fields per step (field_means)")
 
@@ -404,7 +406,7 @@ def make_plots(
         if any("train_entropy" in r for r in records):
             _entropy_clip(records, out / ENTROPY_CLIP_PNG, resumes)
             written.append(out / ENTROPY_CLIP_PNG)
-        if any(r.get("field_means") for r in records):
+        if any(r.get("field_means") or r.get("logged_metrics") for r in records):
             _field_means(records, out / FIELD_MEANS_PNG, resumes)
             written.append(out / FIELD_MEANS_PNG)
         if any("train_kl_ref" in r for r in records):

@@ -44,8 +44,10 @@ def test_the_table_shows_the_policys_entropy_and_the_clipped_share() -> None:
 def test_the_table_shows_the_means_of_the_graphs_own_fields() -> None:
     text = rendered({"step": 5, "reward_mean": 0.5, "task_accuracy": 0.5, "samples": 64,
                      "time_s": 9.0, "tokens_generated": 2000,
-                     "field_means": {"reward_accuracy_reward": 0.375, "carry": 0.5}})
+                     "field_means": {"reward_accuracy_reward": 0.375, "carry": 0.5},
+                     "logged_metrics": {"group_size": 4.0}})
     assert "fields" in text and "reward_accuracy_reward 0.375  carry 0.500" in text
+    assert "logged" in text and "group_size 4.000" in text
     assert "fields" not in rendered({"step": 1, "reward_mean": None, "task_accuracy": None,
                                      "samples": 8, "time_s": 1.0, "tokens_generated": 10})
 

@@ -240,7 +240,8 @@ def test_a_run_whose_stages_write_numbers_gets_their_means_plotted(tmp_path: Pat
         means = {"reward_accuracy_reward": 0.3 + 0.05 * s}
         if s >= 3:
             means["reward_format_reward"] = 0.5
-        rec.record_step(_step(s, extra={"field_means": means}))
+        rec.record_step(_step(s, extra={"field_means": means,
+                                        "logged_metrics": {"judge_latency_s": 0.1 * s}}))
     written = rec.make_plots()
     assert sorted(p.name for p in written) == [
         "field_means.png", "pools_queues.png", "reward_accuracy.png"]

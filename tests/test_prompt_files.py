@@ -23,7 +23,8 @@ def reward(completion, answer, weight, **_):
 
 
 # the same reward as two TRL reward functions, each called on a prompt's group
-def weight_reward(prompts, completions, weight, **_):
+def weight_reward(prompts, completions, weight, log_metric, **_):
+    log_metric("group_size", len(completions))  # TRL's log_metric: into logged_metrics
     return list(weight)
 
 
@@ -82,6 +83,8 @@ def test_a_parquet_prompt_file_feeds_the_run(tmp_path: Path,
         assert rec["task_accuracy"] is not None  # checked by the arithmetic rule
         assert rec["field_means"] == pytest.approx({"reward_weight_reward": 2.0,
                                                     "reward_exact_reward": rec["task_accuracy"]})
+        # each step's groups are rewarded after the step before it is recorded (staleness 0)
+        assert rec["logged_metrics"] == {"group_size": 4.0}
     # and each logged sample shows each function's reward, as TRL's completions table does
     lines = read_metrics(tmp_path / "out" / "samples.jsonl")
     assert lines and all(line["stage_fields"] == {"reward_weight_reward": 2.0,

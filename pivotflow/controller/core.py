@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pivotflow import defaults
-from pivotflow.controller import stages, user_code
+from pivotflow.controller import stages, user_code, user_metrics
 from pivotflow.controller.barriers import Barriers
 from pivotflow.controller.clock import Clock
 from pivotflow.controller.edges import Edge
@@ -37,6 +37,7 @@ from pivotflow.controller.stages import SERVED
 from pivotflow.controller.tool_calls import ToolCalls
 from pivotflow.controller.train_batch import FIRST, TrainBuffer
 from pivotflow.controller.training import TrainSteps
+from pivotflow.controller.user_metrics import UserMetrics
 from pivotflow.errors import GraphError, WorkerError
 from pivotflow.graph import Graph
 from pivotflow.planner.base import Planner, PlannerView, StaticPlanner
@@ -113,6 +114,7 @@ class Controller:
         if self.partial is not None:
             source.extra = self.partial.extra_groups(cfg.over_sample)
         self.ledger = Ledger()
+        self.user_metrics = UserMetrics()  # what the graph's own code logs (log_metric)
         self.jobs = JobTable({i: self.order[i].pool or "" for i in self.edges}, self.pools)
         self.version = 0
         self.training = TrainSteps(self, self.order[-1].pool or "", store_dir)
@@ -146,13 +148,15 @@ class Controller:
             w.heard(self.started_at)
         self.transport.start(self.handlers.on_message, self.handlers.on_flush)
         try:
-            async with asyncio.TaskGroup() as loops:
-                self.tools.run_in(loops)  # tool calls are tasks of this group
-                self.tools.resume()  # samples a snapshot had waiting on a call: call again
-                loops.create_task(self._tick_forever(), name="heartbeat watch")
-                loops.create_task(self._plan_forever(), name="planner")
-                await self._done.wait()
-                raise _RunOver  # leaves the group: its loops are cancelled
+            # stage functions run inline on this loop's thread: their log_metric calls land here
+            with user_metrics.recording(self.user_metrics):
+                async with asyncio.TaskGroup() as loops:
+                    self.tools.run_in(loops)  # tool calls are tasks of this group
+                    self.tools.resume()  # samples a snapshot had waiting on a call: call again
+                    loops.create_task(self._tick_forever(), name="heartbeat watch")
+                    loops.create_task(self._plan_forever(), name="planner")
+                    await self._done.wait()
+                    raise _RunOver  # leaves the group: its loops are cancelled
         except* _RunOver:
             pass
         except* Exception as failed:

@@ -47,6 +47,8 @@ def step_record(ctl: Controller, batch: list[list[Sample]], msg: TrainDone) -> d
         **step_path(ctl, samples),
         **tool_figures(samples),
         **field_means(ctl, samples),
+        # the graph's own log_metric calls since the previous record (controller/user_metrics)
+        **({"logged_metrics": logged} if (logged := ctl.user_metrics.drain()) else {}),
         **partial_figures(ctl, samples, msg.version - 1),
         **{f"train_{k}": v for k, v in msg.stats.items()},
     }

@@ -14,7 +14,7 @@ their reward functions otherwise, and these wrap one unchanged:
   solution_strs=, ground_truths=, extra_infos=)`` on a prompt's group (``g.group``);
 * ``trl_reward(reward_funcs, weights)``: TRL's ``reward_funcs`` and ``reward_weights``, each
   function called on a batch as ``f(prompts=[...], completions=[...], completion_ids=[...],
-  trainer_state=..., **columns)`` (each dataset column a list; a chat prompt's completion is
+  trainer_state=..., log_metric=..., **columns)`` (each dataset column a list; a chat prompt's completion is
   one assistant message, as TRL gives it) and returning a list of floats or None ("does not
   apply"), summed with the weights as TRL sums them (an ``async def`` one is awaited). The
   batch is one sample (``g.map``) or a prompt's group (``group=True``, ``g.group``); the
@@ -37,6 +37,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
+
+from pivotflow.controller.user_metrics import log_metric
 
 # per-token fields the runtime writes, which TRL never passes a reward function
 _TOKEN_LEVEL = frozenset({"prompt_ids", "response_ids", "logprobs", "versions", "ref_logprobs",
@@ -127,6 +129,7 @@ def trl_reward(reward_funcs: RewardFunc | Sequence[RewardFunc],
                                    if k not in _TOKEN_LEVEL}
         columns["completion_ids"] = ids
         columns["trainer_state"] = TrainerStep(_steps_done(fields.get("versions")))
+        columns["log_metric"] = log_metric  # TRL's: into the step record's logged_metrics
         outs = _awaited([f(prompts=prompts, completions=completions, **columns)
                          for f in funcs])
         return [_checked(out, name, n) for out, name in zip(outs, names, strict=True)]

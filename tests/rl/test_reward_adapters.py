@@ -247,3 +247,18 @@ def test_a_hanging_async_trl_reward_is_a_stage_error_after_its_deadline() -> Non
         user_code.call(node, "function", fn, sample.fields, [sample])
     assert time.monotonic() - t < 30  # (the hang is 60 s)
     assert user_code.call(node, "function", fn, FIELDS, [sample]) == 1.0
+
+
+def test_a_trl_function_logs_through_log_metric() -> None:
+    """TRL passes ``log_metric``; here it is the run's (controller/user_metrics.py)."""
+    from pivotflow.controller.user_metrics import UserMetrics, recording
+
+    def counted(completions: list, log_metric: Any, **_: Any) -> list:
+        log_metric("completions_seen", float(len(completions)))
+        return [1.0 for _ in completions]
+
+    metrics = UserMetrics()
+    with recording(metrics):
+        trl_reward(counted)(**FIELDS)
+        trl_reward(counted, group=True)(prompt=["a"] * 3, completion=["1", "2", "3"])
+    assert metrics.drain() == {"completions_seen": 2.0}  # (1 + 3) / 2
