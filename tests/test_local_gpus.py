@@ -36,9 +36,19 @@ def test_gpus_are_cut_into_slots() -> None:
 
 
 def visible_devices(pid: int) -> str:
-    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return next(e.split(b"=", 1)[1].decode() for e in env
-                if e.startswith(b"CUDA_VISIBLE_DEVICES="))
+    """The process's CUDA_VISIBLE_DEVICES. Read again until it shows: Popen returns once the
+    child's exec has closed its close-on-exec pipe, which the kernel does before it lays out
+    the new environment, so a read in that moment finds none (it failed so once, under a
+    loaded CI run)."""
+    deadline = time.monotonic() + 10.0
+    while True:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        found = [e.split(b"=", 1)[1].decode() for e in env
+                 if e.startswith(b"CUDA_VISIBLE_DEVICES=")]
+        if found or time.monotonic() > deadline:
+            assert found, f"process {pid} has no CUDA_VISIBLE_DEVICES ({len(env)} entries)"
+            return found[0]
+        time.sleep(0.02)
 
 
 def test_each_worker_gets_its_own_gpus_and_a_replacement_the_dead_ones(tmp_path: Path) -> None:
