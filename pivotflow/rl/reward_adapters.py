@@ -14,11 +14,11 @@ their reward functions otherwise, and these wrap one unchanged:
   solution_strs=, ground_truths=, extra_infos=)`` on a prompt's group (``g.group``);
 * ``trl_reward(reward_funcs, weights)``: TRL's ``reward_funcs`` and ``reward_weights``, each
   function called on a batch as ``f(prompts=[...], completions=[...], completion_ids=[...],
-  trainer_state=..., log_metric=..., **columns)`` (each dataset column a list; a chat prompt's completion is
-  one assistant message, as TRL gives it) and returning a list of floats or None ("does not
-  apply"), summed with the weights as TRL sums them (an ``async def`` one is awaited). The
-  batch is one sample (``g.map``) or a prompt's group (``group=True``, ``g.group``); the
-  columns are the samples' fields but the per-token ones.
+  trainer_state=..., log_metric=..., **columns)`` (each dataset column a list; a chat
+  prompt's completion is one assistant message, as TRL gives it) and returning a list of
+  floats or None ("does not apply"), summed with the weights as TRL sums them (an ``async
+  def`` one is awaited). The batch is one sample (``g.map``) or a prompt's group
+  (``group=True``, ``g.group``); the columns are the samples' fields but the per-token ones.
 
     g.map("reward", verl_reward(compute_score), writes=["reward"])
 

@@ -11,9 +11,9 @@ stages add ``turns``, ``tool_calls``, ``tool_errors`` and ``trajectory`` (every 
 observation as text); with a critic, ``values`` and ``returns`` (one per response token, as is
 then ``advantage``, before the step whitens it); ``stage_fields``, what the graph's own map and
 group stages write besides (a verl ``compute_score``'s other keys, each TRL reward function's
-reward), as TRL's completions table shows each reward function's column. ``--set log_samples=N`` picks N per step (-1:
-all, 0: no file), one from each group in turn, so a step's lines show as many prompts as they
-can.
+reward), as TRL's completions table shows each reward function's column. ``--set
+log_samples=N`` picks N per step (-1: all, 0: no file), one from each group in turn, so a
+step's lines show as many prompts as they can.
 """
 
 from __future__ import annotations
