@@ -36,8 +36,13 @@ NodeKind = Literal["source", "generate", "judge", "reference", "reward_model", "
 # Fields the runtime itself fills, by the kind of node that writes them.
 SOURCE_FIELDS = frozenset({"prompt", "answer", "prompt_ids", "prompt_id", "group_id", "sample_id"})
 GENERATE_FIELDS = frozenset(
-    {"response", "response_ids", "logprobs", "versions", "finish_reason", "completion"}
+    {"response", "response_ids", "logprobs", "versions", "finish_reason", "completion",
+     "prompt_text", "sequence_text"}
 )
+# ... of which these are decoded only for a graph whose stages name them (a cost per sample):
+# the prompt as the policy read it (its chat template rendered) and the whole sequence, prompt
+# then response, special tokens kept (OpenRLHF's reward functions' prompts and queries)
+TEXT_FIELDS = frozenset({"prompt_text", "sequence_text"})
 JUDGE_FIELDS = frozenset({"verdict", "reward", "judge_failed"})
 REFERENCE_FIELDS = frozenset({"ref_logprobs"})
 REWARD_MODEL_FIELDS = frozenset({"reward"})
@@ -55,12 +60,18 @@ TOOL_POOL_OPTIONS = frozenset({"workers", "timeout_s", "cpu_s", "memory_mb", "ma
 # How a stage's own Python may fail (controller/user_code.py): stop the run, or drop the group
 ON_ERROR = ("stop", "skip")
 DEFAULT_DEADLINE_S = 60.0  # generous: a stage function is per-sample Python, not a model call
+# calls of one async stage function at once: enough to keep a reward server's batcher full
+# (OpenRLHF sends a whole batch at once), few enough not to open a socket per sample of a
+# large step
+DEFAULT_CONCURRENCY = 64
 
 
 def _fault_options(kind: str, name: str, where: str, deadline_s: Any,
-                   on_error: Any) -> dict[str, Any]:
+                   on_error: Any, concurrency: Any = None) -> dict[str, Any]:
     """A stage's ``deadline_s`` (seconds a call of its function may take; None: run inline,
-    no deadline) and ``on_error``, checked now so a bad one names the graph file's line."""
+    no deadline), ``on_error`` and, for a stage of the graph's own Python, ``concurrency``
+    (calls of an ``async def`` function at once), checked now so a bad one names the graph
+    file's line."""
     here = f"{kind} {name!r} at {where}"
     if deadline_s is not None and (isinstance(deadline_s, bool)
                                    or not isinstance(deadline_s, (int, float))
@@ -69,8 +80,14 @@ def _fault_options(kind: str, name: str, where: str, deadline_s: Any,
                          f"{deadline_s!r}")
     if on_error not in ON_ERROR:
         raise GraphError(f"{here}: on_error must be one of {list(ON_ERROR)}, got {on_error!r}")
-    return {"deadline_s": None if deadline_s is None else float(deadline_s),
-            "on_error": on_error}
+    options = {"deadline_s": None if deadline_s is None else float(deadline_s),
+               "on_error": on_error}
+    if concurrency is not None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise GraphError(f"{here}: concurrency must be a whole number >= 1, got "
+                             f"{concurrency!r}")
+        options["concurrency"] = concurrency
+    return options
 
 
 @dataclass(slots=True)
@@ -372,36 +389,43 @@ class Graph:
                               writes=CRITIC_FIELDS, model=model, pool=pool))
 
     def map(self, name: str, fn: Callable[..., Any], *, writes: Iterable[str],
-            deadline_s: float | None = DEFAULT_DEADLINE_S, on_error: str = "stop") -> Node:
+            deadline_s: float | None = DEFAULT_DEADLINE_S, on_error: str = "stop",
+            concurrency: int = DEFAULT_CONCURRENCY) -> Node:
         """Per-sample Python: ``fn(**fields)`` returns a value (one field) or a dict of fields.
         A call that raises, returns a non-number ``reward``/``advantage`` or a NaN, or takes
         over ``deadline_s`` is a StageError naming the sample: ``on_error="stop"`` stops the
-        run with it, ``"skip"`` drops the sample's group (counted as ``groups_skipped``)."""
+        run with it, ``"skip"`` drops the sample's group (counted as ``groups_skipped``).
+        An ``async def`` function is awaited on the controller's loop, up to ``concurrency``
+        calls of the stage at once, while the run goes on (a reward server, an LLM judge
+        behind an API); a plain function runs inline and holds the loop while it runs."""
         where = _caller_where()
         return self._add(Node(name, "map", where, reads=fn_reads(fn, where, name),
                               writes=_field_names(writes, where, name), fn=fn,
                               options=_fault_options("map", name, where, deadline_s,
-                                                     on_error)))
+                                                     on_error, concurrency)))
 
     def group(self, name: str, fn: Callable[..., Any], *, writes: Iterable[str],
-              deadline_s: float | None = DEFAULT_DEADLINE_S, on_error: str = "stop") -> Node:
+              deadline_s: float | None = DEFAULT_DEADLINE_S, on_error: str = "stop",
+              concurrency: int = DEFAULT_CONCURRENCY) -> Node:
         """Per-group Python: ``fn(**fields)`` gets each field as a list over the group's samples
-        and returns a dict of per-sample lists (e.g. advantages from rewards); ``deadline_s``
-        and ``on_error`` as for :meth:`map`."""
+        and returns a dict of per-sample lists (e.g. advantages from rewards); ``deadline_s``,
+        ``on_error`` and ``concurrency`` (groups at once, for an ``async def`` function) as
+        for :meth:`map`."""
         where = _caller_where()
         return self._add(Node(name, "group", where, reads=fn_reads(fn, where, name),
                               writes=_field_names(writes, where, name), fn=fn,
                               options=_fault_options("group", name, where, deadline_s,
-                                                     on_error)))
+                                                     on_error, concurrency)))
 
     def filter(self, name: str, fn: Callable[..., bool], *,
-               deadline_s: float | None = DEFAULT_DEADLINE_S, on_error: str = "stop") -> Node:
+               deadline_s: float | None = DEFAULT_DEADLINE_S, on_error: str = "stop",
+               concurrency: int = DEFAULT_CONCURRENCY) -> Node:
         """Per-group keep/drop: ``fn(**fields)`` with per-group lists; False drops the group.
-        ``deadline_s`` and ``on_error`` as for :meth:`map`."""
+        ``deadline_s``, ``on_error`` and ``concurrency`` as for :meth:`group`."""
         where = _caller_where()
         return self._add(Node(name, "filter", where, reads=fn_reads(fn, where, name), fn=fn,
                               options=_fault_options("filter", name, where, deadline_s,
-                                                     on_error)))
+                                                     on_error, concurrency)))
 
     def train(self, name: str, *, model: str, pool: str, lr: float = 3e-4,
               kl_coef: float = 0.0, kl_estimator: str = "k3", **loss_options: Any) -> Node:

@@ -34,6 +34,14 @@ class Barriers:
         """A restored sample waits at ``stage`` again (a snapshot's, in its saved order)."""
         self._at[stage].setdefault(sample.group_id, []).append(sample)
 
+    def complete(self, stages: Iterable[int]) -> list[tuple[int, list[Sample]]]:
+        """(stage, group) for each whole group waiting at ``stages``, taken out: a restored
+        snapshot's groups whose ``async def`` group or filter call was in flight
+        (async_calls.py)."""
+        whole = [(stage, gid) for stage in stages for gid, group in self._at[stage].items()
+                 if len(group) >= group[0].group_size]
+        return [(stage, self._at[stage].pop(gid)) for stage, gid in whole]
+
     def take_group(self, group_id: int) -> list[Sample]:
         """Every waiting sample of ``group_id``, out of every barrier (it is thrown away, or
         generated again)."""

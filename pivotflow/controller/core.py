@@ -19,6 +19,7 @@ from typing import Any
 
 from pivotflow import defaults
 from pivotflow.controller import stages, user_code, user_metrics
+from pivotflow.controller.async_calls import AsyncCalls
 from pivotflow.controller.barriers import Barriers
 from pivotflow.controller.clock import Clock
 from pivotflow.controller.edges import Edge
@@ -39,7 +40,7 @@ from pivotflow.controller.train_batch import FIRST, TrainBuffer
 from pivotflow.controller.training import TrainSteps
 from pivotflow.controller.user_metrics import UserMetrics
 from pivotflow.errors import GraphError, WorkerError
-from pivotflow.graph import Graph
+from pivotflow.graph import TEXT_FIELDS, Graph
 from pivotflow.planner.base import Planner, PlannerView, StaticPlanner
 from pivotflow.protocol import AbortJobs, AssignRole, Jobs, Shutdown, ToWorker, TrainDone
 from pivotflow.tokenizer.base import Tokenizer
@@ -128,6 +129,9 @@ class Controller:
         self.filtered_since_step = 0
         self.errors = {"generation": 0}
         self.tools = ToolCalls(self, tool_pools)  # multi-turn stages' calls
+        self.calls = AsyncCalls(self)  # async def stage functions' calls
+        # decoded for each rollout only where a stage names them (graph.TEXT_FIELDS)
+        self.wants_texts = any(TEXT_FIELDS & n.reads for n in self.order)
         self.handlers = Handlers(self)  # the transport's callbacks: what each message does
         self.started_at = 0.0
         self._done: asyncio.Event | None = None
@@ -152,7 +156,9 @@ class Controller:
             with user_metrics.recording(self.user_metrics):
                 async with asyncio.TaskGroup() as loops:
                     self.tools.run_in(loops)  # tool calls are tasks of this group
+                    self.calls.run_in(loops)  # ... and async stage functions' calls
                     self.tools.resume()  # samples a snapshot had waiting on a call: call again
+                    self.calls.resume()
                     loops.create_task(self._tick_forever(), name="heartbeat watch")
                     loops.create_task(self._plan_forever(), name="planner")
                     await self._done.wait()
@@ -164,6 +170,7 @@ class Controller:
             self.fail(failed.exceptions[0])
         finally:
             self.tools.run_in(None)
+            self.calls.run_in(None)
             self._shutdown_workers()
         if self._error is not None:
             raise self._error
@@ -310,7 +317,11 @@ class Controller:
                 self.edges[idx].push(sample, now)
                 return
             if node.kind == "map":
-                if not user_code.guard(self, stages.apply_map_fn, node, sample)[0]:
+                ran, pending = user_code.guard(self, stages.apply_map_fn, node, sample)
+                if not ran:
+                    return
+                if pending is not None:  # an async def's call: awaited, then it goes on
+                    self.calls.start(idx, [sample], pending)
                     return
                 idx += 1
                 continue
@@ -319,14 +330,22 @@ class Controller:
                 self._on_group(idx, group, now)
             return
 
-    def _on_group(self, idx: int, group: list[Sample], now: float) -> None:
+    def _on_group(self, idx: int, group: list[Sample], now: float,
+                  out: Any = stages.CALL) -> None:
         node = self.order[idx]
         if node.kind == "group":
-            if not user_code.guard(self, stages.apply_group_fn, node, group)[0]:
+            ran, pending = user_code.guard(self, stages.apply_group_fn, node, group, out)
+            if not ran:
+                return
+            if pending is not None:  # an async def's call: awaited, then back here with out
+                self.calls.start(idx, group, pending)
                 return
         elif node.kind == "filter":
-            ran, keep = user_code.guard(self, stages.keep_group, node, group)
+            ran, keep = user_code.guard(self, stages.keep_group, node, group, out)
             if not ran:
+                return
+            if not isinstance(keep, bool):  # (as for a group stage)
+                self.calls.start(idx, group, keep)
                 return
             if not keep:
                 dropped, limit = self.drop_group(group[0].group_id, filtered=True)
@@ -342,6 +361,24 @@ class Controller:
             return
         for sample in group:
             self.advance(sample, idx + 1, now)
+
+    def rollout_done(self, sample: Sample, idx: int) -> None:
+        """Generate stage ``idx`` finished ``sample``'s rollout (its last turn): the task's
+        check of it, and the texts a stage names (``prompt_text``, ``sequence_text``)."""
+        self.source.check(sample)
+        if self.wants_texts:
+            stages.write_texts(sample, self.tok[self.order[idx].model or ""])
+
+    def stage_call_done(self, idx: int, samples: list[Sample], out: Any) -> None:
+        """An ``async def`` stage function's call on ``samples`` returned ``out``
+        (async_calls.py): written and moved on as if it had returned inline (``stages.CALL``:
+        call it again, for a restored snapshot's group)."""
+        now = self.clock.now()
+        node = self.order[idx]
+        if node.kind != "map":
+            self._on_group(idx, samples, now, out)
+        elif user_code.guard(self, stages.apply_map_fn, node, samples[0], out)[0]:
+            self.advance(samples[0], idx + 1, now)
 
     def use_placement(self, store_dir_for: Callable[[str], str] | None,
                       rendezvous_for: Callable[[str, int], str] | None) -> None:

@@ -147,10 +147,10 @@ class Handlers:
             if ctl.tools.on_turn(idx, sample, r):  # its calls run, then the next turn
                 ctl.checkpoint_job_back(r.job_id)  # waiting on them, a snapshot sees it
                 return
-            ctl.source.check(sample)
+            ctl.rollout_done(sample, idx)
         elif node.kind == "generate":
             stages.apply_generation(sample, r, tok)
-            ctl.source.check(sample)
+            ctl.rollout_done(sample, idx)
         elif node.kind == "reference":
             stages.apply_reference(node, sample, r)
         elif node.kind == "critic":

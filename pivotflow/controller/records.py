@@ -168,6 +168,7 @@ def lost_groups(ctl: Controller) -> list[int]:
         present.update(s.group_id for s in edge.samples())
     present.update(s.group_id for s, _, _, _ in ctl.jobs.values())
     present.update(s.group_id for s, _ in ctl.tools.waiting.values())
+    present.update(s.group_id for samples, _ in ctl.calls.waiting.values() for s in samples)
     present.update(ctl.barriers.group_ids())
     present.update(ctl.train_buffer.ready)
     present.update(s.group_id for s in ctl.training.samples())

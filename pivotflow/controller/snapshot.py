@@ -83,6 +83,8 @@ def snapshot(ctl: Controller) -> ControllerState:
               if VOID not in s.private and not held_out(s.group_id)]
     saved += [_saved(s, idx) for s, idx in ctl.tools.waiting.values()  # called again on resume
               if not held_out(s.group_id)]
+    saved += [_saved(s, idx) for samples, idx in ctl.calls.waiting.values()  # called again
+              for s in samples if not held_out(s.group_id)]
     saved += [_saved(s, idx) for idx, s in ctl.barriers.waiting()]
     saved += [_saved(s, TRAIN_BUFFER) for group in ctl.train_buffer.ready.values() for s in group]
     saved += [_saved(s, TRAIN_BUFFER) for s in ctl.training.samples()]  # a step cut short
@@ -130,7 +132,9 @@ def restore(ctl: Controller, state: ControllerState) -> None:
             ctl.tools.restore(sample, s.stage)
         elif s.stage in ctl.edges:
             ctl.edges[s.stage].push(sample, now)
-        else:
+        elif ctl.order[s.stage].kind == "map":  # waited on an async def's call: called again
+            ctl.calls.restore(s.stage, sample)
+        else:  # (a group whose async call was in flight is whole here: called again too)
             ctl.barriers.put_back(s.stage, sample)
     for group in groups.values():
         ctl.train_buffer.add(group)

@@ -7,6 +7,8 @@ graph line and sample) and what they return is checked here, at the stage that r
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Awaitable
 from typing import Any
 
 from pivotflow.controller import user_code
@@ -25,6 +27,9 @@ COUNTED = "_counted"  # private key: tokens of that partial state already counte
 # private key: the tokens a response held when a step boundary last cut it (partial rollouts),
 # all generated before that boundary and carried over to continue on newer weights
 CARRIED = "_carried"
+# "call the stage's function now": what the function stages below take unless they are given
+# the value an ``async def`` function returned (controller/async_calls.py awaited it)
+CALL: Any = object()
 
 
 def generate_job(node: Node, sample: Sample, job_id: int, tok: Tokenizer,
@@ -157,6 +162,15 @@ def apply_generation(sample: Sample, result: JobDone, tok: Tokenizer) -> None:
     )
 
 
+def write_texts(sample: Sample, tok: Tokenizer) -> None:
+    """``prompt_text`` and ``sequence_text`` (graph.TEXT_FIELDS) of a finished rollout: its
+    prompt's ids and its prompt's and response's ids decoded, special tokens kept."""
+    f = sample.fields
+    prompt = list(f["prompt_ids"])
+    f["prompt_text"] = tok.decode(prompt, skip_special=False)
+    f["sequence_text"] = tok.decode(prompt + list(f["response_ids"]), skip_special=False)
+
+
 def apply_verdict(node: Node, sample: Sample, result: JobDone, tok: Tokenizer) -> bool:
     """Parse the judge's verdict (its text, special tokens left out) into ``reward``; False
     when it could not be parsed."""
@@ -181,10 +195,17 @@ def group_fields(samples: list[Sample]) -> dict[str, list[Any]]:
     return {k: [s.fields.get(k) for s in samples] for k in samples[0].fields}
 
 
-def apply_group_fn(node: Node, samples: list[Sample]) -> None:
-    """Run a group function and scatter its per-sample lists back into the samples."""
+def apply_group_fn(node: Node, samples: list[Sample],
+                   out: Any = CALL) -> Awaitable[Any] | None:
+    """Run a group function (or take what it returned, ``out``) and scatter its per-sample
+    lists back into the samples; an ``async def``'s awaitable is returned instead, unwritten
+    (the controller awaits it and passes its value back as ``out``)."""
     assert node.fn is not None  # validated: group nodes always carry a function
-    out = user_code.call(node, "function", node.fn, group_fields(samples), samples)
+    if out is CALL:
+        out = user_code.call(node, "function", node.fn, group_fields(samples), samples,
+                             awaitable=True)
+        if inspect.isawaitable(out):
+            return out
     if not isinstance(out, dict):
         if len(node.writes) != 1:
             raise GraphError(f"group {node.name!r} at {node.where} must return a dict of "
@@ -202,12 +223,17 @@ def apply_group_fn(node: Node, samples: list[Sample]) -> None:
             user_code.check_value(node, [s], key, v)
         for s, v in zip(samples, values, strict=False):
             s.fields[key] = v
+    return None
 
 
-def apply_map_fn(node: Node, sample: Sample) -> None:
-    """Run a per-sample function and write its result."""
+def apply_map_fn(node: Node, sample: Sample, out: Any = CALL) -> Awaitable[Any] | None:
+    """Run a per-sample function (or take what it returned, ``out``) and write its result;
+    an awaitable, as :func:`apply_group_fn`."""
     assert node.fn is not None  # validated: map nodes always carry a function
-    out = user_code.call(node, "function", node.fn, sample.fields, [sample])
+    if out is CALL:
+        out = user_code.call(node, "function", node.fn, sample.fields, [sample], awaitable=True)
+        if inspect.isawaitable(out):
+            return out
     if isinstance(out, dict):
         bad = set(out) - node.writes
         if bad:
@@ -224,12 +250,19 @@ def apply_map_fn(node: Node, sample: Sample) -> None:
         raise GraphError(f"map {node.name!r} at {node.where} returned a "
                          f"{type(out).__name__}; with writes={sorted(node.writes)} it must "
                          "return a dict")
+    return None
 
 
-def keep_group(node: Node, samples: list[Sample]) -> bool:
-    """A filter stage's verdict on a whole group (True keeps it)."""
+def keep_group(node: Node, samples: list[Sample], out: Any = CALL) -> bool | Awaitable[Any]:
+    """A filter stage's verdict on a whole group (True keeps it), or the one ``out`` says; an
+    awaitable, as :func:`apply_group_fn`."""
     assert node.fn is not None  # validated: filter nodes always carry a function
-    return bool(user_code.call(node, "function", node.fn, group_fields(samples), samples))
+    if out is CALL:
+        out = user_code.call(node, "function", node.fn, group_fields(samples), samples,
+                             awaitable=True)
+        if inspect.isawaitable(out):
+            return out
+    return bool(out)
 
 
 def train_seq(sample: Sample) -> TrainSeq:

@@ -78,7 +78,7 @@ class ToolCalls:
             if self.turns[idx].on_observation(sample, fut.result()):
                 ctl.edges[idx].push(sample, ctl.clock.now(), front=True)  # finish groups first
             else:  # no room left for another turn: the trajectory ends at its call
-                ctl.source.check(sample)
+                ctl.rollout_done(sample, idx)
                 ctl.advance(sample, idx + 1, ctl.clock.now())
             ctl.pump()
         except Exception as exc:  # a closed pool mid-run, a broken observation: loudly

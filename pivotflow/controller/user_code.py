@@ -15,10 +15,18 @@ handler can be set, the call runs on a daemon thread that the caller waits for a
 deadline (abandoned if it hangs: a thread cannot be killed). A process pool would isolate
 user code fully but costs a pickle round trip per sample and cannot run closures defined in a
 graph file. ``deadline_s=None`` runs the function inline with no deadline.
+
+An ``async def`` function (any call that returns an awaitable) is awaited instead, as a task of
+the controller's loop (``async_calls.py``), so the run goes on while it waits on a server:
+:func:`awaited` holds it to the same deadline, from the call to its result, with
+``asyncio.timeout``, and on the main thread sets the watchdog's deadline while each of its
+steps runs, so an ``async def`` that blocks (a ``time.sleep``, a loop) is interrupted too.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import math
 import numbers
@@ -26,7 +34,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from pivotflow.controller.sample import Sample, held_out
@@ -119,8 +127,21 @@ def stage_error(node: Node, samples: list[Sample], what: str) -> StageError:
 
 
 def call(node: Node, role: str, fn: Callable[..., Any], kwargs: dict[str, Any],
-         samples: list[Sample]) -> Any:
-    """``fn(**kwargs)`` under the stage's deadline; any failure is a StageError."""
+         samples: list[Sample], *, awaitable: bool = False) -> Any:
+    """``fn(**kwargs)`` under the stage's deadline; any failure is a StageError. An awaitable
+    it returns (an ``async def``'s call) is handed back with ``awaitable`` (a map, group or
+    filter function: the caller awaits it with :func:`awaited`), else an error."""
+    out = _call(node, role, fn, kwargs, samples)
+    if inspect.isawaitable(out) and not awaitable:
+        if inspect.iscoroutine(out):
+            out.close()  # (never awaited: no "was never awaited" warning)
+        raise stage_error(node, samples, f"{role} returned an awaitable ({type(out).__name__}):"
+                                         " only map, group and filter functions may be async")
+    return out
+
+
+def _call(node: Node, role: str, fn: Callable[..., Any], kwargs: dict[str, Any],
+          samples: list[Sample]) -> Any:
     global _runner
     deadline = node.options.get("deadline_s", DEFAULT_DEADLINE_S)
     if deadline is None:
@@ -159,6 +180,55 @@ def call(node: Node, role: str, fn: Callable[..., Any], kwargs: dict[str, Any],
         raise stage_error(node, samples, f"{role} raised {type(value).__name__}: "
                                          f"{_one_line(value)}") from value
     return value
+
+
+class _Stepped:
+    """Awaits ``inner`` one step at a time with the watchdog's deadline set while each step
+    runs on the loop thread, and unset while the loop serves the rest of the run."""
+
+    def __init__(self, inner: Awaitable[Any], watchdog: _Watchdog, due: float) -> None:
+        self.inner, self.watchdog, self.due = inner, watchdog, due
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        steps = self.inner.__await__()
+        sent: Any = None
+        thrown: BaseException | None = None
+        while True:
+            self.watchdog.deadline = self.due
+            try:
+                yielded = steps.send(sent) if thrown is None else steps.throw(thrown)
+            except StopIteration as stop:
+                return stop.value
+            finally:
+                self.watchdog.deadline = None
+            try:
+                sent, thrown = (yield yielded), None
+            except BaseException as exc:  # the loop's cancellation, handed on to the call
+                sent, thrown = None, exc
+
+
+async def awaited(node: Node, role: str, pending: Awaitable[Any], samples: list[Sample]) -> Any:
+    """What an ``async def`` stage function's call returns, awaited under the stage's deadline
+    (from now); any failure is a StageError, as for :func:`call`."""
+    global _watchdog
+    deadline = node.options.get("deadline_s", DEFAULT_DEADLINE_S)
+    late = (f"{role} ran longer than its deadline_s={deadline} (set deadline_s= on the stage "
+            "to allow more)")
+    if deadline is not None and threading.current_thread() is threading.main_thread():
+        if _watchdog is None:
+            _watchdog = _Watchdog()
+        pending = _Stepped(pending, _watchdog, time.monotonic() + deadline)
+    timer = asyncio.timeout(deadline)
+    try:
+        async with timer:
+            return await pending
+    except _DeadlineExceeded:
+        raise stage_error(node, samples, late) from None
+    except Exception as exc:
+        if isinstance(exc, TimeoutError) and timer.expired():  # (not the function's own)
+            raise stage_error(node, samples, late) from None
+        raise stage_error(node, samples, f"{role} raised {type(exc).__name__}: "
+                                         f"{_one_line(exc)}") from exc
 
 
 def check_value(node: Node, samples: list[Sample], key: str, value: Any) -> None:

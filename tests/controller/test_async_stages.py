@@ -1,0 +1,221 @@
+"""``async def`` map, group and filter functions: awaited on the controller's loop while the run
+goes on, at most the stage's ``concurrency`` at once, under the stage's deadline, with
+``on_error`` as for plain functions, and saved by a snapshot while in flight (called again on
+resume: every group trained exactly once)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import pytest
+from harness import Harness, parse, serving, template
+from test_shifts import POOLS
+
+from pivotflow.controller.snapshot import ControllerState, restore, snapshot
+from pivotflow.errors import StageError
+from pivotflow.graph import Graph
+from pivotflow.rl.group_fns import grpo_advantage
+
+
+def chain_graph(middle: Callable[[Graph], list[Any]], parse_fn: Any = parse,
+                judge: bool = True) -> Graph:
+    """prompts -> rollout -> [genrm] -> middle(g)'s stages -> advantage -> train."""
+    g = Graph("t")
+    g.model("policy", source="unused")
+    g.model("judge", source="unused")
+    for pool, n in (("rollout", 2), ("genrm", 1), ("trainer", 1)):
+        g.pool(pool, workers=n)
+    src = g.source("prompts", task="arithmetic", group_size=2, groups_per_step=2)
+    gen = g.generate("rollout", model="policy", pool="rollout", max_tokens=4)
+    jud = [g.judge("genrm", model="judge", pool="genrm", template=template,
+                   parse=parse_fn)] if judge else []
+    g.chain(src, gen, *jud, *middle(g),
+            g.train("train", model="policy", pool="trainer"))
+    return g
+
+
+def async_graph(bonus: Any, advantage: Any = None, keep: Any = None, *,
+                concurrency: int = 64, deadline_s: float | None = 60.0,
+                on_error: str = "stop") -> Graph:
+    """prompts -> rollout -> genrm -> bonus (map) -> [keep] -> advantage (group) -> train."""
+    def middle(g: Graph) -> list[Any]:
+        bon = g.map("bonus", bonus, writes=["reward", "bonus_seen"], concurrency=concurrency,
+                    deadline_s=deadline_s, on_error=on_error)
+        adv = g.group("advantage", advantage or grpo_advantage, writes=["advantage"])
+        return [bon] + ([g.filter("keep", keep)] if keep else []) + [adv]
+
+    return chain_graph(middle)
+
+
+async def run_to_end(h: Harness, timeout: float = 30) -> None:
+    async with serving(h, dict(POOLS)) as (run, _):
+        await asyncio.wait_for(run, timeout)
+
+
+async def test_async_stages_are_awaited_beside_the_run_up_to_their_concurrency() -> None:
+    now, most = [0], [0]
+
+    async def bonus(reward: float | None, group_id: int, **_: Any) -> dict[str, Any]:
+        now[0] += 1
+        most[0] = max(most[0], now[0])
+        await asyncio.sleep(0.02)  # a reward server's round trip
+        now[0] -= 1
+        return {"reward": (reward or 0.0) + 0.5, "bonus_seen": group_id}
+
+    async def advantage(reward: list[float], bonus_seen: list[int],
+                        **_: Any) -> dict[str, list[float]]:
+        await asyncio.sleep(0)
+        assert len(set(bonus_seen)) == 1  # the group's own samples, each through the map
+        return grpo_advantage(reward)
+
+    async def keep(reward: list[float], **_: Any) -> bool:
+        await asyncio.sleep(0)
+        return all(r >= 0.5 for r in reward)  # the bonus was written before the filter ran
+
+    h = Harness(steps=4, assignments=dict(POOLS),
+                graph=async_graph(bonus, advantage, keep, concurrency=2))
+    await run_to_end(h)
+    groups = sorted(g for r in h.records for g in r["group_ids"])
+    assert groups == list(range(8))  # once each
+    assert most[0] == 2  # calls overlapped, never past the stage's concurrency
+    assert h.ctl.calls.in_flight() == 0
+    assert h.ctl.ledger.groups_filtered == 0 and h.ctl.lost_groups() == []
+    rewards = [r["reward_mean"] for r in h.records]
+    assert all(r >= 0.5 for r in rewards)  # every trained sample carries the awaited reward
+
+
+async def test_a_lambda_returning_a_coroutine_is_awaited_too() -> None:
+    async def score(reward: float | None, **_: Any) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        return {"reward": 2.0, "bonus_seen": 1}
+
+    h = Harness(steps=2, assignments=dict(POOLS),
+                graph=async_graph(lambda reward, **_: score(reward)))
+    await run_to_end(h)
+    assert [r["reward_mean"] for r in h.records] == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+async def test_an_async_stage_past_its_deadline_stops_the_run_naming_it(blocking: bool) -> None:
+    async def bonus(reward: float | None, **_: Any) -> dict[str, Any]:
+        if blocking:
+            time.sleep(60)  # holds the loop: the watchdog interrupts the step
+        await asyncio.sleep(60)  # awaits: asyncio.timeout ends it
+        return {}
+
+    h = Harness(steps=2, assignments=dict(POOLS), graph=async_graph(bonus, deadline_s=0.3))
+    started = time.monotonic()
+    async with serving(h, dict(POOLS)) as (run, _):
+        with pytest.raises(StageError) as info:
+            await asyncio.wait_for(run, 20)
+    assert time.monotonic() - started < 10
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert msg.startswith("map 'bonus' at ") and "test_async_stages.py:" in msg
+    assert "on sample" in msg and "ran longer than its deadline_s=0.3" in msg
+
+
+async def test_an_async_stage_that_raises_skips_its_group_with_on_error_skip() -> None:
+    async def bonus(reward: float | None, group_id: int, **_: Any) -> dict[str, Any]:
+        await asyncio.sleep(0.001)
+        if group_id == 3:
+            raise ValueError("the reward server said 502")
+        return {"reward": reward, "bonus_seen": group_id}
+
+    h = Harness(steps=3, assignments=dict(POOLS),
+                graph=async_graph(bonus, on_error="skip"))
+    await run_to_end(h)
+    trained = sorted(g for r in h.records for g in r["group_ids"])
+    assert 3 not in trained and len(trained) == 6
+    assert h.ctl.ledger.groups_skipped == 1 and h.ctl.lost_groups() == []
+
+
+async def test_an_async_stage_that_raises_stops_the_run_with_one_line() -> None:
+    async def bonus(reward: float | None, **_: Any) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        raise ConnectionError("reward server at 127.0.0.1:9 refused\nthe connection")
+
+    h = Harness(steps=2, assignments=dict(POOLS), graph=async_graph(bonus))
+    async with serving(h, dict(POOLS)) as (run, _):
+        with pytest.raises(StageError) as info:
+            await asyncio.wait_for(run, 20)
+    assert str(info.value).endswith(
+        "function raised ConnectionError: reward server at 127.0.0.1:9 refused the connection")
+
+
+async def test_a_judge_parse_that_is_async_is_a_clear_error() -> None:
+    async def parse_async(verdict: str, **_: Any) -> float:
+        return 1.0
+
+    g = chain_graph(lambda g: [g.group("advantage", grpo_advantage, writes=["advantage"])],
+                    parse_fn=parse_async)
+    h = Harness(steps=2, assignments=dict(POOLS), graph=g)
+    async with serving(h, dict(POOLS)) as (run, _):
+        with pytest.raises(StageError, match="parse returned an awaitable .*only map, group "
+                                             "and filter functions may be async"):
+            await asyncio.wait_for(run, 20)
+
+
+BLOCKED: set[str] = set()  # which stages' calls hang (the first run); none in the second
+
+
+async def hang_if_blocked(stage: str) -> None:
+    if stage in BLOCKED:
+        await asyncio.Event().wait()
+
+
+async def slow_bonus(reward: float | None, group_id: int, **_: Any) -> dict[str, Any]:
+    if group_id >= 5:
+        await hang_if_blocked("map")
+    await asyncio.sleep(0.001)
+    return {"reward": reward, "bonus_seen": group_id}
+
+
+async def slow_advantage(reward: list[float], bonus_seen: list[int],
+                         **_: Any) -> dict[str, list[float]]:
+    if bonus_seen[0] == 4:
+        await hang_if_blocked("group")
+    return grpo_advantage(reward)
+
+
+async def test_calls_in_flight_are_saved_by_a_snapshot_and_called_again_on_resume() -> None:
+    def harness() -> Harness:
+        return Harness(steps=6, assignments=dict(POOLS), max_staleness=2,
+                       graph=async_graph(slow_bonus, slow_advantage))
+
+    BLOCKED.update({"map", "group"})
+    first, taken = harness(), []
+
+    def on_step(record: dict) -> None:
+        first.records.append(record)
+        if record["step"] == 2 and not taken:  # groups 0-3 trained; 4 and on hang
+            async def later() -> None:  # (once the hung calls have started)
+                while first.ctl.calls.in_flight() < 3:
+                    await asyncio.sleep(0.01)
+                taken.append(msgspec.msgpack.decode(msgspec.msgpack.encode(
+                    snapshot(first.ctl)), type=ControllerState))
+                first.ctl.fail(RuntimeError("stopped"))
+            asyncio.get_running_loop().create_task(later())
+    first.ctl.on_step = on_step
+    try:
+        async with serving(first, dict(POOLS)) as (run, _):
+            with pytest.raises(RuntimeError, match="stopped"):
+                await asyncio.wait_for(run, 30)
+    finally:
+        BLOCKED.clear()
+    state = taken[0]
+    order = [n.name for n in first.ctl.order]
+    at = {s.stage for s in state.samples}
+    assert order.index("bonus") in at and order.index("advantage") in at  # both kinds saved
+    second = harness()
+    restore(second.ctl, state)
+    await run_to_end(second)
+    before = [g for r in first.records[:2] for g in r["group_ids"]]
+    after = [g for r in second.records for g in r["group_ids"]]
+    assert sorted(before + after) == list(range(12))  # once each, none skipped
+    assert second.ctl.lost_groups() == [] and second.ctl.calls.in_flight() == 0
+
