@@ -16,14 +16,15 @@ their reward functions otherwise, and these wrap one unchanged:
   function called on a batch as ``f(prompts=[...], completions=[...], completion_ids=[...],
   trainer_state=..., log_metric=..., **columns)`` (each dataset column a list; a chat
   prompt's completion is one assistant message, as TRL gives it) and returning a list of
-  floats or None ("does not apply"), summed with the weights as TRL sums them (an ``async
-  def`` one is awaited). The batch is one sample (``g.map``) or a prompt's group
+  floats or None ("does not apply"), summed with the weights as TRL sums them. The batch is one sample (``g.map``) or a prompt's group
   (``group=True``, ``g.group``); the columns are the samples' fields but the per-token ones.
 
     g.map("reward", verl_reward(compute_score), writes=["reward"])
 
 ``data_source`` and ``extra_info`` are read when the prompt file has them (verl's own files
-do) and passed as None otherwise.
+do) and passed as None otherwise. Where a wrapped function is ``async def`` (an LLM judge over
+HTTP), the stage function returns a coroutine, which the controller awaits on its loop while
+the run goes on (``Graph.map``'s ``concurrency`` calls at once).
 """
 
 from __future__ import annotations
@@ -32,9 +33,7 @@ import asyncio
 import inspect
 import math
 import re
-import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,24 +57,30 @@ def verl_reward(compute_score: Callable[..., Any], extra: Sequence[str] = (), *,
 
     def reward(completion: str, answer: str | None, data_source: str | None = None,
                extra_info: Any = None, **_: Any) -> Any:
-        [out] = _awaited([compute_score(data_source=data_source, solution_str=completion,
-                                        ground_truth=answer, extra_info=extra_info)])
-        score, kept = _verl_score(out, name, extra)
-        return {"reward": score, **kept} if extra else score
+        def scored(outs: list[Any]) -> Any:
+            score, kept = _verl_score(outs[0], name, extra)
+            return {"reward": score, **kept} if extra else score
+
+        return then([compute_score(data_source=data_source, solution_str=completion,
+                                    ground_truth=answer, extra_info=extra_info)], scored)
 
     def batch_reward(completion: list[str], answer: list[Any],
                      data_source: list[Any] | None = None, extra_info: list[Any] | None = None,
-                     **_: Any) -> dict[str, list[Any]]:
+                     **_: Any) -> Any:
         n = len(completion)
-        [outs] = _awaited([compute_score(data_sources=data_source or [None] * n,
-                                         solution_strs=completion, ground_truths=answer,
-                                         extra_infos=extra_info or [None] * n)])
-        if not isinstance(outs, list | tuple) or len(outs) != n:
-            raise ValueError(f"verl batch reward {name} returned {type(outs).__name__} "
-                             f"{_short(outs)}: a list of one score per response ({n} here)")
-        scored = [_verl_score(out, name, extra) for out in outs]
-        return {"reward": [score for score, _ in scored],
-                **{k: [kept[k] for _, kept in scored] for k in extra}}
+
+        def scored(returned: list[Any]) -> dict[str, list[Any]]:
+            outs = returned[0]
+            if not isinstance(outs, list | tuple) or len(outs) != n:
+                raise ValueError(f"verl batch reward {name} returned {type(outs).__name__} "
+                                 f"{_short(outs)}: a list of one score per response ({n} here)")
+            each = [_verl_score(out, name, extra) for out in outs]
+            return {"reward": [score for score, _ in each],
+                    **{k: [kept[k] for _, kept in each] for k in extra}}
+
+        return then([compute_score(data_sources=data_source or [None] * n,
+                                    solution_strs=completion, ground_truths=answer,
+                                    extra_infos=extra_info or [None] * n)], scored)
 
     fn = batch_reward if batch else reward
     fn.__name__ = f"verl_{name}"
@@ -120,7 +125,8 @@ def trl_reward(reward_funcs: RewardFunc | Sequence[RewardFunc],
     scale = _weights(weights, len(funcs))
     fields_out = [f"reward_{n}" for n in names]
 
-    def rewards_of(fields: dict[str, list[Any]], n: int) -> list[list[float | None]]:
+    def rewards_of(fields: dict[str, list[Any]], n: int,
+                   finish: Callable[[list[list[float | None]]], Any]) -> Any:
         prompts, completions = _conversation(fields.pop("prompt"), fields.pop("completion"))
         # the dataset's columns and the run's per-sample values, as TRL passes its columns;
         # the token-level ones left out but the response's ids (TRL's completion_ids)
@@ -130,25 +136,32 @@ def trl_reward(reward_funcs: RewardFunc | Sequence[RewardFunc],
         columns["completion_ids"] = ids
         columns["trainer_state"] = TrainerStep(_steps_done(fields.get("versions")))
         columns["log_metric"] = log_metric  # TRL's: into the step record's logged_metrics
-        outs = _awaited([f(prompts=prompts, completions=completions, **columns)
-                         for f in funcs])
-        return [_checked(out, name, n) for out, name in zip(outs, names, strict=True)]
+        return then([f(prompts=prompts, completions=completions, **columns) for f in funcs],
+                     lambda outs: finish([_checked(out, name, n)
+                                          for out, name in zip(outs, names, strict=True)]))
 
     def total(per_func: list[float | None]) -> float | None:
         terms = [w * r for w, r in zip(scale, per_func, strict=True) if r is not None]
         return sum(terms) if terms else None
 
     def sample_reward(prompt: Any, completion: str, **fields: Any) -> Any:
-        per = [r[0] for r in rewards_of({"prompt": [prompt], "completion": [completion],
-                                         **{k: [v] for k, v in fields.items()}}, 1)]
-        return {"reward": total(per), **dict(zip(fields_out, per, strict=True))} if each \
-            else total(per)
+        def finish(per_func: list[list[float | None]]) -> Any:
+            per = [r[0] for r in per_func]
+            return {"reward": total(per), **dict(zip(fields_out, per, strict=True))} if each \
+                else total(per)
+
+        return rewards_of({"prompt": [prompt], "completion": [completion],
+                           **{k: [v] for k, v in fields.items()}}, 1, finish)
 
     def group_reward(prompt: list[Any], completion: list[str], **fields: Any) -> Any:
         n = len(completion)
-        per = rewards_of({"prompt": list(prompt), "completion": list(completion), **fields}, n)
-        out = {"reward": [total([r[i] for r in per]) for i in range(n)]}
-        return {**out, **dict(zip(fields_out, per, strict=True))} if each else out
+
+        def finish(per: list[list[float | None]]) -> dict[str, list[Any]]:
+            out = {"reward": [total([r[i] for r in per]) for i in range(n)]}
+            return {**out, **dict(zip(fields_out, per, strict=True))} if each else out
+
+        return rewards_of({"prompt": list(prompt), "completion": list(completion), **fields},
+                          n, finish)
 
     fn = group_reward if group else sample_reward
     fn.__name__ = f"trl_{'_'.join(names)}"
@@ -222,32 +235,36 @@ def _steps_done(versions: list[Any] | None) -> int:
     return min(firsts) if firsts else 0
 
 
-def _awaited(outs: list[Any]) -> list[Any]:
-    """The functions' returns with those of async ones (TRL's async reward functions: an LLM
-    judge over HTTP) awaited, together, as TRL gathers them. They run on an event loop of a
-    thread of their own, a new one each call: the controller's loop called this stage function
-    and waits for it, as for any stage function (its deadline holds), and a call that hangs
-    past its deadline holds no thread a later call needs."""
+def then(outs: list[Any], finish: Callable[[list[Any]], Any]) -> Any:
+    """``finish(outs)``, or, when some of ``outs`` are awaitables (async reward functions: an
+    LLM judge over HTTP), a coroutine that awaits them together, as TRL gathers them, and
+    then finishes. The controller awaits that coroutine on its loop beside the run (an async
+    stage function's call: controller/async_calls.py), under the stage's deadline; if one
+    fails, the others are cancelled and its error is the stage's."""
     pending = [i for i, out in enumerate(outs) if inspect.isawaitable(out)]
     if not pending:
-        return outs
+        return finish(outs)
 
-    async def gathered() -> list[Any]:
-        return list(await asyncio.gather(*(outs[i] for i in pending)))
-
-    result: Future[list[Any]] = Future()
-
-    def run() -> None:
+    async def gathered() -> Any:
+        if len(pending) == 1:  # (no task of its own: one less on the loop per call)
+            done = list(outs)
+            done[pending[0]] = await outs[pending[0]]
+            return finish(done)
         try:
-            result.set_result(asyncio.run(gathered()))
-        except BaseException as exc:  # handed to the stage, which names it
-            result.set_exception(exc)
+            async with asyncio.TaskGroup() as calls:
+                tasks = [calls.create_task(_coroutine(outs[i])) for i in pending]
+        except BaseExceptionGroup as failed:  # the first failure, named as it was raised
+            raise failed.exceptions[0] from None
+        done = list(outs)
+        for i, task in zip(pending, tasks, strict=True):
+            done[i] = task.result()
+        return finish(done)
 
-    threading.Thread(target=run, name="pivotflow-async-reward", daemon=True).start()
-    done = list(outs)
-    for i, out in zip(pending, result.result(), strict=True):
-        done[i] = out
-    return done
+    return gathered()
+
+
+async def _coroutine(pending: Awaitable[Any]) -> Any:
+    return await pending
 
 
 def _checked(out: Any, name: str, n: int) -> list[float | None]:

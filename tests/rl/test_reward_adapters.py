@@ -5,6 +5,8 @@ verl compute_score through a whole run: tests/test_learning.py.)"""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from typing import Any
 
 import pytest
@@ -16,6 +18,13 @@ from pivotflow.rl.reward_adapters import trl_reward, verl_reward
 FIELDS = {"prompt": "2+2=", "prompt_ids": [5, 6], "answer": "4", "completion": "4",
           "response_ids": [9, 1], "logprobs": [-0.1, -0.2], "data_source": "openai/gsm8k",
           "extra_info": {"index": 3}, "level": 2}
+
+
+def resolved(out: Any) -> Any:
+    """What the controller writes: an adapter over an async function returns a coroutine,
+    which the controller awaits on its loop (controller/async_calls.py)."""
+    assert inspect.iscoroutine(out)
+    return asyncio.run(out)
 
 
 def test_verl_compute_score_gets_its_own_names() -> None:
@@ -44,7 +53,8 @@ def test_a_verl_dict_gives_its_score_and_the_keys_asked_for() -> None:
     async def compute_async(**kw: Any) -> dict:
         return {"score": 0.5, "acc": False}
 
-    assert verl_reward(compute_async, extra=("acc",))(**FIELDS) == {"reward": 0.5, "acc": False}
+    assert resolved(verl_reward(compute_async, extra=("acc",))(**FIELDS)) == {"reward": 0.5,
+                                                                              "acc": False}
 
 
 @pytest.mark.parametrize(("returned", "error"), [
@@ -77,7 +87,7 @@ def test_a_verl_batch_compute_score_is_called_once_on_the_group() -> None:
     async def async_scores(solution_strs: list, **_: Any) -> list:  # verl's reward loop's kind
         return [len(s) for s in solution_strs]
 
-    assert verl_reward(async_scores, batch=True)(**group) == {"reward": [1.0, 1.0, 1.0]}
+    assert resolved(verl_reward(async_scores, batch=True)(**group)) == {"reward": [1.0] * 3}
     with pytest.raises(ValueError, match=r"^verl batch reward <lambda> returned list \[1.0\]: "
                                          r"a list of one score per response \(3 here\)$"):
         verl_reward(lambda **kw: [1.0], batch=True)(**group)
@@ -187,9 +197,10 @@ def test_a_trl_return_it_cannot_read_is_a_one_line_error() -> None:
 
 
 def test_async_trl_rewards_are_awaited_together() -> None:
-    """TRL gathers async reward functions (an LLM judge over HTTP): the first here waits for
+    """TRL gathers async reward functions (an LLM judge over HTTP): the stage function then
+    returns a coroutine, for the controller to await on its loop. The first here waits for
     what the second does, so run one after the other they would never end; one that raises
-    is the stage's error."""
+    is the stage's error, and the others are cancelled (not left running on the loop)."""
     import asyncio
 
     started = None
@@ -204,7 +215,18 @@ def test_async_trl_rewards_are_awaited_together() -> None:
         await asyncio.sleep(0)
         return [1.0 for _ in completions]
 
+    cancelled = []
+
+    async def hangs(completions: list, **_: Any) -> list:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return [0.0]
+
     async def broken(completions: list, **_: Any) -> list:
+        await asyncio.sleep(0.01)
         raise ConnectionError("judge server refused")
 
     def fresh_event(completions: list, **_: Any) -> list:
@@ -213,17 +235,18 @@ def test_async_trl_rewards_are_awaited_together() -> None:
         return [0.5]
 
     fn = trl_reward([fresh_event, waits_for_judge, judge], each=True)
-    assert fn(**FIELDS) == {"reward": 1.5, "reward_fresh_event": 0.5,
-                            "reward_waits_for_judge": None, "reward_judge": 1.0}
-    with pytest.raises(ConnectionError, match="judge server refused"):
-        trl_reward(broken)(**FIELDS)
+    assert resolved(fn(**FIELDS)) == {"reward": 1.5, "reward_fresh_event": 0.5,
+                                      "reward_waits_for_judge": None, "reward_judge": 1.0}
+    assert not inspect.isawaitable(trl_reward(fresh_event)(**FIELDS))  # sync: no coroutine
+    with pytest.raises(ConnectionError, match="^judge server refused$"):
+        resolved(trl_reward([hangs, broken])(**FIELDS))
+    assert cancelled == [True]
 
 
 def test_a_hanging_async_trl_reward_is_a_stage_error_after_its_deadline() -> None:
-    """Run as the controller runs a map stage (``user_code.call`` on the main thread, its
-    watchdog's signal ending a call past ``deadline_s``): the wait on the reward's own event
-    loop thread is interrupted like any stage function's, and that thread, left to its hung
-    call, holds nothing the next call needs."""
+    """Awaited as the controller awaits an async map stage's call (``user_code.awaited``, on
+    the main thread): a call past ``deadline_s`` is the stage's error, and the next call is
+    served."""
     import asyncio
     import time
 
@@ -241,12 +264,17 @@ def test_a_hanging_async_trl_reward_is_a_stage_error_after_its_deadline() -> Non
     node = Node("reward", "map", "graph.py:7", fn=fn, options={"deadline_s": 0.5})
     sample = Sample(sample_id=3, group_id=1, group_size=1, admit_version=0, seed=0,
                     fields={**FIELDS, "completion": "hang"})
+
+    async def stage(fields: dict[str, Any]) -> Any:
+        pending = user_code.call(node, "function", fn, fields, [sample], awaitable=True)
+        return await user_code.awaited(node, "function", pending, [sample])
+
     t = time.monotonic()
     with pytest.raises(StageError, match=r"^map 'reward' at graph.py:7 on sample 3 \(group 1\): "
                                          r"function ran longer than its deadline_s=0.5"):
-        user_code.call(node, "function", fn, sample.fields, [sample])
+        asyncio.run(stage(sample.fields))
     assert time.monotonic() - t < 30  # (the hang is 60 s)
-    assert user_code.call(node, "function", fn, FIELDS, [sample]) == 1.0
+    assert asyncio.run(stage(FIELDS)) == 1.0
 
 
 def test_a_trl_function_logs_through_log_metric() -> None:
