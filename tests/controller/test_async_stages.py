@@ -219,3 +219,36 @@ async def test_calls_in_flight_are_saved_by_a_snapshot_and_called_again_on_resum
     assert sorted(before + after) == list(range(12))  # once each, none skipped
     assert second.ctl.lost_groups() == [] and second.ctl.calls.in_flight() == 0
 
+
+async def test_a_reward_server_is_called_beside_the_run_with_the_policys_text() -> None:
+    """OpenRLHF's remote reward (rl/openrlhf_reward.py) against a real server on loopback
+    (examples/reward_server.py, 50 ms a request): the controller decodes ``prompt_text`` and
+    ``sequence_text`` because the stage names them, requests overlap, every group trains."""
+    import importlib.util
+    from pathlib import Path
+
+    from pivotflow.rl.openrlhf_reward import openrlhf_reward
+
+    path = Path(__file__).resolve().parents[2] / "examples/reward_server.py"
+    spec = importlib.util.spec_from_file_location("reward_server", path)
+    assert spec is not None and spec.loader is not None
+    server_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(server_mod)
+    server = server_mod.serve_in_thread(latency_s=0.05)
+    try:
+        g = chain_graph(lambda g: [
+            g.map("reward", openrlhf_reward(server.url()), writes=["reward"]),
+            g.group("advantage", grpo_advantage, writes=["advantage"])], judge=False)
+        h = Harness(steps=4, assignments=dict(POOLS), graph=g)
+        assert h.ctl.wants_texts
+        await run_to_end(h)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert sorted(g for r in h.records for g in r["group_ids"]) == list(range(8))
+    assert server.queries >= 16 and server.most_at_once > 1  # the run did not wait on each
+    sent = server.seen[-1]
+    query, prompt = sent["query"][0], sent["prompts"][0]
+    assert query.startswith(prompt) and query.endswith("<eos>") and "=" in prompt
+    assert sent["labels"][0].isdigit()  # the built-in sums' answer column
+    assert not Harness(steps=1, assignments=dict(POOLS)).ctl.wants_texts  # not decoded unasked
