@@ -1,0 +1,34 @@
+"""bench/remote_reward.py: one 1-step run of each variant against a real server process writes
+every key, and the inline bound is computed from the local run (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+
+@pytest.mark.timeout(600)
+def test_each_variant_runs_and_the_summary_has_every_key(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        bench_script: Callable[[str], ModuleType]) -> None:
+    bench = bench_script("remote_reward")
+    out = tmp_path / "runs.jsonl"
+    bench.main(["--steps", "1", "--latencies-ms", "0", "--repeats", "1", "--out", str(out)])
+    lines = [json.loads(t) for t in out.read_text().splitlines()]
+    assert [ln["variant"] for ln in lines] == ["await", "inline", "local"]
+    for ln in lines:
+        assert ln["samples_per_s"] > 0 and ln["latency_ms"] == 0.0
+        assert f"graph.call={ln['variant']}" in ln["command"]
+        assert "reward_url" not in ln["command"]  # (a port of this sitting's server)
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for v in ("await", "inline", "local"):
+        assert summary[f"{v}_samples_per_s_0ms"] > 0
+    assert summary["await_over_inline_0ms"] == pytest.approx(
+        summary["await_samples_per_s_0ms"] / summary["inline_samples_per_s_0ms"], rel=0.01)
+    # with a server that answers at once, inline's bound is the local run's rate
+    assert summary["inline_bound_samples_per_s_0ms"] == pytest.approx(
+        summary["local_samples_per_s_0ms"], abs=0.1)
