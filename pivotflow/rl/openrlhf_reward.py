@@ -28,22 +28,15 @@ the whole (the default 60 s is short for a model-based server: raise it).
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
-import itertools
-import json
 import math
-import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from pivotflow.controller.user_metrics import log_metric
+from pivotflow.rl.http_calls import Endpoints, short
 from pivotflow.rl.reward_adapters import then
-
-RETRY_WAIT_S = 1.0  # OpenRLHF's pause between tries
 
 
 def openrlhf_reward(reward_func: str | Sequence[str] | Callable[..., Any], *,
@@ -98,19 +91,18 @@ def _caller(reward_func: Any, retries: int, timeout_s: float
         return (lambda q, p, labels: reward_func(q, p, labels)), name
     urls = [reward_func] if isinstance(reward_func, str) else list(reward_func)
     if not urls or not all(isinstance(u, str) for u in urls):
-        raise ValueError(f"OpenRLHF reward: {_short(reward_func)} is neither a function, a .py "
+        raise ValueError(f"OpenRLHF reward: {short(reward_func)} is neither a function, a .py "
                          "file nor a reward server's URL")
     if len(urls) == 1 and urls[0].endswith(".py"):
         func = _from_file(Path(urls[0]))
         return (lambda q, p, labels: func(q, p, labels)), Path(urls[0]).stem
     for url in urls:
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"OpenRLHF reward: {_short(url)} is neither a .py file nor an "
+            raise ValueError(f"OpenRLHF reward: {short(url)} is neither a .py file nor an "
                              "http(s):// URL")
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 1:
-        raise ValueError(f"OpenRLHF reward: retries must be a whole number >= 1, got {retries!r}")
-    server = _Servers(urls, retries, timeout_s)
-    return server.rewards, "server"
+    server = Endpoints(urls, retries=retries, timeout_s=timeout_s, what="reward server")
+    return (lambda q, p, labels: server.post({"query": q, "prompts": p, "labels": labels})), \
+        "server"
 
 
 def _from_file(path: Path) -> Callable[..., Any]:
@@ -124,79 +116,12 @@ def _from_file(path: Path) -> Callable[..., Any]:
         spec.loader.exec_module(module)
     except Exception as exc:
         raise ValueError(f"OpenRLHF reward: {path} raised {type(exc).__name__} on import: "
-                         f"{_short(exc, 200)}") from None
+                         f"{short(exc, 200)}") from None
     func = getattr(module, "reward_func", None)
     if not callable(func):
         raise ValueError(f"OpenRLHF reward: {path} defines no reward_func(queries, prompts, "
                          "labels)")
     return func  # type: ignore[no-any-return]
-
-
-class _Servers:
-    """Reward servers speaking OpenRLHF's protocol, called in turn, through one aiohttp session
-    per event loop (a session is bound to the loop it was made on). aiohttp, as OpenRLHF uses:
-    the calls run on the controller's loop, where a request cost 0.14-0.19 ms of CPU against
-    httpx's 0.67-1.35 ms (16 or 64 at once, measured on this 2-core host)."""
-
-    def __init__(self, urls: list[str], retries: int, timeout_s: float) -> None:
-        self.urls, self.retries, self.timeout_s = urls, retries, timeout_s
-        self._turn = itertools.count()
-        self._sessions: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, tuple[aiohttp.ClientSession, AsyncIterator[aiohttp.ClientSession]]
-        ] = weakref.WeakKeyDictionary()
-
-    async def _session(self) -> aiohttp.ClientSession:
-        loop = asyncio.get_running_loop()
-        held = self._sessions.get(loop)
-        if held is not None:
-            return held[0]
-        keeper = _kept_open(self.timeout_s)
-        session = await anext(keeper)
-        self._sessions[loop] = (session, keeper)  # (the keeper holds it open: see below)
-        return session
-
-    async def rewards(self, queries: list[str], prompts: list[str], labels: list[Any]) -> Any:
-        payload = {"query": queries, "prompts": prompts, "labels": labels}
-        why = ""
-        session = await self._session()
-        for attempt in range(self.retries):
-            url = self.urls[next(self._turn) % len(self.urls)]
-            try:
-                async with session.post(url, json=payload) as answer:
-                    text = await answer.text()
-                    status = answer.status
-            except (aiohttp.ClientError, TimeoutError) as exc:  # refused, reset: try again
-                why = f"{url}: {type(exc).__name__} {_short(exc, 120)}"
-            else:
-                if status < 400:
-                    return _json(text, status, url)
-                why = f"{url} answered {status}: {_short(text, 120)}"
-                if status < 500:
-                    break  # the request is wrong: sending it again will not help
-            if attempt + 1 < self.retries:
-                await asyncio.sleep(RETRY_WAIT_S)
-        raise ConnectionError(f"reward server failed after {attempt + 1} tries; last: {why}")
-
-
-async def _kept_open(timeout_s: float) -> AsyncIterator[aiohttp.ClientSession]:
-    """A session, closed when its loop shuts down: the loop's runner (``asyncio.run``, the
-    run's ``asyncio.Runner``) closes every async generator left open before it closes, which
-    runs this one's ``finally`` (a session left open is an error in the log once its loop
-    is gone)."""
-    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                    connector=aiohttp.TCPConnector(limit=0))
-    try:
-        yield session
-        await asyncio.Event().wait()  # (never resumed: closed from outside)
-    finally:
-        await session.close()
-
-
-def _json(text: str, status: int, url: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        raise ValueError(f"{url} answered {status} with no JSON: {_short(text, 120)}") from None
 
 
 def _read(out: Any, name: str, n: int) -> tuple[list[float], list[float]]:
@@ -227,7 +152,7 @@ def _numbers(value: Any, name: str, what: str, n: int) -> list[float]:
     if isinstance(values, int | float) and n == 1:  # (a 0-d tensor for one query)
         values = [values]
     if not isinstance(values, list) or len(values) != n:
-        raise ValueError(f"OpenRLHF reward {name} returned {what} {_short(value)}: one number "
+        raise ValueError(f"OpenRLHF reward {name} returned {what} {short(value)}: one number "
                          f"per query ({n} here)")
     return [_number(v, name, what) for v in values]
 
@@ -242,14 +167,6 @@ def _number(value: Any, name: str, what: str) -> float:
     if isinstance(value, bool):
         return float(value)
     if not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"OpenRLHF reward {name} returned {what} holding {_short(repr(value))}, "
+        raise ValueError(f"OpenRLHF reward {name} returned {what} holding {short(repr(value))}, "
                          "not a finite number")
     return float(value)
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    """``value`` on one line (a text or an error as it reads, anything else as its repr),
-    cut to ``limit`` characters: a server's answer or a file is never dumped whole."""
-    text = " ".join(str(value).split()) if isinstance(value, BaseException | str) \
-        else repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."

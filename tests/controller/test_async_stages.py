@@ -224,17 +224,14 @@ async def test_a_reward_server_is_called_beside_the_run_with_the_policys_text() 
     """OpenRLHF's remote reward (rl/openrlhf_reward.py) against a real server on loopback
     (examples/reward_server.py, 50 ms a request): the controller decodes ``prompt_text`` and
     ``sequence_text`` because the stage names them, requests overlap, every group trains."""
-    import importlib.util
     from pathlib import Path
+
+    from conftest import load_script
 
     from pivotflow.rl.openrlhf_reward import openrlhf_reward
 
-    path = Path(__file__).resolve().parents[2] / "examples/reward_server.py"
-    spec = importlib.util.spec_from_file_location("reward_server", path)
-    assert spec is not None and spec.loader is not None
-    server_mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(server_mod)
-    server = server_mod.serve_in_thread(latency_s=0.05)
+    root = Path(__file__).resolve().parents[2]
+    server = load_script(root / "examples" / "reward_server.py").serve_in_thread(latency_s=0.05)
     try:
         g = chain_graph(lambda g: [
             g.map("reward", openrlhf_reward(server.url()), writes=["reward"]),

@@ -6,7 +6,6 @@ that misbehave), their returns read as OpenRLHF reads them, every failure one li
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import inspect
 import json
 import threading
@@ -17,17 +16,15 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import load_script
 
 from pivotflow.controller.user_metrics import UserMetrics, recording
 from pivotflow.graph import fn_reads
-from pivotflow.rl import openrlhf_reward as module
+from pivotflow.rl import http_calls
 from pivotflow.rl.openrlhf_reward import openrlhf_reward
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("reward_server", ROOT / "examples/reward_server.py")
-assert _spec is not None and _spec.loader is not None
-reward_server = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(reward_server)
+reward_server = load_script(ROOT / "examples" / "reward_server.py")
 
 SAMPLE = {"prompt_text": "<bos>2+2=", "sequence_text": "<bos>2+2=4<eos>", "answer": "4",
           "completion": "4", "level": 2}
@@ -192,7 +189,7 @@ def call(fn: Any) -> Any:
 
 def test_a_server_error_is_retried_a_bad_request_is_not(scripted: Any,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(module, "RETRY_WAIT_S", 0.01)
+    monkeypatch.setattr(http_calls, "RETRY_WAIT_S", 0.01)
     scripted.script = [(503, "overloaded"), (502, "bad gateway")]
     assert call(openrlhf_reward(scripted.url)) == 0.5 and scripted.hits == 3
     scripted.hits, scripted.script = 0, [(400, "missing 'query'\n" + "detail " * 200)]
@@ -209,7 +206,7 @@ def test_a_server_error_is_retried_a_bad_request_is_not(scripted: Any,
 
 def test_a_server_that_is_down_fails_after_its_tries_naming_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(module, "RETRY_WAIT_S", 0.01)
+    monkeypatch.setattr(http_calls, "RETRY_WAIT_S", 0.01)
     import socket
 
     with socket.socket() as s:  # a port nothing listens on
@@ -218,5 +215,6 @@ def test_a_server_that_is_down_fails_after_its_tries_naming_it(
     with pytest.raises(ConnectionError, match=rf"^reward server failed after 3 tries; last: "
                                               rf"{url}: ClientConnectorError Cannot connect to host "):
         call(openrlhf_reward(url, retries=3))
-    with pytest.raises(ValueError, match="retries must be a whole number >= 1, got 0"):
+    with pytest.raises(ValueError, match="^reward server: retries must be a whole number >= 1, "
+                                         "got 0$"):
         openrlhf_reward(url, retries=0)
