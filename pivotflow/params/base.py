@@ -84,6 +84,10 @@ class ParamStore(Protocol):
         """The newest published version; raises CheckpointError when there is none."""
         ...
 
+    def versions(self, model: str) -> list[int]:
+        """Every visible version of ``model``, oldest first (empty when there is none)."""
+        ...
+
     def load(
         self, model: str, version: int | None = None
     ) -> tuple[int, HFConfig, dict[str, torch.Tensor]]:

@@ -104,7 +104,7 @@ def retire_stale(store: ParamStore, model: str, world: int, version: int,
             names.append(entry)
     published = []
     for name in names:
-        kept: list[int] = getattr(store, "versions", lambda _: [])(name)
+        kept = store.versions(name)
         if not kept or kept[-1] >= version or all(_placeholder(store, name, v) for v in kept):
             continue
         store.publish(name, version, {}, {PLACEHOLDER_KEY: True})

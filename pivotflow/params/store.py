@@ -66,6 +66,11 @@ class DirectoryParamStore:
             raise CheckpointError(f"parameter store {self.root}: no version of {model!r} "
                                   f"({pointer}: {exc})") from exc
 
+    def versions(self, model: str) -> list[int]:
+        """Every published version of ``model``, oldest first (empty if none)."""
+        return sorted(int(d.name[1:]) for d in (self.root / model).glob("v*")
+                      if d.is_dir() and d.name[1:].isdigit())
+
     def load(self, model: str, version: int | None = None
              ) -> tuple[int, HFConfig, dict[str, torch.Tensor]]:
         """(version, config dict, tensors) of ``model@version`` (the latest when None)."""

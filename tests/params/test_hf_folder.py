@@ -68,8 +68,10 @@ def test_the_directory_backend_keeps_the_dict(tmp_path: Path) -> None:
     version, config, back = store.load("policy")
     assert (version, config) == (3, CFG) and torch.equal(back["model.norm.weight"],
                                                          tensors()["model.norm.weight"])
+    assert store.versions("policy") == [1, 2, 3] and store.versions("judge") == []
     store.gc("policy", keep=2)
     assert sorted(p.name for p in (tmp_path / "policy").glob("v*")) == ["v00000002", "v00000003"]
+    assert store.versions("policy") == [2, 3]
     with pytest.raises(CheckpointError, match="the config must be the model's Hugging Face"):
         store.publish("policy", 4, tensors(), ["not", "a", "dict"])  # type: ignore[arg-type]
     assert store.latest("policy") == 3

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(600)
 ROOT = Path(__file__).resolve().parents[2]
 # letters only: transformers 5 (which vLLM tokenizes with) reads this folder's tokenizer as
 # Qwen2Tokenizer, whose pre-tokenizer splits digits apart where tokenizer.json's does not
-WORDS = "the quick brown fox jumps over lazy dogs".split()
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dogs"]
 
 
 @pytest.fixture(scope="module")
