@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+from script_modules import load_script
 
 from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.engines.torch.weights import save_checkpoint
@@ -47,15 +47,6 @@ def random_genrm_graph(tmp_path: Path, random_models: dict[str, Path]) -> Path:
     path = tmp_path / "grpo_genrm_random.py"
     path.write_text(text)
     return path
-
-
-def load_script(path: Path) -> ModuleType:
-    """A script outside any package (a bench, an example, a graph file) as a module."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def load_bench_script(name: str) -> ModuleType:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import load_script
+from script_modules import load_script
 
 from pivotflow.metrics import read_metrics
 from pivotflow.run import run

@@ -226,7 +226,7 @@ async def test_a_reward_server_is_called_beside_the_run_with_the_policys_text() 
     ``sequence_text`` because the stage names them, requests overlap, every group trains."""
     from pathlib import Path
 
-    from conftest import load_script
+    from script_modules import load_script
 
     from pivotflow.rl.openrlhf_reward import openrlhf_reward
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def server(random_models: dict[str, Path]) -> Iterator[Any]:
-    from conftest import load_script
+    from script_modules import load_script
 
     mod: ModuleType = load_script(ROOT / "examples" / "openai_server.py")
     srv = mod.serve_in_thread(random_models["judge"], name="judge")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import load_script
+from script_modules import load_script
 
 from pivotflow.controller.user_metrics import UserMetrics, recording
 from pivotflow.graph import fn_reads
