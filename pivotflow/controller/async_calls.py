@@ -22,6 +22,7 @@ import asyncio
 import inspect
 import itertools
 import logging
+import statistics
 from collections import deque
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,8 @@ class AsyncCalls:
         self._queued: dict[int, deque[int]] = {}  # stage -> call ids over its concurrency
         self._running: dict[int, int] = {}  # stage -> calls in flight
         self._restored: list[tuple[Sample, int]] = []  # a snapshot's samples at a map stage
+        self._started: dict[int, float] = {}  # call id -> when it started (the clock's)
+        self._seconds: dict[int, list[float]] = {}  # stage -> its calls' times since a record
         self._ids = itertools.count()
         self._group: asyncio.TaskGroup | None = None
 
@@ -73,6 +76,7 @@ class AsyncCalls:
     def _launch(self, cid: int, idx: int) -> None:
         assert self._group is not None
         self._running[idx] = self._running.get(idx, 0) + 1
+        self._started[cid] = self.ctl.clock.now()
         self._group.create_task(self._await(cid, idx), name=f"stage {self.ctl.order[idx].name}")
 
     async def _await(self, cid: int, idx: int) -> None:
@@ -102,6 +106,7 @@ class AsyncCalls:
 
     def _finish(self, cid: int, idx: int) -> None:
         del self.waiting[cid]
+        self._seconds.setdefault(idx, []).append(self.ctl.clock.now() - self._started.pop(cid))
         self._running[idx] -= 1
         queued = self._queued.get(idx)
         if queued and self._group is not None:
@@ -114,6 +119,30 @@ class AsyncCalls:
     def in_flight(self) -> int:
         """Calls started or waiting their turn."""
         return len(self.waiting)
+
+    def figures(self) -> dict[str, Any]:
+        """For a step record, by the name of each stage that has awaited a call:
+        ``stage_calls_waiting`` (calls out or waiting their turn now: a server falling behind
+        shows here first) and ``stage_call_ms_p50`` (the median call since the previous
+        record, from its start to its result; null if none ended). Empty for a graph that
+        never awaited one."""
+        if not self._seconds and not self.waiting:
+            return {}
+        order = self.ctl.order
+        stages_seen = sorted(set(self._seconds) | {idx for _, idx in self.waiting.values()})
+        p50 = {order[i].name: (statistics.median(self._seconds[i]) * 1e3
+                               if self._seconds.get(i) else None) for i in stages_seen}
+        waiting = {**dict.fromkeys(p50, 0), **self.figures_now()}
+        self._seconds = {i: [] for i in self._seconds}  # (the stage stays in the figures)
+        return {"stage_calls_waiting": waiting, "stage_call_ms_p50": p50}
+
+    def figures_now(self) -> dict[str, int]:
+        """Stage name -> its calls out or waiting their turn now (stages with one only)."""
+        now: dict[str, int] = {}
+        for _, idx in self.waiting.values():
+            name = self.ctl.order[idx].name
+            now[name] = now.get(name, 0) + 1
+        return now
 
     def restore(self, idx: int, sample: Sample) -> None:
         """A snapshot's sample that waited on map stage ``idx``'s call: :meth:`resume` calls

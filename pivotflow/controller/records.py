@@ -50,6 +50,7 @@ def step_record(ctl: Controller, batch: list[list[Sample]], msg: TrainDone) -> d
         # the graph's own log_metric calls since the previous record (controller/user_metrics)
         **({"logged_metrics": logged} if (logged := ctl.user_metrics.drain()) else {}),
         **partial_figures(ctl, samples, msg.version - 1),
+        **ctl.calls.figures(),  # async def stage functions' calls (controller/async_calls.py)
         **{f"train_{k}": v for k, v in msg.stats.items()},
     }
 

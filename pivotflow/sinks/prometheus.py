@@ -123,6 +123,10 @@ def render(ctl: Any, last: dict[str, Any] | None) -> str:
              [({"edge": n}, s["service_rate"]) for n, s in edges])
     t.metric("jobs_in_flight", "gauge", "Jobs sent to workers and not answered, per stage.",
              [({"stage": ctl.order[i].name}, n) for i, n in ctl.inflight.items()])
+    calls = ctl.calls.figures_now()
+    t.metric("stage_calls_waiting", "gauge",
+             "Calls of each async stage function out or waiting their turn.",
+             [({"stage": name}, n) for name, n in calls.items()])
     states: dict[str, int] = {}
     for w in ctl.workers.values():
         states[w.state] = states.get(w.state, 0) + 1

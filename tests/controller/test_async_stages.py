@@ -57,9 +57,13 @@ async def run_to_end(h: Harness, timeout: float = 30) -> None:
 
 
 async def test_async_stages_are_awaited_beside_the_run_up_to_their_concurrency() -> None:
-    now, most = [0], [0]
+    from pivotflow.sinks.prometheus import render
+
+    now, most, scraped = [0], [0], []
 
     async def bonus(reward: float | None, group_id: int, **_: Any) -> dict[str, Any]:
+        if not scraped:  # what /metrics shows while a call is out
+            scraped.append(render(h.ctl, None))
         now[0] += 1
         most[0] = max(most[0], now[0])
         await asyncio.sleep(0.02)  # a reward server's round trip
@@ -86,6 +90,12 @@ async def test_async_stages_are_awaited_beside_the_run_up_to_their_concurrency()
     assert h.ctl.ledger.groups_filtered == 0 and h.ctl.lost_groups() == []
     rewards = [r["reward_mean"] for r in h.records]
     assert all(r >= 0.5 for r in rewards)  # every trained sample carries the awaited reward
+    for r in h.records:  # the calls' figures, by stage
+        assert set(r["stage_calls_waiting"]) == {"bonus", "keep", "advantage"}
+        assert r["stage_call_ms_p50"]["bonus"] >= 19.0  # (each sleeps 20 ms)
+    assert 'pivotflow_stage_calls_waiting{stage="bonus"} ' in scraped[0]
+    assert "stage_calls_waiting" not in Harness(steps=1, assignments=dict(POOLS)).ctl \
+        .calls.figures()  # (nothing awaited: no keys)
 
 
 async def test_a_lambda_returning_a_coroutine_is_awaited_too() -> None:
