@@ -7,7 +7,8 @@ processes, ``--steps`` steps a run, for each seed. Variants:
   whitened over the batch, critic at ``graph.critic_lr``);
 * ``ppo_g8``: PPO on grpo's 8 x 8 batches, so that the advantage estimator is the only change;
 * with ``--variants``, also grpo_genrm's other estimators on its 8 x 8 batches (``rloo``,
-  ``grpo_no_std``, ``reinforce_pp``, ``reinforce_pp_baseline``: ``graph.estimator``), and
+  ``grpo_no_std``, ``grpo_batch_std``, ``reinforce_pp``, ``reinforce_pp_baseline``:
+  ``graph.estimator``), and
   four optimizer updates a step (``grpo_mb4``, ``ppo_mb4``: ``graph.mini_batches=4``).
 
 The variants alternate within each seed, so a machine that slows down mid-sitting weighs on
@@ -38,7 +39,8 @@ VARIANTS = {
     "ppo": ("graphs/ppo_genrm.py", []),
     "ppo_g8": ("graphs/ppo_genrm.py", ["graph.group_size=8", "graph.groups_per_step=8"]),
     **{e: ("graphs/grpo_genrm.py", [f"graph.estimator={e}"])
-       for e in ("rloo", "grpo_no_std", "reinforce_pp", "reinforce_pp_baseline")},
+       for e in ("rloo", "grpo_no_std", "grpo_batch_std", "reinforce_pp",
+                 "reinforce_pp_baseline")},
     # four optimizer updates a step (verl's ppo_mini_batch_size = a quarter of the batch)
     "grpo_mb4": ("graphs/grpo_genrm.py", ["graph.mini_batches=4"]),
     "ppo_mb4": ("graphs/ppo_genrm.py", ["graph.mini_batches=4"]),

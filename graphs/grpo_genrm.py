@@ -7,7 +7,8 @@ With ``--set graph.kl_coef=0.04`` (GRPO's beta; 0, the default, as in TRL and DA
 copy of the initial policy scores each response on its own pool (``reference``, after the
 rollout) and the trainer adds the KL penalty (``kl_estimator``: k3, or k1). With
 ``graph.lora_rank`` > 0 too, the trainer's frozen base is that reference and no pool is added.
-``graph.estimator`` picks the advantage: GRPO's by default, Dr. GRPO's, RLOO or REINFORCE++.
+``graph.estimator`` picks the advantage: GRPO's by default, Dr. GRPO's, the group's mean over the
+batch's std (TRL's ``scale_rewards="batch"``), RLOO or REINFORCE++.
 
 Run:  pivotflow run graphs/grpo_genrm.py            (knobs: --set graph.KEY=VALUE)
 """
@@ -72,7 +73,8 @@ DEFAULTS = {
     "lora_rank": 0,
     "lora_alpha": 16.0,
     # the advantage (verl's and OpenRLHF's advantage_estimator): "grpo", "grpo_no_std" (Dr.
-    # GRPO), "rloo", "reinforce_pp" and "reinforce_pp_baseline" (REINFORCE++, per-token returns
+    # GRPO), "grpo_batch_std" (the group's mean, the step's std: TRL's scale_rewards="batch"),
+    # "rloo", "reinforce_pp" and "reinforce_pp_baseline" (REINFORCE++, per-token returns
     # whitened over the batch; the first needs no groups). PPO with a critic: ppo_genrm.py
     "estimator": "grpo",
 }
@@ -81,6 +83,9 @@ DEFAULTS = {
 ESTIMATORS = {
     "grpo": ("group", grpo_advantage),
     "grpo_no_std": ("group", grpo_advantage_no_std),
+    # the group's mean, the batch's std (TRL's scale_rewards="batch"; LitePPO): Dr. GRPO's
+    # advantage, which the step divides by its rewards' std (g.train's batch_std)
+    "grpo_batch_std": ("group", grpo_advantage_no_std),
     "rloo": ("group", rloo_advantage),
     "reinforce_pp": ("map", reinforce_pp_advantage()),
     "reinforce_pp_baseline": ("group", reinforce_pp_baseline_advantage()),
@@ -128,7 +133,8 @@ def build(config: dict) -> Graph:
                     importance_sampling_level=config["importance_sampling_level"],
                     lora_rank=config["lora_rank"], lora_alpha=config["lora_alpha"],
                     mini_batches=config["mini_batches"], epochs=config["epochs"],
-                    zero_stage=config["zero_stage"])
+                    zero_stage=config["zero_stage"],
+                    batch_std=config["estimator"] == "grpo_batch_std")
     # (under LoRA the trainer's frozen base is the reference: no reference pool)
     if config["kl_coef"] > 0 and not config["lora_rank"]:
         g.pool("reference", workers=config["reference_workers"])

@@ -438,7 +438,8 @@ class Graph:
         the updates a step takes (mini_batches, epochs),
         train_dtype, the memory knobs gradient_checkpointing and logits_chunk_tokens,
         LoRA's lora_rank, lora_alpha and lora_target_modules, whiten_advantages for
-        per-token advantages (GAE's, REINFORCE++'s), and with a critic stage (:meth:`critic`)
+        per-token advantages (GAE's, REINFORCE++'s), batch_std (TRL's scale_rewards="batch":
+        each advantage over the step's reward std), and with a critic stage (:meth:`critic`)
         critic_lr, value_clip, critic_warmup, critic_lora_rank and critic_lora_alpha), checked
         here.
 

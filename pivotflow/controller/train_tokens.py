@@ -48,3 +48,19 @@ def whiten_token_advantages(seqs: list[TrainSeq]) -> None:
     for s in seqs:
         if s.token_advantages:
             s.token_advantages = [(a - mean) * scale for a in s.token_advantages]
+
+
+def scale_by_batch_std(seqs: list[TrainSeq], rewards: list[float | None]) -> float | None:
+    """Each sequence's one advantage over the standard deviation of the step's rewards
+    (``rewards``, None for a failed reward: left out), as TRL's ``scale_rewards="batch"``:
+    unbiased, eps 1e-4 added to it. Per-token advantages are left as they are. Returns the
+    standard deviation, or None with fewer than two rewards (nothing scaled)."""
+    kept = [r for r in rewards if r is not None]
+    if len(kept) < 2:
+        return None
+    mean = sum(kept) / len(kept)
+    std = (sum((r - mean) ** 2 for r in kept) / (len(kept) - 1)) ** 0.5
+    for s in seqs:
+        if not s.token_advantages:
+            s.advantage = s.advantage / (std + 1e-4)
+    return std

@@ -18,6 +18,7 @@ from pivotflow.controller import stages
 from pivotflow.controller.sample import Sample
 from pivotflow.controller.train_tokens import (
     carries_signal,
+    scale_by_batch_std,
     seq_tokens,
     valid_tokens,
     whiten_token_advantages,
@@ -74,6 +75,7 @@ class TrainSteps:
         self.rendezvous_dir = rendezvous_dir
         train = ctl.order[-1]
         self.whiten = bool(train.options.get("whiten_advantages", True))
+        self.batch_std = bool(train.options.get("batch_std", False))
         self.mini_batches = int(train.options.get("mini_batches", 1))
         # (rank 0's worker id, epoch) -> the group's address, set by a launcher whose trainers
         # may be on several hosts (Ray: tcp:// on rank 0's node); else a FileStore path here
@@ -123,6 +125,8 @@ class TrainSteps:
         seqs = [stages.train_seq(s) for group in batch for s in group]
         if self.whiten:
             whiten_token_advantages(seqs)
+        if self.batch_std:
+            scale_by_batch_std(seqs, [s.fields.get("reward") for group in batch for s in group])
         # Rank 0 is a trainer that took the last step and never left since: it holds the
         # newest weights and optimizer state. With none such, rank 0 reads them from the store.
         last = dict(zip(self.members, self.member_roles, strict=True))

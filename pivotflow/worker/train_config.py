@@ -106,6 +106,13 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # and OpenRLHF's advantage normalisation; a group's GRPO advantages are already normalised
     # and are left as they are)
     whiten_advantages: bool = True
+    # divide each sequence's one advantage by the standard deviation of the step's rewards
+    # (TRL's scale_rewards="batch"; "group mean, batch std" in Liu et al. 2025, "Tricks or
+    # Traps?", arXiv:2508.08221): with grpo_advantage_no_std, a group without spread keeps 0
+    # and a step's few varied groups are not blown up by their own small std. Applied by the
+    # controller over the whole batch before it is cut into shards; per-token advantages are
+    # whitened instead (above)
+    batch_std: bool = False
     # How the trainers' group holds AdamW's state (worker/group_adam.py; DeepSpeed's and
     # OpenRLHF's zero_stage): 0, whole on every trainer; 1, sharded, each of n trainers holding
     # 1/n of it and stepping 1/n of the weights (the same step; 2 and 3, which also shard the
