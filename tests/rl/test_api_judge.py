@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from script_modules import load_script, nothing_listens
 
 from pivotflow.engines.base import SamplingParams
 from pivotflow.graph import fn_reads
@@ -23,8 +24,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def server(random_models: dict[str, Path]) -> Iterator[Any]:
-    from script_modules import load_script
-
     mod: ModuleType = load_script(ROOT / "examples" / "openai_server.py")
     srv = mod.serve_in_thread(random_models["judge"], name="judge")
     yield srv
@@ -102,12 +101,8 @@ def test_what_a_judge_cannot_use_is_a_one_line_error(server: Any, kw: dict[str, 
 
 def test_a_judge_that_is_down_fails_after_its_tries_naming_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import socket
-
     monkeypatch.setattr(http_calls, "RETRY_WAIT_S", 0.01)
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    url = nothing_listens("/v1")
     fn = openai_judge(url, "judge", template, first_char, retries=2)
     with pytest.raises(ConnectionError, match=rf"^judge 'judge' failed after 2 tries; last: "
                                               rf"{url}/completions: ClientConnectorError "):

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from script_modules import load_script
+from script_modules import load_script, nothing_listens
 
 from pivotflow.controller.user_metrics import UserMetrics, recording
 from pivotflow.graph import fn_reads
@@ -207,11 +207,7 @@ def test_a_server_error_is_retried_a_bad_request_is_not(scripted: Any,
 def test_a_server_that_is_down_fails_after_its_tries_naming_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(http_calls, "RETRY_WAIT_S", 0.01)
-    import socket
-
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{s.getsockname()[1]}/get_reward"
+    url = nothing_listens("/get_reward")
     with pytest.raises(ConnectionError, match=rf"^reward server failed after 3 tries; last: "
                                               rf"{url}: ClientConnectorError Cannot connect to host "):
         call(openrlhf_reward(url, retries=3))
