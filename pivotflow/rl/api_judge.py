@@ -15,8 +15,8 @@ that sample advantage 0, as for a pool's judge; its per-step share is ``field_me
 
 The request is awaited on the controller's loop (the stage's ``concurrency`` at once), so
 rollouts and training go on while the judge works; several base URLs take requests in turn,
-and a failed one is tried again (``http_calls``: 5 tries, 1 s apart; a 400 is not, a 429
-is). The key, if the server wants one, is read from the environment variable ``api_key_env``
+and a failed one is tried again (``http_calls``: 5 tries, waiting a ``Retry-After`` or 1, 2, 4,
+8 s; a 400 is not tried again, a 429 is). The key, if the server wants one, is read from the environment variable ``api_key_env``
 when the graph is built, and sent as ``Authorization: Bearer``.
 
 What a pool's judge has that this does not: the planner's elasticity (the judge's workers

@@ -5,7 +5,8 @@ aiohttp, as OpenRLHF uses: the calls run on the controller's loop, where a reque
 ms of CPU against httpx's 0.67-1.35 ms (16 or 64 at once, measured on this 2-core host). One
 session per event loop (a session is bound to the loop it was made on), closed when the loop
 shuts down. Several URLs take the calls in turn, and a request that fails is tried again on the
-next one, ``retries`` tries in all, ``RETRY_WAIT_S`` apart (OpenRLHF's 5 tries, 1 s apart);
+next one, ``retries`` tries in all (OpenRLHF's 5), waiting what a ``Retry-After`` header
+asks, else 1 s, then 2, 4 ... (OpenRLHF waits 1 s each time; a rate-limited API wants more);
 an answer of 4xx is not tried again, but 408 and 429 (the server asks to be tried later) are.
 """
 
@@ -20,8 +21,10 @@ from typing import Any
 
 import aiohttp
 
-RETRY_WAIT_S = 1.0
+RETRY_WAIT_S = 1.0  # the first wait before a try again (OpenRLHF's fixed 1 s), then doubled
+MAX_WAIT_S = 30.0  # the longest wait between tries (the stage's deadline_s bounds them all)
 RETRIED_4XX = frozenset({408, 429})  # timeout, too many requests: the server says try later
+_sleep = asyncio.sleep  # (the waits between tries: a test records them instead)
 
 
 class Endpoints:
@@ -62,10 +65,12 @@ class Endpoints:
         session = await self._session()
         for attempt in range(self.retries):
             url = self.urls[next(self._turn) % len(self.urls)] + path
+            asked: float | None = None  # a Retry-After the server sent
             try:
                 async with session.post(url, json=payload) as answer:
                     text = await answer.text()
                     status = answer.status
+                    asked = _seconds(answer.headers.get("Retry-After"))
             except (aiohttp.ClientError, TimeoutError) as exc:  # refused, reset: try again
                 why = f"{url}: {type(exc).__name__} {short(exc, 120)}"
             else:
@@ -75,7 +80,10 @@ class Endpoints:
                 if status < 500 and status not in RETRIED_4XX:
                     break  # the request is wrong: sending it again will not help
             if attempt + 1 < self.retries:
-                await asyncio.sleep(RETRY_WAIT_S)
+                # what the server asks for (a rate limit's window), else doubling from
+                # RETRY_WAIT_S, as OpenAI's and Anthropic's clients back off
+                backoff = RETRY_WAIT_S * 2 ** attempt
+                await _sleep(min(MAX_WAIT_S, backoff if asked is None else asked))
         raise ConnectionError(f"{self.what} failed after {attempt + 1} tries; last: {why}")
 
 
@@ -92,6 +100,14 @@ async def _kept_open(timeout_s: float,
         await asyncio.Event().wait()  # (never resumed: closed from outside)
     finally:
         await session.close()
+
+
+def _seconds(header: str | None) -> float | None:
+    """A Retry-After header's delay in seconds (its HTTP-date form is read as none)."""
+    try:
+        return max(0.0, float(header)) if header is not None else None
+    except ValueError:
+        return None
 
 
 def _json(text: str, status: int, url: str) -> Any:

@@ -22,7 +22,8 @@ as OpenRLHF logs it to W&B. A function may return a tensor, a list, or such a di
 A server is called without holding the run: the stage function returns a coroutine, which the
 controller awaits on its loop (``concurrency`` requests at once, ``Graph.map``'s). Several URLs
 take the calls in turn, and a request that fails is tried again on the next one, as OpenRLHF
-retries (5 tries, 1 s apart; ``http_calls``): a 4xx answer is not, but 408 and 429 are. The stage's ``deadline_s`` bounds
+retries (5 tries; ``http_calls``: 1 s, then doubling, or a ``Retry-After``): a 4xx answer is
+not, but 408 and 429 are. The stage's ``deadline_s`` bounds
 the whole (the default 60 s is short for a model-based server: raise it).
 """
 

@@ -154,15 +154,18 @@ def test_a_reward_server_is_called_in_turn_and_its_answer_read(servers: list[Any
 
 
 class _Scripted(BaseHTTPRequestHandler):
-    """Answers with the server's next scripted (status, body), then 200s."""
+    """Answers with the server's next scripted (status, body[, Retry-After]), then 200s."""
 
     def do_POST(self) -> None:  # noqa: N802
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         srv: Any = self.server
         srv.hits += 1
-        status, body = srv.script.pop(0) if srv.script else (200, json.dumps({"rewards": [0.5]}))
+        status, body, *after = (srv.script.pop(0) if srv.script
+                                else (200, json.dumps({"rewards": [0.5]})))
         data = body.encode()
         self.send_response(status)
+        if after:  # a rate limit's Retry-After
+            self.send_header("Retry-After", after[0])
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -214,3 +217,21 @@ def test_a_server_that_is_down_fails_after_its_tries_naming_it(
     with pytest.raises(ValueError, match="^reward server: retries must be a whole number >= 1, "
                                          "got 0$"):
         openrlhf_reward(url, retries=0)
+
+
+def test_a_rate_limit_waits_what_it_asks_else_the_wait_doubles(
+        scripted: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """429 and 408 are tried again (a 4xx otherwise is not); the waits between tries are a
+    Retry-After where the server sends one, else 1, 2, 4 ... s, at most MAX_WAIT_S (recorded
+    here instead of slept)."""
+    waits: list[float] = []
+
+    async def no_sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr(http_calls, "_sleep", no_sleep)
+    scripted.script = [(429, "slow down", "0.25"), (429, "slow down", "600"), (408, "late"),
+                       (503, "busy"), (429, "slow down", "Wed, 21 Oct 2026 07:28:00 GMT")]
+    assert call(openrlhf_reward(scripted.url, retries=6)) == 0.5
+    assert scripted.hits == 6
+    assert waits == [0.25, 30.0, 4.0, 8.0, 16.0]  # asked; capped; doubling; an HTTP-date: none
