@@ -93,11 +93,14 @@ def main() -> None:
                                  policy=root / "policy", judge=root / "judge", group_size=8,
                                  groups_per_step=32)
         ones, batched_runs, unloaded_runs, floors, idle_floors = [], [], [], [], []
+        async_runs = []
         for i in range(args.repeat):
             ones.append(measure(graph, root / f"one{i}", args.steps,
                                 ["max_jobs_per_frame=1", "results_per_frame=1"]))
             batched_runs.append(measure(graph, root / f"batched{i}", args.steps,
                                         ["max_jobs_per_frame=32"]))
+            async_runs.append(measure(graph, root / f"async{i}", args.steps,
+                                      ["max_jobs_per_frame=32", "graph.async_reward=true"]))
             unloaded_runs.append(measure(graph, root / f"unloaded{i}", max(20, args.steps),
                                          ["graph.group_size=2", "graph.groups_per_step=1"]))
             idle = round(unloaded_runs[-1]["step_s"], 4)
@@ -105,6 +108,7 @@ def main() -> None:
             floors.append(bare["rtt_us"]["p50"])
             idle_floors.append(bare["rtt_idle_us"][str(idle)]["p50"])
         one, batched, unloaded = median_of(ones), median_of(batched_runs), median_of(unloaded_runs)
+        awaited = median_of(async_runs)
     print(json.dumps({
         "bench": "controller",
         "one_per_frame": one,
@@ -126,11 +130,18 @@ def main() -> None:
         "unloaded_judge_rtt_over_idle_transport": (unloaded["job_rtt_us_p50"]["judge"]
                                                    / statistics.median(idle_floors)),
         "batched_speedup": batched["samples_per_s"] / one["samples_per_s"],
+        # batched_32 with the reward map an async def: its calls tasks of the loop (added
+        # 12-06; the extra CPU per sample is what awaiting a stage costs the controller)
+        "batched_32_async_reward": awaited,
+        "async_reward_cpu_over_sync": (awaited["controller_cpu_us_per_sample_per_hop"]
+                                       / batched["controller_cpu_us_per_sample_per_hop"]),
         "repeat": args.repeat,
         "runs": {
             "one_per_frame_cpu_us": [r["controller_cpu_us_per_sample_per_hop"] for r in ones],
             "batched_32_cpu_us": [r["controller_cpu_us_per_sample_per_hop"]
                                   for r in batched_runs],
+            "batched_32_async_reward_cpu_us": [r["controller_cpu_us_per_sample_per_hop"]
+                                               for r in async_runs],
             "unloaded_judge_rtt_us": [r["job_rtt_us_p50"]["judge"] for r in unloaded_runs],
             "transport_rtt_us": floors,
             "transport_rtt_after_step_idle_us": idle_floors,

@@ -1,5 +1,7 @@
 """The 5-stage graph the control-plane benches share: prompts -> rollout -> judge -> reward (map)
--> advantage (group) -> train, for workers that do no model work (``--set engine=echo``)."""
+-> advantage (group) -> train, for workers that do no model work (``--set engine=echo``).
+``--set graph.async_reward=true`` makes the reward an ``async def`` (the same arithmetic,
+awaited as a task of the controller's loop: what an async stage costs the controller)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ TEMPLATE = '''
 from pivotflow.graph import Graph
 from pivotflow.rl.group_fns import grpo_advantage
 
-DEFAULTS = {"group_size": %(group_size)d, "groups_per_step": %(groups_per_step)d}
+DEFAULTS = {"group_size": %(group_size)d, "groups_per_step": %(groups_per_step)d,
+            "async_reward": False}
 
 def template(prompt, response, **_):
     return prompt + response + "?"
@@ -18,6 +21,9 @@ def parse(verdict, **_):
     return 1.0
 
 def reward(reward, answer, completion, **_):
+    return reward * float(answer == completion)
+
+async def reward_awaited(reward, answer, completion, **_):
     return reward * float(answer == completion)
 
 def build(c):
@@ -32,7 +38,7 @@ def build(c):
     gen = g.generate("rollout", model="policy", pool="rollout", max_tokens=4)
     jud = g.judge("judge", model="judge", pool="judge", template=template, parse=parse,
                   max_tokens=2)
-    rew = g.map("reward", reward, writes=["reward"])
+    rew = g.map("reward", reward_awaited if c["async_reward"] else reward, writes=["reward"])
     adv = g.group("advantage", grpo_advantage, writes=["advantage"])
     tr = g.train("train", model="policy", pool="trainer")
     g.chain(src, gen, jud, rew, adv, tr)
