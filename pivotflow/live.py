@@ -100,6 +100,11 @@ class LiveView:
         for key, label in (("field_means", "fields"), ("logged_metrics", "logged")):
             if r.get(key):  # the graph's own fields (each TRL reward function's), log_metric's
                 table.add_row(label, "  ".join(f"{k} {self._fmt(v)}" for k, v in r[key].items()))
+        if r.get("stage_calls_waiting"):  # async def stages: calls out, and their median time
+            p50 = r.get("stage_call_ms_p50") or {}
+            table.add_row("calls", "  ".join(
+                f"{k}={n} ({self._fmt(p50.get(k))} ms)" for k, n in
+                r["stage_calls_waiting"].items()))
         table.add_row("pools", " ".join(f"{k}={v}" for k, v in self.flow.get("pools", {}).items()),
                       "in flight", str(self.flow.get("in_flight", 0)))
         table.add_row("queues",

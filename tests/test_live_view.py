@@ -52,6 +52,14 @@ def test_the_table_shows_the_means_of_the_graphs_own_fields() -> None:
                                      "samples": 8, "time_s": 1.0, "tokens_generated": 10})
 
 
+def test_the_table_shows_the_calls_of_async_stages() -> None:
+    text = rendered({"step": 5, "reward_mean": 0.5, "task_accuracy": 0.5, "samples": 64,
+                     "time_s": 9.0, "tokens_generated": 2000,
+                     "stage_calls_waiting": {"reward": 12, "keep": 0},
+                     "stage_call_ms_p50": {"reward": 20.512, "keep": None}})
+    assert "calls" in text and "reward=12 (20.512 ms)  keep=0 (- ms)" in text
+
+
 def test_the_table_shows_the_last_evaluation_round() -> None:
     console = Console(file=io.StringIO(), force_terminal=True, width=120, record=True)
     view = LiveView("grpo", 10, console=console)
