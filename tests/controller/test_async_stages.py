@@ -259,3 +259,26 @@ async def test_a_reward_server_is_called_beside_the_run_with_the_policys_text() 
     assert query.startswith(prompt) and query.endswith("<eos>") and "=" in prompt
     assert sent["labels"][0].isdigit()  # the built-in sums' answer column
     assert not Harness(steps=1, assignments=dict(POOLS)).ctl.wants_texts  # not decoded unasked
+
+
+async def test_a_slime_reward_runs_on_a_controllers_samples() -> None:
+    """slime's custom_rm (rl/slime_reward.py), async, on a real controller's samples: each call
+    sees slime's Sample with the prompt's ids before the response's, and every group trains."""
+    from pivotflow.rl.slime_reward import SlimeSample, slime_reward
+
+    seen: list[SlimeSample] = []
+
+    async def rm(args: Any, sample: SlimeSample) -> float:
+        seen.append(sample)
+        return float(sample.label == sample.response)
+
+    g = chain_graph(lambda g: [g.map("reward", slime_reward(rm), writes=["reward"]),
+                               g.group("advantage", grpo_advantage, writes=["advantage"])],
+                    judge=False)
+    h = Harness(steps=2, assignments=dict(POOLS), graph=g)
+    await run_to_end(h)
+    assert sorted(g for r in h.records for g in r["group_ids"]) == [0, 1, 2, 3]
+    assert {s.group_index for s in seen} >= {0, 1, 2, 3} and len(seen) >= 8
+    for s in seen:
+        assert 0 < s.response_length < len(s.tokens) and s.label is not None
+        assert s.status in ("completed", "truncated") and s.rollout_log_probs
