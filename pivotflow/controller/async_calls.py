@@ -57,6 +57,12 @@ class AsyncCalls:
         """Calls run as tasks of the controller's task group (``Controller.run``); None: the
         run is over, and a call made now keeps its samples waiting (a snapshot saves them)."""
         self._group = group
+        if group is None:  # calls never started (their turn, or their task, never came)
+            for pending in self._pending.values():
+                _close(pending)
+            self._pending.clear()
+            self._queued.clear()
+            self._running.clear()
 
     def start(self, idx: int, samples: list[Sample], pending: Awaitable[Any]) -> None:
         """Await ``pending``, the call of stage ``idx``'s function on ``samples`` (one sample

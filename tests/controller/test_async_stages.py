@@ -282,3 +282,29 @@ async def test_a_slime_reward_runs_on_a_controllers_samples() -> None:
     for s in seen:
         assert 0 < s.response_length < len(s.tokens) and s.label is not None
         assert s.status in ("completed", "truncated") and s.rollout_log_probs
+
+
+async def test_calls_left_waiting_their_turn_when_the_run_stops_are_closed() -> None:
+    """A run stopped while calls wait their turn (concurrency 1, the one out hanging) closes
+    the coroutines it never started: no "never awaited" warning, and a snapshot still holds
+    their samples."""
+    import gc
+    import warnings
+
+    async def hangs(reward: float | None, group_id: int, **_: Any) -> dict[str, Any]:
+        await asyncio.Event().wait()
+        return {}
+
+    h = Harness(steps=2, assignments=dict(POOLS), graph=async_graph(hangs, concurrency=1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        async with serving(h, dict(POOLS)) as (run, _):
+            while h.ctl.calls.in_flight() < 3:
+                await asyncio.sleep(0.01)
+            h.ctl.fail(RuntimeError("stopped"))
+            with pytest.raises(RuntimeError, match="stopped"):
+                await asyncio.wait_for(run, 10)
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+    bonus = [n.name for n in h.ctl.order].index("bonus")
+    assert sum(s.stage == bonus for s in snapshot(h.ctl).samples) >= 3
