@@ -8,15 +8,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from script_modules import load_script, nothing_listens
+from script_modules import JsonHandler, http_server, load_script, nothing_listens
 
 from pivotflow.controller.user_metrics import UserMetrics, recording
 from pivotflow.graph import fn_reads
@@ -153,36 +151,22 @@ def test_a_reward_server_is_called_in_turn_and_its_answer_read(servers: list[Any
     assert metrics.drain() == {"response_chars": 1.25}  # its extra_logs, averaged
 
 
-class _Scripted(BaseHTTPRequestHandler):
+class _Scripted(JsonHandler):
     """Answers with the server's next scripted (status, body[, Retry-After]), then 200s."""
 
-    def do_POST(self) -> None:  # noqa: N802
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+    def answer(self, body: Any) -> tuple[int, str, dict[str, str]]:
         srv: Any = self.server
         srv.hits += 1
-        status, body, *after = (srv.script.pop(0) if srv.script
+        status, text, *after = (srv.script.pop(0) if srv.script
                                 else (200, json.dumps({"rewards": [0.5]})))
-        data = body.encode()
-        self.send_response(status)
-        if after:  # a rate limit's Retry-After
-            self.send_header("Retry-After", after[0])
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        return status, text, {"Retry-After": after[0]} if after else {}
 
 
 @pytest.fixture
 def scripted() -> Iterator[Any]:
-    srv: Any = ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
-    srv.hits, srv.script = 0, []
-    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
-    srv.url = f"http://127.0.0.1:{srv.server_address[1]}/get_reward"
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with http_server(_Scripted, "/get_reward") as srv:
+        srv.hits, srv.script = 0, []
+        yield srv
 
 
 def call(fn: Any) -> Any:

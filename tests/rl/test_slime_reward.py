@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from script_modules import JsonHandler, http_server
 
 from pivotflow.rl.slime_reward import SlimeSample, slime_reward
 
@@ -101,31 +100,19 @@ def test_a_custom_rm_path_is_imported_as_slime_imports_it(
             slime_reward(path)
 
 
-class _SlimeRM(BaseHTTPRequestHandler):
+class _SlimeRM(JsonHandler):
     """slime's remote_rm protocol: {"prompt", "response", "label"} -> a reward (JSON)."""
 
-    def do_POST(self) -> None:  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+    def answer(self, body: Any) -> tuple[int, str, dict[str, str]]:
         self.server.seen.append(body)  # type: ignore[attr-defined]
-        data = json.dumps(float(body["response"].strip() == body["label"])).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        return 200, json.dumps(float(body["response"].strip() == body["label"])), {}
 
 
 @pytest.fixture
 def slime_server() -> Iterator[Any]:
-    srv: Any = ThreadingHTTPServer(("127.0.0.1", 0), _SlimeRM)
-    srv.seen = []
-    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
-    srv.url = f"http://127.0.0.1:{srv.server_address[1]}/"
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with http_server(_SlimeRM, "/") as srv:
+        srv.seen = []
+        yield srv
 
 
 def test_slimes_remote_rm_posts_prompt_response_and_label(slime_server: Any) -> None:
