@@ -28,6 +28,10 @@ class Barriers:
         if len(group) < sample.group_size:
             return None
         del waiting[sample.group_id]
+        # in sample order, not arrival order: what a group function sees and the trainer's
+        # batch then do not depend on which worker or async call finished first, so a step's
+        # sums (and the run after it) are the same whatever the timing
+        group.sort(key=lambda s: s.sample_id)
         return group
 
     def put_back(self, stage: int, sample: Sample) -> None:
