@@ -27,13 +27,13 @@ import datetime
 import json
 import math
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from graph_runs import command, run_graph  # noqa: E402 - a sibling file, not a package
+
 VARIANTS = {
     "grpo": ("graphs/grpo_genrm.py", []),
     "ppo": ("graphs/ppo_genrm.py", []),
@@ -51,23 +51,13 @@ DEFAULT_VARIANTS = "grpo,ppo,ppo_g8"
 def one_run(variant: str, seed: int, steps: int) -> dict[str, Any]:
     graph, sets = VARIANTS[variant]
     sets = ["live=false", f"seed={seed}", "models_seed=0", *sets]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "run"
-        cmd = ["pivotflow", "run", graph, "--steps", str(steps), "--out", str(out)]
-        for s in sets:
-            cmd += ["--set", s]
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        if done.returncode != 0:
-            sys.exit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-2000:]}")
-        summary = json.loads((out / "summary.json").read_text())
-        steps_rec = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    summary, steps_rec = run_graph(graph, steps, sets)
     last = steps_rec[-max(5, len(steps_rec) // 10):]  # the critic's figures at the end
     critic = {k: statistics.mean(r[k] for r in last)
               for k in ("train_value_mean", "train_return_mean", "train_value_error")
               if k in last[0]}
     return {"bench": "ppo_real", "date": datetime.date.today().isoformat(), "variant": variant,
-            "command": " ".join(["pivotflow", "run", graph, "--steps", str(steps)]
-                                + [f"--set {s}" for s in sets]),
+            "command": command(graph, steps, sets),
             "seed": seed, "steps": steps,
             "task_accuracy_start": summary["task_accuracy_start"],
             "task_accuracy_end": summary["task_accuracy_end"],

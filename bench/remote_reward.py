@@ -33,12 +33,14 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from graph_runs import command, run_graph  # noqa: E402 - a sibling file, not a package
+
 GRAPH = "examples/openrlhf_remote_rm.py"
 VARIANTS = ("await", "inline", "local")
 SAMPLES_PER_STEP = 64  # the example's 8 x 8
@@ -63,19 +65,10 @@ def start_server(latency_ms: float) -> tuple[subprocess.Popen[str], str]:
 def one_run(variant: str, url: str, steps: int, latency_ms: float) -> dict[str, Any]:
     sets = ["live=false", "seed=0", "models_seed=0", f"graph.call={variant}",
             f"graph.reward_url={url}"]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "run"
-        cmd = ["pivotflow", "run", GRAPH, "--steps", str(steps), "--out", str(out)]
-        for s in sets:
-            cmd += ["--set", s]
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        if done.returncode != 0:
-            sys.exit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-2000:]}")
-        summary = json.loads((out / "summary.json").read_text())
+    summary, _ = run_graph(GRAPH, steps, sets)
     return {"bench": "remote_reward", "date": datetime.date.today().isoformat(),
             "variant": variant, "latency_ms": latency_ms, "steps": steps,
-            "command": " ".join(["pivotflow", "run", GRAPH, "--steps", str(steps)]
-                                + [f"--set {s}" for s in sets if "reward_url" not in s]),
+            "command": command(GRAPH, steps, [s for s in sets if "reward_url" not in s]),
             "samples_per_s": summary["samples_per_s"], "wall_s": summary["wall_s"],
             "task_accuracy_end": summary["task_accuracy_end"]}
 
