@@ -19,7 +19,6 @@ settled meanwhile (another sample's failure skipped it) is dropped.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import logging
 import statistics
@@ -59,7 +58,7 @@ class AsyncCalls:
         self._group = group
         if group is None:  # calls never started (their turn, or their task, never came)
             for pending in self._pending.values():
-                _close(pending)
+                user_code.discard(pending)
             self._pending.clear()
             self._queued.clear()
             self._running.clear()
@@ -70,7 +69,7 @@ class AsyncCalls:
         cid = next(self._ids)
         self.waiting[cid] = (samples, idx)
         if self._group is None:
-            _close(pending)  # the run is over: the samples stay in ``waiting``
+            user_code.discard(pending)  # the run is over: the samples stay in ``waiting``
             return
         self._pending[cid] = pending
         limit = self.ctl.order[idx].options.get("concurrency", DEFAULT_CONCURRENCY)
@@ -167,7 +166,3 @@ class AsyncCalls:
         for idx, group in ctl.barriers.complete(functions):
             ctl.stage_call_done(idx, group, stages.CALL)
 
-
-def _close(pending: Awaitable[Any]) -> None:
-    if inspect.iscoroutine(pending):
-        pending.close()  # (never awaited: no "was never awaited" warning)

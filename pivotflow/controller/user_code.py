@@ -133,11 +133,17 @@ def call(node: Node, role: str, fn: Callable[..., Any], kwargs: dict[str, Any],
     filter function: the caller awaits it with :func:`awaited`), else an error."""
     out = _call(node, role, fn, kwargs, samples)
     if inspect.isawaitable(out) and not awaitable:
-        if inspect.iscoroutine(out):
-            out.close()  # (never awaited: no "was never awaited" warning)
+        discard(out)
         raise stage_error(node, samples, f"{role} returned an awaitable ({type(out).__name__}):"
                                          " only map, group and filter functions may be async")
     return out
+
+
+def discard(pending: Awaitable[Any]) -> None:
+    """Drop an awaitable a stage function returned that will never be awaited: a coroutine is
+    closed, so it leaves no "was never awaited" warning behind."""
+    if inspect.iscoroutine(pending):
+        pending.close()
 
 
 def _call(node: Node, role: str, fn: Callable[..., Any], kwargs: dict[str, Any],
