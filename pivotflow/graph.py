@@ -27,6 +27,13 @@ import msgspec
 
 from pivotflow.controller.user_metrics import log_metric  # noqa: F401 (for graph files)
 from pivotflow.errors import GraphError, TaskError
+from pivotflow.stage_options import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_DEADLINE_S,
+    fault_options,
+    field_names,
+    tool_options,
+)
 from pivotflow.tasks.datasets import PromptTable, load_prompt_file
 from pivotflow.worker.train_config import check_train_options
 
@@ -54,40 +61,6 @@ RUNTIME_FIELDS = frozenset({"correct", "advantage"})
 TRAIN_READS = frozenset({"prompt_ids", "response_ids", "logprobs", "advantage"})
 # ... and what a generate stage with tools writes besides (the trainer reads loss_mask if there)
 TOOL_FIELDS = frozenset({"loss_mask", "trajectory", "turns", "tool_calls", "tool_errors"})
-TOOL_POOL_OPTIONS = frozenset({"workers", "timeout_s", "cpu_s", "memory_mb", "max_output_chars",
-                               "max_argument_chars", "max_calls_per_worker", "net_namespace",
-                               "isolation", "nproc", "file_size_mb", "open_files", "tmp_mb"})
-# How a stage's own Python may fail (controller/user_code.py): stop the run, or drop the group
-ON_ERROR = ("stop", "skip")
-DEFAULT_DEADLINE_S = 60.0  # generous: a stage function is per-sample Python, not a model call
-# calls of one async stage function at once: enough to keep a reward server's batcher full
-# (OpenRLHF sends a whole batch at once), few enough not to open a socket per sample of a
-# large step
-DEFAULT_CONCURRENCY = 64
-
-
-def _fault_options(kind: str, name: str, where: str, deadline_s: Any,
-                   on_error: Any, concurrency: Any = None) -> dict[str, Any]:
-    """A stage's ``deadline_s`` (seconds a call of its function may take; None: run inline,
-    no deadline), ``on_error`` and, for a stage of the graph's own Python, ``concurrency``
-    (calls of an ``async def`` function at once), checked now so a bad one names the graph
-    file's line."""
-    here = f"{kind} {name!r} at {where}"
-    if deadline_s is not None and (isinstance(deadline_s, bool)
-                                   or not isinstance(deadline_s, (int, float))
-                                   or not deadline_s > 0):
-        raise GraphError(f"{here}: deadline_s must be a number of seconds > 0 or None, got "
-                         f"{deadline_s!r}")
-    if on_error not in ON_ERROR:
-        raise GraphError(f"{here}: on_error must be one of {list(ON_ERROR)}, got {on_error!r}")
-    options = {"deadline_s": None if deadline_s is None else float(deadline_s),
-               "on_error": on_error}
-    if concurrency is not None:
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise GraphError(f"{here}: concurrency must be a whole number >= 1, got "
-                             f"{concurrency!r}")
-        options["concurrency"] = concurrency
-    return options
 
 
 @dataclass(slots=True)
@@ -123,42 +96,6 @@ class PoolSpec:
     name: str
     workers: int
     where: str
-
-
-def _tool_options(node: str, where: str, tools: Iterable[Any], max_turns: int, parser: str,
-                  max_total_tokens: int | None, pool: dict[str, Any]) -> dict[str, Any]:
-    """Check a generate stage's tool options now, so a bad one names the graph file's line."""
-    from pivotflow.errors import PivotflowError
-    from pivotflow.tools.parsers import PARSERS
-    from pivotflow.tools.registry import ToolRegistry
-
-    here = f"generate {node!r} at {where}"
-    registry = ToolRegistry()
-    try:
-        # a string is a comma-separated list of paths (what --set graph.tools=... gives)
-        for t in tools.split(",") if isinstance(tools, str) else list(tools):
-            if isinstance(t, str):
-                registry.load(t.strip())
-            else:
-                registry.add(t)
-    except PivotflowError as exc:
-        raise GraphError(f"{here}: {exc}") from None
-    if not len(registry):
-        raise GraphError(f"{here}: tools= names no tool")
-    if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
-        raise GraphError(f"{here}: max_turns must be an int >= 1, got {max_turns!r}")
-    if parser not in PARSERS:
-        raise GraphError(f"{here}: unknown tool_parser {parser!r}; known: {sorted(PARSERS)}")
-    if max_total_tokens is not None and (not isinstance(max_total_tokens, int)
-                                         or max_total_tokens < 1):
-        raise GraphError(f"{here}: max_total_tokens must be an int >= 1, got "
-                         f"{max_total_tokens!r}")
-    bad = sorted(set(pool) - TOOL_POOL_OPTIONS)
-    if bad:
-        raise GraphError(f"{here}: unknown tool_pool options {bad}; known: "
-                         f"{sorted(TOOL_POOL_OPTIONS)}")
-    return {"tools": registry, "max_turns": max_turns, "tool_parser": parser,
-            "max_total_tokens": max_total_tokens, "tool_pool": dict(pool)}
 
 
 def _prompt_table(name: str, where: str, path: str, prompt_key: str,
@@ -314,8 +251,8 @@ class Graph:
                                 "top_p": top_p, "min_tokens": min_tokens}
         writes = GENERATE_FIELDS
         if tools is not None:
-            opts.update(_tool_options(name, where, tools, max_turns, tool_parser,
-                                      max_total_tokens, tool_pool or {}))
+            opts.update(tool_options(name, where, tools, max_turns, tool_parser,
+                                     max_total_tokens, tool_pool or {}))
             writes = writes | TOOL_FIELDS
         return self._add(Node(name, "generate", where, reads=frozenset({"prompt_ids"}),
                               writes=writes, model=model, pool=pool, options=opts))
@@ -333,7 +270,7 @@ class Graph:
         where = _caller_where()
         reads = fn_reads(template, where, name) | (fn_reads(parse, where, name) - {"verdict"})
         opts = {"template": template, "parse": parse, "max_tokens": max_tokens,
-                **_fault_options("judge", name, where, deadline_s, on_error)}
+                **fault_options("judge", name, where, deadline_s, on_error)}
         return self._add(Node(name, "judge", where, reads=reads, writes=JUDGE_FIELDS,
                               model=model, pool=pool, options=opts))
 
@@ -366,7 +303,7 @@ class Graph:
         reads = (fn_reads(template, where, name) if template is not None
                  else frozenset({"prompt", "response"}))
         opts = {"template": template,
-                **_fault_options("reward_model", name, where, deadline_s, on_error)}
+                **fault_options("reward_model", name, where, deadline_s, on_error)}
         return self._add(Node(name, "reward_model", where, reads=reads,
                               writes=REWARD_MODEL_FIELDS, model=model, pool=pool, options=opts))
 
@@ -400,9 +337,9 @@ class Graph:
         behind an API); a plain function runs inline and holds the loop while it runs."""
         where = _caller_where()
         return self._add(Node(name, "map", where, reads=fn_reads(fn, where, name),
-                              writes=_field_names(writes, where, name), fn=fn,
-                              options=_fault_options("map", name, where, deadline_s,
-                                                     on_error, concurrency)))
+                              writes=field_names(writes, where, name), fn=fn,
+                              options=fault_options("map", name, where, deadline_s,
+                                                    on_error, concurrency)))
 
     def group(self, name: str, fn: Callable[..., Any], *, writes: Iterable[str],
               deadline_s: float | None = DEFAULT_DEADLINE_S, on_error: str = "stop",
@@ -413,9 +350,9 @@ class Graph:
         for :meth:`map`."""
         where = _caller_where()
         return self._add(Node(name, "group", where, reads=fn_reads(fn, where, name),
-                              writes=_field_names(writes, where, name), fn=fn,
-                              options=_fault_options("group", name, where, deadline_s,
-                                                     on_error, concurrency)))
+                              writes=field_names(writes, where, name), fn=fn,
+                              options=fault_options("group", name, where, deadline_s,
+                                                    on_error, concurrency)))
 
     def filter(self, name: str, fn: Callable[..., bool], *,
                deadline_s: float | None = DEFAULT_DEADLINE_S, on_error: str = "stop",
@@ -424,8 +361,8 @@ class Graph:
         ``deadline_s``, ``on_error`` and ``concurrency`` as for :meth:`group`."""
         where = _caller_where()
         return self._add(Node(name, "filter", where, reads=fn_reads(fn, where, name), fn=fn,
-                              options=_fault_options("filter", name, where, deadline_s,
-                                                     on_error, concurrency)))
+                              options=fault_options("filter", name, where, deadline_s,
+                                                    on_error, concurrency)))
 
     def train(self, name: str, *, model: str, pool: str, lr: float = 3e-4,
               kl_coef: float = 0.0, kl_estimator: str = "k3", **loss_options: Any) -> Node:
@@ -512,14 +449,3 @@ class Graph:
         lines.append("  pools: " + ", ".join(f"{p.name}={p.workers}" for p in self.pools.values()))
         lines.append("  models: " + ", ".join(f"{m.name}={m.source}" for m in self.models.values()))
         return "\n".join(lines)
-
-
-def _field_names(writes: Iterable[str], where: str, stage: str) -> frozenset[str]:
-    """``writes`` as a set; names starting with "_" are the controller's own (its per-sample
-    state, never passed to stage functions), so a stage may not write one."""
-    names = frozenset(writes)
-    reserved = sorted(repr(n) for n in names if not isinstance(n, str) or n.startswith("_"))
-    if reserved:
-        raise GraphError(f"stage {stage!r} at {where}: field names {', '.join(reserved)} are "
-                         "not allowed (names starting with '_' are the controller's own)")
-    return names

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from pivotflow.controller import stages, user_code
 from pivotflow.controller.sample import Sample, held_out
 from pivotflow.errors import StageError
-from pivotflow.graph import DEFAULT_CONCURRENCY
+from pivotflow.stage_options import DEFAULT_CONCURRENCY
 
 if TYPE_CHECKING:
     from pivotflow.controller.core import Controller

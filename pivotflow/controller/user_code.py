@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from pivotflow.controller.sample import Sample, held_out
 from pivotflow.errors import StageError
-from pivotflow.graph import DEFAULT_DEADLINE_S
+from pivotflow.stage_options import DEFAULT_DEADLINE_S
 
 if TYPE_CHECKING:
     from pivotflow.controller.core import Controller
