@@ -73,7 +73,7 @@ class RunCallbacks:
         self.sinks.write(record)
         self.live.update_step(record)
         if self.cfg.checkpoint_every and record["step"] % self.cfg.checkpoint_every == 0:
-            self.ctl.checkpoint_soon(self.checkpoint)
+            self.ctl.collector.collect(self.checkpoint)
 
     def on_eval_round(self, record: dict[str, Any]) -> None:
         try:

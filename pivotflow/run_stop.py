@@ -47,7 +47,7 @@ def with_hint(error: BaseException, seg: Segment, step: int | None) -> BaseExcep
 
 class Interrupt:
     """Ctrl-C or SIGTERM: first take the generations in flight back as partial states and
-    checkpoint them (``Controller.checkpoint_soon``), then stop; a second signal, or workers
+    checkpoint them (``CheckpointCollector.collect``), then stop; a second signal, or workers
     that do not answer within ``grace_s``, stop at once (the checkpoint then regenerates those
     sequences)."""
 
@@ -68,7 +68,7 @@ class Interrupt:
             self.write()
             self.checkpointed = True
             self.ctl.fail(stop)
-        self.ctl.checkpoint_soon(write_then_stop)
+        self.ctl.collector.collect(write_then_stop)
         asyncio.get_running_loop().call_later(self.grace_s, self.ctl.fail, stop)
 
     on_sigint = on_signal

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import statistics
-from collections.abc import Callable, Set
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from pivotflow import defaults
 from pivotflow.controller import stages, user_code, user_metrics
 from pivotflow.controller.async_calls import AsyncCalls
 from pivotflow.controller.barriers import Barriers
+from pivotflow.controller.checkpoint_collector import CheckpointCollector
 from pivotflow.controller.clock import Clock
 from pivotflow.controller.edges import Edge
 from pivotflow.controller.evaluation import Evaluation
@@ -42,7 +43,7 @@ from pivotflow.controller.user_metrics import UserMetrics
 from pivotflow.errors import GraphError, WorkerError
 from pivotflow.graph import TEXT_FIELDS, Graph
 from pivotflow.planner.base import Planner, PlannerView, StaticPlanner
-from pivotflow.protocol import AbortJobs, AssignRole, Jobs, Shutdown, ToWorker, TrainDone
+from pivotflow.protocol import AssignRole, Jobs, Shutdown, ToWorker, TrainDone
 from pivotflow.tokenizer.base import Tokenizer
 from pivotflow.tools.pool import ToolPool
 from pivotflow.transport.base import ControllerTransport
@@ -117,6 +118,8 @@ class Controller:
         self.ledger = Ledger()
         self.user_metrics = UserMetrics()  # what the graph's own code logs (log_metric)
         self.jobs = JobTable({i: self.order[i].pool or "" for i in self.edges}, self.pools)
+        # a snapshot's wait for the generations in flight (checkpoint_collector.py)
+        self.collector = CheckpointCollector(self.jobs, self.send)
         self.version = 0
         self.training = TrainSteps(self, self.order[-1].pool or "", store_dir)
         self.tokens_generated = 0
@@ -124,8 +127,6 @@ class Controller:
         self.recovery = Recovery(self, respawn, cfg.max_worker_restarts)
         self.planner: Planner = planner or StaticPlanner()
         self.decisions: list[dict[str, Any]] = []
-        self._ckpt_pending: set[int] = set()
-        self._ckpt_write: Callable[[], None] | None = None
         self.filtered_since_step = 0
         self.errors = {"generation": 0}
         self.tools = ToolCalls(self, tool_pools)  # multi-turn stages' calls
@@ -269,12 +270,6 @@ class Controller:
     def evaluating(self) -> bool:
         """An evaluation round is in flight or still to come."""
         return self.evaluation is not None and self.evaluation.busy
-
-    @property
-    def checkpoint_pending(self) -> Set[int]:
-        """The jobs a pending checkpoint waits for (empty when none; read-only here: they
-        leave it through ``checkpoint_job_back``)."""
-        return self._ckpt_pending
 
     # ------------------------------------------------------------ the flow
 
@@ -422,35 +417,8 @@ class Controller:
         self.filtered_since_step += 1
         return self.filtered_since_step, self.cfg.max_filtered_per_step * self.source.groups_per_step
 
-    def checkpoint_soon(self, write: Callable[[], None]) -> None:
-        """Call ``write`` once every generation in flight has come back as its partial state
-        (aborted, as for a migration), so a snapshot then holds their tokens so far; dispatch
-        pauses until then, and the sequences resume from their prefixes right after."""
-        if self._ckpt_write is not None:  # one is collecting already: write after it
-            first, then = self._ckpt_write, write
-            self._ckpt_write = lambda: (first(), then())[-1]
-            return
-        by_worker: dict[str, list[int]] = {}
-        for job_id, (_, _, wid, _) in self.jobs.items():
-            by_worker.setdefault(wid, []).append(job_id)
-        if not by_worker:
-            write()
-            return
-        self._ckpt_pending = {j for ids in by_worker.values() for j in ids}
-        self._ckpt_write = write
-        for wid, ids in by_worker.items():
-            self.send(wid, AbortJobs(job_ids=sorted(ids)))
-
-    def checkpoint_job_back(self, job_id: int) -> None:
-        """A job the pending checkpoint waits for came back (or was re-queued by recovery)."""
-        if job_id in self._ckpt_pending:
-            self._ckpt_pending.discard(job_id)
-            if not self._ckpt_pending and self._ckpt_write is not None:
-                write, self._ckpt_write = self._ckpt_write, None
-                write()
-
     def _dispatch(self, idx: int, now: float) -> None:
-        if self._ckpt_pending:
+        if self.collector.waiting:
             return  # a checkpoint is collecting partial states
         edge = self.edges[idx]
         node = self.order[idx]

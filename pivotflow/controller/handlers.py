@@ -134,8 +134,8 @@ class Handlers:
             carried = ctl.partial is not None and ctl.partial.came_back(r.job_id)
             if carried:
                 sample.private[stages.CARRIED] = len(r.token_ids)
-            if r.job_id in ctl.checkpoint_pending:
-                ctl.checkpoint_job_back(r.job_id)
+            if r.job_id in ctl.collector.waiting:
+                ctl.collector.job_back(r.job_id)
             elif not carried:
                 ctl.shifts.on_aborted(w.worker_id, r.job_id)
             return
@@ -145,7 +145,7 @@ class Handlers:
                         sample.sample_id, r.error)
         if idx in ctl.tools.turns:
             if ctl.tools.on_turn(idx, sample, r):  # its calls run, then the next turn
-                ctl.checkpoint_job_back(r.job_id)  # waiting on them, a snapshot sees it
+                ctl.collector.job_back(r.job_id)  # waiting on them, a snapshot sees it
                 return
             ctl.rollout_done(sample, idx)
         elif node.kind == "generate":
@@ -164,8 +164,8 @@ class Handlers:
         ctl.advance(sample, idx + 1, now)  # (dropped there if its group was skipped)
         # finished before a checkpoint's abort reached it; only now is the sample somewhere a
         # snapshot sees it (the next stage), so only now may the checkpoint be written
-        if ctl.checkpoint_pending:
-            ctl.checkpoint_job_back(r.job_id)
+        if ctl.collector.waiting:
+            ctl.collector.job_back(r.job_id)
 
     def _on_train_done(self, w: WorkerHandle, msg: TrainDone) -> None:
         ctl = self.ctl

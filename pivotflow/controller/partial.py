@@ -120,8 +120,8 @@ class PartialRollouts:
         self.aborting.discard(r.job_id)
         if idx in self.stages:  # its tokens, the prefix too (counted nowhere else)
             self.tokens_refused += len(r.token_ids)
-        if r.job_id in ctl.checkpoint_pending:
-            ctl.checkpoint_job_back(r.job_id)
+        if r.job_id in ctl.collector.waiting:
+            ctl.collector.job_back(r.job_id)
         elif r.finish_reason == "abort":
             ctl.shifts.on_aborted(worker_id, r.job_id)
         return True

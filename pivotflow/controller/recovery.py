@@ -89,7 +89,7 @@ class Recovery:
                 self.redispatched += 1
         # only now, every sample back in a queue, may a pending checkpoint stop waiting
         for job_id, _, _ in taken:
-            ctl.checkpoint_job_back(job_id)
+            ctl.collector.job_back(job_id)
 
     def _replace(self, dead: WorkerHandle) -> None:
         ctl = self.ctl

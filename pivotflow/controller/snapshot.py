@@ -3,7 +3,7 @@
 What it holds: the policy version, the ledger (which groups were trained), the prompt source's
 cursor and random states, and every sample of a group admitted but not trained yet, with the
 stage it waits at and the fields it has. Periodic checkpoints first take every generation in
-flight back as its partial state (``Controller.checkpoint_soon``, an abort like a migration's),
+flight back as its partial state (``CheckpointCollector.collect``, an abort like a migration's),
 so those sequences resume from their tokens so far, with their logprobs and versions; a sample
 still queued (or in flight when the run was stopped by Ctrl-C) is generated again, token for
 token the same, since sampling noise is a function of (seed, position). Finished samples keep

@@ -45,7 +45,7 @@ async def stopped_while_generating(h: Harness) -> tuple[int, ControllerState, di
         h.records.append(record)
         busy = any(idx == rollout for _, idx, _, _ in h.ctl.jobs.values())
         if record["step"] >= 2 and busy and not taken:
-            h.ctl.checkpoint_soon(lambda: (
+            h.ctl.collector.collect(lambda: (
                 taken.append((record["step"], snapshot(h.ctl), dict(h.ctl.train_buffer.first))),
                 h.ctl.fail(RuntimeError("stopped"))))
     h.ctl.on_step = on_step

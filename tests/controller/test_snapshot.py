@@ -70,7 +70,7 @@ async def test_a_checkpoint_takes_partial_generations_and_they_resume() -> None:
     def on_step(record: dict) -> None:
         h.records.append(record)
         if record["step"] == 2:
-            h.ctl.checkpoint_soon(lambda: taken.append(snapshot(h.ctl)))
+            h.ctl.collector.collect(lambda: taken.append(snapshot(h.ctl)))
     h.ctl.on_step = on_step
     async with serving(h, dict(POOLS), ticks={"w-r0": 0.01, "w-r1": 0.01}) as (run, workers):
         await asyncio.wait_for(run, 30)

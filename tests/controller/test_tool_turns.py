@@ -261,7 +261,7 @@ async def test_a_checkpoint_taken_while_calls_run_resumes_them() -> None:
         async with serving(first, pools) as (run, _):
             while not first.ctl.tools.waiting:
                 await asyncio.sleep(0.001)
-            first.ctl.checkpoint_soon(write)
+            first.ctl.collector.collect(write)
             with pytest.raises(RuntimeError, match="stopped"):
                 await asyncio.wait_for(run, 30)
         (state,) = taken
