@@ -25,6 +25,7 @@ from pivotflow.worker.worker_config import WorkerConfig
 
 if TYPE_CHECKING:
     from pivotflow.controller.core import ControllerConfig
+    from pivotflow.graph import Graph
 
 # What models run in (weights and activations); "auto" is the dtype model's config.json names
 # (float32 when it names none). The short names are aliases, as in the engines' own flags.
@@ -200,6 +201,24 @@ def engine_of(cfg: RunConfig, pool: str) -> str:
     return cfg.engines.get(pool, cfg.engine)
 
 
+def with_model_engines(cfg: RunConfig, graph: Graph, overrides: dict[str, Any]) -> RunConfig:
+    """The run's configuration with ``g.model(..., engine=KIND)`` applied: each pool that
+    generates with such a model (a rollout or judge stage's) runs that engine, unless the
+    overrides name one (``engine``: every pool; ``engine.POOL``: that pool). The command line
+    wins over the file, as ``--set graph.KNOB`` does over a graph knob. Raises ConfigError
+    where the result asks for tensor parallelism on an engine without it."""
+    engines = dict(cfg.engines)
+    for node in graph.nodes.values():
+        spec = graph.models.get(node.model or "")
+        if ("engine" not in overrides and node.kind in ("generate", "judge") and node.pool
+                and spec is not None and spec.engine is not None
+                and f"engine.{node.pool}" not in overrides):
+            engines[node.pool] = spec.engine
+    cfg = msgspec.structs.replace(cfg, engines=engines)
+    _check_tensor_parallel(cfg)  # (resolve left it here: graph_engines)
+    return cfg
+
+
 def tensor_parallel_of(cfg: RunConfig, pool: str) -> int:
     """A pool's engine's tensor parallelism: its own, else ``tensor_parallel`` where its
     engine has any (vLLM, SGLang), else 1."""
@@ -225,8 +244,10 @@ def valid_keys(graph_defaults: dict[str, Any], pools: list[str] | None) -> list[
 
 
 def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
-            pools: list[str] | None = None) -> RunConfig:
-    """Apply overrides to the defaults; raises ConfigError naming the bad key."""
+            pools: list[str] | None = None, *, graph_engines: bool = False) -> RunConfig:
+    """Apply overrides to the defaults; raises ConfigError naming the bad key.
+    ``graph_engines``: the graph's models may still name their pools' engines, so the check
+    of tensor parallelism against each pool's engine waits for ``with_model_engines``."""
     top: dict[str, Any] = {}
     graph = dict(graph_defaults)
     pool_sizes: dict[str, int] = {}
@@ -291,13 +312,12 @@ def resolve(overrides: dict[str, Any], graph_defaults: dict[str, Any],
     _check_planner_knobs(cfg, knobs, sections)
     if cfg.colocate:
         colocate_groups(cfg, pools)
-    from pivotflow.engines import ENGINE_KINDS
-
     for key, kind in [("engine", cfg.engine), *((f"engine.{p}", k) for p, k in cfg.engines.items())]:
-        if kind not in ENGINE_KINDS:
+        if kind not in defaults.ENGINE_KINDS:
             raise ConfigError(f"--set {key}={kind}: unknown engine; valid: "
-                              f"{', '.join(ENGINE_KINDS)}")
-    _check_tensor_parallel(cfg)
+                              f"{', '.join(defaults.ENGINE_KINDS)}")
+    if not graph_engines:
+        _check_tensor_parallel(cfg)
     if cfg.dtype not in DTYPES:
         raise ConfigError(f"--set dtype={cfg.dtype}: unknown dtype; valid: {', '.join(DTYPES)}")
     kind, _, index = cfg.device.partition(":")

@@ -25,6 +25,8 @@ RATIO_LEVELS = ("token", "sequence")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 THREADS_PER_WORKER = 1  # torch threads in each worker process
 RESULTS_PER_FRAME = 0  # a worker's results per JobsDone frame (0: every one a step finished)
-ENGINE = "torch"  # the engine a generate worker runs (engines.ENGINE_KINDS)
+ENGINE = "torch"  # the engine a generate worker runs
+# the engines a pool may run (pivotflow.engines.make_engine; echo: no model, for the benches)
+ENGINE_KINDS = ("torch", "vllm", "sglang", "echo")
 DTYPE = "auto"  # the dtype the model's config.json names
 DEVICE = "cpu"

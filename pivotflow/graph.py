@@ -26,6 +26,7 @@ from typing import Any, Literal
 import msgspec
 
 from pivotflow.controller.user_metrics import log_metric  # noqa: F401 (for graph files)
+from pivotflow.defaults import ENGINE_KINDS
 from pivotflow.errors import GraphError, TaskError
 from pivotflow.stage_options import (
     DEFAULT_CONCURRENCY,
@@ -85,7 +86,7 @@ class Node:
 class ModelSpec:
     name: str
     source: str  # "builtin:policy" | "builtin:judge" | a checkpoint directory
-    engine: str
+    engine: str | None  # what its generating pools run unless --set says (None: the run's)
     where: str
     context: int | None = None  # max positions to serve, when not the checkpoint's
     adapter: str | None = None  # a PEFT LoRA adapter folder merged into the weights at load
@@ -149,14 +150,20 @@ class Graph:
 
     # ------------------------------------------------------------ resources
 
-    def model(self, name: str, *, source: str, engine: str = "torch",
+    def model(self, name: str, *, source: str, engine: str | None = None,
               context: int | None = None, adapter: str | None = None) -> ModelSpec:
         """Declare a model: ``builtin:policy``, ``builtin:judge`` or a checkpoint directory.
+        ``engine`` (``torch``, ``vllm``, ``sglang``): what the pools that generate with it
+        run, unless ``--set engine=KIND`` or ``--set engine.POOL=KIND`` says otherwise
+        (None: the run's ``engine``, ``torch`` by default).
         ``context`` serves it with that many positions instead of the checkpoint's (RoPE has
         no learned positions; quality past the trained length is the model's own).
         ``adapter``: a PEFT LoRA adapter folder (an SFT run's, say) merged into ``source``'s
         weights when the run loads them; the run starts from the merged model."""
         spec = ModelSpec(name, source, engine, _caller_where(), context, adapter or None)
+        if engine is not None and engine not in ENGINE_KINDS:
+            raise GraphError(f"model {name!r} at {spec.where}: unknown engine {engine!r}; "
+                             f"valid: {', '.join(ENGINE_KINDS)}")
         if name in self.models:
             raise GraphError(f"model {name!r} declared twice (at {self.models[name].where} "
                              f"and {spec.where})")
@@ -447,5 +454,7 @@ class Graph:
             lines.append(f"  {n.kind:8s} {n.name}{res}  reads={sorted(n.reads)} "
                          f"writes={sorted(n.writes)}")
         lines.append("  pools: " + ", ".join(f"{p.name}={p.workers}" for p in self.pools.values()))
-        lines.append("  models: " + ", ".join(f"{m.name}={m.source}" for m in self.models.values()))
+        lines.append("  models: " + ", ".join(
+            f"{m.name}={m.source}" + (f" (engine {m.engine})" if m.engine else "")
+            for m in self.models.values()))
         return "\n".join(lines)

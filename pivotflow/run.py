@@ -24,6 +24,7 @@ from pivotflow.config import (
     parse_overrides,
     resolve,
     valid_keys,
+    with_model_engines,
 )
 from pivotflow.controller.clock import LoopClock
 from pivotflow.controller.core import Controller
@@ -136,8 +137,9 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
             raise ConfigError(f"--steps {steps} and --set steps={given['steps']} are both "
                               "given; keep one")
         given["steps"] = steps
-    cfg = resolve(given, defaults)
+    cfg = resolve(given, defaults, graph_engines=True)
     graph = build_graph(module, cfg.graph)
+    cfg = with_model_engines(cfg, graph, given)
     out, ckpt, passed_over = resume_point(resume, out, graph.name)
     prev = read_config(out) if ckpt is not None else {}
     cont = Continuation()
@@ -145,8 +147,10 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
     changes: list[str] = []
     if ckpt is not None:
         cont = Continuation.of(out, ckpt.step, ckpt.path.name, prev)
-        cfg = resolve(inherited(prev, given, defaults, list(graph.pools)), defaults)
+        overrides = inherited(prev, given, defaults, list(graph.pools))
+        cfg = resolve(overrides, defaults, graph_engines=True)
         graph = build_graph(module, cfg.graph)
+        cfg = with_model_engines(cfg, graph, overrides)  # (an earlier run's engine wins)
         if workers is None:
             workers = prev.get("workers_total")
         if cfg.steps <= ckpt.step:

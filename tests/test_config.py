@@ -241,3 +241,53 @@ def test_models_seed_lets_another_rl_seed_share_the_built_in_models(
     assert result.summary["steps"] == 1
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()
                   if not p.name.startswith(".")) == ["models-v3-seed0"]
+
+
+def _genrm_graph(policy_engine: str | None, judge_engine: str | None) -> Any:
+    from pivotflow.graph_check import load_graph
+
+    graph = load_graph(Path(__file__).parents[1] / "graphs" / "grpo_genrm.py")
+    graph.models["policy"].engine = policy_engine
+    graph.models["judge"].engine = judge_engine
+    return graph
+
+
+def test_a_models_engine_is_what_its_generating_pools_run_unless_the_command_line_says() -> None:
+    from pivotflow.config import engine_of, with_model_engines
+
+    graph = _genrm_graph(None, "vllm")  # g.model("judge", ..., engine="vllm")
+    given = parse_overrides([])
+    cfg = with_model_engines(resolve(given, {}), graph, given)
+    assert [engine_of(cfg, p) for p in ("rollout", "genrm")] == ["torch", "vllm"]
+    assert cfg.worker_config("genrm").engine == "vllm"  # what the pool's workers are told
+    assert cfg.worker_config("trainer").engine == "torch"  # (a train pool generates nothing)
+    for sets, want in ((["engine=sglang"], ["sglang", "sglang"]),  # the whole run's
+                       (["engine.genrm=torch"], ["torch", "torch"]),  # that pool's
+                       (["engine.rollout=vllm"], ["vllm", "vllm"])):
+        given = parse_overrides(sets)
+        cfg = with_model_engines(resolve(given, {}), graph, given)
+        assert [engine_of(cfg, p) for p in ("rollout", "genrm")] == want, sets
+    # tensor parallelism is checked against the engine the file names ...
+    graph = _genrm_graph(None, "vllm")
+    given = parse_overrides(["tensor_parallel.genrm=2"])
+    cfg = with_model_engines(resolve(given, {}, graph_engines=True), graph, given)
+    assert (engine_of(cfg, "genrm"), cfg.tensor_parallels) == ("vllm", {"genrm": 2})
+    # ... and one the file does not name is still refused
+    given = parse_overrides(["tensor_parallel.rollout=2"])
+    with pytest.raises(ConfigError, match=r"tensor_parallel\.rollout=2: pool 'rollout' runs "
+                                          r"the torch engine, which has no tensor parallelism"):
+        with_model_engines(resolve(given, {}, graph_engines=True), graph, given)
+
+
+def test_an_unknown_engine_in_a_graph_file_is_one_line_naming_the_model_and_line() -> None:
+    from pivotflow.errors import GraphError
+    from pivotflow.graph import Graph
+
+    with pytest.raises(GraphError) as err:
+        Graph("x").model("policy", source="builtin:policy", engine="vlm")
+    msg = str(err.value)
+    assert "\n" not in msg and "model 'policy' at " in msg and "test_config.py:" in msg
+    assert "unknown engine 'vlm'; valid: torch, vllm, sglang, echo" in msg
+    described = _genrm_graph(None, "vllm").describe()
+    assert "judge=builtin:judge (engine vllm)" in described
+    assert "policy=builtin:policy," in described  # (none named: the run's)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from pivotflow.defaults import ENGINE_KINDS
 from pivotflow.engines.base import Engine
 from pivotflow.errors import EngineError
-
-ENGINE_KINDS = ("torch", "vllm", "sglang", "echo")
 
 
 def make_engine(kind: str, model_config: Any, **kw: Any) -> Engine:
