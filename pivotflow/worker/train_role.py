@@ -232,6 +232,9 @@ class TrainRole:
         summed = torch.tensor(list(sums.values()), dtype=torch.float64)
         self.group.all_reduce_sum([summed])
         out = dict(zip(sums, summed.tolist(), strict=True))
+        # the step's valid tokens, every rank's and mini-batch's (``train_tokens``): averaged
+        # as above, the loss's count would be a token-weighted mean of micro-batch sizes
+        out["tokens"] = float(sum(tokens for _, tokens, _ in parts))
         if critic_norm is not None:
             out["critic_grad_norm"] = critic_norm
             explained_variance(out)

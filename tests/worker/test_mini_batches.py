@@ -133,8 +133,7 @@ def test_the_decoupled_loss_keeps_the_steps_first_weights_as_proximal(tmp_path: 
 
 def rank_proc(root: str, msg: TrainStep, q: mp.Queue) -> None:
     role = TrainRole(ShmParamStore(root), "policy", {**OPTS, "mini_batches": 2})
-    role.train(msg)
-    q.put(msg.rank)
+    q.put((msg.rank, role.train(msg).stats["tokens"]))
     role.release()
 
 
@@ -151,7 +150,24 @@ def test_two_trainers_take_the_same_mini_batch_updates_as_one(tmp_path: Path) ->
                       rendezvous=rendezvous, part_sizes=m.part_sizes,
                       part_tokens=m.part_tokens, part_seqs=m.part_seqs)
             for m in steps_for(seqs, 2, 2)]
-    assert sorted(run_spawned(rank_proc, [(str(two_root), m) for m in msgs])) == [0, 1]
+    total = float(sum(valid_tokens(s) for s in seqs))  # (each rank reports the step's)
+    assert sorted(run_spawned(rank_proc, [(str(two_root), m) for m in msgs])) == [
+        (0, total), (1, total)]
     a, b = one.load("policy", 1)[2], ShmParamStore(two_root).load("policy", 1)[2]
     for k in a:  # (float rounding of the summed gradients, which Adam scales up near 0)
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@pytest.mark.parametrize("knobs", [{}, {"micro_batch_tokens": 5}, {"mini_batches": 2},
+                                   {"mini_batches": 2, "epochs": 2, "micro_batch_tokens": 4}])
+def test_a_steps_tokens_are_all_it_trained_however_it_is_cut(tmp_path: Path,
+                                                              knobs: dict) -> None:
+    """``train_tokens`` is the step's valid tokens, whatever its micro-batches, mini-batches
+    and epochs (before 12-06 a token-weighted mean of its micro-batches' sizes: 122 of a
+    244-token step on two trainers)."""
+    seqs = batch(8)
+    role = TrainRole(store_at(tmp_path / "t"), "policy", {**OPTS, **knobs})
+    msg = (steps_for(seqs, 2, 1)[0] if knobs.get("mini_batches")
+           else TrainStep(step=0, seqs=seqs))
+    assert role.train(msg).stats["tokens"] == sum(valid_tokens(s) for s in seqs)
+    role.release()
