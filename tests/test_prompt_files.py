@@ -28,8 +28,10 @@ def weight_reward(prompts, completions, weight, log_metric, **_):
     return list(weight)
 
 
-def exact_reward(prompts, completions, answer, trainer_state, **_):
-    assert trainer_state.global_step >= 0
+def exact_reward(prompts, completions, answer, trainer_state, log_extra, **_):
+    # TRL's log_extra: a column of its completions table, here a field of each sample
+    progress = trainer_state.global_step / trainer_state.max_steps  # (a curriculum's)
+    log_extra("progress", [progress] * len(completions))
     return [float(check_answer(a, c)) for a, c in zip(answer, completions)]
 
 def build(config):
@@ -50,7 +52,8 @@ def build(config):
 
 MAP_REWARD = 'g.map("reward", reward, writes=["reward"])'
 TRL_REWARD = ('g.group("reward", trl_reward([weight_reward, exact_reward], group=True, '
-              'each=True), writes=["reward", "reward_weight_reward", "reward_exact_reward"])')
+              'each=True, extra=("progress",)), writes=["reward", "reward_weight_reward", '
+              '"reward_exact_reward", "progress"])')
 
 
 def graph_with_table(tmp_path: Path, random_models: dict[str, Path],
@@ -81,15 +84,17 @@ def test_a_parquet_prompt_file_feeds_the_run(tmp_path: Path,
         # the column's 2.0 on every sample, plus the exact rule's 1.0 where it is right
         assert rec["reward_mean"] == pytest.approx(2.0 + rec["task_accuracy"])
         assert rec["task_accuracy"] is not None  # checked by the arithmetic rule
+        # (staleness 0: step N's samples were drawn by version N - 1, of 3 steps)
         assert rec["field_means"] == pytest.approx({"reward_weight_reward": 2.0,
-                                                    "reward_exact_reward": rec["task_accuracy"]})
+                                                    "reward_exact_reward": rec["task_accuracy"],
+                                                    "progress": (rec["step"] - 1) / 3})
         # each step's groups are rewarded after the step before it is recorded (staleness 0)
         assert rec["logged_metrics"] == {"group_size": 4.0}
     # and each logged sample shows each function's reward, as TRL's completions table does
     lines = read_metrics(tmp_path / "out" / "samples.jsonl")
-    assert lines and all(line["stage_fields"] == {"reward_weight_reward": 2.0,
-                                                  "reward_exact_reward": float(line["correct"])}
-                         for line in lines)
+    assert lines and all(line["stage_fields"] == pytest.approx({
+        "reward_weight_reward": 2.0, "reward_exact_reward": float(line["correct"]),
+        "progress": line["versions_min"] / 3}) for line in lines)
 
 
 def test_a_run_on_a_prompt_file_resumes_where_it_stopped(tmp_path: Path,

@@ -116,7 +116,7 @@ class Controller:
         if self.partial is not None:
             source.extra = self.partial.extra_groups(cfg.over_sample)
         self.ledger = Ledger()
-        self.user_metrics = UserMetrics()  # what the graph's own code logs (log_metric)
+        self.user_metrics = UserMetrics(cfg.steps)  # what the graph's own code logs (log_metric)
         self.jobs = JobTable({i: self.order[i].pool or "" for i in self.edges}, self.pools)
         # a snapshot's wait for the generations in flight (checkpoint_collector.py)
         self.collector = CheckpointCollector(self.jobs, self.send)

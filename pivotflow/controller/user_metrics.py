@@ -23,10 +23,12 @@ from pivotflow.errors import PivotflowError
 
 
 class UserMetrics:
-    """Each name's sum and count since the last ``drain``."""
+    """Each name's sum and count since the last ``drain``; and the run's ``steps``, which a
+    TRL reward function reads as ``trainer_state.max_steps`` (``run_steps``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, steps: int = 0) -> None:
         self._sums: dict[str, list[float]] = {}
+        self.steps = steps
 
     def log(self, name: str, value: float) -> None:
         if not isinstance(name, str) or not name.strip():
@@ -72,3 +74,10 @@ def log_metric(name: str, value: float) -> None:
         raise PivotflowError("log_metric: no run is recording; call it from a stage function "
                              "of a running graph")
     _current.log(name, value)
+
+
+def run_steps() -> int:
+    """The optimizer steps the recording run makes (its ``steps``; after a ``--resume`` with
+    more, the new number, as TRL's ``max_steps`` after a resume), 0 outside a run (TRL's
+    ``TrainerState`` default)."""
+    return 0 if _current is None else _current.steps

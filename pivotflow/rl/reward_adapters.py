@@ -14,10 +14,12 @@ their reward functions otherwise, and these wrap one unchanged:
   solution_strs=, ground_truths=, extra_infos=)`` on a prompt's group (``g.group``);
 * ``trl_reward(reward_funcs, weights)``: TRL's ``reward_funcs`` and ``reward_weights``, each
   function called on a batch as ``f(prompts=[...], completions=[...], completion_ids=[...],
-  trainer_state=..., log_metric=..., **columns)`` (each dataset column a list; a chat
-  prompt's completion is one assistant message, as TRL gives it) and returning a list of
-  floats or None ("does not apply"), summed with the weights as TRL sums them. The batch is one sample (``g.map``) or a prompt's group
-  (``group=True``, ``g.group``); the columns are the samples' fields but the per-token ones.
+  trainer_state=..., log_metric=..., log_extra=..., **columns)`` (each dataset column a
+  list; a chat prompt's completion is one assistant message, as TRL gives it) and returning a list of
+  floats or None ("does not apply"), summed with the weights as TRL sums them. The batch is
+  one sample (``g.map``) or a prompt's group (``group=True``, ``g.group``); the columns are
+  the samples' fields but the per-token ones; ``log_extra``'s columns (``extra=``) are
+  fields too.
 
     g.map("reward", verl_reward(compute_score), writes=["reward"])
 
@@ -37,7 +39,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pivotflow.controller.user_metrics import log_metric
+from pivotflow.controller.user_metrics import log_metric, run_steps
 
 # per-token fields the runtime writes, which TRL never passes a reward function
 _TOKEN_LEVEL = frozenset({"prompt_ids", "response_ids", "logprobs", "versions", "ref_logprobs",
@@ -105,7 +107,7 @@ def _verl_score(out: Any, name: str, extra: Sequence[str]) -> tuple[float, dict[
 
 def trl_reward(reward_funcs: RewardFunc | Sequence[RewardFunc],
                weights: Sequence[float] | None = None, *, group: bool = False,
-               each: bool = False) -> Callable[..., Any]:
+               each: bool = False, extra: Sequence[str] = ()) -> Callable[..., Any]:
     """TRL's ``reward_funcs`` (one function or a list) and ``reward_weights`` as a stage
     function writing ``reward``, summed as TRL's GRPO sums them: ``sum(w_i * r_i)`` over the
     functions that apply (a None leaves its term out, TRL's ``nansum``), and None when none
@@ -118,15 +120,25 @@ def trl_reward(reward_funcs: RewardFunc | Sequence[RewardFunc],
     a reward that runs a model or compares completions wants). ``each=True`` also writes each
     function's reward as ``reward_<its name>`` (None where it does not apply): add those to
     the stage's ``writes``, and the step's ``field_means`` in metrics.jsonl logs their means,
-    as TRL logs ``rewards/<name>/mean``."""
+    as TRL logs ``rewards/<name>/mean``.
+
+    ``extra=("parsed_answer", ...)``: the columns the functions may log with TRL's
+    ``log_extra(column, values)`` (one value per completion of the call), written as fields of
+    those names (add them to the stage's ``writes``; a column not logged in a call is None):
+    each sample's line in samples.jsonl shows them under ``stage_fields``, as TRL's
+    completions table shows its extra columns, and ``field_means`` averages the numeric ones.
+    A column logged twice in one call keeps the later values (TRL appends both, out of
+    step with its completions)."""
     funcs: list[RewardFunc] = (list(reward_funcs) if isinstance(reward_funcs, list | tuple)
                                else [reward_funcs])  # type: ignore[list-item]
     names = _func_names(funcs)
     scale = _weights(weights, len(funcs))
     fields_out = [f"reward_{n}" for n in names]
+    columns_out = _extra_columns(extra, ["reward", *fields_out])
 
     def rewards_of(fields: dict[str, list[Any]], n: int,
-                   finish: Callable[[list[list[float | None]]], Any]) -> Any:
+                   finish: Callable[[list[list[float | None]], dict[str, list[Any]]], Any]
+                   ) -> Any:
         prompts, completions = _conversation(fields.pop("prompt"), fields.pop("completion"))
         # the dataset's columns and the run's per-sample values, as TRL passes its columns;
         # the token-level ones left out but the response's ids (TRL's completion_ids)
@@ -134,21 +146,27 @@ def trl_reward(reward_funcs: RewardFunc | Sequence[RewardFunc],
         columns: dict[str, Any] = {k: v for k, v in fields.items()
                                    if k not in _TOKEN_LEVEL}
         columns["completion_ids"] = ids
-        columns["trainer_state"] = TrainerStep(_steps_done(fields.get("versions")))
+        columns["trainer_state"] = TrainerStep(_steps_done(fields.get("versions")),
+                                               run_steps())
         columns["log_metric"] = log_metric  # TRL's: into the step record's logged_metrics
+        logged = {c: [None] * n for c in columns_out}  # log_extra's columns for this call
+        columns["log_extra"] = _extra_logger(logged, n)
         return then([f(prompts=prompts, completions=completions, **columns) for f in funcs],
                      lambda outs: finish([_checked(out, name, n)
-                                          for out, name in zip(outs, names, strict=True)]))
+                                          for out, name in zip(outs, names, strict=True)],
+                                         logged))
 
     def total(per_func: list[float | None]) -> float | None:
         terms = [w * r for w, r in zip(scale, per_func, strict=True) if r is not None]
         return sum(terms) if terms else None
 
     def sample_reward(prompt: Any, completion: str, **fields: Any) -> Any:
-        def finish(per_func: list[list[float | None]]) -> Any:
+        def finish(per_func: list[list[float | None]], logged: dict[str, list[Any]]) -> Any:
             per = [r[0] for r in per_func]
-            return {"reward": total(per), **dict(zip(fields_out, per, strict=True))} if each \
-                else total(per)
+            if not (each or logged):
+                return total(per)
+            return {"reward": total(per), **(dict(zip(fields_out, per, strict=True)) if each
+                                             else {}), **{c: v[0] for c, v in logged.items()}}
 
         return rewards_of({"prompt": [prompt], "completion": [completion],
                            **{k: [v] for k, v in fields.items()}}, 1, finish)
@@ -156,8 +174,9 @@ def trl_reward(reward_funcs: RewardFunc | Sequence[RewardFunc],
     def group_reward(prompt: list[Any], completion: list[str], **fields: Any) -> Any:
         n = len(completion)
 
-        def finish(per: list[list[float | None]]) -> dict[str, list[Any]]:
-            out = {"reward": [total([r[i] for r in per]) for i in range(n)]}
+        def finish(per: list[list[float | None]],
+                   logged: dict[str, list[Any]]) -> dict[str, list[Any]]:
+            out = {"reward": [total([r[i] for r in per]) for i in range(n)], **logged}
             return {**out, **dict(zip(fields_out, per, strict=True))} if each else out
 
         return rewards_of({"prompt": list(prompt), "completion": list(completion), **fields},
@@ -174,10 +193,12 @@ class TrainerStep:
     """What a TRL reward function reads of ``trainer_state`` (transformers' ``TrainerState``)
     for reward shaping over a run: ``global_step``, the optimizer steps done when the response
     was sampled (its first token's policy version; with max_staleness > 0 a step or more
-    behind the trainer, as the response is). Other ``TrainerState`` attributes are not
+    behind the trainer, as the response is), and ``max_steps``, the run's ``steps`` (a
+    curriculum's ``global_step / max_steps``). Other ``TrainerState`` attributes are not
     known to a stage: reading one is an AttributeError the stage reports."""
 
     global_step: int
+    max_steps: int = 0
 
 
 def _func_names(funcs: list[Any]) -> list[str]:
@@ -194,6 +215,39 @@ def _func_names(funcs: list[Any]) -> list[str]:
             name = f"{name}_{i}"
         names.append(name)
     return names
+
+
+def _extra_columns(extra: Sequence[str], taken: list[str]) -> list[str]:
+    """``trl_reward``'s ``extra=``: field names, none of them the rewards' own."""
+    if isinstance(extra, str):
+        raise ValueError(f"trl_reward: extra={extra!r} is one string; give a sequence of "
+                         f"column names, extra=({extra!r},)")
+    out = list(extra)
+    for c in out:
+        if not isinstance(c, str) or not c.isidentifier() or c.startswith("_"):
+            raise ValueError(f"trl_reward: extra column {_short(c)} is not a field name (an "
+                             "identifier not starting with '_')")
+        if c in taken or out.count(c) > 1:
+            raise ValueError(f"trl_reward: extra column {c!r} is named twice (or is a "
+                             "reward's own field)")
+    return out
+
+
+def _extra_logger(logged: dict[str, list[Any]], n: int) -> Callable[[str, list[Any]], None]:
+    """TRL's ``log_extra(column, values)`` for one call: ``values[i]`` is completion ``i``'s."""
+
+    def log_extra(column: str, values: list[Any]) -> None:
+        if column not in logged:
+            raise ValueError(f"log_extra({_short(column)}): not a column this stage keeps; "
+                             f"name it in trl_reward(..., extra=({column!r},)) and in the "
+                             "stage's writes")
+        if isinstance(values, str) or not isinstance(values, Sequence) or len(values) != n:
+            raise ValueError(f"log_extra({column!r}): {type(values).__name__} "
+                             f"{_short(values)}; a list of one value per completion ({n} "
+                             "here)")
+        logged[column] = list(values)
+
+    return log_extra
 
 
 def _weights(weights: Sequence[float] | None, n: int) -> list[float]:

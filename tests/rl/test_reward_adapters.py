@@ -290,3 +290,73 @@ def test_a_trl_function_logs_through_log_metric() -> None:
         trl_reward(counted)(**FIELDS)
         trl_reward(counted, group=True)(prompt=["a"] * 3, completion=["1", "2", "3"])
     assert metrics.drain() == {"completions_seen": 2.0}  # (1 + 3) / 2
+
+
+def test_trl_log_extra_columns_become_the_samples_fields() -> None:
+    """TRL's ``log_extra(column, values)`` adds a column to its completions table; here each
+    column named in ``extra=`` is a field of the samples the call scored (samples.jsonl's
+    ``stage_fields``), None where a call logged none."""
+    def parsed(completions: list, log_extra: Any, **_: Any) -> list:
+        log_extra("parsed", [c.strip() for c in completions])
+        log_extra("digits", [sum(ch.isdigit() for ch in c) for c in completions])
+        return [1.0 for _ in completions]
+
+    def quiet(completions: list, **_: Any) -> list:
+        return [0.5 for _ in completions]
+
+    fn = trl_reward([parsed, quiet], extra=("parsed", "digits", "unused"))
+    assert fn(**{**FIELDS, "completion": " 44"}) == {"reward": 1.5, "parsed": "44",
+                                                      "digits": 2, "unused": None}
+    grouped = trl_reward([parsed, quiet], group=True, each=True, extra=("digits", "parsed"))
+    out = grouped(prompt=["a"] * 3, completion=["1", "x2 ", "3"])
+    assert out == {"reward": [1.5] * 3, "reward_parsed": [1.0] * 3, "reward_quiet": [0.5] * 3,
+                   "parsed": ["1", "x2", "3"], "digits": [1, 1, 1]}
+
+
+@pytest.mark.parametrize(("extra", "logs", "error"), [
+    ((), ("parsed", ["4"]), r"^log_extra\('parsed'\): not a column this stage keeps; name it "
+                            r"in trl_reward\(\.\.\., extra=\('parsed',\)\) and in the stage's "
+                            r"writes$"),
+    (("parsed",), ("parsed", ["4", "5"]), r"^log_extra\('parsed'\): list \['4', '5'\]; a list "
+                                          r"of one value per completion \(1 here\)$"),
+    (("parsed",), ("parsed", "4"), r"^log_extra\('parsed'\): str '4'; a list of one value "),
+])
+def test_a_trl_log_extra_call_it_cannot_keep_is_a_one_line_error(
+        extra: tuple, logs: tuple, error: str) -> None:
+    def logging(completions: list, log_extra: Any, **_: Any) -> list:
+        log_extra(*logs)
+        return [1.0]
+
+    with pytest.raises(ValueError, match=error):
+        trl_reward(logging, extra=extra)(**FIELDS)
+
+
+@pytest.mark.parametrize(("extra", "error"), [
+    ("parsed", r"^trl_reward: extra='parsed' is one string; give a sequence of column names, "
+               r"extra=\('parsed',\)$"),
+    (("_x",), r"^trl_reward: extra column '_x' is not a field name"),
+    (("a b",), r"^trl_reward: extra column 'a b' is not a field name"),
+    (("reward",), r"^trl_reward: extra column 'reward' is named twice \(or is a reward's own "),
+    (("p", "p"), r"^trl_reward: extra column 'p' is named twice"),
+])
+def test_trl_extra_columns_are_checked_when_the_graph_is_built(extra: Any, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        trl_reward(len, extra=extra)
+
+
+def test_trl_trainer_state_says_the_runs_max_steps() -> None:
+    """A curriculum reads ``trainer_state.global_step / trainer_state.max_steps``: max_steps is
+    the run's ``steps`` (0 outside a run, TRL's TrainerState default)."""
+    from pivotflow.controller.user_metrics import UserMetrics, recording
+
+    seen: list[tuple[int, int]] = []
+
+    def curriculum(completions: list, trainer_state: Any, **_: Any) -> list:
+        seen.append((trainer_state.global_step, trainer_state.max_steps))
+        return [trainer_state.global_step / max(trainer_state.max_steps, 1)]
+
+    fields = {**FIELDS, "versions": [5, 6]}
+    assert trl_reward(curriculum)(**fields) == 5.0
+    with recording(UserMetrics(steps=20)):
+        assert trl_reward(curriculum)(**fields) == 0.25
+    assert seen == [(5, 0), (5, 20)]
