@@ -63,6 +63,12 @@ def recording(metrics: UserMetrics) -> Iterator[None]:
         _current = before
 
 
+def recording_now() -> bool:
+    """True while a run records (a part that logs figures of its own, such as the code
+    reward's outcomes, logs nothing when called outside a run)."""
+    return _current is not None
+
+
 def log_metric(name: str, value: float) -> None:
     """Log ``value`` under ``name``: averaged into the next step record's ``logged_metrics``.
 

@@ -261,6 +261,29 @@ async def test_a_reward_server_is_called_beside_the_run_with_the_policys_text() 
     assert not Harness(steps=1, assignments=dict(POOLS)).ctl.wants_texts  # not decoded unasked
 
 
+async def test_a_code_reward_runs_each_program_in_the_sandbox_beside_the_run() -> None:
+    """``code_reward`` (rl/code_reward.py) as a map stage of a real controller: each sample's
+    program (here: one printing its completion) runs in a bubblewrap sandbox against the
+    sample's own cases, which the even samples pass and the odd fail: every step's reward
+    mean is exactly 0.5, and every group trains."""
+    from pivotflow.rl.code_reward import code_reward
+
+    def tests(completion: str, sample_id: int, **_: Any) -> dict[str, Any]:
+        want = completion if sample_id % 2 == 0 else completion + "!"
+        return {"tests": {"inputs": [""], "outputs": [want]}}
+
+    g = chain_graph(lambda g: [
+        g.map("tests", tests, writes=["tests"]),
+        g.map("reward", code_reward(timeout_s=5.0, extract=lambda c: f"print({c!r})"),
+              writes=["reward"]),
+        g.group("advantage", grpo_advantage, writes=["advantage"])], judge=False)
+    h = Harness(steps=3, assignments=dict(POOLS), graph=g)
+    await run_to_end(h, timeout=60)
+    assert sorted(g for r in h.records for g in r["group_ids"]) == list(range(6))
+    assert [r["reward_mean"] for r in h.records] == [0.5] * 3
+    assert h.records[-1]["logged_metrics"]["code_ok"] == 0.5
+
+
 async def test_a_slime_reward_runs_on_a_controllers_samples() -> None:
     """slime's custom_rm (rl/slime_reward.py), async, on a real controller's samples: each call
     sees slime's Sample with the prompt's ids before the response's, and every group trains."""

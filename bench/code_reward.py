@@ -1,0 +1,90 @@
+"""What the code reward's sandbox costs: programs scored a second in bubblewrap against the same
+programs run unsandboxed, on the same cases, in one sitting.
+
+Each program is a stdin/stdout solution (half right, half wrong: a wrong answer runs as long)
+scored on ``--cases`` cases, ``--workers`` programs at once, as ``code_reward`` runs them in a
+run's reward stage. Variants, alternated ``--repeats`` times (the order reversed each time):
+
+* ``bwrap``: ``isolation="bwrap"``, the default: a sandbox a program, each case a process;
+* ``none``: ``isolation="none"``: the same runner and case processes, no sandbox.
+
+The bound beside them: each case is a ``python -S -I`` process of its own in either variant,
+so ``none`` is what the sandbox can at most reach; ``case_start_ms`` is one such start-up,
+timed alone. The last line printed is one JSON object.
+
+    python bench/code_reward.py [--programs 64] [--cases 3] [--workers 2] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from pivotflow.rl.code_reward import CodeRunner, cases_of
+
+RIGHT = "import sys\na, b = map(int, sys.stdin.read().split())\nprint(a + b)\n"
+WRONG = "import sys\na, b = map(int, sys.stdin.read().split())\nprint(a - b)\n"
+
+
+def tests(n: int) -> dict[str, list[str]]:
+    return {"inputs": [f"{i} {i + 1}\n" for i in range(n)],
+            "outputs": [f"{2 * i + 1}\n" for i in range(n)]}
+
+
+async def score(runner: CodeRunner, programs: int, cases: int) -> tuple[float, float]:
+    """(programs a second, share of cases passed)."""
+    parsed = cases_of(tests(cases))
+    t = time.perf_counter()
+    results = await asyncio.gather(*(runner.run(RIGHT if i % 2 == 0 else WRONG, parsed, False)
+                                     for i in range(programs)))
+    seconds = time.perf_counter() - t
+    passed = sum(r["outcome"] == "ok" for rs in results for r in rs)
+    return programs / seconds, passed / (programs * cases)
+
+
+def case_start_ms(repeats: int = 20) -> float:
+    t = time.perf_counter()
+    for _ in range(repeats):
+        subprocess.run([sys.executable, "-S", "-I", "-c", "pass"], check=True)
+    return (time.perf_counter() - t) / repeats * 1e3
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--programs", type=int, default=64)
+    ap.add_argument("--cases", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args(argv)
+    runners = {kind: CodeRunner(workers=args.workers, timeout_s=5.0, memory_mb=512, nproc=64,
+                                isolation=kind) for kind in ("bwrap", "none")}
+    rates: dict[str, list[float]] = {k: [] for k in runners}
+    for r in range(args.repeats):
+        for kind in (("bwrap", "none") if r % 2 == 0 else ("none", "bwrap")):
+            rate, passed = asyncio.run(score(runners[kind], args.programs, args.cases))
+            assert passed == 0.5 or args.programs % 2, passed  # half right, as written
+            rates[kind].append(rate)
+            print(f"{kind:6s} repeat {r}: {rate:.1f} programs/s", file=sys.stderr)
+    median = {k: statistics.median(v) for k, v in rates.items()}
+    out = {"bench": "code_reward", "date": datetime.date.today().isoformat(),
+           "programs": args.programs, "cases": args.cases, "workers": args.workers,
+           "repeats": args.repeats,
+           "sandboxed_programs_per_s": round(median["bwrap"], 2),
+           "unsandboxed_programs_per_s": round(median["none"], 2),
+           "sandboxed_over_unsandboxed": round(median["bwrap"] / median["none"], 3),
+           "sandboxed_cases_per_s": round(median["bwrap"] * args.cases, 2),
+           "case_start_ms": round(case_start_ms(), 2),
+           "runs": {k: [round(x, 2) for x in v] for k, v in rates.items()}}
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""Rewards from running the policy's programs against test cases, in a sandbox.
+
+``code_reward(tests="tests")`` is an ``async def`` map stage function: it takes the program out
+of ``completion`` (the last fenced code block, else the whole text), runs it against the
+sample's ``tests`` field and writes the share of cases passed as ``reward`` (``mode="all"``:
+1.0 only if every case passes, as DeepCoder and verl's ``prime_code`` score), while the run
+goes on (an awaited stage: ``Graph.map``'s ``concurrency``).
+
+The cases, as code datasets carry them (a JSON string of them is read too):
+
+* stdin/stdout, APPS/TACO/CodeContests/DeepCoder: ``{"inputs": [...], "outputs": [...]}``;
+  a case passes when the program exits 0 and its stdout is the expected output, line by
+  line, trailing spaces left out;
+* a function call, LeetCode style: ``{"fn_name": "f", "inputs": [[args], ...], "outputs":
+  [...]}``; the function (or ``class Solution``'s method) called with the arguments must
+  return the output (compared as JSON values);
+* asserts, MBPP/HumanEval: a list of test sources (``["assert f(1) == 2", ...]``, each a
+  case) or one source (one case): the program, then the asserts, must run to their end.
+
+Each program runs in a bubblewrap sandbox of its own (``tools/bwrap.py``: no network, a
+read-only system, a private size-capped ``/tmp``, its own pid namespace), under
+``code_runner.py``, which runs each case as a process of its own with uid 65534 and limits on
+memory, CPU time, open files and file size, and kills it at ``timeout_s``. What it trusts and
+what a program can fake: ``code_runner``'s docstring. Each program's share of cases by outcome is
+averaged per step into ``logged_metrics``: ``code_ok``, ``code_wrong`` (ran, wrong answer),
+``code_error`` (raised, or exited non-zero), ``code_timeout``, ``code_other`` (out of memory
+or CPU time, too much output, killed by a signal, or the sandbox itself failed).
+
+Without bubblewrap, ``code_reward`` refuses unless ``isolation="none"`` (a warning: programs
+then run as the run's own user, with this host's filesystem and network; only the limits and
+the timeout hold).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import sys
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pivotflow.controller.user_metrics import log_metric, recording_now
+from pivotflow.tools import bwrap
+
+log = logging.getLogger("pivotflow.code_reward")
+
+RUNNER = str(Path(__file__).with_name("code_runner.py"))
+MODES = ("fraction", "all")
+# what each case's outcome is logged as (logged_metrics' code_ok, code_wrong, ...): the rare
+# ones (cpu, memory, output, crash, killed, the sandbox's own failure) as "other"
+LOGGED = ("ok", "wrong", "error", "timeout", "other")
+OUTCOME_GROUP = {"ok": "ok", "wrong": "wrong", "error": "error", "timeout": "timeout"}
+_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+
+
+def code_of(completion: str) -> str:
+    """The program in a completion: its last fenced block marked python (or unmarked), else
+    its last fenced block, else the whole text."""
+    blocks = _FENCE.findall(completion)
+    python = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3", "")]
+    if python:
+        return python[-1]
+    return blocks[-1][1] if blocks else completion
+
+
+def cases_of(tests: Any) -> list[dict[str, Any]]:
+    """A sample's test cases in the runner's form; ValueError naming what is wrong."""
+    if isinstance(tests, str) and tests.lstrip().startswith(("{", "[")):
+        try:
+            tests = json.loads(tests)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"code_reward: the tests are not JSON ({exc})") from None
+    if isinstance(tests, str):
+        return [{"kind": "script", "source": tests}]
+    if isinstance(tests, list | tuple):
+        if not tests or not all(isinstance(t, str) for t in tests):
+            raise ValueError("code_reward: a list of tests must hold test sources (strings), "
+                             "at least one")
+        return [{"kind": "script", "source": t} for t in tests]
+    if not isinstance(tests, dict) or "inputs" not in tests or "outputs" not in tests:
+        raise ValueError(f"code_reward: tests of type {type(tests).__name__} are none of "
+                         "{inputs, outputs}, {fn_name, inputs, outputs}, a list of asserts")
+    inputs, outputs = list(tests["inputs"]), list(tests["outputs"])
+    if len(inputs) != len(outputs) or not inputs:
+        raise ValueError(f"code_reward: {len(inputs)} inputs and {len(outputs)} outputs; one "
+                         "output per input, at least one")
+    name = tests.get("fn_name")
+    if name:
+        return [{"kind": "call", "fn_name": str(name), "args": list(a)
+                 if isinstance(a, list | tuple) else [a], "output": o}
+                for a, o in zip(inputs, outputs, strict=True)]
+    return [{"kind": "stdio", "input": _text(i), "output": _text(o)}
+            for i, o in zip(inputs, outputs, strict=True)]
+
+
+def _text(value: Any) -> str:
+    return "\n".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+class CodeRunner:
+    """Runs programs in sandboxes, ``workers`` at once (each a bwrap process of its own)."""
+
+    def __init__(self, *, workers: int, timeout_s: float, memory_mb: int, nproc: int,
+                 isolation: str) -> None:
+        if isolation not in ("bwrap", "none"):
+            raise ValueError(f"code_reward: isolation must be bwrap or none, got {isolation!r}")
+        for name, value in (("workers", workers), ("timeout_s", timeout_s),
+                            ("memory_mb", memory_mb), ("nproc", nproc)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"code_reward: {name} must be > 0, got {value!r}")
+        self.workers, self.timeout_s = int(workers), float(timeout_s)
+        self.memory_mb, self.nproc = int(memory_mb), int(nproc)
+        self.prefix: list[str] = []
+        if isolation == "bwrap":
+            roots = bwrap.read_only_roots([])
+            why = bwrap.unavailable(tuple(roots))
+            if why is not None:
+                raise ValueError(f"code_reward: {why}; install bubblewrap, or pass "
+                                 "isolation='none' to run programs unsandboxed")
+            self.prefix = bwrap.command(roots)
+        else:
+            log.warning("code_reward: isolation='none': programs run without a sandbox")
+        # (a semaphore belongs to the loop it is first used on: one per loop)
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] \
+            = weakref.WeakKeyDictionary()
+
+    async def run(self, code: str, cases: list[dict[str, Any]],
+                  stop_at_failure: bool) -> list[dict[str, Any]]:
+        """Each case's outcome (``{"outcome": "ok" | ..., "why": ...}``); a sandbox that
+        breaks gives every case the outcome ``sandbox``."""
+        loop = asyncio.get_running_loop()
+        slots = self._slots.setdefault(loop, asyncio.Semaphore(self.workers))
+        job = {"code": code, "cases": cases, "timeout_s": self.timeout_s,
+               "memory_mb": self.memory_mb, "nproc": self.nproc, "python": sys.executable,
+               "stop_at_failure": stop_at_failure, "isolated": bool(self.prefix)}
+        # each case's timeout, its start-up, and the sandbox's own
+        wall = len(cases) * (self.timeout_s + 1.0) + 10.0
+        async with slots:
+            proc = await asyncio.create_subprocess_exec(
+                *self.prefix, sys.executable, "-S", RUNNER, stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            try:
+                out, err = await asyncio.wait_for(proc.communicate(json.dumps(job).encode()),
+                                                  wall)
+            except BaseException:  # a deadline, a cancelled run: the sandbox goes with it
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+                raise
+        try:
+            results = json.loads(out.decode().strip().splitlines()[-1])["cases"]
+            if len(results) == len(cases):
+                return list(results)
+        except (ValueError, IndexError, KeyError, TypeError):
+            pass
+        why = (err.decode(errors="replace").strip().splitlines() or ["no answer"])[-1][:200]
+        log.warning("code_reward: the sandbox failed (exit %s): %s", proc.returncode, why)
+        return [{"outcome": "sandbox", "why": why} for _ in cases]
+
+
+def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 2,
+                timeout_s: float = 5.0, memory_mb: int = 512, nproc: int = 64,
+                isolation: str = "bwrap",
+                extract: Callable[[str], str] = code_of) -> Callable[..., Any]:
+    """An ``async def`` map stage function: ``completion`` and the ``tests`` field in,
+    ``reward`` out (the share of cases passed; ``mode="all"``: 1.0 only if all pass, and the
+    cases after a failure are not run). ``workers``: programs run at once (each a sandbox
+    and, inside, one case at a time); ``timeout_s``, ``memory_mb``: each case's wall time
+    and address space; ``nproc``: processes and threads of uid 65534, all sandboxes
+    together (a fork bomb's ceiling); ``extract``: the program from the completion.
+
+    Raises ValueError (one line) for a bad argument, or when bubblewrap cannot run and
+    ``isolation`` is not "none"."""
+    if mode not in MODES:
+        raise ValueError(f"code_reward: mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if not isinstance(tests, str) or not tests.isidentifier():
+        raise ValueError(f"code_reward: tests must name a field, got {tests!r}")
+    runner = CodeRunner(workers=workers, timeout_s=timeout_s, memory_mb=memory_mb,
+                        nproc=nproc, isolation=isolation)
+
+    async def reward(completion: str, **fields: Any) -> float:
+        cases = cases_of(fields[tests])
+        results = await runner.run(extract(completion), cases, stop_at_failure=mode == "all")
+        passed = sum(r["outcome"] == "ok" for r in results)
+        ran = [r["outcome"] for r in results if r["outcome"] != "skipped"]
+        for name in LOGGED if recording_now() else ():
+            # each program's share of its cases by outcome, averaged per step
+            share = sum(OUTCOME_GROUP.get(o, "other") == name for o in ran) / len(ran)
+            log_metric(f"code_{name}", share)
+        if mode == "all":
+            return 1.0 if passed == len(cases) else 0.0
+        return passed / len(cases)
+
+    reward.__signature__ = _signature(tests)  # type: ignore[attr-defined]
+    reward.__name__ = reward.__qualname__ = "code_reward"
+    return reward
+
+
+def _signature(tests: str) -> Any:
+    """``(completion, <tests>)``: the fields the stage reads, as the graph checks them."""
+    import inspect
+
+    keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    return inspect.Signature([inspect.Parameter("completion", keyword),
+                              inspect.Parameter(tests, keyword)])

@@ -1,0 +1,168 @@
+"""Rewards from running programs against test cases in a bubblewrap sandbox
+(``rl/code_reward.py``, ``rl/code_runner.py``): the three case formats code datasets carry, the
+outcomes a judge tells apart, the limits a hostile program meets, and what it cannot fake."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pivotflow.controller.user_metrics import UserMetrics, recording
+from pivotflow.rl.code_reward import CodeRunner, cases_of, code_of, code_reward
+
+pytestmark = pytest.mark.timeout(120)
+
+SUM = {"inputs": ["1 2\n", "3 4\n", "10 -3\n"], "outputs": ["3\n", "7", "7\n"]}
+ADD = "a, b = map(int, input().split())\nprint(a + b)\n"
+
+
+@pytest.fixture(scope="module")
+def runner() -> CodeRunner:
+    return CodeRunner(workers=2, timeout_s=2.0, memory_mb=256, nproc=64, isolation="bwrap")
+
+
+def outcomes(runner: CodeRunner, code: str, tests: Any, stop: bool = False) -> list[str]:
+    return [r["outcome"] for r in asyncio.run(runner.run(code, cases_of(tests), stop))]
+
+
+def test_the_program_is_the_last_python_block_else_the_last_block_else_the_text() -> None:
+    text = "Plan:\n```text\nnot code\n```\n```python\nx = 1\n```\nthen\n```py\nx = 2\n```\n"
+    assert code_of(text) == "x = 2\n"
+    assert code_of("```text\nonly this\n```") == "only this\n"
+    assert code_of("print(1)") == "print(1)"
+
+
+def test_the_case_formats_code_datasets_carry() -> None:
+    assert cases_of(SUM)[1] == {"kind": "stdio", "input": "3 4\n", "output": "7"}
+    assert cases_of(json.dumps(SUM)) == cases_of(SUM)  # (verl's and TACO's JSON strings)
+    assert cases_of({"inputs": [["1", "2"]], "outputs": [["3"]]})[0]["input"] == "1\n2"
+    call = cases_of({"fn_name": "f", "inputs": [[1, 2], 5], "outputs": [3, 5]})
+    assert call == [{"kind": "call", "fn_name": "f", "args": [1, 2], "output": 3},
+                    {"kind": "call", "fn_name": "f", "args": [5], "output": 5}]
+    assert cases_of(["assert f(1) == 2", "assert f(2) == 3"])[1] == {
+        "kind": "script", "source": "assert f(2) == 3"}
+    assert cases_of("def check(f): ...\ncheck(f)") == [{"kind": "script",
+                                                       "source": "def check(f): ...\ncheck(f)"}]
+
+
+@pytest.mark.parametrize(("tests", "error"), [
+    ({"inputs": ["1"], "outputs": []}, r"^code_reward: 1 inputs and 0 outputs; one output per "
+                                       r"input, at least one$"),
+    ({"input": ["1"]}, r"^code_reward: tests of type dict are none of"),
+    ([], r"^code_reward: a list of tests must hold test sources \(strings\), at least one$"),
+    ('{"inputs": [1', r"^code_reward: the tests are not JSON \("),
+    (3, r"^code_reward: tests of type int are none of"),
+])
+def test_tests_it_cannot_read_are_one_line_errors(tests: Any, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        cases_of(tests)
+
+
+def test_stdin_stdout_cases_pass_on_the_expected_output(runner: CodeRunner) -> None:
+    assert outcomes(runner, ADD, SUM) == ["ok", "ok", "ok"]  # (trailing newlines aside)
+    assert outcomes(runner, "print(3)", SUM) == ["ok", "wrong", "wrong"]
+    assert outcomes(runner, "print(3)\nraise SystemExit(2)", SUM)[0] == "error"
+    assert outcomes(runner, "print(", SUM)[0] == "error"  # (a syntax error)
+    # mode "all": the cases after the first failure are not run
+    assert outcomes(runner, "print(3)", SUM, stop=True) == ["ok", "wrong", "skipped"]
+
+
+def test_call_cases_compare_the_return_value(runner: CodeRunner) -> None:
+    tests = {"fn_name": "twoSum", "inputs": [[[2, 7, 11], 9], [[1, 3], 4]],
+             "outputs": [[0, 1], [0, 1]]}
+    leetcode = ("class Solution:\n    def twoSum(self, nums, target):\n"
+                "        seen = {}\n        for i, n in enumerate(nums):\n"
+                "            if target - n in seen:\n                return [seen[target - n], i]\n"
+                "            seen[n] = i\n")
+    assert outcomes(runner, leetcode, tests) == ["ok", "ok"]
+    assert outcomes(runner, "def twoSum(nums, target):\n    return [1, 0]", tests) == [
+        "wrong", "wrong"]
+    assert outcomes(runner, "x = 1", tests) == ["error", "error"]  # (no such function)
+
+
+def test_assert_cases_must_run_to_their_end(runner: CodeRunner) -> None:
+    tests = ["assert double(2) == 4", "assert double(3) == 7"]
+    assert outcomes(runner, "def double(x):\n    return 2 * x\n", tests) == ["ok", "error"]
+    # a program that leaves with status 0 before the asserts passes nothing
+    for leave in ("import sys\nsys.exit(0)", "import os\nos._exit(0)", "raise SystemExit"):
+        assert outcomes(runner, leave + "\ndef double(x): return 0", tests) == [
+            "wrong", "wrong"], leave
+
+
+def test_a_hostile_program_meets_the_sandbox_and_the_limits(runner: CodeRunner,
+                                                            tmp_path: Path) -> None:
+    one = {"inputs": [""], "outputs": ["done"]}
+    t = time.monotonic()
+    assert outcomes(runner, "while True:\n    pass", one) == ["timeout"]
+    assert time.monotonic() - t < 15  # (timeout_s 2)
+    assert outcomes(runner, "x = bytearray(2**30)\nprint('done')", one) == ["memory"]
+    assert outcomes(runner, "while True:\n    print('x' * 4096)", one)[0] in (
+        "timeout", "output", "error")  # (the 16 MB file size limit, else the clock)
+    net = ("import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), timeout=1)\n"
+           "except OSError:\n    print('done')")
+    assert outcomes(runner, net, one) == ["ok"]  # no network at all
+    secret = tmp_path / "secret.txt"  # (the host's /tmp, where a run's files could be)
+    secret.write_text("key")
+    look = f"import os\nprint('done' if not os.path.exists({str(secret)!r}) else 'seen')"
+    assert outcomes(runner, look, one) == ["ok"]  # the host's files are not there
+    if os.geteuid() == 0:  # (bwrap as root: each case drops to 65534)
+        assert outcomes(runner, "import os\nprint('done' if os.getuid() == 65534 else 0)",
+                        one) == ["ok"]
+    bomb = "import os\nwhile True:\n    os.fork()"
+    t = time.monotonic()
+    assert outcomes(runner, bomb, one)[0] in ("error", "timeout")
+    assert time.monotonic() - t < 15
+    assert outcomes(runner, ADD, SUM) == ["ok", "ok", "ok"]  # and the next program is served
+
+
+def test_the_reward_is_the_share_passed_or_all_and_each_outcome_is_logged() -> None:
+    fraction = code_reward(timeout_s=2.0)
+    strict = code_reward("cases", mode="all", timeout_s=2.0)
+    metrics = UserMetrics()
+
+    async def score() -> list[float]:
+        return list(await asyncio.gather(
+            fraction(f"```python\n{ADD}```", tests=SUM),
+            fraction("print(3)", tests=SUM),
+            strict("print(3)", cases=SUM),
+            strict(ADD, cases=json.dumps(SUM))))
+
+    with recording(metrics):
+        got = asyncio.run(score())
+    assert got == [1.0, pytest.approx(1 / 3), 0.0, 1.0]
+    logged = metrics.drain()  # each program's shares, averaged over the four (skips aside)
+    assert logged == pytest.approx({"code_ok": (1 + 1 / 3 + 1 / 2 + 1) / 4,
+                                    "code_wrong": (2 / 3 + 1 / 2) / 4, "code_error": 0.0,
+                                    "code_timeout": 0.0, "code_other": 0.0})
+    from pivotflow.graph import fn_reads
+
+    assert fn_reads(strict, "here", "reward") == {"completion", "cases"}
+
+
+@pytest.mark.parametrize(("kwargs", "error"), [
+    ({"mode": "any"}, r"^code_reward: mode must be one of fraction, all, got 'any'$"),
+    ({"tests": "my tests"}, r"^code_reward: tests must name a field, got 'my tests'$"),
+    ({"timeout_s": 0}, r"^code_reward: timeout_s must be > 0, got 0$"),
+    ({"isolation": "docker"}, r"^code_reward: isolation must be bwrap or none, got 'docker'$"),
+])
+def test_bad_arguments_are_one_line_errors(kwargs: dict, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        code_reward(**kwargs)
+
+
+def test_without_bubblewrap_it_refuses_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pivotflow.tools import bwrap
+
+    monkeypatch.setattr(bwrap, "executable", lambda: None)  # (a host without bwrap)
+    with pytest.raises(ValueError, match=r"^code_reward: bubblewrap \(bwrap\) is not "
+                                         r"installed; install bubblewrap, or pass "
+                                         r"isolation='none' to run programs unsandboxed$"):
+        code_reward()
+    unsandboxed = code_reward(isolation="none", timeout_s=2.0)
+    assert asyncio.run(unsandboxed(ADD, tests=SUM)) == 1.0
