@@ -146,10 +146,12 @@ class CodeRunner:
             try:
                 out, err = await asyncio.wait_for(proc.communicate(json.dumps(job).encode()),
                                                   wall)
-            except BaseException:  # a deadline, a cancelled run: the sandbox goes with it
-                if proc.returncode is None:
-                    proc.kill()
-                    await proc.wait()
+            except TimeoutError:  # (its own wall: the stage's deadline cancels, not this)
+                await _killed(proc)
+                return [{"outcome": "timeout", "why": f"the sandbox ran past {wall:.0f} s"}
+                        for _ in cases]
+            except BaseException:  # the stage's deadline, a cancelled run: the sandbox too
+                await _killed(proc)
                 raise
         try:
             results = json.loads(out.decode().strip().splitlines()[-1])["cases"]
@@ -160,6 +162,12 @@ class CodeRunner:
         why = (err.decode(errors="replace").strip().splitlines() or ["no answer"])[-1][:200]
         log.warning("code_reward: the sandbox failed (exit %s): %s", proc.returncode, why)
         return [{"outcome": "sandbox", "why": why} for _ in cases]
+
+
+async def _killed(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        proc.kill()  # (bwrap: the pid namespace, every process of the program, goes with it)
+        await proc.wait()
 
 
 def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 2,

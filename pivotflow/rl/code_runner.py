@@ -9,8 +9,10 @@ Why a process per case, apart from this one: the program never holds the channel
 goes back on. A case passes only on what this process sees from outside: the program's exit
 status, and its stdout compared with the expected output it never saw. As root (bwrap keeps
 CAP_SETUID/CAP_SETGID for it) this process stays uid 0 and runs each case as uid 65534, so a
-case cannot signal or trace it; without root, both are the sandbox's one user; unsandboxed
-(``isolation="none"``), both are the run's own user.
+case cannot signal or trace it, nor reach its files in ``/proc``. Without root, both are the
+sandbox's one user, and a program written against this runner (one that reaches its parent
+through ``/proc``) could write its outcome; unsandboxed (``isolation="none"``), both are the
+run's own user.
 
 What an assert-style case cannot prove: the asserts run in the program's own process, so a
 program that ends early with status 0 would pass them; each such case therefore also prints a

@@ -166,3 +166,4 @@ def test_without_bubblewrap_it_refuses_unless_told(monkeypatch: pytest.MonkeyPat
         code_reward()
     unsandboxed = code_reward(isolation="none", timeout_s=2.0)
     assert asyncio.run(unsandboxed(ADD, tests=SUM)) == 1.0
+
