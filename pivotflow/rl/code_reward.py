@@ -59,12 +59,16 @@ _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 
 def code_of(completion: str) -> str:
     """The program in a completion: its last fenced block marked python (or unmarked), else
-    its last fenced block, else the whole text."""
+    its last fenced block, else what follows a fence left open (a response cut at its
+    max_tokens), else the whole text."""
     blocks = _FENCE.findall(completion)
     python = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3", "")]
     if python:
         return python[-1]
-    return blocks[-1][1] if blocks else completion
+    if blocks:
+        return blocks[-1][1]
+    opened = completion.rfind("```")
+    return completion if opened < 0 else completion[opened:].partition("\n")[2]
 
 
 def cases_of(tests: Any) -> list[dict[str, Any]]:
@@ -180,6 +184,10 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
     and, inside, one case at a time); ``timeout_s``, ``memory_mb``: each case's wall time
     and address space; ``nproc``: processes and threads of uid 65534, all sandboxes
     together (a fork bomb's ceiling); ``extract``: the program from the completion.
+
+    Give the stage ``concurrency=workers``: a call out waits for a sandbox inside itself, on
+    its stage's ``deadline_s``, where a call over the stage's concurrency waits its turn
+    without it.
 
     Raises ValueError (one line) for a bad argument, or when bubblewrap cannot run and
     ``isolation`` is not "none"."""

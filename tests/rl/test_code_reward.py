@@ -36,6 +36,7 @@ def test_the_program_is_the_last_python_block_else_the_last_block_else_the_text(
     assert code_of(text) == "x = 2\n"
     assert code_of("```text\nonly this\n```") == "only this\n"
     assert code_of("print(1)") == "print(1)"
+    assert code_of("Here:\n```python\nx = 1\nprint(x") == "x = 1\nprint(x"  # (cut off)
 
 
 def test_the_case_formats_code_datasets_carry() -> None:
