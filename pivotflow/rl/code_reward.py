@@ -10,7 +10,7 @@ The cases, as code datasets carry them (a JSON string of them is read too):
 
 * stdin/stdout, APPS/TACO/CodeContests/DeepCoder: ``{"inputs": [...], "outputs": [...]}``;
   a case passes when the program exits 0 and its stdout is the expected output, line by
-  line, trailing spaces left out;
+  line, trailing spaces left out, real numbers within 1e-6 (``code_runner.same_output``);
 * a function call, LeetCode style: ``{"fn_name": "f", "inputs": [[args], ...], "outputs":
   [...]}``; the function (or ``class Solution``'s method) called with the arguments must
   return the output (compared as JSON values);

@@ -112,13 +112,44 @@ def _run(job: dict[str, Any], argv: list[str], stdin: str) -> tuple[str, int | N
     return ("ok" if status == 0 else "error"), status, stdout.decode(errors="replace"), last
 
 
-def same_output(got: str, want: str) -> bool:
-    """Stdout against the expected output as judges compare them: line by line, trailing
-    spaces and trailing blank lines left out."""
-    def lines(text: str) -> list[str]:
-        return [line.rstrip() for line in text.strip().splitlines()]
+FLOAT_TOLERANCE = 1e-6  # absolute or relative, as judges accept a real number's digits
 
-    return lines(got) == lines(want)
+
+def same_output(got: str, want: str) -> bool:
+    """Stdout against the expected output as judges compare them: line by line, leading and
+    trailing blank lines and each line's trailing spaces left out; a line that differs as text
+    still matches token by token (whitespace-separated) where each token is the same text or
+    both are real numbers within ``FLOAT_TOLERANCE`` ("0.5" for "0.500000"). Integers compare
+    exactly (a float cannot hold every digit of a large one)."""
+    got_lines = [line.rstrip() for line in got.strip().splitlines()]
+    want_lines = [line.rstrip() for line in want.strip().splitlines()]
+    if len(got_lines) != len(want_lines):
+        return False
+    return all(a == b or _same_tokens(a.split(), b.split())
+               for a, b in zip(got_lines, want_lines, strict=True))
+
+
+def _same_tokens(got: list[str], want: list[str]) -> bool:
+    if len(got) != len(want):
+        return False
+    for a, b in zip(got, want, strict=True):
+        if a == b:
+            continue
+        try:
+            if _is_int(a) and _is_int(b):
+                if int(a) != int(b):
+                    return False
+                continue
+            x, y = float(a), float(b)
+        except ValueError:
+            return False
+        if not abs(x - y) <= FLOAT_TOLERANCE * max(1.0, abs(y)):  # (a NaN never matches)
+            return False
+    return True
+
+
+def _is_int(token: str) -> bool:
+    return token.lstrip("+-").isdigit()
 
 
 def run_case(job: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:

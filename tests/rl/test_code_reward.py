@@ -65,6 +65,20 @@ def test_tests_it_cannot_read_are_one_line_errors(tests: Any, error: str) -> Non
         cases_of(tests)
 
 
+@pytest.mark.parametrize(("got", "want", "same"), [
+    ("3\n", "3", True), ("1 2 \n\n", "\n1 2\n", True), ("1  2", "1 2", True),
+    ("0.5", "0.500000", True), ("3.0000001", "3", True), ("1e-7", "0", True),
+    ("1000000.5", "1000000.4", True), ("0.51", "0.5", False), ("3", "3.5", False),
+    ("12345678901234567891", "12345678901234567890", False),  # (integers: exactly)
+    ("nan", "nan", True), ("nan", "0.5", False), ("yes", "YES", False),
+    ("1\n2", "1 2", False), ("1 2 3", "1 2", False),
+])
+def test_stdout_is_compared_as_judges_compare_it(got: str, want: str, same: bool) -> None:
+    from pivotflow.rl.code_runner import same_output
+
+    assert same_output(got, want) is same
+
+
 def test_stdin_stdout_cases_pass_on_the_expected_output(runner: CodeRunner) -> None:
     assert outcomes(runner, ADD, SUM) == ["ok", "ok", "ok"]  # (trailing newlines aside)
     assert outcomes(runner, "print(3)", SUM) == ["ok", "wrong", "wrong"]
