@@ -19,7 +19,7 @@ The cases, as code datasets carry them (a JSON string of them is read too):
 
 Each program runs in a bubblewrap sandbox of its own (``tools/bwrap.py``: no network, a
 read-only system, a private size-capped ``/tmp``, its own pid namespace), under
-``code_runner.py``, which runs each case as a process of its own with uid 65534 and limits on
+``code_runner.py``, which runs each case as a process of its own with a uid of its slot's and limits on
 memory, CPU time, open files and file size, and kills it at ``timeout_s``. What it trusts and
 what a program can fake: ``code_runner``'s docstring. Each program's share of cases by outcome is
 averaged per step into ``logged_metrics``: ``code_ok``, ``code_wrong`` (ran, wrong answer),
@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import re
 import sys
 import weakref
@@ -49,6 +50,8 @@ from pivotflow.tools import bwrap
 log = logging.getLogger("pivotflow.code_reward")
 
 RUNNER = str(Path(__file__).with_name("code_runner.py"))
+# the uids the cases run as (as root): a block of `workers` drawn from here, held by no user
+UID_FIRST, UID_LAST = 1_000_000, 2_000_000_000
 MODES = ("fraction", "all")
 # what each case's outcome is logged as (logged_metrics' code_ok, code_wrong, ...): the rare
 # ones (cpu, memory, output, crash, killed, the sandbox's own failure) as "other"
@@ -128,8 +131,12 @@ class CodeRunner:
             self.prefix = bwrap.command(roots)
         else:
             log.warning("code_reward: isolation='none': programs run without a sandbox")
-        # (a semaphore belongs to the loop it is first used on: one per loop)
-        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] \
+        # Each sandbox slot's cases run as a uid of its own (as root; code_runner.py says
+        # why), from a block no user holds, drawn at random so that two runners on one host
+        # (two runs, two test processes) do not share one.
+        self.uid_base = random.SystemRandom().randrange(UID_FIRST, UID_LAST - self.workers)
+        # (a queue belongs to the loop it is first used on: one per loop)
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Queue[int]] \
             = weakref.WeakKeyDictionary()
 
     async def run(self, code: str, cases: list[dict[str, Any]],
@@ -137,26 +144,37 @@ class CodeRunner:
         """Each case's outcome (``{"outcome": "ok" | ..., "why": ...}``); a sandbox that
         breaks gives every case the outcome ``sandbox``."""
         loop = asyncio.get_running_loop()
-        slots = self._slots.setdefault(loop, asyncio.Semaphore(self.workers))
-        job = {"code": code, "cases": cases, "timeout_s": self.timeout_s,
-               "memory_mb": self.memory_mb, "nproc": self.nproc, "python": sys.executable,
-               "stop_at_failure": stop_at_failure, "isolated": bool(self.prefix)}
+        slots = self._slots.get(loop)
+        if slots is None:
+            slots = self._slots[loop] = asyncio.Queue()
+            for slot in range(self.workers):
+                slots.put_nowait(slot)
+        slot = await slots.get()
+        try:
+            return await self._run(code, cases, stop_at_failure, slot)
+        finally:
+            slots.put_nowait(slot)
+
+    async def _run(self, code: str, cases: list[dict[str, Any]], stop_at_failure: bool,
+                   slot: int) -> list[dict[str, Any]]:
+        job = {"uid": self.uid_base + slot, "code": code, "cases": cases,
+               "timeout_s": self.timeout_s, "memory_mb": self.memory_mb, "nproc": self.nproc,
+               "python": sys.executable, "stop_at_failure": stop_at_failure,
+               "isolated": bool(self.prefix)}
         # each case's timeout, its start-up, and the sandbox's own
         wall = len(cases) * (self.timeout_s + 1.0) + 10.0
-        async with slots:
-            proc = await asyncio.create_subprocess_exec(
-                *self.prefix, sys.executable, "-S", RUNNER, stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-            try:
-                out, err = await asyncio.wait_for(proc.communicate(json.dumps(job).encode()),
-                                                  wall)
-            except TimeoutError:  # (its own wall: the stage's deadline cancels, not this)
-                await _killed(proc)
-                return [{"outcome": "timeout", "why": f"the sandbox ran past {wall:.0f} s"}
-                        for _ in cases]
-            except BaseException:  # the stage's deadline, a cancelled run: the sandbox too
-                await _killed(proc)
-                raise
+        proc = await asyncio.create_subprocess_exec(
+            *self.prefix, sys.executable, "-S", RUNNER, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(json.dumps(job).encode()), wall)
+        except TimeoutError:  # (its own wall: the stage's deadline cancels, not this)
+            await _killed(proc)
+            return [{"outcome": "timeout", "why": f"the sandbox ran past {wall:.0f} s"}
+                    for _ in cases]
+        except BaseException:  # the stage's deadline, a cancelled run: the sandbox too
+            await _killed(proc)
+            raise
         try:
             results = json.loads(out.decode().strip().splitlines()[-1])["cases"]
             if len(results) == len(cases):
@@ -182,7 +200,7 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
     ``reward`` out (the share of cases passed; ``mode="all"``: 1.0 only if all pass, and the
     cases after a failure are not run). ``workers``: programs run at once (each a sandbox
     and, inside, one case at a time); ``timeout_s``, ``memory_mb``: each case's wall time
-    and address space; ``nproc``: processes and threads of uid 65534, all sandboxes
+    and address space; ``nproc``: processes and threads of a slot's uid
     together (a fork bomb's ceiling); ``extract``: the program from the completion.
 
     Give the stage ``concurrency=workers``: a call out waits for a sandbox inside itself, on

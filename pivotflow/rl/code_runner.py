@@ -8,7 +8,10 @@ its own, and writes one JSON line of outcomes on stdout. Standard library only (
 Why a process per case, apart from this one: the program never holds the channel the outcome
 goes back on. A case passes only on what this process sees from outside: the program's exit
 status, and its stdout compared with the expected output it never saw. As root (bwrap keeps
-CAP_SETUID/CAP_SETGID for it) this process stays uid 0 and runs each case as uid 65534, so a
+CAP_SETUID/CAP_SETGID for it) this process stays uid 0 and runs each case as the job's uid
+(``CodeRunner``'s: one of its own per sandbox slot, no user's, not the tool sandbox's 65534;
+RLIMIT_NPROC counts a uid's processes host-wide, so a program's fork bomb under a shared uid
+would fail the cases of every program running beside it), so a
 case cannot signal or trace it, nor reach its files in ``/proc``. Without root, both are the
 sandbox's one user, and a program written against this runner (one that reaches its parent
 through ``/proc``) could write its outcome; unsandboxed (``isolation="none"``), both are the
@@ -35,7 +38,6 @@ import sys
 import tempfile
 from typing import Any
 
-NOBODY = 65534
 PR_SET_NO_NEW_PRIVS = 38
 READ_CAP = 1 << 20  # bytes of a case's stdout and stderr read back; more is "too much output"
 
@@ -54,18 +56,20 @@ print(_json.dumps(_fn(*_args)))
 
 
 def _limits(job: dict[str, Any]) -> None:
-    """In each case's process, before it runs: the limits, then uid 65534 where we are root."""
+    """In each case's process, before it runs: the limits, then the job's uid where we are
+    root."""
     mb = job["memory_mb"]
     cpu = int(job["timeout_s"]) + 1
     for what, value in ((resource.RLIMIT_AS, mb * 2**20), (resource.RLIMIT_CPU, cpu),
                         (resource.RLIMIT_FSIZE, 16 * 2**20), (resource.RLIMIT_NOFILE, 64),
                         (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(what, (value, value))
-    if job["isolated"] and os.geteuid() == 0:  # (unsandboxed, 65534 may not reach python)
+    if job["isolated"] and os.geteuid() == 0:  # (unsandboxed, it may not reach python)
         resource.setrlimit(resource.RLIMIT_NPROC, (job["nproc"], job["nproc"]))
         os.setgroups([])
-        os.setresgid(NOBODY, NOBODY, NOBODY)
-        os.setresuid(NOBODY, NOBODY, NOBODY)
+        uid = int(job["uid"])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
 
 
 def _no_new_privs() -> None:
