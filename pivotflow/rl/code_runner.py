@@ -31,6 +31,7 @@ import json
 import os
 import resource
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -80,26 +81,33 @@ def _no_new_privs() -> None:
 
 
 def _run(job: dict[str, Any], argv: list[str], stdin: str) -> tuple[str, int | None, str, str]:
-    """One process of the program: (outcome, exit status, stdout, last stderr line)."""
+    """One process of the program: (outcome, exit status, stdout, last stderr line).
+
+    Its input is a file (a pipe it never reads would hold the write). Its session is killed
+    whole while the program's own process is still unreaped: a reaped pid may be reused, by
+    another process that leads a group of its own, and a kill of that group would reach it
+    (unsandboxed, any process of the host)."""
     work = job["work"]
-    with open(f"{work}/out", "wb") as out, open(f"{work}/err", "wb") as err:
+    with open(f"{work}/in", "w") as f:
+        f.write(stdin)
+    with open(f"{work}/in", "rb") as inp, open(f"{work}/out", "wb") as out, \
+            open(f"{work}/err", "wb") as err:
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err,
+            proc = subprocess.Popen(argv, stdin=inp, stdout=out, stderr=err,
                                     cwd=work, start_new_session=True,
                                     preexec_fn=lambda: _limits(job), env={"PATH": "/usr/bin"})
         except OSError as exc:
             return "error", None, "", f"could not start: {exc}"
-        try:
-            proc.communicate(stdin.encode(), timeout=job["timeout_s"])
-        except subprocess.TimeoutExpired:
+    pidfd = os.pidfd_open(proc.pid)  # readable once it exits, before anyone reaps it
+    try:
+        ended = select.select([pidfd], [], [], job["timeout_s"])[0]
+        with contextlib.suppress(ProcessLookupError):  # its session: it, and what it left
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return "timeout", None, "", ""
-        except BrokenPipeError:  # it ended without reading its input
-            proc.wait()
-        finally:  # whatever it left running in its session goes with it
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        os.close(pidfd)
+    proc.wait()
+    if not ended:
+        return "timeout", None, "", ""
     with open(f"{work}/out", "rb") as f:
         stdout = f.read(READ_CAP + 1)
     with open(f"{work}/err", "rb") as f:

@@ -191,3 +191,27 @@ def test_without_bubblewrap_it_refuses_unless_told(monkeypatch: pytest.MonkeyPat
     unsandboxed = code_reward(isolation="none", timeout_s=2.0)
     assert asyncio.run(unsandboxed(ADD, tests=SUM)) == 1.0
 
+
+
+
+def test_what_a_program_leaves_running_is_killed_with_its_case(tmp_path: Path) -> None:
+    """A case's session is killed when its program ends: a process it left running does not
+    outlive the case (unsandboxed here, to see its pid from the host)."""
+    marker = tmp_path / "child.pid"
+    leaves = (f"import os, time\nif os.fork() == 0:\n    open({str(marker)!r}, 'w')"
+              ".write(str(os.getpid()))\n    time.sleep(30)\nelse:\n    time.sleep(0.5)\n"
+              "    print('done')")
+    runner = CodeRunner(workers=1, timeout_s=5.0, memory_mb=256, nproc=64, isolation="none")
+    assert outcomes(runner, leaves, {"inputs": [""], "outputs": ["done"]}) == ["ok"]
+    status = Path(f"/proc/{int(marker.read_text())}/status")
+
+    def gone() -> bool:  # (or a zombie its orphaned parent's reaper has not collected yet)
+        try:
+            return "zombie" in status.read_text()
+        except FileNotFoundError:
+            return True
+
+    deadline = time.monotonic() + 5
+    while not gone() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone()
