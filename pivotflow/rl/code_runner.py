@@ -19,9 +19,10 @@ run's own user.
 
 What an assert-style case cannot prove: the asserts run in the program's own process, so a
 program that ends early with status 0 would pass them; each such case therefore also prints a
-random token after its asserts, which must come back. A program that reads its own frames for
-that token can still fake a pass (stdin/stdout and call cases cannot be faked without the
-expected output): use them where reward hacking matters.
+random token after its asserts, which must come back. That stops a program that merely exits
+early; one that looks for the token (its own source file, ``__file__``, or its module's
+constants) can still fake a pass, since the token is in the code it runs in. Stdin/stdout and
+call cases cannot be faked without the expected output: use them where reward hacking matters.
 """
 
 from __future__ import annotations
