@@ -81,8 +81,8 @@ def _no_new_privs() -> None:
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # (a setuid binary gives nothing back)
 
 
-def _run(job: dict[str, Any], argv: list[str], stdin: str) -> tuple[str, int | None, str, str]:
-    """One process of the program: (outcome, exit status, stdout, last stderr line).
+def _run(job: dict[str, Any], argv: list[str], stdin: str) -> tuple[str, str, str]:
+    """One process of the program: (outcome, stdout, last stderr line or why it failed).
 
     Its input is a file (a pipe it never reads would hold the write). Its session is killed
     whole while the program's own process is still unreaped: a reaped pid may be reused, by
@@ -98,7 +98,7 @@ def _run(job: dict[str, Any], argv: list[str], stdin: str) -> tuple[str, int | N
                                     cwd=work, start_new_session=True,
                                     preexec_fn=lambda: _limits(job), env={"PATH": "/usr/bin"})
         except OSError as exc:
-            return "error", None, "", f"could not start: {exc}"
+            return "error", "", f"could not start: {exc}"
     pidfd = os.pidfd_open(proc.pid)  # readable once it exits, before anyone reaps it
     try:
         ended = select.select([pidfd], [], [], job["timeout_s"])[0]
@@ -108,21 +108,21 @@ def _run(job: dict[str, Any], argv: list[str], stdin: str) -> tuple[str, int | N
         os.close(pidfd)
     proc.wait()
     if not ended:
-        return "timeout", None, "", ""
+        return "timeout", "", ""
     with open(f"{work}/out", "rb") as f:
         stdout = f.read(READ_CAP + 1)
     with open(f"{work}/err", "rb") as f:
         stderr = f.read(READ_CAP).decode(errors="replace").strip().splitlines()
     if len(stdout) > READ_CAP:
-        return "output", proc.returncode, "", "too much output"
+        return "output", "", "too much output"
     status = proc.returncode
-    if status is not None and status < 0:
+    if status < 0:  # (waited for: never None)
         why = {int(signal.SIGXCPU): "cpu", int(signal.SIGKILL): "killed"}
-        return why.get(-status, "crash"), status, "", f"signal {-status}"
+        return why.get(-status, "crash"), "", f"signal {-status}"
     last = stderr[-1][:200] if stderr else ""
     if status != 0 and "MemoryError" in last:
-        return "memory", status, "", last
-    return ("ok" if status == 0 else "error"), status, stdout.decode(errors="replace"), last
+        return "memory", "", last
+    return ("ok" if status == 0 else "error"), stdout.decode(errors="replace"), last
 
 
 FLOAT_TOLERANCE = 1e-6  # absolute or relative, as judges accept a real number's digits
@@ -169,13 +169,13 @@ def run_case(job: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
     py, work = [job["python"], "-S", "-I"], job["work"]
     kind = case["kind"]
     if kind == "stdio":
-        outcome, _, out, why = _run(job, [*py, f"{work}/solution.py"], case["input"])
+        outcome, out, why = _run(job, [*py, f"{work}/solution.py"], case["input"])
         if outcome == "ok" and not same_output(out, case["output"]):
             outcome, why = "wrong", "wrong output"
     elif kind == "call":
         with open(f"{work}/call.py", "w") as f:
             f.write(job["code"] + "\n" + CALL_HARNESS.format(name=case["fn_name"]))
-        outcome, _, out, why = _run(job, [*py, f"{work}/call.py"], json.dumps(case["args"]))
+        outcome, out, why = _run(job, [*py, f"{work}/call.py"], json.dumps(case["args"]))
         if outcome == "ok":
             try:
                 ok = json.loads(out.strip().splitlines()[-1]) == case["output"]
@@ -186,7 +186,7 @@ def run_case(job: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
         token = secrets.token_hex(16)
         with open(f"{work}/script.py", "w") as f:
             f.write(job["code"] + "\n" + case["source"] + f"\nprint({token!r})\n")
-        outcome, _, out, why = _run(job, [*py, f"{work}/script.py"], "")
+        outcome, out, why = _run(job, [*py, f"{work}/script.py"], "")
         if outcome == "ok" and token not in out.split():
             outcome, why = "wrong", "ended before its asserts"
     return {"outcome": outcome, "why": why}
