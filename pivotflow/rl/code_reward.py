@@ -123,12 +123,11 @@ class CodeRunner:
         self.memory_mb, self.nproc = int(memory_mb), int(nproc)
         self.prefix: list[str] = []
         if isolation == "bwrap":
-            roots = bwrap.read_only_roots([])
-            why = bwrap.unavailable(tuple(roots))
-            if why is not None:
+            try:
+                self.prefix = bwrap.sandbox_command()
+            except bwrap.Unavailable as why:
                 raise ValueError(f"code_reward: {why}; install bubblewrap, or pass "
-                                 "isolation='none' to run programs unsandboxed")
-            self.prefix = bwrap.command(roots)
+                                 "isolation='none' to run programs unsandboxed") from None
         else:
             log.warning("code_reward: isolation='none': programs run without a sandbox")
         # Each sandbox slot's cases run as a uid of its own (as root; code_runner.py says

@@ -123,6 +123,23 @@ def command(roots: list[str], hidden: Iterable[str] = (), tmp_mb: int = 64) -> l
     return args
 
 
+class Unavailable(OSError):
+    """bubblewrap cannot sandbox on this host; the message says why, on one line."""
+
+
+def sandbox_command(refs: Iterable[str] = (), hidden: Iterable[str] = (),
+                    tmp_mb: int = 64) -> list[str]:
+    """``command`` for code that imports from ``refs`` ("module:attr"; none for plain
+    programs), once a sandbox has just started here with the same roots (``unavailable``);
+    raises Unavailable otherwise: untrusted code must not run unconfined because a package is
+    missing. The tool pool's workers and the code reward's programs start behind it."""
+    roots = tuple(read_only_roots(refs))
+    why = unavailable(roots)
+    if why is not None:
+        raise Unavailable(why)
+    return command(list(roots), hidden, tmp_mb)
+
+
 def unavailable(roots: tuple[str, ...]) -> str | None:
     """Why a bwrap sandbox cannot start here (one line), or None if one just did: runs
     ``python -c pass`` under exactly the wall the workers get (once per bwrap and roots)."""

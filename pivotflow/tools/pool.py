@@ -179,15 +179,14 @@ class ToolPool:
                 "audit hook confine them); use it for trusted tools only"
             )
             return None
-        roots = tuple(bwrap.read_only_roots(refs))
-        why = bwrap.unavailable(roots)
-        if why is not None:
+        try:
+            return bwrap.sandbox_command(refs, hidden, tmp_mb)
+        except bwrap.Unavailable as why:
             raise ToolError(
                 f"tool pool: cannot isolate tool calls: {why}; install bubblewrap "
                 "(apt-get install bubblewrap) or set tool_pool.isolation=none to run tools "
                 "without isolation"
-            )
-        return bwrap.command(list(roots), hidden, tmp_mb)
+            ) from None
 
     # -- calls ------------------------------------------------------------------------------
 
