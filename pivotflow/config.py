@@ -208,11 +208,11 @@ def with_model_engines(cfg: RunConfig, graph: Graph, overrides: dict[str, Any]) 
     wins over the file, as ``--set graph.KNOB`` does over a graph knob. Raises ConfigError
     where the result asks for tensor parallelism on an engine without it."""
     engines = dict(cfg.engines)
-    for node in graph.nodes.values():
+    nodes = [] if "engine" in overrides else graph.nodes.values()  # (--set engine: all pools)
+    for node in nodes:
         spec = graph.models.get(node.model or "")
-        if ("engine" not in overrides and node.kind in ("generate", "judge") and node.pool
-                and spec is not None and spec.engine is not None
-                and f"engine.{node.pool}" not in overrides):
+        if (node.kind in ("generate", "judge") and node.pool and spec is not None
+                and spec.engine is not None and f"engine.{node.pool}" not in overrides):
             engines[node.pool] = spec.engine
     cfg = msgspec.structs.replace(cfg, engines=engines)
     _check_tensor_parallel(cfg)  # (resolve left it here: graph_engines)
