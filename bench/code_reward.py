@@ -8,9 +8,13 @@ run's reward stage. Variants, alternated ``--repeats`` times (the order reversed
 * ``bwrap``: ``isolation="bwrap"``, the default: a sandbox a program, each case a process;
 * ``none``: ``isolation="none"``: the same runner and case processes, no sandbox.
 
-The bound beside them: each case is a ``python -S -I`` process of its own in either variant,
-so ``none`` is what the sandbox can at most reach; ``case_start_ms`` is one such start-up,
-timed alone. The last line printed is one JSON object.
+Beside them: each case is a process forked from the runner's case forker
+(``pivotflow/rl/case_forker.py``; ``case_processes``: "forked"; before 12-06's change each was a
+``python -S -I`` started afresh): ``case_fork_ms`` is one such fork, reaped (in a bare
+``python -S -I``), ``case_start_ms`` one fresh start-up, what a case paid before. ``none`` is
+no bound on ``bwrap`` since then: unsandboxed, the runner also imports ctypes (bubblewrap has
+set no_new_privs already) and shutil (the sandbox's ``/tmp`` needs no cleaning), ~5 ms a
+program that the sandbox's start about matches. The last line printed is one JSON object.
 
     python bench/code_reward.py [--programs 64] [--cases 3] [--workers 2] [--repeats 3]
 """
@@ -56,6 +60,16 @@ def case_start_ms(repeats: int = 20) -> float:
     return (time.perf_counter() - t) / repeats * 1e3
 
 
+def case_fork_ms(repeats: int = 50) -> float:
+    forks = ("import os, time\nt = time.perf_counter()\n"
+             f"for _ in range({repeats}):\n"
+             "    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n    os.waitpid(pid, 0)\n"
+             f"print((time.perf_counter() - t) / {repeats} * 1e3)")
+    out = subprocess.run([sys.executable, "-S", "-I", "-c", forks], check=True,
+                         capture_output=True, text=True).stdout
+    return float(out)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--programs", type=int, default=64)
@@ -81,6 +95,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
            "sandboxed_over_unsandboxed": round(median["bwrap"] / median["none"], 3),
            "sandboxed_cases_per_s": round(median["bwrap"] * args.cases, 2),
            "case_start_ms": round(case_start_ms(), 2),
+           "case_fork_ms": round(case_fork_ms(), 3), "case_processes": "forked",
            "runs": {k: [round(x, 2) for x in v] for k, v in rates.items()}}
     print(json.dumps(out))
     return out

@@ -8,7 +8,8 @@ from types import ModuleType
 import pytest
 
 KEYS = {"sandboxed_programs_per_s", "unsandboxed_programs_per_s", "sandboxed_over_unsandboxed",
-        "sandboxed_cases_per_s", "case_start_ms", "runs", "programs", "cases", "workers"}
+        "sandboxed_cases_per_s", "case_start_ms", "case_fork_ms", "runs", "programs", "cases",
+        "workers"}
 
 
 @pytest.mark.timeout(120)
@@ -18,3 +19,4 @@ def test_each_variant_runs_and_the_summary_has_every_key(
     assert set(out) >= KEYS
     assert len(out["runs"]["bwrap"]) == len(out["runs"]["none"]) == 1
     assert out["sandboxed_programs_per_s"] > 0 and out["case_start_ms"] > 0
+    assert out["case_fork_ms"] > 0

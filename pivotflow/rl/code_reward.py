@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import marshal
 import random
 import re
 import sys
@@ -156,17 +157,24 @@ class CodeRunner:
 
     async def _run(self, code: str, cases: list[dict[str, Any]], stop_at_failure: bool,
                    slot: int) -> list[dict[str, Any]]:
+        # (a call case's arguments as JSON, its program's stdin: the runner imports no json)
+        cases = [{**case, "input": json.dumps(case["args"])} if case["kind"] == "call" else case
+                 for case in cases]
         job = {"uid": self.uid_base + slot, "code": code, "cases": cases,
                "timeout_s": self.timeout_s, "memory_mb": self.memory_mb, "nproc": self.nproc,
-               "python": sys.executable, "stop_at_failure": stop_at_failure,
+               "stop_at_failure": stop_at_failure,
                "isolated": bool(self.prefix)}
         # each case's timeout, its start-up, and the sandbox's own
         wall = len(cases) * (self.timeout_s + 1.0) + 10.0
+        # (-I: the cases are forked from it, and see the interpreter it is; unsandboxed, the
+        # environment they would get from bwrap's --clearenv)
         proc = await asyncio.create_subprocess_exec(
-            *self.prefix, sys.executable, "-S", RUNNER, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            *self.prefix, sys.executable, "-S", "-I", RUNNER, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env=None if self.prefix else {"PATH": "/usr/bin"})
         try:
-            out, err = await asyncio.wait_for(proc.communicate(json.dumps(job).encode()), wall)
+            # (marshal: the runner reads it without importing json; it is this interpreter)
+            out, err = await asyncio.wait_for(proc.communicate(marshal.dumps(job)), wall)
         except TimeoutError:  # (its own wall: the stage's deadline cancels, not this)
             await _killed(proc)
             return [{"outcome": "timeout", "why": f"the sandbox ran past {wall:.0f} s"}

@@ -1,9 +1,14 @@
 """Runs one program's test cases inside the code reward's sandbox (``code_reward.py``).
 
-Started as ``python -S code_runner.py`` inside bubblewrap, one process per program: it reads
-the job (the program, its cases, the limits) as JSON on stdin, runs each case as a process of
-its own, and writes one JSON line of outcomes on stdout. Standard library only (it runs with
-``-S``, and nothing of pivotflow is imported).
+Started as ``python -S -I code_runner.py`` inside bubblewrap, one process per program: it
+reads the job (the program, its cases, the limits) as JSON on stdin, runs each case as a process
+of its own, and writes one JSON line of outcomes on stdout. Standard library only (it runs with
+``-S -I``, and nothing of pivotflow is imported).
+
+Each case's process is forked, not started: before it reads the job, the runner forks a case
+forker (``case_forker.py``: a clean interpreter that never holds the job), and each case is a
+child of that forker running the program as ``__main__`` (that module says how, and what
+differs from a fresh ``python -S -I``).
 
 Why a process per case, apart from this one: the program never holds the channel the outcome
 goes back on. A case passes only on what this process sees from outside: the program's exit
@@ -27,18 +32,35 @@ call cases cannot be faked without the expected output: use them where reward ha
 
 from __future__ import annotations
 
-import contextlib
-import json
+# Only what the interpreter has loaded or builds in: this process starts once a program, and
+# json, secrets, tempfile, shutil, typing and the like cost 15-20 ms of imports a start, more
+# than the cases of a short test list (``bench/code_reward.py``). json is imported for call
+# cases only.
+import _signal
+import marshal
 import os
-import resource
-import secrets
-import select
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from pivotflow.rl import case_forker
+
+
+def _sibling(name: str) -> Any:
+    """A module of this folder, by its path (``-I`` leaves this folder off ``sys.path``, and
+    so off the programs' too)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    module = type(sys)(name)
+    module.__file__ = path
+    with open(path, "rb") as f:
+        exec(compile(f.read(), path, "exec", dont_inherit=True), module.__dict__)
+    return module
+
+
+if not TYPE_CHECKING:
+    case_forker = _sibling("case_forker")
 
 PR_SET_NO_NEW_PRIVS = 38
 READ_CAP = 1 << 20  # bytes of a case's stdout and stderr read back; more is "too much output"
@@ -57,57 +79,32 @@ print(_json.dumps(_fn(*_args)))
 """
 
 
-def _limits(job: dict[str, Any]) -> None:
-    """In each case's process, before it runs: the limits, then the job's uid where we are
-    root."""
-    mb = job["memory_mb"]
-    cpu = int(job["timeout_s"]) + 1
-    for what, value in ((resource.RLIMIT_AS, mb * 2**20), (resource.RLIMIT_CPU, cpu),
-                        (resource.RLIMIT_FSIZE, 16 * 2**20), (resource.RLIMIT_NOFILE, 64),
-                        (resource.RLIMIT_CORE, 0)):
-        resource.setrlimit(what, (value, value))
-    if job["isolated"] and os.geteuid() == 0:  # (unsandboxed, it may not reach python)
-        resource.setrlimit(resource.RLIMIT_NPROC, (job["nproc"], job["nproc"]))
-        os.setgroups([])
-        uid = int(job["uid"])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-
-
 def _no_new_privs() -> None:
+    """No setuid binary gives a case anything back (bwrap has set it already: then no ctypes,
+    a few milliseconds of import, is needed)."""
+    with open("/proc/self/status") as f:
+        if "NoNewPrivs:\t1" in f.read():
+            return
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # (a setuid binary gives nothing back)
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
 
-def _run(job: dict[str, Any], argv: list[str], stdin: str) -> tuple[str, str, str]:
-    """One process of the program: (outcome, stdout, last stderr line or why it failed).
-
-    Its input is a file (a pipe it never reads would hold the write). Its session is killed
-    whole while the program's own process is still unreaped: a reaped pid may be reused, by
-    another process that leads a group of its own, and a kill of that group would reach it
-    (unsandboxed, any process of the host)."""
+def _run(job: dict[str, Any], forker: case_forker.CaseForker, script: str,
+         stdin: str) -> tuple[str, str, str]:
+    """One process of the program (``script`` run as ``__main__``, ``stdin`` its input, a
+    file: a pipe it never reads would hold the write): (outcome, stdout, last stderr line or
+    why it failed)."""
     work = job["work"]
     with open(f"{work}/in", "w") as f:
         f.write(stdin)
-    with open(f"{work}/in", "rb") as inp, open(f"{work}/out", "wb") as out, \
-            open(f"{work}/err", "wb") as err:
-        try:
-            proc = subprocess.Popen(argv, stdin=inp, stdout=out, stderr=err,
-                                    cwd=work, start_new_session=True,
-                                    preexec_fn=lambda: _limits(job), env={"PATH": "/usr/bin"})
-        except OSError as exc:
-            return "error", "", f"could not start: {exc}"
-    pidfd = os.pidfd_open(proc.pid)  # readable once it exits, before anyone reaps it
-    try:
-        ended = select.select([pidfd], [], [], job["timeout_s"])[0]
-        with contextlib.suppress(ProcessLookupError):  # its session: it, and what it left
-            os.killpg(proc.pid, signal.SIGKILL)
-    finally:
-        os.close(pidfd)
-    proc.wait()
-    if not ended:
+    for name in ("out", "err"):  # (empty, ours: the case writes through what it opens)
+        open(f"{work}/{name}", "wb").close()
+    reply = forker.run({"script": script, **{k: job[k] for k in case_forker.CASE_KEYS}})
+    if "error" in reply:
+        return "error", "", str(reply["error"])
+    if not reply["ended"]:
         return "timeout", "", ""
     with open(f"{work}/out", "rb") as f:
         stdout = f.read(READ_CAP + 1)
@@ -115,9 +112,9 @@ def _run(job: dict[str, Any], argv: list[str], stdin: str) -> tuple[str, str, st
         stderr = f.read(READ_CAP).decode(errors="replace").strip().splitlines()
     if len(stdout) > READ_CAP:
         return "output", "", "too much output"
-    status = proc.returncode
-    if status < 0:  # (waited for: never None)
-        why = {int(signal.SIGXCPU): "cpu", int(signal.SIGKILL): "killed"}
+    status = int(reply["status"])
+    if status < 0:
+        why = {_signal.SIGXCPU: "cpu", _signal.SIGKILL: "killed"}
         return why.get(-status, "crash"), "", f"signal {-status}"
     last = stderr[-1][:200] if stderr else ""
     if status != 0 and "MemoryError" in last:
@@ -165,39 +162,47 @@ def _is_int(token: str) -> bool:
     return token.lstrip("+-").isdigit()
 
 
-def run_case(job: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
-    py, work = [job["python"], "-S", "-I"], job["work"]
+def run_case(job: dict[str, Any], forker: case_forker.CaseForker, case: dict[str, Any]) -> dict[str, Any]:
+    work = job["work"]
     kind = case["kind"]
     if kind == "stdio":
-        outcome, out, why = _run(job, [*py, f"{work}/solution.py"], case["input"])
+        outcome, out, why = _run(job, forker, f"{work}/solution.py", case["input"])
         if outcome == "ok" and not same_output(out, case["output"]):
             outcome, why = "wrong", "wrong output"
     elif kind == "call":
         with open(f"{work}/call.py", "w") as f:
             f.write(job["code"] + "\n" + CALL_HARNESS.format(name=case["fn_name"]))
-        outcome, out, why = _run(job, [*py, f"{work}/call.py"], json.dumps(case["args"]))
+        # (its arguments as JSON, written by code_reward: this process has no json to spare)
+        outcome, out, why = _run(job, forker, f"{work}/call.py", case["input"])
         if outcome == "ok":
+            import json  # (the program's output: parsed as JSON, never as anything richer)
+
             try:
                 ok = json.loads(out.strip().splitlines()[-1]) == case["output"]
             except (ValueError, IndexError):
                 ok = False
             outcome, why = ("ok", "") if ok else ("wrong", "wrong return value")
     else:  # "script": the program, then asserts; the token proves the asserts ran to the end
-        token = secrets.token_hex(16)
+        token = os.urandom(16).hex()
         with open(f"{work}/script.py", "w") as f:
             f.write(job["code"] + "\n" + case["source"] + f"\nprint({token!r})\n")
-        outcome, out, why = _run(job, [*py, f"{work}/script.py"], "")
+        outcome, out, why = _run(job, forker, f"{work}/script.py", "")
         if outcome == "ok" and token not in out.split():
             outcome, why = "wrong", "ended before its asserts"
     return {"outcome": outcome, "why": why}
 
 
 def main() -> None:
-    job = json.loads(sys.stdin.read())
     _no_new_privs()
+    forker = case_forker.CaseForker()  # before the job is read: it never holds the expected outputs
+    job = marshal.loads(sys.stdin.buffer.read())  # (code_reward's, on this interpreter)
+    if any(case["kind"] == "call" for case in job["cases"]):
+        forker.preload("json")  # (the call harness's: imported once, not a case at a time)
     # the program's files, readable (not writable) by the cases: its own folder, whatever
     # else runs beside it (unsandboxed, the host's /tmp is shared)
-    job["work"] = tempfile.mkdtemp(prefix="pivotflow-code-")
+    job["work"] = os.path.join(os.environ.get("TMPDIR", "/tmp"),
+                               f"pivotflow-code-{os.urandom(8).hex()}")
+    os.mkdir(job["work"], 0o700)
     os.chmod(job["work"], 0o755)
     try:
         with open(f"{job['work']}/solution.py", "w") as f:
@@ -207,10 +212,22 @@ def main() -> None:
             if job["stop_at_failure"] and results and results[-1]["outcome"] != "ok":
                 results.append({"outcome": "skipped", "why": ""})
                 continue
-            results.append(run_case(job, case))
+            results.append(run_case(job, forker, case))
     finally:
-        shutil.rmtree(job["work"], ignore_errors=True)
-    sys.stdout.write(json.dumps({"cases": results}) + "\n")
+        forker.close()
+        if not job["isolated"]:  # (in the sandbox /tmp is its own, gone with it)
+            import shutil
+
+            shutil.rmtree(job["work"], ignore_errors=True)
+    cases = ", ".join(f'{{"outcome": {_json_text(r["outcome"])}, "why": {_json_text(r["why"])}}}'
+                      for r in results)
+    sys.stdout.write(f'{{"cases": [{cases}]}}\n')
+
+
+def _json_text(text: str) -> str:
+    """``text`` as a JSON string (the answer's only strings; json itself is not imported)."""
+    return '"' + "".join(c if c >= " " and c not in '"\\' and not "\ud800" <= c <= "\udfff"
+                         else f"\\u{ord(c):04x}" for c in text) + '"'
 
 
 if __name__ == "__main__":

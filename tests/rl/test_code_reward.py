@@ -110,6 +110,65 @@ def test_assert_cases_must_run_to_their_end(runner: CodeRunner) -> None:
             "wrong", "wrong"], leave
 
 
+def test_a_case_runs_as_a_fresh_interpreter_runs_a_script(runner: CodeRunner) -> None:
+    """Each case is forked from the runner's case forker and run as ``__main__``: exit
+    statuses, tracebacks, threads, atexit and the rest as ``python -S -I`` gives them."""
+    one = {"inputs": [""], "outputs": ["done"]}
+
+    def results(code: str) -> list[dict[str, Any]]:
+        return list(asyncio.run(runner.run(code, cases_of(one), False)))
+
+    assert results("raise ValueError('boom')") == [{"outcome": "error",
+                                                    "why": "ValueError: boom"}]
+    assert results("import sys\nprint('done')\nsys.exit('bad')") == [
+        {"outcome": "error", "why": "bad"}]  # (a message: printed, status 1)
+    assert results("print('done')\nraise SystemExit(256)")[0]["outcome"] == "ok"  # (0, as 256)
+    for code in (
+        "if __name__ == '__main__':\n    print('done')",
+        "import atexit\natexit.register(print, 'done')",  # (run at the end)
+        "import threading, time\n"  # (a non-daemon thread is waited for)
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('done'))).start()",
+        # no `from __future__ import annotations` of the runner's reaches the program
+        "def f(x: int): pass\nprint('done' if f.__annotations__['x'] is int else 'str')",
+        # nothing open but its own stdin, stdout and stderr (and the listing's own)
+        "import os\nprint('done' if sorted(map(int, os.listdir('/proc/self/fd'))) == "
+        "[0, 1, 2, 3] else os.listdir('/proc/self/fd'))",
+        "import sys\nprint('done' if sys.flags.isolated and sys.flags.no_site and "
+        "sys.argv[0].endswith('solution.py') else sys.flags)",
+    ):
+        assert results(code) == [{"outcome": "ok", "why": ""}], code
+
+
+def test_the_expected_output_is_nowhere_in_the_programs_memory(runner: CodeRunner) -> None:
+    """The case forker is forked before the runner reads the job: a program that reads its
+    whole address space finds no expected output (it finds its own input, which it has)."""
+    scan = ("import ctypes, re, sys\n"
+            "ctypes.CDLL(None).prctl(4, 1)  # (dumpable again after the uid drop: /proc/self/mem)\n"
+            "given = sys.stdin.read()  # (kept)\n"
+            "head, tail = ('zeb' + 'ra-').encode(), str(31336 + 1).encode()\n"
+            "found = False\n"
+            "with open('/proc/self/maps') as maps, open('/proc/self/mem', 'rb', 0) as mem:\n"
+            "    for line in maps:\n"
+            "        span, perms = line.split()[:2]\n"
+            "        lo, hi = (int(x, 16) for x in span.split('-'))\n"
+            "        if 'r' not in perms or '[v' in line:\n"
+            "            continue\n"
+            "        try:\n"
+            "            mem.seek(lo)\n"
+            "            data = mem.read(hi - lo)\n"
+            "        except (OSError, OverflowError, ValueError):\n"
+            "            continue\n"
+            "        at = data.find(head)\n"
+            "        while at >= 0 and not found:\n"
+            "            found = data[at + len(head): at + len(head) + len(tail)] == tail\n"
+            "            at = data.find(head, at + 1)\n"
+            "print(head.decode() + tail.decode() if found else 'absent')\n")
+    hidden = {"inputs": ["1 2"], "outputs": ["zebra-31337"]}
+    assert outcomes(runner, scan, hidden) == ["wrong"]  # (it printed "absent")
+    given = {"inputs": ["zebra-31337"], "outputs": ["zebra-31337"]}
+    assert outcomes(runner, scan, given) == ["ok"]  # the scan finds what is there
+
+
 def test_a_hostile_program_meets_the_sandbox_and_the_limits(runner: CodeRunner,
                                                             tmp_path: Path) -> None:
     one = {"inputs": [""], "outputs": ["done"]}
