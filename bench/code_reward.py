@@ -14,9 +14,12 @@ Beside them: each case is a process forked from the runner's case forker
 ``python -S -I``), ``case_start_ms`` one fresh start-up, what a case paid before. ``none`` is
 no bound on ``bwrap`` since then: unsandboxed, the runner also imports ctypes (bubblewrap has
 set no_new_privs already) and shutil (the sandbox's ``/tmp`` needs no cleaning), ~5 ms a
-program that the sandbox's start about matches. The last line printed is one JSON object.
+program that the sandbox's start about matches. ``--language cpp``: the programs are C++
+(``<bits/stdc++.h>``, as competitive programmers write them), each compiled in its sandbox
+before its cases run. The last line printed is one JSON object.
 
     python bench/code_reward.py [--programs 64] [--cases 3] [--workers 2] [--repeats 3]
+                                [--language python|cpp]
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ from pivotflow.rl.code_reward import CodeRunner, cases_of
 
 RIGHT = "import sys\na, b = map(int, sys.stdin.read().split())\nprint(a + b)\n"
 WRONG = "import sys\na, b = map(int, sys.stdin.read().split())\nprint(a - b)\n"
+# (--language cpp: each program compiled first, with the header competitive programmers use)
+CPP = ("#include <bits/stdc++.h>\nint main() {{ long long a, b; std::cin >> a >> b; "
+       "std::cout << a {} b << std::endl; }}\n")
+PROGRAMS = {"python": (RIGHT, WRONG), "cpp": (CPP.format("+"), CPP.format("-"))}
 
 
 def tests(n: int) -> dict[str, list[str]]:
@@ -42,11 +49,14 @@ def tests(n: int) -> dict[str, list[str]]:
             "outputs": [f"{2 * i + 1}\n" for i in range(n)]}
 
 
-async def score(runner: CodeRunner, programs: int, cases: int) -> tuple[float, float]:
+async def score(runner: CodeRunner, programs: int, cases: int,
+                language: str = "python") -> tuple[float, float]:
     """(programs a second, share of cases passed)."""
     parsed = cases_of(tests(cases))
     t = time.perf_counter()
-    results = await asyncio.gather(*(runner.run(RIGHT if i % 2 == 0 else WRONG, parsed, False)
+    right, wrong = PROGRAMS[language]
+    results = await asyncio.gather(*(runner.run(right if i % 2 == 0 else wrong, parsed, False,
+                                                language)
                                      for i in range(programs)))
     seconds = time.perf_counter() - t
     passed = sum(r["outcome"] == "ok" for rs in results for r in rs)
@@ -76,19 +86,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--cases", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--language", choices=sorted(PROGRAMS), default="python")
     args = ap.parse_args(argv)
     runners = {kind: CodeRunner(workers=args.workers, timeout_s=5.0, memory_mb=512, nproc=64,
+                                compiles=args.language == "cpp",
                                 isolation=kind) for kind in ("bwrap", "none")}
     rates: dict[str, list[float]] = {k: [] for k in runners}
     for r in range(args.repeats):
         for kind in (("bwrap", "none") if r % 2 == 0 else ("none", "bwrap")):
-            rate, passed = asyncio.run(score(runners[kind], args.programs, args.cases))
+            rate, passed = asyncio.run(score(runners[kind], args.programs, args.cases,
+                                             args.language))
             assert passed == 0.5 or args.programs % 2, passed  # half right, as written
             rates[kind].append(rate)
             print(f"{kind:6s} repeat {r}: {rate:.1f} programs/s", file=sys.stderr)
     median = {k: statistics.median(v) for k, v in rates.items()}
     out = {"bench": "code_reward", "date": datetime.date.today().isoformat(),
-           "programs": args.programs, "cases": args.cases, "workers": args.workers,
+           "programs": args.programs, "cases": args.cases, "language": args.language,
+           "workers": args.workers,
            "repeats": args.repeats,
            "sandboxed_programs_per_s": round(median["bwrap"], 2),
            "unsandboxed_programs_per_s": round(median["none"], 2),

@@ -137,7 +137,8 @@ def _fork_case(request: dict[str, Any]) -> dict[str, Any]:
 def _case(request: dict[str, Any]) -> NoReturn:
     """A case's process (a child of the forker): its files as 0, 1 and 2 and nothing else
     open, a session of its own, its limits and uid, the environment a fresh ``python -S -I``
-    would get from the runner; then the program as ``__main__``."""
+    would get from the runner; then the program as ``__main__`` (``script``) or an executable
+    in its place (``argv``)."""
     try:
         os.setsid()
         work = request["work"]
@@ -162,7 +163,14 @@ def _case(request: dict[str, Any]) -> NoReturn:
             os._exit(CANNOT_START)
     status = 1
     try:  # (never back into the forker's code, whatever the program did)
+        if "argv" in request:  # an executable (a compiled program, its compiler): in place
+            for number in (_signal.SIGPIPE, _signal.SIGXFSZ):  # (the interpreter ignores
+                _signal.signal(number, _signal.SIG_DFL)  # them; an exec'd program must not)
+            os.execv(request["argv"][0], request["argv"])
         status = run_as_main(request["script"])
+    except OSError as exc:  # (execv's: no such file, not executable)
+        os.write(2, f"code_runner: could not run {request['argv'][0]}: {exc}\n".encode())
+        status = CANNOT_START
     finally:
         os._exit(status)
 

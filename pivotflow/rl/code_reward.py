@@ -39,6 +39,7 @@ import logging
 import marshal
 import random
 import re
+import shutil
 import sys
 import weakref
 from collections.abc import Callable
@@ -54,6 +55,8 @@ RUNNER = str(Path(__file__).with_name("code_runner.py"))
 # the uids the cases run as (as root): a block of `workers` drawn from here, held by no user
 UID_FIRST, UID_LAST = 1_000_000, 2_000_000_000
 MODES = ("fraction", "all")
+LANGUAGES = ("python", "cpp", "auto")
+COMPILE_WALL_S = 31.0  # a C++ compile's time limit in the sandbox (code_runner's), and its exit
 # what each case's outcome is logged as (logged_metrics' code_ok, code_wrong, ...): the rare
 # ones (cpu, memory, output, crash, killed, the sandbox's own failure) as "other"
 LOGGED = ("ok", "wrong", "error", "timeout", "other")
@@ -61,18 +64,34 @@ OUTCOME_GROUP = {"ok": "ok", "wrong": "wrong", "error": "error", "timeout": "tim
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 
 
-def code_of(completion: str) -> str:
-    """The program in a completion: its last fenced block marked python (or unmarked), else
-    its last fenced block, else what follows a fence left open (a response cut at its
-    max_tokens), else the whole text."""
+# a fenced block's tag for each language (an unmarked block is Python's)
+FENCE_TAGS = {"python": ("python", "py", "python3", ""), "cpp": ("cpp", "c++", "cc", "cxx")}
+
+
+def code_of(completion: str, language: str = "python") -> str:
+    """The program in a completion: its last fenced block marked ``language`` (Python's: or
+    unmarked), else its last fenced block, else what follows a fence left open (a response
+    cut at its max_tokens), else the whole text."""
     blocks = _FENCE.findall(completion)
-    python = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3", "")]
-    if python:
-        return python[-1]
+    tags = FENCE_TAGS[language]
+    marked = [code for lang, code in blocks if lang.lower() in tags]
+    if marked:
+        return marked[-1]
     if blocks:
         return blocks[-1][1]
     opened = completion.rfind("```")
     return completion if opened < 0 else completion[opened:].partition("\n")[2]
+
+
+def language_of(completion: str) -> str:
+    """``language="auto"``'s choice: C++ when the completion's last fenced block is marked as
+    C++ (``cpp``, ``c++``, ``cc``, ``cxx``), else Python."""
+    blocks = _FENCE.findall(completion)
+    tag = blocks[-1][0].lower() if blocks else ""
+    if not blocks:  # (a fence left open: its tag)
+        opened = completion.rfind("```")
+        tag = completion[opened + 3:].partition("\n")[0].strip().lower() if opened >= 0 else ""
+    return "cpp" if tag in FENCE_TAGS["cpp"] else "python"
 
 
 def cases_of(tests: Any) -> list[dict[str, Any]]:
@@ -113,7 +132,7 @@ class CodeRunner:
     """Runs programs in sandboxes, ``workers`` at once (each a bwrap process of its own)."""
 
     def __init__(self, *, workers: int, timeout_s: float, memory_mb: int, nproc: int,
-                 isolation: str) -> None:
+                 isolation: str, compiles: bool = False) -> None:
         if isolation not in ("bwrap", "none"):
             raise ValueError(f"code_reward: isolation must be bwrap or none, got {isolation!r}")
         for name, value in (("workers", workers), ("timeout_s", timeout_s),
@@ -122,6 +141,11 @@ class CodeRunner:
                 raise ValueError(f"code_reward: {name} must be > 0, got {value!r}")
         self.workers, self.timeout_s = int(workers), float(timeout_s)
         self.memory_mb, self.nproc = int(memory_mb), int(nproc)
+        # C++ (``compiles``): g++ as the host has it, under /usr (the sandbox's read-only /usr)
+        self.compiler = shutil.which("g++") or "" if compiles else ""
+        if compiles and not self.compiler:
+            raise ValueError("code_reward: C++ programs need g++, which is not on PATH; "
+                             "install it (apt-get install g++) or use language='python'")
         self.prefix: list[str] = []
         if isolation == "bwrap":
             try:
@@ -139,10 +163,18 @@ class CodeRunner:
         self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Queue[int]] \
             = weakref.WeakKeyDictionary()
 
-    async def run(self, code: str, cases: list[dict[str, Any]],
-                  stop_at_failure: bool) -> list[dict[str, Any]]:
+    async def run(self, code: str, cases: list[dict[str, Any]], stop_at_failure: bool,
+                  language: str = "python") -> list[dict[str, Any]]:
         """Each case's outcome (``{"outcome": "ok" | ..., "why": ...}``); a sandbox that
-        breaks gives every case the outcome ``sandbox``."""
+        breaks gives every case the outcome ``sandbox``. ``language`` "cpp": the program is
+        compiled first (stdin/stdout cases only; a runner built with ``compiles``)."""
+        if language == "cpp":
+            if not self.compiler:
+                raise ValueError("code_reward: this runner was not built for C++ programs")
+            if any(case["kind"] != "stdio" for case in cases):
+                kinds = sorted({case["kind"] for case in cases} - {"stdio"})
+                raise ValueError(f"code_reward: C++ programs run stdin/stdout cases only; "
+                                 f"these tests hold {', '.join(kinds)} cases")
         loop = asyncio.get_running_loop()
         slots = self._slots.get(loop)
         if slots is None:
@@ -151,21 +183,23 @@ class CodeRunner:
                 slots.put_nowait(slot)
         slot = await slots.get()
         try:
-            return await self._run(code, cases, stop_at_failure, slot)
+            return await self._run(code, cases, stop_at_failure, slot, language)
         finally:
             slots.put_nowait(slot)
 
     async def _run(self, code: str, cases: list[dict[str, Any]], stop_at_failure: bool,
-                   slot: int) -> list[dict[str, Any]]:
+                   slot: int, language: str) -> list[dict[str, Any]]:
         # (a call case's arguments as JSON, its program's stdin: the runner imports no json)
         cases = [{**case, "input": json.dumps(case["args"])} if case["kind"] == "call" else case
                  for case in cases]
         job = {"uid": self.uid_base + slot, "code": code, "cases": cases,
                "timeout_s": self.timeout_s, "memory_mb": self.memory_mb, "nproc": self.nproc,
-               "stop_at_failure": stop_at_failure,
+               "stop_at_failure": stop_at_failure, "language": language,
+               "compiler": self.compiler,
                "isolated": bool(self.prefix)}
         # each case's timeout, its start-up, and the sandbox's own
-        wall = len(cases) * (self.timeout_s + 1.0) + 10.0
+        wall = len(cases) * (self.timeout_s + 1.0) + 10.0 + (
+            COMPILE_WALL_S if language == "cpp" else 0.0)
         # (-I: the cases are forked from it, and see the interpreter it is; unsandboxed, the
         # environment they would get from bwrap's --clearenv)
         proc = await asyncio.create_subprocess_exec(
@@ -201,14 +235,18 @@ async def _killed(proc: asyncio.subprocess.Process) -> None:
 
 def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 2,
                 timeout_s: float = 5.0, memory_mb: int = 512, nproc: int = 64,
-                isolation: str = "bwrap",
-                extract: Callable[[str], str] = code_of) -> Callable[..., Any]:
+                isolation: str = "bwrap", language: str = "python",
+                extract: Callable[[str], str] | None = None) -> Callable[..., Any]:
     """An ``async def`` map stage function: ``completion`` and the ``tests`` field in,
     ``reward`` out (the share of cases passed; ``mode="all"``: 1.0 only if all pass, and the
     cases after a failure are not run). ``workers``: programs run at once (each a sandbox
     and, inside, one case at a time); ``timeout_s``, ``memory_mb``: each case's wall time
     and address space; ``nproc``: processes and threads of a slot's uid
-    together (a fork bomb's ceiling); ``extract``: the program from the completion.
+    together (a fork bomb's ceiling); ``language``: "python", "cpp" (compiled with g++
+    ``-std=c++17 -O2`` in the sandbox, stdin/stdout cases only) or "auto" (C++ where the
+    completion's last fenced block is marked so, else Python: ``language_of``);
+    ``extract``: the program from the completion (default: its last block of the language,
+    ``code_of``).
 
     Give the stage ``concurrency=workers``: a call out waits for a sandbox inside itself, on
     its stage's ``deadline_s``, where a call over the stage's concurrency waits its turn
@@ -220,12 +258,17 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
         raise ValueError(f"code_reward: mode must be one of {', '.join(MODES)}, got {mode!r}")
     if not isinstance(tests, str) or not tests.isidentifier():
         raise ValueError(f"code_reward: tests must name a field, got {tests!r}")
+    if language not in LANGUAGES:
+        raise ValueError(f"code_reward: language must be one of {', '.join(LANGUAGES)}, got "
+                         f"{language!r}")
     runner = CodeRunner(workers=workers, timeout_s=timeout_s, memory_mb=memory_mb,
-                        nproc=nproc, isolation=isolation)
+                        nproc=nproc, isolation=isolation, compiles=language != "python")
 
     async def reward(completion: str, **fields: Any) -> float:
         cases = cases_of(fields[tests])
-        results = await runner.run(extract(completion), cases, stop_at_failure=mode == "all")
+        chosen = language_of(completion) if language == "auto" else language
+        code = extract(completion) if extract is not None else code_of(completion, chosen)
+        results = await runner.run(code, cases, stop_at_failure=mode == "all", language=chosen)
         passed = sum(r["outcome"] == "ok" for r in results)
         ran = [r["outcome"] for r in results if r["outcome"] != "skipped"]
         for name in LOGGED if recording_now() else ():

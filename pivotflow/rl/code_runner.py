@@ -91,17 +91,19 @@ def _no_new_privs() -> None:
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
 
-def _run(job: dict[str, Any], forker: case_forker.CaseForker, script: str,
-         stdin: str) -> tuple[str, str, str]:
-    """One process of the program (``script`` run as ``__main__``, ``stdin`` its input, a
-    file: a pipe it never reads would hold the write): (outcome, stdout, last stderr line or
-    why it failed)."""
+def _run(job: dict[str, Any], forker: case_forker.CaseForker, program: dict[str, Any],
+         stdin: str, limits: dict[str, Any] | None = None) -> tuple[str, str, str]:
+    """One process of the program (``program``: ``{"script": path}``, a Python file run as
+    ``__main__``, or ``{"argv": [...]}``, an executable), ``stdin`` its input, a file (a pipe
+    it never reads would hold the write); ``limits`` over the job's own. (outcome, stdout,
+    last stderr line or why it failed)."""
     work = job["work"]
     with open(f"{work}/in", "w") as f:
         f.write(stdin)
     for name in ("out", "err"):  # (empty, ours: the case writes through what it opens)
         open(f"{work}/{name}", "wb").close()
-    reply = forker.run({"script": script, **{k: job[k] for k in case_forker.CASE_KEYS}})
+    reply = forker.run({**program, **{k: job[k] for k in case_forker.CASE_KEYS},
+                        **(limits or {})})
     if "error" in reply:
         return "error", "", str(reply["error"])
     if not reply["ended"]:
@@ -113,10 +115,12 @@ def _run(job: dict[str, Any], forker: case_forker.CaseForker, script: str,
     if len(stdout) > READ_CAP:
         return "output", "", "too much output"
     status = int(reply["status"])
+    last = stderr[-1][:200] if stderr else ""
     if status < 0:
         why = {_signal.SIGXCPU: "cpu", _signal.SIGKILL: "killed"}
+        if any("std::bad_alloc" in line for line in stderr):  # (C++'s new, past RLIMIT_AS)
+            return "memory", "", last
         return why.get(-status, "crash"), "", f"signal {-status}"
-    last = stderr[-1][:200] if stderr else ""
     if status != 0 and "MemoryError" in last:
         return "memory", "", last
     return ("ok" if status == 0 else "error"), stdout.decode(errors="replace"), last
@@ -166,14 +170,14 @@ def run_case(job: dict[str, Any], forker: case_forker.CaseForker, case: dict[str
     work = job["work"]
     kind = case["kind"]
     if kind == "stdio":
-        outcome, out, why = _run(job, forker, f"{work}/solution.py", case["input"])
+        outcome, out, why = _run(job, forker, job["program"], case["input"])
         if outcome == "ok" and not same_output(out, case["output"]):
             outcome, why = "wrong", "wrong output"
     elif kind == "call":
         with open(f"{work}/call.py", "w") as f:
             f.write(job["code"] + "\n" + CALL_HARNESS.format(name=case["fn_name"]))
         # (its arguments as JSON, written by code_reward: this process has no json to spare)
-        outcome, out, why = _run(job, forker, f"{work}/call.py", case["input"])
+        outcome, out, why = _run(job, forker, {"script": f"{work}/call.py"}, case["input"])
         if outcome == "ok":
             import json  # (the program's output: parsed as JSON, never as anything richer)
 
@@ -186,10 +190,51 @@ def run_case(job: dict[str, Any], forker: case_forker.CaseForker, case: dict[str
         token = os.urandom(16).hex()
         with open(f"{work}/script.py", "w") as f:
             f.write(job["code"] + "\n" + case["source"] + f"\nprint({token!r})\n")
-        outcome, out, why = _run(job, forker, f"{work}/script.py", "")
+        outcome, out, why = _run(job, forker, {"script": f"{work}/script.py"}, "")
         if outcome == "ok" and token not in out.split():
             outcome, why = "wrong", "ended before its asserts"
     return {"outcome": outcome, "why": why}
+
+
+def _python(job: dict[str, Any]) -> None:
+    with open(f"{job['work']}/solution.py", "w") as f:
+        f.write(job["code"])
+    job["program"] = {"script": f"{job['work']}/solution.py"}
+
+
+# g++ as judges run it (Codeforces: -O2, C++17); its own limits: a compiler needs far more
+# memory than the program it builds (cc1plus with <bits/stdc++.h>: ~250 MB)
+CXX_FLAGS = ("-std=c++17", "-O2", "-pipe")
+COMPILE_LIMITS = {"timeout_s": 30.0, "memory_mb": 2048}
+
+
+def _compiled(job: dict[str, Any], forker: case_forker.CaseForker) -> dict[str, Any] | None:
+    """Compiles the C++ program as the cases' uid (the compiler reads what the program
+    includes: as root it could include what root alone may read), into a folder of that uid's
+    that becomes root's once built (no case can change the binary the next runs). None when
+    it built, else every case's result (an ``error``, the compiler's first error line)."""
+    work, uid = job["work"], int(job["uid"])
+    build = f"{work}/build"
+    os.mkdir(build, 0o755)
+    as_root = job["isolated"] and os.geteuid() == 0
+    if as_root:
+        os.chown(build, uid, uid)
+    with open(f"{work}/solution.cpp", "w") as f:
+        f.write(job["code"])
+    binary = f"{build}/program"
+    outcome, _, why = _run(job, forker, {"argv": [job["compiler"], *CXX_FLAGS, "-o", binary,
+                                                  f"{work}/solution.cpp"]}, "", COMPILE_LIMITS)
+    if as_root:
+        for path in (build, binary):
+            if os.path.exists(path):
+                os.chown(path, 0, 0)
+    if outcome != "ok" or not os.path.exists(binary):
+        with open(f"{work}/err", errors="replace") as f:
+            errors = [line for line in f.read(READ_CAP).splitlines() if "error" in line]
+        why = (errors[0] if errors else why or outcome).replace(f"{work}/", "")[:200]
+        return {"outcome": "error", "why": f"did not compile: {why}"}
+    job["program"] = {"argv": [binary]}
+    return None
 
 
 def main() -> None:
@@ -205,14 +250,17 @@ def main() -> None:
     os.mkdir(job["work"], 0o700)
     os.chmod(job["work"], 0o755)
     try:
-        with open(f"{job['work']}/solution.py", "w") as f:
-            f.write(job["code"])
+        failed = None
+        if job["language"] == "cpp":
+            failed = _compiled(job, forker)
+        else:
+            _python(job)
         results: list[dict[str, Any]] = []
         for case in job["cases"]:
             if job["stop_at_failure"] and results and results[-1]["outcome"] != "ok":
                 results.append({"outcome": "skipped", "why": ""})
-                continue
-            results.append(run_case(job, forker, case))
+            else:  # (a program that did not compile fails each case it would have run)
+                results.append(failed or run_case(job, forker, case))
     finally:
         forker.close()
         if not job["isolated"]:  # (in the sandbox /tmp is its own, gone with it)

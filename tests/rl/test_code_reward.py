@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pivotflow.controller.user_metrics import UserMetrics, recording
-from pivotflow.rl.code_reward import CodeRunner, cases_of, code_of, code_reward
+from pivotflow.rl.code_reward import CodeRunner, cases_of, code_of, code_reward, language_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -167,6 +167,74 @@ def test_the_expected_output_is_nowhere_in_the_programs_memory(runner: CodeRunne
     assert outcomes(runner, scan, hidden) == ["wrong"]  # (it printed "absent")
     given = {"inputs": ["zebra-31337"], "outputs": ["zebra-31337"]}
     assert outcomes(runner, scan, given) == ["ok"]  # the scan finds what is there
+
+
+CPP_ADD = ("#include <cstdio>\nint main() { long long a, b; scanf(\"%lld %lld\", &a, &b); "
+           "printf(\"%lld\\n\", a + b); }\n")
+
+
+@pytest.fixture(scope="module")
+def cpp_runner() -> CodeRunner:
+    return CodeRunner(workers=2, timeout_s=2.0, memory_mb=256, nproc=64, isolation="bwrap",
+                      compiles=True)
+
+
+def test_cpp_programs_are_compiled_once_and_run_on_each_case(cpp_runner: CodeRunner) -> None:
+    def run(code: str, stop: bool = False, tests: Any = SUM) -> list[dict[str, Any]]:
+        return list(asyncio.run(cpp_runner.run(code, cases_of(tests), stop, "cpp")))
+
+    assert [r["outcome"] for r in run(CPP_ADD)] == ["ok", "ok", "ok"]
+    assert [r["outcome"] for r in run("#include <cstdio>\nint main() { puts(\"3\"); }")] == [
+        "ok", "wrong", "wrong"]
+    broken = run("int main() { return x; }")
+    assert [r["outcome"] for r in broken] == ["error"] * 3
+    assert broken[0]["why"].startswith("did not compile: solution.cpp:1:")
+    assert "error: 'x' was not declared" in broken[0]["why"]
+    assert [r["outcome"] for r in run("int main() { return x; }", stop=True)] == [
+        "error", "skipped", "skipped"]
+    one = {"inputs": [""], "outputs": ["done"]}
+    assert [r["outcome"] for r in run("int main() { volatile int x = 0; while (1) x++; }",
+                                      tests=one)] == ["timeout"]
+    hungry = ("#include <vector>\n#include <cstdio>\nint main() { std::vector<char> "
+              "v(1ull << 31); v[5] = 1; printf(\"%d\", v[5]); }")
+    assert [r["outcome"] for r in run(hungry, tests=one)] == ["memory"]  # (std::bad_alloc)
+    assert run("int main() { int *p = nullptr; *p = 1; }", tests=one) == [
+        {"outcome": "crash", "why": "signal 11"}]
+    if os.geteuid() == 0:  # the program runs as its slot's uid, not as root
+        uids = range(cpp_runner.uid_base, cpp_runner.uid_base + cpp_runner.workers)
+        mine = ("#include <cstdio>\n#include <unistd.h>\nint main() { unsigned u = getuid(); "
+                f"puts(u >= {uids.start}u && u < {uids.stop}u ? \"done\" : \"root\"); }}")
+        assert [r["outcome"] for r in run(mine, tests=one)] == ["ok"]
+
+
+def test_cpp_is_chosen_by_the_completions_fence() -> None:
+    text = "First:\n```python\nprint(1)\n```\nIn C++:\n```cpp\nint main() {}\n```\n"
+    assert language_of(text) == "cpp" and code_of(text, "cpp") == "int main() {}\n"
+    assert code_of(text) == "print(1)\n"  # (Python's block, for a Python reward)
+    assert language_of("```c++\nint main() {\n") == "cpp"  # (a fence left open)
+    assert language_of("```\nprint(1)\n```") == language_of("print(1)") == "python"
+    auto = code_reward(language="auto", timeout_s=2.0)
+
+    async def score() -> list[float]:
+        return list(await asyncio.gather(auto(f"```cpp\n{CPP_ADD}```", tests=SUM),
+                                         auto(f"```python\n{ADD}```", tests=SUM),
+                                         auto(f"```c++\n{ADD}```", tests=SUM)))
+
+    assert asyncio.run(score()) == [1.0, 1.0, 0.0]  # (Python code in a C++ fence: compiled)
+
+
+def test_cpp_refusals_are_one_line(cpp_runner: CodeRunner, monkeypatch: pytest.MonkeyPatch,
+                                   tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^code_reward: C\+\+ programs run stdin/stdout cases "
+                                         r"only; these tests hold script cases$"):
+        asyncio.run(cpp_runner.run(CPP_ADD, cases_of(["assert True"]), False, "cpp"))
+    with pytest.raises(ValueError, match=r"^code_reward: language must be one of python, cpp, "
+                                         r"auto, got 'rust'$"):
+        code_reward(language="rust")
+    monkeypatch.setenv("PATH", str(tmp_path))  # (a host without g++)
+    with pytest.raises(ValueError, match=r"^code_reward: C\+\+ programs need g\+\+, which is "
+                                         r"not on PATH; install it"):
+        code_reward(language="cpp")
 
 
 def test_a_hostile_program_meets_the_sandbox_and_the_limits(runner: CodeRunner,
