@@ -16,7 +16,8 @@ no bound on ``bwrap`` since then: unsandboxed, the runner also imports ctypes (b
 set no_new_privs already) and shutil (the sandbox's ``/tmp`` needs no cleaning), ~5 ms a
 program that the sandbox's start about matches. ``--language cpp``: the programs are C++
 (``<bits/stdc++.h>``, as competitive programmers write them), each compiled in its sandbox
-before its cases run. The last line printed is one JSON object.
+before its cases run; ``cxx_header`` says whether the compiles read that header precompiled
+(``pivotflow/rl/cxx_header.py``, built on the first program where the cache has none). The last line printed is one JSON object.
 
     python bench/code_reward.py [--programs 64] [--cases 3] [--workers 2] [--repeats 3]
                                 [--language python|cpp]
@@ -34,6 +35,7 @@ import sys
 import time
 from typing import Any
 
+from pivotflow.rl import cxx_header
 from pivotflow.rl.code_reward import CodeRunner, cases_of
 
 RIGHT = "import sys\na, b = map(int, sys.stdin.read().split())\nprint(a + b)\n"
@@ -110,6 +112,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
            "sandboxed_cases_per_s": round(median["bwrap"] * args.cases, 2),
            "case_start_ms": round(case_start_ms(), 2),
            "case_fork_ms": round(case_fork_ms(), 3), "case_processes": "forked",
+           "cxx_header": "precompiled" if any(
+               r.header is not None and cxx_header.built(r.header) for r in runners.values())
+           else "parsed" if args.language == "cpp" else "",
            "runs": {k: [round(x, 2) for x in v] for k, v in rates.items()}}
     print(json.dumps(out))
     return out

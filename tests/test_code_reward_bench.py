@@ -9,7 +9,7 @@ import pytest
 
 KEYS = {"sandboxed_programs_per_s", "unsandboxed_programs_per_s", "sandboxed_over_unsandboxed",
         "sandboxed_cases_per_s", "case_start_ms", "case_fork_ms", "runs", "programs", "cases",
-        "workers"}
+        "workers", "language", "cxx_header", "case_processes"}
 
 
 @pytest.mark.timeout(120)

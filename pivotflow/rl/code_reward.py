@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from pivotflow.controller.user_metrics import log_metric, recording_now
+from pivotflow.rl import cxx_header
 from pivotflow.tools import bwrap
 
 log = logging.getLogger("pivotflow.code_reward")
@@ -146,10 +147,15 @@ class CodeRunner:
         if compiles and not self.compiler:
             raise ValueError("code_reward: C++ programs need g++, which is not on PATH; "
                              "install it (apt-get install g++) or use language='python'")
+        # (C++: where the precompiled <bits/stdc++.h> is, or will be: cxx_header.py)
+        self.header = cxx_header.header_folder(self.compiler) if self.compiler else None
+        if self.header is not None:
+            self.header.mkdir(parents=True, exist_ok=True)  # (bound into each sandbox)
         self.prefix: list[str] = []
         if isolation == "bwrap":
             try:
-                self.prefix = bwrap.sandbox_command()
+                self.prefix = bwrap.sandbox_command(
+                    extra=[str(self.header)] if self.header is not None else [])
             except bwrap.Unavailable as why:
                 raise ValueError(f"code_reward: {why}; install bubblewrap, or pass "
                                  "isolation='none' to run programs unsandboxed") from None
@@ -159,9 +165,12 @@ class CodeRunner:
         # why), from a block no user holds, drawn at random so that two runners on one host
         # (two runs, two test processes) do not share one.
         self.uid_base = random.SystemRandom().randrange(UID_FIRST, UID_LAST - self.workers)
-        # (a queue belongs to the loop it is first used on: one per loop)
+        # (a queue or lock belongs to the loop it is first used on: one per loop)
         self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Queue[int]] \
             = weakref.WeakKeyDictionary()
+        self._header_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
+                                                      asyncio.Lock] = weakref.WeakKeyDictionary()
+        self._header_failed = False
 
     async def run(self, code: str, cases: list[dict[str, Any]], stop_at_failure: bool,
                   language: str = "python") -> list[dict[str, Any]]:
@@ -181,11 +190,27 @@ class CodeRunner:
             slots = self._slots[loop] = asyncio.Queue()
             for slot in range(self.workers):
                 slots.put_nowait(slot)
+        if language == "cpp":
+            await self._precompiled_header(loop)
         slot = await slots.get()
         try:
             return await self._run(code, cases, stop_at_failure, slot, language)
         finally:
             slots.put_nowait(slot)
+
+    async def _precompiled_header(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Builds the precompiled ``<bits/stdc++.h>`` if this host has none yet (the first
+        C++ program waits for it; the others wait on the lock). A failed build is not tried
+        again by this runner."""
+        assert self.header is not None
+        if self._header_failed or cxx_header.built(self.header):
+            return
+        lock = self._header_locks.get(loop)
+        if lock is None:
+            lock = self._header_locks[loop] = asyncio.Lock()
+        async with lock:
+            if not self._header_failed and not cxx_header.built(self.header):
+                self._header_failed = not await cxx_header.build(self.compiler, self.header)
 
     async def _run(self, code: str, cases: list[dict[str, Any]], stop_at_failure: bool,
                    slot: int, language: str) -> list[dict[str, Any]]:
@@ -195,7 +220,8 @@ class CodeRunner:
         job = {"uid": self.uid_base + slot, "code": code, "cases": cases,
                "timeout_s": self.timeout_s, "memory_mb": self.memory_mb, "nproc": self.nproc,
                "stop_at_failure": stop_at_failure, "language": language,
-               "compiler": self.compiler,
+               "compiler": self.compiler, "header": str(self.header)
+               if self.header is not None and cxx_header.built(self.header) else "",
                "isolated": bool(self.prefix)}
         # each case's timeout, its start-up, and the sandbox's own
         wall = len(cases) * (self.timeout_s + 1.0) + 10.0 + (

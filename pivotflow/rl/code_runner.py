@@ -222,8 +222,11 @@ def _compiled(job: dict[str, Any], forker: case_forker.CaseForker) -> dict[str, 
     with open(f"{work}/solution.cpp", "w") as f:
         f.write(job["code"])
     binary = f"{build}/program"
-    outcome, _, why = _run(job, forker, {"argv": [job["compiler"], *CXX_FLAGS, "-o", binary,
-                                                  f"{work}/solution.cpp"]}, "", COMPILE_LIMITS)
+    # (the precompiled <bits/stdc++.h>'s folder first: cxx_header.py)
+    header = ["-I", job["header"], "-Winvalid-pch"] if job["header"] else []
+    outcome, _, why = _run(job, forker, {"argv": [job["compiler"], *CXX_FLAGS, *header, "-o",
+                                                  binary, f"{work}/solution.cpp"]}, "",
+                           COMPILE_LIMITS)
     if as_root:
         for path in (build, binary):
             if os.path.exists(path):

@@ -64,13 +64,13 @@ def tool_folders(refs: Iterable[str]) -> list[str]:
     return out
 
 
-def read_only_roots(refs: Iterable[str]) -> list[str]:
-    """Every folder bound read-only: system, Python, pivotflow, tool folders (deduplicated,
-    each one not already inside another)."""
+def read_only_roots(refs: Iterable[str], extra: Iterable[str] = ()) -> list[str]:
+    """Every folder bound read-only: system, Python, pivotflow, tool folders, ``extra``
+    (deduplicated, each one not already inside another)."""
     python = {sys.prefix, sys.base_prefix, sys.exec_prefix,
               str(Path(sys.executable).resolve().parents[1])}
     site = [p for p in sys.path if p and os.path.isdir(p) and "-packages" in p]
-    wanted = ["/usr", *python, *site, _PKG_DIR, *tool_folders(refs)]
+    wanted = ["/usr", *python, *site, _PKG_DIR, *tool_folders(refs), *extra]
     roots: list[str] = []
     for p in sorted({str(Path(w).resolve()) for w in wanted if os.path.isdir(w)}, key=len):
         if p != "/" and not _covered(p, roots):
@@ -128,12 +128,13 @@ class Unavailable(OSError):
 
 
 def sandbox_command(refs: Iterable[str] = (), hidden: Iterable[str] = (),
-                    tmp_mb: int = 64) -> list[str]:
+                    tmp_mb: int = 64, extra: Iterable[str] = ()) -> list[str]:
     """``command`` for code that imports from ``refs`` ("module:attr"; none for plain
-    programs), once a sandbox has just started here with the same roots (``unavailable``);
-    raises Unavailable otherwise: untrusted code must not run unconfined because a package is
-    missing. The tool pool's workers and the code reward's programs start behind it."""
-    roots = tuple(read_only_roots(refs))
+    programs) and reads the folders ``extra``, once a sandbox has just started here with the
+    same roots (``unavailable``); raises Unavailable otherwise: untrusted code must not run
+    unconfined because a package is missing. The tool pool's workers and the code reward's
+    programs start behind it."""
+    roots = tuple(read_only_roots(refs, extra))
     why = unavailable(roots)
     if why is not None:
         raise Unavailable(why)

@@ -174,9 +174,17 @@ CPP_ADD = ("#include <cstdio>\nint main() { long long a, b; scanf(\"%lld %lld\",
 
 
 @pytest.fixture(scope="module")
-def cpp_runner() -> CodeRunner:
-    return CodeRunner(workers=2, timeout_s=2.0, memory_mb=256, nproc=64, isolation="bwrap",
-                      compiles=True)
+def cpp_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache of the module's own: its C++ runners build their precompiled header there."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def cpp_runner(cpp_cache: Path) -> CodeRunner:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PIVOTFLOW_CACHE", str(cpp_cache))
+        return CodeRunner(workers=2, timeout_s=2.0, memory_mb=256, nproc=64,
+                          isolation="bwrap", compiles=True)
 
 
 def test_cpp_programs_are_compiled_once_and_run_on_each_case(cpp_runner: CodeRunner) -> None:
@@ -207,7 +215,32 @@ def test_cpp_programs_are_compiled_once_and_run_on_each_case(cpp_runner: CodeRun
         assert [r["outcome"] for r in run(mine, tests=one)] == ["ok"]
 
 
-def test_cpp_is_chosen_by_the_completions_fence() -> None:
+def test_bits_stdcpp_is_precompiled_once_and_a_damaged_one_is_passed_over(
+        cpp_runner: CodeRunner, cpp_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pivotflow.rl import cxx_header
+
+    whole = ("#include <bits/stdc++.h>\nint main() { long long a, b; std::cin >> a >> b; "
+             "std::cout << a + b << std::endl; }\n")
+    assert cpp_runner.header is not None and cpp_runner.header.parent == cpp_cache
+    outcomes = [r["outcome"] for r in asyncio.run(cpp_runner.run(whole, cases_of(SUM), False,
+                                                                 "cpp"))]
+    assert outcomes == ["ok", "ok", "ok"] and cxx_header.built(cpp_runner.header)
+    # a header that is not a precompiled one (g++ checks and reads the real one instead)
+    damaged = cpp_cache / "damaged"
+    monkeypatch.setenv("PIVOTFLOW_CACHE", str(damaged))
+    runner = CodeRunner(workers=1, timeout_s=2.0, memory_mb=256, nproc=64, isolation="bwrap",
+                        compiles=True)
+    assert runner.header is not None
+    (runner.header / "bits").mkdir(parents=True)
+    (runner.header / "bits" / "stdc++.h.gch").write_bytes(b"not a header" * 100)
+    outcomes = [r["outcome"] for r in asyncio.run(runner.run(whole, cases_of(SUM), False,
+                                                             "cpp"))]
+    assert outcomes == ["ok", "ok", "ok"]
+
+
+def test_cpp_is_chosen_by_the_completions_fence(cpp_cache: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIVOTFLOW_CACHE", str(cpp_cache))
     text = "First:\n```python\nprint(1)\n```\nIn C++:\n```cpp\nint main() {}\n```\n"
     assert language_of(text) == "cpp" and code_of(text, "cpp") == "int main() {}\n"
     assert code_of(text) == "print(1)\n"  # (Python's block, for a Python reward)
