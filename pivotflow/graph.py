@@ -376,7 +376,8 @@ class Graph:
         """Optimizer steps on groups as they complete; publishes each new policy version.
         ``loss_options`` are the rest of ``worker.train_config.TrainConfig`` (the learning
         rate's lr_schedule, lr_warmup_steps, lr_decay_steps and min_lr_ratio; clip_eps,
-        clip_eps_high, aggregation, importance_sampling_level (GSPO's "sequence"),
+        clip_eps_high, dual_clip (verl's clip_ratio_c), aggregation,
+        importance_sampling_level (GSPO's "sequence"),
         decoupled_loss, behavior_weight_cap, entropy_coef, top_entropy_quantile (TRL's),
         max_grad_norm, micro_batch_tokens,
         the updates a step takes (mini_batches, epochs),

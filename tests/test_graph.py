@@ -251,10 +251,12 @@ def test_a_reference_on_an_untrained_model_uses_it_as_it_is() -> None:
     ({"kl_estimator": "k2"}, "kl_estimator must be one of ['k1', 'k3'], got 'k2'"),
     # every trainer knob is typed (worker/train_config.py): a typo is no silent default
     ({"clip_epss": 0.3}, "unknown setting 'clip_epss'; valid: lr, lr_schedule, lr_warmup_steps, "
-                         "lr_decay_steps, min_lr_ratio, clip_eps, clip_eps_high, aggregation, "),
+                         "lr_decay_steps, min_lr_ratio, clip_eps, clip_eps_high, dual_clip, "
+                         "aggregation, "),
     ({"aggregation": "mean"}, "aggregation must be one of ['token-mean', "),
     ({"lr": 0, "clip_eps": 1.5}, "lr must be > 0, got 0.0; clip_eps must be in (0, 1), got 1.5"),
     ({"clip_eps_high": 0.0}, "clip_eps_high must be > 0, got 0.0"),
+    ({"dual_clip": 1.0}, "dual_clip must be > 1, got 1.0"),
     ({"behavior_weight_cap": -1.0}, "behavior_weight_cap must be > 0, got -1.0"),
     ({"decoupled_loss": "yes"}, "Expected `bool`, got `str` - at `$.decoupled_loss`"),
     ({"clip_eps_high": float("inf")}, "clip_eps_high must be > 0, got inf"),

@@ -155,6 +155,7 @@ def policy_loss(
     entropy_coef: float = 0.0,
     importance_sampling_level: RatioLevel = "token",
     top_entropy_quantile: float = 1.0,
+    dual_clip: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO/GRPO clipped surrogate loss with an optional KL penalty to a reference policy.
 
@@ -173,6 +174,13 @@ def policy_loss(
     ``clip_eps_high`` (default: ``clip_eps``) is DAPO's clip-higher (Yu et al. 2025,
     arXiv:2503.14476): a larger upper bound lets low-probability tokens grow, against entropy
     collapse.
+
+    ``dual_clip`` c > 1 (dual-clip PPO, Ye et al. 2020, arXiv:1912.09729; verl's
+    ``clip_ratio_c``, 3 there by default, OpenRLHF's ``dual_clip``) bounds a negative-advantage
+    token's loss by ``-c * A_it``: where the policy already gives a bad token c times the
+    probability it was sampled with, PPO's surrogate grows with the ratio without bound (the
+    clip binds only below for A < 0), and one stale or off-policy token could dominate the
+    step; past c its gradient is 0. None (the default) leaves the loss as it is.
 
     With ``importance_sampling_level="sequence"`` every token of sequence i takes GSPO's
     sequence ratio (Zheng et al. 2025, arXiv:2507.18071, eq. 7; TRL's
@@ -233,6 +241,8 @@ def policy_loss(
         importance_sampling_level: "token" (PPO's ratio per token) or "sequence" (GSPO's).
         top_entropy_quantile: the share of the highest-entropy valid tokens whose surrogate
             trains, in (0, 1]; 1 trains all (< 1 needs ``entropy``).
+        dual_clip: the bound c > 1 of a negative-advantage token's ratio in the loss (None:
+            no bound).
 
     Returns:
         ``(loss, stats)``: the scalar loss and floats ``pg_loss`` (surrogate part), ``clip_frac``
@@ -241,7 +251,9 @@ def policy_loss(
         count), ``kl_ref`` and ``kl_loss`` when ``ref_logprobs`` is given, and
         ``behavior_weight_mean`` and ``behavior_weight_capped`` (share of valid tokens at the cap)
         when ``behavior_logprobs`` is, ``entropy`` when ``entropy`` is, and ``entropy_kept``
-        (the share of valid tokens whose surrogate trained) when ``top_entropy_quantile`` < 1.
+        (the share of valid tokens whose surrogate trained) when ``top_entropy_quantile`` < 1,
+        and ``clip_frac_dual`` (share of valid tokens at the dual clip's bound) with
+        ``dual_clip``.
 
     Raises:
         RLError: a shape disagrees, a knob is out of range, ``aggregation`` or ``kl_estimator`` is
@@ -276,6 +288,8 @@ def policy_loss(
                       f"{top_entropy_quantile}")
     if top_entropy_quantile < 1.0 and entropy is None:
         raise RLError("policy_loss: top_entropy_quantile < 1 needs entropy")
+    if dual_clip is not None and not 1.0 < dual_clip < float("inf"):
+        raise RLError(f"policy_loss: dual_clip must be > 1, got {dual_clip}")
     if importance_sampling_level not in RATIO_LEVELS:
         raise RLError(f"policy_loss: importance_sampling_level must be one of {RATIO_LEVELS}, "
                       f"got {importance_sampling_level!r}")
@@ -309,6 +323,11 @@ def policy_loss(
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
     per_token_pg = -torch.minimum(unclipped, clipped)
+    dual_active = None
+    if dual_clip is not None:  # (a negative advantage's loss at most -c * A: no gradient past)
+        bound = -dual_clip * adv
+        dual_active = (adv < 0) & (bound < per_token_pg)
+        per_token_pg = torch.where(dual_active, bound, per_token_pg)
     behavior_w = None
     if behavior_logprobs is not None:
         behav = torch.where(valid, behavior_logprobs.detach().to(work), zeros)
@@ -341,6 +360,8 @@ def policy_loss(
         }
         if kept is not None:
             stats["entropy_kept"] = masked_mean(kept.to(ratio.dtype), valid)
+        if dual_active is not None:
+            stats["clip_frac_dual"] = masked_mean(dual_active.to(ratio.dtype), valid)
         if behavior_w is not None:
             stats["behavior_weight_mean"] = masked_mean(behavior_w, valid)
             stats["behavior_weight_capped"] = masked_mean(

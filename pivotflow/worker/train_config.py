@@ -39,6 +39,9 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # DAPO's clip-higher: the ratio's upper clip is 1 + clip_eps_high (None: clip_eps; DAPO
     # uses 0.28 with clip_eps 0.2; verl's clip_ratio_high)
     clip_eps_high: float | None = None
+    # dual-clip PPO: a negative-advantage token's loss at most dual_clip x |A| (verl's
+    # clip_ratio_c, 3 by default there; OpenRLHF's dual_clip); None: off
+    dual_clip: float | None = None
     aggregation: str = "token-mean"  # one of AGGREGATIONS (token-mean: DAPO's)
     # "token": PPO's ratio per token; "sequence": GSPO's, the geometric mean of a sequence's
     # token ratios, clipped as one (rl/losses.policy_loss; TRL's importance_sampling_level,
@@ -138,6 +141,8 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             problems.append(f"clip_eps must be in (0, 1), got {self.clip_eps}")
         if self.clip_eps_high is not None and not 0 < self.clip_eps_high < float("inf"):
             problems.append(f"clip_eps_high must be > 0, got {self.clip_eps_high}")
+        if self.dual_clip is not None and not 1 < self.dual_clip < float("inf"):
+            problems.append(f"dual_clip must be > 1, got {self.dual_clip}")
         if not 0 < self.behavior_weight_cap < float("inf"):
             problems.append(f"behavior_weight_cap must be > 0, got {self.behavior_weight_cap}")
         if self.importance_sampling_level not in RATIO_LEVELS:

@@ -291,7 +291,7 @@ class TrainRole:
             loss, stats = policy_loss(
                 logp, proximal, batch["adv"], batch["mask"],
                 clip_eps=self.tc.clip_eps, clip_eps_high=self.tc.clip_eps_high,
-                behavior_logprobs=behavior, behavior_weight_cap=self.tc.behavior_weight_cap,
+                dual_clip=self.tc.dual_clip, behavior_logprobs=behavior, behavior_weight_cap=self.tc.behavior_weight_cap,
                 aggregation=aggregation,  # type: ignore[arg-type]
                 # GRPO's beta against the reference role's logprobs (0 still reports kl_ref
                 # when the samples carry them)

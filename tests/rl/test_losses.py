@@ -86,6 +86,27 @@ def test_hand_computed_clip_higher() -> None:
     assert stats["clip_frac_low"] == pytest.approx(0.2)
 
 
+def test_hand_computed_dual_clip() -> None:
+    # dual_clip 1.4: row 1's A=-2 token at rho 1.5 (loss 3.0) is held at 1.4 * 2 = 2.8, with no
+    # gradient; its rho 0.5 token (loss 1.6, under the bound) and row 0 (A > 0) are unchanged
+    new, old, adv, mask = _example()
+    loss, stats = policy_loss(new, old, adv, mask, dual_clip=1.4)
+    assert loss.item() == pytest.approx((1.9 - 0.2) / 5, abs=1e-6)
+    assert stats["clip_frac_dual"] == pytest.approx(0.2)
+    loss.backward()
+    assert new.grad is not None and new.grad[1, 1] == 0.0
+    # a bound above every ratio changes nothing (that token's gradient is back)
+    new, old, adv, mask = _example()
+    loss, stats = policy_loss(new, old, adv, mask, dual_clip=3.0)
+    assert loss.item() == pytest.approx(0.38, abs=1e-6) and stats["clip_frac_dual"] == 0.0
+    loss.backward()
+    assert new.grad is not None and new.grad[1, 1] == pytest.approx(2 * 1.5 / 5)
+    assert "clip_frac_dual" not in policy_loss(new, old, adv, mask)[1]
+    for bad in (1.0, 0.5, float("inf")):
+        with pytest.raises(RLError, match=r"^policy_loss: dual_clip must be > 1, got "):
+            policy_loss(new, old, adv, mask, dual_clip=bad)
+
+
 @pytest.mark.parametrize(
     ("estimator", "expected"),
     # one token has log(ref/new) = log 2: k3 = 2 - log 2 - 1 = 0.3068528, k1 = -log 2

@@ -59,6 +59,32 @@ def test_clip_eps_high_reaches_the_loss(tmp_path: Path, clip_eps_high: float | N
     assert (stats["clip_frac_high"] == 0.0) is not clipped_high
 
 
+@pytest.mark.parametrize(("dual_clip", "held"), [(None, False), (3.0, True)])
+def test_dual_clip_reaches_the_loss(tmp_path: Path, dual_clip: float | None,
+                                    held: bool) -> None:
+    """``g.train(dual_clip=3)`` (verl's clip_ratio_c): tokens with a negative advantage that
+    the policy now gives e^1.5 = 4.5 times the probability they were sampled with are held
+    at the bound."""
+    import torch
+
+    from pivotflow.worker.response_scoring import response_logprobs
+    from pivotflow.worker.train_role import pack
+
+    opts = {"lr": 1e-2} | ({} if dual_clip is None else {"dual_clip": dual_clip})
+    role = TrainRole(fresh_store(tmp_path / "store"), "policy", opts)
+    msg = step_msgs(0, 1, 1, "")[0]
+    with torch.no_grad():
+        for s in msg.seqs:
+            now = response_logprobs(role.model, pack([s]))[0, : len(s.response_ids)]
+            s.logprobs = (now - 1.5).tolist()
+            s.advantage = -1.0
+    stats = role.train(msg).stats
+    assert ("clip_frac_dual" in stats) is held
+    if held:
+        assert stats["clip_frac_dual"] > 0.99
+        assert stats["pg_loss"] == pytest.approx(3.0, rel=1e-4)  # (-c * A on every token)
+
+
 @pytest.mark.parametrize(("cap", "weight"), [(2.0, 1.3499), (1.2, 1.2)])
 def test_the_decoupled_loss_weights_each_token_by_its_behavior_ratio(
         tmp_path: Path, cap: float, weight: float) -> None:
