@@ -1,4 +1,5 @@
-"""Code RL: the policy writes Python, and each program runs against its task's tests in a sandbox.
+"""Code RL: the policy writes Python (or C++), and each program runs against its task's tests in a
+sandbox.
 
     python examples/code_rl.py --check        # the tasks' reference solutions, scored: all 1.0
     python examples/code_rl.py [--steps 3]    # a tiny random model: read it for the wiring
@@ -10,7 +11,10 @@ chat template renders, and ``tests``, in any of the formats ``pivotflow.rl.code_
 stdin/stdout cases (``{"inputs": [...], "outputs": [...]}``, APPS, TACO, CodeContests,
 DeepCoder), a function's calls (``{"fn_name": ..., "inputs": [[args]...], "outputs": [...]}``,
 LeetCode), or assert sources (``["assert f(1) == 2", ...]``, MBPP). Other columns ride along
-as fields (``reference`` here: a solution, which ``--check`` scores). The reward is the share
+as fields (``reference`` here: a solution, which ``--check`` scores, and ``language``, its
+fence's). With ``--set graph.language=auto`` a program in a ```cpp block is compiled with g++ and
+run on its stdin/stdout cases (one task here is C++'s); "python" (the default) runs every
+program as Python. The reward is the share
 of a task's cases its program passes (``--set graph.mode=all``: 1.0 only if all pass), each
 program in a bubblewrap sandbox of its own (``apt-get install bubblewrap``); GRPO's advantage
 and a plain policy-gradient step do the rest. Each step's ``logged_metrics`` say how the
@@ -39,10 +43,13 @@ DEFAULTS = {"model": "", "prompts": "code_tasks.jsonl", "max_tokens": 64, "group
             # the reward (rl/code_reward.py): "fraction" of the cases passed, or "all" (1.0
             # only if every case passes, DeepCoder's); programs scored at once, and each
             # case's wall time
-            "mode": "fraction", "sandboxes": 2, "case_timeout_s": 5.0}
+            "mode": "fraction", "sandboxes": 2, "case_timeout_s": 5.0,
+            # "python", "cpp" or "auto" (C++ where the answer's last fence is ```cpp)
+            "language": "python"}
 
-SYSTEM = "Write a Python program in a ```python block."
-TASKS = [  # (the statement, the tests, a reference solution)
+SYSTEM = {"python": "Write a Python program in a ```python block.",
+          "cpp": "Write a C++17 program in a ```cpp block."}
+TASKS = [  # (the statement, the tests, a reference solution; a C++ one says so last)
     ("Read two integers on one line and print their sum.",
      {"inputs": ["1 2\n", "-5 5\n", "100 23\n"], "outputs": ["3\n", "0\n", "123\n"]},
      "a, b = map(int, input().split())\nprint(a + b)\n"),
@@ -67,6 +74,11 @@ TASKS = [  # (the statement, the tests, a reference solution)
      "class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n"
      "        for i, n in enumerate(nums):\n            if target - n in seen:\n"
      "                return [seen[target - n], i]\n            seen[n] = i\n"),
+    ("Read n, then n integers; print how many of them are even.",
+     {"inputs": ["4\n1 2 3 4\n", "3\n7 9 11\n"], "outputs": ["2\n", "0\n"]},
+     "#include <bits/stdc++.h>\nint main() { int n, x, even = 0; std::cin >> n;\n"
+     "  while (n-- && std::cin >> x) even += x % 2 == 0;\n  std::cout << even << '\\n'; }\n",
+     "cpp"),
 ]
 
 
@@ -84,7 +96,8 @@ def build(config: dict) -> Graph:
                          max_tokens=config["max_tokens"], temperature=config["temperature"])
     reward = g.map("reward", code_reward("tests", mode=config["mode"],
                                          workers=config["sandboxes"],
-                                         timeout_s=config["case_timeout_s"]),
+                                         timeout_s=config["case_timeout_s"],
+                                         language=config["language"]),
                    # as many calls out as sandboxes: a call waiting for one would spend its
                    # deadline waiting (the stage's turn queue does not)
                    writes=["reward"], concurrency=config["sandboxes"], deadline_s=120)
@@ -95,23 +108,28 @@ def build(config: dict) -> Graph:
 
 
 def write_tasks(path: Path) -> Path:
-    """The tasks as prompt-file rows: chat messages, their tests, a reference solution."""
+    """The tasks as prompt-file rows: chat messages, their tests, a reference solution and
+    its language."""
     with path.open("w") as f:
-        for statement, tests, reference in TASKS:
-            f.write(json.dumps({"prompt": [{"role": "system", "content": SYSTEM},
+        for statement, tests, reference, *language in TASKS:
+            lang = language[0] if language else "python"
+            f.write(json.dumps({"prompt": [{"role": "system", "content": SYSTEM[lang]},
                                            {"role": "user", "content": statement}],
-                                "tests": tests, "reference": reference}) + "\n")
+                                "tests": tests, "reference": reference,
+                                "language": lang}) + "\n")
     return path
 
 
 def check(path: Path) -> list[float]:
-    """Each task's reference solution, as a policy would answer it, scored by the reward."""
-    reward = code_reward("tests")
+    """Each task's reference solution, as a policy would answer it (in its language's fence),
+    scored by the reward (``language="auto"``: C++ needs g++)."""
+    reward = code_reward("tests", language="auto")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
 
     async def scores() -> list[float]:
         return list(await asyncio.gather(*(
-            reward(f"```python\n{r['reference']}```", tests=r["tests"]) for r in rows)))
+            reward(f"```{r['language']}\n{r['reference']}```", tests=r["tests"])
+            for r in rows)))
 
     return asyncio.run(scores())
 

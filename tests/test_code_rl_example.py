@@ -16,7 +16,9 @@ EXAMPLE = Path(__file__).parents[1] / "examples" / "code_rl.py"
 
 
 def test_every_reference_solution_passes_its_tests_and_a_wrong_one_does_not(
-        tmp_path: Path, script: Callable[[Path], ModuleType]) -> None:
+        tmp_path: Path, script: Callable[[Path], ModuleType],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIVOTFLOW_CACHE", str(tmp_path / "cache"))  # (the C++ task's header)
     module = script(EXAMPLE)
     tasks = module.write_tasks(tmp_path / "code_tasks.jsonl")
     assert module.check(tasks) == [1.0] * len(module.TASKS)
