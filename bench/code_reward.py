@@ -17,26 +17,33 @@ set no_new_privs already) and shutil (the sandbox's ``/tmp`` needs no cleaning),
 program that the sandbox's start about matches. ``--language cpp``: the programs are C++
 (``<bits/stdc++.h>``, as competitive programmers write them), each compiled in its sandbox
 before its cases run; ``cxx_header`` says whether the compiles read that header precompiled
-(``pivotflow/rl/cxx_header.py``, built on the first program where the cache has none). The last line printed is one JSON object.
+(``pivotflow/rl/cxx_header.py``, built on the first program where the cache has none).
+``--server``: a third variant, ``server``, the same programs on ``python -m
+pivotflow.rl.sandbox_server`` on loopback with as many sandboxes (``code_reward``'s
+``sandbox_url``): a request a case, each a sandbox of its own, against one sandbox a program
+locally. The last line printed is one JSON object.
 
     python bench/code_reward.py [--programs 64] [--cases 3] [--workers 2] [--repeats 3]
-                                [--language python|cpp]
+                                [--language python|cpp] [--server]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from pivotflow.rl import cxx_header
 from pivotflow.rl.code_reward import CodeRunner, cases_of
+from pivotflow.rl.sandbox_client import RemoteRunner
 
 RIGHT = "import sys\na, b = map(int, sys.stdin.read().split())\nprint(a + b)\n"
 WRONG = "import sys\na, b = map(int, sys.stdin.read().split())\nprint(a - b)\n"
@@ -51,7 +58,7 @@ def tests(n: int) -> dict[str, list[str]]:
             "outputs": [f"{2 * i + 1}\n" for i in range(n)]}
 
 
-async def score(runner: CodeRunner, programs: int, cases: int,
+async def score(runner: CodeRunner | RemoteRunner, programs: int, cases: int,
                 language: str = "python") -> tuple[float, float]:
     """(programs a second, share of cases passed)."""
     parsed = cases_of(tests(cases))
@@ -89,19 +96,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--language", choices=sorted(PROGRAMS), default="python")
+    ap.add_argument("--server", action="store_true",
+                    help="a third variant: the programs on a sandbox server on loopback")
     args = ap.parse_args(argv)
-    runners = {kind: CodeRunner(workers=args.workers, timeout_s=5.0, memory_mb=512, nproc=64,
-                                compiles=args.language == "cpp",
-                                isolation=kind) for kind in ("bwrap", "none")}
-    rates: dict[str, list[float]] = {k: [] for k in runners}
-    for r in range(args.repeats):
-        for kind in (("bwrap", "none") if r % 2 == 0 else ("none", "bwrap")):
-            rate, passed = asyncio.run(score(runners[kind], args.programs, args.cases,
-                                             args.language))
-            assert passed == 0.5 or args.programs % 2, passed  # half right, as written
-            rates[kind].append(rate)
-            print(f"{kind:6s} repeat {r}: {rate:.1f} programs/s", file=sys.stderr)
+    runners: dict[str, CodeRunner | RemoteRunner] = {
+        kind: CodeRunner(workers=args.workers, timeout_s=5.0, memory_mb=512, nproc=64,
+                         compiles=args.language == "cpp", isolation=kind)
+        for kind in ("bwrap", "none")}
+    with contextlib.ExitStack() as stack:
+        if args.server:
+            url = stack.enter_context(sandbox_server(args.workers))
+            runners["server"] = RemoteRunner([url], workers=args.workers, timeout_s=5.0,
+                                             memory_mb=512)
+        rates = measure(runners, args)
     median = {k: statistics.median(v) for k, v in rates.items()}
+    local = [r for r in runners.values() if isinstance(r, CodeRunner)]
     out = {"bench": "code_reward", "date": datetime.date.today().isoformat(),
            "programs": args.programs, "cases": args.cases, "language": args.language,
            "workers": args.workers,
@@ -113,11 +122,44 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
            "case_start_ms": round(case_start_ms(), 2),
            "case_fork_ms": round(case_fork_ms(), 3), "case_processes": "forked",
            "cxx_header": "precompiled" if any(
-               r.header is not None and cxx_header.built(r.header) for r in runners.values())
+               r.header is not None and cxx_header.built(r.header) for r in local)
            else "parsed" if args.language == "cpp" else "",
            "runs": {k: [round(x, 2) for x in v] for k, v in rates.items()}}
+    if args.server:
+        out["server_programs_per_s"] = round(median["server"], 2)
+        out["server_over_sandboxed"] = round(median["server"] / median["bwrap"], 3)
     print(json.dumps(out))
     return out
+
+
+def measure(runners: dict[str, Any], args: argparse.Namespace) -> dict[str, list[float]]:
+    """Each variant's programs a second, ``--repeats`` times, the order reversed each time."""
+    rates: dict[str, list[float]] = {k: [] for k in runners}
+    for r in range(args.repeats):
+        for kind in (list(runners) if r % 2 == 0 else list(runners)[::-1]):
+            rate, passed = asyncio.run(score(runners[kind], args.programs, args.cases,
+                                             args.language))
+            assert passed == 0.5 or args.programs % 2, passed  # half right, as written
+            rates[kind].append(rate)
+            print(f"{kind:6s} repeat {r}: {rate:.1f} programs/s", file=sys.stderr)
+    return rates
+
+
+@contextlib.contextmanager
+def sandbox_server(workers: int) -> Iterator[str]:
+    """``python -m pivotflow.rl.sandbox_server`` on a free loopback port; its URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "pivotflow.rl.sandbox_server", "--port", "0",
+                             "--workers", str(workers), "--memory-mb", "512"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if "listening on " not in line:
+            raise SystemExit(f"code_reward bench: the sandbox server did not start ({line!r})")
+        yield line.split("listening on ")[1].split()[0]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -28,36 +28,28 @@ or CPU time, too much output, killed by a signal, or the sandbox itself failed).
 
 Without bubblewrap, ``code_reward`` refuses unless ``isolation="none"`` (a warning: programs
 then run as the run's own user, with this host's filesystem and network; only the limits and
-the timeout hold).
+the timeout hold). C++ (``language="cpp"`` or ``"auto"``) is compiled in the sandbox first.
+The local sandboxes are ``code_sandbox.CodeRunner``; with ``sandbox_url`` the programs run on
+sandbox servers instead (``sandbox_client.RemoteRunner``, SandboxFusion's protocol), judged
+here the same way.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import marshal
-import random
 import re
-import shutil
-import sys
-import weakref
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from pivotflow.controller.user_metrics import log_metric, recording_now
-from pivotflow.rl import cxx_header
-from pivotflow.tools import bwrap
+from pivotflow.rl.code_sandbox import CodeRunner
+from pivotflow.rl.sandbox_client import RemoteRunner
 
 log = logging.getLogger("pivotflow.code_reward")
 
-RUNNER = str(Path(__file__).with_name("code_runner.py"))
-# the uids the cases run as (as root): a block of `workers` drawn from here, held by no user
-UID_FIRST, UID_LAST = 1_000_000, 2_000_000_000
 MODES = ("fraction", "all")
 LANGUAGES = ("python", "cpp", "auto")
-COMPILE_WALL_S = 31.0  # a C++ compile's time limit in the sandbox (code_runner's), and its exit
 # what each case's outcome is logged as (logged_metrics' code_ok, code_wrong, ...): the rare
 # ones (cpu, memory, output, crash, killed, the sandbox's own failure) as "other"
 LOGGED = ("ok", "wrong", "error", "timeout", "other")
@@ -129,140 +121,12 @@ def _text(value: Any) -> str:
     return "\n".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
-class CodeRunner:
-    """Runs programs in sandboxes, ``workers`` at once (each a bwrap process of its own)."""
-
-    def __init__(self, *, workers: int, timeout_s: float, memory_mb: int, nproc: int,
-                 isolation: str, compiles: bool = False) -> None:
-        if isolation not in ("bwrap", "none"):
-            raise ValueError(f"code_reward: isolation must be bwrap or none, got {isolation!r}")
-        for name, value in (("workers", workers), ("timeout_s", timeout_s),
-                            ("memory_mb", memory_mb), ("nproc", nproc)):
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ValueError(f"code_reward: {name} must be > 0, got {value!r}")
-        self.workers, self.timeout_s = int(workers), float(timeout_s)
-        self.memory_mb, self.nproc = int(memory_mb), int(nproc)
-        # C++ (``compiles``): g++ as the host has it, under /usr (the sandbox's read-only /usr)
-        self.compiler = shutil.which("g++") or "" if compiles else ""
-        if compiles and not self.compiler:
-            raise ValueError("code_reward: C++ programs need g++, which is not on PATH; "
-                             "install it (apt-get install g++) or use language='python'")
-        # (C++: where the precompiled <bits/stdc++.h> is, or will be: cxx_header.py)
-        self.header = cxx_header.header_folder(self.compiler) if self.compiler else None
-        if self.header is not None:
-            self.header.mkdir(parents=True, exist_ok=True)  # (bound into each sandbox)
-        self.prefix: list[str] = []
-        if isolation == "bwrap":
-            try:
-                self.prefix = bwrap.sandbox_command(
-                    extra=[str(self.header)] if self.header is not None else [])
-            except bwrap.Unavailable as why:
-                raise ValueError(f"code_reward: {why}; install bubblewrap, or pass "
-                                 "isolation='none' to run programs unsandboxed") from None
-        else:
-            log.warning("code_reward: isolation='none': programs run without a sandbox")
-        # Each sandbox slot's cases run as a uid of its own (as root; code_runner.py says
-        # why), from a block no user holds, drawn at random so that two runners on one host
-        # (two runs, two test processes) do not share one.
-        self.uid_base = random.SystemRandom().randrange(UID_FIRST, UID_LAST - self.workers)
-        # (a queue or lock belongs to the loop it is first used on: one per loop)
-        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Queue[int]] \
-            = weakref.WeakKeyDictionary()
-        self._header_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
-                                                      asyncio.Lock] = weakref.WeakKeyDictionary()
-        self._header_failed = False
-
-    async def run(self, code: str, cases: list[dict[str, Any]], stop_at_failure: bool,
-                  language: str = "python") -> list[dict[str, Any]]:
-        """Each case's outcome (``{"outcome": "ok" | ..., "why": ...}``); a sandbox that
-        breaks gives every case the outcome ``sandbox``. ``language`` "cpp": the program is
-        compiled first (stdin/stdout cases only; a runner built with ``compiles``)."""
-        if language == "cpp":
-            if not self.compiler:
-                raise ValueError("code_reward: this runner was not built for C++ programs")
-            if any(case["kind"] != "stdio" for case in cases):
-                kinds = sorted({case["kind"] for case in cases} - {"stdio"})
-                raise ValueError(f"code_reward: C++ programs run stdin/stdout cases only; "
-                                 f"these tests hold {', '.join(kinds)} cases")
-        loop = asyncio.get_running_loop()
-        slots = self._slots.get(loop)
-        if slots is None:
-            slots = self._slots[loop] = asyncio.Queue()
-            for slot in range(self.workers):
-                slots.put_nowait(slot)
-        if language == "cpp":
-            await self._precompiled_header(loop)
-        slot = await slots.get()
-        try:
-            return await self._run(code, cases, stop_at_failure, slot, language)
-        finally:
-            slots.put_nowait(slot)
-
-    async def _precompiled_header(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Builds the precompiled ``<bits/stdc++.h>`` if this host has none yet (the first
-        C++ program waits for it; the others wait on the lock). A failed build is not tried
-        again by this runner."""
-        assert self.header is not None
-        if self._header_failed or cxx_header.built(self.header):
-            return
-        lock = self._header_locks.get(loop)
-        if lock is None:
-            lock = self._header_locks[loop] = asyncio.Lock()
-        async with lock:
-            if not self._header_failed and not cxx_header.built(self.header):
-                self._header_failed = not await cxx_header.build(self.compiler, self.header)
-
-    async def _run(self, code: str, cases: list[dict[str, Any]], stop_at_failure: bool,
-                   slot: int, language: str) -> list[dict[str, Any]]:
-        # (a call case's arguments as JSON, its program's stdin: the runner imports no json)
-        cases = [{**case, "input": json.dumps(case["args"])} if case["kind"] == "call" else case
-                 for case in cases]
-        job = {"uid": self.uid_base + slot, "code": code, "cases": cases,
-               "timeout_s": self.timeout_s, "memory_mb": self.memory_mb, "nproc": self.nproc,
-               "stop_at_failure": stop_at_failure, "language": language,
-               "compiler": self.compiler, "header": str(self.header)
-               if self.header is not None and cxx_header.built(self.header) else "",
-               "isolated": bool(self.prefix)}
-        # each case's timeout, its start-up, and the sandbox's own
-        wall = len(cases) * (self.timeout_s + 1.0) + 10.0 + (
-            COMPILE_WALL_S if language == "cpp" else 0.0)
-        # (-I: the cases are forked from it, and see the interpreter it is; unsandboxed, the
-        # environment they would get from bwrap's --clearenv)
-        proc = await asyncio.create_subprocess_exec(
-            *self.prefix, sys.executable, "-S", "-I", RUNNER, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=None if self.prefix else {"PATH": "/usr/bin"})
-        try:
-            # (marshal: the runner reads it without importing json; it is this interpreter)
-            out, err = await asyncio.wait_for(proc.communicate(marshal.dumps(job)), wall)
-        except TimeoutError:  # (its own wall: the stage's deadline cancels, not this)
-            await _killed(proc)
-            return [{"outcome": "timeout", "why": f"the sandbox ran past {wall:.0f} s"}
-                    for _ in cases]
-        except BaseException:  # the stage's deadline, a cancelled run: the sandbox too
-            await _killed(proc)
-            raise
-        try:
-            results = json.loads(out.decode().strip().splitlines()[-1])["cases"]
-            if len(results) == len(cases):
-                return list(results)
-        except (ValueError, IndexError, KeyError, TypeError):
-            pass
-        why = (err.decode(errors="replace").strip().splitlines() or ["no answer"])[-1][:200]
-        log.warning("code_reward: the sandbox failed (exit %s): %s", proc.returncode, why)
-        return [{"outcome": "sandbox", "why": why} for _ in cases]
-
-
-async def _killed(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        proc.kill()  # (bwrap: the pid namespace, every process of the program, goes with it)
-        await proc.wait()
-
-
 def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 2,
                 timeout_s: float = 5.0, memory_mb: int = 512, nproc: int = 64,
                 isolation: str = "bwrap", language: str = "python",
-                extract: Callable[[str], str] | None = None) -> Callable[..., Any]:
+                extract: Callable[[str], str] | None = None,
+                sandbox_url: str | list[str] | None = None,
+                retries: int = 3) -> Callable[..., Any]:
     """An ``async def`` map stage function: ``completion`` and the ``tests`` field in,
     ``reward`` out (the share of cases passed; ``mode="all"``: 1.0 only if all pass, and the
     cases after a failure are not run). ``workers``: programs run at once (each a sandbox
@@ -272,7 +136,10 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
     ``-std=c++17 -O2`` in the sandbox, stdin/stdout cases only) or "auto" (C++ where the
     completion's last fenced block is marked so, else Python: ``language_of``);
     ``extract``: the program from the completion (default: its last block of the language,
-    ``code_of``).
+    ``code_of``); ``sandbox_url``: one or more servers speaking SandboxFusion's ``/run_code``
+    (``python -m pivotflow.rl.sandbox_server`` on other hosts, or a SandboxFusion
+    deployment) run the programs instead of local sandboxes (``sandbox_client.py``; each
+    request tried ``retries`` times; ``isolation`` and ``nproc`` are then the server's).
 
     Give the stage ``concurrency=workers``: a call out waits for a sandbox inside itself, on
     its stage's ``deadline_s``, where a call over the stage's concurrency waits its turn
@@ -287,8 +154,14 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
     if language not in LANGUAGES:
         raise ValueError(f"code_reward: language must be one of {', '.join(LANGUAGES)}, got "
                          f"{language!r}")
-    runner = CodeRunner(workers=workers, timeout_s=timeout_s, memory_mb=memory_mb,
-                        nproc=nproc, isolation=isolation, compiles=language != "python")
+    runner: CodeRunner | RemoteRunner
+    if sandbox_url is not None:
+        runner = RemoteRunner([sandbox_url] if isinstance(sandbox_url, str) else
+                              list(sandbox_url), workers=workers, timeout_s=timeout_s,
+                              memory_mb=memory_mb, retries=retries)
+    else:
+        runner = CodeRunner(workers=workers, timeout_s=timeout_s, memory_mb=memory_mb,
+                            nproc=nproc, isolation=isolation, compiles=language != "python")
 
     async def reward(completion: str, **fields: Any) -> float:
         cases = cases_of(fields[tests])

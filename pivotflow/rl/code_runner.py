@@ -40,6 +40,7 @@ import _signal
 import marshal
 import os
 import sys
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -91,30 +92,46 @@ def _no_new_privs() -> None:
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
 
-def _run(job: dict[str, Any], forker: case_forker.CaseForker, program: dict[str, Any],
-         stdin: str, limits: dict[str, Any] | None = None) -> tuple[str, str, str]:
+def _execute(job: dict[str, Any], forker: case_forker.CaseForker, program: dict[str, Any],
+             stdin: str, limits: dict[str, Any] | None = None) -> dict[str, Any]:
     """One process of the program (``program``: ``{"script": path}``, a Python file run as
     ``__main__``, or ``{"argv": [...]}``, an executable), ``stdin`` its input, a file (a pipe
-    it never reads would hold the write); ``limits`` over the job's own. (outcome, stdout,
-    last stderr line or why it failed)."""
+    it never reads would hold the write); ``limits`` over the job's own. How it ended, as
+    ``outcome_of`` reads it: ``ended`` (before its timeout), ``status`` (its exit code, or
+    -signal), ``stdout`` and ``stderr`` (their first ``READ_CAP`` bytes), ``stdout_cut``,
+    ``seconds``; or ``{"error": why}`` when it could not start."""
     work = job["work"]
     with open(f"{work}/in", "w") as f:
         f.write(stdin)
     for name in ("out", "err"):  # (empty, ours: the case writes through what it opens)
         open(f"{work}/{name}", "wb").close()
+    started = time.perf_counter()
     reply = forker.run({**program, **{k: job[k] for k in case_forker.CASE_KEYS},
                         **(limits or {})})
+    seconds = time.perf_counter() - started
     if "error" in reply:
-        return "error", "", str(reply["error"])
-    if not reply["ended"]:
-        return "timeout", "", ""
+        return {"error": str(reply["error"])}
     with open(f"{work}/out", "rb") as f:
         stdout = f.read(READ_CAP + 1)
     with open(f"{work}/err", "rb") as f:
-        stderr = f.read(READ_CAP).decode(errors="replace").strip().splitlines()
-    if len(stdout) > READ_CAP:
+        stderr = f.read(READ_CAP)
+    return {"ended": bool(reply["ended"]), "status": int(reply["status"]),
+            "stdout": stdout[:READ_CAP].decode(errors="replace"),
+            "stdout_cut": len(stdout) > READ_CAP, "stderr": stderr.decode(errors="replace"),
+            "seconds": round(seconds, 6)}
+
+
+def outcome_of(ran: dict[str, Any]) -> tuple[str, str, str]:
+    """(outcome, stdout, last stderr line or why it failed) of one run of a program: this
+    runner's (``_execute``) or a sandbox server's, in that form (``sandbox_client.py``)."""
+    if "error" in ran:
+        return "error", "", str(ran["error"])
+    if not ran["ended"]:
+        return "timeout", "", ""
+    if ran["stdout_cut"]:
         return "output", "", "too much output"
-    status = int(reply["status"])
+    stderr = ran["stderr"].strip().splitlines()
+    status = int(ran["status"])
     last = stderr[-1][:200] if stderr else ""
     if status < 0:
         why = {_signal.SIGXCPU: "cpu", _signal.SIGKILL: "killed"}
@@ -123,7 +140,12 @@ def _run(job: dict[str, Any], forker: case_forker.CaseForker, program: dict[str,
         return why.get(-status, "crash"), "", f"signal {-status}"
     if status != 0 and "MemoryError" in last:
         return "memory", "", last
-    return ("ok" if status == 0 else "error"), stdout.decode(errors="replace"), last
+    return ("ok" if status == 0 else "error"), ran["stdout"], last
+
+
+def _run(job: dict[str, Any], forker: case_forker.CaseForker, program: dict[str, Any],
+         stdin: str, limits: dict[str, Any] | None = None) -> tuple[str, str, str]:
+    return outcome_of(_execute(job, forker, program, stdin, limits))
 
 
 FLOAT_TOLERANCE = 1e-6  # absolute or relative, as judges accept a real number's digits
@@ -166,19 +188,27 @@ def _is_int(token: str) -> bool:
     return token.lstrip("+-").isdigit()
 
 
-def run_case(job: dict[str, Any], forker: case_forker.CaseForker, case: dict[str, Any]) -> dict[str, Any]:
-    work = job["work"]
-    kind = case["kind"]
-    if kind == "stdio":
-        outcome, out, why = _run(job, forker, job["program"], case["input"])
-        if outcome == "ok" and not same_output(out, case["output"]):
+def case_program(code: str, case: dict[str, Any]) -> tuple[str | None, str, str]:
+    """What one case runs: (the program's source with the case's harness, or None for the
+    program alone; its stdin; for an assert case, the token its output must hold, else "")."""
+    if case["kind"] == "stdio":
+        return None, case["input"], ""
+    if case["kind"] == "call":  # (its arguments as JSON: code_reward writes them)
+        return code + "\n" + CALL_HARNESS.format(name=case["fn_name"]), case["input"], ""
+    # "script": the program, then asserts; the token proves the asserts ran to the end
+    token = os.urandom(16).hex()
+    return code + "\n" + case["source"] + f"\nprint({token!r})\n", "", token
+
+
+def judged(case: dict[str, Any], token: str, outcome: str, out: str,
+           why: str) -> dict[str, Any]:
+    """A case's result from how its program ran: a run that exited 0 is ``ok`` only if its
+    output is the expected one (stdout; the call's return value as JSON; the assert
+    script's token)."""
+    if outcome == "ok":
+        if case["kind"] == "stdio" and not same_output(out, case["output"]):
             outcome, why = "wrong", "wrong output"
-    elif kind == "call":
-        with open(f"{work}/call.py", "w") as f:
-            f.write(job["code"] + "\n" + CALL_HARNESS.format(name=case["fn_name"]))
-        # (its arguments as JSON, written by code_reward: this process has no json to spare)
-        outcome, out, why = _run(job, forker, {"script": f"{work}/call.py"}, case["input"])
-        if outcome == "ok":
+        elif case["kind"] == "call":
             import json  # (the program's output: parsed as JSON, never as anything richer)
 
             try:
@@ -186,14 +216,20 @@ def run_case(job: dict[str, Any], forker: case_forker.CaseForker, case: dict[str
             except (ValueError, IndexError):
                 ok = False
             outcome, why = ("ok", "") if ok else ("wrong", "wrong return value")
-    else:  # "script": the program, then asserts; the token proves the asserts ran to the end
-        token = os.urandom(16).hex()
-        with open(f"{work}/script.py", "w") as f:
-            f.write(job["code"] + "\n" + case["source"] + f"\nprint({token!r})\n")
-        outcome, out, why = _run(job, forker, {"script": f"{work}/script.py"}, "")
-        if outcome == "ok" and token not in out.split():
+        elif case["kind"] == "script" and token not in out.split():
             outcome, why = "wrong", "ended before its asserts"
     return {"outcome": outcome, "why": why}
+
+
+def run_case(job: dict[str, Any], forker: case_forker.CaseForker, case: dict[str, Any]) -> dict[str, Any]:
+    source, stdin, token = case_program(job["code"], case)
+    program = job["program"]
+    if source is not None:
+        path = f"{job['work']}/{case['kind']}.py"
+        with open(path, "w") as f:
+            f.write(source)
+        program = {"script": path}
+    return judged(case, token, *_run(job, forker, program, stdin))
 
 
 def _python(job: dict[str, Any]) -> None:
@@ -224,9 +260,12 @@ def _compiled(job: dict[str, Any], forker: case_forker.CaseForker) -> dict[str, 
     binary = f"{build}/program"
     # (the precompiled <bits/stdc++.h>'s folder first: cxx_header.py)
     header = ["-I", job["header"], "-Winvalid-pch"] if job["header"] else []
-    outcome, _, why = _run(job, forker, {"argv": [job["compiler"], *CXX_FLAGS, *header, "-o",
-                                                  binary, f"{work}/solution.cpp"]}, "",
-                           COMPILE_LIMITS)
+    ran = _execute(job, forker, {"argv": [job["compiler"], *CXX_FLAGS, *header, "-o", binary,
+                                          f"{work}/solution.cpp"]}, "", COMPILE_LIMITS)
+    if "stderr" in ran:  # (the compiler's messages name the file as the program's writer did)
+        ran["stderr"] = ran["stderr"].replace(f"{work}/", "")
+    job["compiled"] = ran  # (a raw run's answer holds it)
+    outcome, _, why = outcome_of(ran)
     if as_root:
         for path in (build, binary):
             if os.path.exists(path):
@@ -258,27 +297,39 @@ def main() -> None:
             failed = _compiled(job, forker)
         else:
             _python(job)
-        results: list[dict[str, Any]] = []
-        for case in job["cases"]:
-            if job["stop_at_failure"] and results and results[-1]["outcome"] != "ok":
-                results.append({"outcome": "skipped", "why": ""})
-            else:  # (a program that did not compile fails each case it would have run)
-                results.append(failed or run_case(job, forker, case))
+        if job.get("raw"):  # one input, how the program ran (a sandbox server's answer)
+            ran = None if failed else _execute(job, forker, job["program"], job["stdin"])
+            answer: dict[str, Any] = {"compile": job.get("compiled"), "run": ran}
+        else:
+            results: list[dict[str, Any]] = []
+            for case in job["cases"]:
+                if job["stop_at_failure"] and results and results[-1]["outcome"] != "ok":
+                    results.append({"outcome": "skipped", "why": ""})
+                else:  # (a program that did not compile fails each case it would have run)
+                    results.append(failed or run_case(job, forker, case))
+            answer = {"cases": results}
     finally:
         forker.close()
         if not job["isolated"]:  # (in the sandbox /tmp is its own, gone with it)
             import shutil
 
             shutil.rmtree(job["work"], ignore_errors=True)
-    cases = ", ".join(f'{{"outcome": {_json_text(r["outcome"])}, "why": {_json_text(r["why"])}}}'
-                      for r in results)
-    sys.stdout.write(f'{{"cases": [{cases}]}}\n')
+    sys.stdout.write(_json(answer) + "\n")
 
 
-def _json_text(text: str) -> str:
-    """``text`` as a JSON string (the answer's only strings; json itself is not imported)."""
-    return '"' + "".join(c if c >= " " and c not in '"\\' and not "\ud800" <= c <= "\udfff"
-                         else f"\\u{ord(c):04x}" for c in text) + '"'
+def _json(value: Any) -> str:
+    """``value`` (dicts, lists, strings, numbers, booleans, None) as JSON: the answer's only
+    types (json itself is not imported)."""
+    if isinstance(value, str):
+        return '"' + "".join(c if c >= " " and c not in '"\\' and not "\ud800" <= c <= "\udfff"
+                             else f"\\u{ord(c):04x}" for c in value) + '"'
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_json(str(k))}: {_json(v)}" for k, v in value.items()) + "}"
+    return "[" + ", ".join(_json(v) for v in value) + "]"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,105 @@
+"""The code reward's programs run on sandbox servers that speak SandboxFusion's ``/run_code``:
+pivotflow's own (``sandbox_server.py``) on other hosts, or a SandboxFusion deployment (what
+verl's ``sandbox_fusion`` reward calls).
+
+``RemoteRunner`` has ``CodeRunner``'s ``run``: each case of a program is one request (the
+program with the case's harness, its input as stdin), ``workers`` programs at once, their cases
+in turn; the answers are judged here exactly as the local runner judges its own runs
+(``code_runner.outcome_of`` and ``judged``: the expected outputs never leave this process).
+A C++ program is compiled by the server at each case (the protocol has no compiled program to
+keep). A server that cannot be reached after ``retries`` tries, or answers ``SandboxError``,
+gives the case the outcome ``sandbox``: the stage goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import weakref
+from typing import Any
+
+from pivotflow.rl.code_runner import COMPILE_LIMITS, case_program, judged, outcome_of
+from pivotflow.rl.http_calls import Endpoints, short
+
+
+class RemoteRunner:
+    """Programs run on the servers at ``urls`` (taken in turn, each request tried ``retries``
+    times), ``workers`` at once."""
+
+    def __init__(self, urls: list[str], *, workers: int, timeout_s: float, memory_mb: int,
+                 retries: int = 3) -> None:
+        for name, value in (("workers", workers), ("timeout_s", timeout_s),
+                            ("memory_mb", memory_mb)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"code_reward: {name} must be > 0, got {value!r}")
+        self.workers, self.timeout_s, self.memory_mb = int(workers), float(timeout_s), \
+            int(memory_mb)
+        # a request waits for its compile and its run, and its turn at the server
+        self.endpoints = Endpoints([u.rstrip("/") for u in urls], retries=retries,
+                                   timeout_s=COMPILE_LIMITS["timeout_s"] + timeout_s + 60.0,
+                                   what="code_reward's sandbox server")
+        self._turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
+                                               asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+    async def run(self, code: str, cases: list[dict[str, Any]], stop_at_failure: bool,
+                  language: str = "python") -> list[dict[str, Any]]:
+        """Each case's outcome, as ``CodeRunner.run`` gives it."""
+        if language == "cpp" and any(case["kind"] != "stdio" for case in cases):
+            kinds = sorted({case["kind"] for case in cases} - {"stdio"})
+            raise ValueError(f"code_reward: C++ programs run stdin/stdout cases only; these "
+                             f"tests hold {', '.join(kinds)} cases")
+        loop = asyncio.get_running_loop()
+        turns = self._turns.get(loop)
+        if turns is None:
+            turns = self._turns[loop] = asyncio.Semaphore(self.workers)
+        results: list[dict[str, Any]] = []
+        async with turns:
+            for case in cases:
+                if stop_at_failure and results and results[-1]["outcome"] != "ok":
+                    results.append({"outcome": "skipped", "why": ""})
+                else:
+                    results.append(await self._case(code, case, language))
+        return results
+
+    async def _case(self, code: str, case: dict[str, Any], language: str) -> dict[str, Any]:
+        if case["kind"] == "call":  # (its arguments as JSON: the call harness reads them)
+            case = {**case, "input": json.dumps(case["args"])}
+        source, stdin, token = case_program(code, case)
+        payload = {"code": code if source is None else source, "language": language,
+                   "stdin": stdin, "run_timeout": self.timeout_s,
+                   "compile_timeout": COMPILE_LIMITS["timeout_s"],
+                   "memory_limit_MB": self.memory_mb}
+        try:
+            answer = await self.endpoints.post(payload, "/run_code")
+        except (ConnectionError, ValueError) as why:
+            return {"outcome": "sandbox", "why": short(why, 200)}
+        ran = run_of(answer)
+        if "sandbox" in ran:
+            return {"outcome": "sandbox", "why": ran["sandbox"]}
+        if "compile" in ran:
+            return {"outcome": "error", "why": f"did not compile: {ran['compile']}"}
+        return judged(case, token, *outcome_of(ran))
+
+
+def run_of(answer: Any) -> dict[str, Any]:
+    """A SandboxFusion answer as the runner's own record of a run (``outcome_of`` reads it),
+    or ``{"sandbox": why}`` / ``{"compile": first error line}``."""
+    if not isinstance(answer, dict) or answer.get("status") not in ("Success", "Failed"):
+        why = answer.get("message") if isinstance(answer, dict) else None
+        return {"sandbox": short(why or f"an answer that is no run: {short(answer, 80)}", 200)}
+    compiled = answer.get("compile_result")
+    if isinstance(compiled, dict) and (compiled.get("status") != "Finished"
+                                       or compiled.get("return_code") != 0):
+        lines = str(compiled.get("stderr") or "").splitlines()
+        errors = [line for line in lines if "error" in line] or lines[-1:] or ["no message"]
+        return {"compile": short(errors[0], 200)}
+    ran = answer.get("run_result")
+    if not isinstance(ran, dict):
+        return {"sandbox": "the answer has no run_result"}
+    if ran.get("status") == "TimeLimitExceeded":
+        return {"ended": False}
+    code = ran.get("return_code")
+    if ran.get("status") != "Finished" or not isinstance(code, int):
+        return {"error": short(ran.get("stderr") or ran.get("status"), 200)}
+    return {"ended": True, "status": code, "stdout": str(ran.get("stdout") or ""),
+            "stderr": str(ran.get("stderr") or ""), "stdout_cut": False}

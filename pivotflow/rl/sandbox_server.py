@@ -1,0 +1,183 @@
+"""pivotflow's code sandbox as an HTTP service that speaks SandboxFusion's ``/run_code``.
+
+    python -m pivotflow.rl.sandbox_server [--host 127.0.0.1] [--port 8080] [--workers 4]
+
+Code RL runs thousands of programs a step, and a run's controller has a few cores: the
+programs belong on other hosts. SandboxFusion (ByteDance's sandbox service, what verl's
+``sandbox_fusion`` reward and slime's code rewards call) is the protocol RL users already
+deploy; this server answers it with the code reward's own sandbox (``code_sandbox.CodeRunner``:
+a bubblewrap sandbox a request, the program as a process forked from a clean interpreter, or
+a C++ program compiled with the host's g++), so ``code_reward(..., sandbox_url=...)`` and
+verl's ``sandbox_fusion_url`` can use either. ``POST /run_code`` takes ``{"code", "language"
+("python" | "cpp"), "stdin", "run_timeout", "memory_limit_MB"}`` (``compile_timeout`` is read
+and capped at the runner's 30 s; ``files`` and ``fetch_files`` must be empty) and answers
+``{"status": "Success" | "Failed" | "SandboxError", "message", "compile_result",
+"run_result", "files": {}}``, each result ``{"status": "Finished" | "TimeLimitExceeded" |
+"Error", "execution_time", "return_code", "stdout", "stderr"}`` (a return code below 0 is the
+signal that ended the program). A request it cannot read is a 400 with one line saying why.
+``GET /v1/ping`` answers ``pong``.
+
+It has no authentication, as SandboxFusion has none: it binds loopback unless ``--host`` says
+otherwise, and anyone who reaches it may run programs in its sandboxes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+from typing import Any
+
+from aiohttp import web
+
+from pivotflow.rl.code_sandbox import CodeRunner
+
+log = logging.getLogger("pivotflow.sandbox_server")
+
+LANGUAGES = ("python", "cpp")
+MAX_RUN_TIMEOUT_S = 60.0  # the longest run a request may ask for
+DEFAULT_RUN_TIMEOUT_S = 10.0  # SandboxFusion's default
+MAX_MEMORY_MB = 4096
+
+
+class BadRequest(ValueError):
+    """A request the server cannot run; the message says why, on one line."""
+
+
+def run_request(body: Any) -> dict[str, Any]:
+    """The run a ``/run_code`` body asks for (``code``, ``stdin``, ``language``,
+    ``timeout_s``, ``memory_mb``); BadRequest naming the field otherwise."""
+    if not isinstance(body, dict):
+        raise BadRequest(f"the body must be a JSON object, got {type(body).__name__}")
+    code, stdin = body.get("code"), body.get("stdin") or ""
+    if not isinstance(code, str):
+        raise BadRequest("code must be a string")
+    if not isinstance(stdin, str):
+        raise BadRequest("stdin must be a string")
+    language = body.get("language", "python")
+    if language not in LANGUAGES:
+        raise BadRequest(f"language must be one of {', '.join(LANGUAGES)}, got "
+                         f"{str(language)[:40]!r}")
+    if body.get("files") or body.get("fetch_files"):
+        raise BadRequest("files and fetch_files are not served here")
+    timeout = body.get("run_timeout", DEFAULT_RUN_TIMEOUT_S)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or \
+            not 0 < timeout <= MAX_RUN_TIMEOUT_S:
+        raise BadRequest(f"run_timeout must be a number of seconds in (0, "
+                         f"{MAX_RUN_TIMEOUT_S:g}], got {str(timeout)[:40]}")
+    memory = body.get("memory_limit_MB", -1)
+    if isinstance(memory, bool) or not isinstance(memory, int) or not (
+            memory == -1 or 0 < memory <= MAX_MEMORY_MB):
+        raise BadRequest(f"memory_limit_MB must be -1 or a whole number in (0, "
+                         f"{MAX_MEMORY_MB}], got {str(memory)[:40]}")
+    return {"code": code, "stdin": stdin, "language": language, "timeout_s": float(timeout),
+            "memory_mb": None if memory == -1 else memory}
+
+
+def answer_of(raw: dict[str, Any]) -> dict[str, Any]:
+    """SandboxFusion's answer from ``CodeRunner.run_raw``'s."""
+    if "sandbox" in raw:
+        return {"status": "SandboxError", "message": raw["sandbox"], "compile_result": None,
+                "run_result": None, "files": {}}
+    compiled, ran = _result(raw.get("compile")), _result(raw.get("run"))
+    ok = all(r is None or (r["status"] == "Finished" and r["return_code"] == 0)
+             for r in (compiled, ran)) and ran is not None
+    return {"status": "Success" if ok else "Failed", "message": "", "compile_result": compiled,
+            "run_result": ran, "files": {}}
+
+
+def _result(ran: dict[str, Any] | None) -> dict[str, Any] | None:
+    if ran is None:
+        return None
+    if "error" in ran:
+        return {"status": "Error", "execution_time": 0.0, "return_code": None, "stdout": "",
+                "stderr": ran["error"]}
+    status = "Finished" if ran["ended"] else "TimeLimitExceeded"
+    # (past the runner's cap the output was cut: said in stderr, where a reader looks)
+    stderr = ran["stderr"] + ("\n[stdout cut at 1 MiB]" if ran["stdout_cut"] else "")
+    return {"status": status, "execution_time": ran["seconds"],
+            "return_code": ran["status"] if ran["ended"] else None, "stdout": ran["stdout"],
+            "stderr": stderr}
+
+
+def app(runner: CodeRunner) -> web.Application:
+    async def run_code(request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return _bad(f"the body is not JSON ({str(exc)[:80]})")
+        try:
+            asked = run_request(body)
+        except BadRequest as why:
+            return _bad(str(why))
+        if asked["language"] == "cpp" and not runner.compiler:
+            return _bad("cpp is not served here: the server has no g++")
+        raw = await runner.run_raw(asked["code"], asked["stdin"], asked["language"],
+                                   timeout_s=asked["timeout_s"], memory_mb=asked["memory_mb"])
+        return web.json_response(answer_of(raw))
+
+    async def ping(_: web.Request) -> web.Response:
+        return web.Response(text="pong")
+
+    application = web.Application(client_max_size=16 * 2**20)
+    application.add_routes([web.post("/run_code", run_code), web.get("/v1/ping", ping)])
+    return application
+
+
+def _bad(why: str) -> web.Response:
+    return web.json_response({"status": "SandboxError", "message": why, "compile_result": None,
+                              "run_result": None, "files": {}}, status=400)
+
+
+async def serve(host: str, port: int, runner: CodeRunner) -> None:
+    site_runner = web.AppRunner(app(runner), access_log=None)
+    await site_runner.setup()
+    site = web.TCPSite(site_runner, host, port, backlog=1024)
+    await site.start()
+    bound = site_runner.addresses[0]
+    print(f"sandbox_server: listening on http://{bound[0]}:{bound[1]} "
+          f"({runner.workers} sandboxes)", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await site_runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
+    ap.add_argument("--workers", type=int, default=4, help="programs at once")
+    ap.add_argument("--memory-mb", type=int, default=512,
+                    help="a program's address space when a request says -1")
+    ap.add_argument("--isolation", choices=("bwrap", "none"), default="bwrap")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    try:
+        runner = CodeRunner(workers=args.workers, timeout_s=DEFAULT_RUN_TIMEOUT_S,
+                            memory_mb=args.memory_mb, nproc=64, isolation=args.isolation,
+                            compiles=_has_compiler())
+    except ValueError as why:
+        raise SystemExit(f"sandbox_server: {why}") from None
+    if not 0 <= args.port < 65536:
+        raise SystemExit(f"sandbox_server: --port must be in [0, 65535], got {args.port}")
+    try:
+        asyncio.run(serve(args.host, args.port, runner))
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:  # (the port taken, an address not this host's)
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise SystemExit(f"sandbox_server: cannot listen on {args.host}:{args.port}: "
+                         f"{reason}") from None
+
+
+def _has_compiler() -> bool:
+    import shutil
+
+    return shutil.which("g++") is not None
+
+
+if __name__ == "__main__":
+    main()
