@@ -18,13 +18,15 @@ program that the sandbox's start about matches. ``--language cpp``: the programs
 (``<bits/stdc++.h>``, as competitive programmers write them), each compiled in its sandbox
 before its cases run; ``cxx_header`` says whether the compiles read that header precompiled
 (``pivotflow/rl/cxx_header.py``, built on the first program where the cache has none).
-``--server``: a third variant, ``server``, the same programs on ``python -m
-pivotflow.rl.sandbox_server`` on loopback with as many sandboxes (``code_reward``'s
-``sandbox_url``): a request a case, each a sandbox of its own, against one sandbox a program
-locally. The last line printed is one JSON object.
+``--server [pivotflow|sandboxfusion]``: a third variant, ``server``, the same programs on
+``python -m pivotflow.rl.sandbox_server`` on loopback with as many sandboxes
+(``code_reward``'s ``sandbox_url``): pivotflow's protocol, a program a request judged in one
+sandbox there, or SandboxFusion's alone (``--protocol sandboxfusion``), a request and a
+sandbox a case, judged here. The last line printed is one JSON object.
 
     python bench/code_reward.py [--programs 64] [--cases 3] [--workers 2] [--repeats 3]
-                                [--language python|cpp] [--server]
+                                [--language python|cpp]
+                                [--server [pivotflow|sandboxfusion]]
 """
 
 from __future__ import annotations
@@ -96,8 +98,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--language", choices=sorted(PROGRAMS), default="python")
-    ap.add_argument("--server", action="store_true",
-                    help="a third variant: the programs on a sandbox server on loopback")
+    ap.add_argument("--server", nargs="?", const="pivotflow", default="",
+                    choices=("pivotflow", "sandboxfusion"),
+                    help="a third variant: the programs on a sandbox server on loopback, "
+                         "speaking pivotflow's protocol (a program a request) or "
+                         "SandboxFusion's alone (a case a request)")
     args = ap.parse_args(argv)
     runners: dict[str, CodeRunner | RemoteRunner] = {
         kind: CodeRunner(workers=args.workers, timeout_s=5.0, memory_mb=512, nproc=64,
@@ -105,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for kind in ("bwrap", "none")}
     with contextlib.ExitStack() as stack:
         if args.server:
-            url = stack.enter_context(sandbox_server(args.workers))
+            url = stack.enter_context(sandbox_server(args.workers, args.server))
             runners["server"] = RemoteRunner([url], workers=args.workers, timeout_s=5.0,
                                              memory_mb=512)
         rates = measure(runners, args)
@@ -126,6 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
            else "parsed" if args.language == "cpp" else "",
            "runs": {k: [round(x, 2) for x in v] for k, v in rates.items()}}
     if args.server:
+        out["server_protocol"] = args.server
         out["server_programs_per_s"] = round(median["server"], 2)
         out["server_over_sandboxed"] = round(median["server"] / median["bwrap"], 3)
     print(json.dumps(out))
@@ -146,10 +152,11 @@ def measure(runners: dict[str, Any], args: argparse.Namespace) -> dict[str, list
 
 
 @contextlib.contextmanager
-def sandbox_server(workers: int) -> Iterator[str]:
+def sandbox_server(workers: int, protocol: str) -> Iterator[str]:
     """``python -m pivotflow.rl.sandbox_server`` on a free loopback port; its URL."""
     proc = subprocess.Popen([sys.executable, "-m", "pivotflow.rl.sandbox_server", "--port", "0",
-                             "--workers", str(workers), "--memory-mb", "512"],
+                             "--workers", str(workers), "--memory-mb", "512",
+                             "--protocol", protocol],
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

@@ -71,10 +71,12 @@ class CodeRunner:
         self._header_failed = False
 
     async def run(self, code: str, cases: list[dict[str, Any]], stop_at_failure: bool,
-                  language: str = "python") -> list[dict[str, Any]]:
+                  language: str = "python", *, timeout_s: float | None = None,
+                  memory_mb: int | None = None) -> list[dict[str, Any]]:
         """Each case's outcome (``{"outcome": "ok" | ..., "why": ...}``); a sandbox that
         breaks gives every case the outcome ``sandbox``. ``language`` "cpp": the program is
-        compiled first (stdin/stdout cases only; a runner built with ``compiles``)."""
+        compiled first (stdin/stdout cases only; a runner built with ``compiles``).
+        ``timeout_s`` and ``memory_mb`` (a case's) over the runner's own."""
         if language == "cpp":
             if not self.compiler:
                 raise ValueError("code_reward: this runner was not built for C++ programs")
@@ -85,10 +87,13 @@ class CodeRunner:
         # (a call case's arguments as JSON, its program's stdin: the runner imports no json)
         cases = [{**case, "input": json.dumps(case["args"])} if case["kind"] == "call" else case
                  for case in cases]
+        timeout_s = self.timeout_s if timeout_s is None else float(timeout_s)
+        job = {"code": code, "cases": cases, "stop_at_failure": stop_at_failure,
+               "timeout_s": timeout_s,
+               "memory_mb": self.memory_mb if memory_mb is None else int(memory_mb)}
         # each case's timeout, its start-up, and the sandbox's own
-        wall = len(cases) * (self.timeout_s + 1.0) + 10.0
-        answer, why = await self._in_a_sandbox(
-            {"code": code, "cases": cases, "stop_at_failure": stop_at_failure}, language, wall)
+        wall = len(cases) * (timeout_s + 1.0) + 10.0
+        answer, why = await self._in_a_sandbox(job, language, wall)
         if answer is not None and len(answer.get("cases", ())) == len(cases):
             return list(answer["cases"])
         if why.startswith("timeout:"):

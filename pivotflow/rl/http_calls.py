@@ -59,9 +59,9 @@ class Endpoints:
 
     async def post(self, payload: Any, path: str = "") -> Any:
         """POST ``payload`` as JSON to the next URL (``path`` appended) and return the JSON it
-        answers; raises ConnectionError naming the last failure once the tries are spent, and
-        ValueError for an answer that is not JSON."""
-        why = ""
+        answers; raises CallFailed (a ConnectionError) naming the last failure once the tries
+        are spent, and ValueError for an answer that is not JSON."""
+        why, answered = "", None
         session = await self._session()
         for attempt in range(self.retries):
             url = self.urls[next(self._turn) % len(self.urls)] + path
@@ -72,8 +72,9 @@ class Endpoints:
                     status = answer.status
                     asked = _seconds(answer.headers.get("Retry-After"))
             except (aiohttp.ClientError, TimeoutError) as exc:  # refused, reset: try again
-                why = f"{url}: {type(exc).__name__} {short(exc, 120)}"
+                why, answered = f"{url}: {type(exc).__name__} {short(exc, 120)}", None
             else:
+                answered = status
                 if status < 400:
                     return _json(text, status, url)
                 why = f"{url} answered {status}: {short(text, 120)}"
@@ -84,7 +85,16 @@ class Endpoints:
                 # RETRY_WAIT_S, as OpenAI's and Anthropic's clients back off
                 backoff = RETRY_WAIT_S * 2 ** attempt
                 await _sleep(min(MAX_WAIT_S, backoff if asked is None else asked))
-        raise ConnectionError(f"{self.what} failed after {attempt + 1} tries; last: {why}")
+        raise CallFailed(f"{self.what} failed after {attempt + 1} tries; last: {why}", answered)
+
+
+class CallFailed(ConnectionError):
+    """A call that failed every try; ``status``: the last answer's HTTP status, or None when
+    the last try got no answer."""
+
+    def __init__(self, message: str, status: int | None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 async def _kept_open(timeout_s: float,

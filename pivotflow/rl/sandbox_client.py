@@ -2,12 +2,14 @@
 pivotflow's own (``sandbox_server.py``) on other hosts, or a SandboxFusion deployment (what
 verl's ``sandbox_fusion`` reward calls).
 
-``RemoteRunner`` has ``CodeRunner``'s ``run``: each case of a program is one request (the
-program with the case's harness, its input as stdin), ``workers`` programs at once, their cases
-in turn; the answers are judged here exactly as the local runner judges its own runs
-(``code_runner.outcome_of`` and ``judged``: the expected outputs never leave this process).
-A C++ program is compiled by the server at each case (the protocol has no compiled program to
-keep). A server that cannot be reached after ``retries`` tries, or answers ``SandboxError``,
+``RemoteRunner`` has ``CodeRunner``'s ``run``, ``workers`` programs at once. On pivotflow's
+server a program and its cases are one request (``/pivotflow/judge``: judged there, in one
+sandbox, as the local runner judges; the expected outputs go with it). On a server without that
+route (it answers 404: a SandboxFusion deployment) each case is one ``/run_code`` request (the
+program with the case's harness, its input as stdin), from then on, and the answers are judged
+here exactly as the local runner judges its own runs (``code_runner.outcome_of`` and
+``judged``: the expected outputs never leave this process); a C++ program is then compiled by
+the server at each case (that protocol has no compiled program to keep). A server that cannot be reached after ``retries`` tries, or answers ``SandboxError``,
 gives the case the outcome ``sandbox``: the stage goes on.
 """
 
@@ -19,7 +21,10 @@ import weakref
 from typing import Any
 
 from pivotflow.rl.code_runner import COMPILE_LIMITS, case_program, judged, outcome_of
-from pivotflow.rl.http_calls import Endpoints, short
+from pivotflow.rl.http_calls import CallFailed, Endpoints, short
+
+OUTCOMES = frozenset({"ok", "wrong", "error", "timeout", "memory", "cpu", "output", "crash",
+                      "killed", "skipped", "sandbox"})
 
 
 class RemoteRunner:
@@ -40,6 +45,7 @@ class RemoteRunner:
                                    what="code_reward's sandbox server")
         self._turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
                                                asyncio.Semaphore] = weakref.WeakKeyDictionary()
+        self.judges = True  # (the servers take /pivotflow/judge, until one answers 404)
 
     async def run(self, code: str, cases: list[dict[str, Any]], stop_at_failure: bool,
                   language: str = "python") -> list[dict[str, Any]]:
@@ -54,12 +60,34 @@ class RemoteRunner:
             turns = self._turns[loop] = asyncio.Semaphore(self.workers)
         results: list[dict[str, Any]] = []
         async with turns:
+            if self.judges:
+                try:
+                    return await self._judged_there(code, cases, stop_at_failure, language)
+                except CallFailed as failed:
+                    if failed.status != 404:
+                        return [{"outcome": "sandbox", "why": short(failed, 200)}
+                                for _ in cases]
+                    self.judges = False  # (SandboxFusion: a /run_code a case from now on)
             for case in cases:
                 if stop_at_failure and results and results[-1]["outcome"] != "ok":
                     results.append({"outcome": "skipped", "why": ""})
                 else:
                     results.append(await self._case(code, case, language))
         return results
+
+    async def _judged_there(self, code: str, cases: list[dict[str, Any]], stop: bool,
+                            language: str) -> list[dict[str, Any]]:
+        answer = await self.endpoints.post(
+            {"code": code, "language": language, "cases": cases, "stop_at_failure": stop,
+             "run_timeout": self.timeout_s, "memory_limit_MB": self.memory_mb},
+            "/pivotflow/judge")
+        results = answer.get("cases") if isinstance(answer, dict) else None
+        if not isinstance(results, list) or len(results) != len(cases) or not all(
+                isinstance(r, dict) and r.get("outcome") in OUTCOMES for r in results):
+            return [{"outcome": "sandbox", "why": "the server's answer is not one outcome a "
+                     "case"} for _ in cases]
+        return [{"outcome": r["outcome"], "why": short(r.get("why") or "", 200)}
+                for r in results]
 
     async def _case(self, code: str, case: dict[str, Any], language: str) -> dict[str, Any]:
         if case["kind"] == "call":  # (its arguments as JSON: the call harness reads them)

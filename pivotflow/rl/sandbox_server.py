@@ -17,6 +17,13 @@ and capped at the runner's 30 s; ``files`` and ``fetch_files`` must be empty) an
 signal that ended the program). A request it cannot read is a 400 with one line saying why.
 ``GET /v1/ping`` answers ``pong``.
 
+``POST /pivotflow/judge`` is pivotflow's own: a program and all its cases in one request
+(``{"code", "language", "cases", "stop_at_failure", "run_timeout", "memory_limit_MB"}``, the
+cases in ``code_reward.cases_of``'s form, expected outputs included), judged here in one
+sandbox as the local runner judges (``{"cases": [{"outcome", "why"}, ...]}``): a sandbox a
+program, not a case. ``sandbox_client.RemoteRunner`` asks it first and falls back to a
+``/run_code`` a case on a server without it (a 404: SandboxFusion).
+
 It has no authentication, as SandboxFusion has none: it binds loopback unless ``--host`` says
 otherwise, and anyone who reaches it may run programs in its sandboxes.
 """
@@ -76,6 +83,27 @@ def run_request(body: Any) -> dict[str, Any]:
             "memory_mb": None if memory == -1 else memory}
 
 
+CASE_FIELDS: dict[str, dict[str, type]] = {"stdio": {"input": str, "output": str},
+                                           "call": {"fn_name": str, "args": list,
+                                                    "output": object},
+                                           "script": {"source": str}}
+
+
+def checked_cases(cases: Any) -> list[dict[str, Any]]:
+    """A judge request's cases, each as ``code_reward.cases_of`` makes it; BadRequest naming
+    the first that is not."""
+    if not isinstance(cases, list) or not cases:
+        raise BadRequest("cases must be a list of at least one case")
+    for i, case in enumerate(cases):
+        fields = CASE_FIELDS.get(str(case.get("kind"))) if isinstance(case, dict) else None
+        if fields is None or any(not isinstance(case.get(name), kind) if kind is not object
+                                 else name not in case for name, kind in fields.items()):
+            raise BadRequest(f"case {i} is not a stdio, call or script case of "
+                             "code_reward.cases_of's form")
+    return [{"kind": c["kind"], **{name: c[name] for name in CASE_FIELDS[c["kind"]]}}
+            for c in cases]
+
+
 def answer_of(raw: dict[str, Any]) -> dict[str, Any]:
     """SandboxFusion's answer from ``CodeRunner.run_raw``'s."""
     if "sandbox" in raw:
@@ -102,27 +130,47 @@ def _result(ran: dict[str, Any] | None) -> dict[str, Any] | None:
             "stderr": stderr}
 
 
-def app(runner: CodeRunner) -> web.Application:
-    async def run_code(request: web.Request) -> web.Response:
+def app(runner: CodeRunner, judges: bool = True) -> web.Application:
+    """The routes; ``judges`` False: ``/run_code`` and ``/v1/ping`` only, as SandboxFusion
+    serves them."""
+    async def asked_of(request: web.Request) -> tuple[Any, dict[str, Any]]:
+        """The body and the run it asks for; BadRequest naming what it cannot run."""
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return _bad(f"the body is not JSON ({str(exc)[:80]})")
+            raise BadRequest(f"the body is not JSON ({str(exc)[:80]})") from None
+        asked = run_request({"stdin": "", **body} if isinstance(body, dict) else body)
+        if asked["language"] == "cpp" and not runner.compiler:
+            raise BadRequest("cpp is not served here: the server has no g++")
+        return body, asked
+
+    async def run_code(request: web.Request) -> web.Response:
         try:
-            asked = run_request(body)
+            _, asked = await asked_of(request)
         except BadRequest as why:
             return _bad(str(why))
-        if asked["language"] == "cpp" and not runner.compiler:
-            return _bad("cpp is not served here: the server has no g++")
         raw = await runner.run_raw(asked["code"], asked["stdin"], asked["language"],
                                    timeout_s=asked["timeout_s"], memory_mb=asked["memory_mb"])
         return web.json_response(answer_of(raw))
+
+    async def judge(request: web.Request) -> web.Response:
+        try:
+            body, asked = await asked_of(request)
+            results = await runner.run(asked["code"], checked_cases(body.get("cases")),
+                                       bool(body.get("stop_at_failure")), asked["language"],
+                                       timeout_s=asked["timeout_s"],
+                                       memory_mb=asked["memory_mb"])
+        except ValueError as why:  # (BadRequest, and CodeRunner.run's own refusals)
+            return _bad(str(why))
+        return web.json_response({"cases": results})
 
     async def ping(_: web.Request) -> web.Response:
         return web.Response(text="pong")
 
     application = web.Application(client_max_size=16 * 2**20)
     application.add_routes([web.post("/run_code", run_code), web.get("/v1/ping", ping)])
+    if judges:
+        application.add_routes([web.post("/pivotflow/judge", judge)])
     return application
 
 
@@ -131,8 +179,8 @@ def _bad(why: str) -> web.Response:
                               "run_result": None, "files": {}}, status=400)
 
 
-async def serve(host: str, port: int, runner: CodeRunner) -> None:
-    site_runner = web.AppRunner(app(runner), access_log=None)
+async def serve(host: str, port: int, runner: CodeRunner, judges: bool = True) -> None:
+    site_runner = web.AppRunner(app(runner, judges), access_log=None)
     await site_runner.setup()
     site = web.TCPSite(site_runner, host, port, backlog=1024)
     await site.start()
@@ -153,6 +201,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--memory-mb", type=int, default=512,
                     help="a program's address space when a request says -1")
     ap.add_argument("--isolation", choices=("bwrap", "none"), default="bwrap")
+    ap.add_argument("--protocol", choices=("pivotflow", "sandboxfusion"), default="pivotflow",
+                    help="sandboxfusion: /run_code only, as SandboxFusion serves (a client's "
+                         "check against that protocol alone)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     try:
@@ -164,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     if not 0 <= args.port < 65536:
         raise SystemExit(f"sandbox_server: --port must be in [0, 65535], got {args.port}")
     try:
-        asyncio.run(serve(args.host, args.port, runner))
+        asyncio.run(serve(args.host, args.port, runner, args.protocol == "pivotflow"))
     except KeyboardInterrupt:
         pass
     except OSError as exc:  # (the port taken, an address not this host's)

@@ -46,13 +46,23 @@ PROGRAMS: list[tuple[str, Any, str]] = [  # (program, tests, language)
 ]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A sandbox server process on a free loopback port; its URL."""
-    env = {**os.environ, "PIVOTFLOW_CACHE": str(tmp_path_factory.mktemp("cache"))}
-    proc = subprocess.Popen([sys.executable, "-m", "pivotflow.rl.sandbox_server", "--port", "0",
-                             "--workers", "2", "--memory-mb", "256"], env=env,
+def start_server(cache: Path, *options: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PIVOTFLOW_CACHE": str(cache)}
+    return subprocess.Popen([sys.executable, "-m", "pivotflow.rl.sandbox_server", "--port", "0",
+                             "--workers", "2", "--memory-mb", "256", *options], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module", params=["pivotflow", "sandboxfusion"])
+def protocol(request: pytest.FixtureRequest) -> str:
+    """pivotflow's routes, or SandboxFusion's alone (the client then sends a case a request)."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def server(protocol: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A sandbox server process on a free loopback port; its URL."""
+    proc = start_server(tmp_path_factory.mktemp("cache"), "--protocol", protocol)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # "sandbox_server: listening on http://HOST:PORT ..."
@@ -75,13 +85,13 @@ def post(url: str, body: bytes) -> tuple[int, dict[str, Any]]:
 
 
 def test_a_server_judges_every_program_as_the_local_sandbox_does(
-        server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        server: str, protocol: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PIVOTFLOW_CACHE", str(tmp_path / "cache"))
     local = CodeRunner(workers=2, timeout_s=2.0, memory_mb=256, nproc=64, isolation="bwrap",
                        compiles=True)
     remote = RemoteRunner([server], workers=2, timeout_s=2.0, memory_mb=256)
 
-    async def both() -> list[list[str]]:
+    async def both() -> list[list[str]]:  # (on a SandboxFusion server: a request a case)
         runs = [runner.run(code, cases_of(tests), False, language)
                 for runner in (local, remote) for code, tests, language in PROGRAMS]
         return [[r["outcome"] for r in results] for results in await asyncio.gather(*runs)]
@@ -95,6 +105,8 @@ def test_a_server_judges_every_program_as_the_local_sandbox_does(
     broken = asyncio.run(remote.run("int main() { return x; }", cases_of(SUM), True, "cpp"))
     assert [r["outcome"] for r in broken] == ["error", "skipped", "skipped"]
     assert broken[0]["why"].startswith("did not compile: solution.cpp:1:")
+    # pivotflow's server judged a program a request; SandboxFusion's protocol, a case
+    assert remote.judges is (protocol == "pivotflow")
 
 
 def test_code_reward_on_a_server(server: str) -> None:
@@ -147,13 +159,34 @@ def test_a_request_it_cannot_run_is_a_400_with_one_line(server: str, body: bytes
                       "run_result": None, "files": {}}
 
 
+@pytest.mark.parametrize(("cases", "why"), [
+    ("x", "cases must be a list of at least one case"),
+    ([{"kind": "stdio", "input": "1"}], "case 0 is not a stdio, call or script case of "
+                                        "code_reward.cases_of's form"),
+    ([{"kind": "call", "fn_name": "f", "args": [1], "output": 2}, {"kind": "shell"}],
+     "case 1 is not a stdio, call or script case of code_reward.cases_of's form"),
+])
+def test_a_judge_request_it_cannot_run_is_a_400_with_one_line(server: str, protocol: str,
+                                                              cases: Any, why: str) -> None:
+    request = urllib.request.Request(
+        f"{server}/pivotflow/judge", method="POST", headers={"Content-Type": "application/json"},
+        data=json.dumps({"code": "print(1)", "cases": cases}).encode())
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    if protocol == "sandboxfusion":  # (no such route there: the client falls back on a 404)
+        assert refused.value.code == 404
+        return
+    assert refused.value.code == 400
+    assert json.loads(refused.value.read())["message"] == why
+
+
 def test_a_server_that_cannot_be_reached_is_the_sandbox_outcome(server: str) -> None:
     remote = RemoteRunner(["http://127.0.0.1:9"], workers=1, timeout_s=2.0, memory_mb=256,
                           retries=1)
     got = asyncio.run(remote.run("print(3)", cases_of(SUM), False))
     assert [r["outcome"] for r in got] == ["sandbox"] * 3
     assert got[0]["why"].startswith("code_reward's sandbox server failed after 1 tries; last: "
-                                    "http://127.0.0.1:9/run_code: ClientConnectorError")
+                                    "http://127.0.0.1:9/pivotflow/judge: ClientConnectorError")
     reward = code_reward(sandbox_url="http://127.0.0.1:9", retries=1, timeout_s=2.0)
     assert asyncio.run(reward("print(3)", tests=SUM)) == 0.0  # (the stage goes on)
     with pytest.raises(ValueError, match=r"^code_reward's sandbox server: ftp://x is not an "
