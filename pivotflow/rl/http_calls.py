@@ -57,17 +57,20 @@ class Endpoints:
         self._sessions[loop] = (session, keeper)  # (the keeper holds it open: see below)
         return session
 
-    async def post(self, payload: Any, path: str = "") -> Any:
+    async def post(self, payload: Any, path: str = "", timeout_s: float | None = None) -> Any:
         """POST ``payload`` as JSON to the next URL (``path`` appended) and return the JSON it
-        answers; raises CallFailed (a ConnectionError) naming the last failure once the tries
-        are spent, and ValueError for an answer that is not JSON."""
+        answers, each try given ``timeout_s`` (default: the endpoints' own); raises CallFailed
+        (a ConnectionError) naming the last failure once the tries are spent, and ValueError
+        for an answer that is not JSON."""
+        each_try = aiohttp.ClientTimeout(total=self.timeout_s if timeout_s is None
+                                         else timeout_s)
         why, answered = "", None
         session = await self._session()
         for attempt in range(self.retries):
             url = self.urls[next(self._turn) % len(self.urls)] + path
             asked: float | None = None  # a Retry-After the server sent
             try:
-                async with session.post(url, json=payload) as answer:
+                async with session.post(url, json=payload, timeout=each_try) as answer:
                     text = await answer.text()
                     status = answer.status
                     asked = _seconds(answer.headers.get("Retry-After"))

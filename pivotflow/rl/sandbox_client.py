@@ -77,10 +77,13 @@ class RemoteRunner:
 
     async def _judged_there(self, code: str, cases: list[dict[str, Any]], stop: bool,
                             language: str) -> list[dict[str, Any]]:
+        # (a try waits for every case's timeout and the compile, as the server's sandbox does,
+        # and a minute more for its turn there)
+        wait = len(cases) * (self.timeout_s + 1.0) + COMPILE_LIMITS["timeout_s"] + 60.0
         answer = await self.endpoints.post(
             {"code": code, "language": language, "cases": cases, "stop_at_failure": stop,
              "run_timeout": self.timeout_s, "memory_limit_MB": self.memory_mb},
-            "/pivotflow/judge")
+            "/pivotflow/judge", timeout_s=wait)
         results = answer.get("cases") if isinstance(answer, dict) else None
         if not isinstance(results, list) or len(results) != len(cases) or not all(
                 isinstance(r, dict) and r.get("outcome") in OUTCOMES for r in results):
