@@ -166,7 +166,7 @@ def sandbox_server(workers: int, protocol: str) -> Iterator[str]:
         yield line.split("listening on ")[1].split()[0]
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        proc.communicate(timeout=30)  # (reaped, its pipe read and closed)
 
 
 if __name__ == "__main__":

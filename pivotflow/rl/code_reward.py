@@ -126,7 +126,7 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
                 isolation: str = "bwrap", language: str = "python",
                 extract: Callable[[str], str] | None = None,
                 sandbox_url: str | list[str] | None = None,
-                retries: int = 3) -> Callable[..., Any]:
+                sandbox_token: str = "", retries: int = 3) -> Callable[..., Any]:
     """An ``async def`` map stage function: ``completion`` and the ``tests`` field in,
     ``reward`` out (the share of cases passed; ``mode="all"``: 1.0 only if all pass, and the
     cases after a failure are not run). ``workers``: programs run at once (each a sandbox
@@ -139,7 +139,8 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
     ``code_of``); ``sandbox_url``: one or more servers speaking SandboxFusion's ``/run_code``
     (``python -m pivotflow.rl.sandbox_server`` on other hosts, or a SandboxFusion
     deployment) run the programs instead of local sandboxes (``sandbox_client.py``; each
-    request tried ``retries`` times; ``isolation`` and ``nproc`` are then the server's).
+    request tried ``retries`` times; ``isolation`` and ``nproc`` are then the server's;
+    ``sandbox_token``: the secret of a server started with ``--token-file``).
 
     Give the stage ``concurrency=workers``: a call out waits for a sandbox inside itself, on
     its stage's ``deadline_s``, where a call over the stage's concurrency waits its turn
@@ -158,7 +159,7 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
     if sandbox_url is not None:
         runner = RemoteRunner([sandbox_url] if isinstance(sandbox_url, str) else
                               list(sandbox_url), workers=workers, timeout_s=timeout_s,
-                              memory_mb=memory_mb, retries=retries)
+                              memory_mb=memory_mb, retries=retries, token=sandbox_token)
     else:
         runner = CodeRunner(workers=workers, timeout_s=timeout_s, memory_mb=memory_mb,
                             nproc=nproc, isolation=isolation, compiles=language != "python")

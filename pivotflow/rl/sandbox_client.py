@@ -32,7 +32,7 @@ class RemoteRunner:
     times), ``workers`` at once."""
 
     def __init__(self, urls: list[str], *, workers: int, timeout_s: float, memory_mb: int,
-                 retries: int = 3) -> None:
+                 retries: int = 3, token: str = "") -> None:
         for name, value in (("workers", workers), ("timeout_s", timeout_s),
                             ("memory_mb", memory_mb)):
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
@@ -42,7 +42,8 @@ class RemoteRunner:
         # a request waits for its compile and its run, and its turn at the server
         self.endpoints = Endpoints([u.rstrip("/") for u in urls], retries=retries,
                                    timeout_s=COMPILE_LIMITS["timeout_s"] + timeout_s + 60.0,
-                                   what="code_reward's sandbox server")
+                                   what="code_reward's sandbox server",
+                                   headers={"Authorization": f"Bearer {token}"} if token else {})
         self._turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
                                                asyncio.Semaphore] = weakref.WeakKeyDictionary()
         self.judges = True  # (the servers take /pivotflow/judge, until one answers 404)

@@ -24,14 +24,18 @@ sandbox as the local runner judges (``{"cases": [{"outcome", "why"}, ...]}``): a
 program, not a case. ``sandbox_client.RemoteRunner`` asks it first and falls back to a
 ``/run_code`` a case on a server without it (a 404: SandboxFusion).
 
-It has no authentication, as SandboxFusion has none: it binds loopback unless ``--host`` says
-otherwise, and anyone who reaches it may run programs in its sandboxes.
+It binds loopback unless ``--host`` says otherwise. SandboxFusion has no authentication; this
+server takes a shared secret (``--token-file FILE``, its first line): every request but
+``/v1/ping`` must then carry ``Authorization: Bearer <token>`` (``code_reward``'s
+``sandbox_token``), else a 401. Without one, anyone who reaches the port may run programs in
+its sandboxes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -130,9 +134,19 @@ def _result(ran: dict[str, Any] | None) -> dict[str, Any] | None:
             "stderr": stderr}
 
 
-def app(runner: CodeRunner, judges: bool = True) -> web.Application:
+def app(runner: CodeRunner, judges: bool = True, token: str = "") -> web.Application:
     """The routes; ``judges`` False: ``/run_code`` and ``/v1/ping`` only, as SandboxFusion
-    serves them."""
+    serves them; ``token``: the secret every run request must carry."""
+
+    @web.middleware
+    async def authorized(request: web.Request, handler: Any) -> web.StreamResponse:
+        if token and request.path != "/v1/ping":
+            given = request.headers.get("Authorization", "").removeprefix("Bearer ")
+            if not hmac.compare_digest(given.encode(), token.encode()):
+                return _bad("this server needs Authorization: Bearer <its token>", 401)
+        response: web.StreamResponse = await handler(request)
+        return response
+
     async def asked_of(request: web.Request) -> tuple[Any, dict[str, Any]]:
         """The body and the run it asks for; BadRequest naming what it cannot run."""
         try:
@@ -167,26 +181,27 @@ def app(runner: CodeRunner, judges: bool = True) -> web.Application:
     async def ping(_: web.Request) -> web.Response:
         return web.Response(text="pong")
 
-    application = web.Application(client_max_size=16 * 2**20)
+    application = web.Application(client_max_size=16 * 2**20, middlewares=[authorized])
     application.add_routes([web.post("/run_code", run_code), web.get("/v1/ping", ping)])
     if judges:
         application.add_routes([web.post("/pivotflow/judge", judge)])
     return application
 
 
-def _bad(why: str) -> web.Response:
+def _bad(why: str, status: int = 400) -> web.Response:
     return web.json_response({"status": "SandboxError", "message": why, "compile_result": None,
-                              "run_result": None, "files": {}}, status=400)
+                              "run_result": None, "files": {}}, status=status)
 
 
-async def serve(host: str, port: int, runner: CodeRunner, judges: bool = True) -> None:
-    site_runner = web.AppRunner(app(runner, judges), access_log=None)
+async def serve(host: str, port: int, runner: CodeRunner, judges: bool = True,
+                token: str = "") -> None:
+    site_runner = web.AppRunner(app(runner, judges, token), access_log=None)
     await site_runner.setup()
     site = web.TCPSite(site_runner, host, port, backlog=1024)
     await site.start()
     bound = site_runner.addresses[0]
     print(f"sandbox_server: listening on http://{bound[0]}:{bound[1]} "
-          f"({runner.workers} sandboxes)", flush=True)
+          f"({runner.workers} sandboxes{', a token' if token else ', no token'})", flush=True)
     try:
         await asyncio.Event().wait()
     finally:
@@ -201,6 +216,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--memory-mb", type=int, default=512,
                     help="a program's address space when a request says -1")
     ap.add_argument("--isolation", choices=("bwrap", "none"), default="bwrap")
+    ap.add_argument("--token-file", default="",
+                    help="a file whose first line is the secret requests must carry")
     ap.add_argument("--protocol", choices=("pivotflow", "sandboxfusion"), default="pivotflow",
                     help="sandboxfusion: /run_code only, as SandboxFusion serves (a client's "
                          "check against that protocol alone)")
@@ -214,14 +231,28 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"sandbox_server: {why}") from None
     if not 0 <= args.port < 65536:
         raise SystemExit(f"sandbox_server: --port must be in [0, 65535], got {args.port}")
+    token = _token(args.token_file) if args.token_file else ""
     try:
-        asyncio.run(serve(args.host, args.port, runner, args.protocol == "pivotflow"))
+        asyncio.run(serve(args.host, args.port, runner, args.protocol == "pivotflow", token))
     except KeyboardInterrupt:
         pass
     except OSError as exc:  # (the port taken, an address not this host's)
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         raise SystemExit(f"sandbox_server: cannot listen on {args.host}:{args.port}: "
                          f"{reason}") from None
+
+
+def _token(path: str) -> str:
+    try:
+        with open(path) as f:
+            token = f.readline().strip()
+    except OSError as exc:
+        raise SystemExit(f"sandbox_server: cannot read --token-file {path}: "
+                         f"{exc.strerror or exc}") from None
+    if len(token) < 16:
+        raise SystemExit(f"sandbox_server: the token in {path} is {len(token)} characters; "
+                         "16 or more, please")
+    return token
 
 
 def _has_compiler() -> bool:

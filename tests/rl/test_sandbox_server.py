@@ -71,7 +71,7 @@ def server(protocol: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield line.split("listening on ")[1].split()[0]
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        proc.communicate(timeout=30)  # (reaped, its pipes read and closed)
 
 
 def post(url: str, body: bytes) -> tuple[int, dict[str, Any]]:
@@ -81,7 +81,8 @@ def post(url: str, body: bytes) -> tuple[int, dict[str, Any]]:
         with urllib.request.urlopen(request, timeout=60) as answer:
             return answer.status, json.loads(answer.read())
     except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+        with error:
+            return error.code, json.loads(error.read())
 
 
 def test_a_server_judges_every_program_as_the_local_sandbox_does(
@@ -173,11 +174,12 @@ def test_a_judge_request_it_cannot_run_is_a_400_with_one_line(server: str, proto
         data=json.dumps({"code": "print(1)", "cases": cases}).encode())
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=60)
-    if protocol == "sandboxfusion":  # (no such route there: the client falls back on a 404)
-        assert refused.value.code == 404
-        return
-    assert refused.value.code == 400
-    assert json.loads(refused.value.read())["message"] == why
+    with refused.value:
+        if protocol == "sandboxfusion":  # (no such route there: a client falls back on a 404)
+            assert refused.value.code == 404
+            return
+        assert refused.value.code == 400
+        assert json.loads(refused.value.read())["message"] == why
 
 
 def test_a_server_that_cannot_be_reached_is_the_sandbox_outcome(server: str) -> None:
@@ -199,3 +201,36 @@ def test_a_server_that_cannot_be_reached_is_the_sandbox_outcome(server: str) -> 
     assert taken.returncode == 1
     assert taken.stderr.strip().splitlines()[-1] == (
         f"sandbox_server: cannot listen on 127.0.0.1:{port}: Address already in use")
+
+
+def test_a_server_with_a_token_runs_only_the_requests_that_carry_it(tmp_path: Path) -> None:
+    secret = tmp_path / "token"
+    secret.write_text("s3cret-" + "x" * 25 + "\n")
+    proc = start_server(tmp_path / "cache", "--token-file", str(secret))
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.rstrip().endswith("(2 sandboxes, a token)"), line
+        url = line.split("listening on ")[1].split()[0]
+        with urllib.request.urlopen(f"{url}/v1/ping", timeout=30) as pong:  # (open to all)
+            assert pong.read() == b"pong"
+        stranger = RemoteRunner([url], workers=1, timeout_s=2.0, memory_mb=256, retries=1)
+        got = asyncio.run(stranger.run("print(3)", cases_of(SUM), False))
+        assert [r["outcome"] for r in got] == ["sandbox"] * 3
+        assert "answered 401" in got[0]["why"] and "needs Authorization" in got[0]["why"]
+        reward = code_reward(sandbox_url=url, sandbox_token=secret.read_text().strip(),
+                             timeout_s=2.0)
+        assert asyncio.run(reward("print(3)", tests=SUM)) == pytest.approx(1 / 3)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)  # (reaped, its pipes read and closed)
+    for content, why in (("short\n", "the token in {} is 5 characters; 16 or more, please"),
+                         (None, "cannot read --token-file {}: No such file or directory")):
+        path = tmp_path / f"t-{content is None}"
+        if content is not None:
+            path.write_text(content)
+        refused = subprocess.run([sys.executable, "-m", "pivotflow.rl.sandbox_server",
+                                  "--port", "0", "--token-file", str(path)],
+                                 capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 1
+        assert refused.stderr.strip().splitlines()[-1] == f"sandbox_server: {why.format(path)}"
