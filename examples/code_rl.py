@@ -14,7 +14,9 @@ LeetCode), or assert sources (``["assert f(1) == 2", ...]``, MBPP). Other column
 as fields (``reference`` here: a solution, which ``--check`` scores, and ``language``, its
 fence's). With ``--set graph.language=auto`` a program in a ```cpp block is compiled with g++ and
 run on its stdin/stdout cases (one task here is C++'s); "python" (the default) runs every
-program as Python. The reward is the share
+program as Python; ``--set graph.sandbox_url=http://HOST:8080`` runs them on sandbox servers
+(``python -m pivotflow.rl.sandbox_server`` on other hosts) instead of this one. The reward is
+the share
 of a task's cases its program passes (``--set graph.mode=all``: 1.0 only if all pass), each
 program in a bubblewrap sandbox of its own (``apt-get install bubblewrap``); GRPO's advantage
 and a plain policy-gradient step do the rest. Each step's ``logged_metrics`` say how the
@@ -45,7 +47,10 @@ DEFAULTS = {"model": "", "prompts": "code_tasks.jsonl", "max_tokens": 64, "group
             # case's wall time
             "mode": "fraction", "sandboxes": 2, "case_timeout_s": 5.0,
             # "python", "cpp" or "auto" (C++ where the answer's last fence is ```cpp)
-            "language": "python"}
+            "language": "python",
+            # sandbox servers (python -m pivotflow.rl.sandbox_server, or SandboxFusion),
+            # comma-separated, that run the programs instead of this host; and their token
+            "sandbox_url": "", "sandbox_token": ""}
 
 SYSTEM = {"python": "Write a Python program in a ```python block.",
           "cpp": "Write a C++17 program in a ```cpp block."}
@@ -97,7 +102,10 @@ def build(config: dict) -> Graph:
     reward = g.map("reward", code_reward("tests", mode=config["mode"],
                                          workers=config["sandboxes"],
                                          timeout_s=config["case_timeout_s"],
-                                         language=config["language"]),
+                                         language=config["language"],
+                                         sandbox_url=config["sandbox_url"].split(",")
+                                         if config["sandbox_url"] else None,
+                                         sandbox_token=config["sandbox_token"]),
                    # as many calls out as sandboxes: a call waiting for one would spend its
                    # deadline waiting (the stage's turn queue does not)
                    writes=["reward"], concurrency=config["sandboxes"], deadline_s=120)

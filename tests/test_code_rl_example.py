@@ -4,7 +4,10 @@ wrong one does not), and a run on a Hugging Face folder judges every program it 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -29,19 +32,38 @@ def test_every_reference_solution_passes_its_tests_and_a_wrong_one_does_not(
     assert got[0] == 0.0 and got[3] == 0.0 and got[1:3] == [1.0, 1.0]
 
 
+@pytest.fixture
+def sandbox_server(tmp_path: Path) -> Iterator[str]:
+    """``python -m pivotflow.rl.sandbox_server`` on a free loopback port: its URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "pivotflow.rl.sandbox_server", "--port", "0",
+                             "--workers", "2"], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PIVOTFLOW_CACHE": str(tmp_path / "cache")})
+    try:
+        assert proc.stdout is not None
+        yield proc.stdout.readline().split("listening on ")[1].split()[0]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+
+
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("where", ["here", "server"])
 def test_a_run_judges_every_program_the_policy_writes(
-        tmp_path: Path, script: Callable[[Path], ModuleType]) -> None:
-    """Two steps of the example on the byo example's tiny random Qwen2: every program is run
-    (the step's outcome shares sum to 1), nothing is lost, every step's reward is the sandbox's
-    (a random model's text passes nothing: reward 0)."""
+        tmp_path: Path, script: Callable[[Path], ModuleType], where: str,
+        request: pytest.FixtureRequest) -> None:
+    """Two steps of the example on the byo example's tiny random Qwen2, the programs run here
+    or on a sandbox server: every program is run (the step's outcome shares sum to 1), nothing
+    is lost, every step's reward is the sandbox's (a random model's text passes nothing:
+    reward 0)."""
     module = script(EXAMPLE)
     byo = script(EXAMPLE.with_name("byo_model.py"))
     model = byo.build_tiny_folder(tmp_path / "model")
     tasks = module.write_tasks(tmp_path / "code_tasks.jsonl")
+    server = [f"graph.sandbox_url={request.getfixturevalue('sandbox_server')}"] \
+        if where == "server" else []
     result = run(EXAMPLE, steps=2, out=tmp_path / "run", console=False,
                  sets=[f"graph.model={model}", f"graph.prompts={tasks}", "live=false",
-                       "planner=static"])
+                       "planner=static", *server])
     assert result.summary["ledger"]["lost"] == 0 and result.summary["steps"] == 2
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert len(records) == 2
