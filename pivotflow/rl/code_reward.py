@@ -87,13 +87,41 @@ def language_of(completion: str) -> str:
     return "cpp" if tag in FENCE_TAGS["cpp"] else "python"
 
 
-def cases_of(tests: Any) -> list[dict[str, Any]]:
-    """A sample's test cases in the runner's form; ValueError naming what is wrong."""
+def _parsed(tests: Any) -> Any:
     if isinstance(tests, str) and tests.lstrip().startswith(("{", "[")):
         try:
-            tests = json.loads(tests)
+            return json.loads(tests)
         except json.JSONDecodeError as exc:
             raise ValueError(f"code_reward: the tests are not JSON ({exc})") from None
+    return tests
+
+
+def time_limit_of(tests: Any) -> float | None:
+    """A problem's own time limit, in seconds, where its tests carry one (``time_limit``: a
+    number, CodeContests' ``{"seconds", "nanos"}``, or text that starts with a number, "2
+    seconds"); None where they do not. ValueError (one line) for one it cannot read."""
+    tests = _parsed(tests)
+    limit = tests.get("time_limit") if isinstance(tests, dict) else None
+    if limit is None:
+        return None
+    seconds: Any = limit
+    if isinstance(limit, dict):
+        seconds = float(limit.get("seconds") or 0) + float(limit.get("nanos") or 0) / 1e9
+    elif isinstance(limit, str):
+        seconds = (limit.split() or [""])[0].rstrip("s")
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"code_reward: the tests' time_limit {str(limit)[:40]!r} is not a "
+                         "number of seconds > 0")
+    return value
+
+
+def cases_of(tests: Any) -> list[dict[str, Any]]:
+    """A sample's test cases in the runner's form; ValueError naming what is wrong."""
+    tests = _parsed(tests)
     if isinstance(tests, str):
         return [{"kind": "script", "source": tests}]
     if isinstance(tests, list | tuple):
@@ -131,6 +159,7 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
     ``reward`` out (the share of cases passed; ``mode="all"``: 1.0 only if all pass, and the
     cases after a failure are not run). ``workers``: programs run at once (each a sandbox
     and, inside, one case at a time); ``timeout_s``, ``memory_mb``: each case's wall time
+    (at most: a problem whose tests carry a lower ``time_limit`` gets that, ``time_limit_of``)
     and address space; ``nproc``: processes and threads of a slot's uid
     together (a fork bomb's ceiling); ``language``: "python", "cpp" (compiled with g++
     ``-std=c++17 -O2`` in the sandbox, stdin/stdout cases only) or "auto" (C++ where the
@@ -166,9 +195,11 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
 
     async def reward(completion: str, **fields: Any) -> float:
         cases = cases_of(fields[tests])
+        limit = time_limit_of(fields[tests])  # (the problem's own, where it is lower)
         chosen = language_of(completion) if language == "auto" else language
         code = extract(completion) if extract is not None else code_of(completion, chosen)
-        results = await runner.run(code, cases, stop_at_failure=mode == "all", language=chosen)
+        results = await runner.run(code, cases, stop_at_failure=mode == "all", language=chosen,
+                                   timeout_s=None if limit is None else min(limit, timeout_s))
         passed = sum(r["outcome"] == "ok" for r in results)
         ran = [r["outcome"] for r in results if r["outcome"] != "skipped"]
         for name in LOGGED if recording_now() else ():

@@ -49,8 +49,11 @@ class RemoteRunner:
         self.judges = True  # (the servers take /pivotflow/judge, until one answers 404)
 
     async def run(self, code: str, cases: list[dict[str, Any]], stop_at_failure: bool,
-                  language: str = "python") -> list[dict[str, Any]]:
-        """Each case's outcome, as ``CodeRunner.run`` gives it."""
+                  language: str = "python", *,
+                  timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """Each case's outcome, as ``CodeRunner.run`` gives it (``timeout_s``: a case's, over
+        the runner's own)."""
+        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         if language == "cpp" and any(case["kind"] != "stdio" for case in cases):
             kinds = sorted({case["kind"] for case in cases} - {"stdio"})
             raise ValueError(f"code_reward: C++ programs run stdin/stdout cases only; these "
@@ -63,7 +66,8 @@ class RemoteRunner:
         async with turns:
             if self.judges:
                 try:
-                    return await self._judged_there(code, cases, stop_at_failure, language)
+                    return await self._judged_there(code, cases, stop_at_failure, language,
+                                                    timeout)
                 except CallFailed as failed:
                     if failed.status != 404:
                         return [{"outcome": "sandbox", "why": short(failed, 200)}
@@ -73,17 +77,17 @@ class RemoteRunner:
                 if stop_at_failure and results and results[-1]["outcome"] != "ok":
                     results.append({"outcome": "skipped", "why": ""})
                 else:
-                    results.append(await self._case(code, case, language))
+                    results.append(await self._case(code, case, language, timeout))
         return results
 
     async def _judged_there(self, code: str, cases: list[dict[str, Any]], stop: bool,
-                            language: str) -> list[dict[str, Any]]:
+                            language: str, timeout_s: float) -> list[dict[str, Any]]:
         # (a try waits for every case's timeout and the compile, as the server's sandbox does,
         # and a minute more for its turn there)
-        wait = len(cases) * (self.timeout_s + 1.0) + COMPILE_LIMITS["timeout_s"] + 60.0
+        wait = len(cases) * (timeout_s + 1.0) + COMPILE_LIMITS["timeout_s"] + 60.0
         answer = await self.endpoints.post(
             {"code": code, "language": language, "cases": cases, "stop_at_failure": stop,
-             "run_timeout": self.timeout_s, "memory_limit_MB": self.memory_mb},
+             "run_timeout": timeout_s, "memory_limit_MB": self.memory_mb},
             "/pivotflow/judge", timeout_s=wait)
         results = answer.get("cases") if isinstance(answer, dict) else None
         if not isinstance(results, list) or len(results) != len(cases) or not all(
@@ -93,12 +97,13 @@ class RemoteRunner:
         return [{"outcome": r["outcome"], "why": short(r.get("why") or "", 200)}
                 for r in results]
 
-    async def _case(self, code: str, case: dict[str, Any], language: str) -> dict[str, Any]:
+    async def _case(self, code: str, case: dict[str, Any], language: str,
+                    timeout_s: float) -> dict[str, Any]:
         if case["kind"] == "call":  # (its arguments as JSON: the call harness reads them)
             case = {**case, "input": json.dumps(case["args"])}
         source, stdin, token = case_program(code, case)
         payload = {"code": code if source is None else source, "language": language,
-                   "stdin": stdin, "run_timeout": self.timeout_s,
+                   "stdin": stdin, "run_timeout": timeout_s,
                    "compile_timeout": COMPILE_LIMITS["timeout_s"],
                    "memory_limit_MB": self.memory_mb}
         try:

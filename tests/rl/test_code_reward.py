@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 
 from pivotflow.controller.user_metrics import UserMetrics, recording
-from pivotflow.rl.code_reward import CodeRunner, cases_of, code_of, code_reward, language_of
+from pivotflow.rl.code_reward import (
+    CodeRunner,
+    cases_of,
+    code_of,
+    code_reward,
+    language_of,
+    time_limit_of,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -268,6 +275,35 @@ def test_cpp_refusals_are_one_line(cpp_runner: CodeRunner, monkeypatch: pytest.M
     with pytest.raises(ValueError, match=r"^code_reward: C\+\+ programs need g\+\+, which is "
                                          r"not on PATH; install it"):
         code_reward(language="cpp")
+
+
+@pytest.mark.parametrize(("tests", "limit"), [
+    ({"inputs": [""], "outputs": [""], "time_limit": 2}, 2.0),
+    ({"inputs": [""], "outputs": [""], "time_limit": {"seconds": 1, "nanos": 500000000}}, 1.5),
+    (json.dumps({"inputs": [""], "outputs": [""], "time_limit": "2 seconds"}), 2.0),
+    ({"inputs": [""], "outputs": [""], "time_limit": "1.5s"}, 1.5),
+    ({"inputs": [""], "outputs": [""]}, None), (["assert True"], None),
+])
+def test_a_problems_own_time_limit_is_read(tests: Any, limit: float | None) -> None:
+    assert time_limit_of(tests) == limit
+
+
+def test_a_problems_own_time_limit_holds_where_it_is_the_lower() -> None:
+    reward = code_reward(timeout_s=2.0)
+    slow = "import time\ntime.sleep(1.3)\nprint('done')"
+
+    def tests(limit: Any) -> dict[str, Any]:
+        return {"inputs": [""], "outputs": ["done"], "time_limit": limit}
+
+    async def score() -> list[float]:
+        return list(await asyncio.gather(reward(slow, tests=tests(1)),
+                                         reward(slow, tests=tests(30))))  # (held at 2 s)
+
+    assert asyncio.run(score()) == [0.0, 1.0]
+    for bad in ("fast", 0, -1):
+        with pytest.raises(ValueError, match=r"^code_reward: the tests' time_limit .* is not a "
+                                             r"number of seconds > 0$"):
+            time_limit_of(tests(bad))
 
 
 def test_a_hostile_program_meets_the_sandbox_and_the_limits(runner: CodeRunner,
