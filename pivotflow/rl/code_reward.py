@@ -154,7 +154,8 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
                 isolation: str = "bwrap", language: str = "python",
                 extract: Callable[[str], str] | None = None,
                 sandbox_url: str | list[str] | None = None,
-                sandbox_token: str = "", retries: int = 3) -> Callable[..., Any]:
+                sandbox_token: str = "", retries: int = 3,
+                checker: Callable[[str, str, str], Any] | None = None) -> Callable[..., Any]:
     """An ``async def`` map stage function: ``completion`` and the ``tests`` field in,
     ``reward`` out (the share of cases passed; ``mode="all"``: 1.0 only if all pass, and the
     cases after a failure are not run). ``workers``: programs run at once (each a sandbox
@@ -169,7 +170,12 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
     (``python -m pivotflow.rl.sandbox_server`` on other hosts, or a SandboxFusion
     deployment) run the programs instead of local sandboxes (``sandbox_client.py``; each
     request tried ``retries`` times; ``isolation`` and ``nproc`` are then the server's;
-    ``sandbox_token``: the secret of a server started with ``--token-file``).
+    ``sandbox_token``: the secret of a server started with ``--token-file``); ``checker``:
+    a special judge for stdin/stdout cases with more than one right answer,
+    ``checker(input, output, expected) -> bool``, called on the controller with each case's
+    input, the program's stdout and the expected output of a run that exited 0, in place of
+    the line-by-line comparison (under ``mode="all"`` the cases after a wrong answer it finds
+    still ran; an exception in it is the stage's error).
 
     Give the stage ``concurrency=workers``: a call out waits for a sandbox inside itself, on
     its stage's ``deadline_s``, where a call over the stage's concurrency waits its turn
@@ -181,6 +187,9 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
         raise ValueError(f"code_reward: mode must be one of {', '.join(MODES)}, got {mode!r}")
     if not isinstance(tests, str) or not tests.isidentifier():
         raise ValueError(f"code_reward: tests must name a field, got {tests!r}")
+    if checker is not None and not callable(checker):
+        raise ValueError(f"code_reward: checker must be a function (input, output, expected) "
+                         f"-> bool, got {type(checker).__name__}")
     if language not in LANGUAGES:
         raise ValueError(f"code_reward: language must be one of {', '.join(LANGUAGES)}, got "
                          f"{language!r}")
@@ -199,7 +208,10 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
         chosen = language_of(completion) if language == "auto" else language
         code = extract(completion) if extract is not None else code_of(completion, chosen)
         results = await runner.run(code, cases, stop_at_failure=mode == "all", language=chosen,
-                                   timeout_s=None if limit is None else min(limit, timeout_s))
+                                   timeout_s=None if limit is None else min(limit, timeout_s),
+                                   defer_stdio=checker is not None)
+        if checker is not None:
+            results = [_checked(checker, case, r) for case, r in zip(cases, results, strict=True)]
         passed = sum(r["outcome"] == "ok" for r in results)
         ran = [r["outcome"] for r in results if r["outcome"] != "skipped"]
         for name in LOGGED if recording_now() else ():
@@ -213,6 +225,17 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
     reward.__signature__ = _signature(tests)  # type: ignore[attr-defined]
     reward.__name__ = reward.__qualname__ = "code_reward"
     return reward
+
+
+def _checked(checker: Callable[[str, str, str], Any], case: dict[str, Any],
+             result: dict[str, Any]) -> dict[str, Any]:
+    """A deferred stdin/stdout case (``ran``) judged by the user's checker; any other as it
+    is."""
+    if result["outcome"] != "ran":
+        return result
+    if checker(case["input"], result["stdout"], case["output"]):
+        return {"outcome": "ok", "why": ""}
+    return {"outcome": "wrong", "why": "the checker refused the output"}
 
 
 def _signature(tests: str) -> Any:

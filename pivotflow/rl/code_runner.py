@@ -200,12 +200,15 @@ def case_program(code: str, case: dict[str, Any]) -> tuple[str | None, str, str]
     return code + "\n" + case["source"] + f"\nprint({token!r})\n", "", token
 
 
-def judged(case: dict[str, Any], token: str, outcome: str, out: str,
-           why: str) -> dict[str, Any]:
+def judged(case: dict[str, Any], token: str, outcome: str, out: str, why: str,
+           defer_stdio: bool = False) -> dict[str, Any]:
     """A case's result from how its program ran: a run that exited 0 is ``ok`` only if its
     output is the expected one (stdout; the call's return value as JSON; the assert
-    script's token)."""
+    script's token). ``defer_stdio``: a stdin/stdout case that exited 0 is ``ran``, with its
+    stdout, for a checker on the controller (``code_reward(checker=...)``) to judge."""
     if outcome == "ok":
+        if case["kind"] == "stdio" and defer_stdio:
+            return {"outcome": "ran", "why": "", "stdout": out}
         if case["kind"] == "stdio" and not same_output(out, case["output"]):
             outcome, why = "wrong", "wrong output"
         elif case["kind"] == "call":
@@ -229,7 +232,8 @@ def run_case(job: dict[str, Any], forker: case_forker.CaseForker, case: dict[str
         with open(path, "w") as f:
             f.write(source)
         program = {"script": path}
-    return judged(case, token, *_run(job, forker, program, stdin))
+    return judged(case, token, *_run(job, forker, program, stdin),
+                  defer_stdio=bool(job.get("defer_stdio")))
 
 
 def _python(job: dict[str, Any]) -> None:
@@ -303,7 +307,9 @@ def main() -> None:
         else:
             results: list[dict[str, Any]] = []
             for case in job["cases"]:
-                if job["stop_at_failure"] and results and results[-1]["outcome"] != "ok":
+                # (a case a checker judges later ran to its end: the next ones run too)
+                if job["stop_at_failure"] and results and \
+                        results[-1]["outcome"] not in ("ok", "ran"):
                     results.append({"outcome": "skipped", "why": ""})
                 else:  # (a program that did not compile fails each case it would have run)
                     results.append(failed or run_case(job, forker, case))

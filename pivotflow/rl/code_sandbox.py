@@ -72,11 +72,14 @@ class CodeRunner:
 
     async def run(self, code: str, cases: list[dict[str, Any]], stop_at_failure: bool,
                   language: str = "python", *, timeout_s: float | None = None,
-                  memory_mb: int | None = None) -> list[dict[str, Any]]:
+                  memory_mb: int | None = None,
+                  defer_stdio: bool = False) -> list[dict[str, Any]]:
         """Each case's outcome (``{"outcome": "ok" | ..., "why": ...}``); a sandbox that
         breaks gives every case the outcome ``sandbox``. ``language`` "cpp": the program is
         compiled first (stdin/stdout cases only; a runner built with ``compiles``).
-        ``timeout_s`` and ``memory_mb`` (a case's) over the runner's own."""
+        ``timeout_s`` and ``memory_mb`` (a case's) over the runner's own. ``defer_stdio``: a
+        stdin/stdout case that exited 0 comes back ``ran`` with its stdout, unjudged (for a
+        checker: ``code_runner.judged``)."""
         if language == "cpp":
             if not self.compiler:
                 raise ValueError("code_reward: this runner was not built for C++ programs")
@@ -89,7 +92,7 @@ class CodeRunner:
                  for case in cases]
         timeout_s = self.timeout_s if timeout_s is None else float(timeout_s)
         job = {"code": code, "cases": cases, "stop_at_failure": stop_at_failure,
-               "timeout_s": timeout_s,
+               "timeout_s": timeout_s, "defer_stdio": defer_stdio,
                "memory_mb": self.memory_mb if memory_mb is None else int(memory_mb)}
         # each case's timeout, its start-up, and the sandbox's own
         wall = len(cases) * (timeout_s + 1.0) + 10.0

@@ -24,7 +24,7 @@ from pivotflow.rl.code_runner import COMPILE_LIMITS, case_program, judged, outco
 from pivotflow.rl.http_calls import CallFailed, Endpoints, short
 
 OUTCOMES = frozenset({"ok", "wrong", "error", "timeout", "memory", "cpu", "output", "crash",
-                      "killed", "skipped", "sandbox"})
+                      "killed", "skipped", "sandbox", "ran"})
 
 
 class RemoteRunner:
@@ -49,10 +49,10 @@ class RemoteRunner:
         self.judges = True  # (the servers take /pivotflow/judge, until one answers 404)
 
     async def run(self, code: str, cases: list[dict[str, Any]], stop_at_failure: bool,
-                  language: str = "python", *,
-                  timeout_s: float | None = None) -> list[dict[str, Any]]:
+                  language: str = "python", *, timeout_s: float | None = None,
+                  defer_stdio: bool = False) -> list[dict[str, Any]]:
         """Each case's outcome, as ``CodeRunner.run`` gives it (``timeout_s``: a case's, over
-        the runner's own)."""
+        the runner's own; ``defer_stdio``: as there)."""
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         if language == "cpp" and any(case["kind"] != "stdio" for case in cases):
             kinds = sorted({case["kind"] for case in cases} - {"stdio"})
@@ -67,38 +67,41 @@ class RemoteRunner:
             if self.judges:
                 try:
                     return await self._judged_there(code, cases, stop_at_failure, language,
-                                                    timeout)
+                                                    timeout, defer_stdio)
                 except CallFailed as failed:
                     if failed.status != 404:
                         return [{"outcome": "sandbox", "why": short(failed, 200)}
                                 for _ in cases]
                     self.judges = False  # (SandboxFusion: a /run_code a case from now on)
             for case in cases:
-                if stop_at_failure and results and results[-1]["outcome"] != "ok":
+                if stop_at_failure and results and results[-1]["outcome"] not in ("ok", "ran"):
                     results.append({"outcome": "skipped", "why": ""})
                 else:
-                    results.append(await self._case(code, case, language, timeout))
+                    results.append(await self._case(code, case, language, timeout,
+                                                    defer_stdio))
         return results
 
     async def _judged_there(self, code: str, cases: list[dict[str, Any]], stop: bool,
-                            language: str, timeout_s: float) -> list[dict[str, Any]]:
+                            language: str, timeout_s: float,
+                            defer_stdio: bool) -> list[dict[str, Any]]:
         # (a try waits for every case's timeout and the compile, as the server's sandbox does,
         # and a minute more for its turn there)
         wait = len(cases) * (timeout_s + 1.0) + COMPILE_LIMITS["timeout_s"] + 60.0
         answer = await self.endpoints.post(
             {"code": code, "language": language, "cases": cases, "stop_at_failure": stop,
-             "run_timeout": timeout_s, "memory_limit_MB": self.memory_mb},
-            "/pivotflow/judge", timeout_s=wait)
+             "run_timeout": timeout_s, "memory_limit_MB": self.memory_mb,
+             "defer_stdio": defer_stdio}, "/pivotflow/judge", timeout_s=wait)
         results = answer.get("cases") if isinstance(answer, dict) else None
         if not isinstance(results, list) or len(results) != len(cases) or not all(
                 isinstance(r, dict) and r.get("outcome") in OUTCOMES for r in results):
             return [{"outcome": "sandbox", "why": "the server's answer is not one outcome a "
                      "case"} for _ in cases]
         return [{"outcome": r["outcome"], "why": short(r.get("why") or "", 200)}
+                | ({"stdout": str(r.get("stdout") or "")} if r["outcome"] == "ran" else {})
                 for r in results]
 
-    async def _case(self, code: str, case: dict[str, Any], language: str,
-                    timeout_s: float) -> dict[str, Any]:
+    async def _case(self, code: str, case: dict[str, Any], language: str, timeout_s: float,
+                    defer_stdio: bool) -> dict[str, Any]:
         if case["kind"] == "call":  # (its arguments as JSON: the call harness reads them)
             case = {**case, "input": json.dumps(case["args"])}
         source, stdin, token = case_program(code, case)
@@ -115,7 +118,7 @@ class RemoteRunner:
             return {"outcome": "sandbox", "why": ran["sandbox"]}
         if "compile" in ran:
             return {"outcome": "error", "why": f"did not compile: {ran['compile']}"}
-        return judged(case, token, *outcome_of(ran))
+        return judged(case, token, *outcome_of(ran), defer_stdio=defer_stdio)
 
 
 def run_of(answer: Any) -> dict[str, Any]:

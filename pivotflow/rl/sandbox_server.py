@@ -18,7 +18,8 @@ signal that ended the program). A request it cannot read is a 400 with one line 
 ``GET /v1/ping`` answers ``pong``.
 
 ``POST /pivotflow/judge`` is pivotflow's own: a program and all its cases in one request
-(``{"code", "language", "cases", "stop_at_failure", "run_timeout", "memory_limit_MB"}``, the
+(``{"code", "language", "cases", "stop_at_failure", "run_timeout", "memory_limit_MB",
+"defer_stdio"}``, the
 cases in ``code_reward.cases_of``'s form, expected outputs included), judged here in one
 sandbox as the local runner judges (``{"cases": [{"outcome", "why"}, ...]}``): a sandbox a
 program, not a case. ``sandbox_client.RemoteRunner`` asks it first and falls back to a
@@ -173,7 +174,8 @@ def app(runner: CodeRunner, judges: bool = True, token: str = "") -> web.Applica
             results = await runner.run(asked["code"], checked_cases(body.get("cases")),
                                        bool(body.get("stop_at_failure")), asked["language"],
                                        timeout_s=asked["timeout_s"],
-                                       memory_mb=asked["memory_mb"])
+                                       memory_mb=asked["memory_mb"],
+                                       defer_stdio=bool(body.get("defer_stdio")))
         except ValueError as why:  # (BadRequest, and CodeRunner.run's own refusals)
             return _bad(str(why))
         return web.json_response({"cases": results})

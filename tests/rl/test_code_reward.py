@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from code_checks import SPLIT, split_checker
 
 from pivotflow.controller.user_metrics import UserMetrics, recording
 from pivotflow.rl.code_reward import (
@@ -304,6 +305,37 @@ def test_a_problems_own_time_limit_holds_where_it_is_the_lower() -> None:
         with pytest.raises(ValueError, match=r"^code_reward: the tests' time_limit .* is not a "
                                              r"number of seconds > 0$"):
             time_limit_of(tests(bad))
+
+
+def test_a_checker_judges_outputs_with_more_than_one_right_answer() -> None:
+    other = "n = int(input())\nprint(1, n - 1)"  # (right, but not the recorded answer)
+    plain, checked = code_reward(timeout_s=2.0), code_reward(timeout_s=2.0, checker=split_checker)
+    strict = code_reward(timeout_s=2.0, checker=split_checker, mode="all")
+
+    async def score() -> list[float]:
+        return list(await asyncio.gather(
+            plain(other, tests=SPLIT), checked(other, tests=SPLIT),
+            checked("print(1, 1)", tests=SPLIT),  # (a sum the checker refuses)
+            checked("raise ValueError", tests=SPLIT),  # (an error: no checker call)
+            strict("n = int(input())\nprint(2, 3)", tests=SPLIT),  # (right on the first only)
+            checked(ADD, tests=SUM)))  # (exact answers pass the checker's way too? no: below)
+
+    got = asyncio.run(score())
+    assert got[:5] == [0.0, 1.0, 0.0, 0.0, 0.0]
+    assert got[5] == 0.0  # (SUM's outputs are not splits: the checker, not the text, decides)
+    calls: list[tuple[str, str, str]] = []
+
+    def recording_checker(given: str, output: str, expected: str) -> bool:
+        calls.append((given, output, expected))
+        raise RuntimeError("the checker broke")
+
+    broken = code_reward(timeout_s=2.0, checker=recording_checker)
+    with pytest.raises(RuntimeError, match="the checker broke"):  # (the stage's error)
+        asyncio.run(broken(other, tests=SPLIT))
+    assert calls == [("5\n", "1 4\n", "2 3\n")]
+    with pytest.raises(ValueError, match=r"^code_reward: checker must be a function \(input, "
+                                         r"output, expected\) -> bool, got str$"):
+        code_reward(checker="exact")  # type: ignore[arg-type]
 
 
 def test_a_hostile_program_meets_the_sandbox_and_the_limits(runner: CodeRunner,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from code_checks import SPLIT, split_checker
 
 from pivotflow.rl.code_reward import CodeRunner, cases_of, code_reward
 from pivotflow.rl.sandbox_client import RemoteRunner
@@ -119,6 +120,19 @@ def test_code_reward_on_a_server(server: str) -> None:
             remote(f"```cpp\n{CPP}```", tests=SUM), remote("print(3)", tests=SUM)))
 
     assert asyncio.run(score()) == [1.0, 1.0, pytest.approx(1 / 3)]
+
+
+def test_a_checker_judges_alike_on_a_server(server: str) -> None:
+    remote = code_reward(sandbox_url=server, timeout_s=2.0, checker=split_checker)
+    strict = code_reward(sandbox_url=server, timeout_s=2.0, checker=split_checker, mode="all")
+
+    async def score() -> list[float]:
+        return list(await asyncio.gather(
+            remote("n = int(input())\nprint(1, n - 1)", tests=SPLIT),
+            remote("print(1, 1)", tests=SPLIT),
+            strict("n = int(input())\nprint(2, 3)", tests=SPLIT)))
+
+    assert asyncio.run(score()) == [1.0, 0.0, 0.0]
 
 
 def test_its_answers_are_sandboxfusions(server: str) -> None:
