@@ -58,7 +58,14 @@ _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 
 
 # a fenced block's tag for each language (an unmarked block is Python's)
-FENCE_TAGS = {"python": ("python", "py", "python3", ""), "cpp": ("cpp", "c++", "cc", "cxx")}
+FENCE_TAGS = {"python": ("python", "py", "python3", ""), "cpp": ("cpp", "c++", "cc", "cxx"),
+              # run on a SandboxFusion deployment only (its names; sandbox_url=...)
+              "java": ("java",), "go": ("go", "golang"), "rust": ("rust", "rs"),
+              "nodejs": ("javascript", "js", "node", "nodejs"),
+              "typescript": ("typescript", "ts"), "csharp": ("csharp", "cs", "c#"),
+              "kotlin_script": ("kotlin", "kt"), "ruby": ("ruby", "rb"), "php": ("php",),
+              "bash": ("bash", "sh", "shell"), "lua": ("lua",), "scala": ("scala",)}
+LOCAL_LANGUAGES = ("python", "cpp")  # what this host's sandbox (and pivotflow's server) runs
 
 
 def code_of(completion: str, language: str = "python") -> str:
@@ -76,15 +83,15 @@ def code_of(completion: str, language: str = "python") -> str:
     return completion if opened < 0 else completion[opened:].partition("\n")[2]
 
 
-def language_of(completion: str) -> str:
-    """``language="auto"``'s choice: C++ when the completion's last fenced block is marked as
-    C++ (``cpp``, ``c++``, ``cc``, ``cxx``), else Python."""
+def language_of(completion: str, languages: tuple[str, ...] = LOCAL_LANGUAGES) -> str:
+    """``language="auto"``'s choice: the language of ``languages`` the completion's last fenced
+    block is marked as (C++: ``cpp``, ``c++``, ``cc``, ``cxx``; ``FENCE_TAGS``), else Python."""
     blocks = _FENCE.findall(completion)
     tag = blocks[-1][0].lower() if blocks else ""
     if not blocks:  # (a fence left open: its tag)
         opened = completion.rfind("```")
         tag = completion[opened + 3:].partition("\n")[0].strip().lower() if opened >= 0 else ""
-    return "cpp" if tag in FENCE_TAGS["cpp"] else "python"
+    return next((lang for lang in languages if tag in FENCE_TAGS[lang]), "python")
 
 
 def _parsed(tests: Any) -> Any:
@@ -190,9 +197,16 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
     if checker is not None and not callable(checker):
         raise ValueError(f"code_reward: checker must be a function (input, output, expected) "
                          f"-> bool, got {type(checker).__name__}")
-    if language not in LANGUAGES:
-        raise ValueError(f"code_reward: language must be one of {', '.join(LANGUAGES)}, got "
-                         f"{language!r}")
+    if language not in LANGUAGES and language not in FENCE_TAGS:
+        raise ValueError(f"code_reward: language must be one of {', '.join(LANGUAGES)} (or, "
+                         f"on a SandboxFusion deployment, {', '.join(list(FENCE_TAGS)[2:])}), "
+                         f"got {language!r}")
+    if language not in LANGUAGES and sandbox_url is None:
+        raise ValueError(f"code_reward: language {language!r} runs on a SandboxFusion "
+                         "deployment only (sandbox_url=...); this host's sandbox runs python "
+                         "and cpp")
+    # ("auto" picks among what the sandboxes run: every fence's language on servers)
+    languages = tuple(FENCE_TAGS) if sandbox_url is not None else LOCAL_LANGUAGES
     runner: CodeRunner | RemoteRunner
     if sandbox_url is not None:
         runner = RemoteRunner([sandbox_url] if isinstance(sandbox_url, str) else
@@ -205,7 +219,7 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
     async def reward(completion: str, **fields: Any) -> float:
         cases = cases_of(fields[tests])
         limit = time_limit_of(fields[tests])  # (the problem's own, where it is lower)
-        chosen = language_of(completion) if language == "auto" else language
+        chosen = language_of(completion, languages) if language == "auto" else language
         code = extract(completion) if extract is not None else code_of(completion, chosen)
         results = await runner.run(code, cases, stop_at_failure=mode == "all", language=chosen,
                                    timeout_s=None if limit is None else min(limit, timeout_s),

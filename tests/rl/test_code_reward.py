@@ -254,6 +254,9 @@ def test_cpp_is_chosen_by_the_completions_fence(cpp_cache: Path,
     assert code_of(text) == "print(1)\n"  # (Python's block, for a Python reward)
     assert language_of("```c++\nint main() {\n") == "cpp"  # (a fence left open)
     assert language_of("```\nprint(1)\n```") == language_of("print(1)") == "python"
+    java = "```java\nclass Main {}\n```"  # (a language only a SandboxFusion deployment runs)
+    assert language_of(java) == "python"  # (here: python or cpp)
+    assert language_of(java, ("python", "cpp", "java")) == "java"
     auto = code_reward(language="auto", timeout_s=2.0)
 
     async def score() -> list[float]:
@@ -270,7 +273,12 @@ def test_cpp_refusals_are_one_line(cpp_runner: CodeRunner, monkeypatch: pytest.M
                                          r"only; these tests hold script cases$"):
         asyncio.run(cpp_runner.run(CPP_ADD, cases_of(["assert True"]), False, "cpp"))
     with pytest.raises(ValueError, match=r"^code_reward: language must be one of python, cpp, "
-                                         r"auto, got 'rust'$"):
+                                         r"auto \(or, on a SandboxFusion deployment, java, go, "
+                                         r".*\), got 'cobol'$"):
+        code_reward(language="cobol")
+    with pytest.raises(ValueError, match=r"^code_reward: language 'rust' runs on a "
+                                         r"SandboxFusion deployment only \(sandbox_url=\.\.\.\); "
+                                         r"this host's sandbox runs python and cpp$"):
         code_reward(language="rust")
     monkeypatch.setenv("PATH", str(tmp_path))  # (a host without g++)
     with pytest.raises(ValueError, match=r"^code_reward: C\+\+ programs need g\+\+, which is "

@@ -135,6 +135,20 @@ def test_a_checker_judges_alike_on_a_server(server: str) -> None:
     assert asyncio.run(score()) == [1.0, 0.0, 0.0]
 
 
+def test_a_language_only_sandboxfusion_runs_goes_to_run_code(server: str) -> None:
+    """Java goes to /run_code a case (pivotflow's server runs python and cpp: it refuses with
+    one line, the case's ``sandbox`` outcome)."""
+    reward = code_reward(sandbox_url=server, timeout_s=2.0, language="auto", retries=1)
+    remote = RemoteRunner([server], workers=1, timeout_s=2.0, memory_mb=256, retries=1)
+    got = asyncio.run(remote.run("class Main {}", cases_of(SUM), False, "java"))
+    assert [r["outcome"] for r in got] == ["sandbox"] * 3 and remote.judges  # (no judge asked)
+    assert "language must be one of python, cpp, got 'java'" in got[0]["why"]
+    assert asyncio.run(reward("```java\nclass Main {}\n```", tests=SUM)) == 0.0
+    with pytest.raises(ValueError, match=r"^code_reward: java programs run stdin/stdout cases "
+                                         r"only; these tests hold script cases$"):
+        asyncio.run(remote.run("class Main {}", cases_of(["assert True"]), False, "java"))
+
+
 def test_its_answers_are_sandboxfusions(server: str) -> None:
     status, answer = post(server, json.dumps({"code": "print(input()[::-1])",
                                               "language": "python", "stdin": "abc"}).encode())
