@@ -135,7 +135,8 @@ def _result(ran: dict[str, Any] | None) -> dict[str, Any] | None:
             "stderr": stderr}
 
 
-def app(runner: CodeRunner, judges: bool = True, token: str = "") -> web.Application:
+def app(runner: CodeRunner, judges: bool = True, token: str = "",
+        max_body_mb: int = 64) -> web.Application:
     """The routes; ``judges`` False: ``/run_code`` and ``/v1/ping`` only, as SandboxFusion
     serves them; ``token``: the secret every run request must carry."""
 
@@ -183,7 +184,10 @@ def app(runner: CodeRunner, judges: bool = True, token: str = "") -> web.Applica
     async def ping(_: web.Request) -> web.Response:
         return web.Response(text="pong")
 
-    application = web.Application(client_max_size=16 * 2**20, middlewares=[authorized])
+    # (a judge request carries a program's cases, expected outputs included: some datasets'
+    # run to megabytes; a body past the cap is aiohttp's 413)
+    application = web.Application(client_max_size=max_body_mb * 2**20,
+                                  middlewares=[authorized])
     application.add_routes([web.post("/run_code", run_code), web.get("/v1/ping", ping)])
     if judges:
         application.add_routes([web.post("/pivotflow/judge", judge)])
@@ -196,8 +200,8 @@ def _bad(why: str, status: int = 400) -> web.Response:
 
 
 async def serve(host: str, port: int, runner: CodeRunner, judges: bool = True,
-                token: str = "") -> None:
-    site_runner = web.AppRunner(app(runner, judges, token), access_log=None)
+                token: str = "", max_body_mb: int = 64) -> None:
+    site_runner = web.AppRunner(app(runner, judges, token, max_body_mb), access_log=None)
     await site_runner.setup()
     site = web.TCPSite(site_runner, host, port, backlog=1024)
     await site.start()
@@ -218,6 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--memory-mb", type=int, default=512,
                     help="a program's address space when a request says -1")
     ap.add_argument("--isolation", choices=("bwrap", "none"), default="bwrap")
+    ap.add_argument("--max-body-mb", type=int, default=64,
+                    help="the largest request body taken (a judge request's cases)")
     ap.add_argument("--token-file", default="",
                     help="a file whose first line is the secret requests must carry")
     ap.add_argument("--protocol", choices=("pivotflow", "sandboxfusion"), default="pivotflow",
@@ -231,11 +237,14 @@ def main(argv: list[str] | None = None) -> None:
                             compiles=_has_compiler())
     except ValueError as why:
         raise SystemExit(f"sandbox_server: {why}") from None
+    if args.max_body_mb < 1:
+        raise SystemExit(f"sandbox_server: --max-body-mb must be >= 1, got {args.max_body_mb}")
     if not 0 <= args.port < 65536:
         raise SystemExit(f"sandbox_server: --port must be in [0, 65535], got {args.port}")
     token = _token(args.token_file) if args.token_file else ""
     try:
-        asyncio.run(serve(args.host, args.port, runner, args.protocol == "pivotflow", token))
+        asyncio.run(serve(args.host, args.port, runner, args.protocol == "pivotflow", token,
+                          args.max_body_mb))
     except KeyboardInterrupt:
         pass
     except OSError as exc:  # (the port taken, an address not this host's)
