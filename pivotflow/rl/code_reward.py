@@ -217,8 +217,9 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
                             nproc=nproc, isolation=isolation, compiles=language != "python")
 
     async def reward(completion: str, **fields: Any) -> float:
-        cases = cases_of(fields[tests])
-        limit = time_limit_of(fields[tests])  # (the problem's own, where it is lower)
+        given = _parsed(fields[tests])  # (a JSON string read once, not by each reader)
+        cases = cases_of(given)
+        limit = time_limit_of(given)  # (the problem's own, where it is lower)
         chosen = language_of(completion, languages) if language == "auto" else language
         code = extract(completion) if extract is not None else code_of(completion, chosen)
         results = await runner.run(code, cases, stop_at_failure=mode == "all", language=chosen,

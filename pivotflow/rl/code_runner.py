@@ -143,11 +143,6 @@ def outcome_of(ran: dict[str, Any]) -> tuple[str, str, str]:
     return ("ok" if status == 0 else "error"), ran["stdout"], last
 
 
-def _run(job: dict[str, Any], forker: case_forker.CaseForker, program: dict[str, Any],
-         stdin: str, limits: dict[str, Any] | None = None) -> tuple[str, str, str]:
-    return outcome_of(_execute(job, forker, program, stdin, limits))
-
-
 FLOAT_TOLERANCE = 1e-6  # absolute or relative, as judges accept a real number's digits
 
 
@@ -186,6 +181,21 @@ def _same_tokens(got: list[str], want: list[str]) -> bool:
 
 def _is_int(token: str) -> bool:
     return token.lstrip("+-").isdigit()
+
+
+def runner_cases(cases: list[dict[str, Any]], language: str) -> list[dict[str, Any]]:
+    """``cases_of``'s cases as a runner takes them, local or remote: a call case's arguments
+    as JSON, its program's stdin (the runner imports no json). ValueError (one line) for a
+    case a language other than Python cannot run (its harnesses are Python)."""
+    if language != "python" and any(case["kind"] != "stdio" for case in cases):
+        kinds = sorted({case["kind"] for case in cases} - {"stdio"})
+        name = "C++" if language == "cpp" else language
+        raise ValueError(f"code_reward: {name} programs run stdin/stdout cases only; these "
+                         f"tests hold {', '.join(kinds)} cases")
+    import json  # (on the controller's side only)
+
+    return [{**case, "input": json.dumps(case["args"])} if case["kind"] == "call" else case
+            for case in cases]
 
 
 def case_program(code: str, case: dict[str, Any]) -> tuple[str | None, str, str]:
@@ -232,7 +242,7 @@ def run_case(job: dict[str, Any], forker: case_forker.CaseForker, case: dict[str
         with open(path, "w") as f:
             f.write(source)
         program = {"script": path}
-    return judged(case, token, *_run(job, forker, program, stdin),
+    return judged(case, token, *outcome_of(_execute(job, forker, program, stdin)),
                   defer_stdio=bool(job.get("defer_stdio")))
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pivotflow.rl import cxx_header
+from pivotflow.rl.code_runner import runner_cases
 from pivotflow.tools import bwrap
 
 log = logging.getLogger("pivotflow.code_reward")
@@ -80,16 +81,9 @@ class CodeRunner:
         ``timeout_s`` and ``memory_mb`` (a case's) over the runner's own. ``defer_stdio``: a
         stdin/stdout case that exited 0 comes back ``ran`` with its stdout, unjudged (for a
         checker: ``code_runner.judged``)."""
-        if language == "cpp":
-            if not self.compiler:
-                raise ValueError("code_reward: this runner was not built for C++ programs")
-            if any(case["kind"] != "stdio" for case in cases):
-                kinds = sorted({case["kind"] for case in cases} - {"stdio"})
-                raise ValueError(f"code_reward: C++ programs run stdin/stdout cases only; "
-                                 f"these tests hold {', '.join(kinds)} cases")
-        # (a call case's arguments as JSON, its program's stdin: the runner imports no json)
-        cases = [{**case, "input": json.dumps(case["args"])} if case["kind"] == "call" else case
-                 for case in cases]
+        if language == "cpp" and not self.compiler:
+            raise ValueError("code_reward: this runner was not built for C++ programs")
+        cases = runner_cases(cases, language)
         timeout_s = self.timeout_s if timeout_s is None else float(timeout_s)
         job = {"code": code, "cases": cases, "stop_at_failure": stop_at_failure,
                "timeout_s": timeout_s, "defer_stdio": defer_stdio,

@@ -16,11 +16,16 @@ gives the case the outcome ``sandbox``: the stage goes on.
 from __future__ import annotations
 
 import asyncio
-import json
 import weakref
 from typing import Any
 
-from pivotflow.rl.code_runner import COMPILE_LIMITS, case_program, judged, outcome_of
+from pivotflow.rl.code_runner import (
+    COMPILE_LIMITS,
+    case_program,
+    judged,
+    outcome_of,
+    runner_cases,
+)
 from pivotflow.rl.http_calls import CallFailed, Endpoints, short
 
 OUTCOMES = frozenset({"ok", "wrong", "error", "timeout", "memory", "cpu", "output", "crash",
@@ -54,11 +59,7 @@ class RemoteRunner:
         """Each case's outcome, as ``CodeRunner.run`` gives it (``timeout_s``: a case's, over
         the runner's own; ``defer_stdio``: as there)."""
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
-        if language != "python" and any(case["kind"] != "stdio" for case in cases):
-            kinds = sorted({case["kind"] for case in cases} - {"stdio"})
-            name = "C++" if language == "cpp" else language
-            raise ValueError(f"code_reward: {name} programs run stdin/stdout cases only; these "
-                             f"tests hold {', '.join(kinds)} cases")
+        cases = runner_cases(cases, language)
         loop = asyncio.get_running_loop()
         turns = self._turns.get(loop)
         if turns is None:
@@ -103,8 +104,6 @@ class RemoteRunner:
 
     async def _case(self, code: str, case: dict[str, Any], language: str, timeout_s: float,
                     defer_stdio: bool) -> dict[str, Any]:
-        if case["kind"] == "call":  # (its arguments as JSON: the call harness reads them)
-            case = {**case, "input": json.dumps(case["args"])}
         source, stdin, token = case_program(code, case)
         payload = {"code": code if source is None else source, "language": language,
                    "stdin": stdin, "run_timeout": timeout_s,
