@@ -9,7 +9,10 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -69,3 +72,22 @@ def http_server(handler: type[BaseHTTPRequestHandler], path: str) -> Iterator[An
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+@contextlib.contextmanager
+def sandbox_server(cache: Path, *options: str) -> Iterator[tuple[str, str]]:
+    """``python -m pivotflow.rl.sandbox_server`` on a free loopback port with 2 sandboxes and a
+    cache of its own (``options`` beside): (its URL, the line it printed on starting)."""
+    proc = subprocess.Popen([sys.executable, "-m", "pivotflow.rl.sandbox_server", "--port", "0",
+                             "--workers", "2", *options],
+                            env={**os.environ, "PIVOTFLOW_CACHE": str(cache)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "sandbox_server: listening on http://HOST:PORT ..."
+        assert "listening on http://127.0.0.1:" in line, (line, proc.stderr.read()
+                                                          if proc.stderr else "")
+        yield line.split("listening on ")[1].split()[0], line
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)  # (reaped, its pipes read and closed)

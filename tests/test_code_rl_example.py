@@ -4,14 +4,12 @@ wrong one does not), and a run on a Hugging Face folder judges every program it 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from script_modules import sandbox_server
 
 from pivotflow.run import run
 
@@ -33,17 +31,10 @@ def test_every_reference_solution_passes_its_tests_and_a_wrong_one_does_not(
 
 
 @pytest.fixture
-def sandbox_server(tmp_path: Path) -> Iterator[str]:
-    """``python -m pivotflow.rl.sandbox_server`` on a free loopback port: its URL."""
-    proc = subprocess.Popen([sys.executable, "-m", "pivotflow.rl.sandbox_server", "--port", "0",
-                             "--workers", "2"], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PIVOTFLOW_CACHE": str(tmp_path / "cache")})
-    try:
-        assert proc.stdout is not None
-        yield proc.stdout.readline().split("listening on ")[1].split()[0]
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=30)
+def sandbox_url(tmp_path: Path) -> Iterator[str]:
+    """A sandbox server on a free loopback port: its URL."""
+    with sandbox_server(tmp_path / "cache") as (url, _):
+        yield url
 
 
 @pytest.mark.timeout(300)
@@ -59,7 +50,7 @@ def test_a_run_judges_every_program_the_policy_writes(
     byo = script(EXAMPLE.with_name("byo_model.py"))
     model = byo.build_tiny_folder(tmp_path / "model")
     tasks = module.write_tasks(tmp_path / "code_tasks.jsonl")
-    server = [f"graph.sandbox_url={request.getfixturevalue('sandbox_server')}"] \
+    server = [f"graph.sandbox_url={request.getfixturevalue('sandbox_url')}"] \
         if where == "server" else []
     result = run(EXAMPLE, steps=2, out=tmp_path / "run", console=False,
                  sets=[f"graph.model={model}", f"graph.prompts={tasks}", "live=false",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import urllib.error
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 from code_checks import SPLIT, split_checker
+from script_modules import sandbox_server
 
 from pivotflow.rl.code_reward import CodeRunner, cases_of, code_reward
 from pivotflow.rl.sandbox_client import RemoteRunner
@@ -47,13 +47,6 @@ PROGRAMS: list[tuple[str, Any, str]] = [  # (program, tests, language)
 ]
 
 
-def start_server(cache: Path, *options: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PIVOTFLOW_CACHE": str(cache)}
-    return subprocess.Popen([sys.executable, "-m", "pivotflow.rl.sandbox_server", "--port", "0",
-                             "--workers", "2", "--memory-mb", "256", *options], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 @pytest.fixture(scope="module", params=["pivotflow", "sandboxfusion"])
 def protocol(request: pytest.FixtureRequest) -> str:
     """pivotflow's routes, or SandboxFusion's alone (the client then sends a case a request)."""
@@ -63,16 +56,9 @@ def protocol(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="module")
 def server(protocol: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A sandbox server process on a free loopback port; its URL."""
-    proc = start_server(tmp_path_factory.mktemp("cache"), "--protocol", protocol)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # "sandbox_server: listening on http://HOST:PORT ..."
-        assert "listening on http://127.0.0.1:" in line, (line, proc.stderr.read()
-                                                          if proc.stderr else "")
-        yield line.split("listening on ")[1].split()[0]
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=30)  # (reaped, its pipes read and closed)
+    with sandbox_server(tmp_path_factory.mktemp("cache"), "--memory-mb", "256",
+                        "--protocol", protocol) as (url, _):
+        yield url
 
 
 def post(url: str, body: bytes) -> tuple[int, dict[str, Any]]:
@@ -234,12 +220,9 @@ def test_a_server_that_cannot_be_reached_is_the_sandbox_outcome(server: str) -> 
 def test_a_server_with_a_token_runs_only_the_requests_that_carry_it(tmp_path: Path) -> None:
     secret = tmp_path / "token"
     secret.write_text("s3cret-" + "x" * 25 + "\n")
-    proc = start_server(tmp_path / "cache", "--token-file", str(secret))
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
+    with sandbox_server(tmp_path / "cache", "--memory-mb", "256",
+                        "--token-file", str(secret)) as (url, line):
         assert line.rstrip().endswith("(2 sandboxes, a token)"), line
-        url = line.split("listening on ")[1].split()[0]
         with urllib.request.urlopen(f"{url}/v1/ping", timeout=30) as pong:  # (open to all)
             assert pong.read() == b"pong"
         stranger = RemoteRunner([url], workers=1, timeout_s=2.0, memory_mb=256, retries=1)
@@ -249,9 +232,6 @@ def test_a_server_with_a_token_runs_only_the_requests_that_carry_it(tmp_path: Pa
         reward = code_reward(sandbox_url=url, sandbox_token=secret.read_text().strip(),
                              timeout_s=2.0)
         assert asyncio.run(reward("print(3)", tests=SUM)) == pytest.approx(1 / 3)
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=30)  # (reaped, its pipes read and closed)
     for content, why in (("short\n", "the token in {} is 5 characters; 16 or more, please"),
                          (None, "cannot read --token-file {}: No such file or directory")):
         path = tmp_path / f"t-{content is None}"
