@@ -56,7 +56,8 @@ def test_a_run_judges_every_program_the_policy_writes(
                  sets=[f"graph.model={model}", f"graph.prompts={tasks}", "live=false",
                        "planner=static", *server])
     assert result.summary["ledger"]["lost"] == 0 and result.summary["steps"] == 2
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    records = [json.loads(line)
+               for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 2
     for rec in records:
         shares = rec["logged_metrics"]
