@@ -6,6 +6,7 @@ them; the controller reads their defaults."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 from typing import Any
 
@@ -93,3 +94,11 @@ def field_names(writes: Iterable[str], where: str, stage: str) -> frozenset[str]
         raise GraphError(f"stage {stage!r} at {where}: field names {', '.join(reserved)} are "
                          "not allowed (names starting with '_' are the controller's own)")
     return names
+
+
+def reads_fields(*names: str) -> inspect.Signature:
+    """The signature ``(name, ...)`` a built-in stage function made by a factory
+    (``code_reward("tests")``) shows the graph, so the graph checks the fields it reads along
+    its edges, though its own takes ``**fields``."""
+    keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    return inspect.Signature([inspect.Parameter(name, keyword) for name in names])

@@ -45,6 +45,7 @@ from typing import Any
 from pivotflow.controller.user_metrics import log_metric, recording_now
 from pivotflow.rl.code_sandbox import CodeRunner
 from pivotflow.rl.sandbox_client import RemoteRunner
+from pivotflow.stage_options import reads_fields
 
 log = logging.getLogger("pivotflow.code_reward")
 
@@ -237,7 +238,7 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
             return 1.0 if passed == len(cases) else 0.0
         return passed / len(cases)
 
-    reward.__signature__ = _signature(tests)  # type: ignore[attr-defined]
+    reward.__signature__ = reads_fields("completion", tests)  # type: ignore[attr-defined]
     reward.__name__ = reward.__qualname__ = "code_reward"
     return reward
 
@@ -252,11 +253,3 @@ def _checked(checker: Callable[[str, str, str], Any], case: dict[str, Any],
         return {"outcome": "ok", "why": ""}
     return {"outcome": "wrong", "why": "the checker refused the output"}
 
-
-def _signature(tests: str) -> Any:
-    """``(completion, <tests>)``: the fields the stage reads, as the graph checks them."""
-    import inspect
-
-    keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    return inspect.Signature([inspect.Parameter("completion", keyword),
-                              inspect.Parameter(tests, keyword)])
