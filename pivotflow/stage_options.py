@@ -14,7 +14,9 @@ from pivotflow.errors import GraphError
 
 TOOL_POOL_OPTIONS = frozenset({"workers", "timeout_s", "cpu_s", "memory_mb", "max_output_chars",
                                "max_argument_chars", "max_calls_per_worker", "net_namespace",
-                               "isolation", "nproc", "file_size_mb", "open_files", "tmp_mb"})
+                               "isolation", "nproc", "file_size_mb", "open_files", "tmp_mb",
+                               # (code_interpreter's programs on sandbox servers)
+                               "sandbox_url", "sandbox_token"})
 # How a stage's own Python may fail (controller/user_code.py): stop the run, or drop the group
 ON_ERROR = ("stop", "skip")
 DEFAULT_DEADLINE_S = 60.0  # generous: a stage function is per-sample Python, not a model call

@@ -202,8 +202,11 @@ def run_as_main(path: str) -> int:
     except SystemExit as exc:
         status = _exit_status(exc.code)
     except BaseException as exc:
-        tb = exc.__traceback__  # (from the program's frame on, as the interpreter prints it)
-        sys.excepthook(type(exc), exc, tb.tb_next if tb is not None and tb.tb_next else tb)
+        # from the program's frame on, as the interpreter prints it (the hook prints the
+        # exception's own traceback, not the one passed beside it: cut it there)
+        tb = exc.__traceback__
+        exc = exc.with_traceback(tb.tb_next if tb is not None and tb.tb_next else tb)
+        sys.excepthook(type(exc), exc, exc.__traceback__)
         status = 1
     return _finalized(status)
 

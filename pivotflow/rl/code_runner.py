@@ -313,6 +313,8 @@ def main() -> None:
             _python(job)
         if job.get("raw"):  # one input, how the program ran (a sandbox server's answer)
             ran = None if failed else _execute(job, forker, job["program"], job["stdin"])
+            if ran is not None and "stderr" in ran:  # (a traceback names solution.py alone)
+                ran["stderr"] = ran["stderr"].replace(f"{job['work']}/", "")
             answer: dict[str, Any] = {"compile": job.get("compiled"), "run": ran}
         else:
             results: list[dict[str, Any]] = []

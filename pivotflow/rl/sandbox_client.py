@@ -60,12 +60,8 @@ class RemoteRunner:
         the runner's own; ``defer_stdio``: as there)."""
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         cases = runner_cases(cases, language)
-        loop = asyncio.get_running_loop()
-        turns = self._turns.get(loop)
-        if turns is None:
-            turns = self._turns[loop] = asyncio.Semaphore(self.workers)
         results: list[dict[str, Any]] = []
-        async with turns:
+        async with self._turn():
             if self.judges and language in ("python", "cpp"):  # (pivotflow's server runs those)
                 try:
                     return await self._judged_there(code, cases, stop_at_failure, language,
@@ -82,6 +78,36 @@ class RemoteRunner:
                     results.append(await self._case(code, case, language, timeout,
                                                     defer_stdio))
         return results
+
+    async def run_raw(self, code: str, stdin: str, language: str = "python", *,
+                      timeout_s: float | None = None) -> dict[str, Any]:
+        """How ``code`` ran on ``stdin``, unjudged, as ``CodeRunner.run_raw`` answers:
+        ``{"run": run}`` (``code_runner.outcome_of``'s form), ``{"compile": first error}``, or
+        ``{"sandbox": why}`` where no server ran it (a ``/run_code`` request)."""
+        async with self._turn():
+            return await self._raw(code, stdin, language,
+                                   self.timeout_s if timeout_s is None else float(timeout_s))
+
+    def _turn(self) -> asyncio.Semaphore:
+        """This loop's ``workers`` turns (a semaphore belongs to the loop it is first used
+        on)."""
+        loop = asyncio.get_running_loop()
+        turns = self._turns.get(loop)
+        if turns is None:
+            turns = self._turns[loop] = asyncio.Semaphore(self.workers)
+        return turns
+
+    async def _raw(self, code: str, stdin: str, language: str,
+                   timeout_s: float) -> dict[str, Any]:
+        payload = {"code": code, "language": language, "stdin": stdin,
+                   "run_timeout": timeout_s, "compile_timeout": COMPILE_LIMITS["timeout_s"],
+                   "memory_limit_MB": self.memory_mb}
+        try:
+            answer = await self.endpoints.post(payload, "/run_code")
+        except (ConnectionError, ValueError) as why:
+            return {"sandbox": short(why, 200)}
+        ran = run_of(answer)
+        return ran if "sandbox" in ran or "compile" in ran else {"run": ran}
 
     async def _judged_there(self, code: str, cases: list[dict[str, Any]], stop: bool,
                             language: str, timeout_s: float,
@@ -105,20 +131,12 @@ class RemoteRunner:
     async def _case(self, code: str, case: dict[str, Any], language: str, timeout_s: float,
                     defer_stdio: bool) -> dict[str, Any]:
         source, stdin, token = case_program(code, case)
-        payload = {"code": code if source is None else source, "language": language,
-                   "stdin": stdin, "run_timeout": timeout_s,
-                   "compile_timeout": COMPILE_LIMITS["timeout_s"],
-                   "memory_limit_MB": self.memory_mb}
-        try:
-            answer = await self.endpoints.post(payload, "/run_code")
-        except (ConnectionError, ValueError) as why:
-            return {"outcome": "sandbox", "why": short(why, 200)}
-        ran = run_of(answer)
-        if "sandbox" in ran:
-            return {"outcome": "sandbox", "why": ran["sandbox"]}
-        if "compile" in ran:
-            return {"outcome": "error", "why": f"did not compile: {ran['compile']}"}
-        return judged(case, token, *outcome_of(ran), defer_stdio=defer_stdio)
+        raw = await self._raw(code if source is None else source, stdin, language, timeout_s)
+        if "sandbox" in raw:
+            return {"outcome": "sandbox", "why": raw["sandbox"]}
+        if "compile" in raw:
+            return {"outcome": "error", "why": f"did not compile: {raw['compile']}"}
+        return judged(case, token, *outcome_of(raw["run"]), defer_stdio=defer_stdio)
 
 
 def run_of(answer: Any) -> dict[str, Any]:
@@ -136,8 +154,8 @@ def run_of(answer: Any) -> dict[str, Any]:
     ran = answer.get("run_result")
     if not isinstance(ran, dict):
         return {"sandbox": "the answer has no run_result"}
-    if ran.get("status") == "TimeLimitExceeded":
-        return {"ended": False}
+    if ran.get("status") == "TimeLimitExceeded":  # (what it printed first: the interpreter
+        return {"ended": False, "stdout": str(ran.get("stdout") or "")}  # tool shows it)
     code = ran.get("return_code")
     if ran.get("status") != "Finished" or not isinstance(code, int):
         return {"error": short(ran.get("stderr") or ran.get("status"), 200)}

@@ -33,7 +33,7 @@ from pivotflow.errors import ConfigError, ToolCallError, ToolError
 from pivotflow.tools import bwrap
 from pivotflow.tools.parsers import ToolCall
 from pivotflow.tools.process import WorkerProcess, describe_exit
-from pivotflow.tools.registry import ToolRegistry
+from pivotflow.tools.registry import Tool, ToolRegistry
 
 log = logging.getLogger("pivotflow.tools")
 
@@ -83,6 +83,8 @@ class ToolPool:
         open_files: int | None = 256,
         tmp_mb: int = 64,
         hidden_paths: tuple[str, ...] = (),
+        sandbox_url: str | list[str] | None = None,
+        sandbox_token: str = "",
     ) -> None:
         """Start ``workers`` processes and wait until each is ready.
 
@@ -93,7 +95,12 @@ class ToolPool:
         else none); ``file_size_mb`` caps each file a tool writes, ``open_files`` its file
         descriptors, ``tmp_mb`` its private /tmp. ``isolation`` is "bwrap" (the default) or
         "none" (explicitly no OS isolation; logged as a warning); ``hidden_paths`` (e.g. the
-        run folder) are masked if they lie inside a folder the workers see.
+        run folder) are masked if they lie inside a folder the workers see. A tool with
+        ``sandbox="python"`` (``code_interpreter``) runs in the code sandbox instead
+        (``code_interpreter.CodeInterpreter``: ``workers`` programs at once, under
+        ``timeout_s``, ``memory_mb``, ``nproc`` and ``isolation``), or on the sandbox servers
+        at ``sandbox_url`` (with ``sandbox_token``); a pool of such tools alone starts no
+        worker.
         Raises ConfigError for a non-positive limit or an unknown ``isolation``, ToolError if
         bubblewrap is unavailable, a tool cannot be imported by path or a worker fails to start.
         """
@@ -117,6 +124,8 @@ class ToolPool:
             )
         refs = {}
         for t in registry:
+            if t.sandbox is not None:
+                continue  # (runs in the code sandbox: self._code)
             if t.ref is None:
                 raise ToolError(
                     f"tool {t.name!r} cannot run in the tool pool: its worker "
@@ -154,8 +163,16 @@ class ToolPool:
         self._all: list[WorkerProcess] = []
         self._idle: queue.SimpleQueue[WorkerProcess] = queue.SimpleQueue()
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="pivotflow-tools")
+        self._code = None
+        if any(t.sandbox is not None for t in registry):
+            from pivotflow.tools.code_interpreter import CodeInterpreter
+
+            self._code = CodeInterpreter(
+                workers=workers, timeout_s=timeout_s, memory_mb=memory_mb, nproc=nproc,
+                isolation=isolation, max_output_chars=max_output_chars,
+                sandbox_url=sandbox_url, sandbox_token=sandbox_token)
         try:
-            started = [self._spawn() for _ in range(workers)]
+            started = [self._spawn() for _ in range(workers if refs else 0)]
             for w in started:
                 why = self._await_ready(w)
                 if why is not None:
@@ -198,6 +215,18 @@ class ToolPool:
         """
         if self._closed:
             raise ToolError("ToolPool.call after close()")
+        checked = self._checked(call)
+        if isinstance(checked, ToolResult):
+            return checked
+        ok, tool = checked
+        if tool.sandbox is not None:  # (a thread with no event loop of its own)
+            assert self._code is not None
+            return self._count(self._code.call_sync(ok.name, ok.arguments))
+        return self._in_a_worker(ok)
+
+    def _checked(self, call: ToolCall | ToolCallError) -> tuple[ToolCall, Tool] | ToolResult:
+        """The call, if it may run: a known tool, arguments within the cap and its schema;
+        else the failed call's observation."""
         if isinstance(call, ToolCallError):
             return self._fail("", "parse", f"could not read the tool call: {call}")
         if call.name not in self.registry:
@@ -223,6 +252,9 @@ class ToolPool:
             tool.validate(call.arguments)
         except ToolCallError as exc:
             return self._fail(call.name, "arguments", str(exc))
+        return call, tool
+
+    def _in_a_worker(self, call: ToolCall) -> ToolResult:
         worker = self._idle.get()
         try:
             result, worker = self._exchange(worker, call)
@@ -243,7 +275,15 @@ class ToolPool:
         """
         if self._closed:
             raise ToolError("ToolPool.acall after close()")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self.call, call)
+        checked = self._checked(call)
+        if isinstance(checked, ToolResult):
+            return checked
+        ok, tool = checked
+        if tool.sandbox is not None:  # (the code sandbox waits on this loop)
+            assert self._code is not None
+            return self._count(await self._code.call(ok.name, ok.arguments))
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._in_a_worker, ok)
 
     async def acall_all(self, calls: list[ToolCall] | ToolCallError) -> list[ToolResult]:
         """``call_all`` without blocking the event loop; the calls run concurrently."""

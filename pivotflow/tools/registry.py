@@ -39,6 +39,9 @@ class Tool:
     ref: str | None = (
         None  # "module:attr" a worker process imports to get ``fn`` (None: not importable)
     )
+    # "python": a call's ``code`` argument runs as a program in the code sandbox
+    # (``tools/code_interpreter.py``), not in a tool worker, which may not start processes
+    sandbox: str | None = None
 
     def __call__(self, **arguments: Any) -> Any:
         """Run the tool in this process (the pool runs it in a sandboxed one)."""

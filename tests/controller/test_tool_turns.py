@@ -281,3 +281,46 @@ async def test_a_checkpoint_taken_while_calls_run_resumes_them() -> None:
             assert text == call("sleeper", {"seconds": 0.3}) + \
                 "\n<tool_response>\nwoke\n</tool_response>\nwoke"
             assert sum(seq.loss_mask) == len(call("sleeper", {"seconds": 0.3})) + 5
+
+
+def coding_agent(prompt_ids: list[int], model: str) -> list[int]:
+    """A tool-integrated reasoner: it writes a program for the question, runs it with the code
+    interpreter, and answers what the program printed."""
+    if model != "policy":
+        return expected_tokens(prompt_ids, model)
+    text = TOK.decode(prompt_ids)
+    if "<tool_response>" not in text:
+        a, b = text.rstrip("=").split("+")
+        return TOK.encode(call("code_interpreter", {"code": f"a = {a}\nb = {b}\nprint(a + b)"}))
+    return TOK.encode(text.split("<tool_response>\n")[1].split("\n")[0]) + [TOK.eos_id]
+
+
+async def test_a_policy_that_writes_code_reads_what_it_printed() -> None:
+    """The code interpreter in a run's turns: every program ran in the code sandbox, each
+    sample's next turn read its output, and the trained sequence holds the program's real
+    output, masked out of the loss."""
+    pools = {"w-r0": "rollout", "w-j0": "genrm", "w-t": "trainer"}
+    graph = make_graph(2, 2, judge_template=judge_whole, max_tokens=4000,
+                       tools=["pivotflow.tools.code_interpreter:code_interpreter"], max_turns=2,
+                       tool_pool={"workers": 2, "timeout_s": 5.0, "memory_mb": 256})
+    tool_pool = ToolPool(graph.nodes["rollout"].options["tools"], workers=2, timeout_s=5.0,
+                         memory_mb=256)
+    h = Harness(steps=2, graph=graph, tool_pools={"rollout": tool_pool},
+                assignments=dict(pools))
+    h.expect = coding_agent
+    try:
+        async with serving(h, pools) as (run, _):
+            await asyncio.wait_for(run, 60)
+    finally:
+        tool_pool.close()
+    assert tool_pool.pids() == [] and tool_pool.counters == {"ok": 8}
+    for step in h.train_steps:
+        for seq in step.seqs:
+            question = TOK.decode(seq.prompt_ids)
+            a, b = question.rstrip("=").split("+")
+            value = value_of(question)
+            turn1 = call("code_interpreter", {"code": f"a = {a}\nb = {b}\nprint(a + b)"})
+            obs = f"\n<tool_response>\n{value}\n\n</tool_response>\n"
+            assert TOK.decode(seq.response_ids) == turn1 + obs + value
+            assert seq.loss_mask == [1] * len(turn1) + [0] * len(obs) + [1] * (len(value) + 1)
+    assert [r["tool_calls_per_sample"] for r in h.records] == [1.0, 1.0]
