@@ -165,6 +165,17 @@ def build_tiny_folder(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
+def run_on_tiny_model(example: Path, out: Path, steps: int, sets: list[str]) -> None:
+    """``example`` (a graph written for a real model folder: ``graph.model``) run for
+    ``steps`` on the tiny random model, built in ``out``: its wiring, end to end."""
+    from pivotflow.run import run
+
+    model = build_tiny_folder(out / "model")
+    result = run(example, steps=steps, out=out / "run", sets=[f"graph.model={model}", *sets])
+    s = result.summary
+    print(f"{s['steps']} steps on {model}; lost {s['ledger']['lost']}; records: {result.out}")
+
+
 def write_prompts(path: Path, n: int = 64, seed: int = 1) -> Path:
     """``n`` sums as rows of chat messages with their answer."""
     rng = random.Random(seed)

@@ -157,15 +157,9 @@ def main() -> None:
         print(json.dumps({"reference_rewards": got}))
         sys.exit(0 if all(r == 1.0 for r in got) else 1)
     sys.path.insert(0, str(Path(__file__).parent))
-    from byo_model import build_tiny_folder  # (the byo example's tiny model)
+    from byo_model import run_on_tiny_model  # (the byo example's tiny model)
 
-    from pivotflow.run import run
-
-    model = build_tiny_folder(out / "model")
-    result = run(Path(__file__), steps=args.steps, out=out / "run",
-                 sets=[f"graph.model={model}", f"graph.prompts={tasks}"])
-    s = result.summary
-    print(f"{s['steps']} steps on {model}; lost {s['ledger']['lost']}; records: {result.out}")
+    run_on_tiny_model(Path(__file__), out, args.steps, [f"graph.prompts={tasks}"])
 
 
 if __name__ == "__main__":

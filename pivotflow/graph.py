@@ -242,7 +242,7 @@ class Graph:
                  temperature: float = 1.0, top_p: float = 1.0, min_tokens: int = 0,
                  tools: Iterable[Any] | None = None, max_turns: int = 4,
                  tool_parser: str = "hermes", max_total_tokens: int | None = None,
-                 tool_pool: dict[str, Any] | None = None) -> Node:
+                 tool_pool: dict[str, Any] | None = None, tools_in_prompt: bool = True) -> Node:
         """The policy generates a response for each sample, streamed per sample. A sample's own
         ``max_tokens`` / ``min_tokens`` fields, when an upstream stage wrote them, override the
         stage's (a per-sample length budget); no stop token is sampled before ``min_tokens``.
@@ -252,14 +252,20 @@ class Graph:
         sandboxed tool pool (``tool_pool`` options: workers, timeout_s, cpu_s, memory_mb,
         max_output_chars, ...), their results are appended as tokens the loss skips, and the
         policy continues, for at most ``max_turns`` turns and ``max_total_tokens`` response
-        tokens. ``response`` is then the last turn's text and ``trajectory`` the whole."""
+        tokens. ``response`` is then the last turn's text and ``trajectory`` the whole. A prompt
+        the chat template renders (chat messages, or a source's ``chat_template=True``) is
+        rendered with the tools' schemas (``tools=`` of ``apply_chat_template``, as verl's
+        multi-turn rollouts render them: Qwen2.5's template lists them in its system message);
+        ``tools_in_prompt=False`` leaves them out (a dataset whose prompts describe the tools
+        themselves)."""
         where = _caller_where()
         opts: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature,
                                 "top_p": top_p, "min_tokens": min_tokens}
         writes = GENERATE_FIELDS
         if tools is not None:
             opts.update(tool_options(name, where, tools, max_turns, tool_parser,
-                                     max_total_tokens, tool_pool or {}))
+                                     max_total_tokens, tool_pool or {}),
+                        tools_in_prompt=bool(tools_in_prompt))
             writes = writes | TOOL_FIELDS
         return self._add(Node(name, "generate", where, reads=frozenset({"prompt_ids"}),
                               writes=writes, model=model, pool=pool, options=opts))
@@ -419,6 +425,16 @@ class Graph:
                                             for n in self.nodes.values()):
             return f"{model}.ref"
         return model
+
+    def prompt_tools(self) -> list[dict[str, Any]] | None:
+        """The tool schemas a chat-templated prompt is rendered with: those of the first
+        generate stage with tools (``tools_in_prompt``), or None."""
+        for node in self.order():
+            if node.kind == "generate" and "tools" in node.options:
+                if not node.options.get("tools_in_prompt", True):
+                    return None
+                return list(node.options["tools"].schemas())
+        return None
 
     def critic_model(self) -> str | None:
         """The model of the graph's critic stage (the trainer steps it too), or None."""

@@ -44,17 +44,21 @@ def is_messages(prompt: Any) -> bool:
     return isinstance(prompt, list)
 
 
-def render(tok: Tokenizer, prompt: Prompt, *, chat_template: bool = False) -> tuple[str, bool]:
-    """(text, templated): the prompt's text, and whether the chat template rendered it."""
+def render(tok: Tokenizer, prompt: Prompt, *, chat_template: bool = False,
+           tools: list[dict[str, Any]] | None = None) -> tuple[str, bool]:
+    """(text, templated): the prompt's text, and whether the chat template rendered it (with
+    ``tools``' schemas, where the template takes them: Qwen2.5's lists them in its system
+    message)."""
     if isinstance(prompt, str) and not chat_template:
         return prompt, False
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    return tok.apply_chat_template(messages, add_generation_prompt=True), True
+    return tok.apply_chat_template(messages, add_generation_prompt=True, tools=tools), True
 
 
-def encode_prompt(tok: Tokenizer, prompt: Prompt, *, chat_template: bool = False) -> list[int]:
+def encode_prompt(tok: Tokenizer, prompt: Prompt, *, chat_template: bool = False,
+                  tools: list[dict[str, Any]] | None = None) -> list[int]:
     """The ids a model is prompted with (see the module's docstring)."""
-    text, templated = render(tok, prompt, chat_template=chat_template)
+    text, templated = render(tok, prompt, chat_template=chat_template, tools=tools)
     return tok.encode(text, add_special_tokens=not templated)
 
 

@@ -216,7 +216,8 @@ def run(graph_path: str | Path, *, sets: list[str] | None = None, out: Path | No
         problems = ProblemStream(source_node, seed=cfg.seed)
         policy_model = next(n.model for n in graph.order() if n.kind == "generate")
         source = PromptSource(source_node, problems, models.tokenizers[policy_model or ""],
-                              steps=cfg.steps, max_staleness=cfg.max_staleness, seed=cfg.seed)
+                              steps=cfg.steps, max_staleness=cfg.max_staleness, seed=cfg.seed,
+                              tools=graph.prompt_tools())
         seg = Segment(out, str(graph_path), cont, config, ckpt)
         stack.callback(_stop_logging_to, _log_to(seg.log_dir / "controller.log"))
         return asyncio_run(_run_async(graph, cfg, assignments, source, models, store,
@@ -352,7 +353,8 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
 
     records = RunCallbacks(cfg, recorder, seg, live, write_checkpoint)
     evaluation = (make_evaluation(graph.order()[0], cfg, source.tok, records.on_eval_round,
-                                  after=recorder.evals.last_step) if cfg.eval_every else None)
+                                  after=recorder.evals.last_step, tools=source.tools)
+                  if cfg.eval_every else None)
 
     loop = asyncio.get_running_loop()
     started = time.perf_counter()

@@ -295,13 +295,14 @@ def eval_problems(node: Node, prompts: int) -> list[Problem]:
 
 def make_evaluation(source: Node, cfg: RunConfig, tok: Tokenizer,
                     on_round: Callable[[dict[str, Any]], None],
-                    after: int | None) -> Evaluation:
+                    after: int | None, tools: list[dict[str, Any]] | None = None) -> Evaluation:
     """The run's evaluation rounds (``eval_every``) on the source's held-out prompts;
-    ``after``: the last round a resumed run's eval.jsonl holds."""
+    ``after``: the last round a resumed run's eval.jsonl holds; ``tools``: the schemas a
+    templated prompt is rendered with, as the training prompts are."""
     from pivotflow.controller.evaluation import Evaluation
 
     return Evaluation(eval_problems(source, cfg.eval_prompts), tok, every=cfg.eval_every,
                       steps=cfg.steps, temperature=cfg.eval_temperature,
                       samples_per_prompt=cfg.eval_samples,
                       chat_template=bool(source.options.get("chat_template")), seed=cfg.seed,
-                      on_round=on_round, after=after)
+                      on_round=on_round, after=after, tools=tools)

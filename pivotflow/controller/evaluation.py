@@ -55,10 +55,10 @@ class Evaluation:
     def __init__(self, problems: list[Problem], tok: Tokenizer, *, every: int, steps: int,
                  temperature: float, chat_template: bool, seed: int,
                  samples_per_prompt: int = 1, on_round: Callable[[dict[str, Any]], None],
-                 after: int | None = None) -> None:
+                 after: int | None = None, tools: list[dict[str, Any]] | None = None) -> None:
         self.problems = problems
-        self.prompt_ids = [encode_prompt(tok, p.prompt, chat_template=chat_template)
-                           for p in problems]
+        self.prompt_ids = [encode_prompt(tok, p.prompt, chat_template=chat_template,
+                                         tools=tools) for p in problems]
         self.every, self.steps, self.temperature = every, steps, temperature
         # the sampling seeds of each prompt's samples, the same every round (rounds differ by
         # the policy only); each prompt's first seed is drawn first, so a prompt's first sample

@@ -21,12 +21,13 @@ class PromptSource:
     ``groups_per_step * (max_staleness + 1)``, and no more groups are admitted than the run's
     steps need; a filtered group frees its slot (dynamic sampling refills it).
 
-    A prompt of chat messages is rendered with the policy's chat template; a string is encoded
-    as is unless the source says ``chat_template=True`` (``pivotflow.messages``).
+    A prompt of chat messages is rendered with the policy's chat template (and ``tools``, the
+    multi-turn stage's tool schemas); a string is encoded as is unless the source says
+    ``chat_template=True`` (``pivotflow.messages``).
     """
 
     def __init__(self, node: Node, problems: Any, tok: Tokenizer, *, steps: int,
-                 max_staleness: int, seed: int) -> None:
+                 max_staleness: int, seed: int, tools: list[dict[str, Any]] | None = None) -> None:
         self.node = node
         self.problems = problems  # a ProblemStream: next(), check(problem, completion)
         self.tok = tok
@@ -39,6 +40,7 @@ class PromptSource:
         self.next_sample = 0
         self.columns = node.options.get("table") is not None
         self.chat_template = bool(node.options.get("chat_template", False))
+        self.tools = tools  # (schemas a templated prompt lists: Graph.prompt_tools)
 
     def restore(self, next_sample: int, rng_state: Any, problems_cursor: int,
                 problems_rng_state: Any) -> None:
@@ -63,7 +65,8 @@ class PromptSource:
             group_id = ledger.prompts_in
             ledger.prompts_in += 1
             ctl.train_buffer.admitted(group_id, ctl.version)
-            prompt_ids = encode_prompt(self.tok, problem.prompt, chat_template=self.chat_template)
+            prompt_ids = encode_prompt(self.tok, problem.prompt, chat_template=self.chat_template,
+                                       tools=self.tools)
             columns = problem.meta if self.columns else {}  # a prompt file's other columns
             group = []
             for _ in range(self.group_size):
