@@ -178,7 +178,8 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
     (``python -m pivotflow.rl.sandbox_server`` on other hosts, or a SandboxFusion
     deployment) run the programs instead of local sandboxes (``sandbox_client.py``; each
     request tried ``retries`` times; ``isolation`` and ``nproc`` are then the server's;
-    ``sandbox_token``: the secret of a server started with ``--token-file``); ``checker``:
+    ``sandbox_token``: the secret of a server started with ``--token-file``; ``"ray"``:
+    servers the run starts on its Ray cluster's nodes, ``ray_sandboxes.py``); ``checker``:
     a special judge for stdin/stdout cases with more than one right answer,
     ``checker(input, output, expected) -> bool``, called on the controller with each case's
     input, the program's stdout and the expected output of a run that exited 0, in place of
@@ -238,8 +239,9 @@ def code_reward(tests: str = "tests", *, mode: str = "fraction", workers: int = 
             return 1.0 if passed == len(cases) else 0.0
         return passed / len(cases)
 
+    reward.runner = runner  # type: ignore[attr-defined]
     reward.__signature__ = reads_fields("completion", tests)  # type: ignore[attr-defined]
-    reward.__name__ = reward.__qualname__ = "code_reward"
+    reward.__name__ = reward.__qualname__ = "code_reward"  # (.runner: its sandboxes or servers)
     return reward
 
 

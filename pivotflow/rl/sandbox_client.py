@@ -16,7 +16,9 @@ gives the case the outcome ``sandbox``: the stage goes on.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import weakref
+from collections.abc import AsyncIterator
 from typing import Any
 
 from pivotflow.rl.code_runner import (
@@ -27,6 +29,8 @@ from pivotflow.rl.code_runner import (
     runner_cases,
 )
 from pivotflow.rl.http_calls import CallFailed, Endpoints, short
+
+RAY = "ray"  # sandbox_url: servers the run starts on its Ray cluster's nodes
 
 OUTCOMES = frozenset({"ok", "wrong", "error", "timeout", "memory", "cpu", "output", "crash",
                       "killed", "skipped", "sandbox", "ran"})
@@ -44,14 +48,57 @@ class RemoteRunner:
                 raise ValueError(f"code_reward: {name} must be > 0, got {value!r}")
         self.workers, self.timeout_s, self.memory_mb = int(workers), float(timeout_s), \
             int(memory_mb)
-        # a request waits for its compile and its run, and its turn at the server
-        self.endpoints = Endpoints([u.rstrip("/") for u in urls], retries=retries,
-                                   timeout_s=COMPILE_LIMITS["timeout_s"] + timeout_s + 60.0,
-                                   what="code_reward's sandbox server",
-                                   headers={"Authorization": f"Bearer {token}"} if token else {})
+        # "ray": servers the run starts on its cluster's nodes, at the first program, behind
+        # a token of its own (ray_sandboxes.py)
+        self.on_ray = urls == [RAY]
+        token = token or (secrets.token_hex(16) if self.on_ray else "")
+        self.token, self.retries = token, retries
+        self.endpoints: Endpoints | None = None if self.on_ray else self._endpoints_of(urls)
+        self._placing: asyncio.Future[tuple[list[str], list[Any]]] | None = None
+        self.ray_actors: list[Any] = []  # (held: an actor no handle holds is gone)
+        self._keeper: AsyncIterator[None] | None = None
         self._turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
                                                asyncio.Semaphore] = weakref.WeakKeyDictionary()
         self.judges = True  # (the servers take /pivotflow/judge, until one answers 404)
+
+    def _endpoints_of(self, urls: list[str]) -> Endpoints:
+        # a request waits for its compile and its run, and its turn at the server
+        return Endpoints([u.rstrip("/") for u in urls], retries=self.retries,
+                         timeout_s=COMPILE_LIMITS["timeout_s"] + self.timeout_s + 60.0,
+                         what="code_reward's sandbox server",
+                         headers={"Authorization": f"Bearer {self.token}"} if self.token
+                         else {})
+
+    async def _servers(self) -> Endpoints:
+        """The servers; on "ray", started on the cluster's nodes at the first call (every
+        call waits for that one start; a start that failed raises its ValueError at each)."""
+        if self.endpoints is not None:
+            return self.endpoints
+        if self._placing is None:
+            from pivotflow.rl.ray_sandboxes import start_on_nodes
+
+            self._placing = asyncio.get_running_loop().run_in_executor(
+                None, start_on_nodes, self.memory_mb, self.token)
+        urls, actors = await asyncio.shield(self._placing)
+        if self.endpoints is None:
+            self.endpoints = self._endpoints_of(urls)
+            self.ray_actors = actors
+            self._keeper = self._placed_until_shutdown()
+            await anext(self._keeper)
+        return self.endpoints
+
+    async def _placed_until_shutdown(self) -> AsyncIterator[None]:
+        """Yields once; its ``finally``, run when the loop's runner closes async generators
+        (the run's end), ends the servers placed on Ray, and a later loop places its own."""
+        try:
+            yield
+            await asyncio.Event().wait()  # (never resumed: closed from outside)
+        finally:
+            import ray
+
+            for actor in self.ray_actors:
+                ray.kill(actor)
+            self.ray_actors, self.endpoints, self._placing = [], None, None
 
     async def run(self, code: str, cases: list[dict[str, Any]], stop_at_failure: bool,
                   language: str = "python", *, timeout_s: float | None = None,
@@ -102,8 +149,9 @@ class RemoteRunner:
         payload = {"code": code, "language": language, "stdin": stdin,
                    "run_timeout": timeout_s, "compile_timeout": COMPILE_LIMITS["timeout_s"],
                    "memory_limit_MB": self.memory_mb}
+        servers = await self._servers()  # (a failed start on Ray is the stage's error)
         try:
-            answer = await self.endpoints.post(payload, "/run_code")
+            answer = await servers.post(payload, "/run_code")
         except (ConnectionError, ValueError) as why:
             return {"sandbox": short(why, 200)}
         ran = run_of(answer)
@@ -115,7 +163,7 @@ class RemoteRunner:
         # (a try waits for every case's timeout and the compile, as the server's sandbox does,
         # and a minute more for its turn there)
         wait = len(cases) * (timeout_s + 1.0) + COMPILE_LIMITS["timeout_s"] + 60.0
-        answer = await self.endpoints.post(
+        answer = await (await self._servers()).post(
             {"code": code, "language": language, "cases": cases, "stop_at_failure": stop,
              "run_timeout": timeout_s, "memory_limit_MB": self.memory_mb,
              "defer_stdio": defer_stdio}, "/pivotflow/judge", timeout_s=wait)

@@ -199,14 +199,26 @@ def _bad(why: str, status: int = 400) -> web.Response:
                               "run_result": None, "files": {}}, status=status)
 
 
-async def serve(host: str, port: int, runner: CodeRunner, judges: bool = True,
-                token: str = "", max_body_mb: int = 64) -> None:
+async def listening(host: str, port: int, runner: CodeRunner, judges: bool = True,
+                    token: str = "", max_body_mb: int = 64) -> tuple[web.AppRunner, str]:
+    """The server, serving on this loop (``cleanup()`` the runner to stop it), and the URL it
+    listens on (``port`` 0: a free one); raises OSError where it cannot listen."""
     site_runner = web.AppRunner(app(runner, judges, token, max_body_mb), access_log=None)
     await site_runner.setup()
     site = web.TCPSite(site_runner, host, port, backlog=1024)
-    await site.start()
+    try:
+        await site.start()
+    except OSError:
+        await site_runner.cleanup()
+        raise
     bound = site_runner.addresses[0]
-    print(f"sandbox_server: listening on http://{bound[0]}:{bound[1]} "
+    return site_runner, f"http://{bound[0]}:{bound[1]}"
+
+
+async def serve(host: str, port: int, runner: CodeRunner, judges: bool = True,
+                token: str = "", max_body_mb: int = 64) -> None:
+    site_runner, url = await listening(host, port, runner, judges, token, max_body_mb)
+    print(f"sandbox_server: listening on {url} "
           f"({runner.workers} sandboxes{', a token' if token else ', no token'})", flush=True)
     try:
         await asyncio.Event().wait()
