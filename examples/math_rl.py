@@ -13,8 +13,10 @@ The table is GSM8K's layout (``question``, and ``answer``: a worked solution who
 answers a sum with its digits alone, so this graph reads the response's last number
 (``graph.style=last_number``, verl's "flexible" GSM8K mode); a model prompted to reason and box
 its answer is scored with ``graph.style=auto``: the last ``\\boxed{}``, else ``####``, else
-``Answer:``. The step records' ``logged_metrics`` hold ``math_correct``, ``math_no_answer``,
-``math_algebra`` and ``math_timeout``.
+``Answer:``. The reward writes ``correct`` too (``write_correct``), so the step records'
+``task_accuracy`` (and an evaluation round's accuracy and pass@k) is its check; their
+``logged_metrics`` hold ``math_correct``, ``math_no_answer``, ``math_algebra`` and
+``math_timeout``.
 
 ``--check`` scores answers written the ways MATH's are (fractions, radicals, tuples, sets,
 intervals, units, a rewritten polynomial) against references written otherwise, and a few near
@@ -62,7 +64,7 @@ def build(config: dict) -> Graph:
     g.pool("rollout", workers=1)
     g.pool("trainer", workers=1)
     # (no check_with: the answer column is a worked solution, which a task's own exact rule
-    # would not read; math_correct in the step records is the accuracy)
+    # would not read; the reward writes `correct` instead, so task_accuracy is its check)
     prompts = g.source("prompts", path=config["data"], prompt_key=config["prompt_key"],
                        answer_key="answer", group_size=config["group_size"],
                        groups_per_step=config["groups_per_step"])
@@ -70,8 +72,8 @@ def build(config: dict) -> Graph:
                          max_tokens=config["max_tokens"])
     # most answers are decided at once; those that need algebra wait for a checker process
     reward = g.map("reward", math_reward("answer", style=config["style"],
-                                         workers=config["checkers"]),
-                   writes=["reward"], concurrency=4 * config["checkers"])
+                                         workers=config["checkers"], write_correct=True),
+                   writes=["reward", "correct"], concurrency=4 * config["checkers"])
     advantage = g.group("advantage", grpo_advantage, writes=["advantage"])
     train = g.train("train", model="policy", pool="trainer", lr=config["lr"])
     g.chain(prompts, rollout, reward, advantage, train)
@@ -118,11 +120,9 @@ def main() -> None:
     data = write_table(out / "data.jsonl")
     result = run(Path(__file__), steps=args.steps, out=out / "run",
                  sets=[f"graph.data={data}"])
-    correct = [json.loads(line)["logged_metrics"]["math_correct"]
-               for line in (result.out / "metrics.jsonl").read_text().splitlines()]
-    first, last = correct[:5], correct[-5:]
-    print(f"{len(correct)} steps on {data}: math_correct {sum(first) / len(first):.3f} "
-          f"(first 5 steps) -> {sum(last) / len(last):.3f} (last 5); records in {result.out}")
+    s = result.summary
+    print(f"{s['steps']} steps on {data}: accuracy {s['task_accuracy_start']} -> "
+          f"{s['task_accuracy_end']}; records in {result.out}")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ def test_a_run_scores_every_response_with_the_math_reward(
     for rec in records:
         metrics = rec["logged_metrics"]
         assert rec["reward_mean"] == pytest.approx(metrics["math_correct"])
+        assert rec["task_accuracy"] == pytest.approx(metrics["math_correct"])  # (write_correct)
         assert metrics["math_timeout"] == 0.0
         # the built-in policy answers with digits: a last number is always there, unless a
         # response is empty

@@ -42,13 +42,17 @@ MAX_ANSWER_CHARS = 1000  # a "final answer" longer than this is a response's tai
 
 def math_reward(answer: str = "answer", *, style: str = "auto", correct: float = 1.0,
                 wrong: float = 0.0, no_answer: float | None = None, workers: int = 1,
-                timeout_s: float = 5.0, memory_mb: int = 2048) -> Callable[..., Any]:
+                timeout_s: float = 5.0, memory_mb: int = 2048,
+                write_correct: bool = False) -> Callable[..., Any]:
     """An ``async def`` map stage function: ``completion`` and the ``answer`` field in,
     ``reward`` out (the module's docstring). ``style``: where the completion states its answer
     (``math_answer.STYLES``: ``"auto"`` takes the last ``\\boxed{}``, else GSM8K's ``####``,
     else the last ``Answer:`` line; ``"last_number"`` the last number in the text);
     ``workers``: checker processes (each answer that needs algebra takes one for up to
-    ``timeout_s``; ``memory_mb`` is each one's address space).
+    ``timeout_s``; ``memory_mb`` is each one's address space); ``write_correct``: write
+    ``correct`` (True or False) beside ``reward``, the field a task's own rule writes, so the
+    step records' ``task_accuracy`` and the evaluation rounds' accuracy and pass@k follow this
+    check (declare the stage's ``writes=["reward", "correct"]``).
 
     Most answers are decided without algebra, at once; one that needs it waits for a free
     checker inside its call, on the stage's ``deadline_s``: keep the stage's ``concurrency``
@@ -66,21 +70,22 @@ def math_reward(answer: str = "answer", *, style: str = "auto", correct: float =
     checkers = MathCheckers(workers=workers, timeout_s=timeout_s, memory_mb=memory_mb)
     missing = wrong if no_answer is None else no_answer
 
-    async def reward(completion: str, **fields: Any) -> float:
+    async def reward(completion: str, **fields: Any) -> Any:
         reference = fields[answer]
         if reference is None:
             raise ValueError(f"math_reward: the sample's {answer!r} field is empty")
         stated = final_answer(completion, style)
         if stated is None or len(stated) > MAX_ANSWER_CHARS:
             _logged(correct=False, no_answer=True)
-            return missing
+            return {"reward": missing, "correct": False} if write_correct else missing
         pred, gold = normalized(stated), normalized(reference_answer(str(reference)))
         same = equivalent(pred, gold)
         how = "plain"
         if same is None:
             same, how = await checkers.check(pred, gold)
         _logged(correct=bool(same), algebra=how != "plain", timeout=how in ("timeout", "error"))
-        return correct if same else wrong
+        score = correct if same else wrong
+        return {"reward": score, "correct": bool(same)} if write_correct else score
 
     reward.__signature__ = reads_fields("completion", answer)  # type: ignore[attr-defined]
     reward.__name__ = reward.__qualname__ = "math_reward"

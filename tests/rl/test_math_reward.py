@@ -51,6 +51,13 @@ def test_dapo_scoring_and_a_missing_answer_of_its_own() -> None:
     assert scores(lenient, [("it comes to 1,000 apples", "1000")]) == [1.0]
 
 
+def test_write_correct_gives_the_check_beside_the_reward() -> None:
+    reward = math_reward(correct=1.0, wrong=-1.0, write_correct=True)
+    assert scores(reward, [("\\boxed{0.5}", "\\frac12"), ("\\boxed{2}", "3"), ("none", "3")]) \
+        == [{"reward": 1.0, "correct": True}, {"reward": -1.0, "correct": False},
+            {"reward": -1.0, "correct": False}]
+
+
 def test_endless_algebra_is_killed_at_its_limit_and_the_next_check_is_served() -> None:
     reward = math_reward(timeout_s=2.0)
     metrics = UserMetrics()
