@@ -17,7 +17,11 @@ system message; ``Graph.generate``'s ``tools_in_prompt``). Calls are Hermes/Qwen
 ``<tool_call>`` JSON, ``{"name": "code_interpreter", "arguments": {"code": "..."}}``; each
 program runs in a bubblewrap sandbox of its own here (``pivotflow/tools/code_interpreter.py``),
 or with ``--set graph.sandbox_url=http://HOST:8080`` on sandbox servers (``python -m
-pivotflow.rl.sandbox_server``, or a SandboxFusion deployment). The step records hold the tool
+pivotflow.rl.sandbox_server``, a SandboxFusion deployment, or ``ray``). With ``--set
+graph.tool_parser=python_block`` the calls are Qwen2.5-Math's (and ToRL's) instead: a
+```` ```python ```` block, then ```` ```output ````, where the turn stops and the program's output
+follows, the fence closed after it (write the tasks with ``write_tasks(path,
+"python_block")`` for that format's instruction). The step records hold the tool
 figures (``tool_calls_per_sample``, ``tool_use_rate``, ``tool_errors``) beside the math
 reward's (``math_correct``, ...).
 """
@@ -42,10 +46,17 @@ DEFAULTS = {"model": "", "prompts": "math_tasks.jsonl", "group_size": 4, "groups
             # programs run at once, each one's wall time and address space
             "sandboxes": 2, "program_timeout_s": 5.0, "program_memory_mb": 512,
             # sandbox servers (comma-separated) that run the programs instead of this host
-            "sandbox_url": "", "sandbox_token": ""}
+            "sandbox_url": "", "sandbox_token": "",
+            # "hermes": <tool_call> JSON (the tool's schema in the chat template's prompt);
+            # "python_block": Qwen2.5-Math's ```python ... ``` ```output format (ToRL's)
+            "tool_parser": "hermes"}
 
-SYSTEM = ("Solve the problem. You may run Python by calling the code_interpreter tool; it "
-          "returns what your program prints. Give the final answer in \\boxed{}.")
+SYSTEM = {"hermes": "Solve the problem. You may run Python by calling the code_interpreter "
+                    "tool; it returns what your program prints. Give the final answer in "
+                    "\\boxed{}.",
+          # (Qwen2.5-Math's own tool-integrated instruction)
+          "python_block": "Please integrate natural language reasoning with programs to solve "
+                          "the problem above, and put your final answer within \\boxed{}."}
 TASKS = [  # (the question, the reference answer, a program that prints it)
     ("What is the sum of the first 100 positive integers?", "5050",
      "print(sum(range(1, 101)))"),
@@ -78,6 +89,9 @@ def build(config: dict) -> Graph:
                          max_tokens=config["max_tokens"], temperature=config["temperature"],
                          tools=TOOL, max_turns=config["max_turns"],
                          max_total_tokens=config["max_total_tokens"],
+                         tool_parser=config["tool_parser"],
+                         # (the python block format's prompt lists no tools)
+                         tools_in_prompt=config["tool_parser"] == "hermes",
                          tool_pool={"workers": config["sandboxes"],
                                     "timeout_s": config["program_timeout_s"],
                                     "memory_mb": config["program_memory_mb"], **servers})
@@ -88,11 +102,12 @@ def build(config: dict) -> Graph:
     return g
 
 
-def write_tasks(path: Path) -> Path:
-    """The tasks as prompt-file rows: chat messages, the answer, a reference program."""
+def write_tasks(path: Path, tool_parser: str = "hermes") -> Path:
+    """The tasks as prompt-file rows: chat messages (the instruction of the call format),
+    the answer, a reference program."""
     with path.open("w") as f:
         for question, answer, program in TASKS:
-            f.write(json.dumps({"prompt": [{"role": "system", "content": SYSTEM},
+            f.write(json.dumps({"prompt": [{"role": "system", "content": SYSTEM[tool_parser]},
                                            {"role": "user", "content": question}],
                                 "answer": answer, "reference": program}) + "\n")
     return path

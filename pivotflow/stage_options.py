@@ -74,6 +74,9 @@ def tool_options(node: str, where: str, tools: Iterable[Any], max_turns: int, pa
         raise GraphError(f"{here}: max_turns must be an int >= 1, got {max_turns!r}")
     if parser not in PARSERS:
         raise GraphError(f"{here}: unknown tool_parser {parser!r}; known: {sorted(PARSERS)}")
+    if parser == "python_block" and "code_interpreter" not in registry:
+        raise GraphError(f"{here}: tool_parser 'python_block' calls the code_interpreter tool; "
+                         "add pivotflow.tools.code_interpreter:code_interpreter to tools=")
     if max_total_tokens is not None and (not isinstance(max_total_tokens, int)
                                          or max_total_tokens < 1):
         raise GraphError(f"{here}: max_total_tokens must be an int >= 1, got "

@@ -1,6 +1,8 @@
 """Tool-call formats: find calls in generated text, format results, spot a call as it closes.
 
-``ToolCallParser`` is the extension point; ``HermesParser`` reads the Hermes/Qwen format::
+``ToolCallParser`` is the extension point; ``PythonBlockParser`` (``"python_block"``) reads
+Qwen2.5-Math's and ToRL's ```` ```python ```` blocks as calls of the code interpreter;
+``HermesParser`` reads the Hermes/Qwen format::
 
     <tool_call>
     {"name": "calculator", "arguments": {"expression": "2+2"}}
@@ -201,8 +203,68 @@ class ToolCallWatcher:
             self._stream = self.tokenizer.stream()
 
 
+class PythonBlockParser:
+    """Tool-integrated reasoning as Qwen2.5-Math, ToRL and SimpleTIR write it: the policy
+    writes a ```` ```python ```` block, then ```` ```output ````, where generation stops; the
+    block is a call of the ``code_interpreter`` tool, and its result continues the text, the
+    fence closed after it::
+
+        ```python
+        print(2 ** 10)
+        ```
+        ```output
+        1024
+        ```
+
+    (the policy's turn ends at ```` ```output ````, the observation is the lines after it).
+    A turn is a call only when it ends at ```` ```output ```` with a python block before it."""
+
+    tool = "code_interpreter"
+    open_tag = "```python"
+    output_tag = "```output"
+
+    def __init__(self) -> None:
+        self.stop_strings: tuple[str, ...] = (self.output_tag,)
+
+    def parse(self, text: str) -> list[ToolCall] | ToolCallError:
+        """The python block before the closing ```` ```output ```` as one call, [] when the
+        text does not end there, or the error of a block that is not there or not closed."""
+        end = text.rstrip().rfind(self.output_tag)
+        if end == -1 or text.rstrip()[end:] != self.output_tag:
+            return []
+        start = text.rfind(self.open_tag, 0, end)
+        if start == -1:
+            return ToolCallError(f"'{self.output_tag}' at char {end} has no "
+                                 f"'{self.open_tag}' block before it")
+        body = text[start + len(self.open_tag):end].rstrip()
+        if not body.endswith("```"):
+            return ToolCallError(f"the '{self.open_tag}' block at char {start} is not closed "
+                                 f"with ``` before '{self.output_tag}'")
+        code = body[:-3].strip("\n")
+        return [ToolCall(self.tool, {"code": code}, (start, end + len(self.output_tag)))]
+
+    def format_call(self, name: str, arguments: dict[str, Any]) -> str:
+        return f"{self.open_tag}\n{arguments.get('code', '')}\n```\n{self.output_tag}"
+
+    def format_result(self, name: str, content: str) -> str:
+        """The program's output, and the fence ```` ```output ```` opened, closed."""
+        return f"{content.rstrip(chr(10))}\n```"
+
+    def call_closed(self, text: str, new_chars: int | None = None) -> bool:
+        """True if the text ends at ```` ```output ```` (new in the last ``new_chars``
+        characters) with a python block before it."""
+        stripped = text.rstrip()
+        if not stripped.endswith(self.output_tag):
+            return False
+        end = len(stripped) - len(self.output_tag)
+        if new_chars is not None and end < len(text) - new_chars - len(self.output_tag):
+            return False
+        return text.rfind(self.open_tag, 0, end) != -1
+
+
 # tool-call formats by the name a graph gives (``generate(..., tool_parser="hermes")``)
-PARSERS: dict[str, Callable[[], ToolCallParser]] = {"hermes": HermesParser}
+PARSERS: dict[str, Callable[[], ToolCallParser]] = {"hermes": HermesParser,
+                                                    "python_block": PythonBlockParser}
 
 
 def make_parser(name: str) -> ToolCallParser:

@@ -295,24 +295,33 @@ def coding_agent(prompt_ids: list[int], model: str) -> list[int]:
     return TOK.encode(text.split("<tool_response>\n")[1].split("\n")[0]) + [TOK.eos_id]
 
 
-async def test_a_policy_that_writes_code_reads_what_it_printed() -> None:
-    """The code interpreter in a run's turns: every program ran in the code sandbox, each
-    sample's next turn read its output, and the trained sequence holds the program's real
-    output, masked out of the loss."""
+async def run_with_the_code_interpreter(agent: Any, steps: int,
+                                        tool_parser: str = "hermes") -> tuple[Harness, ToolPool]:
+    """``steps`` steps of a graph whose rollout has the code interpreter, the policy played by
+    ``agent``: the harness and the tool pool, after the run."""
     pools = {"w-r0": "rollout", "w-j0": "genrm", "w-t": "trainer"}
     graph = make_graph(2, 2, judge_template=judge_whole, max_tokens=4000,
                        tools=["pivotflow.tools.code_interpreter:code_interpreter"], max_turns=2,
+                       tool_parser=tool_parser,
                        tool_pool={"workers": 2, "timeout_s": 5.0, "memory_mb": 256})
     tool_pool = ToolPool(graph.nodes["rollout"].options["tools"], workers=2, timeout_s=5.0,
                          memory_mb=256)
-    h = Harness(steps=2, graph=graph, tool_pools={"rollout": tool_pool},
+    h = Harness(steps=steps, graph=graph, tool_pools={"rollout": tool_pool},
                 assignments=dict(pools))
-    h.expect = coding_agent
+    h.expect = agent
     try:
         async with serving(h, pools) as (run, _):
             await asyncio.wait_for(run, 60)
     finally:
         tool_pool.close()
+    return h, tool_pool
+
+
+async def test_a_policy_that_writes_code_reads_what_it_printed() -> None:
+    """The code interpreter in a run's turns: every program ran in the code sandbox, each
+    sample's next turn read its output, and the trained sequence holds the program's real
+    output, masked out of the loss."""
+    h, tool_pool = await run_with_the_code_interpreter(coding_agent, steps=2)
     assert tool_pool.pids() == [] and tool_pool.counters == {"ok": 8}
     for step in h.train_steps:
         for seq in step.seqs:
@@ -324,3 +333,29 @@ async def test_a_policy_that_writes_code_reads_what_it_printed() -> None:
             assert TOK.decode(seq.response_ids) == turn1 + obs + value
             assert seq.loss_mask == [1] * len(turn1) + [0] * len(obs) + [1] * (len(value) + 1)
     assert [r["tool_calls_per_sample"] for r in h.records] == [1.0, 1.0]
+
+
+def python_block_agent(prompt_ids: list[int], model: str) -> list[int]:
+    """A reasoner in Qwen2.5-Math's tool-integrated format: a ```python block, ```output (where
+    generation stops), then, after the output, the answer."""
+    if model != "policy":
+        return expected_tokens(prompt_ids, model)
+    text = TOK.decode(prompt_ids)
+    if "```output" not in text:
+        a, b = text.rstrip("=").split("+")
+        return TOK.encode(f"```python\nprint({a} + {b})\n```\n```output")
+    return TOK.encode(text.split("```output\n")[1].split("\n")[0]) + [TOK.eos_id]
+
+
+async def test_python_blocks_run_as_calls_and_their_output_closes_the_fence() -> None:
+    h, tool_pool = await run_with_the_code_interpreter(python_block_agent, steps=1,
+                                                       tool_parser="python_block")
+    assert tool_pool.counters == {"ok": 4}
+    for seq in h.train_steps[0].seqs:
+        question = TOK.decode(seq.prompt_ids)
+        a, b = question.rstrip("=").split("+")
+        value = value_of(question)
+        turn1 = f"```python\nprint({a} + {b})\n```\n```output"
+        obs = f"\n{value}\n```\n"
+        assert TOK.decode(seq.response_ids) == turn1 + obs + value
+        assert seq.loss_mask == [1] * len(turn1) + [0] * len(obs) + [1] * (len(value) + 1)

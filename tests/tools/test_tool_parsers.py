@@ -151,3 +151,38 @@ def test_observations_are_the_model_tokenizers_ids(bpe_without_tags: Tokenizer) 
     char = default_tokenizer()
     assert char.decode(encode_observation(char, text)) == text.replace("ï", REPLACEMENT) \
         .replace("✓", REPLACEMENT).replace("\x00", REPLACEMENT)
+
+
+def test_python_blocks_are_calls_of_the_code_interpreter() -> None:
+    """Qwen2.5-Math's and ToRL's tool-integrated format: a ```python block, then ```output,
+    where generation stops; the observation closes the fence."""
+    from pivotflow.tools.parsers import PythonBlockParser
+    from pivotflow.tools.pool import ToolResult
+    from pivotflow.tools.trajectory import observation_text
+
+    parser = PythonBlockParser()
+    turn = "First compute it.\n```python\nx = 2 ** 10\nprint(x)\n```\n```output"
+    assert parser.stop_strings == ("```output",)
+    assert parser.parse(turn) == [ToolCall("code_interpreter", {"code": "x = 2 ** 10\nprint(x)"},
+                                           (18, len(turn)))]
+    assert parser.call_closed(turn) and parser.call_closed(turn, new_chars=4)
+    assert not parser.call_closed(turn + " more") and parser.parse("no code here") == []
+    assert not parser.call_closed("```output")  # no block before it: not a call
+    assert str(parser.parse("```output")) == "'```output' at char 0 has no '```python' block " \
+        "before it"
+    assert "is not closed" in str(parser.parse("```python\nx = 1\n```output"))
+    assert observation_text(parser, [ToolResult("1024\n", name="code_interpreter")]) == \
+        "\n1024\n```\n"
+    assert parser.format_call("code_interpreter", {"code": "print(1)"}) == \
+        "```python\nprint(1)\n```\n```output"
+
+
+def test_python_block_needs_the_code_interpreter_in_the_tools() -> None:
+    from pivotflow.errors import GraphError
+    from pivotflow.graph import Graph
+
+    g = Graph("g")
+    with pytest.raises(GraphError, match="tool_parser 'python_block' calls the "
+                                         "code_interpreter tool; add pivotflow.tools"):
+        g.generate("rollout", model="policy", pool="rollout", tool_parser="python_block",
+                   tools="pivotflow.tools.builtin:calculator")
