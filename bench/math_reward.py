@@ -4,7 +4,8 @@ it is installed, in one sitting.
 
 The answers are generated with their labels: for each of ``--answers`` reference answers
 (integers, money, fractions and negative ones, decimals, percentages, radicals, multiples of
-pi, points, intervals, sets of roots, polynomials, lines, multiple-choice letters) a response that states it in another spelling (label 1)
+pi, points, intervals, sets of roots, polynomials, lines, multiple-choice letters,
+inequalities, matrices) a response that states it in another spelling (label 1)
 or states a near miss (label 0: the next integer, a reciprocal, an interval's bracket turned,
 a point's coordinates swapped, ...), each as a model writes it (a ``\\boxed{}`` at the end of a
 sentence, GSM8K's ``####``, ``Answer:``). Half the pairs are each label.
@@ -138,9 +139,25 @@ def _negative_fraction(r: random.Random) -> tuple[str, list[str], list[str]]:
             [f"\\frac{{{a}}}{{{b}}}", f"-\\frac{{{b}}}{{{a}}}"])
 
 
+def _inequality(r: random.Random) -> tuple[str, list[str], list[str]]:
+    a = r.randint(-9, 9)
+    return (f"x > {a}", [f"x>{a}", f"{a} < x", f"x \\gt {a}"],
+            [f"x \\ge {a}", f"x < {a}", f"x > {a + 1}"])
+
+
+def _matrix(r: random.Random) -> tuple[str, list[str], list[str]]:
+    a, b, c, d = r.sample(range(1, 20), 4)  # (distinct: the transpose is another matrix)
+    m = "\\begin{{{k}}} {a} & {b} \\\\ {c} & {d} \\end{{{k}}}"
+    gold = m.format(k="pmatrix", a=a, b=b, c=c, d=d)
+    return (gold, [m.format(k="bmatrix", a=a, b=b, c=c, d=d),
+                   m.format(k="pmatrix", a=f"\\frac{{{2 * a}}}{{2}}", b=b, c=c, d=d)],
+            [m.format(k="pmatrix", a=a, b=c, c=b, d=d), m.format(k="pmatrix", a=a, b=b, c=c,
+                                                                 d=d + 1)])
+
+
 KINDS: list[Callable[[random.Random], tuple[str, list[str], list[str]]]] = [
     _integer, _integer, _fraction, _percent, _radical, _pi, _point, _interval, _roots, _polynomial,
-    _choice, _line, _negative_fraction]
+    _choice, _line, _negative_fraction, _inequality, _matrix]
 WRAPS = ["So the answer is $\\boxed{{{}}}$.", "Putting it together, \\boxed{{{}}}",
          "We find that the answer is $\\boxed{{{}}}$"]
 

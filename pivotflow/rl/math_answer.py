@@ -10,13 +10,16 @@ and slime's ``deepscaler`` reward do, in three steps:
   through ``reference_answer``: a MATH solution's box or a GSM8K solution's ``####`` where it
   has one, else the whole text.
 * ``normalized(answer)``: LaTeX spacing, ``\\left``/``\\right``, ``\\dfrac``, ``$``, degrees,
-  units and ``\\text{...}`` words after a number, a leading ``x =``, thousands separators, a
-  multiple-choice letter's brackets, a trailing period: the forms that say the same answer.
+  units and ``\\text{...}`` words after a number, a leading ``x =`` or ``x \\in``, ``\\text{and}``
+  between answers, thousands separators, a multiple-choice letter's brackets, a trailing
+  period: the forms that say the same answer.
 * ``equivalent(pred, gold, leaf)``: the two answers' structure compared (a tuple or interval's
-  brackets and items in order, a set's or a bare list's items in any order, an equation's
-  sides), each pair of items by ``leaf``. ``plain_leaf`` decides what needs no algebra: the same
-  normalized text, or two numbers (integers, decimals, fractions, ``\\frac{a}{b}``, mixed
-  numbers, percentages) within a relative 1e-6; it answers None where only algebra can say
+  brackets and items in order, a set's or a bare list's items in any order, ``a \\pm b`` as
+  its two answers, an equation's sides, an inequality's once both face the same way, a
+  matrix's cells whatever its brackets), each pair of items by ``leaf``. ``plain_leaf``
+  decides what needs no algebra: the same normalized text, or two numbers (integers,
+  decimals, fractions, ``\\frac{a}{b}``, mixed numbers, percentages) within a relative
+  1e-6; it answers None where only algebra can say
   (``\\frac{\\sqrt{2}}{2}`` against ``\\sqrt{2}/2``), and ``math_checker`` (a process of its
   own, under a time limit: sympy can run for ever) decides those with ``latex_expr``.
 
@@ -123,8 +126,11 @@ def normalized(answer: str) -> str:
     if unit:  # "5 cm", "12\text{ inches}", "3 dollars": the number alone
         s = unit.group(1)
     s = _LEADING_NAME.sub("", s.strip()) if s.count("=") == 1 else s
+    s = re.sub(r"^[A-Za-z]\s*\\in\s*", "", s)  # "x \in [0, 1)": the interval
+    # "1 \text{ and } 2", "3, \text{or} 4": a list of answers
+    s = re.sub(r",?\s*\\(?:text|mbox)\{\s*(?:and|or)\s*\}\s*", ",", s)
     s = _UNWRAPPED.sub(lambda m: m.group(1), s)
-    s = s.replace("\\ ", " ")
+    s = re.sub(r"(?<!\\)\\ ", " ", s)  # "\ " a space, but a matrix's row break "\\ " kept
     # spaces go, but one between two letters or digits, where TeX needs it (\log_2 8, \sin x)
     s = re.sub(r"\s+", " ", s).strip()
     s = re.sub(r"(?<![A-Za-z0-9]) | (?![A-Za-z0-9])", "", s).rstrip(".")
@@ -256,6 +262,19 @@ def _balanced(s: str) -> bool:
     return depth == 0
 
 
+_MATRIX = re.compile(r"^\\begin\{([pbvBV]?matrix)\}(.*)\\end\{\1\}$", re.DOTALL)
+
+
+def _matrix(s: str) -> list[list[str]] | None:
+    """A ``\\begin{pmatrix} a & b \\\\ c & d \\end{pmatrix}``'s cells by row (any of
+    the matrix environments: the brackets do not change the answer), else None."""
+    m = _MATRIX.match(s)
+    if m is None:
+        return None
+    rows = [row for row in m.group(2).split("\\\\") if row.strip()]
+    return [[cell.strip() for cell in row.split("&")] for row in rows]
+
+
 def equivalent(pred: str, gold: str, leaf: Leaf = plain_leaf) -> bool | None:
     """``pred`` and ``gold`` (both normalized) the same answer: True, False, or None where a
     ``leaf`` could not say."""
@@ -263,6 +282,12 @@ def equivalent(pred: str, gold: str, leaf: Leaf = plain_leaf) -> bool | None:
         return True
     if not pred or not gold:
         return False
+    gm, pm = _matrix(gold), _matrix(pred)
+    if gm is not None or pm is not None:
+        if gm is None or pm is None or [len(r) for r in gm] != [len(r) for r in pm]:
+            return False
+        return _all(leaf_pair(a, b, leaf) for p_row, g_row in zip(pm, gm, strict=True)
+                    for a, b in zip(p_row, g_row, strict=True))
     g, p = _bracketed(gold), _bracketed(pred)
     if g is not None or p is not None:
         if g is None or p is None or (g[0], g[2]) != (p[0], p[2]) or len(g[1]) != len(p[1]):
@@ -274,7 +299,7 @@ def equivalent(pred: str, gold: str, leaf: Leaf = plain_leaf) -> bool | None:
 
 
 def _leaf_or_list(pred: str, gold: str, leaf: Leaf) -> bool | None:
-    g_items, p_items = split_top(gold), split_top(pred)
+    g_items, p_items = _plus_minus(split_top(gold)), _plus_minus(split_top(pred))
     if len(g_items) > 1 or len(p_items) > 1:
         # "1, 2" or "1 \text{and} 2": a bare list of answers (MATH's "all solutions") in
         # any order
@@ -284,8 +309,42 @@ def _leaf_or_list(pred: str, gold: str, leaf: Leaf) -> bool | None:
     return leaf_pair(pred, gold, leaf)
 
 
+def _plus_minus(items: list[str]) -> list[str]:
+    """``1 \\pm \\sqrt{2}`` as the two answers it stands for."""
+    out = []
+    for item in items:
+        if item.count("\\pm") == 1:
+            out += [item.replace("\\pm", "+"), item.replace("\\pm", "-")]
+        elif item.count("\\mp") == 1:
+            out += [item.replace("\\mp", "-"), item.replace("\\mp", "+")]
+        else:
+            out.append(item)
+    return out
+
+
+_RELATION = re.compile(r"((?:\\leq?|\\geq?|\\lt|\\gt)(?![a-zA-Z])|<=|>=|<|>)")
+_FLIPPED = {"<": "<", "\\lt": "<", "<=": "<=", "\\le": "<=", "\\leq": "<=",
+            ">": ">", "\\gt": ">", ">=": ">=", "\\ge": ">=", "\\geq": ">="}
+
+
+def _relation(s: str) -> tuple[str, str, str] | None:
+    """``a < b`` as (a, "<" or "<=", b), ``a > b`` turned round to (b, "<", a); None where
+    ``s`` is not one relation."""
+    parts = _RELATION.split(s)
+    if len(parts) != 3:
+        return None
+    left, op, right = parts[0], _FLIPPED[parts[1]], parts[2]
+    return (left, op, right) if op.startswith("<") else (right, op.replace(">", "<"), left)
+
+
 def leaf_pair(pred: str, gold: str, leaf: Leaf) -> bool | None:
-    """One item each; an equation's sides compared as they stand or swapped."""
+    """One item each; an equation's sides compared as they stand or swapped; an inequality's
+    (``x > 3`` is ``3 < x``) as they stand once both face the same way."""
+    p_rel, g_rel = _relation(pred), _relation(gold)
+    if p_rel is not None or g_rel is not None:
+        if p_rel is None or g_rel is None or p_rel[1] != g_rel[1]:
+            return False
+        return _all([leaf(p_rel[0], g_rel[0]), leaf(p_rel[2], g_rel[2])])
     if pred.count("=") == 1 and gold.count("=") == 1:
         (pl, pr), (gl, gr) = pred.split("="), gold.split("=")
         straight = _all([leaf(pl, gl), leaf(pr, gr)])

@@ -83,6 +83,12 @@ SAME = [
     ("\\binom{5}{2}", "10"), ("5!", "120"), ("\\sqrt[3]{8}", "2"), ("x_1+x_{2}", "x_2+x_1"),
     ("2 \\cdot 3", "6"), ("(2\\sqrt2, \\pi)", "(\\sqrt{8}, \\pi)"), ("\\frac{1}{2}\\%", "0.005"),
     ("\\infty", "\\infty"), ("3\\pi", "\\pi \\times 3"),
+    # forms read since the first version: x \in an interval, "and" lists, \pm, inequalities
+    # either way round, matrices of any bracket
+    ("x \\in [0, 1)", "[0,1)"), ("1 \\text{ and } 2", "2, 1"), ("3, \\text{or} 4", "4,3"),
+    ("1 \\pm \\sqrt{2}", "1-\\sqrt2, 1+\\sqrt2"), ("x > 3", "3 < x"),
+    ("x \\geq -1", "-1 \\le x"), ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+                                 "\\begin{bmatrix}1&2\\\\3&\\sqrt{16}\\end{bmatrix}"),
 ]
 DIFFERENT = [
     ("0.333", "\\frac{1}{3}"), ("2", "3"), ("-1", "1"), ("(1,2)", "[1,2]"), ("(1,2)", "(2,1)"),
@@ -90,6 +96,9 @@ DIFFERENT = [
     ("-\\infty", "\\infty"), ("x^2", "x^3"), ("\\sqrt{2}", "1.41"), ("A", "B"),
     ("yes", "no"), ("", "1"), ("x=3", "x=4"), ("\\frac{1}{0}", "1"), ("2\\frac{1}{2}", "1"),
     ("abc!", "3"),
+    ("x > 3", "x \\ge 3"), ("x < 3", "3 < x"), ("1 + \\sqrt{2}", "1 \\pm \\sqrt{2}"),
+    ("\\begin{pmatrix} 1 & 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"),
+    ("\\begin{pmatrix} 1 & 2 \\end{pmatrix}", "(1, 2)"),
 ]
 
 
