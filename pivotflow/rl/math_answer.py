@@ -333,7 +333,7 @@ def _relation(s: str) -> tuple[str, str, str] | None:
     parts = _RELATION.split(s)
     if len(parts) != 3:
         return None
-    left, op, right = parts[0], _FLIPPED[parts[1]], parts[2]
+    left, op, right = parts[0].strip(), _FLIPPED[parts[1]], parts[2].strip()
     return (left, op, right) if op.startswith("<") else (right, op.replace(">", "<"), left)
 
 
@@ -346,7 +346,7 @@ def leaf_pair(pred: str, gold: str, leaf: Leaf) -> bool | None:
             return False
         return _all([leaf(p_rel[0], g_rel[0]), leaf(p_rel[2], g_rel[2])])
     if pred.count("=") == 1 and gold.count("=") == 1:
-        (pl, pr), (gl, gr) = pred.split("="), gold.split("=")
+        (pl, pr), (gl, gr) = (map(str.strip, s.split("=")) for s in (pred, gold))
         straight = _all([leaf(pl, gl), leaf(pr, gr)])
         return True if straight else _any([straight, _all([leaf(pl, gr), leaf(pr, gl)])])
     if pred.count("=") != gold.count("="):

@@ -87,7 +87,7 @@ SAME = [
     # either way round, matrices of any bracket
     ("x \\in [0, 1)", "[0,1)"), ("1 \\text{ and } 2", "2, 1"), ("3, \\text{or} 4", "4,3"),
     ("1 \\pm \\sqrt{2}", "1-\\sqrt2, 1+\\sqrt2"), ("x > 3", "3 < x"),
-    ("x \\geq -1", "-1 \\le x"), ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+    ("x \\geq -1", "-1 \\le x"), ("x \\gt 7", "x > 7"), ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
                                  "\\begin{bmatrix}1&2\\\\3&\\sqrt{16}\\end{bmatrix}"),
 ]
 DIFFERENT = [
