@@ -5,7 +5,8 @@ prompts (question, a worked answer ending in "#### N") -> rollout -> math_reward
     python examples/math_rl.py [--steps 30] [--out runs/math]
     python examples/math_rl.py --check      # score MATH-style responses; no model, no run
     pivotflow run examples/math_rl.py --set graph.data=gsm8k.parquet \\
-        --set graph.model=/models/Qwen2.5-Math-1.5B --set graph.style=auto
+        --set graph.model=/models/Qwen2.5-Math-1.5B --set graph.style=auto \\
+        [--set graph.eval_data=gsm8k_test.parquet --set eval_every=10 --set eval_samples=4]
 
 The table is GSM8K's layout (``question``, and ``answer``: a worked solution whose last line is
 ``#### N``); ``math_reward`` takes the reference out of it (a MATH ``solution`` column's
@@ -36,7 +37,8 @@ from pivotflow.graph import Graph
 from pivotflow.rl.group_fns import grpo_advantage
 from pivotflow.rl.math_reward import math_reward
 
-DEFAULTS = {"data": "data.jsonl", "model": "builtin:policy", "style": "last_number",
+DEFAULTS = {"data": "data.jsonl", "eval_data": "", "model": "builtin:policy",
+            "style": "last_number",
             "prompt_key": "question", "max_tokens": 6, "group_size": 8, "groups_per_step": 8,
             "lr": 1e-5, "checkers": 1}
 
@@ -65,9 +67,12 @@ def build(config: dict) -> Graph:
     g.pool("trainer", workers=1)
     # (no check_with: the answer column is a worked solution, which a task's own exact rule
     # would not read; the reward writes `correct` instead, so task_accuracy is its check)
+    # eval_data: held-out prompts for evaluation rounds (--set eval_every=N), scored by the
+    # same reward: their accuracy and pass@k are its check (write_correct)
     prompts = g.source("prompts", path=config["data"], prompt_key=config["prompt_key"],
                        answer_key="answer", group_size=config["group_size"],
-                       groups_per_step=config["groups_per_step"])
+                       groups_per_step=config["groups_per_step"],
+                       eval_path=config["eval_data"] or None)
     rollout = g.generate("rollout", model="policy", pool="rollout",
                          max_tokens=config["max_tokens"])
     # most answers are decided at once; those that need algebra wait for a checker process

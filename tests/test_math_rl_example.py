@@ -56,3 +56,27 @@ def test_a_run_scores_every_response_with_the_math_reward(
             assert metrics["math_algebra"] == pytest.approx(1.0 - metrics["math_no_answer"])
         else:
             assert metrics["math_algebra"] == 0.0
+
+
+@pytest.mark.timeout(300)
+def test_evaluation_rounds_score_by_the_math_check(tmp_path: Path,
+                                                   script: Callable[[Path], ModuleType]) -> None:
+    """Held-out prompts every step, four samples each: a round's accuracy is the reward's
+    check (``write_correct``; no task rule reads these answers), its reward mean the same,
+    and pass@k is there."""
+    module = script(EXAMPLE)
+    data = module.write_table(tmp_path / "data.jsonl", n=64)
+    held_out = module.write_table(tmp_path / "held_out.jsonl", n=16, seed=7)
+    result = run(EXAMPLE, steps=2, out=tmp_path / "run", console=False,
+                 sets=[f"graph.data={data}", f"graph.eval_data={held_out}", "eval_every=1",
+                       "eval_samples=4", "eval_temperature=1.0", "live=false",
+                       "planner=static"])
+    assert result.summary["ledger"]["lost"] == 0
+    rounds = [json.loads(line)
+              for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
+    assert len(rounds) >= 2
+    for r in rounds:
+        assert r["task_accuracy"] is not None
+        assert r["task_accuracy"] == pytest.approx(r["reward_mean"])
+        assert r["task_pass_at_n"] >= r["task_accuracy"]
+        assert set(r["task_pass_at_k"]) >= {"1", "2"}
