@@ -37,7 +37,9 @@ STYLES = ("auto", "boxed", "gsm8k", "answer", "last_number")
 Leaf = Callable[[str, str], "bool | None"]
 
 _GSM8K = re.compile(r"####\s*([^\n]+)")
-_ANSWER_LINE = re.compile(r"(?i)\banswer\s*(?:is)?\s*:\s*([^\n]+)")
+# (one run of spaces before the colon: "answer" and 100k spaces with no colon must not take
+# quadratic time on the controller's loop, which two runs of \s* around "is" did)
+_ANSWER_LINE = re.compile(r"(?i)\banswer(?:\s+is)?\s*:[ \t]*([^\n]+)")
 _NUMBER_IN_TEXT = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 
 

@@ -42,6 +42,15 @@ def test_final_answer_in_each_style(text: str, style: str, want: str | None) -> 
     assert final_answer(text, style) == want
 
 
+@pytest.mark.timeout(30)  # (quadratic, the first "Answer:" pattern took ~100 s on this)
+def test_a_huge_response_is_read_without_backtracking_for_ever() -> None:
+    """The controller reads every response on its loop: no pattern may backtrack for ever on
+    a long run of spaces (the first "Answer:" pattern took 1 s on 20k spaces, 25 s on 100k)."""
+    for style in ("auto", "answer", "gsm8k", "last_number", "boxed"):
+        assert final_answer("answer" + " " * 200_000 + "x\n1,", style) in (None, "1")
+        final_answer("\\boxed{" * 50_000 + "#### " + " " * 100_000, style)
+
+
 def test_reference_answers_come_out_of_worked_solutions() -> None:
     assert reference_answer("Natalia sold 48/2 = 24 clips.\n#### 72") == "72"
     assert reference_answer("Thus $x = \\boxed{\\frac{3}{4}}$.") == "\\frac{3}{4}"
