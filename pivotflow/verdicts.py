@@ -46,8 +46,10 @@ YES_WORDS = frozenset({"yes", "true", "correct", "right"})
 NO_WORDS = frozenset({"no", "false", "incorrect", "wrong"})
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 _YES_NO = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
-_SCORE = re.compile(rf"\b(score|rating|grade)\s*[:=]?\s*\**\s*({_NUMBER})\s*(?:/\s*({_NUMBER}))?",
-                    re.IGNORECASE)
+# (one run of spaces between each part and the next: three \s* side by side backtracked
+# cubically on "score" and a long run of spaces, as a degenerate judge may write)
+_SCORE = re.compile(rf"\b(score|rating|grade)\s*(?:[:=]\s*)?(?:\*+\s*)?({_NUMBER})"
+                    rf"(?:\s*/\s*({_NUMBER}))?", re.IGNORECASE)
 _TEXT_WRAP = re.compile(r"^\\(?:text|textbf|mathrm|mbox)\{(.*)\}$", re.DOTALL)
 
 
@@ -61,14 +63,23 @@ def strip_thinking(text: str) -> str | None:
 
 
 def last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` (braces inside it balanced), or None."""
+    """The content of the last ``\\boxed{...}`` whose braces close (balanced inside it), or
+    None. One pass pairs every brace (a scan from each unclosed box to the end, as before,
+    took quadratic time: hours on a long verdict of unclosed boxes)."""
+    if "\\boxed{" not in text:
+        return None
+    closes: dict[int, int] = {}  # an opening brace's index -> its closing brace's
+    opened: list[int] = []
+    for i, c in enumerate(text):
+        if c == "{":
+            opened.append(i)
+        elif c == "}" and opened:
+            closes[opened.pop()] = i
     start = text.rfind("\\boxed{")
     while start != -1:
-        depth = 0
-        for i in range(start + len("\\boxed"), len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                return text[start + len("\\boxed{"):i]
+        brace = start + len("\\boxed")
+        if brace in closes:
+            return text[brace + 1:closes[brace]]
         start = text.rfind("\\boxed{", 0, start)  # unclosed: an earlier one may be whole
     return None
 

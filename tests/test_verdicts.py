@@ -95,3 +95,13 @@ def test_parse_forms_take_the_fields_the_judge_passes() -> None:
     assert either("I would say yes", **fields) == 1.0
     assert either("no verdict in this", **fields) == 0.0
     assert either("nothing", **fields) is None
+
+
+@pytest.mark.timeout(30)  # (each took hours before: a scan per unclosed box, three \s* runs)
+def test_a_degenerate_verdict_is_parsed_without_backtracking_for_ever() -> None:
+    """A judge may write a box it never closes, or spaces without end; the controller parses
+    each verdict on its loop."""
+    assert last_boxed("\\boxed{" * 50_000) is None
+    assert last_boxed("\\boxed{" * 50_000 + "\\boxed{7}") == "7"
+    assert score("score" + " " * 200_000 + "x") is None
+    assert score("Score:" + " " * 200_000 + "**7 / " + " " * 100_000 + "10") == 0.7

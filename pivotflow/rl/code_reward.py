@@ -55,7 +55,7 @@ LANGUAGES = ("python", "cpp", "auto")
 # ones (cpu, memory, output, crash, killed, the sandbox's own failure) as "other"
 LOGGED = ("ok", "wrong", "error", "timeout", "other")
 OUTCOME_GROUP = {"ok": "ok", "wrong": "wrong", "error": "error", "timeout": "timeout"}
-_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_FENCE_TAG = re.compile(r"[ \t]*([\w+-]*)")
 
 
 # a fenced block's tag for each language (an unmarked block is Python's)
@@ -69,11 +69,29 @@ FENCE_TAGS = {"python": ("python", "py", "python3", ""), "cpp": ("cpp", "c++", "
 LOCAL_LANGUAGES = ("python", "cpp")  # what this host's sandbox (and pivotflow's server) runs
 
 
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """Each complete fenced block's (tag, code), in order: a ```` ``` ```` and its tag, the rest
+    of that line, the code up to the next ```` ``` ````. In one pass over the text (a regex
+    scanning each fence's line to its end took quadratic time, 5 s on the controller's loop, on
+    a response of 30k fences with no newline, as a degenerate policy may write)."""
+    blocks: list[tuple[str, str]] = []
+    pos = 0
+    while True:
+        start = text.find("```", pos)
+        line_end = text.find("\n", start) if start >= 0 else -1
+        end = text.find("```", line_end + 1) if line_end >= 0 else -1
+        if end < 0:  # (no newline after it, or no fence to close it: none after either)
+            return blocks
+        tag = _FENCE_TAG.match(text, start + 3, line_end)
+        blocks.append((tag.group(1) if tag else "", text[line_end + 1:end]))
+        pos = end + 3
+
+
 def code_of(completion: str, language: str = "python") -> str:
     """The program in a completion: its last fenced block marked ``language`` (Python's: or
     unmarked), else its last fenced block, else what follows a fence left open (a response
     cut at its max_tokens), else the whole text."""
-    blocks = _FENCE.findall(completion)
+    blocks = fenced_blocks(completion)
     tags = FENCE_TAGS[language]
     marked = [code for lang, code in blocks if lang.lower() in tags]
     if marked:
@@ -87,7 +105,7 @@ def code_of(completion: str, language: str = "python") -> str:
 def language_of(completion: str, languages: tuple[str, ...] = LOCAL_LANGUAGES) -> str:
     """``language="auto"``'s choice: the language of ``languages`` the completion's last fenced
     block is marked as (C++: ``cpp``, ``c++``, ``cc``, ``cxx``; ``FENCE_TAGS``), else Python."""
-    blocks = _FENCE.findall(completion)
+    blocks = fenced_blocks(completion)
     tag = blocks[-1][0].lower() if blocks else ""
     if not blocks:  # (a fence left open: its tag)
         opened = completion.rfind("```")

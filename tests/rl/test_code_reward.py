@@ -451,3 +451,15 @@ def test_what_a_program_leaves_running_is_killed_with_its_case(tmp_path: Path) -
     while not gone() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert gone()
+
+
+@pytest.mark.timeout(30)  # (the first fence pattern: ~5 s at 30k fences, quadratic)
+def test_a_degenerate_completion_is_read_without_scanning_for_ever() -> None:
+    """A policy may write fences without end; the controller reads each completion on its
+    loop, so finding the blocks must stay linear in the text."""
+    # (no block closes in any: a fence left open gives what follows its line)
+    for text, code in (("```" * 200_000, ""), ("```python" + " " * 500_000, ""),
+                       ("```\n" + "x" * 500_000, "x" * 500_000)):
+        assert code_of(text) == code and language_of(text) == "python"
+    assert code_of("```cpp\nint main() {}\n```\nthen ```python\nprint(1)\n```", "cpp") == \
+        "int main() {}\n"
