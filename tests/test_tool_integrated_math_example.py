@@ -24,18 +24,18 @@ def test_each_reference_program_prints_the_answer(tmp_path: Path,
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("tool_parser", ["hermes", "python_block"])
-def test_a_run_scores_every_final_answer(tmp_path: Path, script: Callable[[Path], ModuleType],
-                                         tool_parser: str) -> None:
-    """Two steps on the byo example's tiny random Qwen2, in each call format: nothing lost,
-    every sample scored by the math reward (a random model states no answer), the tool figures
-    in every record."""
+def test_a_run_scores_every_final_answer(tmp_path: Path,
+                                         script: Callable[[Path], ModuleType]) -> None:
+    """Two steps on the byo example's tiny random Qwen2, in Qwen2.5-Math's python-block format
+    (the Hermes format's turns: tests/controller/test_tool_turns.py): nothing lost, every
+    sample scored by the math reward (a random model states no answer), the tool figures in
+    every record."""
     module = script(EXAMPLE)
     model = script(EXAMPLE.with_name("byo_model.py")).build_tiny_folder(tmp_path / "model")
-    tasks = module.write_tasks(tmp_path / "tasks.jsonl", tool_parser)
+    tasks = module.write_tasks(tmp_path / "tasks.jsonl", "python_block")
     result = run(EXAMPLE, steps=2, out=tmp_path / "run", console=False,
                  sets=[f"graph.model={model}", f"graph.prompts={tasks}", "live=false",
-                       "planner=static", f"graph.tool_parser={tool_parser}"])
+                       "planner=static", "graph.tool_parser=python_block"])
     assert result.summary["ledger"]["lost"] == 0 and result.summary["steps"] == 2
     records = [json.loads(line)
                for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
