@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -24,3 +24,23 @@ async def serve_beside(main: Awaitable[T], *side: Coroutine[Any, Any, None]) -> 
                     task.cancel()
     except BaseExceptionGroup as failed:
         raise failed.exceptions[0]  # noqa: B904 - the error itself, its own traceback kept
+
+
+async def closed_at_shutdown(close: Callable[[], Awaitable[Any]]) -> AsyncIterator[None]:
+    """A handle that runs ``close`` when this loop shuts down: the loop's runner
+    (``asyncio.run``, the run's ``asyncio.Runner``) closes every async generator left open
+    before it closes, which runs the generator's ``finally``. Keep the handle referenced for as
+    long as what it closes lives (a generator no one holds is closed when it is collected):
+    what a loop's first user opens (a session, processes, servers) then ends with the loop,
+    never on a loop that is gone."""
+    keeper = _open_until_closed(close)
+    await anext(keeper)
+    return keeper
+
+
+async def _open_until_closed(close: Callable[[], Awaitable[Any]]) -> AsyncIterator[None]:
+    try:
+        yield
+        await asyncio.Event().wait()  # (never resumed: closed from outside)
+    finally:
+        await close()

@@ -21,6 +21,8 @@ from typing import Any
 
 import aiohttp
 
+from pivotflow.concurrency import closed_at_shutdown
+
 RETRY_WAIT_S = 1.0  # the first wait before a try again (OpenRLHF's fixed 1 s), then doubled
 MAX_WAIT_S = 30.0  # the longest wait between tries (the stage's deadline_s bounds them all)
 RETRIED_4XX = frozenset({408, 429})  # timeout, too many requests: the server says try later
@@ -44,7 +46,7 @@ class Endpoints:
         self._turn = itertools.count()
         self._sessions: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop,
-            tuple[aiohttp.ClientSession, AsyncIterator[aiohttp.ClientSession]]
+            tuple[aiohttp.ClientSession, AsyncIterator[None]]
         ] = weakref.WeakKeyDictionary()
 
     async def _session(self) -> aiohttp.ClientSession:
@@ -52,9 +54,12 @@ class Endpoints:
         held = self._sessions.get(loop)
         if held is not None:
             return held[0]
-        keeper = _kept_open(self.timeout_s, self.headers)
-        session = await anext(keeper)
-        self._sessions[loop] = (session, keeper)  # (the keeper holds it open: see below)
+        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                                        connector=aiohttp.TCPConnector(limit=0),
+                                        headers=self.headers)
+        # (closed when its loop shuts down: a session left open is an error in the log once
+        # its loop is gone)
+        self._sessions[loop] = (session, await closed_at_shutdown(session.close))
         return session
 
     async def post(self, payload: Any, path: str = "", timeout_s: float | None = None) -> Any:
@@ -98,21 +103,6 @@ class CallFailed(ConnectionError):
     def __init__(self, message: str, status: int | None) -> None:
         super().__init__(message)
         self.status = status
-
-
-async def _kept_open(timeout_s: float,
-                     headers: dict[str, str]) -> AsyncIterator[aiohttp.ClientSession]:
-    """A session, closed when its loop shuts down: the loop's runner (``asyncio.run``, the
-    run's ``asyncio.Runner``) closes every async generator left open before it closes, which
-    runs this one's ``finally`` (a session left open is an error in the log once its loop
-    is gone)."""
-    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                    connector=aiohttp.TCPConnector(limit=0), headers=headers)
-    try:
-        yield session
-        await asyncio.Event().wait()  # (never resumed: closed from outside)
-    finally:
-        await session.close()
 
 
 def _seconds(header: str | None) -> float | None:

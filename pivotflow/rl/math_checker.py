@@ -9,8 +9,8 @@ and is scored as not equal. Each process caps its own address space (``memory_mb
 when its parent is gone (its stdin closes; or, mid-check, the kernel kills it: the parent's
 death signal).
 
-The processes of a loop are closed when that loop shuts down (the run's runner closes every
-async generator left open: ``_kept_open``), as ``http_calls`` closes its sessions.
+The processes of a loop are closed when that loop shuts down (``concurrency.closed_at_shutdown``),
+as ``http_calls`` closes its sessions.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import sys
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any
+
+from pivotflow.concurrency import closed_at_shutdown
 
 START_TIMEOUT_S = 120.0  # importing sympy on a busy host: seconds, not minutes
 
@@ -62,12 +64,16 @@ class MathCheckers:
         loop = asyncio.get_running_loop()
         held = self._idle.get(loop)
         if held is None:
+            checkers = [_Checker(self.memory_mb) for _ in range(self.workers)]
             idle: asyncio.Queue[_Checker] = asyncio.Queue()
-            for _ in range(self.workers):
-                idle.put_nowait(_Checker(self.memory_mb))
-            keeper = _kept_open(idle)
-            await anext(keeper)
-            held = self._idle[loop] = (idle, keeper)
+            for checker in checkers:
+                idle.put_nowait(checker)
+
+            async def close() -> None:
+                for checker in checkers:
+                    await checker.close()
+
+            held = self._idle[loop] = (idle, await closed_at_shutdown(close))
         return held[0]
 
 
@@ -120,20 +126,6 @@ class _Checker:
         if proc is not None and proc.returncode is None:
             proc.kill()
             await proc.wait()
-
-
-async def _kept_open(idle: asyncio.Queue[_Checker]) -> AsyncIterator[None]:
-    """Yields once; its ``finally`` (run when the loop's runner closes async generators)
-    kills the loop's checker processes."""
-    checkers = [idle.get_nowait() for _ in range(idle.qsize())]
-    for checker in checkers:
-        idle.put_nowait(checker)
-    try:
-        yield
-        await asyncio.Event().wait()  # (never resumed: closed from outside)
-    finally:
-        for checker in checkers:
-            await checker.close()
 
 
 # --- the process ----------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
+from pivotflow.concurrency import closed_at_shutdown
 from pivotflow.rl.code_runner import (
     COMPILE_LIMITS,
     case_program,
@@ -83,22 +84,17 @@ class RemoteRunner:
         if self.endpoints is None:
             self.endpoints = self._endpoints_of(urls)
             self.ray_actors = actors
-            self._keeper = self._placed_until_shutdown()
-            await anext(self._keeper)
+            self._keeper = await closed_at_shutdown(self._unplaced)
         return self.endpoints
 
-    async def _placed_until_shutdown(self) -> AsyncIterator[None]:
-        """Yields once; its ``finally``, run when the loop's runner closes async generators
-        (the run's end), ends the servers placed on Ray, and a later loop places its own."""
-        try:
-            yield
-            await asyncio.Event().wait()  # (never resumed: closed from outside)
-        finally:
-            import ray
+    async def _unplaced(self) -> None:
+        """The servers placed on Ray ended (the run's loop shuts down); a later loop places
+        its own."""
+        import ray
 
-            for actor in self.ray_actors:
-                ray.kill(actor)
-            self.ray_actors, self.endpoints, self._placing = [], None, None
+        for actor in self.ray_actors:
+            ray.kill(actor)
+        self.ray_actors, self.endpoints, self._placing = [], None, None
 
     async def run(self, code: str, cases: list[dict[str, Any]], stop_at_failure: bool,
                   language: str = "python", *, timeout_s: float | None = None,
