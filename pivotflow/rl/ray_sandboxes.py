@@ -31,8 +31,7 @@ class SandboxHost:
     def __init__(self, workers: int, memory_mb: int, token: str, isolation: str) -> None:
         import ray
 
-        from pivotflow.rl.code_sandbox import CodeRunner
-        from pivotflow.rl.sandbox_server import DEFAULT_RUN_TIMEOUT_S, listening
+        from pivotflow.rl.sandbox_server import listening, server_runner
 
         self.url = ""
         self.error = ""
@@ -42,11 +41,7 @@ class SandboxHost:
         def serve() -> None:
             loop = asyncio.new_event_loop()
             try:
-                import shutil
-
-                runner = CodeRunner(workers=workers, timeout_s=DEFAULT_RUN_TIMEOUT_S,
-                                    memory_mb=memory_mb, nproc=64, isolation=isolation,
-                                    compiles=shutil.which("g++") is not None)
+                runner = server_runner(workers, memory_mb, isolation)
                 _, self.url = loop.run_until_complete(listening(host, 0, runner, True, token))
             except (ValueError, OSError) as why:  # no bubblewrap there, no port
                 self.error = f"sandbox server on {host}: {why}"

@@ -244,9 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     try:
-        runner = CodeRunner(workers=args.workers, timeout_s=DEFAULT_RUN_TIMEOUT_S,
-                            memory_mb=args.memory_mb, nproc=64, isolation=args.isolation,
-                            compiles=_has_compiler())
+        runner = server_runner(args.workers, args.memory_mb, args.isolation)
     except ValueError as why:
         raise SystemExit(f"sandbox_server: {why}") from None
     if args.max_body_mb < 1:
@@ -278,10 +276,14 @@ def _token(path: str) -> str:
     return token
 
 
-def _has_compiler() -> bool:
+def server_runner(workers: int, memory_mb: int, isolation: str) -> CodeRunner:
+    """The sandboxes a server runs its requests in (this command's, and a Ray node's:
+    ``ray_sandboxes.py``): C++ as well where the host has g++. Raises ValueError (one line)
+    where they cannot be (no bubblewrap, a bad number)."""
     import shutil
 
-    return shutil.which("g++") is not None
+    return CodeRunner(workers=workers, timeout_s=DEFAULT_RUN_TIMEOUT_S, memory_mb=memory_mb,
+                      nproc=64, isolation=isolation, compiles=shutil.which("g++") is not None)
 
 
 if __name__ == "__main__":
