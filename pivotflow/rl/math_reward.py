@@ -11,8 +11,10 @@ the field as it is), and writes ``reward``: ``correct`` where they are the same 
 item that only algebra can decide (``\\frac{\\sqrt2}{2}`` and ``1/\\sqrt{2}``; ``(x+1)^2`` and
 ``x^2+2x+1``), the same sympy expression, worked out in a checker process under ``timeout_s``
 (``math_checker``: a check that runs over is not equal, and is counted). Tuples and intervals
-compare in order with their brackets, sets and bare lists in any order. What it does not read
-(matrices, inequalities, answers in words beyond a single word) compares as normalized text.
+compare in order with their brackets, sets and bare lists in any order, ``a \\pm b`` as its two
+answers, inequalities once both face the same way, matrices cell by cell. What it does not
+read (set-builder notation, answers in words beyond a single word) compares as normalized
+text.
 
 Each step record's ``logged_metrics`` gets, averaged over its samples: ``math_correct``,
 ``math_no_answer`` (no answer found in the completion), ``math_algebra`` (decided in a checker
