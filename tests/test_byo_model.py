@@ -132,6 +132,46 @@ def test_a_transformers_qwen2_runs_on_message_prompts_and_its_checkpoint_loads_b
     assert model(ids).logits.shape == (1, ids.shape[1], len(tok))
 
 
+def test_a_transformers_qwen3_moe_trains_and_its_checkpoint_loads_back(
+        tmp_path: Path, qwen: Path) -> None:
+    """A mixture-of-experts policy (Qwen3-MoE: 4 experts, 2 per token) in the same run, in the
+    controller's process: generated, trained and written back in the Hub's per-expert names,
+    which transformers reads; its router and experts moved."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import (
+        AutoModelForCausalLM,
+        GenerationConfig,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
+
+    from pivotflow.run import run
+
+    moe = copy_model(qwen, tmp_path / "moe", skip=("model.safetensors", "config.json"))
+    torch.manual_seed(0)
+    policy = Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        vocab_size=json.loads((qwen / "config.json").read_text())["vocab_size"],
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=64, num_experts=4,
+        num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
+        eos_token_id=0, pad_token_id=0))
+    policy.generation_config = GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)
+    policy.save_pretrained(moe)
+    graph = write_graph(tmp_path, moe, write_prompts(tmp_path / "prompts.jsonl"))
+    result = run(graph, steps=2, out=tmp_path / "out", console=False, sets=["live=false"])
+    s = result.summary
+    assert s["error"] is None and s["steps"] == 2 and s["ledger"]["groups_trained"] == 4
+    assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
+    ckpt = tmp_path / "out" / "checkpoints" / "policy"
+    theirs, info = AutoModelForCausalLM.from_pretrained(ckpt, output_loading_info=True)
+    assert type(theirs).__name__ == "Qwen3MoeForCausalLM" and not info["missing_keys"]
+    before, after = load_file(moe / "model.safetensors"), load_file(ckpt / "model.safetensors")
+    for name in ("model.layers.0.mlp.gate.weight", "model.layers.1.mlp.experts.0.up_proj.weight",
+                 "model.layers.1.mlp.experts.3.down_proj.weight"):
+        assert not torch.equal(before[name], after[name]), name
+
+
 EXAMPLE = Path(__file__).parents[1] / "examples" / "byo_model.py"
 
 

@@ -15,6 +15,12 @@ its own module, gets no weights of its own (the checkpoint has none for it), so 
 GEMM keeps the old embedding -- logits from the old weights. ``_repack_cpu_gemms`` rebuilds the
 GEMM of every layer that kept its weight (found by vLLM 0.32 on a tied Qwen2: greedy tokens after
 an update differed from the embedded engine's until it was added).
+
+A mixture of experts has the same kind of gap: vLLM 0.32's unquantized MoE method prepacks the
+experts for its CPU grouped GEMM only on the first load (``is_weight_update`` skips the experts'
+own ``process_weights_after_loading``), so after a reload the kernel reads the checkpoint layout
+as if packed: every token's output changes, even on a reload of the same weights (found on a
+Qwen3-MoE). ``_repack_cpu_experts`` runs that step again.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ class StoreWeightLoader:
         with torch.no_grad():  # vLLM's loaders copy into parameters in place
             self.model_runner.reload_weights(weights_iterator=items, is_checkpoint_format=True)
             _repack_cpu_gemms(self.model_runner.get_model())
+            _repack_cpu_experts(self.model_runner.get_model())
 
 
 def _repack_cpu_gemms(model: torch.nn.Module) -> None:
@@ -68,3 +75,17 @@ def _repack_cpu_gemms(model: torch.nn.Module) -> None:
         kept = isinstance(weight, torch.Tensor) and weight.ndim == 2 and weight.numel() > 0
         if kept and hasattr(module, "cpu_linear"):
             dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+
+
+def _repack_cpu_experts(model: torch.nn.Module) -> None:
+    """Prepack each MoE layer's reloaded experts (``w13_weight``/``w2_weight``, left in the
+    checkpoint's layout by the reload) into the CPU kernel's layout again."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is not None and hasattr(module, "w13_weight"):
+            experts.process_weights_after_loading(module)

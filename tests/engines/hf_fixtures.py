@@ -1,6 +1,7 @@
 """Tiny random-weight models that transformers itself builds and saves, one per family and
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
-head_dim that is not hidden/heads; tied and untied), and a reference greedy decode."""
+head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones; tied and
+untied), and a reference greedy decode."""
 
 from __future__ import annotations
 
@@ -48,7 +49,12 @@ CASES = [
     # head_dim 32 with 4 heads: q/k/v/o project to 128, not hidden_size 64.
     Case("qwen3-wide-heads", "Qwen3Config", False,
          {"head_dim": 32, "num_attention_heads": 4, "num_key_value_heads": 2}),
+    # 8 experts, 2 per token, renormalised; layer 1 of 3 keeps a dense MLP.
+    Case("qwen3-moe", "Qwen3MoeConfig", False,
+         {"head_dim": 32, "num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2,
+          "moe_intermediate_size": 48, "norm_topk_prob": True, "mlp_only_layers": [1]}),
 ]  # fmt: skip
+MOE = CASES[6]
 CASE_IDS = [c.name for c in CASES]
 
 
@@ -64,7 +70,7 @@ def hf_model(case: Case, seed: int = 0):  # type: ignore[no-untyped-def]
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 2:
+            if p.dim() >= 2:  # matrices, and transformers 5's fused [experts, out, in] stacks
                 p.normal_(0.0, 0.15)
             elif name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))

@@ -1,4 +1,4 @@
-"""The embedded PyTorch engine: a Qwen2/Llama/Qwen3 decoder, slot KV cache and continuous
+"""The embedded PyTorch engine: a Qwen2/Llama/Qwen3/Qwen3-MoE decoder, slot KV cache and continuous
 batching, in float32, bfloat16 or float16 on CPU or CUDA."""
 
 from __future__ import annotations

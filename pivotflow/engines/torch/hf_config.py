@@ -1,7 +1,7 @@
 """Hugging Face ``config.json`` <-> ``ModelConfig``, and the dtype a model runs in.
 
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
-(Qwen2/Qwen2.5, Llama 3, Qwen3; rope default, linear, llama3) and names, in one line, the file
+(Qwen2/Qwen2.5, Llama 3, Qwen3, Qwen3-MoE; rope default, linear, llama3) and names, in one line, the file
 and the first key it cannot run. Keys that change nothing the decoder computes (token ids,
 initializer_range, use_cache...) are ignored.
 """
@@ -15,11 +15,13 @@ import torch
 from pivotflow.engines.torch.model import ARCHITECTURES, ROPE_TYPES, ModelConfig
 from pivotflow.errors import ModelConfigError
 
-HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
+              "qwen3_moe": "Qwen3MoeForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
-                  "qwen3": "Qwen3ForSequenceClassification"}
+                  "qwen3": "Qwen3ForSequenceClassification",
+                  "qwen3_moe": "Qwen3MoeForSequenceClassification"}
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -134,7 +136,7 @@ def _positive_int(raw: dict[str, Any], key: str, where: str) -> int:
 
 
 def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
-    """Map a Hugging Face Qwen2/Llama/Qwen3 ``config.json`` onto ModelConfig. Raises
+    """Map a Hugging Face Qwen2/Llama/Qwen3/Qwen3-MoE ``config.json`` onto ModelConfig. Raises
     ModelConfigError naming ``where`` and the key for a missing field or a feature this decoder
     does not have (another rope type, sliding windows, a biased MLP, another activation...)."""
     kind = _model_type(raw, where)
@@ -160,11 +162,35 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         attention_bias=True if kind == "qwen2" else bool(raw.get("attention_bias", False)),
         architecture=kind,
         num_labels=_num_labels(raw, where),
+        **(_expert_fields(raw, where) if kind == "qwen3_moe" else {}),
     )
     try:
         return cfg.validate()
     except ModelConfigError as exc:
         raise ModelConfigError(f"{where}: {exc}") from None
+
+
+def _expert_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """A Qwen3-MoE config's expert fields, with transformers' defaults where a key is absent
+    (the Hub's configs name the count ``num_experts``; transformers 5 writes
+    ``num_local_experts``)."""
+    count_key = "num_experts" if "num_experts" in raw else "num_local_experts"
+    out: dict[str, Any] = {"num_experts": raw.get(count_key, 128)}
+    for key, default in (("num_experts_per_tok", 8), ("moe_intermediate_size", 768),
+                         ("decoder_sparse_step", 1)):  # fmt: skip
+        out[key] = raw.get(key, default)
+    for key, value in [(count_key, out["num_experts"]),
+                       *((k, out[k]) for k in list(out)[1:])]:  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ModelConfigError(f"{where}: {key}={value!r} is not a non-negative integer")
+    out["norm_topk_prob"] = bool(raw.get("norm_topk_prob", False))
+    only = raw.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in only
+    ):
+        raise ModelConfigError(f"{where}: mlp_only_layers={only!r} is not a list of layer numbers")
+    out["mlp_only_layers"] = tuple(only)
+    return out
 
 
 def _num_labels(raw: dict[str, Any], where: str) -> int:
@@ -228,6 +254,17 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
     else:
         out.update(use_sliding_window=False, sliding_window=None)
-    if cfg.architecture == "qwen3":
+    if cfg.architecture in ("qwen3", "qwen3_moe"):
         out.update(attention_bias=cfg.attention_bias)
+    if cfg.architecture == "qwen3_moe":
+        out.update(
+            num_experts=cfg.num_experts,
+            num_experts_per_tok=cfg.num_experts_per_tok,
+            moe_intermediate_size=cfg.moe_intermediate_size,
+            norm_topk_prob=cfg.norm_topk_prob,
+            decoder_sparse_step=cfg.decoder_sparse_step,
+            mlp_only_layers=list(cfg.mlp_only_layers),
+            # No load-balancing loss in training (see model.SparseMoE), and none asked for.
+            output_router_logits=False,
+        )
     return out

@@ -20,18 +20,28 @@ from torch import nn
 
 from pivotflow.engines.torch.linear import Linears
 from pivotflow.engines.torch.model import (
+    MLP,
     Decoder,
     DecoderLayer,
     ModelConfig,
+    SparseMoE,
     rope_inv_freq,
     rotary_cos_sin,
+    route,
+    tokens_by_expert,
 )
 from pivotflow.errors import EngineError
 
 _T = torch.Tensor
-# One layer for PackedDecoder: (norm weights, q/k/v bias, [out, in] weights q/k/v, o, gate/up,
-# down, o bias, Qwen3's q/k norm weights)
-_Packed = tuple[tuple[_T, _T], _T | None, tuple[_T, _T, _T, _T], _T | None, tuple[_T, _T] | None]
+# A feed-forward for PackedDecoder: a dense MLP's [out, in] weights (packed gate/up, down), or a
+# sparse layer's router weight and each expert's (packed gate/up, down).
+_Dense = tuple[_T, _T]
+_Experts = tuple[_T, list[tuple[_T, _T]]]
+# One layer for PackedDecoder: (norm weights, q/k/v bias, [out, in] weights q/k/v and o, o bias,
+# Qwen3's q/k norm weights, the feed-forward)
+_Packed = tuple[
+    tuple[_T, _T], _T | None, tuple[_T, _T], _T | None, tuple[_T, _T] | None, _Dense | _Experts
+]
 
 
 class SlotKVCache:
@@ -217,6 +227,12 @@ def pack_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor |
     return weight, bias
 
 
+def _pack_mlp(mlp: MLP) -> _Dense:
+    """A SwiGLU MLP's weights for one gated matmul: (packed [gate; up], down)."""
+    w_gate_up, _ = pack_linears([mlp.gate_proj, mlp.up_proj])
+    return w_gate_up, mlp.down_proj.weight
+
+
 class PackedDecoder:
     """``model``'s forward pass specialised for serving from a ``SlotKVCache``: ``prefill``
     (whole prompts) and ``decode`` (one token per sequence), each returning logits [n, vocab]
@@ -236,15 +252,20 @@ class PackedDecoder:
         self.d = cfg.head_dim
         self.layers: list[_Packed] = []
         for layer in cast(list[DecoderLayer], model.model.layers):
-            attn, mlp = layer.self_attn, layer.mlp
+            attn = layer.self_attn
             w_qkv, b_qkv = pack_linears([attn.q_proj, attn.k_proj, attn.v_proj])
-            w_gate_up, _ = pack_linears([mlp.gate_proj, mlp.up_proj])
             norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-            weights = (w_qkv, attn.o_proj.weight, w_gate_up, mlp.down_proj.weight)
             qk_norms = None
             if attn.q_norm is not None and attn.k_norm is not None:
                 qk_norms = (attn.q_norm.weight, attn.k_norm.weight)
-            self.layers.append((norms, b_qkv, weights, attn.o_proj.bias, qk_norms))
+            ffn: _Dense | _Experts
+            if isinstance(layer.mlp, SparseMoE):
+                experts = cast(list[MLP], list(layer.mlp.experts))
+                ffn = (layer.mlp.gate.weight, [_pack_mlp(e) for e in experts])
+            else:
+                ffn = _pack_mlp(cast(MLP, layer.mlp))
+            weights = (w_qkv, attn.o_proj.weight)
+            self.layers.append((norms, b_qkv, weights, attn.o_proj.bias, qk_norms, ffn))
         device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
         self.mm = Linears.for_weights(model.lm_head.weight)
         positions = torch.arange(max_len, device=device)[None]
@@ -285,8 +306,8 @@ class PackedDecoder:
         (b, t), split = tokens.shape, (heads + kv_heads) * d
         cos, sin = rope[:, :, 0], rope[:, :, 1]
         x = self.model.model.embed_tokens.weight[tokens.view(-1)]
-        for i, (norms, b_qkv, weights, b_o, qk_norms) in enumerate(self.layers):
-            (norm1, norm2), (w_qkv, w_o, w_gate_up, w_down) = norms, weights
+        for i, (norms, b_qkv, weights, b_o, qk_norms, ffn) in enumerate(self.layers):
+            (norm1, norm2), (w_qkv, w_o) = norms, weights
             h = torch.rms_norm(x, hidden, norm1, eps)
             qkv = mm.linear(h, w_qkv, b_qkv)
             qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
@@ -298,8 +319,24 @@ class PackedDecoder:
                 qk[:, :, heads:].mul_(qk_norms[1])
             qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin).view(b * t, -1, d)
             x = mm.linear_add(attend(i, qk, qkv[:, split:].view(b * t, -1, d), cache), w_o, b_o, x)
-            act = mm.gated(torch.rms_norm(x, hidden, norm2, eps), w_gate_up, inter)
-            x = mm.linear_add(act, w_down, None, x)
+            h = torch.rms_norm(x, hidden, norm2, eps)
+            if isinstance(ffn[1], list):
+                x = self._experts_add(h, cast(_Experts, ffn), x)
+            else:
+                w_gate_up, w_down = cast(_Dense, ffn)
+                x = mm.linear_add(mm.gated(h, w_gate_up, inter), w_down, None, x)
+        return x
+
+    def _experts_add(self, h: torch.Tensor, experts: _Experts, x: torch.Tensor) -> torch.Tensor:
+        """``x`` plus the sparse block's output for normed rows ``h`` [n, hidden]: each expert
+        some token chose runs once, on the rows that chose it (SparseMoE's math)."""
+        cfg, mm = self.cfg, self.mm
+        router, packed = experts
+        weights, chosen = route(mm.linear(h, router), cfg.num_experts_per_tok, cfg.norm_topk_prob)
+        for expert, rows, pick in tokens_by_expert(chosen, len(packed)):
+            w_gate_up, w_down = packed[expert]
+            y = mm.linear(mm.gated(h[rows], w_gate_up, cfg.moe_intermediate_size), w_down)
+            x.index_add_(0, rows, y.mul_(weights[rows, pick, None]))
         return x
 
     def _attend_decode(

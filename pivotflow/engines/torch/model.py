@@ -1,10 +1,12 @@
-"""A Llama/Qwen2/Qwen3-style decoder in plain PyTorch.
+"""A Llama/Qwen2/Qwen3/Qwen3-MoE-style decoder in plain PyTorch.
 
-Module and parameter names follow Hugging Face's Qwen2/Llama/Qwen3 exactly (``model.layers.0
-.self_attn.q_proj.weight`` ...), so a state dict saved by ``transformers`` loads with
-``load_state_dict`` unchanged, and ours loads in ``transformers``. The three families differ in
-little: Qwen2 has q/k/v biases; Llama and Qwen3 have biases on all four attention projections
-only when ``attention_bias`` says so; Qwen3 RMS-normalises each head of q and k before RoPE.
+Module and parameter names follow Hugging Face's checkpoints exactly (``model.layers.0
+.self_attn.q_proj.weight``, ``model.layers.0.mlp.experts.3.up_proj.weight`` ...), so a state dict
+saved by ``transformers`` loads with ``load_state_dict`` unchanged, and ours loads in
+``transformers``. The families differ in little: Qwen2 has q/k/v biases; Llama and Qwen3 have
+biases on all four attention projections only when ``attention_bias`` says so; Qwen3 RMS-normalises
+each head of q and k before RoPE; Qwen3-MoE is Qwen3 with a routed mixture of experts in place of
+the MLP on its sparse layers (``SparseMoE``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from torch.utils.checkpoint import checkpoint
 
 from pivotflow.errors import ModelConfigError
 
-ARCHITECTURES = ("qwen2", "llama", "qwen3")
+ARCHITECTURES = ("qwen2", "llama", "qwen3", "qwen3_moe")
+QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe")  # q and k RMS-normalised per head
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -57,6 +60,15 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     # A sequence classifier (HF's *ForSequenceClassification, e.g. a reward model): a ``score``
     # head of this many outputs over the last token instead of ``lm_head``; 0: a causal LM.
     num_labels: int = 0
+    # Qwen3-MoE (HF's names): ``num_experts`` routed experts of ``moe_intermediate_size`` each,
+    # ``num_experts_per_tok`` of them per token, on every ``decoder_sparse_step``-th layer but
+    # ``mlp_only_layers`` (those keep a dense MLP of ``intermediate_size``). 0 experts: dense.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalise the chosen experts' router weights to sum to 1
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         # Derived defaults; force_setattr because the struct is frozen.
@@ -65,12 +77,22 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
                 self, "head_dim", self.hidden_size // self.num_attention_heads
             )
         if self.qk_norm is None:
-            msgspec.structs.force_setattr(self, "qk_norm", self.architecture == "qwen3")
+            msgspec.structs.force_setattr(
+                self, "qk_norm", self.architecture in QK_NORM_ARCHITECTURES
+            )
 
     @property
     def o_proj_bias(self) -> bool:
         """Whether o_proj has a bias: Qwen2 never; Llama and Qwen3 when attention_bias."""
         return self.attention_bias and self.architecture != "qwen2"
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` routes to experts (as transformers' Qwen3-MoE decides)."""
+        return (
+            self.num_experts > 0
+            and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
 
     def validate(self) -> ModelConfig:
         """Return self; raise ModelConfigError naming the first inconsistent field."""
@@ -92,11 +114,12 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
             )
         if self.head_dim % 2:
             raise ModelConfigError(f"head_dim {self.head_dim} must be even for rotary embeddings")
-        if self.qk_norm != (self.architecture == "qwen3"):
+        if self.qk_norm != (self.architecture in QK_NORM_ARCHITECTURES):
             raise ModelConfigError(
                 f"qk_norm={self.qk_norm} does not fit architecture {self.architecture!r} "
-                "(only qwen3 normalises q and k)"
+                "(only qwen3 and qwen3_moe normalise q and k)"
             )
+        self._validate_experts()
         if self.rope_type not in ROPE_TYPES:
             raise ModelConfigError(
                 f"rope_type {self.rope_type!r} is not one of {', '.join(ROPE_TYPES)}"
@@ -112,6 +135,31 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
                 f"rope_low_freq_factor {self.rope_low_freq_factor}"
             )
         return self
+
+
+    def _validate_experts(self) -> None:
+        if self.num_experts < 0:
+            raise ModelConfigError(f"num_experts must be >= 0, got {self.num_experts}")
+        if not self.num_experts:
+            return
+        if self.architecture != "qwen3_moe":
+            raise ModelConfigError(
+                f"num_experts={self.num_experts} does not fit architecture "
+                f"{self.architecture!r} (only qwen3_moe has experts)"
+            )
+        if not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ModelConfigError(
+                f"num_experts_per_tok must be in [1, num_experts={self.num_experts}], got "
+                f"{self.num_experts_per_tok}"
+            )
+        for name in ("moe_intermediate_size", "decoder_sparse_step"):
+            if getattr(self, name) <= 0:
+                raise ModelConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        outside = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
+        if outside:
+            raise ModelConfigError(
+                f"mlp_only_layers {outside} are not layers of a {self.num_hidden_layers}-layer model"
+            )
 
 
 def rope_inv_freq(cfg: ModelConfig, device: torch.device | str | None = None) -> torch.Tensor:
@@ -234,14 +282,77 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """SwiGLU feed-forward of ``size`` hidden units (default: the config's intermediate_size)."""
+
+    def __init__(self, cfg: ModelConfig, size: int = 0) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        size = size or cfg.intermediate_size
+        self.gate_proj = nn.Linear(cfg.hidden_size, size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, size, bias=False)
+        self.down_proj = nn.Linear(size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def route(
+    router_logits: torch.Tensor, top_k: int, normalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's experts and their weights, as Qwen3-MoE routes: softmax over all experts
+    in float32, the ``top_k`` largest, optionally renormalised to sum to 1, cast back to the
+    logits' dtype. ``router_logits`` [n, experts] -> (weights [n, k], expert ids [n, k])."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    weights, experts = torch.topk(probs, top_k, dim=-1)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(router_logits.dtype), experts
+
+
+def tokens_by_expert(
+    experts: torch.Tensor, num_experts: int
+) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """For expert ids [n, k]: (expert, its tokens' rows, which of their k choices) for each
+    expert at least one token chose, from one sort (not one scan of all n*k per expert)."""
+    flat = experts.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts).tolist()  # the one host sync
+    k = experts.shape[-1]
+    out, start = [], 0
+    for expert, count in enumerate(counts):
+        if count:
+            picks = order[start:start + count]
+            out.append((expert, picks // k, picks % k))
+            start += count
+    return out
+
+
+class SparseMoE(nn.Module):
+    """Qwen3-MoE's sparse block: a bias-free router ``gate`` over ``num_experts`` SwiGLU
+    experts, each token through its ``num_experts_per_tok`` best, their outputs summed with the
+    router's weights. Experts are modules of their own (``experts.3.up_proj``), as checkpoints
+    name them: transformers 5 fuses them in memory but saves and loads these names.
+
+    Every expert a token picks runs on a gathered batch of its tokens, so compute follows the
+    routed tokens (k of E experts per token), not E; the router gets its gradient through the
+    weights. No load-balancing loss is added in training (transformers adds one only with
+    ``output_router_logits``, off in Qwen3-MoE's configs; verl's FSDP trainer adds none)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.top_k, self.normalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.experts = nn.ModuleList(
+            MLP(cfg, cfg.moe_intermediate_size) for _ in range(cfg.num_experts)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        weights, chosen = route(self.gate(flat), self.top_k, self.normalize)
+        out = torch.zeros_like(flat)
+        for expert, rows, pick in tokens_by_expert(chosen, len(self.experts)):
+            y = self.experts[expert](flat[rows]) * weights[rows, pick, None]
+            out.index_add_(0, rows, y.to(out.dtype))
+        return out.view_as(x)
 
 
 class DecoderLayer(nn.Module):
@@ -250,7 +361,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp: nn.Module = SparseMoE(cfg) if cfg.is_sparse(layer_idx) else MLP(cfg)
 
     def forward(self, x, cos, sin, attn_mask, cache):  # type: ignore[no-untyped-def]
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache)

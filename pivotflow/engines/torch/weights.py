@@ -3,7 +3,7 @@
 A folder is ``config.json``, ``model.safetensors`` or the shards ``model.safetensors.index.json``
 lists, and optionally ``generation_config.json``. One written by ``save_checkpoint`` loads with
 ``transformers.AutoModelForCausalLM.from_pretrained``; one written by transformers'
-``save_pretrained`` for a Qwen2, Llama or Qwen3 model loads with ``load_model_folder``.
+``save_pretrained`` for a Qwen2, Llama, Qwen3 or Qwen3-MoE model loads with ``load_model_folder``.
 """
 
 from __future__ import annotations
