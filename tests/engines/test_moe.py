@@ -13,7 +13,7 @@ import torch
 from hf_fixtures import MOE, PROMPTS, hf_model
 
 from pivotflow.engines.torch import config_from_hf, load_model_folder, save_checkpoint
-from pivotflow.engines.torch.model import Decoder, SparseMoE, route, tokens_by_expert
+from pivotflow.engines.torch.model import Decoder, SparseMoE, route, sort_by_expert
 from pivotflow.engines.torch.weights import build_model
 from pivotflow.errors import ModelConfigError
 
@@ -102,11 +102,14 @@ def test_routing_matches_a_scan_of_every_expert() -> None:
         if normalize:
             expected = expected / expected.sum(-1, keepdim=True)
         torch.testing.assert_close(weights, expected)
-        groups = tokens_by_expert(chosen, 6)
-        assert [e for e, _, _ in groups] == sorted(set(chosen.flatten().tolist()))
-        for expert, rows, pick in groups:
-            assert torch.equal(chosen[rows, pick], torch.full_like(rows, expert))
-            assert sorted(rows.tolist()) == torch.nonzero(chosen == expert)[:, 0].tolist()
+        order, counts = sort_by_expert(chosen, 6)
+        assert counts == [int((chosen == e).sum()) for e in range(6)]
+        start = 0
+        for expert, count in enumerate(counts):  # each expert's pairs, one slice apiece
+            pairs = order[start:start + count]
+            assert torch.equal(chosen.reshape(-1)[pairs], torch.full_like(pairs, expert))
+            assert sorted((pairs // 3).tolist()) == torch.nonzero(chosen == expert)[:, 0].tolist()
+            start += count
 
 
 def test_an_expert_no_token_chose_gets_no_gradient() -> None:
@@ -152,3 +155,22 @@ def test_the_hub_and_transformers_5_names_of_the_expert_count_both_read() -> Non
     assert config_from_hf(hub, "t").num_experts == 4
     dense = config_from_hf({**hub, "num_experts": 0}, "t")  # transformers builds it all dense
     assert not any(dense.is_sparse(i) for i in range(2))
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 40])
+def test_the_serving_path_computes_the_sparse_block(tokens: int) -> None:
+    """PackedExperts (the engine's) equals SparseMoE (the trainer's) on a step of one token
+    (2 of 8 experts run) or of many (all of them)."""
+    from pivotflow.engines.torch import experts as packed_experts
+    from pivotflow.engines.torch.linear import Linears
+
+    cfg = config_from_hf({**_moe_config(), "num_experts": 8, "norm_topk_prob": True}, "t")
+    torch.manual_seed(tokens)
+    block = SparseMoE(cfg).requires_grad_(False)
+    h = torch.randn(tokens, cfg.hidden_size)
+    expected = block(h[None])[0]
+    packed = packed_experts.PackedExperts(block, Linears(onednn=False))
+    residual = torch.randn(tokens, cfg.hidden_size)
+    got = packed.add(h, residual.clone())
+    torch.testing.assert_close(got - residual, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(block(h[None])[0], expected)  # the module reads the stacks now

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pivotflow.engines.torch.experts import PackedExperts
 from pivotflow.engines.torch.linear import Linears
 from pivotflow.engines.torch.model import (
     MLP,
@@ -27,20 +28,17 @@ from pivotflow.engines.torch.model import (
     SparseMoE,
     rope_inv_freq,
     rotary_cos_sin,
-    route,
-    tokens_by_expert,
 )
 from pivotflow.errors import EngineError
 
 _T = torch.Tensor
-# A feed-forward for PackedDecoder: a dense MLP's [out, in] weights (packed gate/up, down), or a
-# sparse layer's router weight and each expert's (packed gate/up, down).
+# A dense MLP's [out, in] weights for PackedDecoder (packed gate/up, down); a sparse layer is a
+# PackedExperts.
 _Dense = tuple[_T, _T]
-_Experts = tuple[_T, list[tuple[_T, _T]]]
 # One layer for PackedDecoder: (norm weights, q/k/v bias, [out, in] weights q/k/v and o, o bias,
 # Qwen3's q/k norm weights, the feed-forward)
 _Packed = tuple[
-    tuple[_T, _T], _T | None, tuple[_T, _T], _T | None, tuple[_T, _T] | None, _Dense | _Experts
+    tuple[_T, _T], _T | None, tuple[_T, _T], _T | None, tuple[_T, _T] | None, _Dense | PackedExperts
 ]
 
 
@@ -250,6 +248,7 @@ class PackedDecoder:
             cfg.num_key_value_heads,
         )
         self.d = cfg.head_dim
+        self.mm = Linears.for_weights(model.lm_head.weight)
         self.layers: list[_Packed] = []
         for layer in cast(list[DecoderLayer], model.model.layers):
             attn = layer.self_attn
@@ -258,16 +257,14 @@ class PackedDecoder:
             qk_norms = None
             if attn.q_norm is not None and attn.k_norm is not None:
                 qk_norms = (attn.q_norm.weight, attn.k_norm.weight)
-            ffn: _Dense | _Experts
+            ffn: _Dense | PackedExperts
             if isinstance(layer.mlp, SparseMoE):
-                experts = cast(list[MLP], list(layer.mlp.experts))
-                ffn = (layer.mlp.gate.weight, [_pack_mlp(e) for e in experts])
+                ffn = PackedExperts(layer.mlp, self.mm)
             else:
                 ffn = _pack_mlp(cast(MLP, layer.mlp))
             weights = (w_qkv, attn.o_proj.weight)
             self.layers.append((norms, b_qkv, weights, attn.o_proj.bias, qk_norms, ffn))
         device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
-        self.mm = Linears.for_weights(model.lm_head.weight)
         positions = torch.arange(max_len, device=device)[None]
         cos, sin = rotary_cos_sin(positions, rope_inv_freq(cfg, device), torch.float32)
         sin = sin.clone()
@@ -320,23 +317,11 @@ class PackedDecoder:
             qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin).view(b * t, -1, d)
             x = mm.linear_add(attend(i, qk, qkv[:, split:].view(b * t, -1, d), cache), w_o, b_o, x)
             h = torch.rms_norm(x, hidden, norm2, eps)
-            if isinstance(ffn[1], list):
-                x = self._experts_add(h, cast(_Experts, ffn), x)
+            if isinstance(ffn, PackedExperts):
+                x = ffn.add(h, x)
             else:
                 w_gate_up, w_down = cast(_Dense, ffn)
                 x = mm.linear_add(mm.gated(h, w_gate_up, inter), w_down, None, x)
-        return x
-
-    def _experts_add(self, h: torch.Tensor, experts: _Experts, x: torch.Tensor) -> torch.Tensor:
-        """``x`` plus the sparse block's output for normed rows ``h`` [n, hidden]: each expert
-        some token chose runs once, on the rows that chose it (SparseMoE's math)."""
-        cfg, mm = self.cfg, self.mm
-        router, packed = experts
-        weights, chosen = route(mm.linear(h, router), cfg.num_experts_per_tok, cfg.norm_topk_prob)
-        for expert, rows, pick in tokens_by_expert(chosen, len(packed)):
-            w_gate_up, w_down = packed[expert]
-            y = mm.linear(mm.gated(h[rows], w_gate_up, cfg.moe_intermediate_size), w_down)
-            x.index_add_(0, rows, y.mul_(weights[rows, pick, None]))
         return x
 
     def _attend_decode(

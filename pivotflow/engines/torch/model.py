@@ -308,22 +308,14 @@ def route(
     return weights.to(router_logits.dtype), experts
 
 
-def tokens_by_expert(
-    experts: torch.Tensor, num_experts: int
-) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
-    """For expert ids [n, k]: (expert, its tokens' rows, which of their k choices) for each
-    expert at least one token chose, from one sort (not one scan of all n*k per expert)."""
+def sort_by_expert(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, list[int]]:
+    """The n*k (token, choice) pairs of expert ids [n, k] in expert order, and how many each
+    expert got: ``order`` indexes the flattened [n*k] choices (``order // k`` is a pair's token
+    row), ``counts[e]`` pairs of expert e follow those of e - 1. One sort and one host sync,
+    so each expert then reads a contiguous slice (no per-expert scan or gather)."""
     flat = experts.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts).tolist()  # the one host sync
-    k = experts.shape[-1]
-    out, start = [], 0
-    for expert, count in enumerate(counts):
-        if count:
-            picks = order[start:start + count]
-            out.append((expert, picks // k, picks % k))
-            start += count
-    return out
+    return order, torch.bincount(flat, minlength=num_experts).tolist()
 
 
 class SparseMoE(nn.Module):
@@ -348,11 +340,15 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         weights, chosen = route(self.gate(flat), self.top_k, self.normalize)
-        out = torch.zeros_like(flat)
-        for expert, rows, pick in tokens_by_expert(chosen, len(self.experts)):
-            y = self.experts[expert](flat[rows]) * weights[rows, pick, None]
-            out.index_add_(0, rows, y.to(out.dtype))
-        return out.view_as(x)
+        order, counts = sort_by_expert(chosen, len(self.experts))
+        rows = order // self.top_k
+        inputs, parts, start = flat[rows], [], 0  # each expert's tokens, one slice apiece
+        for expert, count in enumerate(counts):
+            if count:
+                parts.append(self.experts[expert](inputs[start:start + count]))
+                start += count
+        outputs = torch.cat(parts) * weights.reshape(-1)[order, None]
+        return torch.zeros_like(flat).index_add_(0, rows, outputs.to(flat.dtype)).view_as(x)
 
 
 class DecoderLayer(nn.Module):

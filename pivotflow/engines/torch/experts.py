@@ -1,0 +1,54 @@
+"""A sparse (mixture-of-experts) layer on the serving path: ``SparseMoE``'s math on the
+experts' weights stacked, ``gate_up`` [E, 2I, H] (one gated matmul per expert) and ``down``.
+
+A step's tokens choose k experts each; the chosen pairs are sorted by expert once and each
+expert hit runs once, on its contiguous slice. Decode is bound by streaming the chosen experts'
+weights (a 128-unit expert's matmul takes ~36 us on this CPU where its math is ~1 us): padding
+every expert's rows to the largest count and running all experts as one batched matmul per
+projection measured no faster at 32-64 tokens (5.7 vs 5.3 ms, 6.1 vs 6.4 ms a layer of 64
+experts) and 14x slower for one token, so there is one path.
+
+The stacks are the model's own parameters: each expert's ``gate_proj``/``up_proj``/``down_proj``
+weight becomes a view into them (``pack_linears``' trick), so a weight load updates both.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pivotflow.engines.torch.linear import Linears
+from pivotflow.engines.torch.model import MLP, SparseMoE, route, sort_by_expert
+
+
+class PackedExperts:
+    """One sparse layer's router and experts, stacked: ``gate_up`` [E, 2I, H] (each expert's
+    gate rows, then its up rows) and ``down`` [E, H, I]."""
+
+    def __init__(self, block: SparseMoE, mm: Linears) -> None:
+        experts = [e for e in block.experts if isinstance(e, MLP)]
+        self.router, self.mm = block.gate.weight, mm
+        self.top_k, self.normalize = block.top_k, block.normalize
+        self.units, self.count = experts[0].gate_proj.weight.shape[0], len(experts)
+        self.gate_up = torch.stack(
+            [torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in experts]
+        )
+        self.down = torch.stack([e.down_proj.weight for e in experts])
+        for i, e in enumerate(experts):  # the module's weights become views of the stacks
+            e.gate_proj.weight = nn.Parameter(self.gate_up[i, : self.units], requires_grad=False)
+            e.up_proj.weight = nn.Parameter(self.gate_up[i, self.units :], requires_grad=False)
+            e.down_proj.weight = nn.Parameter(self.down[i], requires_grad=False)
+
+    def add(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [n, H] plus the layer's output for its normed input ``h`` [n, H], in place."""
+        weights, chosen = route(self.mm.linear(h, self.router), self.top_k, self.normalize)
+        order, counts = sort_by_expert(chosen, self.count)
+        rows = order // self.top_k
+        inputs, parts, start = h[rows], [], 0  # expert-sorted: each expert's rows, one slice
+        for expert, count in enumerate(counts):
+            if count:
+                act = self.mm.gated(inputs[start : start + count], self.gate_up[expert], self.units)
+                parts.append(self.mm.linear(act, self.down[expert]))
+                start += count
+        outputs = torch.cat(parts).mul_(weights.reshape(-1)[order, None])
+        return x.index_add_(0, rows, outputs)
