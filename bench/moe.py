@@ -16,9 +16,11 @@ bound and ``dense_total`` the reference it should pass once a batch covers the e
 
 Mismatch: 16 prompts x 64 tokens sampled by the engine in bfloat16, then scored as the trainer
 scores them (float32 master weights under bf16 autocast, as a bf16 run trains). Reported for
-the MoE and for ``dense_active``: |rollout - trainer| logprob (mean, p99, max), and for the
-MoE the share of (token, sparse layer) routing decisions whose top-k set differs between the
-trainer's bf16-autocast forward and a float32 forward.
+the MoE and for ``dense_active``: |rollout - trainer| logprob (mean, p99, max); for the MoE
+also with the rollout's routing replayed in the trainer's forward (``routing_replay=True``:
+the engine records each token's experts), and the share of (token, sparse layer) routing
+decisions whose top-k set differs between the trainer's bf16-autocast forward and a float32
+forward.
 
 Progress goes to stderr; one JSON object is the last line.
 """
@@ -41,7 +43,7 @@ import engine as engine_bench  # noqa: E402 - a sibling file, not a package
 
 from pivotflow.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from pivotflow.engines.torch import TorchEngine, load_checkpoint  # noqa: E402
-from pivotflow.engines.torch.model import Decoder, SparseMoE  # noqa: E402
+from pivotflow.engines.torch.model import Decoder, SparseMoE, routing_from_bytes  # noqa: E402
 
 VOCAB, PROMPT_LEN = 1000, 32
 SHAPE: dict[str, Any] = dict(
@@ -113,7 +115,9 @@ def mismatch(folder: Path, new: int) -> dict[str, Any]:
     """A bf16 engine's sampled tokens, scored by the trainer's forward (fp32 weights, bf16
     autocast) and by a plain fp32 forward."""
     cfg, tensors = load_checkpoint(folder)
-    engine = TorchEngine(cfg, max_batch=16, max_seq_len=PROMPT_LEN + new, dtype="bf16")
+    moe = bool(cfg.sparse_layers)
+    engine = TorchEngine(cfg, max_batch=16, max_seq_len=PROMPT_LEN + new, dtype="bf16",
+                         record_routing=moe)  # fmt: skip
     engine.load_weights(tensors, 0)
     batch = prompts(16, seed=1)
     outs = engine.generate([
@@ -124,15 +128,25 @@ def mismatch(folder: Path, new: int) -> dict[str, Any]:
     trainer.eval()
     ids = torch.tensor([p + o.token_ids for p, o in zip(batch, outs, strict=True)])
     rollout = torch.tensor([o.logprobs for o in outs])
+    routing = None
+    if moe:  # the rollout's own expert choices, replayed (the last token's: the trainer's own)
+        routing = torch.full((*ids.shape, cfg.sparse_layers, cfg.num_experts_per_tok), -1)
+        for i, o in enumerate(outs):
+            recorded = routing_from_bytes(o.routing, cfg)
+            routing[i, : recorded.shape[0]] = recorded
     seen, done = route_recorder(trainer)
     scored = {}
     with torch.no_grad():
-        for name, autocast in (("autocast_bf16", True), ("fp32", False)):
+        for name, autocast, replay in (("autocast_bf16", True, None), ("fp32", False, None),
+                                       ("autocast_bf16_replayed", True, routing)):  # fmt: skip
+            if name.endswith("replayed") and replay is None:
+                continue
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                logits = trainer(ids)[:, PROMPT_LEN - 1:-1].float()
+                logits = trainer(ids, routing=replay)[:, PROMPT_LEN - 1:-1].float()
             logp = torch.log_softmax(logits, -1).gather(-1, ids[:, PROMPT_LEN:, None])[..., 0]
             scored[name] = logp
-    done()
+            if name == "fp32":
+                done()  # the routing of the first two forwards only
     out: dict[str, Any] = {}
     for name, logp in scored.items():
         diff = (rollout - logp).abs().flatten()

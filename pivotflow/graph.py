@@ -242,7 +242,8 @@ class Graph:
                  temperature: float = 1.0, top_p: float = 1.0, min_tokens: int = 0,
                  tools: Iterable[Any] | None = None, max_turns: int = 4,
                  tool_parser: str = "hermes", max_total_tokens: int | None = None,
-                 tool_pool: dict[str, Any] | None = None, tools_in_prompt: bool = True) -> Node:
+                 tool_pool: dict[str, Any] | None = None, tools_in_prompt: bool = True,
+                 routing_replay: bool = False) -> Node:
         """The policy generates a response for each sample, streamed per sample. A sample's own
         ``max_tokens`` / ``min_tokens`` fields, when an upstream stage wrote them, override the
         stage's (a per-sample length budget); no stop token is sampled before ``min_tokens``.
@@ -257,11 +258,21 @@ class Graph:
         rendered with the tools' schemas (``tools=`` of ``apply_chat_template``, as verl's
         multi-turn rollouts render them: Qwen2.5's template lists them in its system message);
         ``tools_in_prompt=False`` leaves them out (a dataset whose prompts describe the tools
-        themselves)."""
+        themselves).
+
+        ``routing_replay=True`` (a mixture-of-experts policy on the embedded engine: rollout
+        routing replay, R3, arXiv:2510.11370; verl's and slime's router replay): the engine
+        records the experts each token went through, the sample carries them (``routing``)
+        and the trainer's forward passes use them instead of choosing again, so a routing
+        decision that bf16 rounding flipped in the rollout is not a different expert in
+        training (``bench/moe.py`` measures the logprob gap with and without)."""
         where = _caller_where()
         opts: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature,
                                 "top_p": top_p, "min_tokens": min_tokens}
         writes = GENERATE_FIELDS
+        if routing_replay:
+            opts["routing_replay"] = True
+            writes = writes | {"routing"}
         if tools is not None:
             opts.update(tool_options(name, where, tools, max_turns, tool_parser,
                                      max_total_tokens, tool_pool or {}),

@@ -77,6 +77,9 @@ class JobDone(msgspec.Struct, **_HOT):  # type: ignore[call-arg]
     # a critic's value of the state before each response token (the score role on a value
     # model, for a critic stage; empty from every other role)
     values: list[float] = []
+    # the experts each fed position went through (a mixture-of-experts rollout with routing
+    # replay on: ``engines.torch.model.routing_from_bytes``; empty otherwise)
+    routing: bytes = b""
 
 
 class JobsDone(msgspec.Struct, **_HOT):  # type: ignore[call-arg]
@@ -188,6 +191,8 @@ class TrainSeq(msgspec.Struct, kw_only=True, array_like=True, gc=False):  # (see
     token_advantages: list[float] = []
     values: list[float] = []
     returns: list[float] = []
+    # the rollout's expert choices at each position (JobDone.routing), replayed by the trainer
+    routing: bytes = b""
 
 
 class TrainStep(msgspec.Struct, tag=True, kw_only=True):

@@ -33,6 +33,7 @@ from pivotflow.controller.source import PromptSource
 from pivotflow.errors import (
     CheckpointError,
     ConfigError,
+    GraphError,
     MetricsError,
 )
 from pivotflow.graph import Graph
@@ -288,6 +289,14 @@ def role_options(graph: Graph, cfg: RunConfig,
             continue
         folder = str(model_dirs[node.model]) if model_dirs and node.model in model_dirs else ""
         o = cfg.worker_config(node.pool, tokenizer_dir=folder).options()
+        if node.options.get("routing_replay"):
+            if o["engine"] != "torch":
+                # (vLLM 0.32 returns routed experts only from its model runner V2, which
+                # needs Triton: not on its CPU build, so never run here; SGLang's: never run)
+                raise GraphError(f"generate {node.name!r} at {node.where}: routing_replay "
+                                 f"needs the embedded engine on pool {node.pool!r} (its "
+                                 f"engine is {o['engine']!r})")
+            o["record_routing"] = True
         if node.kind == "train":
             o.update({k: v for k, v in node.options.items()
                       if isinstance(v, (int, float, str, bool)) or (

@@ -93,6 +93,13 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
         except PivotflowError as exc:
             raise type(exc)(f"model {spec.name!r} at {spec.where}: {exc}") from None
         check_model_heads(graph, spec.name, folder.config.num_labels, path)
+        for node in graph.order():
+            if (node.model == spec.name and node.options.get("routing_replay")
+                    and not folder.config.sparse_layers):
+                raise GraphError(f"generate {node.name!r} at {node.where}: routing_replay "
+                                 f"needs a mixture-of-experts model; {spec.name!r} "
+                                 f"({path / 'config.json'}) is a dense "
+                                 f"{folder.config.architecture}")
         tensors = folder.tensors
         if spec.adapter:  # (an SFT adapter: the run starts from base + its update)
             from pivotflow.worker.lora import merge_peft_adapter

@@ -15,6 +15,7 @@ from types import ModuleType
 import pytest
 from hf_folders import IM_END, save_tokenizer_hf, train_bpe
 
+from pivotflow.errors import GraphError
 from pivotflow.tasks.datasets import load_prompt_file
 
 pytestmark = pytest.mark.timeout(600)
@@ -45,7 +46,7 @@ def build(config):
     g.pool("trainer", workers=1)
     src = g.source("prompts", path=%(prompts)r, group_size=4, groups_per_step=2,
                    check_with="arithmetic")
-    gen = g.generate("rollout", model="policy", pool="rollout", max_tokens=8)
+    gen = g.generate("rollout", model="policy", pool="rollout", max_tokens=8%(generate)s)
     rew = g.map("reward", reward, writes=["reward"])
     adv = g.group("advantage", grpo_advantage, writes=["advantage"])
     g.chain(src, gen, rew, adv, g.train("train", model="policy", pool="trainer", lr=1e-3))
@@ -87,9 +88,11 @@ def write_prompts(path: Path, rows: list[object] | None = None) -> Path:
     return path
 
 
-def write_graph(tmp: Path, model: Path, prompts: Path) -> Path:
+def write_graph(tmp: Path, model: Path, prompts: Path, generate: str = "") -> Path:
+    """The graph on ``model``; ``generate``: more arguments of its generate stage."""
     graph = tmp / "graph.py"
-    graph.write_text(GRAPH % {"model": str(model), "prompts": str(prompts)})
+    graph.write_text(GRAPH % {"model": str(model), "prompts": str(prompts),
+                              "generate": generate and f", {generate}"})
     return graph
 
 
@@ -135,8 +138,9 @@ def test_a_transformers_qwen2_runs_on_message_prompts_and_its_checkpoint_loads_b
 def test_a_transformers_qwen3_moe_trains_and_its_checkpoint_loads_back(
         tmp_path: Path, qwen: Path) -> None:
     """A mixture-of-experts policy (Qwen3-MoE: 4 experts, 2 per token) in the same run, in the
-    controller's process: generated, trained and written back in the Hub's per-expert names,
-    which transformers reads; its router and experts moved."""
+    controller's process, with routing replay: generated, trained on its rollouts' experts,
+    and written back in the Hub's per-expert names, which transformers reads; its router and
+    experts moved. The same graph on the dense Qwen2 is one line: it has no experts."""
     import torch
     from safetensors.torch import load_file
     from transformers import (
@@ -158,7 +162,8 @@ def test_a_transformers_qwen3_moe_trains_and_its_checkpoint_loads_back(
         eos_token_id=0, pad_token_id=0))
     policy.generation_config = GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)
     policy.save_pretrained(moe)
-    graph = write_graph(tmp_path, moe, write_prompts(tmp_path / "prompts.jsonl"))
+    prompts = write_prompts(tmp_path / "prompts.jsonl")
+    graph = write_graph(tmp_path, moe, prompts, "routing_replay=True")
     result = run(graph, steps=2, out=tmp_path / "out", console=False, sets=["live=false"])
     s = result.summary
     assert s["error"] is None and s["steps"] == 2 and s["ledger"]["groups_trained"] == 4
@@ -170,6 +175,11 @@ def test_a_transformers_qwen3_moe_trains_and_its_checkpoint_loads_back(
     for name in ("model.layers.0.mlp.gate.weight", "model.layers.1.mlp.experts.0.up_proj.weight",
                  "model.layers.1.mlp.experts.3.down_proj.weight"):
         assert not torch.equal(before[name], after[name]), name
+    dense = write_graph(tmp_path / "out", qwen, prompts, "routing_replay=True")
+    with pytest.raises(GraphError, match=r"generate 'rollout' at .*graph.py:\d+: routing_replay "
+                       r"needs a mixture-of-experts model; 'policy' \(.*config.json\) is a "
+                       r"dense qwen2$"):
+        run(dense, steps=1, out=tmp_path / "dense", console=False, sets=["live=false"])
 
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "byo_model.py"

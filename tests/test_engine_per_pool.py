@@ -56,3 +56,20 @@ def test_a_run_refuses_an_engine_for_a_pool_its_graph_lacks(tmp_path: Path) -> N
         run(GENRM, sets=["engine.judge=vllm", "live=false"], out=tmp_path / "out", steps=1,
             console=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_routing_replay_asks_its_pool_to_record_and_needs_the_embedded_engine() -> None:
+    from pivotflow.errors import GraphError
+
+    module = import_graph_file(GENRM)
+    graph = build_graph(module, graph_defaults(module))
+    rollout = next(n for n in graph.order() if n.kind == "generate")
+    rollout.options["routing_replay"] = True  # g.generate(..., routing_replay=True)
+    cfg = resolve(parse_overrides([]), graph_defaults(module), list(graph.pools))
+    opts = role_options(graph, cfg)
+    assert {p for p, o in opts.items() if o.get("record_routing")} == {rollout.pool}
+    cfg = resolve(parse_overrides([f"engine.{rollout.pool}=vllm"]), graph_defaults(module),
+                  list(graph.pools))
+    with pytest.raises(GraphError, match=rf"generate {rollout.name!r} at .*: routing_replay needs "
+                       rf"the embedded engine on pool {rollout.pool!r} \(its engine is 'vllm'\)"):
+        role_options(graph, cfg)

@@ -152,6 +152,8 @@ def apply_reward(node: Node, sample: Sample, result: JobDone) -> None:
 def apply_generation(sample: Sample, result: JobDone, tok: Tokenizer) -> None:
     """Write a finished rollout into the sample's fields."""
     text = tok.decode(result.token_ids)
+    if result.routing:  # routing replay: the trainer replays the rollout's experts
+        sample.fields["routing"] = result.routing
     sample.fields.update(
         response_ids=result.token_ids,
         logprobs=result.logprobs,
@@ -276,4 +278,5 @@ def train_seq(sample: Sample) -> TrainSeq:
                     versions=f["versions"], advantage=0.0 if per_token else float(adv),
                     loss_mask=f.get("loss_mask") or [], ref_logprobs=f.get("ref_logprobs") or [],
                     token_advantages=[float(a) for a in adv] if per_token else [],
-                    values=f.get("values") or [], returns=f.get("returns") or [])
+                    values=f.get("values") or [], returns=f.get("returns") or [],
+                    routing=f.get("routing") or b"")

@@ -66,6 +66,8 @@ class ToolTurns:
         f["logprobs"] += r.logprobs
         f["versions"] += r.versions
         f["loss_mask"] += [1] * len(r.token_ids)
+        if r.routing:  # each turn prefills the whole trajectory so far: the last turn's covers it
+            f["routing"] = r.routing
         f["turns"] += 1
         room = self.max_total is None or len(f["response_ids"]) < self.max_total
         if (r.finish_reason == "stop" and not r.error and f["turns"] < self.max_turns and room

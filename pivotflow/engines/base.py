@@ -52,6 +52,10 @@ class GenerationOutput:
     versions: list[int]
     finish_reason: FinishReason
     error: str | None = None
+    # an engine that records routing (a mixture of experts, for routing replay): the expert ids
+    # of every sparse layer at each position it fed, prompt and response but the last token
+    # (``engines.torch.model.routing_from_bytes`` reads them); empty otherwise
+    routing: bytes = b""
 
 
 class Engine(Protocol):

@@ -61,7 +61,8 @@ def _torch_engine(config: dict[str, Any], wc: WorkerConfig, where: str) -> tuple
 
     cfg = config_from_hf(config, where)
     kw: dict[str, Any] = {"max_batch": wc.max_batch, "device": wc.device,
-                          "dtype": resolve_dtype(config, wc.dtype, where)}
+                          "dtype": resolve_dtype(config, wc.dtype, where),
+                          "record_routing": wc.record_routing}
     tokenizer_dir = wc.tokenizer_dir
     if tokenizer_dir:
         from pivotflow.tokenizer import load_tokenizer
@@ -85,7 +86,8 @@ def _done(out: GenerationOutput, arrived: dict[int, float], now: float) -> JobDo
     job_id = int(out.request_id)
     return JobDone(job_id=job_id, token_ids=out.token_ids, logprobs=out.logprobs,
                    versions=out.versions, finish_reason=out.finish_reason,
-                   error=out.error or "", worker_s=now - arrived.pop(job_id, now))
+                   error=out.error or "", worker_s=now - arrived.pop(job_id, now),
+                   routing=out.routing)
 
 
 class GenerateRole:
@@ -98,6 +100,9 @@ class GenerateRole:
         version, config, tensors = store.load(model)
         wc = worker_config(options)
         kind = wc.engine
+        if wc.record_routing and kind != "torch":
+            raise ValueError(f"routing_replay needs the embedded engine (engine=torch), not "
+                             f"{kind!r}: pivotflow does not read {kind}'s routed experts yet")
         model_config: Any = config
         engine_kw: dict[str, Any] = {}
         where = f"config of {model}@v{version} (parameter store {store.root})"

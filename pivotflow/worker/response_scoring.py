@@ -43,7 +43,9 @@ EntropyMode = Literal["grad", "report", "none"]
 def response_hidden(model: Decoder, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The final hidden state that scores each response token: ``[B, T, H]`` (position ``p``
     predicts token ``p + 1``; ``batch["gather"]`` holds each response token's position)."""
-    hidden = model.hidden_states(batch["ids"], attention_mask=batch["attn"])
+    # (a mixture of experts with routing replay: the rollout's experts, ``train_role.pack``)
+    hidden = model.hidden_states(batch["ids"], attention_mask=batch["attn"],
+                                 routing=batch.get("routing"))
     pos = batch["gather"].unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
     return hidden.gather(1, pos)
 

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 import torch
 
 from pivotflow.controller.train_tokens import valid_tokens
+from pivotflow.engines.torch.model import ModelConfig, routing_from_bytes
 from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve_dtype
 from pivotflow.params.base import ParamStore
 from pivotflow.params.node_agent import wait_crossed
@@ -63,6 +64,24 @@ def pad_sequences(seqs: list[list[int]], pad_id: int = 0) -> dict[str, torch.Ten
         ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
         attn[i, : len(s)] = 1
     return {"ids": ids, "attn": attn}
+
+
+def pack_routing(batch: dict[str, torch.Tensor], seqs: list[TrainSeq],
+                 cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Add ``routing`` [B, width, sparse layers, k] to a ``pack``ed batch when its sequences
+    carry their rollout's expert choices (routing replay): -1 where one carries none, and at
+    its last position (never fed to the rollout), where the trainer's router chooses."""
+    if not cfg.sparse_layers or not any(s.routing for s in seqs):
+        return batch
+    b, width = batch["ids"].shape
+    out = torch.full((b, width, cfg.sparse_layers, cfg.num_experts_per_tok), -1,
+                     dtype=torch.int16)  # fmt: skip
+    for i, s in enumerate(seqs):
+        if s.routing:
+            recorded = routing_from_bytes(s.routing, cfg)[:width]
+            out[i, : recorded.shape[0]] = recorded.to(torch.int16)
+    batch["routing"] = out
+    return batch
 
 
 def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
@@ -274,7 +293,8 @@ class TrainRole:
         if self.critic is not None:
             self.critic.optim.zero_grad()
         for part in micro_batches(seqs, self.tc.micro_batch_tokens):
-            batch = {k: v.to(self.device) for k, v in pack(part).items()}
+            packed = pack_routing(pack(part), part, self.model.config)
+            batch = {k: v.to(self.device) for k, v in packed.items()}
             if self.base_is_reference and "ref" not in batch:
                 batch["ref"] = self._base_logprobs(batch)
             with self._compute():
@@ -324,7 +344,8 @@ class TrainRole:
         """Each sequence's response logprobs under the weights the step starts from."""
         out: dict[int, torch.Tensor] = {}
         for part in micro_batches(seqs, self.tc.micro_batch_tokens):
-            batch = {k: v.to(self.device) for k, v in pack(part).items()}
+            packed = pack_routing(pack(part), part, self.model.config)
+            batch = {k: v.to(self.device) for k, v in packed.items()}
             with torch.no_grad(), self._compute():
                 logp = response_logprobs(self.model, batch, self.tc.logits_chunk_tokens).cpu()
             for i, s in enumerate(part):

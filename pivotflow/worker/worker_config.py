@@ -30,6 +30,9 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # a vLLM or SGLang engine's tensor parallelism (vLLM's tensor_parallel_size, SGLang's
     # tp_size): over the worker's GPUs (gpus_per_worker), or CPU processes
     tensor_parallel: int = 1
+    # a generate role records its mixture-of-experts routing for the trainer to replay (a
+    # generate stage's routing_replay; the embedded engine only)
+    record_routing: bool = False
 
     def options(self) -> dict[str, Any]:
         """The flat form AssignRole carries (an empty tokenizer_dir left out)."""

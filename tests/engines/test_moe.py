@@ -169,8 +169,128 @@ def test_the_serving_path_computes_the_sparse_block(tokens: int) -> None:
     block = SparseMoE(cfg).requires_grad_(False)
     h = torch.randn(tokens, cfg.hidden_size)
     expected = block(h[None])[0]
-    packed = packed_experts.PackedExperts(block, Linears(onednn=False))
+    packed = packed_experts.PackedExperts(block, Linears(onednn=False), 0)
     residual = torch.randn(tokens, cfg.hidden_size)
     got = packed.add(h, residual.clone())
     torch.testing.assert_close(got - residual, expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(block(h[None])[0], expected)  # the module reads the stacks now
+
+
+def _chosen_by(model: Decoder, ids: torch.Tensor, **kw: Any) -> list[torch.Tensor]:
+    """Each sparse layer's experts (sorted per token) in one forward of ``model`` on ``ids``."""
+    seen: list[torch.Tensor] = []
+    hooks = [layer.mlp.gate.register_forward_hook(
+        lambda _m, _i, logits: seen.append(logits.float().softmax(-1)))
+        for layer in model.model.layers if isinstance(layer.mlp, SparseMoE)]  # fmt: skip
+    with torch.no_grad():
+        model(ids, **kw)
+    for h in hooks:
+        h.remove()
+    k = model.config.num_experts_per_tok
+    return [probs.topk(k).indices.sort(-1).values for probs in seen]
+
+
+def test_the_engine_records_the_experts_of_every_position_it_fed(pair: Any) -> None:
+    """Five prompts on two slots (slots move as sequences finish), one resumed from a prefix:
+    each output's routing holds every position but its last token, as a full forward of the
+    same weights chooses them."""
+    from pivotflow.engines.base import GenerationRequest, SamplingParams
+    from pivotflow.engines.torch import TorchEngine
+    from pivotflow.engines.torch.model import routing_from_bytes
+
+    _, ours, root = pair
+    folder = load_model_folder(root)
+    engine = TorchEngine(folder.config, max_batch=2, record_routing=True)
+    engine.load_weights(folder.tensors, 0)
+    params = [SamplingParams(temperature=1.0, max_tokens=6 + i, seed=i) for i in range(5)]
+    outs = engine.generate([GenerationRequest(f"p{i}", p, params[i])
+                            for i, p in enumerate(PROMPTS)])  # fmt: skip
+    first = outs[2]
+    resumed = engine.generate([GenerationRequest("r", PROMPTS[2], params[2], first.token_ids[:3],
+                                                 first.logprobs[:3], first.versions[:3])])[0]
+    assert resumed.token_ids == first.token_ids and resumed.routing == first.routing
+    for out, prompt in zip(outs, PROMPTS, strict=True):
+        fed = prompt + out.token_ids[:-1]
+        recorded = routing_from_bytes(out.routing, folder.config)
+        assert recorded.shape == (len(fed), 2, 2)  # positions, sparse layers, experts a token
+        forward = _chosen_by(ours, torch.tensor([fed]))
+        for layer, chosen in enumerate(forward):
+            assert torch.equal(recorded[:, layer].sort(-1).values, chosen), (out.request_id, layer)
+
+
+def test_replayed_routing_is_what_the_trainer_uses_and_narrows_the_bf16_gap(
+        tmp_path: Path) -> None:
+    """A bf16 rollout flips some routing decisions against the trainer (fp32 weights under
+    bf16 autocast); with the rollout's experts replayed, the trainer's logprobs come closer
+    to the rollout's (which experts a replayed forward runs: the next test)."""
+    from pivotflow.engines.base import GenerationRequest, SamplingParams
+    from pivotflow.engines.torch import TorchEngine
+    from pivotflow.engines.torch.model import routing_from_bytes
+
+    cfg = config_from_hf(_moe_config(vocab_size=300, hidden_size=64, num_experts=32,
+                                     num_experts_per_tok=4, max_position_embeddings=128), "t")
+    torch.manual_seed(3)
+    model = Decoder(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.15)
+    tensors = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    engine = TorchEngine(cfg, max_batch=8, dtype="bf16", record_routing=True)
+    engine.load_weights(tensors, 0)
+    prompts = [[(7 * i + j) % 300 for j in range(6)] for i in range(8)]
+    outs = engine.generate([GenerationRequest(f"b{i}", p, SamplingParams(
+        temperature=1.0, max_tokens=24, seed=i)) for i, p in enumerate(prompts)])  # fmt: skip
+    ids = torch.tensor([p + o.token_ids for p, o in zip(prompts, outs, strict=True)])
+    routing = torch.full((*ids.shape, 2, 4), -1, dtype=torch.int16)
+    for i, o in enumerate(outs):
+        recorded = routing_from_bytes(o.routing, cfg)
+        routing[i, : recorded.shape[0]] = recorded.to(torch.int16)
+    rollout = torch.tensor([o.logprobs for o in outs])
+    gaps, flips = {}, 0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        own = _chosen_by(model, ids)
+        for name, kw in (("own", {}), ("replayed", {"routing": routing})):
+            with torch.no_grad():
+                logits = model(ids, **kw)[:, 5:-1].float()
+            logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 6:, None])[..., 0]
+            gaps[name] = (logp - rollout).abs()
+    for layer in range(2):
+        wanted = routing[:, :-1, layer].long().sort(-1).values.reshape(-1, 4)
+        flips += int((own[layer].view(*ids.shape, 4)[:, :-1].reshape(-1, 4) != wanted)
+                     .any(-1).sum())
+    assert flips > 0, "no routing decision differs: the test shows nothing"
+    assert float(gaps["replayed"].max()) < float(gaps["own"].max())
+    assert float(gaps["replayed"].mean()) < float(gaps["own"].mean())
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_a_replayed_route_takes_the_given_experts_weighed_by_this_router(
+        normalize: bool) -> None:
+    from pivotflow.engines.torch.model import replayed_route
+
+    torch.manual_seed(0)
+    logits = torch.randn(5, 8, requires_grad=True)
+    given = torch.tensor([[7, 0], [-1, -1], [3, 4], [1, 2], [-1, -1]])
+    weights, experts = replayed_route(logits, given, 2, normalize)
+    own_weights, own = route(logits, 2, normalize)
+    for row in (0, 2, 3):  # replayed: the given experts, weighed as route weighs its own
+        assert experts[row].tolist() == given[row].tolist()
+        expected = logits[row].softmax(-1)[given[row]]
+        expected = expected / expected.sum() if normalize else expected
+        torch.testing.assert_close(weights[row], expected)
+    for row in (1, 4):  # -1: the router's own choice
+        assert torch.equal(experts[row], own[row])
+        torch.testing.assert_close(weights[row], own_weights[row])
+    (weights * torch.tensor([1.0, 3.0])).sum().backward()  # (normalised weights sum to 1)
+    assert logits.grad is not None and float(logits.grad[0].abs().sum()) > 0  # the router learns
+
+
+def test_recording_routing_on_a_dense_model_is_one_line() -> None:
+    from pivotflow.engines.torch import TorchEngine
+    from pivotflow.errors import EngineError
+
+    dense = config_from_hf({**_moe_config(), "model_type": "qwen3"}, "t")
+    with pytest.raises(EngineError, match="record_routing needs a mixture-of-experts model") as e:
+        TorchEngine(dense, record_routing=True)
+    assert "\n" not in str(e.value)

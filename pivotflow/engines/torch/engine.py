@@ -21,6 +21,7 @@ import torch
 from pivotflow import defaults
 from pivotflow.batching import prefill_groups
 from pivotflow.engines.base import FinishReason, GenerationOutput, GenerationRequest
+from pivotflow.engines.torch.experts import RoutingRecorder
 from pivotflow.engines.torch.kv_cache import PackedDecoder, SlotKVCache
 from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.engines.torch.sampling import SlotResponses, SlotSampler, seed_key
@@ -71,6 +72,7 @@ class TorchEngine:
         eos_token_id: int | None = None,
         detokenize: Callable[[list[int]], str] | None = None,
         vocab_limit: int | None = None,
+        record_routing: bool = False,
     ) -> None:
         self.config = model_config.validate()
         self.max_seq_len = max_seq_len or min(
@@ -105,6 +107,16 @@ class TorchEngine:
         self._resp = SlotResponses(max_batch, self.max_seq_len, self.device)
         limit = None if vocab_limit == model_config.vocab_size else vocab_limit
         self._sampler = SlotSampler(max_batch, self.device, limit)
+        # rollout routing replay: each slot's expert choices, returned with its output
+        self._routing: RoutingRecorder | None = None
+        if record_routing:
+            if not model_config.sparse_layers:
+                raise EngineError(
+                    "record_routing needs a mixture-of-experts model (a qwen3_moe with "
+                    f"num_experts > 0); this one is a dense {model_config.architecture}"
+                )
+            self._routing = RoutingRecorder(model_config, max_batch, self.max_seq_len,
+                                            self.device)  # fmt: skip
         self.resume_memory()
 
     # ---- the Engine interface ------------------------------------------------------------
@@ -134,7 +146,10 @@ class TorchEngine:
         if self._running:
             n = len(self._running)
             last = self._resp.last_tokens(n)
-            done += self._record(0, decoder.decode(last, cache.begin_decode(n), cache))
+            positions = cache.begin_decode(n)
+            if self._routing is not None:
+                self._routing.at_decode(positions)
+            done += self._record(0, decoder.decode(last, positions, cache))
         return done
 
     def has_work(self) -> bool:
@@ -174,6 +189,7 @@ class TorchEngine:
         model = build_model(self.config, tensors, self.device, self.dtype, self._model)
         if model is not self._model:  # a new model: pack it (later loads write through)
             self._model, self._decode = model, PackedDecoder(model, self.max_seq_len)
+            self._decode.record_routing(self._routing)
         self.version = version
 
     def release_memory(self) -> None:
@@ -287,6 +303,8 @@ class TorchEngine:
             ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs[a:b]],
                                device=self.device)
             cache.begin_prefill(start + a, lengths)
+            if self._routing is not None:
+                self._routing.at_prefill(start + a, b - a, width)
             logits.append(decoder.prefill(ids, torch.tensor(lengths, device=self.device) - 1,
                                           cache))
         self._running.extend(joiners)
@@ -335,6 +353,8 @@ class TorchEngine:
             self._serving()[1].move(last, slot)
             self._resp.move(last, slot)
             self._sampler.move(last, slot)
+            if self._routing is not None:
+                self._routing.move(last, slot)
             self._running[slot] = self._running[last]
         else:
             self._sampler.free(slot)
@@ -343,8 +363,11 @@ class TorchEngine:
     def _slot_output(self, slot: int, reason: FinishReason) -> GenerationOutput:
         req = self._running[slot].request
         ids, logprobs, versions = self._resp.read(slot)
+        routing = b""
+        if self._routing is not None:  # every position fed: all but the last token
+            routing = self._routing.read(slot, len(req.prompt_ids) + len(ids) - 1)
         return GenerationOutput(
-            req.request_id, list(req.prompt_ids), ids, logprobs, versions, reason
+            req.request_id, list(req.prompt_ids), ids, logprobs, versions, reason, routing=routing
         )
 
     def _prefix_output(self, seq: _Seq, reason: FinishReason) -> GenerationOutput:

@@ -18,15 +18,61 @@ import torch
 from torch import nn
 
 from pivotflow.engines.torch.linear import Linears
-from pivotflow.engines.torch.model import MLP, SparseMoE, route, sort_by_expert
+from pivotflow.engines.torch.model import (
+    MLP,
+    ModelConfig,
+    SparseMoE,
+    route,
+    routing_dtype,
+    sort_by_expert,
+)
+
+
+class RoutingRecorder:
+    """Which experts each sequence's tokens went through, for rollout routing replay (R3): per
+    slot and position, the k expert ids of every sparse layer ([slots, positions, layers, k],
+    ``routing_dtype``). A forward's rows are placed with ``at_prefill``/``at_decode`` before
+    it runs; each sparse layer then ``write``s its choice. A position holds the choice of the
+    last forward that fed it (a prefix resumed here is prefilled, so recorded, again)."""
+
+    def __init__(self, cfg: ModelConfig, slots: int, positions: int,
+                 device: torch.device) -> None:  # fmt: skip
+        shape = (slots, positions, cfg.sparse_layers, cfg.num_experts_per_tok)
+        self.ids = torch.zeros(shape, dtype=routing_dtype(cfg.num_experts), device=device)
+        self._slots = self._positions = torch.zeros(0, dtype=torch.long, device=device)
+
+    def at_prefill(self, start: int, count: int, width: int) -> None:
+        """The next forward's rows are ``count`` right-padded sequences of ``width`` from slot
+        ``start`` (a padded row's position is overwritten before it is ever read)."""
+        device = self.ids.device
+        self._slots = torch.arange(start, start + count, device=device).repeat_interleave(width)
+        self._positions = torch.arange(width, device=device).repeat(count)
+
+    def at_decode(self, positions: torch.Tensor) -> None:
+        """The next forward's rows are slots ``0..n-1`` at ``positions`` [n]."""
+        self._slots = torch.arange(positions.shape[0], device=positions.device)
+        self._positions = positions
+
+    def write(self, layer: int, chosen: torch.Tensor) -> None:
+        self.ids[self._slots, self._positions, layer] = chosen.to(self.ids.dtype)
+
+    def move(self, src: int, dst: int) -> None:
+        self.ids[dst] = self.ids[src]
+
+    def read(self, slot: int, fed: int) -> bytes:
+        """The first ``fed`` positions of ``slot``, as bytes (``routing_from_bytes`` reads them)."""
+        return self.ids[slot, :fed].contiguous().cpu().numpy().tobytes()
 
 
 class PackedExperts:
     """One sparse layer's router and experts, stacked: ``gate_up`` [E, 2I, H] (each expert's
     gate rows, then its up rows) and ``down`` [E, H, I]."""
 
-    def __init__(self, block: SparseMoE, mm: Linears) -> None:
+    def __init__(self, block: SparseMoE, mm: Linears, sparse_index: int) -> None:
         experts = [e for e in block.experts if isinstance(e, MLP)]
+        # which sparse layer this is, where a RoutingRecorder (set by the engine) records it
+        self.sparse_index = sparse_index
+        self.recorder: RoutingRecorder | None = None
         self.router, self.mm = block.gate.weight, mm
         self.top_k, self.normalize = block.top_k, block.normalize
         self.units, self.count = experts[0].gate_proj.weight.shape[0], len(experts)
@@ -42,6 +88,8 @@ class PackedExperts:
     def add(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``x`` [n, H] plus the layer's output for its normed input ``h`` [n, H], in place."""
         weights, chosen = route(self.mm.linear(h, self.router), self.top_k, self.normalize)
+        if self.recorder is not None:
+            self.recorder.write(self.sparse_index, chosen)
         order, counts = sort_by_expert(chosen, self.count)
         rows = order // self.top_k
         inputs, parts, start = h[rows], [], 0  # expert-sorted: each expert's rows, one slice

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pivotflow.engines.torch.experts import PackedExperts
+from pivotflow.engines.torch.experts import PackedExperts, RoutingRecorder
 from pivotflow.engines.torch.linear import Linears
 from pivotflow.engines.torch.model import (
     MLP,
@@ -250,6 +250,7 @@ class PackedDecoder:
         self.d = cfg.head_dim
         self.mm = Linears.for_weights(model.lm_head.weight)
         self.layers: list[_Packed] = []
+        self.experts: list[PackedExperts] = []  # the sparse layers, in order
         for layer in cast(list[DecoderLayer], model.model.layers):
             attn = layer.self_attn
             w_qkv, b_qkv = pack_linears([attn.q_proj, attn.k_proj, attn.v_proj])
@@ -259,7 +260,8 @@ class PackedDecoder:
                 qk_norms = (attn.q_norm.weight, attn.k_norm.weight)
             ffn: _Dense | PackedExperts
             if isinstance(layer.mlp, SparseMoE):
-                ffn = PackedExperts(layer.mlp, self.mm)
+                ffn = PackedExperts(layer.mlp, self.mm, len(self.experts))
+                self.experts.append(ffn)
             else:
                 ffn = _pack_mlp(cast(MLP, layer.mlp))
             weights = (w_qkv, attn.o_proj.weight)
@@ -274,6 +276,11 @@ class PackedDecoder:
         rope = rope.repeat(1, 1, self.heads + self.kv_heads, 1)
         rope[:, :, : self.heads] *= self.d**-0.5
         self._rope = rope.to(dtype)
+
+    def record_routing(self, recorder: RoutingRecorder | None) -> None:
+        """Record every sparse layer's expert choices into ``recorder`` (None: stop)."""
+        for experts in self.experts:
+            experts.recorder = recorder
 
     def prefill(self, ids: torch.Tensor, last: torch.Tensor, cache: SlotKVCache) -> torch.Tensor:
         """Logits [B, vocab] at positions ``last`` [B] of right-padded prompts ``ids`` [B, T],

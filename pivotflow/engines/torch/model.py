@@ -94,6 +94,11 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
             and (layer + 1) % self.decoder_sparse_step == 0
         )
 
+    @property
+    def sparse_layers(self) -> int:
+        """How many layers route to experts."""
+        return sum(self.is_sparse(i) for i in range(self.num_hidden_layers))
+
     def validate(self) -> ModelConfig:
         """Return self; raise ModelConfigError naming the first inconsistent field."""
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -308,6 +313,38 @@ def route(
     return weights.to(router_logits.dtype), experts
 
 
+def routing_dtype(num_experts: int) -> torch.dtype:
+    """How recorded expert ids travel (``RoutingRecorder``, a sample's ``routing`` bytes): one
+    byte each up to 256 experts, else two."""
+    return torch.uint8 if num_experts <= 256 else torch.int16
+
+
+def routing_from_bytes(data: bytes, cfg: ModelConfig) -> torch.Tensor:
+    """Recorded routing bytes -> expert ids [positions, sparse layers, k] (int64)."""
+    flat = torch.frombuffer(bytearray(data), dtype=routing_dtype(cfg.num_experts))
+    return flat.view(-1, cfg.sparse_layers, cfg.num_experts_per_tok).long()
+
+
+def replayed_route(
+    router_logits: torch.Tensor, replay: torch.Tensor, top_k: int, normalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``route`` with the experts given: the rollout engine's choice (rollout routing replay,
+    R3: Ma et al. 2025, arXiv:2510.11370), its weights from these logits as ``route`` weighs its
+    own choice (softmax over all experts, gathered, optionally renormalised), so the router
+    still learns. Rows of ``replay`` [n, k] holding -1 (positions the rollout did not route:
+    the last token) take ``route``'s own choice."""
+    own_weights, own = route(router_logits, top_k, normalize)
+    given = replay[:, 0] >= 0
+    if not bool(given.any()):
+        return own_weights, own
+    experts = torch.where(given[:, None], replay, own)
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    weights = probs.gather(-1, experts)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(router_logits.dtype), experts
+
+
 def sort_by_expert(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, list[int]]:
     """The n*k (token, choice) pairs of expert ids [n, k] in expert order, and how many each
     expert got: ``order`` indexes the flattened [n*k] choices (``order // k`` is a pair's token
@@ -337,9 +374,17 @@ class SparseMoE(nn.Module):
             MLP(cfg, cfg.moe_intermediate_size) for _ in range(cfg.num_experts)
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, replay: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` [..., H]; ``replay`` [..., k]: experts to use instead of the router's top k
+        (``replayed_route``)."""
         flat = x.reshape(-1, x.shape[-1])
-        weights, chosen = route(self.gate(flat), self.top_k, self.normalize)
+        logits = self.gate(flat)
+        if replay is None:
+            weights, chosen = route(logits, self.top_k, self.normalize)
+        else:
+            weights, chosen = replayed_route(
+                logits, replay.reshape(-1, self.top_k), self.top_k, self.normalize
+            )
         order, counts = sort_by_expert(chosen, len(self.experts))
         rows = order // self.top_k
         inputs, parts, start = flat[rows], [], 0  # each expert's tokens, one slice apiece
@@ -359,9 +404,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp: nn.Module = SparseMoE(cfg) if cfg.is_sparse(layer_idx) else MLP(cfg)
 
-    def forward(self, x, cos, sin, attn_mask, cache):  # type: ignore[no-untyped-def]
+    def forward(self, x, cos, sin, attn_mask, cache, replay=None):  # type: ignore[no-untyped-def]
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.post_attention_layernorm(x)
+        return x + (self.mlp(h) if replay is None else self.mlp(h, replay))
 
 
 class _Backbone(nn.Module):
@@ -408,9 +454,9 @@ class Decoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, cache: KVCacheHook | None = None,
-                ) -> torch.Tensor:
+                routing: torch.Tensor | None = None) -> torch.Tensor:
         head = self.score if self.config.num_labels else self.lm_head
-        return head(self.hidden_states(input_ids, attention_mask, positions, cache))
+        return head(self.hidden_states(input_ids, attention_mask, positions, cache, routing))
 
     def hidden_states(
         self,
@@ -418,9 +464,11 @@ class Decoder(nn.Module):
         attention_mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
         cache: KVCacheHook | None = None,
+        routing: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The final norm's output [B, T, H]: what ``lm_head`` reads (the trainer applies the
-        head to the positions it scores only, ``worker/response_scoring.py``)."""
+        head to the positions it scores only, ``worker/response_scoring.py``). ``routing``
+        [B, T, sparse layers, k] replays a rollout's expert choices (-1: the router's own)."""
         b, t = input_ids.shape
         if positions is None:
             positions = torch.arange(t, device=input_ids.device).expand(b, t)
@@ -435,14 +483,18 @@ class Decoder(nn.Module):
             mask = causal[None, None] & attention_mask.bool()[:, None, None, :]
             mask[..., 0] = True
         recompute = self.gradient_checkpointing and cache is None and torch.is_grad_enabled()
+        sparse = 0
         for layer in self.model.layers:
+            replay = None
+            if routing is not None and isinstance(layer.mlp, SparseMoE):
+                replay, sparse = routing[:, :, sparse].long(), sparse + 1
             if recompute:
                 # Activation checkpointing: keep each layer's input only and run the layer again
                 # in the backward pass (about one more forward of the stack, for the memory of
                 # every layer's intermediates; bench/train_memory.py measures both).
-                x = checkpoint(layer, x, cos, sin, mask, None, use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, mask, None, replay, use_reentrant=False)
             else:
-                x = layer(x, cos, sin, mask, cache)
+                x = layer(x, cos, sin, mask, cache, replay)
         return self.model.norm(x)
 
 
