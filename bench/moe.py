@@ -22,6 +22,11 @@ the engine records each token's experts), and the share of (token, sparse layer)
 decisions whose top-k set differs between the trainer's bf16-autocast forward and a float32
 forward.
 
+Then a real run (``--run-steps``, 0 to skip): ``examples/byo_model.py`` (GRPO on sums, real
+processes) on a Qwen3-MoE of the same family (hidden 128, 2 layers, 32 experts, 4 a token) with
+the example's BPE tokenizer, in bf16, ``max_staleness=0``, once with ``graph.routing_replay``
+off and once on: the trainer's ``train_rollout_logprob_gap`` per step, and its mean.
+
 Progress goes to stderr; one JSON object is the last line.
 """
 
@@ -160,11 +165,64 @@ def mismatch(folder: Path, new: int) -> dict[str, Any]:
     return out
 
 
+def run_gap(root: Path, steps: int) -> dict[str, Any]:
+    """``train_rollout_logprob_gap`` of a bf16 run of examples/byo_model.py on a small
+    Qwen3-MoE, routing replay off and on (same seed, same prompts)."""
+    from transformers import GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from pivotflow.metrics import read_metrics
+    from pivotflow.run import run
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "byo_model.py"
+    byo = _load_example(example)
+    folder = byo.build_tiny_folder(root / "model")  # its tokenizer; the weights replaced
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        vocab_size=vocab, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+        num_experts=32, num_experts_per_tok=4, norm_topk_prob=True, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
+        eos_token_id=0, pad_token_id=0))  # fmt: skip
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.08)
+    model.generation_config = GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)
+    (folder / "model.safetensors").unlink()
+    model.save_pretrained(folder)
+    prompts = byo.write_prompts(root / "prompts.jsonl")
+    out: dict[str, Any] = {"steps": steps}
+    for replay in (False, True):
+        name = "replay_on" if replay else "replay_off"
+        engine_bench.log(f"[moe] run, routing replay {'on' if replay else 'off'}, {steps} steps")
+        result = run(example, steps=steps, out=root / name, console=False,
+                     sets=["live=false", "dtype=bfloat16", "max_staleness=0",
+                           f"graph.model={folder}", f"graph.prompts={prompts}",
+                           f"graph.routing_replay={json.dumps(replay)}"])  # fmt: skip
+        gaps = [r["train_rollout_logprob_gap"] for r in read_metrics(result.out / "metrics.jsonl")
+                if "train_rollout_logprob_gap" in r]
+        out[name] = {"per_step": [round(g, 5) for g in gaps],
+                     "mean": round(sum(gaps) / max(len(gaps), 1), 5)}  # fmt: skip
+    out["on_over_off"] = round(out["replay_on"]["mean"] / out["replay_off"]["mean"], 3)
+    return out
+
+
+def _load_example(path: Path) -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("byo_model_example", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--run-steps", type=int, default=6, help="the real runs (0: skip)")
     parser.add_argument("--out", help="also write the JSON object to this file")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -183,6 +241,7 @@ def main() -> None:
         sizes = {name: parameters(folder) for name, folder in folders.items()}
         engine_bench.log("[moe] rollout vs trainer mismatch, bf16")
         drift = {name: mismatch(folders[name], new) for name in ("moe", "dense_active")}
+        run = run_gap(Path(tmp) / "runs", args.run_steps) if args.run_steps else None
     moe = rates["moe"]
     result = {
         "bench": "moe",
@@ -197,6 +256,7 @@ def main() -> None:
         "moe_over_transformers": engine_bench._ratios(moe, rates["moe_transformers"]),
         "greedy_agreement_vs_transformers": agree,
         "bf16_rollout_mismatch": drift,
+        "run_rollout_logprob_gap": run,
         "wall_s": round(time.perf_counter() - started, 1),
     }
     line = json.dumps(result)

@@ -64,7 +64,10 @@ DEFAULTS = {"model": "", "prompts": "prompts.jsonl", "judge": False, "max_tokens
             "reward_model": "",
             # PPO's critic (Graph.critic): a causal LM folder (given a zero value head) or a
             # one-label classifier's; GAE's advantages instead of GRPO's ("": GRPO)
-            "critic": "", "critic_lr": 1e-5}
+            "critic": "", "critic_lr": 1e-5,
+            # a mixture-of-experts policy (qwen3_moe): replay the rollout's expert choices in
+            # the trainer's forward passes (rollout routing replay, R3; Graph.generate)
+            "routing_replay": False}
 
 
 def exact_reward(answer: str, completion: str, **_: object) -> float:
@@ -90,7 +93,7 @@ def build(config: dict) -> Graph:
                        group_size=config["group_size"],
                        groups_per_step=config["groups_per_step"])
     rollout = g.generate("rollout", model="policy", pool="rollout",
-                         max_tokens=config["max_tokens"])
+                         max_tokens=config["max_tokens"], routing_replay=config["routing_replay"])
     if config["reward_model"]:
         g.model("rm", source=config["reward_model"])
         g.pool("scorer", workers=1)

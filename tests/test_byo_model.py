@@ -168,6 +168,13 @@ def test_a_transformers_qwen3_moe_trains_and_its_checkpoint_loads_back(
     s = result.summary
     assert s["error"] is None and s["steps"] == 2 and s["ledger"]["groups_trained"] == 4
     assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
+    # float32 rollouts and training, the routing replayed: the trainer's first forward gives
+    # the rollout's logprobs to float rounding on the tokens its weights sampled
+    from pivotflow.metrics import read_metrics
+
+    gaps = [r["train_rollout_logprob_gap"] for r in read_metrics(tmp_path / "out" / "metrics.jsonl")
+            if "train_rollout_logprob_gap" in r]
+    assert gaps and max(gaps) < 1e-4, gaps
     ckpt = tmp_path / "out" / "checkpoints" / "policy"
     theirs, info = AutoModelForCausalLM.from_pretrained(ckpt, output_loading_info=True)
     assert type(theirs).__name__ == "Qwen3MoeForCausalLM" and not info["missing_keys"]

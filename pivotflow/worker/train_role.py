@@ -100,18 +100,21 @@ def pack(seqs: list[TrainSeq], pad_id: int = 0) -> dict[str, torch.Tensor]:
     ref = torch.zeros(b, resp) if all(s.ref_logprobs for s in seqs) else None
     mask = torch.zeros(b, resp)
     valid = torch.zeros(b, resp, dtype=torch.bool)  # a response token, not padding
+    versions = torch.full((b, resp), -1, dtype=torch.long)  # the policy version that sampled it
     for i, s in enumerate(seqs):
         p, r = len(s.prompt_ids), len(s.response_ids)
         gather[i, :r] = torch.arange(p - 1, p + r - 1)
         targets[i, :r] = torch.tensor(s.response_ids, dtype=torch.long)
         valid[i, :r] = True
         old[i, :r] = torch.tensor(s.logprobs)
+        if len(s.versions) == r:  # (a scoring role's sequences carry none)
+            versions[i, :r] = torch.tensor(s.versions, dtype=torch.long)
         if ref is not None:
             ref[i, :r] = torch.tensor(s.ref_logprobs)
         lm = s.loss_mask if s.loss_mask else [1] * r
         mask[i, :r] = torch.tensor(lm, dtype=torch.float32)
     out.update(gather=gather, targets=targets, old=old, mask=mask, valid=valid,
-               adv=_advantages(seqs, resp))
+               versions=versions, adv=_advantages(seqs, resp))
     if ref is not None:
         out["ref"] = ref
     # a critic's targets, and the values they came with (an empty response has none)
@@ -241,16 +244,20 @@ class TrainRole:
         prox = (self._proximal(msg.seqs) if self.tc.decoupled_loss and updates > 1 else None)
         sums: dict[str, float] = {}
         norms: list[tuple[float, float | None]] = []
-        for _ in range(self.tc.epochs):
-            for seqs, tokens, nseqs in parts:
+        for epoch in range(self.tc.epochs):
+            for i, (seqs, tokens, nseqs) in enumerate(parts):
+                # (the weights are still the step's first only in the first update)
                 norms.append(self._update(seqs, tokens, nseqs, policy_steps, prox, sums,
-                                          1.0 / updates))
+                                          1.0 / updates, first=epoch == 0 and i == 0))
         grad_norm = sum(n for n, _ in norms) / len(norms)
         critic_norm = (None if self.critic is None
                        else sum(c or 0.0 for _, c in norms) / len(norms))
         summed = torch.tensor(list(sums.values()), dtype=torch.float64)
         self.group.all_reduce_sum([summed])
         out = dict(zip(sums, summed.tolist(), strict=True))
+        gap, on_policy = out.pop("rollout_gap_abs"), out.pop("rollout_gap_tokens")
+        if on_policy:  # (a step whose tokens all came from older weights has no gap to show)
+            out["rollout_logprob_gap"] = gap / on_policy
         # the step's valid tokens, every rank's and mini-batch's (``train_tokens``): averaged
         # as above, the loss's count would be a token-weighted mean of micro-batch sizes
         out["tokens"] = float(sum(tokens for _, tokens, _ in parts))
@@ -283,7 +290,8 @@ class TrainRole:
 
     def _update(self, seqs: list[TrainSeq], total_tokens: int, total_seqs: int,
                 policy_steps: bool, prox: dict[int, torch.Tensor] | None,
-                sums: dict[str, float], share: float) -> tuple[float, float | None]:
+                sums: dict[str, float], share: float,
+                first: bool = False) -> tuple[float, float | None]:
         """One optimizer update of the policy (and the critic) on this rank's ``seqs`` of one
         mini-batch, whose whole-batch totals scale the loss; adds each stat, weighted by its
         micro-batch's part of the mini-batch and by ``share`` (the update's part of the step),
@@ -334,6 +342,17 @@ class TrainRole:
                 stats.update(v_stats)
             for k, v in {"loss": loss.item(), **stats}.items():
                 sums[k] = sums.get(k, 0.0) + float(v) * weight * share
+            # the rollout engine against this forward on the tokens the same weights sampled
+            # (verl's rollout_probs_diff): float rounding alone when both compute alike; the
+            # numerics' mismatch (bf16, another engine, MoE routing flips) otherwise. Summed
+            # as |difference| and count on every rank, divided after the all-reduce.
+            gap = count = 0.0
+            if first:
+                same = (batch["mask"] > 0) & (batch["versions"] == self.version)
+                gap = float((logp.detach() - batch["old"]).abs()[same].sum())
+                count = float(same.sum())
+            sums["rollout_gap_abs"] = sums.get("rollout_gap_abs", 0.0) + gap
+            sums["rollout_gap_tokens"] = sums.get("rollout_gap_tokens", 0.0) + count
         grad_norm = (self.optim.step(self.group, self.tc.max_grad_norm) if policy_steps
                      else 0.0)
         critic_norm = (self.critic.optim.step(self.group, self.tc.max_grad_norm)
