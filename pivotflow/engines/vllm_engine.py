@@ -109,16 +109,21 @@ class VllmEngine:
         self.model_path = Path(model_path)
         self.on_cpu = bool(current_platform.is_cpu())
         self.threads = threads if self.on_cpu else None
-        self._check_head_dim()
+        raw = self._check_head_dim()
         kw = dict(engine_kwargs)
         kw.setdefault("skip_tokenizer_init", not self._has_tokenizer())
         kw.setdefault("enable_sleep_mode", not self.on_cpu)
         kw.setdefault("seed", 0)
         kw.setdefault("worker_extension_cls", WORKER_EXTENSION)
         if self.on_cpu:
-            # in this process, unless tensor parallel: vLLM's CPU ranks are processes of its own
-            kw.setdefault("distributed_executor_backend",
-                          "mp" if kw.get("tensor_parallel_size", 1) > 1 else "uni")
+            # in this process, unless tensor parallel: vLLM's CPU ranks are processes of its own.
+            # A mixture of experts too: vLLM makes its expert-parallel group only when the
+            # process's first engine is an MoE, and an in-process engine reuses the groups an
+            # earlier one made (a worker whose dense role shifted to an MoE policy: "expert
+            # parallel group is not initialized"), so an MoE gets a process of its own.
+            experts = raw.get("num_experts") or raw.get("num_local_experts")
+            own_process = kw.get("tensor_parallel_size", 1) > 1 or bool(experts)
+            kw.setdefault("distributed_executor_backend", "mp" if own_process else "uni")
             kw.setdefault("gpu_memory_utilization", 0.1)
             kw.setdefault("enforce_eager", True)
             if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
@@ -349,8 +354,9 @@ class VllmEngine:
     def _has_tokenizer(self) -> bool:
         return any((self.model_path / f).is_file() for f in _TOKENIZER_FILES)
 
-    def _check_head_dim(self) -> None:
-        """vLLM's CPU attention runs a fixed set of head sizes; say so before vLLM starts."""
+    def _check_head_dim(self) -> dict[str, Any]:
+        """vLLM's CPU attention runs a fixed set of head sizes; say so before vLLM starts.
+        Returns the folder's config.json."""
         path = self.model_path / "config.json"
         try:
             raw = json.loads(path.read_text())
@@ -359,13 +365,14 @@ class VllmEngine:
             raise EngineError(f"{path}: cannot read the model's head_dim: "
                               f"{_one_line(exc)}") from None  # fmt: skip
         if not self.on_cpu:
-            return
+            return dict(raw)
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
         sizes = CPUAttentionBackend.get_supported_head_sizes()
         if head_dim not in sizes:
             raise EngineError(f"{path}: head_dim {head_dim} (hidden_size/num_attention_heads) "
                               f"is not one vLLM's CPU attention runs: {sizes}")  # fmt: skip
+        return dict(raw)
 
 
 @contextmanager

@@ -294,3 +294,30 @@ def test_recording_routing_on_a_dense_model_is_one_line() -> None:
     with pytest.raises(EngineError, match="record_routing needs a mixture-of-experts model") as e:
         TorchEngine(dense, record_routing=True)
     assert "\n" not in str(e.value)
+
+
+def test_lora_adapts_every_expert_and_not_the_router_and_merges_under_hub_names() -> None:
+    """LoRA's default targets (gate_proj, up_proj, down_proj, ...) match each expert's linears,
+    as PEFT's same targets do, and not the router (``gate``); the merged state is a plain
+    model's, which the store and vLLM load."""
+    from pivotflow.defaults import LORA_TARGETS
+    from pivotflow.engines.torch.weights import check_tensors
+    from pivotflow.worker.lora import adapter_tensors, apply_lora, merged_state_dict
+
+    cfg = config_from_hf(_moe_config(), "t")  # 2 sparse layers of 4 experts
+    torch.manual_seed(0)
+    model = Decoder(cfg)
+    assert apply_lora(model, 4, 8.0, list(LORA_TARGETS)) == 2 * (4 + 4 * 3)  # q/k/v/o, experts
+    adapters = adapter_tensors(model)
+    assert "model.layers.1.mlp.experts.3.down_proj.lora_A" in adapters
+    assert not any(".mlp.gate." in k for k in adapters)
+    for p in (p for k, p in model.named_parameters() if "lora_B" in k):
+        torch.nn.init.normal_(p)  # (B starts at zero: a nonzero update to merge)
+    ids = torch.randint(0, cfg.vocab_size, (2, 9))
+    with torch.no_grad():
+        adapted = model(ids)
+    merged = merged_state_dict(model)
+    check_tensors(cfg, merged, "merged")
+    plain = build_model(cfg, merged)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(ids), adapted, atol=1e-4, rtol=1e-4)

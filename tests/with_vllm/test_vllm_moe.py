@@ -2,7 +2,11 @@
 greedy tokens from the store's first version, and after an update to the next one (the Hub's
 per-expert tensor names reach vLLM's fused experts through its own loader).
 
-Its own vLLM engine (a second start, ~30 s): the session's shared one serves a dense Qwen2.
+Its own vLLM engine (a second start, ~20 s), started while the session's shared one (a dense
+Qwen2, in this process) runs, as in a worker whose dense role shifted to an MoE policy: vLLM
+makes its expert-parallel group only for a process's first engine, so an in-process MoE engine
+after a dense one failed to start ("expert parallel group is not initialized"); an MoE engine
+runs in a process of its own (``VllmEngine``).
 """
 
 from __future__ import annotations
@@ -76,7 +80,7 @@ def _run(engine: Any, prompts: list[list[int]]) -> dict[str, GenerationOutput]:
 
 
 def test_a_moe_policy_on_vllm_decodes_as_the_embedded_engine_before_and_after_an_update(
-    moe_folder: Path, moe_store: Any
+    moe_folder: Path, moe_store: Any, vllm_engine: Any
 ) -> None:
     from pivotflow.engines.vllm_engine import VllmEngine
 

@@ -141,7 +141,6 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
             )
         return self
 
-
     def _validate_experts(self) -> None:
         if self.num_experts < 0:
             raise ModelConfigError(f"num_experts must be >= 0, got {self.num_experts}")
