@@ -1,6 +1,7 @@
 """Real model families in the embedded engine: folders transformers writes (Qwen2, Llama 3 with
-rope scaling, Qwen3, Qwen3-MoE; tied and untied) load, decode greedily as transformers does, and give the
-logprobs of a full forward pass, in float32, bfloat16 and float16 on CPU."""
+rope scaling, Qwen3, Qwen3-MoE; tied and untied) load, decode greedily as transformers does,
+and give the logprobs of a full forward pass, in float32 (bfloat16 and float16: the dense
+families; an MoE's bf16 routing flips are tests/engines/test_moe.py's)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Hugging Face ``config.json`` <-> ``ModelConfig``, and the dtype a model runs in.
 
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
-(Qwen2/Qwen2.5, Llama 3, Qwen3, Qwen3-MoE; rope default, linear, llama3) and names, in one line, the file
-and the first key it cannot run. Keys that change nothing the decoder computes (token ids,
+(Qwen2/Qwen2.5, Llama 3, Qwen3, Qwen3-MoE; rope default, linear, llama3) and names, in one
+line, the file and the first key it cannot run. Keys that change nothing the decoder computes (token ids,
 initializer_range, use_cache...) are ignored.
 """
 
@@ -175,12 +175,14 @@ def _expert_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
     (the Hub's configs name the count ``num_experts``; transformers 5 writes
     ``num_local_experts``)."""
     count_key = "num_experts" if "num_experts" in raw else "num_local_experts"
-    out: dict[str, Any] = {"num_experts": raw.get(count_key, 128)}
-    for key, default in (("num_experts_per_tok", 8), ("moe_intermediate_size", 768),
-                         ("decoder_sparse_step", 1)):  # fmt: skip
-        out[key] = raw.get(key, default)
-    for key, value in [(count_key, out["num_experts"]),
-                       *((k, out[k]) for k in list(out)[1:])]:  # fmt: skip
+    keys = {"num_experts": count_key, "num_experts_per_tok": "num_experts_per_tok",
+            "moe_intermediate_size": "moe_intermediate_size",
+            "decoder_sparse_step": "decoder_sparse_step"}  # ModelConfig's field: its key
+    defaults = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                "decoder_sparse_step": 1}  # transformers'
+    out: dict[str, Any] = {}
+    for field, key in keys.items():
+        value = out[field] = raw.get(key, defaults[field])
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ModelConfigError(f"{where}: {key}={value!r} is not a non-negative integer")
     out["norm_topk_prob"] = bool(raw.get("norm_topk_prob", False))

@@ -87,7 +87,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         return self.attention_bias and self.architecture != "qwen2"
 
     def is_sparse(self, layer: int) -> bool:
-        """Whether decoder layer ``layer`` routes to experts (as transformers' Qwen3-MoE decides)."""
+        """Whether decoder layer ``layer`` routes to experts (as transformers' Qwen3-MoE
+        decides)."""
         return (
             self.num_experts > 0
             and layer not in self.mlp_only_layers
@@ -162,7 +163,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         outside = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
         if outside:
             raise ModelConfigError(
-                f"mlp_only_layers {outside} are not layers of a {self.num_hidden_layers}-layer model"
+                f"mlp_only_layers {outside} are not layers of a "
+                f"{self.num_hidden_layers}-layer model"
             )
 
 
