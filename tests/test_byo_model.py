@@ -182,6 +182,10 @@ def test_a_transformers_qwen3_moe_trains_and_its_checkpoint_loads_back(
     for name in ("model.layers.0.mlp.gate.weight", "model.layers.1.mlp.experts.0.up_proj.weight",
                  "model.layers.1.mlp.experts.3.down_proj.weight"):
         assert not torch.equal(before[name], after[name]), name
+    # resumed from its checkpoint (the policy's experts and their AdamW state) for one more step
+    again = run(graph, steps=3, out=tmp_path / "out", console=False, resume=str(tmp_path / "out"))
+    assert again.summary["steps"] == 3 and again.summary["error"] is None
+    assert again.summary["ledger"]["lost"] == 0 and again.summary["ledger"]["duplicates"] == 0
     dense = write_graph(tmp_path / "out", qwen, prompts, "routing_replay=True")
     with pytest.raises(GraphError, match=r"generate 'rollout' at .*graph.py:\d+: routing_replay "
                        r"needs a mixture-of-experts model; 'policy' \(.*config.json\) is a "

@@ -88,3 +88,21 @@ async def test_a_checkpoint_takes_partial_generations_and_they_resume() -> None:
     assert h.ctl.ledger.groups_trained == 12 and h.ctl.ledger.duplicates == 0
     trained = sum(len(q.response_ids) for st in h.train_steps for q in st.seqs)
     assert sum(w.policy_tokens for w in workers) == trained
+
+
+def test_a_samples_routing_comes_back_from_a_checkpoint_as_bytes() -> None:
+    """Routing replay's per-sample ``routing`` (bytes, any values) survives state.msgpack as
+    the bytes the trainer reads, beside the fields of other types."""
+    from pivotflow.controller.snapshot import SampleState
+
+    routing = bytes(range(256)) * 3
+    saved = ControllerState(
+        version=2, tokens_generated=9, ledger={}, settled_below=0, settled_above=[],
+        open_groups={}, next_sample=1, source_rng=[], problems_cursor=0, problems_rng=[],
+        samples=[SampleState(sample_id=0, group_id=0, group_size=1, admit_version=1, seed=0,
+                             stage=-1, fields={"routing": routing, "response_ids": [1, 2],
+                                               "reward": 0.5})])  # fmt: skip
+    back = msgspec.msgpack.decode(msgspec.msgpack.encode(saved), type=ControllerState)
+    fields = back.samples[0].fields
+    assert fields["routing"] == routing and isinstance(fields["routing"], bytes)
+    assert fields["response_ids"] == [1, 2] and fields["reward"] == 0.5
