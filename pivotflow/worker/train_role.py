@@ -33,7 +33,8 @@ from collections.abc import Sequence
 import torch
 
 from pivotflow.controller.train_tokens import valid_tokens
-from pivotflow.engines.torch.model import ModelConfig, routing_from_bytes
+from pivotflow.engines.torch.feedforward import routing_from_bytes
+from pivotflow.engines.torch.model import ModelConfig
 from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve_dtype
 from pivotflow.params.base import ParamStore
 from pivotflow.params.node_agent import wait_crossed

@@ -13,7 +13,8 @@ import torch
 from hf_fixtures import MOE, PROMPTS, hf_model
 
 from pivotflow.engines.torch import config_from_hf, load_model_folder, save_checkpoint
-from pivotflow.engines.torch.model import Decoder, SparseMoE, route, sort_by_expert
+from pivotflow.engines.torch.feedforward import SparseMoE, route, sort_by_expert
+from pivotflow.engines.torch.model import Decoder
 from pivotflow.engines.torch.weights import build_model
 from pivotflow.errors import ModelConfigError
 
@@ -196,7 +197,7 @@ def test_the_engine_records_the_experts_of_every_position_it_fed(pair: Any) -> N
     same weights chooses them."""
     from pivotflow.engines.base import GenerationRequest, SamplingParams
     from pivotflow.engines.torch import TorchEngine
-    from pivotflow.engines.torch.model import routing_from_bytes
+    from pivotflow.engines.torch.feedforward import routing_from_bytes
 
     _, ours, root = pair
     folder = load_model_folder(root)
@@ -225,7 +226,7 @@ def test_replayed_routing_is_what_the_trainer_uses_and_narrows_the_bf16_gap(
     to the rollout's (which experts a replayed forward runs: the next test)."""
     from pivotflow.engines.base import GenerationRequest, SamplingParams
     from pivotflow.engines.torch import TorchEngine
-    from pivotflow.engines.torch.model import routing_from_bytes
+    from pivotflow.engines.torch.feedforward import routing_from_bytes
 
     cfg = config_from_hf(_moe_config(vocab_size=300, hidden_size=64, num_experts=32,
                                      num_experts_per_tok=4, max_position_embeddings=128), "t")
@@ -267,7 +268,7 @@ def test_replayed_routing_is_what_the_trainer_uses_and_narrows_the_bf16_gap(
 @pytest.mark.parametrize("normalize", [False, True])
 def test_a_replayed_route_takes_the_given_experts_weighed_by_this_router(
         normalize: bool) -> None:
-    from pivotflow.engines.torch.model import replayed_route
+    from pivotflow.engines.torch.feedforward import replayed_route
 
     torch.manual_seed(0)
     logits = torch.randn(5, 8, requires_grad=True)

@@ -17,15 +17,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pivotflow.engines.torch.linear import Linears
-from pivotflow.engines.torch.model import (
+from pivotflow.engines.torch.feedforward import (
     MLP,
-    ModelConfig,
     SparseMoE,
+    add_expert_outputs,
     route,
     routing_dtype,
-    sort_by_expert,
 )
+from pivotflow.engines.torch.linear import Linears
+from pivotflow.engines.torch.model import ModelConfig
 
 
 class RoutingRecorder:
@@ -90,13 +90,9 @@ class PackedExperts:
         weights, chosen = route(self.mm.linear(h, self.router), self.top_k, self.normalize)
         if self.recorder is not None:
             self.recorder.write(self.sparse_index, chosen)
-        order, counts = sort_by_expert(chosen, self.count)
-        rows = order // self.top_k
-        inputs, parts, start = h[rows], [], 0  # expert-sorted: each expert's rows, one slice
-        for expert, count in enumerate(counts):
-            if count:
-                act = self.mm.gated(inputs[start : start + count], self.gate_up[expert], self.units)
-                parts.append(self.mm.linear(act, self.down[expert]))
-                start += count
-        outputs = torch.cat(parts).mul_(weights.reshape(-1)[order, None])
-        return x.index_add_(0, rows, outputs)
+        return add_expert_outputs(x, h, weights, chosen, self.count, self._expert)
+
+    def _expert(self, expert: int, rows: torch.Tensor) -> torch.Tensor:
+        """Expert ``expert``'s output for ``rows`` [m, H]: one gated matmul, then down."""
+        act = self.mm.gated(rows, self.gate_up[expert], self.units)
+        return self.mm.linear(act, self.down[expert])

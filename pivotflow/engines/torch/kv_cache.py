@@ -19,13 +19,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from pivotflow.engines.torch.experts import PackedExperts, RoutingRecorder
+from pivotflow.engines.torch.feedforward import MLP, SparseMoE
 from pivotflow.engines.torch.linear import Linears
 from pivotflow.engines.torch.model import (
-    MLP,
     Decoder,
     DecoderLayer,
     ModelConfig,
-    SparseMoE,
     rope_inv_freq,
     rotary_cos_sin,
 )

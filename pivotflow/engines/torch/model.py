@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from pivotflow.engines.torch.feedforward import MLP, SparseMoE
 from pivotflow.errors import ModelConfigError
 
 ARCHITECTURES = ("qwen2", "llama", "qwen3", "qwen3_moe")
@@ -285,116 +286,6 @@ class Attention(nn.Module):
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
-
-
-class MLP(nn.Module):
-    """SwiGLU feed-forward of ``size`` hidden units (default: the config's intermediate_size)."""
-
-    def __init__(self, cfg: ModelConfig, size: int = 0) -> None:
-        super().__init__()
-        size = size or cfg.intermediate_size
-        self.gate_proj = nn.Linear(cfg.hidden_size, size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, size, bias=False)
-        self.down_proj = nn.Linear(size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-def route(
-    router_logits: torch.Tensor, top_k: int, normalize: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each token's experts and their weights, as Qwen3-MoE routes: softmax over all experts
-    in float32, the ``top_k`` largest, optionally renormalised to sum to 1, cast back to the
-    logits' dtype. ``router_logits`` [n, experts] -> (weights [n, k], expert ids [n, k])."""
-    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
-    weights, experts = torch.topk(probs, top_k, dim=-1)
-    if normalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights.to(router_logits.dtype), experts
-
-
-def routing_dtype(num_experts: int) -> torch.dtype:
-    """How recorded expert ids travel (``RoutingRecorder``, a sample's ``routing`` bytes): one
-    byte each up to 256 experts, else two."""
-    return torch.uint8 if num_experts <= 256 else torch.int16
-
-
-def routing_from_bytes(data: bytes, cfg: ModelConfig) -> torch.Tensor:
-    """Recorded routing bytes -> expert ids [positions, sparse layers, k] (int64)."""
-    flat = torch.frombuffer(bytearray(data), dtype=routing_dtype(cfg.num_experts))
-    return flat.view(-1, cfg.sparse_layers, cfg.num_experts_per_tok).long()
-
-
-def replayed_route(
-    router_logits: torch.Tensor, replay: torch.Tensor, top_k: int, normalize: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``route`` with the experts given: the rollout engine's choice (rollout routing replay,
-    R3: Ma et al. 2025, arXiv:2510.11370), its weights from these logits as ``route`` weighs its
-    own choice (softmax over all experts, gathered, optionally renormalised), so the router
-    still learns. Rows of ``replay`` [n, k] holding -1 (positions the rollout did not route:
-    the last token) take ``route``'s own choice."""
-    own_weights, own = route(router_logits, top_k, normalize)
-    given = replay[:, 0] >= 0
-    if not bool(given.any()):
-        return own_weights, own
-    experts = torch.where(given[:, None], replay, own)
-    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
-    weights = probs.gather(-1, experts)
-    if normalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights.to(router_logits.dtype), experts
-
-
-def sort_by_expert(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, list[int]]:
-    """The n*k (token, choice) pairs of expert ids [n, k] in expert order, and how many each
-    expert got: ``order`` indexes the flattened [n*k] choices (``order // k`` is a pair's token
-    row), ``counts[e]`` pairs of expert e follow those of e - 1. One sort and one host sync,
-    so each expert then reads a contiguous slice (no per-expert scan or gather)."""
-    flat = experts.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    return order, torch.bincount(flat, minlength=num_experts).tolist()
-
-
-class SparseMoE(nn.Module):
-    """Qwen3-MoE's sparse block: a bias-free router ``gate`` over ``num_experts`` SwiGLU
-    experts, each token through its ``num_experts_per_tok`` best, their outputs summed with the
-    router's weights. Experts are modules of their own (``experts.3.up_proj``), as checkpoints
-    name them: transformers 5 fuses them in memory but saves and loads these names.
-
-    Every expert a token picks runs on a gathered batch of its tokens, so compute follows the
-    routed tokens (k of E experts per token), not E; the router gets its gradient through the
-    weights. No load-balancing loss is added in training (transformers adds one only with
-    ``output_router_logits``, off in Qwen3-MoE's configs; verl's FSDP trainer adds none)."""
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.top_k, self.normalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
-        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
-        self.experts = nn.ModuleList(
-            MLP(cfg, cfg.moe_intermediate_size) for _ in range(cfg.num_experts)
-        )
-
-    def forward(self, x: torch.Tensor, replay: torch.Tensor | None = None) -> torch.Tensor:
-        """``x`` [..., H]; ``replay`` [..., k]: experts to use instead of the router's top k
-        (``replayed_route``)."""
-        flat = x.reshape(-1, x.shape[-1])
-        logits = self.gate(flat)
-        if replay is None:
-            weights, chosen = route(logits, self.top_k, self.normalize)
-        else:
-            weights, chosen = replayed_route(
-                logits, replay.reshape(-1, self.top_k), self.top_k, self.normalize
-            )
-        order, counts = sort_by_expert(chosen, len(self.experts))
-        rows = order // self.top_k
-        inputs, parts, start = flat[rows], [], 0  # each expert's tokens, one slice apiece
-        for expert, count in enumerate(counts):
-            if count:
-                parts.append(self.experts[expert](inputs[start:start + count]))
-                start += count
-        outputs = torch.cat(parts) * weights.reshape(-1)[order, None]
-        return torch.zeros_like(flat).index_add_(0, rows, outputs.to(flat.dtype)).view_as(x)
 
 
 class DecoderLayer(nn.Module):
