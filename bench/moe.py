@@ -48,7 +48,8 @@ import engine as engine_bench  # noqa: E402 - a sibling file, not a package
 
 from pivotflow.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from pivotflow.engines.torch import TorchEngine, load_checkpoint  # noqa: E402
-from pivotflow.engines.torch.model import Decoder, SparseMoE, routing_from_bytes  # noqa: E402
+from pivotflow.engines.torch.feedforward import SparseMoE, routing_from_bytes  # noqa: E402
+from pivotflow.engines.torch.model import Decoder  # noqa: E402
 
 VOCAB, PROMPT_LEN = 1000, 32
 SHAPE: dict[str, Any] = dict(
@@ -170,11 +171,12 @@ def run_gap(root: Path, steps: int) -> dict[str, Any]:
     Qwen3-MoE, routing replay off and on (same seed, same prompts)."""
     from transformers import GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+    from pivotflow.graph_check import import_graph_file
     from pivotflow.metrics import read_metrics
     from pivotflow.run import run
 
     example = Path(__file__).resolve().parents[1] / "examples" / "byo_model.py"
-    byo = _load_example(example)
+    byo = import_graph_file(example)  # its folder and prompt writers
     folder = byo.build_tiny_folder(root / "model")  # its tokenizer; the weights replaced
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     torch.manual_seed(0)
@@ -205,16 +207,6 @@ def run_gap(root: Path, steps: int) -> dict[str, Any]:
                      "mean": round(sum(gaps) / max(len(gaps), 1), 5)}  # fmt: skip
     out["on_over_off"] = round(out["replay_on"]["mean"] / out["replay_off"]["mean"], 3)
     return out
-
-
-def _load_example(path: Path) -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("byo_model_example", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def main() -> None:
