@@ -109,7 +109,7 @@ class VllmEngine:
         self.model_path = Path(model_path)
         self.on_cpu = bool(current_platform.is_cpu())
         self.threads = threads if self.on_cpu else None
-        raw = self._check_head_dim()
+        raw = self._read_config()
         kw = dict(engine_kwargs)
         kw.setdefault("skip_tokenizer_init", not self._has_tokenizer())
         kw.setdefault("enable_sleep_mode", not self.on_cpu)
@@ -354,9 +354,9 @@ class VllmEngine:
     def _has_tokenizer(self) -> bool:
         return any((self.model_path / f).is_file() for f in _TOKENIZER_FILES)
 
-    def _check_head_dim(self) -> dict[str, Any]:
-        """vLLM's CPU attention runs a fixed set of head sizes; say so before vLLM starts.
-        Returns the folder's config.json."""
+    def _read_config(self) -> dict[str, Any]:
+        """The folder's config.json, after checking its head_dim: vLLM's CPU attention runs a
+        fixed set of head sizes, and a model it cannot run is named before vLLM starts."""
         path = self.model_path / "config.json"
         try:
             raw = json.loads(path.read_text())
