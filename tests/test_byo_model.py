@@ -310,7 +310,8 @@ def test_ppo_on_a_transformers_folder_with_its_own_folder_as_the_critic(
     the checkpoint's critic loads in transformers as a one-label classifier. (A random reward
     model scores the responses: the exact rule never rewards a random policy, and a critic
     whose returns are all 0 has nothing to learn.) Two trainers hold the policy's and the
-    critic's AdamW states sharded (``graph.zero_stage=1``)."""
+    critic's AdamW states sharded (``graph.zero_stage=1``): the static planner keeps them two
+    (backpressure may lend the idle scorer and values workers to training, a world of 4)."""
     import torch
     from transformers import (
         AutoConfig,
@@ -337,7 +338,7 @@ def test_ppo_on_a_transformers_folder_with_its_own_folder_as_the_critic(
                  sets=["live=false", f"graph.model={model}", f"graph.prompts={prompts}",
                        f"graph.critic={model}", "graph.critic_lr=1e-3",
                        f"graph.reward_model={rm}", "graph.trainer_workers=2",
-                       "graph.zero_stage=1"])
+                       "graph.zero_stage=1", "planner=static"])
     s = result.summary
     assert s["error"] is None and s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
     assert {r.get("train_world") for r in read_metrics(out / "metrics.jsonl")} == {2.0}
