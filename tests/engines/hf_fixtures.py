@@ -1,7 +1,7 @@
 """Tiny random-weight models that transformers itself builds and saves, one per family and
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
-head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones; tied and
-untied), and a reference greedy decode."""
+head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
+Qwen3 with YaRN; tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ SIZES: dict[str, Any] = dict(
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 16,
                "rope_theta": 500000.0}  # fmt: skip
+YARN_ROPE = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+             "rope_theta": 10000.0}  # fmt: skip
 # Prompts of different lengths (ids below VOCAB), decoded together as one batch.
 PROMPTS = [[5, 17, 42], [7], [200, 13, 99, 150, 3, 77, 250], [31, 31], [120, 8, 64, 9, 11]]
 
@@ -55,6 +57,16 @@ CASES = [
           "moe_intermediate_size": 48, "norm_topk_prob": True, "mlp_only_layers": [1]}),
 ]  # fmt: skip
 MOE = CASES[6]
+# (appended, so the indices above stay) Mistral as Small 3 ships it: an explicit head_dim, no
+# window; Qwen3 with YaRN as Qwen's long-context recipe sets it (factor 4 over the original).
+CASES += [
+    Case("mistral-head-dim", "MistralConfig", False,
+         {"head_dim": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "sliding_window": None}),
+    Case("qwen3-yarn", "Qwen3Config", True,
+         {"head_dim": 32, "rope_parameters": YARN_ROPE}),
+]  # fmt: skip
+MISTRAL, YARN = CASES[7], CASES[8]
 CASE_IDS = [c.name for c in CASES]
 
 

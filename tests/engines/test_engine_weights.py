@@ -119,8 +119,8 @@ def _edit_config(path: Path, **changes: object) -> None:
         ({"intermediate_size": 96}, r"model\.safetensors.*'model\.layers\.0\.mlp\..*' has shape"),
         ({"tie_word_embeddings": False}, r"'lm_head\.weight' is missing"),
         (
-            {"rope_parameters": {"rope_type": "yarn", "factor": 2.0}},
-            r"config\.json: rope_parameters\.rope_type='yarn' is not supported",
+            {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}},
+            r"config\.json: rope_parameters\.rope_type='dynamic' is not supported",
         ),
         (
             {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]},

@@ -1,5 +1,5 @@
 """Real model families in the embedded engine: folders transformers writes (Qwen2, Llama 3 with
-rope scaling, Qwen3, Qwen3-MoE; tied and untied) load, decode greedily as transformers does,
+rope scaling, Qwen3, Qwen3-MoE, Mistral, Qwen3 with YaRN; tied and untied) load, decode greedily as transformers does,
 and give the logprobs of a full forward pass, in float32 (bfloat16 and float16: the dense
 families; an MoE's bf16 routing flips are tests/engines/test_moe.py's)."""
 
@@ -69,7 +69,7 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
     cfg = folder.config
     assert cfg.tie_word_embeddings == case.tied
     assert cfg.architecture == {"Qwen2Config": "qwen2", "LlamaConfig": "llama",
-                                "Qwen3Config": "qwen3",
+                                "Qwen3Config": "qwen3", "MistralConfig": "mistral",
                                 "Qwen3MoeConfig": "qwen3_moe"}[case.config_class]  # fmt: skip
     assert cfg.head_dim == 32 and cfg.qk_norm == cfg.architecture.startswith("qwen3")
     # Every weight transformers holds was loaded (transformers 5 holds a sparse layer's experts

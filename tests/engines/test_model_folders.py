@@ -130,9 +130,9 @@ def test_config_to_hf_writes_qwen3_and_llama3_rope_that_transformers_rebuilds(
     ("changes", "message"),
     [
         (
-            {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
-            r"config\.json: rope_parameters\.rope_type='yarn' is not supported by the embedded "
-            r"engine \(default, linear, llama3\)$",
+            {"rope_parameters": {"rope_type": "longrope", "factor": 4.0, "rope_theta": 1e4}},
+            r"config\.json: rope_parameters\.rope_type='longrope' is not supported by the "
+            r"embedded engine \(default, linear, llama3, yarn\)$",
         ),
         (
             {"rope_scaling": {"type": "dynamic", "factor": 2.0}},
@@ -142,7 +142,7 @@ def test_config_to_hf_writes_qwen3_and_llama3_rope_that_transformers_rebuilds(
             {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}},
             r"config\.json: rope_parameters\.low_freq_factor is missing",
         ),
-        ({"model_type": "mistral"}, r"config\.json: model_type='mistral' is not supported"),
+        ({"model_type": "gemma3"}, r"config\.json: model_type='gemma3' is not supported"),
         ({"use_sliding_window": True}, r"config\.json: use_sliding_window=True is not supported"),
         (
             {"layer_types": ["full_attention", "sliding_attention"]},

@@ -1,8 +1,8 @@
 """Hugging Face ``config.json`` <-> ``ModelConfig``, and the dtype a model runs in.
 
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
-(Qwen2/Qwen2.5, Llama 3, Qwen3, Qwen3-MoE; rope default, linear, llama3) and names, in one
-line, the file and the first key it cannot run. Keys that change nothing the decoder computes (token ids,
+(Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE; rope default, linear, llama3, yarn) and
+names, in one line, the file and the first key it cannot run. Keys that change nothing the decoder computes (token ids,
 initializer_range, use_cache...) are ignored.
 """
 
@@ -15,11 +15,13 @@ import torch
 from pivotflow.engines.torch.model import ARCHITECTURES, ROPE_TYPES, ModelConfig
 from pivotflow.errors import ModelConfigError
 
-HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
+HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
+              "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
               "qwen3_moe": "Qwen3MoeForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
+                  "mistral": "MistralForSequenceClassification",
                   "qwen3": "Qwen3ForSequenceClassification",
                   "qwen3_moe": "Qwen3MoeForSequenceClassification"}
 DTYPES = {
@@ -30,6 +32,8 @@ DTYPES = {
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
              "num_attention_heads", "max_position_embeddings")  # fmt: skip
 _ENGINE = "is not supported by the embedded engine"
+# transformers' MistralConfig applies a window of 4096 when config.json names none
+MISTRAL_DEFAULT_WINDOW = 4096
 
 
 def resolve_dtype(
@@ -80,6 +84,24 @@ def _reject_unsupported(raw: dict[str, Any], where: str) -> None:
     for key, bad, runs in checks:
         if bad:
             raise ModelConfigError(f"{where}: {key}={raw.get(key)!r} {_ENGINE} ({runs})")
+    if raw.get("model_type") == "mistral":
+        _check_mistral_window(raw, where)
+
+
+def _check_mistral_window(raw: dict[str, Any], where: str) -> None:
+    """Mistral has no use_sliding_window switch: a window is on whenever sliding_window is set
+    (transformers' default is on). No sliding-window attention here: a window is accepted only
+    where it never binds, at max_position_embeddings or wider (Mistral 7B v0.3, Nemo, Small 3,
+    Magistral and Devstral ship null; v0.1's 4096 of 32768 is refused)."""
+    window = raw.get("sliding_window", MISTRAL_DEFAULT_WINDOW)
+    longest = raw.get("max_position_embeddings")
+    if window is None or (isinstance(longest, int) and isinstance(window, int)
+                          and not isinstance(window, bool) and window >= longest):
+        return
+    raise ModelConfigError(
+        f"{where}: sliding_window={window!r} {_ENGINE} (null, or at least "
+        f"max_position_embeddings={longest!r}: no sliding-window attention)"
+    )
 
 
 def _rope_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
@@ -104,19 +126,35 @@ def _rope_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
     theta_key = f"{key}.rope_theta" if "rope_theta" in rope else "rope_theta"
     theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
     out: dict[str, Any] = {"rope_type": kind, "rope_theta": _number(theta, theta_key, where)}
-    needs = {"linear": ("factor",),
+    needs = {"linear": ("factor",), "yarn": ("factor",),
              "llama3": ("factor", "low_freq_factor", "high_freq_factor")}.get(kind, ())  # fmt: skip
     for name in needs:
         if name not in rope:
             raise ModelConfigError(f"{where}: {key}.{name} is missing (rope_type {kind!r})")
         out[f"rope_{name}"] = _number(rope[name], f"{key}.{name}", where)
-    if kind == "llama3":
+    if kind in ("llama3", "yarn"):
         # transformers' default for a missing original length is max_position_embeddings.
         original = rope.get("original_max_position_embeddings",
                             raw.get("original_max_position_embeddings", 0))  # fmt: skip
         out["rope_original_max_position_embeddings"] = int(
             _number(original, f"{key}.original_max_position_embeddings", where)
         )
+    if kind == "yarn":
+        out.update(_yarn_fields(rope, key, where))
+    return out
+
+
+def _yarn_fields(rope: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    """YaRN's optional keys; null or absent takes transformers' default (beta_fast 32, beta_slow
+    1, attention_factor derived from factor/mscale/mscale_all_dim, truncate true)."""
+    out: dict[str, Any] = {}
+    for name in ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim"):
+        if rope.get(name) is not None:
+            out[f"rope_{name}"] = _number(rope[name], f"{key}.{name}", where)
+    truncate = rope.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise ModelConfigError(f"{where}: {key}.truncate={truncate!r} is not true or false")
+    out["rope_truncate"] = truncate
     return out
 
 
@@ -158,8 +196,9 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         **rope,
         rms_norm_eps=_number(raw.get("rms_norm_eps", 1e-6), "rms_norm_eps", where),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        # Qwen2 always has q/k/v biases; Llama and Qwen3 only when the config says so.
-        attention_bias=True if kind == "qwen2" else bool(raw.get("attention_bias", False)),
+        # Qwen2 always has q/k/v biases; Mistral never; Llama and Qwen3 when the config says so.
+        attention_bias={"qwen2": True, "mistral": False}.get(
+            kind, bool(raw.get("attention_bias", False))),
         architecture=kind,
         num_labels=_num_labels(raw, where),
         **(_expert_fields(raw, where) if kind == "qwen3_moe" else {}),
@@ -215,17 +254,27 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
             "a qwen2 checkpoint always has q/k/v biases; use architecture='llama' for a model "
             "with attention_bias=False"
         )
+    if cfg.architecture == "mistral" and cfg.attention_bias:
+        raise ModelConfigError(
+            "a mistral checkpoint has no attention biases; use architecture='llama' for a model "
+            "with attention_bias=True"
+        )
     dtype_name = str(dtype).removeprefix("torch.")
     rope: dict[str, Any] = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta}
     if cfg.rope_type != "default":
         rope["factor"] = cfg.rope_factor
+    if cfg.rope_type in ("llama3", "yarn"):
+        rope["original_max_position_embeddings"] = (
+            cfg.rope_original_max_position_embeddings or cfg.max_position_embeddings)
     if cfg.rope_type == "llama3":
-        rope.update(
-            low_freq_factor=cfg.rope_low_freq_factor,
-            high_freq_factor=cfg.rope_high_freq_factor,
-            original_max_position_embeddings=cfg.rope_original_max_position_embeddings
-            or cfg.max_position_embeddings,
-        )
+        rope.update(low_freq_factor=cfg.rope_low_freq_factor,
+                    high_freq_factor=cfg.rope_high_freq_factor)
+    if cfg.rope_type == "yarn":
+        rope.update(beta_fast=cfg.rope_beta_fast, beta_slow=cfg.rope_beta_slow,
+                    truncate=cfg.rope_truncate)
+        # absent (not 0) where ModelConfig derives them, so transformers derives them alike
+        rope.update({name: value for name in ("attention_factor", "mscale", "mscale_all_dim")
+                     if (value := getattr(cfg, f"rope_{name}"))})
     classes = HF_CLASSIFIERS if cfg.num_labels else HF_CLASSES
     out: dict[str, Any] = {
         "architectures": [classes[cfg.architecture]],
@@ -254,6 +303,8 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
                    label2id={f"LABEL_{i}": i for i in range(cfg.num_labels)})
     if cfg.architecture == "llama":
         out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
+    elif cfg.architecture == "mistral":
+        out.update(sliding_window=None)  # none, explicitly: transformers' default is 4096
     else:
         out.update(use_sliding_window=False, sliding_window=None)
     if cfg.architecture in ("qwen3", "qwen3_moe"):

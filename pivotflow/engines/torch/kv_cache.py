@@ -25,6 +25,7 @@ from pivotflow.engines.torch.model import (
     Decoder,
     DecoderLayer,
     ModelConfig,
+    rope_attention_factor,
     rope_inv_freq,
     rotary_cos_sin,
 )
@@ -267,7 +268,8 @@ class PackedDecoder:
             self.layers.append((norms, b_qkv, weights, attn.o_proj.bias, qk_norms, ffn))
         device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
         positions = torch.arange(max_len, device=device)[None]
-        cos, sin = rotary_cos_sin(positions, rope_inv_freq(cfg, device), torch.float32)
+        cos, sin = rotary_cos_sin(positions, rope_inv_freq(cfg, device), torch.float32,
+                                  rope_attention_factor(cfg))
         sin = sin.clone()
         sin[..., : self.d // 2] *= -1  # rotate_half(x) * sin == roll(x, D/2) * this sin
         # [max_len, cos|sin, heads + kv_heads, D]; query rows carry the 1/sqrt(D) score scale.

@@ -1,10 +1,11 @@
-"""A Llama/Qwen2/Qwen3/Qwen3-MoE-style decoder in plain PyTorch.
+"""A Llama/Mistral/Qwen2/Qwen3/Qwen3-MoE-style decoder in plain PyTorch.
 
 Module and parameter names follow Hugging Face's checkpoints exactly (``model.layers.0
 .self_attn.q_proj.weight``, ``model.layers.0.mlp.experts.3.up_proj.weight`` ...), so a state dict
 saved by ``transformers`` loads with ``load_state_dict`` unchanged, and ours loads in
 ``transformers``. The families differ in little: Qwen2 has q/k/v biases; Llama and Qwen3 have
-biases on all four attention projections only when ``attention_bias`` says so; Qwen3 RMS-normalises
+biases on all four attention projections only when ``attention_bias`` says so; Mistral is Llama
+without biases (its sliding window is hf_config's to check: it must never bind); Qwen3 RMS-normalises
 each head of q and k before RoPE; Qwen3-MoE is Qwen3 with a routed mixture of experts in place of
 the MLP on its sparse layers (``SparseMoE``).
 """
@@ -23,9 +24,9 @@ from torch.utils.checkpoint import checkpoint
 from pivotflow.engines.torch.feedforward import MLP, SparseMoE
 from pivotflow.errors import ModelConfigError
 
-ARCHITECTURES = ("qwen2", "llama", "qwen3", "qwen3_moe")
+ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe")  # q and k RMS-normalised per head
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
@@ -49,10 +50,19 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_position_embeddings: int = 64
     rope_theta: float = 10000.0
     rope_type: str = "default"  # one of ROPE_TYPES
-    rope_factor: float = 1.0  # linear and llama3
+    rope_factor: float = 1.0  # linear, llama3 and yarn
     rope_low_freq_factor: float = 1.0  # llama3
     rope_high_freq_factor: float = 4.0  # llama3
-    rope_original_max_position_embeddings: int = 0  # llama3 (0: max_position_embeddings)
+    rope_original_max_position_embeddings: int = 0  # llama3 and yarn (0: max_position_embeddings)
+    # YaRN (arXiv:2309.00071; HF's keys without the prefix): the band between beta_fast and
+    # beta_slow rotations over the original length blends interpolation into extrapolation, and
+    # cos/sin are scaled by attention_factor (0: derived from factor, mscale and mscale_all_dim).
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_attention_factor: float = 0.0
+    rope_mscale: float = 0.0
+    rope_mscale_all_dim: float = 0.0
+    rope_truncate: bool = True  # round the blended band's ends outward to whole dimensions
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = True
     attention_bias: bool = True  # Qwen2 always has q/k/v biases; Llama/Qwen3 per config.
@@ -84,7 +94,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def o_proj_bias(self) -> bool:
-        """Whether o_proj has a bias: Qwen2 never; Llama and Qwen3 when attention_bias."""
+        """Whether o_proj has a bias: Qwen2 never; Llama, Mistral and Qwen3 when
+        attention_bias."""
         return self.attention_bias and self.architecture != "qwen2"
 
     def is_sparse(self, layer: int) -> bool:
@@ -141,6 +152,15 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
                 f"rope_high_freq_factor {self.rope_high_freq_factor} must exceed "
                 f"rope_low_freq_factor {self.rope_low_freq_factor}"
             )
+        if self.rope_type == "yarn" and not self.rope_beta_fast > self.rope_beta_slow > 0:
+            raise ModelConfigError(
+                f"rope_beta_fast {self.rope_beta_fast} must exceed rope_beta_slow "
+                f"{self.rope_beta_slow}, and both be positive"
+            )
+        if self.rope_attention_factor < 0:
+            raise ModelConfigError(
+                f"rope_attention_factor must be >= 0, got {self.rope_attention_factor}"
+            )
         return self
 
     def _validate_experts(self) -> None:
@@ -171,13 +191,15 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
 
 def rope_inv_freq(cfg: ModelConfig, device: torch.device | str | None = None) -> torch.Tensor:
     """Rotary inverse frequencies [head_dim / 2] (float32) for ``cfg``'s rope type, as
-    transformers' ``modeling_rope_utils`` computes them (default, linear, llama3). None of these
-    types scales cos/sin afterwards (their attention factor is 1)."""
+    transformers' ``modeling_rope_utils`` computes them (default, linear, llama3, yarn). Only
+    yarn scales cos/sin afterwards (``rope_attention_factor``)."""
     d = cfg.head_dim
     exponents = torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d
     inv_freq = 1.0 / (cfg.rope_theta**exponents)
     if cfg.rope_type == "linear":
         return inv_freq / cfg.rope_factor
+    if cfg.rope_type == "yarn":
+        return _yarn_inv_freq(cfg, inv_freq)
     if cfg.rope_type == "llama3":
         # Long wavelengths are slowed by `factor`, short ones kept, the band between blended.
         old_len = cfg.rope_original_max_position_embeddings or cfg.max_position_embeddings
@@ -189,6 +211,45 @@ def rope_inv_freq(cfg: ModelConfig, device: torch.device | str | None = None) ->
         medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
         return torch.where(medium, blended, scaled)
     return inv_freq
+
+
+def _yarn_inv_freq(cfg: ModelConfig, inv_freq: torch.Tensor) -> torch.Tensor:
+    """YaRN's "NTK-by-parts": dimensions that turn more than beta_fast times over the original
+    context keep their frequency (extrapolate), those that turn fewer than beta_slow times are
+    slowed by ``factor`` (interpolate), and a linear ramp blends the band between."""
+    d, base = cfg.head_dim, cfg.rope_theta
+    old_len = cfg.rope_original_max_position_embeddings or cfg.max_position_embeddings
+
+    def dimension(rotations: float) -> float:  # the dimension that turns `rotations` times
+        return d * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dimension(cfg.rope_beta_fast), dimension(cfg.rope_beta_slow)
+    if cfg.rope_truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width band
+    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolate = (1 - ramp).to(inv_freq.device)
+    return inv_freq / cfg.rope_factor * (1 - extrapolate) + inv_freq * extrapolate
+
+
+def rope_attention_factor(cfg: ModelConfig) -> float:
+    """What cos/sin are multiplied by: YaRN's attention temperature (its paper's
+    ``0.1 ln(s) + 1``, or DeepSeek's ratio of two such terms when ``mscale`` and
+    ``mscale_all_dim`` are set, unless the config gives ``attention_factor``); 1 otherwise."""
+    if cfg.rope_type != "yarn":
+        return 1.0
+    if cfg.rope_attention_factor:
+        return cfg.rope_attention_factor
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if cfg.rope_mscale and cfg.rope_mscale_all_dim:
+        return mscale(cfg.rope_factor, cfg.rope_mscale) / mscale(
+            cfg.rope_factor, cfg.rope_mscale_all_dim)
+    return mscale(cfg.rope_factor)
 
 
 class KVCacheHook(Protocol):
@@ -216,13 +277,14 @@ class RMSNorm(nn.Module):
 
 
 def rotary_cos_sin(
-    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, scale: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin of shape [B, 1, T, D] for integer positions [B, T] (HF's rotate_half layout),
-    computed in float32 from ``rope_inv_freq`` and cast to ``dtype``."""
+    computed in float32 from ``rope_inv_freq``, times ``scale`` (``rope_attention_factor``),
+    and cast to ``dtype``."""
     freqs = positions.to(torch.float32)[..., None] * inv_freq.to(positions.device)  # [B, T, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, D]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -367,7 +429,7 @@ class Decoder(nn.Module):
         x = self.model.embed_tokens(input_ids)
         # Recomputed per call (a few dozen floats), never stored: HF does not save it either.
         inv_freq = rope_inv_freq(self.config, x.device)
-        cos, sin = rotary_cos_sin(positions, inv_freq, x.dtype)
+        cos, sin = rotary_cos_sin(positions, inv_freq, x.dtype, rope_attention_factor(self.config))
         mask = None
         if attention_mask is not None and cache is None:
             # Right padding: causal and key-is-real. Padded query rows still see key 0 (no NaN).
