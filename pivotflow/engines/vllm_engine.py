@@ -51,10 +51,12 @@ an ``if __name__ == "__main__":`` guard: vLLM spawns its engine core.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import tempfile
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -248,8 +250,7 @@ class VllmEngine:
             return
         t0 = time.perf_counter()
         if self.on_cpu:
-            self._llm.llm_engine.engine_core.shutdown()
-            self._llm = None
+            self._stop()
         else:
             self._llm.sleep(level=2)
         self._loaded = False
@@ -270,8 +271,20 @@ class VllmEngine:
     def shutdown(self) -> None:
         """Stop vLLM's engine core and its worker (the engine is unusable afterwards)."""
         if self._llm is not None:
+            self._stop()
+
+    def _stop(self) -> None:
+        """Shut vLLM down, leaving the process's parallel groups to any other engine here.
+
+        An engine core that runs in this process (always, once the process's first engine ran
+        in it: vLLM caches its environment, VLLM_ENABLE_V1_MULTIPROCESSING included) tears
+        down the process's distributed groups as it shuts down (``cleanup_dist_env_and_memory``),
+        and every other vLLM engine still running here then fails its next step ("pipeline
+        model parallel group is not initialized"). So the groups go only with the last one."""
+        _RUNNING.discard(self)
+        with _groups_kept(bool(_RUNNING)):
             self._llm.llm_engine.engine_core.shutdown()
-            self._llm = None
+        self._llm = None
 
     # ---- internals -----------------------------------------------------------------------
 
@@ -286,6 +299,7 @@ class VllmEngine:
                               f"{_one_line(exc)[:500]}") from exc  # fmt: skip
         finally:
             torch.set_num_threads = set_threads  # in process, the patch would be ours too
+        _RUNNING.add(self)
         self._llm.llm_engine.set_weight_version(str(self.version))
 
     def _serving(self) -> Any:
@@ -373,6 +387,34 @@ class VllmEngine:
             raise EngineError(f"{path}: head_dim {head_dim} (hidden_size/num_attention_heads) "
                               f"is not one vLLM's CPU attention runs: {sizes}")  # fmt: skip
         return dict(raw)
+
+
+# this process's engines with a vLLM running (see VllmEngine._stop)
+_RUNNING: weakref.WeakSet[VllmEngine] = weakref.WeakSet()
+
+
+@contextmanager
+def _groups_kept(keep: bool) -> Iterator[None]:
+    """While ``keep``, an engine core's shutdown frees memory but leaves the distributed groups
+    (vLLM looks its cleanup up in its module at call time)."""
+    if not keep:
+        yield
+        return
+    import vllm.v1.engine.core as core
+
+    cleanup = core.cleanup_dist_env_and_memory
+    core.cleanup_dist_env_and_memory = _free_memory_only  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        core.cleanup_dist_env_and_memory = cleanup
+
+
+def _free_memory_only(*_args: Any, **_kwargs: Any) -> None:
+    gc.unfreeze()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 @contextmanager

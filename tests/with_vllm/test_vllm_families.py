@@ -1,0 +1,101 @@
+"""Mistral and YaRN on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
+random weights, loads the store's version as a worker does, and decodes greedily the embedded
+engine's 40 tokens, on a prompt past YaRN's original context too. The YaRN folder sets every
+knob where two implementations could part (an explicit ``attention_factor``, which replaces the
+derived one in transformers; ``truncate`` false; other betas): each changes the greedy tokens of
+this model, so equal tokens mean vLLM computes the same rope as pivotflow and transformers.
+
+Engines of their own (~5-30 s a start), in this process beside the session's shared one, which
+still serves after each has shut down: vLLM's in-process engine core tears down the process's
+distributed groups as it shuts down, which broke every other engine of the process until
+``VllmEngine`` left the groups to the last one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from vllm_fixtures import EOS, MAX_LEN  # noqa: E402
+
+from pivotflow.engines.base import GenerationRequest, SamplingParams  # noqa: E402
+from pivotflow.engines.torch.engine import TorchEngine  # noqa: E402
+from pivotflow.engines.torch.weights import load_checkpoint  # noqa: E402
+from pivotflow.params.shm_store import ShmParamStore  # noqa: E402
+
+pytestmark = pytest.mark.timeout(900)
+
+# the last prompt is 67 tokens: past the YaRN model's original 32
+PROMPTS = [[5, 17, 40, 41, 9], [60, 61, 62], [100, 7, 7, 7, 7, 7, 7, 30], list(range(3, 70))]
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+        "rope_theta": 10000.0, "attention_factor": 0.8, "truncate": False, "beta_fast": 16,
+        "beta_slow": 2}  # fmt: skip
+FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
+            "qwen3-yarn": ("Qwen3Config", "Qwen3ForCausalLM", {"rope_parameters": YARN})}
+
+
+def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
+    import transformers
+
+    config_class, model_class, extra = FAMILIES[family]
+    for f in tokenizer_from.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            (root / f.name).write_bytes(f.read_bytes())
+    vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
+    config = getattr(transformers, config_class)(
+        vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        max_position_embeddings=MAX_LEN, eos_token_id=EOS, bos_token_id=EOS, **extra)  # fmt: skip
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(config)
+    with torch.no_grad():  # wider than the default init, so distributions are not near uniform
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.15)
+    model.save_pretrained(root)
+    return root
+
+
+def _greedy(engine: Any) -> dict[str, list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=(EOS,))
+    for i, p in enumerate(PROMPTS):
+        engine.add_request(GenerationRequest(f"g{i}", list(p), params))
+    got: dict[str, list[int]] = {}
+    while engine.has_work():
+        got.update((o.request_id, o.token_ids) for o in engine.step())
+    return got
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_vllm_decodes_the_family_as_the_embedded_engine(
+    tmp_path: Path, folder: Path, vllm_engine: Any, family: str
+) -> None:
+    from pivotflow.engines.vllm_engine import VllmEngine
+
+    (tmp_path / "model").mkdir()
+    path = _folder(tmp_path / "model", folder, family)
+    cfg, weights = load_checkpoint(path)
+    assert cfg.architecture == family.split("-")[0]
+    ours = TorchEngine(cfg, max_batch=8, eos_token_id=EOS)
+    ours.load_weights(weights, 0)
+    expected = _greedy(ours)
+    assert sum(len(t) for t in expected.values()) >= 100  # (some stop at eos)
+    store = ShmParamStore(tmp_path / "store")
+    engine = None
+    try:
+        store.publish("policy", 0, weights, json.loads((path / "config.json").read_text()))
+        engine = VllmEngine(None, model_path=str(path), dtype="float32", max_model_len=MAX_LEN,
+                            load_format="dummy", threads=1)  # fmt: skip
+        assert engine.load_from_store(store, "policy", 0) == 0
+        assert _greedy(engine) == expected
+    finally:
+        if engine is not None:
+            engine.shutdown()
+        store.cleanup()
+    assert all(_greedy(vllm_engine).values())  # the session's engine: its groups are still up
