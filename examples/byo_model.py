@@ -66,8 +66,9 @@ DEFAULTS = {"model": "", "prompts": "prompts.jsonl", "judge": False, "max_tokens
             # one-label classifier's; GAE's advantages instead of GRPO's ("": GRPO)
             "critic": "", "critic_lr": 1e-5,
             # a mixture-of-experts policy (qwen3_moe): replay the rollout's expert choices in
-            # the trainer's forward passes (rollout routing replay, R3; Graph.generate)
-            "routing_replay": False}
+            # the trainer's forward passes (rollout routing replay, R3; Graph.generate), and
+            # add its load-balancing loss times this (transformers' router_aux_loss_coef; 0: off)
+            "routing_replay": False, "router_aux_loss_coef": 0.0}
 
 
 def exact_reward(answer: str, completion: str, **_: object) -> float:
@@ -119,6 +120,7 @@ def build(config: dict) -> Graph:
                     logits_chunk_tokens=config["logits_chunk_tokens"],
                     lora_rank=config["lora_rank"], lora_alpha=config["lora_alpha"],
                     zero_stage=config["zero_stage"], train_dtype=config["train_dtype"],
+                    router_aux_loss_coef=config["router_aux_loss_coef"],
                     **critic_knobs)
     g.chain(prompts, rollout, reward, *critic, advantage, train)
     return g

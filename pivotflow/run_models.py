@@ -94,9 +94,10 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
             raise type(exc)(f"model {spec.name!r} at {spec.where}: {exc}") from None
         check_model_heads(graph, spec.name, folder.config.num_labels, path)
         for node in graph.order():
-            if (node.model == spec.name and node.options.get("routing_replay")
-                    and not folder.config.sparse_layers):
-                raise GraphError(f"generate {node.name!r} at {node.where}: routing_replay "
+            knob = next((k for k in ("routing_replay", "router_aux_loss_coef")
+                         if node.options.get(k)), None)  # (what only experts have)
+            if node.model == spec.name and knob and not folder.config.sparse_layers:
+                raise GraphError(f"{node.kind} {node.name!r} at {node.where}: {knob} "
                                  f"needs a mixture-of-experts model; {spec.name!r} "
                                  f"({path / 'config.json'}) is a dense "
                                  f"{folder.config.architecture}")

@@ -49,7 +49,7 @@ def build(config):
     gen = g.generate("rollout", model="policy", pool="rollout", max_tokens=8%(generate)s)
     rew = g.map("reward", reward, writes=["reward"])
     adv = g.group("advantage", grpo_advantage, writes=["advantage"])
-    g.chain(src, gen, rew, adv, g.train("train", model="policy", pool="trainer", lr=1e-3))
+    g.chain(src, gen, rew, adv, g.train("train", model="policy", pool="trainer", lr=1e-3%(train)s))
     return g
 '''
 
@@ -88,11 +88,13 @@ def write_prompts(path: Path, rows: list[object] | None = None) -> Path:
     return path
 
 
-def write_graph(tmp: Path, model: Path, prompts: Path, generate: str = "") -> Path:
-    """The graph on ``model``; ``generate``: more arguments of its generate stage."""
+def write_graph(tmp: Path, model: Path, prompts: Path, generate: str = "",
+                train: str = "") -> Path:
+    """The graph on ``model``; ``generate``, ``train``: more arguments of those stages."""
     graph = tmp / "graph.py"
     graph.write_text(GRAPH % {"model": str(model), "prompts": str(prompts),
-                              "generate": generate and f", {generate}"})
+                              "generate": generate and f", {generate}",
+                              "train": train and f", {train}"})
     return graph
 
 
@@ -138,9 +140,10 @@ def test_a_transformers_qwen2_runs_on_message_prompts_and_its_checkpoint_loads_b
 def test_a_transformers_qwen3_moe_trains_and_its_checkpoint_loads_back(
         tmp_path: Path, qwen: Path) -> None:
     """A mixture-of-experts policy (Qwen3-MoE: 4 experts, 2 per token) in the same run, in the
-    controller's process, with routing replay: generated, trained on its rollouts' experts,
-    and written back in the Hub's per-expert names, which transformers reads; its router and
-    experts moved. The same graph on the dense Qwen2 is one line: it has no experts."""
+    controller's process, with routing replay and a load-balancing loss: generated, trained on
+    its rollouts' experts, and written back in the Hub's per-expert names, which transformers
+    reads; its router and experts moved. The same graph on the dense Qwen2 is one line: it has
+    no experts."""
     import torch
     from safetensors.torch import load_file
     from transformers import (
@@ -163,7 +166,8 @@ def test_a_transformers_qwen3_moe_trains_and_its_checkpoint_loads_back(
     policy.generation_config = GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)
     policy.save_pretrained(moe)
     prompts = write_prompts(tmp_path / "prompts.jsonl")
-    graph = write_graph(tmp_path, moe, prompts, "routing_replay=True")
+    graph = write_graph(tmp_path, moe, prompts, "routing_replay=True",
+                        "router_aux_loss_coef=0.01")
     result = run(graph, steps=2, out=tmp_path / "out", console=False, sets=["live=false"])
     s = result.summary
     assert s["error"] is None and s["steps"] == 2 and s["ledger"]["groups_trained"] == 4
@@ -175,6 +179,10 @@ def test_a_transformers_qwen3_moe_trains_and_its_checkpoint_loads_back(
     gaps = [r["train_rollout_logprob_gap"] for r in read_metrics(tmp_path / "out" / "metrics.jsonl")
             if "train_rollout_logprob_gap" in r]
     assert gaps and max(gaps) < 1e-4, gaps
+    # E * sum_e f_e P_e of 4 experts, 2 a token: 2 when balanced, at most 8
+    balance = [r["train_router_aux_loss"] for r in read_metrics(tmp_path / "out" / "metrics.jsonl")
+               if "train_router_aux_loss" in r]
+    assert len(balance) == 2 and all(1.0 < b < 8.0 for b in balance), balance
     ckpt = tmp_path / "out" / "checkpoints" / "policy"
     theirs, info = AutoModelForCausalLM.from_pretrained(ckpt, output_loading_info=True)
     assert type(theirs).__name__ == "Qwen3MoeForCausalLM" and not info["missing_keys"]
@@ -188,6 +196,11 @@ def test_a_transformers_qwen3_moe_trains_and_its_checkpoint_loads_back(
     assert again.summary["ledger"]["lost"] == 0 and again.summary["ledger"]["duplicates"] == 0
     dense = write_graph(tmp_path / "out", qwen, prompts, "routing_replay=True")
     with pytest.raises(GraphError, match=r"generate 'rollout' at .*graph.py:\d+: routing_replay "
+                       r"needs a mixture-of-experts model; 'policy' \(.*config.json\) is a "
+                       r"dense qwen2$"):
+        run(dense, steps=1, out=tmp_path / "dense", console=False, sets=["live=false"])
+    dense = write_graph(tmp_path / "out", qwen, prompts, train="router_aux_loss_coef=0.01")
+    with pytest.raises(GraphError, match=r"train 'train' at .*graph.py:\d+: router_aux_loss_coef "
                        r"needs a mixture-of-experts model; 'policy' \(.*config.json\) is a "
                        r"dense qwen2$"):
         run(dense, steps=1, out=tmp_path / "dense", console=False, sets=["live=false"])

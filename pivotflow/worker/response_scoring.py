@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import torch
 
+from pivotflow.engines.torch.feedforward import LoadBalance
 from pivotflow.engines.torch.model import Decoder, entropy_detached, entropy_of, pick_targets
 
 # Response positions whose vocabulary-wide probabilities one pass of the entropy metric holds
@@ -40,12 +41,14 @@ ENTROPY_CHUNK = 32
 EntropyMode = Literal["grad", "report", "none"]
 
 
-def response_hidden(model: Decoder, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def response_hidden(model: Decoder, batch: dict[str, torch.Tensor],
+                    balance: LoadBalance | None = None) -> torch.Tensor:
     """The final hidden state that scores each response token: ``[B, T, H]`` (position ``p``
-    predicts token ``p + 1``; ``batch["gather"]`` holds each response token's position)."""
+    predicts token ``p + 1``; ``batch["gather"]`` holds each response token's position).
+    ``balance``: a mixture of experts' load-balancing terms, collected on the way."""
     # (a mixture of experts with routing replay: the rollout's experts, ``train_role.pack``)
     hidden = model.hidden_states(batch["ids"], attention_mask=batch["attn"],
-                                 routing=batch.get("routing"))
+                                 routing=batch.get("routing"), balance=balance)
     pos = batch["gather"].unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
     return hidden.gather(1, pos)
 
@@ -139,11 +142,12 @@ def _chunk_log_softmax(ctx: Any, h: torch.Tensor, weight: torch.Tensor) -> torch
 
 def response_logprobs_entropy(model: Decoder, batch: dict[str, torch.Tensor],
                               entropy: EntropyMode, chunk: int = 0,
+                              balance: LoadBalance | None = None,
                               ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each response token's log-probability and the entropy there (``[B, T]`` float32, 0 at
     the padding past a response's end; the entropy None for ``"none"``), ``chunk`` positions
     through the head at a time (0: all of them at once). The padding never reaches the head."""
-    hidden = response_hidden(model, batch)
+    hidden = response_hidden(model, batch, balance)
     b, t, width = hidden.shape
     rows = batch["valid"].reshape(-1).nonzero().squeeze(1)
     hidden_rows = hidden.reshape(-1, width).index_select(0, rows)

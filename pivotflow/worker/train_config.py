@@ -78,6 +78,12 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # train the surrogate on the top q of each micro-batch's tokens by entropy (TRL's
     # top_entropy_quantile, "Beyond the 80/20 rule"; 1: every token; rl/losses.py says how)
     top_entropy_quantile: float = 1.0
+    # a mixture of experts' load-balancing loss (engines/torch/feedforward.LoadBalance,
+    # transformers' aux_loss: its router_aux_loss_coef, Qwen3-MoE's configs give 0.001 but
+    # leave it off): the loss plus this times it, every forward of the policy. 0, as
+    # transformers, verl's FSDP trainer and Qwen3-MoE's configs leave it; slime's Megatron
+    # recipes set their own loss on (moe_aux_loss_coeff 1e-3, a per-layer form, see the README)
+    router_aux_loss_coef: float = 0.0
     # the weights' and AdamW state's dtype (train_role.py says why); bfloat16 under zero_stage 1
     # keeps float32 master weights and moments beside the bf16 model (worker/sharded_adam.py)
     train_dtype: str = "float32"
@@ -165,6 +171,9 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             problems.append(f"kl_coef must be a number >= 0, got {self.kl_coef}")
         if not 0 <= self.entropy_coef < float("inf"):
             problems.append(f"entropy_coef must be a number >= 0, got {self.entropy_coef}")
+        if not 0 <= self.router_aux_loss_coef < float("inf"):
+            problems.append("router_aux_loss_coef must be a number >= 0, got "
+                            f"{self.router_aux_loss_coef}")
         if not 0 < self.top_entropy_quantile <= 1:
             problems.append("top_entropy_quantile must be in (0, 1] (1: every token), got "
                             f"{self.top_entropy_quantile}")

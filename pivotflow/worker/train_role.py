@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import torch
 
 from pivotflow.controller.train_tokens import valid_tokens
-from pivotflow.engines.torch.feedforward import routing_from_bytes
+from pivotflow.engines.torch.feedforward import LoadBalance, routing_from_bytes
 from pivotflow.engines.torch.model import ModelConfig
 from pivotflow.engines.torch.weights import build_model, config_from_hf, resolve_dtype
 from pivotflow.params.base import ParamStore
@@ -306,10 +306,12 @@ class TrainRole:
             batch = {k: v.to(self.device) for k, v in packed.items()}
             if self.base_is_reference and "ref" not in batch:
                 batch["ref"] = self._base_logprobs(batch)
+            cfg = self.model.config  # (a mixture of experts: its balance, reported or trained)
+            balance = LoadBalance(cfg.num_experts, batch["attn"]) if cfg.sparse_layers else None
             with self._compute():
                 logp, entropy = response_logprobs_entropy(
                     self.model, batch, "grad" if self.tc.entropy_coef > 0 else "report",
-                    self.tc.logits_chunk_tokens)
+                    self.tc.logits_chunk_tokens, balance)
             # decoupled: the proximal policy is the step's first weights: this forward's on a
             # step of one update, else scored before the first (see TrainConfig.decoupled_loss)
             behavior = batch["old"] if self.tc.decoupled_loss else None
@@ -330,6 +332,11 @@ class TrainRole:
                 importance_sampling_level=self.tc.importance_sampling_level,  # type: ignore[arg-type]
                 top_entropy_quantile=self.tc.top_entropy_quantile,
             )
+            if balance is not None:  # ("loss" is then the surrogate plus the coefficient's part)
+                aux = balance.loss()
+                stats["router_aux_loss"] = float(aux.detach())
+                if self.tc.router_aux_loss_coef:
+                    loss = loss + self.tc.router_aux_loss_coef * aux
             weight = batch_weight(aggregation, batch["mask"], total_tokens, total_seqs)
             if policy_steps:
                 (loss * weight).backward()

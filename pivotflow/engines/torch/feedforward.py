@@ -1,7 +1,8 @@
 """The feed-forward half of a decoder layer: the dense SwiGLU ``MLP``, and Qwen3-MoE's routed
 mixture of experts (``SparseMoE``) with its routing: ``route``, the replayed route of routing
-replay (R3), the bytes recorded routing travels as, and the one loop that combines a layer's
-experts (``add_expert_outputs``, which the engine's ``experts.PackedExperts`` shares).
+replay (R3), the bytes recorded routing travels as, the one loop that combines a layer's
+experts (``add_expert_outputs``, which the engine's ``experts.PackedExperts`` shares), and the
+load-balancing loss a trainer may add (``LoadBalance``).
 """
 
 from __future__ import annotations
@@ -106,6 +107,43 @@ def add_expert_outputs(
     return into.index_add_(0, rows, outputs.to(into.dtype))
 
 
+class LoadBalance:
+    """The Switch Transformer's load-balancing loss over one forward's sparse layers, as
+    transformers' ``load_balancing_loss_func`` pools them (Qwen3-MoE's ``aux_loss``, what
+    ``router_aux_loss_coef`` scales): ``E * sum_e f_e * P_e``, where over every sparse layer's
+    valid tokens ``f_e`` is the mean number of a token's k choices that went to expert e and
+    ``P_e`` the router's mean probability of e. Minimal (k) when routing is uniform. Only P
+    carries a gradient: it pushes the router off the experts that get more than their share.
+
+    Each sparse layer adds its router logits and the experts it dispatched to (with routing
+    replay the rollout's, the load the layer really carried; without, the router's own top k,
+    transformers' choice). ``valid`` [n] (1 a real token, 0 padding) weighs the rows."""
+
+    def __init__(self, num_experts: int, valid: torch.Tensor | None = None) -> None:
+        self.num_experts, self.valid = num_experts, valid
+        self.chosen_sum: torch.Tensor | float = 0.0  # [E]: choices each expert got
+        self.prob_sum: torch.Tensor | float = 0.0  # [E]: router probability (differentiable)
+        self.rows: torch.Tensor | float = 0.0  # valid tokens summed over layers
+
+    def add(self, router_logits: torch.Tensor, chosen: torch.Tensor) -> None:
+        """One sparse layer: ``router_logits`` [n, E], ``chosen`` expert ids [n, k]."""
+        probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+        weight = (torch.ones(probs.shape[0], device=probs.device) if self.valid is None
+                  else self.valid.reshape(-1).to(probs.device, torch.float32))
+        counts = torch.zeros(self.num_experts, device=probs.device).scatter_add_(
+            0, chosen.reshape(-1), weight.repeat_interleave(chosen.shape[-1]))
+        self.chosen_sum = self.chosen_sum + counts
+        self.prob_sum = self.prob_sum + (probs * weight[:, None]).sum(0)
+        self.rows = self.rows + weight.sum()
+
+    def loss(self) -> torch.Tensor:
+        """The loss (a scalar; 0 when no sparse layer ran)."""
+        if isinstance(self.prob_sum, float):
+            return torch.zeros(())
+        rows = torch.clamp(torch.as_tensor(self.rows), min=1.0)
+        return self.num_experts * ((self.chosen_sum / rows) * (self.prob_sum / rows)).sum()
+
+
 class SparseMoE(nn.Module):
     """Qwen3-MoE's sparse block: a bias-free router ``gate`` over ``num_experts`` SwiGLU
     experts, each token through its ``num_experts_per_tok`` best, their outputs summed with the
@@ -114,8 +152,9 @@ class SparseMoE(nn.Module):
 
     Every expert a token picks runs on a gathered batch of its tokens, so compute follows the
     routed tokens (k of E experts per token), not E; the router gets its gradient through the
-    weights. No load-balancing loss is added in training (transformers adds one only with
-    ``output_router_logits``, off in Qwen3-MoE's configs; verl's FSDP trainer adds none)."""
+    weights. The load-balancing loss is the trainer's to ask for (``router_aux_loss_coef``,
+    0 by default: transformers adds it only with ``output_router_logits``, off in Qwen3-MoE's
+    configs, and verl's FSDP trainer adds none): a ``LoadBalance`` passed in collects it."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -125,9 +164,10 @@ class SparseMoE(nn.Module):
             MLP(cfg, cfg.moe_intermediate_size) for _ in range(cfg.num_experts)
         )
 
-    def forward(self, x: torch.Tensor, replay: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, replay: torch.Tensor | None = None,
+                balance: LoadBalance | None = None) -> torch.Tensor:
         """``x`` [..., H]; ``replay`` [..., k]: experts to use instead of the router's top k
-        (``replayed_route``)."""
+        (``replayed_route``); ``balance`` collects this layer's load-balancing terms."""
         flat = x.reshape(-1, x.shape[-1])
         logits = self.gate(flat)
         if replay is None:
@@ -136,6 +176,8 @@ class SparseMoE(nn.Module):
             weights, chosen = replayed_route(
                 logits, replay.reshape(-1, self.top_k), self.top_k, self.normalize
             )
+        if balance is not None:
+            balance.add(logits, chosen)
         out = add_expert_outputs(torch.zeros_like(flat), flat, weights, chosen,
                                  len(self.experts), lambda e, rows: self.experts[e](rows))
         return out.view_as(x)

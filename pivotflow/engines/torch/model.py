@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from pivotflow.engines.torch.feedforward import MLP, SparseMoE
+from pivotflow.engines.torch.feedforward import MLP, LoadBalance, SparseMoE
 from pivotflow.errors import ModelConfigError
 
 ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe")
@@ -358,10 +358,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp: nn.Module = SparseMoE(cfg) if cfg.is_sparse(layer_idx) else MLP(cfg)
 
-    def forward(self, x, cos, sin, attn_mask, cache, replay=None):  # type: ignore[no-untyped-def]
+    def forward(self, x, cos, sin, attn_mask, cache, replay=None, balance=None):  # type: ignore[no-untyped-def]
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache)
         h = self.post_attention_layernorm(x)
-        return x + (self.mlp(h) if replay is None else self.mlp(h, replay))
+        return x + (self.mlp(h, replay, balance) if isinstance(self.mlp, SparseMoE)
+                    else self.mlp(h))
 
 
 class _Backbone(nn.Module):
@@ -419,17 +420,22 @@ class Decoder(nn.Module):
         positions: torch.Tensor | None = None,
         cache: KVCacheHook | None = None,
         routing: torch.Tensor | None = None,
+        balance: LoadBalance | None = None,
     ) -> torch.Tensor:
         """The final norm's output [B, T, H]: what ``lm_head`` reads (the trainer applies the
         head to the positions it scores only, ``worker/response_scoring.py``). ``routing``
-        [B, T, sparse layers, k] replays a rollout's expert choices (-1: the router's own)."""
+        [B, T, sparse layers, k] replays a rollout's expert choices (-1: the router's own);
+        ``balance`` collects every sparse layer's load-balancing terms (under gradient
+        checkpointing a layer runs again in the backward pass and adds them again, after the
+        loss was taken: harmless)."""
         b, t = input_ids.shape
         if positions is None:
             positions = torch.arange(t, device=input_ids.device).expand(b, t)
         x = self.model.embed_tokens(input_ids)
         # Recomputed per call (a few dozen floats), never stored: HF does not save it either.
         inv_freq = rope_inv_freq(self.config, x.device)
-        cos, sin = rotary_cos_sin(positions, inv_freq, x.dtype, rope_attention_factor(self.config))
+        cos, sin = rotary_cos_sin(positions, inv_freq, x.dtype,
+                                  rope_attention_factor(self.config))
         mask = None
         if attention_mask is not None and cache is None:
             # Right padding: causal and key-is-real. Padded query rows still see key 0 (no NaN).
@@ -446,9 +452,10 @@ class Decoder(nn.Module):
                 # Activation checkpointing: keep each layer's input only and run the layer again
                 # in the backward pass (about one more forward of the stack, for the memory of
                 # every layer's intermediates; bench/train_memory.py measures both).
-                x = checkpoint(layer, x, cos, sin, mask, None, replay, use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, mask, None, replay, balance,
+                               use_reentrant=False)
             else:
-                x = layer(x, cos, sin, mask, cache, replay)
+                x = layer(x, cos, sin, mask, cache, replay, balance)
         return self.model.norm(x)
 
 
