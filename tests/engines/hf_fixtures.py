@@ -1,7 +1,7 @@
 """Tiny random-weight models that transformers itself builds and saves, one per family and
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
-Qwen3 with YaRN; tied and untied), and a reference greedy decode."""
+Qwen3 with YaRN, OLMo-2; tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
 
@@ -65,8 +65,11 @@ CASES += [
           "sliding_window": None}),
     Case("qwen3-yarn", "Qwen3Config", True,
          {"head_dim": 32, "rope_parameters": YARN_ROPE}),
+    # OLMo-2: post-norm layers, q/k normalised over whole projections; 4 heads on 2 kv heads
+    Case("olmo2", "Olmo2Config", False,
+         {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 128}),
 ]  # fmt: skip
-MISTRAL, YARN = CASES[7], CASES[8]
+MISTRAL, YARN, OLMO2 = CASES[7], CASES[8], CASES[9]
 CASE_IDS = [c.name for c in CASES]
 
 

@@ -1,5 +1,5 @@
 """Real model families in the embedded engine: folders transformers writes (Qwen2, Llama 3 with
-rope scaling, Qwen3, Qwen3-MoE, Mistral, Qwen3 with YaRN; tied and untied) load, decode greedily as transformers does,
+rope scaling, Qwen3, Qwen3-MoE, Mistral, Qwen3 with YaRN, OLMo-2; tied and untied) load, decode greedily as transformers does,
 and give the logprobs of a full forward pass, in float32 (bfloat16 and float16: the dense
 families; an MoE's bf16 routing flips are tests/engines/test_moe.py's)."""
 
@@ -70,8 +70,9 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
     assert cfg.tie_word_embeddings == case.tied
     assert cfg.architecture == {"Qwen2Config": "qwen2", "LlamaConfig": "llama",
                                 "Qwen3Config": "qwen3", "MistralConfig": "mistral",
+                                "Olmo2Config": "olmo2",
                                 "Qwen3MoeConfig": "qwen3_moe"}[case.config_class]  # fmt: skip
-    assert cfg.head_dim == 32 and cfg.qk_norm == cfg.architecture.startswith("qwen3")
+    assert cfg.head_dim == 32 and cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo"))
     # Every weight transformers holds was loaded (transformers 5 holds a sparse layer's experts
     # as one fused tensor where the file, and we, have one per expert: count the numbers).
     theirs = {n: p for n, p in model.named_parameters() if n != "lm_head.weight" or not case.tied}
@@ -96,7 +97,8 @@ def test_rope_scaling_is_read_from_the_config(built: Built) -> None:
     assert cfg.rope_original_max_position_embeddings == 16
 
 
-@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[5]], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[5], CASES[9]],
+                         ids=lambda c: c.name)
 def test_bf16_runs_on_cpu_close_to_float32(built: Built, case: Case) -> None:
     model, root = built(case)
     folder = load_model_folder(root)

@@ -1,4 +1,4 @@
-"""Mistral and YaRN on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
+"""Mistral, YaRN and OLMo-2 on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
 random weights, loads the store's version as a worker does, and decodes greedily the embedded
 engine's 40 tokens, on a prompt past YaRN's original context too. The YaRN folder sets every
 knob where two implementations could part (an explicit ``attention_factor``, which replaces the
@@ -37,7 +37,8 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
         "rope_theta": 10000.0, "attention_factor": 0.8, "truncate": False, "beta_fast": 16,
         "beta_slow": 2}  # fmt: skip
 FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
-            "qwen3-yarn": ("Qwen3Config", "Qwen3ForCausalLM", {"rope_parameters": YARN})}
+            "qwen3-yarn": ("Qwen3Config", "Qwen3ForCausalLM", {"rope_parameters": YARN}),
+            "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {})}
 
 
 def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:

@@ -1,7 +1,7 @@
 """Hugging Face ``config.json`` <-> ``ModelConfig``, and the dtype a model runs in.
 
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
-(Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE; rope default, linear, llama3, yarn) and
+(Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2; rope default, linear, llama3, yarn) and
 names, in one line, the file and the first key it cannot run. Keys that change nothing the decoder computes (token ids,
 initializer_range, use_cache...) are ignored.
 """
@@ -17,13 +17,14 @@ from pivotflow.errors import ModelConfigError
 
 HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
-              "qwen3_moe": "Qwen3MoeForCausalLM"}  # fmt: skip
+              "qwen3_moe": "Qwen3MoeForCausalLM", "olmo2": "Olmo2ForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
                   "mistral": "MistralForSequenceClassification",
                   "qwen3": "Qwen3ForSequenceClassification",
-                  "qwen3_moe": "Qwen3MoeForSequenceClassification"}
+                  "qwen3_moe": "Qwen3MoeForSequenceClassification",
+                  "olmo2": "Olmo2ForSequenceClassification"}
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -301,7 +302,7 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         out.update(num_labels=cfg.num_labels,
                    id2label={str(i): f"LABEL_{i}" for i in range(cfg.num_labels)},
                    label2id={f"LABEL_{i}": i for i in range(cfg.num_labels)})
-    if cfg.architecture == "llama":
+    if cfg.architecture in ("llama", "olmo2"):
         out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
     elif cfg.architecture == "mistral":
         out.update(sliding_window=None)  # none, explicitly: transformers' default is 4096

@@ -254,7 +254,10 @@ class PackedDecoder:
         for layer in cast(list[DecoderLayer], model.model.layers):
             attn = layer.self_attn
             w_qkv, b_qkv = pack_linears([attn.q_proj, attn.k_proj, attn.v_proj])
-            norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+            # pre-norm: (input, post-attention); post-norm (OLMo-2): (post-attention, post-MLP)
+            norms = ((layer.post_attention_layernorm.weight,
+                      layer.post_feedforward_layernorm.weight) if cfg.post_norm
+                     else (layer.input_layernorm.weight, layer.post_attention_layernorm.weight))
             qk_norms = None
             if attn.q_norm is not None and attn.k_norm is not None:
                 qk_norms = (attn.q_norm.weight, attn.k_norm.weight)
@@ -308,11 +311,14 @@ class PackedDecoder:
         rotary tables ``rope`` [B or 1, T, 2, heads + kv_heads, D]."""
         cfg, heads, kv_heads, d, mm = self.cfg, self.heads, self.kv_heads, self.d, self.mm
         hidden, eps, inter = (cfg.hidden_size,), cfg.rms_norm_eps, cfg.intermediate_size
-        (b, t), split = tokens.shape, (heads + kv_heads) * d
+        (b, t), split, post = tokens.shape, (heads + kv_heads) * d, cfg.post_norm
         cos, sin = rope[:, :, 0], rope[:, :, 1]
         x = self.model.model.embed_tokens.weight[tokens.view(-1)]
         for i, (norms, b_qkv, weights, b_o, qk_norms, ffn) in enumerate(self.layers):
             (norm1, norm2), (w_qkv, w_o) = norms, weights
+            if post:
+                x = self._post_norm_layer(i, x, (b, t), rope, cache, attend)
+                continue
             h = torch.rms_norm(x, hidden, norm1, eps)
             qkv = mm.linear(h, w_qkv, b_qkv)
             qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
@@ -331,6 +337,35 @@ class PackedDecoder:
                 w_gate_up, w_down = cast(_Dense, ffn)
                 x = mm.linear_add(mm.gated(h, w_gate_up, inter), w_down, None, x)
         return x
+
+    def _post_norm_layer(
+        self,
+        i: int,
+        x: torch.Tensor,
+        shape: tuple[int, int],
+        rope: torch.Tensor,
+        cache: SlotKVCache,
+        attend: Callable[[int, torch.Tensor, torch.Tensor, SlotKVCache], torch.Tensor],
+    ) -> torch.Tensor:
+        """OLMo-2's layer ``i`` on hidden states [B * T, hidden]: q and k RMS-normalised over
+        their whole projections (before RoPE), norms on the attention's and the MLP's outputs
+        before each residual add."""
+        (norm_attn, norm_mlp), b_qkv, (w_qkv, w_o), b_o, qk_norms, ffn = self.layers[i]
+        heads, kv_heads, d, mm, (b, t) = self.heads, self.kv_heads, self.d, self.mm, shape
+        hidden, eps = (self.cfg.hidden_size,), self.cfg.rms_norm_eps
+        q_width, split = heads * d, (heads + kv_heads) * d
+        qkv = mm.linear(x, w_qkv, b_qkv)
+        if qk_norms is not None:
+            qkv[:, :q_width] = torch.rms_norm(qkv[:, :q_width], (q_width,), qk_norms[0], eps)
+            qkv[:, q_width:split] = torch.rms_norm(qkv[:, q_width:split], (split - q_width,),
+                                                   qk_norms[1], eps)
+        qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
+        qk = torch.addcmul(qk * rope[:, :, 0], qk.roll(d // 2, -1), rope[:, :, 1])
+        out = attend(i, qk.view(b * t, -1, d), qkv[:, split:].view(b * t, -1, d), cache)
+        x = x + torch.rms_norm(mm.linear(out, w_o, b_o), hidden, norm_attn, eps)
+        w_gate_up, w_down = cast(_Dense, ffn)
+        h = mm.linear(mm.gated(x, w_gate_up, self.cfg.intermediate_size), w_down)
+        return x + torch.rms_norm(h, hidden, norm_mlp, eps)
 
     def _attend_decode(
         self, layer: int, qk: torch.Tensor, v: torch.Tensor, cache: SlotKVCache

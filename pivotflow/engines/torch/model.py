@@ -1,4 +1,4 @@
-"""A Llama/Mistral/Qwen2/Qwen3/Qwen3-MoE-style decoder in plain PyTorch.
+"""A Llama/Mistral/Qwen2/Qwen3/Qwen3-MoE/OLMo-2-style decoder in plain PyTorch.
 
 Module and parameter names follow Hugging Face's checkpoints exactly (``model.layers.0
 .self_attn.q_proj.weight``, ``model.layers.0.mlp.experts.3.up_proj.weight`` ...), so a state dict
@@ -7,7 +7,9 @@ saved by ``transformers`` loads with ``load_state_dict`` unchanged, and ours loa
 biases on all four attention projections only when ``attention_bias`` says so; Mistral is Llama
 without biases (its sliding window is hf_config's to check: it must never bind); Qwen3 RMS-normalises
 each head of q and k before RoPE; Qwen3-MoE is Qwen3 with a routed mixture of experts in place of
-the MLP on its sparse layers (``SparseMoE``).
+the MLP on its sparse layers (``SparseMoE``); OLMo-2 normalises the whole q and k projections
+(not each head) and puts its layer norms after attention and the MLP, on their outputs, before
+each residual add, instead of on their inputs (no ``input_layernorm``).
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ from torch.utils.checkpoint import checkpoint
 from pivotflow.engines.torch.feedforward import MLP, LoadBalance, SparseMoE
 from pivotflow.errors import ModelConfigError
 
-ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe")
-QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe")  # q and k RMS-normalised per head
+ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2")
+QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2")  # q and k RMS-normalised
+# q and k normalised over the whole projection (all heads at once), norms on each sub-layer's
+# output ("post-norm"): OLMo-2
+POST_NORM_ARCHITECTURES = ("olmo2",)
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -93,6 +98,12 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
             )
 
     @property
+    def post_norm(self) -> bool:
+        """OLMo-2's layer: norms on the attention's and the MLP's outputs (and q/k normalised
+        over the whole projection), none on their inputs."""
+        return self.architecture in POST_NORM_ARCHITECTURES
+
+    @property
     def o_proj_bias(self) -> bool:
         """Whether o_proj has a bias: Qwen2 never; Llama, Mistral and Qwen3 when
         attention_bias."""
@@ -135,7 +146,7 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         if self.qk_norm != (self.architecture in QK_NORM_ARCHITECTURES):
             raise ModelConfigError(
                 f"qk_norm={self.qk_norm} does not fit architecture {self.architecture!r} "
-                "(only qwen3 and qwen3_moe normalise q and k)"
+                f"(only {', '.join(QK_NORM_ARCHITECTURES)} normalise q and k)"
             )
         self._validate_experts()
         if self.rope_type not in ROPE_TYPES:
@@ -310,9 +321,14 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
-        if cfg.qk_norm:  # Qwen3: one RMSNorm over head_dim, shared by all heads of q (of k)
-            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        # Qwen3: one RMSNorm over head_dim, shared by all heads of q (of k); OLMo-2: one over
+        # the whole projection, applied before it is cut into heads
+        self.whole_qk_norm = cfg.post_norm
+        if cfg.qk_norm:
+            q_width, k_width = ((self.n_heads * self.head_dim, self.n_kv * self.head_dim)
+                                if self.whole_qk_norm else (self.head_dim, self.head_dim))
+            self.q_norm = RMSNorm(q_width, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(k_width, cfg.rms_norm_eps)
 
     def forward(
         self,
@@ -323,9 +339,12 @@ class Attention(nn.Module):
         cache: KVCacheHook | None,
     ) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
+        q, k = self.q_proj(x), self.k_proj(x)
+        if self.whole_qk_norm and self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(b, t, self.n_heads, self.head_dim)
+        k = k.view(b, t, self.n_kv, self.head_dim)
+        if not self.whole_qk_norm and self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
@@ -351,14 +370,25 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """Pre-norm (Llama's): ``x + attn(norm(x))``, then ``x + mlp(norm(x))``; post-norm
+    (OLMo-2's): ``x + norm(attn(x))``, then ``x + norm(mlp(x))``, under the Hub's names
+    (``post_attention_layernorm`` is the second norm of either kind)."""
+
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_norm = cfg.post_norm
+        if not self.post_norm:
+            self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp: nn.Module = SparseMoE(cfg) if cfg.is_sparse(layer_idx) else MLP(cfg)
+        if self.post_norm:
+            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, attn_mask, cache, replay=None, balance=None):  # type: ignore[no-untyped-def]
+        if self.post_norm:
+            x = x + self.post_attention_layernorm(self.self_attn(x, cos, sin, attn_mask, cache))
+            return x + self.post_feedforward_layernorm(self.mlp(x))
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache)
         h = self.post_attention_layernorm(x)
         return x + (self.mlp(h, replay, balance) if isinstance(self.mlp, SparseMoE)

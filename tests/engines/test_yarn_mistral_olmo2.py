@@ -1,7 +1,8 @@
-"""YaRN rope scaling and the Mistral family, beyond the shared per-family decode test
-(tests/engines/test_hf_models.py): YaRN's frequencies and attention factor for each of its knobs,
-the trainer's forward past the original context, configs pivotflow writes that transformers
-rebuilds, and the one-line errors (a Mistral sliding window that would bind, a bad YaRN key)."""
+"""YaRN rope scaling and the Mistral and OLMo-2 families, beyond the shared per-family decode
+test (tests/engines/test_hf_models.py): YaRN's frequencies and attention factor for each of its
+knobs, the trainer's forward (and OLMo-2's gradients) against transformers, past YaRN's original
+context, configs pivotflow writes that transformers rebuilds, and the one-line errors (a Mistral
+sliding window that would bind, a bad YaRN key)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from hf_fixtures import MISTRAL, PROMPTS, SIZES, YARN, YARN_ROPE, save_folder
+from hf_fixtures import MISTRAL, OLMO2, PROMPTS, SIZES, YARN, YARN_ROPE, save_folder
 
 from pivotflow.engines.torch import config_from_hf, load_model_folder, save_checkpoint
 from pivotflow.engines.torch.model import Decoder, rope_attention_factor, rope_inv_freq
@@ -41,7 +42,7 @@ def test_yarn_frequencies_and_attention_factor_equal_transformers(rope: dict[str
     assert factor != 1.0
 
 
-@pytest.mark.parametrize("case", [MISTRAL, YARN], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [MISTRAL, YARN, OLMO2], ids=lambda c: c.name)
 def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformers(
     tmp_path: Path, case: Any
 ) -> None:
@@ -58,6 +59,8 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
     written = json.loads((tmp_path / "ours" / "config.json").read_text())
     if case is MISTRAL:
         assert written["model_type"] == "mistral" and written["sliding_window"] is None
+    elif case is OLMO2:
+        assert written["architectures"] == ["Olmo2ForCausalLM"]
     else:
         assert written["rope_parameters"]["rope_type"] == "yarn"
         assert written["rope_parameters"]["original_max_position_embeddings"] == 32
@@ -65,6 +68,28 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
     assert load_model_folder(tmp_path / "ours").config == folder.config
     with torch.no_grad():
         torch.testing.assert_close(rebuilt(ids).logits, reference, atol=1e-5, rtol=0)
+
+
+def test_olmo2_gradients_equal_transformers(tmp_path: Path) -> None:
+    """Post-norm layers and whole-projection q/k norms in the trainer's backward pass too: every
+    gradient (the norms' included) equals transformers' on a right-padded batch."""
+    model = save_folder(OLMO2, tmp_path)
+    folder = load_model_folder(tmp_path)
+    ours = Decoder(folder.config)
+    ours.load_state_dict(folder.tensors)
+    width = max(map(len, PROMPTS))
+    ids = torch.tensor([p + [0] * (width - len(p)) for p in PROMPTS])
+    mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in PROMPTS])
+    real = mask.bool()
+    weights = torch.linspace(-1.0, 1.0, folder.config.vocab_size)
+    (model(ids, attention_mask=mask).logits[real] * weights).sum().backward()
+    (ours(ids, attention_mask=mask)[real] * weights).sum().backward()
+    theirs = dict(model.named_parameters())
+    names = [n for n, _ in ours.named_parameters()]
+    assert "model.layers.0.post_feedforward_layernorm.weight" in names
+    assert not any("input_layernorm" in n for n in names)
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, theirs[name].grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_a_mistral_window_is_accepted_only_where_it_never_binds(tmp_path: Path) -> None:
