@@ -15,7 +15,8 @@ import torch
 from hf_fixtures import MISTRAL, OLMO2, PROMPTS, SIZES, YARN, YARN_ROPE, save_folder
 
 from pivotflow.engines.torch import config_from_hf, load_model_folder, save_checkpoint
-from pivotflow.engines.torch.model import Decoder, rope_attention_factor, rope_inv_freq
+from pivotflow.engines.torch.model import Decoder
+from pivotflow.engines.torch.rope import rope_attention_factor, rope_inv_freq
 from pivotflow.errors import ModelConfigError
 
 transformers = pytest.importorskip("transformers")

@@ -21,14 +21,8 @@ from torch import nn
 from pivotflow.engines.torch.experts import PackedExperts, RoutingRecorder
 from pivotflow.engines.torch.feedforward import MLP, SparseMoE
 from pivotflow.engines.torch.linear import Linears
-from pivotflow.engines.torch.model import (
-    Decoder,
-    DecoderLayer,
-    ModelConfig,
-    rope_attention_factor,
-    rope_inv_freq,
-    rotary_cos_sin,
-)
+from pivotflow.engines.torch.model import Decoder, DecoderLayer, ModelConfig
+from pivotflow.engines.torch.rope import rope_attention_factor, rope_inv_freq, rotary_cos_sin
 from pivotflow.errors import EngineError
 
 _T = torch.Tensor

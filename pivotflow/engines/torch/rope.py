@@ -1,0 +1,98 @@
+"""Rotary position embeddings as transformers computes them: the inverse frequencies of each
+rope type (default, linear, llama3, yarn), YaRN's attention factor on cos/sin, the cos/sin
+tables, and their application (HF's rotate_half layout). The trainer's decoder (``model.py``)
+and the engine's packed one (``kv_cache.py``) both build their tables here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from pivotflow.engines.torch.model import ModelConfig
+
+
+def rope_inv_freq(cfg: ModelConfig, device: torch.device | str | None = None) -> torch.Tensor:
+    """Rotary inverse frequencies [head_dim / 2] (float32) for ``cfg``'s rope type, as
+    transformers' ``modeling_rope_utils`` computes them (default, linear, llama3, yarn). Only
+    yarn scales cos/sin afterwards (``rope_attention_factor``)."""
+    d = cfg.head_dim
+    exponents = torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d
+    inv_freq = 1.0 / (cfg.rope_theta**exponents)
+    if cfg.rope_type == "linear":
+        return inv_freq / cfg.rope_factor
+    if cfg.rope_type == "yarn":
+        return _yarn_inv_freq(cfg, inv_freq)
+    if cfg.rope_type == "llama3":
+        # Long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+        old_len = cfg.rope_original_max_position_embeddings or cfg.max_position_embeddings
+        low, high, factor = cfg.rope_low_freq_factor, cfg.rope_high_freq_factor, cfg.rope_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(medium, blended, scaled)
+    return inv_freq
+
+
+def _yarn_inv_freq(cfg: ModelConfig, inv_freq: torch.Tensor) -> torch.Tensor:
+    """YaRN's "NTK-by-parts": dimensions that turn more than beta_fast times over the original
+    context keep their frequency (extrapolate), those that turn fewer than beta_slow times are
+    slowed by ``factor`` (interpolate), and a linear ramp blends the band between."""
+    d, base = cfg.head_dim, cfg.rope_theta
+    old_len = cfg.rope_original_max_position_embeddings or cfg.max_position_embeddings
+
+    def dimension(rotations: float) -> float:  # the dimension that turns `rotations` times
+        return d * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dimension(cfg.rope_beta_fast), dimension(cfg.rope_beta_slow)
+    if cfg.rope_truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width band
+    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolate = (1 - ramp).to(inv_freq.device)
+    return inv_freq / cfg.rope_factor * (1 - extrapolate) + inv_freq * extrapolate
+
+
+def rope_attention_factor(cfg: ModelConfig) -> float:
+    """What cos/sin are multiplied by: YaRN's attention temperature (its paper's
+    ``0.1 ln(s) + 1``, or DeepSeek's ratio of two such terms when ``mscale`` and
+    ``mscale_all_dim`` are set, unless the config gives ``attention_factor``); 1 otherwise."""
+    if cfg.rope_type != "yarn":
+        return 1.0
+    if cfg.rope_attention_factor:
+        return cfg.rope_attention_factor
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if cfg.rope_mscale and cfg.rope_mscale_all_dim:
+        return mscale(cfg.rope_factor, cfg.rope_mscale) / mscale(
+            cfg.rope_factor, cfg.rope_mscale_all_dim)
+    return mscale(cfg.rope_factor)
+
+
+def rotary_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, scale: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of shape [B, 1, T, D] for integer positions [B, T] (HF's rotate_half layout),
+    computed in float32 from ``rope_inv_freq``, times ``scale`` (``rope_attention_factor``),
+    and cast to ``dtype``."""
+    freqs = positions.to(torch.float32)[..., None] * inv_freq.to(positions.device)  # [B, T, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, D]
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + _rotate_half(x) * sin
