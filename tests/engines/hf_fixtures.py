@@ -1,7 +1,8 @@
 """Tiny random-weight models that transformers itself builds and saves, one per family and
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
-Qwen3 with YaRN, OLMo-2; tied and untied), and a reference greedy decode."""
+Qwen3 with YaRN, OLMo-2, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's); tied and
+untied), and a reference greedy decode."""
 
 from __future__ import annotations
 
@@ -68,8 +69,21 @@ CASES += [
     # OLMo-2: post-norm layers, q/k normalised over whole projections; 4 heads on 2 kv heads
     Case("olmo2", "Olmo2Config", False,
          {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 128}),
+    # Sliding windows narrower than the prompts and the 16 decoded tokens, so they bind:
+    # Mistral v0.1's kind (every layer), Qwen2's (use_sliding_window, layers from
+    # max_window_layers on), OLMo-3's (three of four layers, YaRN on the full one only)
+    Case("mistral-window", "MistralConfig", True, {"head_dim": 32, "sliding_window": 4}),
+    Case("qwen2-window", "Qwen2Config", False,
+         {"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 1}),
+    Case("olmo3", "Olmo3Config", False,
+         {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 128,
+          "num_hidden_layers": 4, "sliding_window": 6,
+          "rope_parameters": {"full_attention": YARN_ROPE,
+                              "sliding_attention": {"rope_type": "default",
+                                                    "rope_theta": 10000.0}}}),
 ]  # fmt: skip
 MISTRAL, YARN, OLMO2 = CASES[7], CASES[8], CASES[9]
+MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3 = CASES[10], CASES[11], CASES[12]
 CASE_IDS = [c.name for c in CASES]
 
 

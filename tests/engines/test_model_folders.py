@@ -143,10 +143,13 @@ def test_config_to_hf_writes_qwen3_and_llama3_rope_that_transformers_rebuilds(
             r"config\.json: rope_parameters\.low_freq_factor is missing",
         ),
         ({"model_type": "gemma3"}, r"config\.json: model_type='gemma3' is not supported"),
-        ({"use_sliding_window": True}, r"config\.json: use_sliding_window=True is not supported"),
         (
-            {"layer_types": ["full_attention", "sliding_attention"]},
-            r"config\.json: layer_types=\['full_attention', 'sliding_attention'\] is not",
+            {"use_sliding_window": True, "sliding_window": -1},
+            r"config\.json: sliding_window=-1 is not a positive integer",
+        ),
+        (
+            {"layer_types": ["full_attention", "chunked_attention"]},
+            r"config\.json: layer_types=\['full_attention', 'chunked_attention'\] is not",
         ),
         ({"hidden_act": "gelu"}, r"config\.json: hidden_act='gelu' is not supported.*\(silu\)"),
         ({"mlp_bias": True}, r"config\.json: mlp_bias=True is not supported"),

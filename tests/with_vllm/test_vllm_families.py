@@ -1,4 +1,4 @@
-"""Mistral, YaRN and OLMo-2 on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
+"""Mistral, YaRN, OLMo-2, sliding windows and OLMo-3 on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
 random weights, loads the store's version as a worker does, and decodes greedily the embedded
 engine's 40 tokens, on a prompt past YaRN's original context too. The YaRN folder sets every
 knob where two implementations could part (an explicit ``attention_factor``, which replaces the
@@ -38,7 +38,17 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
         "beta_slow": 2}  # fmt: skip
 FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
             "qwen3-yarn": ("Qwen3Config", "Qwen3ForCausalLM", {"rope_parameters": YARN}),
-            "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {})}
+            "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
+            # windows narrower than the prompts, so they bind: every layer's, and OLMo-3's
+            # three of four with YaRN on the full layer only
+            "mistral-window": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 6}),
+            # (no ``truncate`` here: vLLM runs OLMo-3 through transformers' modeling, whose YaRN
+            # reads ``truncate`` from the top of a per-layer-type rope dict, so never from it;
+            # pivotflow reads it where it is. OLMo-3's own configs do not set it.)
+            "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", {
+                "num_hidden_layers": 4, "sliding_window": 6, "rope_parameters": {
+                    "full_attention": {k: v for k, v in YARN.items() if k != "truncate"},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}})}
 
 
 def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
@@ -49,10 +59,11 @@ def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
         if f.name.startswith(("tokenizer", "special_tokens")):
             (root / f.name).write_bytes(f.read_bytes())
     vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
-    config = getattr(transformers, config_class)(
-        vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        max_position_embeddings=MAX_LEN, eos_token_id=EOS, bos_token_id=EOS, **extra)  # fmt: skip
+    config = getattr(transformers, config_class)(**{
+        "vocab_size": vocab, "hidden_size": 128, "intermediate_size": 256,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 32, "max_position_embeddings": MAX_LEN, "eos_token_id": EOS,
+        "bos_token_id": EOS, **extra})  # fmt: skip
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(config)
     with torch.no_grad():  # wider than the default init, so distributions are not near uniform
@@ -83,6 +94,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     path = _folder(tmp_path / "model", folder, family)
     cfg, weights = load_checkpoint(path)
     assert cfg.architecture == family.split("-")[0]
+    assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3"))
     ours = TorchEngine(cfg, max_batch=8, eos_token_id=EOS)
     ours.load_weights(weights, 0)
     expected = _greedy(ours)

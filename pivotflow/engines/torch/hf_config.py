@@ -1,7 +1,8 @@
 """Hugging Face ``config.json`` <-> ``ModelConfig``, and the dtype a model runs in.
 
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
-(Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2; rope default, linear, llama3, yarn) and
+(Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3; rope default, linear, llama3,
+yarn; sliding windows as each family says them, ``hf_windows``) and
 names, in one line, the file and the first key it cannot run. Keys that change nothing the decoder computes (token ids,
 initializer_range, use_cache...) are ignored.
 """
@@ -12,19 +13,22 @@ from typing import Any
 
 import torch
 
+from pivotflow.engines.torch.hf_windows import split_layer_rope, window_fields, windows_to_hf
 from pivotflow.engines.torch.model import ARCHITECTURES, ROPE_TYPES, ModelConfig
 from pivotflow.errors import ModelConfigError
 
 HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
-              "qwen3_moe": "Qwen3MoeForCausalLM", "olmo2": "Olmo2ForCausalLM"}  # fmt: skip
+              "qwen3_moe": "Qwen3MoeForCausalLM", "olmo2": "Olmo2ForCausalLM",
+              "olmo3": "Olmo3ForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
                   "mistral": "MistralForSequenceClassification",
                   "qwen3": "Qwen3ForSequenceClassification",
                   "qwen3_moe": "Qwen3MoeForSequenceClassification",
-                  "olmo2": "Olmo2ForSequenceClassification"}
+                  "olmo2": "Olmo2ForSequenceClassification",
+                  "olmo3": "Olmo3ForSequenceClassification"}
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -33,8 +37,6 @@ DTYPES = {
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
              "num_attention_heads", "max_position_embeddings")  # fmt: skip
 _ENGINE = "is not supported by the embedded engine"
-# transformers' MistralConfig applies a window of 4096 when config.json names none
-MISTRAL_DEFAULT_WINDOW = 4096
 
 
 def resolve_dtype(
@@ -73,36 +75,15 @@ def _model_type(raw: dict[str, Any], where: str) -> str:
 
 def _reject_unsupported(raw: dict[str, Any], where: str) -> None:
     """Raise for the first key whose value asks for math this decoder does not do."""
-    layer_types = raw.get("layer_types") or []
     checks = [  # (key, it asks for something else, what runs)
         ("hidden_act", raw.get("hidden_act", "silu") != "silu", "silu"),
         ("mlp_bias", bool(raw.get("mlp_bias", False)), "false"),
-        ("use_sliding_window", bool(raw.get("use_sliding_window", False)), "false"),
-        ("layer_types", any(t != "full_attention" for t in layer_types), "full_attention"),
         ("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0) != 1.0, "1.0"),
         ("quantization_config", bool(raw.get("quantization_config")), "unquantized weights"),
     ]
     for key, bad, runs in checks:
         if bad:
             raise ModelConfigError(f"{where}: {key}={raw.get(key)!r} {_ENGINE} ({runs})")
-    if raw.get("model_type") == "mistral":
-        _check_mistral_window(raw, where)
-
-
-def _check_mistral_window(raw: dict[str, Any], where: str) -> None:
-    """Mistral has no use_sliding_window switch: a window is on whenever sliding_window is set
-    (transformers' default is on). No sliding-window attention here: a window is accepted only
-    where it never binds, at max_position_embeddings or wider (Mistral 7B v0.3, Nemo, Small 3,
-    Magistral and Devstral ship null; v0.1's 4096 of 32768 is refused)."""
-    window = raw.get("sliding_window", MISTRAL_DEFAULT_WINDOW)
-    longest = raw.get("max_position_embeddings")
-    if window is None or (isinstance(longest, int) and isinstance(window, int)
-                          and not isinstance(window, bool) and window >= longest):
-        return
-    raise ModelConfigError(
-        f"{where}: sliding_window={window!r} {_ENGINE} (null, or at least "
-        f"max_position_embeddings={longest!r}: no sliding-window attention)"
-    )
 
 
 def _rope_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
@@ -180,8 +161,12 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
     does not have (another rope type, sliding windows, a biased MLP, another activation...)."""
     kind = _model_type(raw, where)
     _reject_unsupported(raw, where)
-    rope = _rope_fields(raw, where)
+    full_layers, sliding_theta = split_layer_rope(raw, kind, where)
+    rope = _rope_fields(full_layers, where)
     fields: dict[str, Any] = {k: _positive_int(raw, k, where) for k in _REQUIRED}
+    fields.update(window_fields(raw, kind, fields["num_hidden_layers"], where))
+    if sliding_theta is not None:
+        fields["sliding_rope_theta"] = sliding_theta
     heads = fields["num_attention_heads"]
     for key in ("num_key_value_heads", "head_dim"):
         if raw.get(key) is not None:  # null means "derive", as in transformers
@@ -302,12 +287,13 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         out.update(num_labels=cfg.num_labels,
                    id2label={str(i): f"LABEL_{i}" for i in range(cfg.num_labels)},
                    label2id={f"LABEL_{i}": i for i in range(cfg.num_labels)})
-    if cfg.architecture in ("llama", "olmo2"):
+    if cfg.architecture in ("llama", "olmo2", "olmo3"):
         out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
     elif cfg.architecture == "mistral":
         out.update(sliding_window=None)  # none, explicitly: transformers' default is 4096
     else:
         out.update(use_sliding_window=False, sliding_window=None)
+    out.update(windows_to_hf(cfg, rope))
     if cfg.architecture in ("qwen3", "qwen3_moe"):
         out.update(attention_bias=cfg.attention_bias)
     if cfg.architecture == "qwen3_moe":

@@ -21,8 +21,8 @@ from torch import nn
 from pivotflow.engines.torch.experts import PackedExperts, RoutingRecorder
 from pivotflow.engines.torch.feedforward import MLP, SparseMoE
 from pivotflow.engines.torch.linear import Linears
-from pivotflow.engines.torch.model import Decoder, DecoderLayer, ModelConfig
-from pivotflow.engines.torch.rope import rope_attention_factor, rope_inv_freq, rotary_cos_sin
+from pivotflow.engines.torch.model import Decoder, DecoderLayer, ModelConfig, attention_mask_of
+from pivotflow.engines.torch.rope import layer_cos_sin
 from pivotflow.errors import EngineError
 
 _T = torch.Tensor
@@ -47,7 +47,9 @@ class SlotKVCache:
     block, which batched matmuls stream about twice as fast as blocks with gaps between them.
     Changing the capacity re-lays the buffer out (every ``CHUNK`` decode steps at most). Decode
     attention reads whole slots and masks each one's unused tail with an additive bias kept up
-    to date as tokens are appended.
+    to date as tokens are appended. Sliding-window layers (``ModelConfig.sliding_layers``) get
+    masks of their own that also hide the keys behind the window; every position stays cached
+    (a window saves compute and memory only in engines that evict, which this one does not).
     """
 
     CHUNK = 16
@@ -62,6 +64,8 @@ class SlotKVCache:
     ) -> None:
         self.max_batch, self.max_len, self.dtype = max_batch, max_len, dtype
         self.n_kv, self.head_dim = cfg.num_key_value_heads, cfg.head_dim
+        self._sliding = frozenset(cfg.sliding_layers)
+        self._window = cfg.sliding_window if self._sliding else 0
         self._blocks = (cfg.num_hidden_layers, 2, max_batch, self.n_kv)
         numel = cfg.num_hidden_layers * 2 * max_batch * self.n_kv * max_len * self.head_dim
         # Rows past a slot's length are read and masked out: they must hold finite numbers.
@@ -84,6 +88,8 @@ class SlotKVCache:
         self._start = self._count = self._width = 0
         self._rows = self._block_ids[:0].reshape(-1)
         self._mask: torch.Tensor | None = None
+        self._sliding_mask: torch.Tensor | None = None  # a prefill's, for sliding layers
+        self._sliding_bias: torch.Tensor | None = None  # a decode step's, for sliding layers
 
     def begin_prefill(self, start: int, lengths: list[int]) -> None:
         """The next forward writes ``len(lengths)`` right-padded sequences into slots
@@ -106,6 +112,9 @@ class SlotKVCache:
         if min(lengths) != width:
             causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
             self._mask = causal[None, None] & real[:, None, None, :]
+        if self._window:
+            padded = real if min(lengths) != width else None
+            self._sliding_mask = attention_mask_of(width, padded, self._window, device)
         self._mode, self._start, self._count, self._width = "prefill", start, count, width
 
     @property
@@ -127,6 +136,11 @@ class SlotKVCache:
         self._bias.view(-1).index_fill_(0, self._rows.view(n, 2, -1)[:, 0].reshape(-1), 0.0)
         self.lens[:n] += 1
         host[:n] = [length + 1 for length in host[:n]]
+        self._sliding_bias = None
+        if self._window and max(host[:n]) > self._window:
+            # key j is seen from the new token (position len - 1) when j >= len - window
+            behind = self._positions[: self.capacity] < (self.lens[:n] - self._window)[:, None]
+            self._sliding_bias = self._bias[:n].masked_fill(behind[:, None], float("-inf"))
         self._mode, self._count = "decode", n
         return pos
 
@@ -140,7 +154,7 @@ class SlotKVCache:
         rows = slice(self._start, self._start + self._count)
         self.kv[layer, 0, rows, :, : self._width] = k
         self.kv[layer, 1, rows, :, : self._width] = v
-        return k, v, self._mask
+        return k, v, self._sliding_mask if layer in self._sliding else self._mask
 
     def append(
         self, layer: int, kv: torch.Tensor
@@ -156,7 +170,10 @@ class SlotKVCache:
         buf.view(-1, d).index_copy_(0, self._rows, kv.reshape(-1, d))
         keys = buf[0, :n].view(n * self.n_kv, cap, d)  # views: running slots are dense
         values = buf[1, :n].view(n * self.n_kv, cap, d)
-        return keys, values, self._bias[:n].view(n * self.n_kv, 1, cap)
+        bias = self._bias[:n]
+        if self._sliding_bias is not None and layer in self._sliding:
+            bias = self._sliding_bias
+        return keys, values, bias.view(n * self.n_kv, 1, cap)
 
     def move(self, src: int, dst: int) -> None:
         """Copy slot ``src`` (its filled part) into slot ``dst``."""
@@ -263,17 +280,24 @@ class PackedDecoder:
                 ffn = _pack_mlp(cast(MLP, layer.mlp))
             weights = (w_qkv, attn.o_proj.weight)
             self.layers.append((norms, b_qkv, weights, attn.o_proj.bias, qk_norms, ffn))
-        device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
-        positions = torch.arange(max_len, device=device)[None]
-        cos, sin = rotary_cos_sin(positions, rope_inv_freq(cfg, device), torch.float32,
-                                  rope_attention_factor(cfg))
+        # one rotary table per kind of layer (full attention; sliding window), shared when alike
+        self._sliding = [cfg.is_sliding(i) for i in range(cfg.num_hidden_layers)]
+        self._ropes = {False: self._rope_table(False, max_len)}
+        self._ropes[True] = (self._rope_table(True, max_len) if cfg.sliding_rope_theta
+                             else self._ropes[False])
+
+    def _rope_table(self, sliding: bool, max_len: int) -> torch.Tensor:
+        """[max_len, cos|sin, heads + kv_heads, D] for a layer kind; query rows carry the
+        1/sqrt(D) score scale."""
+        weight = self.model.lm_head.weight
+        positions = torch.arange(max_len, device=weight.device)[None]
+        cos, sin = layer_cos_sin(self.cfg, sliding, positions, torch.float32)
         sin = sin.clone()
         sin[..., : self.d // 2] *= -1  # rotate_half(x) * sin == roll(x, D/2) * this sin
-        # [max_len, cos|sin, heads + kv_heads, D]; query rows carry the 1/sqrt(D) score scale.
         rope = torch.stack((cos[0, 0], sin[0, 0]), 1)[:, :, None]
         rope = rope.repeat(1, 1, self.heads + self.kv_heads, 1)
         rope[:, :, : self.heads] *= self.d**-0.5
-        self._rope = rope.to(dtype)
+        return rope.to(weight.dtype)
 
     def record_routing(self, recorder: RoutingRecorder | None) -> None:
         """Record every sparse layer's expert choices into ``recorder`` (None: stop)."""
@@ -284,35 +308,39 @@ class PackedDecoder:
         """Logits [B, vocab] at positions ``last`` [B] of right-padded prompts ``ids`` [B, T],
         after ``cache.begin_prefill``."""
         b, t = ids.shape
-        x = self._layers(ids, self._rope[None, :t], self._attend_prompt, cache).view(b, t, -1)
+        ropes = {k: table[None, :t] for k, table in self._ropes.items()}
+        x = self._layers(ids, ropes, self._attend_prompt, cache).view(b, t, -1)
         return self._logits(x[torch.arange(b, device=ids.device), last])
 
     def decode(
         self, tokens: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache
     ) -> torch.Tensor:
         """Logits [n, vocab] for ``tokens`` [n] at ``positions`` [n] (from ``begin_decode``)."""
-        rope = self._rope[positions][:, None]
-        return self._logits(self._layers(tokens[:, None], rope, self._attend_decode, cache))
+        ropes = {False: self._ropes[False][positions][:, None]}
+        ropes[True] = (self._ropes[True][positions][:, None]
+                       if self._ropes[True] is not self._ropes[False] else ropes[False])
+        return self._logits(self._layers(tokens[:, None], ropes, self._attend_decode, cache))
 
     def _layers(
         self,
         tokens: torch.Tensor,
-        rope: torch.Tensor,
+        ropes: dict[bool, torch.Tensor],
         attend: Callable[[int, torch.Tensor, torch.Tensor, SlotKVCache], torch.Tensor],
         cache: SlotKVCache,
     ) -> torch.Tensor:
         """Hidden states [B * T, hidden] after the decoder layers, for token ids [B, T] with
-        rotary tables ``rope`` [B or 1, T, 2, heads + kv_heads, D]."""
+        rotary tables [B or 1, T, 2, heads + kv_heads, D] per kind of layer (``ropes[sliding]``)."""
         cfg, heads, kv_heads, d, mm = self.cfg, self.heads, self.kv_heads, self.d, self.mm
         hidden, eps, inter = (cfg.hidden_size,), cfg.rms_norm_eps, cfg.intermediate_size
         (b, t), split, post = tokens.shape, (heads + kv_heads) * d, cfg.post_norm
-        cos, sin = rope[:, :, 0], rope[:, :, 1]
         x = self.model.model.embed_tokens.weight[tokens.view(-1)]
         for i, (norms, b_qkv, weights, b_o, qk_norms, ffn) in enumerate(self.layers):
             (norm1, norm2), (w_qkv, w_o) = norms, weights
+            rope = ropes[self._sliding[i]]
             if post:
                 x = self._post_norm_layer(i, x, (b, t), rope, cache, attend)
                 continue
+            cos, sin = rope[:, :, 0], rope[:, :, 1]
             h = torch.rms_norm(x, hidden, norm1, eps)
             qkv = mm.linear(h, w_qkv, b_qkv)
             qk = qkv[:, :split].view(b, t, heads + kv_heads, d)

@@ -23,19 +23,14 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from pivotflow.engines.torch.feedforward import MLP, LoadBalance, SparseMoE
-from pivotflow.engines.torch.rope import (
-    apply_rotary,
-    rope_attention_factor,
-    rope_inv_freq,
-    rotary_cos_sin,
-)
+from pivotflow.engines.torch.rope import apply_rotary, layer_cos_sin
 from pivotflow.errors import ModelConfigError
 
-ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2")
-QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2")  # q and k RMS-normalised
+ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3")
+QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3")  # q and k RMS-normalised
 # q and k normalised over the whole projection (all heads at once), norms on each sub-layer's
-# output ("post-norm"): OLMo-2
-POST_NORM_ARCHITECTURES = ("olmo2",)
+# output ("post-norm"): OLMo-2 and OLMo-3
+POST_NORM_ARCHITECTURES = ("olmo2", "olmo3")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -90,6 +85,14 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     norm_topk_prob: bool = False  # renormalise the chosen experts' router weights to sum to 1
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    # Sliding-window attention (HF's layer_types "sliding_attention"): on these layers a token
+    # attends to the last ``sliding_window`` positions, itself included (transformers' window:
+    # key j is seen from query i when i - window < j <= i); the others attend to all.
+    # ``sliding_rope_theta`` > 0: those layers take plain RoPE at that base while the others
+    # keep the config's rope (OLMo-3: its YaRN only on full layers); 0: one rope for all.
+    sliding_window: int = 0
+    sliding_layers: tuple[int, ...] = ()
+    sliding_rope_theta: float = 0.0
 
     def __post_init__(self) -> None:
         # Derived defaults; force_setattr because the struct is frozen.
@@ -123,6 +126,10 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
             and (layer + 1) % self.decoder_sparse_step == 0
         )
 
+    def is_sliding(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` attends within a sliding window."""
+        return layer in self.sliding_layers
+
     @property
     def sparse_layers(self) -> int:
         """How many layers route to experts."""
@@ -154,6 +161,7 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
                 f"(only {', '.join(QK_NORM_ARCHITECTURES)} normalise q and k)"
             )
         self._validate_experts()
+        self._validate_windows()
         if self.rope_type not in ROPE_TYPES:
             raise ModelConfigError(
                 f"rope_type {self.rope_type!r} is not one of {', '.join(ROPE_TYPES)}"
@@ -178,6 +186,18 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
                 f"rope_attention_factor must be >= 0, got {self.rope_attention_factor}"
             )
         return self
+
+    def _validate_windows(self) -> None:
+        if self.sliding_layers and self.sliding_window <= 0:
+            raise ModelConfigError(f"sliding_layers {list(self.sliding_layers)} need a "
+                                   f"sliding_window > 0, got {self.sliding_window}")
+        outside = [i for i in self.sliding_layers if not 0 <= i < self.num_hidden_layers]
+        if outside:
+            raise ModelConfigError(f"sliding_layers {outside} are not layers of a "
+                                   f"{self.num_hidden_layers}-layer model")
+        if self.sliding_rope_theta < 0:
+            raise ModelConfigError(
+                f"sliding_rope_theta must be >= 0, got {self.sliding_rope_theta}")
 
     def _validate_experts(self) -> None:
         if self.num_experts < 0:
@@ -384,19 +404,19 @@ class Decoder(nn.Module):
         if positions is None:
             positions = torch.arange(t, device=input_ids.device).expand(b, t)
         x = self.model.embed_tokens(input_ids)
+        cfg = self.config
         # Recomputed per call (a few dozen floats), never stored: HF does not save it either.
-        inv_freq = rope_inv_freq(self.config, x.device)
-        cos, sin = rotary_cos_sin(positions, inv_freq, x.dtype,
-                                  rope_attention_factor(self.config))
-        mask = None
-        if attention_mask is not None and cache is None:
-            # Right padding: causal and key-is-real. Padded query rows still see key 0 (no NaN).
-            causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-            mask = causal[None, None] & attention_mask.bool()[:, None, None, :]
-            mask[..., 0] = True
+        # One table (and mask) per kind of layer: full attention, and a sliding window's.
+        kinds = {cfg.is_sliding(i) for i in range(cfg.num_hidden_layers)}
+        rope = {k: layer_cos_sin(cfg, k, positions, x.dtype) for k in kinds}
+        masks: dict[bool, torch.Tensor | None] = {k: None for k in kinds}
+        if cache is None:  # (a cache gives its own: KVCacheHook.update)
+            masks = {k: attention_mask_of(t, attention_mask, cfg.sliding_window if k else 0,
+                                          x.device) for k in kinds}  # fmt: skip
         recompute = self.gradient_checkpointing and cache is None and torch.is_grad_enabled()
         sparse = 0
-        for layer in self.model.layers:
+        for i, layer in enumerate(self.model.layers):
+            (cos, sin), mask = rope[cfg.is_sliding(i)], masks[cfg.is_sliding(i)]
             replay = None
             if routing is not None and isinstance(layer.mlp, SparseMoE):
                 replay, sparse = routing[:, :, sparse].long(), sparse + 1
@@ -409,6 +429,29 @@ class Decoder(nn.Module):
             else:
                 x = layer(x, cos, sin, mask, cache, replay, balance)
         return self.model.norm(x)
+
+
+def attention_mask_of(t: int, attention_mask: torch.Tensor | None, window: int,
+                      device: torch.device) -> torch.Tensor | None:
+    """The boolean mask [B or 1, 1, t, t] (True: attend) of right-padded sequences: causal,
+    key-is-real, and within ``window`` positions when > 0 (key j seen from query i when
+    i - window < j). None where plain causal attention is the same (no padding, no window
+    shorter than t). A padded query row keeps one key (itself, or key 0 without a window) so
+    its softmax stays finite; its output is never read."""
+    if attention_mask is None and not 0 < window < t:
+        return None
+    idx = torch.arange(t, device=device)
+    allowed = idx[None, :] <= idx[:, None]
+    if 0 < window < t:
+        allowed &= idx[None, :] > idx[:, None] - window
+    mask = allowed[None, None].clone()
+    if attention_mask is not None:
+        mask = mask & attention_mask.bool()[:, None, None, :]
+        if window:
+            mask |= torch.eye(t, dtype=torch.bool, device=device)
+        else:
+            mask[..., 0] = True
+    return mask
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -78,6 +78,25 @@ def rope_attention_factor(cfg: ModelConfig) -> float:
     return mscale(cfg.rope_factor)
 
 
+def layer_rope(cfg: ModelConfig, sliding: bool,
+               device: torch.device | str | None = None) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies, attention factor) of a full-attention layer (``sliding`` False)
+    or a sliding-window one: plain RoPE at ``sliding_rope_theta`` when the config gives one
+    (OLMo-3: YaRN on its full layers only), else the same as every layer."""
+    if sliding and cfg.sliding_rope_theta:
+        d = cfg.head_dim
+        exponents = torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d
+        return 1.0 / (cfg.sliding_rope_theta**exponents), 1.0
+    return rope_inv_freq(cfg, device), rope_attention_factor(cfg)
+
+
+def layer_cos_sin(cfg: ModelConfig, sliding: bool, positions: torch.Tensor,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rotary_cos_sin`` of a full-attention layer or a sliding-window one (``layer_rope``)."""
+    inv_freq, factor = layer_rope(cfg, sliding, positions.device)
+    return rotary_cos_sin(positions, inv_freq, dtype, factor)
+
+
 def rotary_cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, scale: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:

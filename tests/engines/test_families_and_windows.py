@@ -1,8 +1,8 @@
-"""YaRN rope scaling and the Mistral and OLMo-2 families, beyond the shared per-family decode
-test (tests/engines/test_hf_models.py): YaRN's frequencies and attention factor for each of its
-knobs, the trainer's forward (and OLMo-2's gradients) against transformers, past YaRN's original
-context, configs pivotflow writes that transformers rebuilds, and the one-line errors (a Mistral
-sliding window that would bind, a bad YaRN key)."""
+"""YaRN rope scaling, sliding-window attention and the Mistral, OLMo-2 and OLMo-3 families,
+beyond the shared per-family decode test (tests/engines/test_hf_models.py): YaRN's frequencies
+and attention factor for each of its knobs, the trainer's forward and every gradient against
+transformers on padded batches where the windows bind, configs pivotflow writes that
+transformers rebuilds, and the one-line errors (a bad window or layer type, a bad YaRN key)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,23 @@ from typing import Any
 
 import pytest
 import torch
-from hf_fixtures import MISTRAL, OLMO2, PROMPTS, SIZES, YARN, YARN_ROPE, save_folder
+from hf_fixtures import (
+    MISTRAL,
+    MISTRAL_WINDOW,
+    OLMO2,
+    OLMO3,
+    PROMPTS,
+    QWEN2_WINDOW,
+    SIZES,
+    YARN,
+    YARN_ROPE,
+    save_folder,
+)
 
 from pivotflow.engines.torch import config_from_hf, load_model_folder, save_checkpoint
 from pivotflow.engines.torch.model import Decoder
 from pivotflow.engines.torch.rope import rope_attention_factor, rope_inv_freq
+from pivotflow.engines.torch.weights import build_model
 from pivotflow.errors import ModelConfigError
 
 transformers = pytest.importorskip("transformers")
@@ -43,7 +55,10 @@ def test_yarn_frequencies_and_attention_factor_equal_transformers(rope: dict[str
     assert factor != 1.0
 
 
-@pytest.mark.parametrize("case", [MISTRAL, YARN, OLMO2], ids=lambda c: c.name)
+ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3]
+
+
+@pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
 def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformers(
     tmp_path: Path, case: Any
 ) -> None:
@@ -52,7 +67,7 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
     ours = Decoder(folder.config)
     ours.load_state_dict(folder.tensors, strict=False)  # (a tied model's file has no lm_head)
     ours.eval()
-    ids = torch.tensor([PROMPTS[2] * 10])  # 70 positions: past YaRN's original 32
+    ids = torch.tensor([PROMPTS[2] * 10])  # 70 positions: past YaRN's 32 and every window
     with torch.no_grad():
         reference = model(ids).logits
         torch.testing.assert_close(ours(ids), reference, atol=1e-5, rtol=0)
@@ -60,8 +75,13 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
     written = json.loads((tmp_path / "ours" / "config.json").read_text())
     if case is MISTRAL:
         assert written["model_type"] == "mistral" and written["sliding_window"] is None
-    elif case is OLMO2:
-        assert written["architectures"] == ["Olmo2ForCausalLM"]
+    elif case in (OLMO2, OLMO3):
+        assert written["model_type"] == case.name
+    elif case is MISTRAL_WINDOW:
+        assert written["sliding_window"] == 4
+    elif case is QWEN2_WINDOW:
+        assert written["layer_types"] == ["full_attention", "sliding_attention"]
+        assert written["use_sliding_window"] and written["sliding_window"] == 5
     else:
         assert written["rope_parameters"]["rope_type"] == "yarn"
         assert written["rope_parameters"]["original_max_position_embeddings"] == 32
@@ -71,42 +91,72 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         torch.testing.assert_close(rebuilt(ids).logits, reference, atol=1e-5, rtol=0)
 
 
-def test_olmo2_gradients_equal_transformers(tmp_path: Path) -> None:
-    """Post-norm layers and whole-projection q/k norms in the trainer's backward pass too: every
-    gradient (the norms' included) equals transformers' on a right-padded batch."""
-    model = save_folder(OLMO2, tmp_path)
+@pytest.mark.parametrize("case", [OLMO2, OLMO3, MISTRAL_WINDOW, QWEN2_WINDOW],
+                         ids=lambda c: c.name)
+def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: Any) -> None:
+    """Post-norm layers, whole-projection q/k norms and windows (4-6 positions, narrower than
+    the 7-token prompt) in the trainer's backward pass too: on a right-padded batch, the logits
+    at real positions and every gradient (the norms' included) equal transformers'."""
+    model = save_folder(case, tmp_path)
     folder = load_model_folder(tmp_path)
-    ours = Decoder(folder.config)
-    ours.load_state_dict(folder.tensors)
+    ours = build_model(folder.config, folder.tensors).requires_grad_(True)
     width = max(map(len, PROMPTS))
     ids = torch.tensor([p + [0] * (width - len(p)) for p in PROMPTS])
     mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in PROMPTS])
     real = mask.bool()
     weights = torch.linspace(-1.0, 1.0, folder.config.vocab_size)
-    (model(ids, attention_mask=mask).logits[real] * weights).sum().backward()
-    (ours(ids, attention_mask=mask)[real] * weights).sum().backward()
+    reference, got = model(ids, attention_mask=mask).logits[real], ours(ids, attention_mask=mask)
+    torch.testing.assert_close(got[real], reference, atol=1e-5, rtol=0)
+    (reference * weights).sum().backward()
+    (got[real] * weights).sum().backward()
     theirs = dict(model.named_parameters())
     names = [n for n, _ in ours.named_parameters()]
-    assert "model.layers.0.post_feedforward_layernorm.weight" in names
-    assert not any("input_layernorm" in n for n in names)
+    post_norm = "model.layers.0.post_feedforward_layernorm.weight" in names
+    assert post_norm == (case in (OLMO2, OLMO3))
+    assert post_norm != any("input_layernorm" in n for n in names)
     for name, p in ours.named_parameters():
         torch.testing.assert_close(p.grad, theirs[name].grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_a_mistral_window_is_accepted_only_where_it_never_binds(tmp_path: Path) -> None:
-    save_folder(MISTRAL, tmp_path)
-    raw = json.loads((tmp_path / "config.json").read_text())
-    assert raw["max_position_embeddings"] == 128
-    for window in (None, 128, 4096):
-        assert config_from_hf({**raw, "sliding_window": window}, "c.json").architecture == "mistral"
-    # Mistral 7B v0.1: a window of 4096 over 32768 positions; an absent key is transformers' 4096
-    v01 = {k: v for k, v in raw.items() if k != "sliding_window"}
-    for bad, shown in (({**raw, "sliding_window": 64}, "64"),
-                       ({**v01, "max_position_embeddings": 32768}, "4096")):  # fmt: skip
-        with pytest.raises(ModelConfigError, match=(
-                rf"^c\.json: sliding_window={shown} is not supported by the embedded engine "
-                r"\(null, or at least max_position_embeddings=\d+: no sliding-window attention\)$")):
-            config_from_hf(bad, "c.json")
+def test_each_family_says_its_windows_its_own_way() -> None:
+    """transformers' reading of a window per family (hf_windows), on one Qwen3-sized config."""
+    base = {**SIZES, "num_hidden_layers": 4, "head_dim": 32}
+    cases = [
+        ({"model_type": "mistral"}, 4096, (0, 1, 2, 3)),  # absent: transformers' 4096
+        ({"model_type": "mistral", "sliding_window": None}, 0, ()),
+        ({"model_type": "qwen2", "sliding_window": 64}, 0, ()),  # no use_sliding_window
+        ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 64,
+          "max_window_layers": 2}, 64, (2, 3)),
+        ({"model_type": "qwen3", "use_sliding_window": True, "sliding_window": 64,
+          "layer_types": ["sliding_attention", "full_attention"] * 2}, 64, (0, 2)),
+        ({"model_type": "qwen3", "use_sliding_window": False,
+          "layer_types": ["sliding_attention"] * 4}, 0, ()),  # (transformers: no window)
+        ({"model_type": "olmo3"}, 4096, (0, 1, 2)),  # three of four
+        ({"model_type": "llama", "sliding_window": 64}, 0, ()),  # llama reads none
+    ]  # fmt: skip
+    for keys, window, layers in cases:
+        cfg = config_from_hf({**base, **keys}, "c.json")
+        assert (cfg.sliding_window, cfg.sliding_layers) == (window, layers), keys
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 0},
+     r"sliding_window=0 is not a positive integer"),
+    ({"model_type": "olmo3", "layer_types": ["chunked_attention"] * 4},
+     r"layer_types=\['chunked_attention', .*\] is not supported by the embedded engine "
+     r"\(full_attention, sliding_attention\)"),
+    ({"model_type": "olmo3", "layer_types": ["full_attention"]},
+     r"layer_types has 1 entries for 4 layers"),
+    ({"model_type": "olmo3", "rope_parameters": {
+        "full_attention": {"rope_type": "default"},
+        "sliding_attention": {"rope_type": "linear", "factor": 2.0}}},
+     r"rope_parameters\.sliding_attention=.* \(plain RoPE on sliding layers\)"),
+])  # fmt: skip
+def test_a_bad_window_is_a_one_line_error(keys: dict[str, Any], message: str) -> None:
+    raw = {**SIZES, "num_hidden_layers": 4, "head_dim": 32, **keys}
+    with pytest.raises(ModelConfigError, match=r"^c\.json: " + message) as exc:
+        config_from_hf(raw, "c.json")
+    assert "\n" not in str(exc.value)
 
 
 @pytest.mark.parametrize(("rope", "message"), [

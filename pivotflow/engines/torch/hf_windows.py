@@ -1,0 +1,112 @@
+"""Which layers attend within a sliding window, as transformers reads each family's
+``config.json``, and back: ``ModelConfig.sliding_layers``, ``sliding_window`` and
+``sliding_rope_theta`` (``hf_config`` calls these).
+
+Each family says it its own way, and transformers' reading is the reference:
+
+* ``mistral``: every layer, whenever ``sliding_window`` is set (absent: 4096; null: none).
+* ``qwen2``, ``qwen3``: only with ``use_sliding_window``; then the layers ``layer_types``
+  marks ``sliding_attention``, or without it those at ``max_window_layers`` (28) and above.
+* ``qwen3_moe``: every layer, with ``use_sliding_window``.
+* ``olmo3``: ``layer_types``, else three sliding layers of every four (the fourth full);
+  its ``rope_parameters`` may be one dict per layer type, and its sliding layers take plain
+  RoPE (YaRN, where set, is for the full layers only).
+* ``llama``, ``olmo2``: none (transformers reads no window for them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pivotflow.errors import ModelConfigError
+
+MISTRAL_DEFAULT_WINDOW = 4096  # transformers' MistralConfig, when config.json names none
+DEFAULT_WINDOW = 4096  # Qwen2/Qwen3/OLMo-3's
+QWEN_MAX_WINDOW_LAYERS = 28  # transformers' default: layers from here on slide
+LAYER_TYPES = ("full_attention", "sliding_attention")
+_ENGINE = "is not supported by the embedded engine"
+
+
+def window_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> dict[str, Any]:
+    """``sliding_window`` and ``sliding_layers`` for ModelConfig (empty: every layer full)."""
+    types = _layer_types(raw, layers, where)
+    if kind == "mistral":
+        window, sliding = raw.get("sliding_window", MISTRAL_DEFAULT_WINDOW), list(range(layers))
+    elif kind in ("qwen2", "qwen3", "qwen3_moe"):
+        window = raw.get("sliding_window", DEFAULT_WINDOW) if raw.get("use_sliding_window") \
+            else None
+        if kind == "qwen3_moe":  # (its modeling reads no layer_types: the window is everywhere)
+            sliding = list(range(layers))
+        else:
+            first = raw.get("max_window_layers", QWEN_MAX_WINDOW_LAYERS)
+            sliding = ([i for i, t in enumerate(types) if t == "sliding_attention"] if types
+                       else [i for i in range(layers) if i >= first])
+    elif kind == "olmo3":
+        window = raw.get("sliding_window", DEFAULT_WINDOW)
+        sliding = ([i for i, t in enumerate(types) if t == "sliding_attention"] if types
+                   else [i for i in range(layers) if (i + 1) % 4])
+    else:
+        return {}
+    if window is None:
+        return {}
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ModelConfigError(f"{where}: sliding_window={window!r} is not a positive integer")
+    return {"sliding_window": window, "sliding_layers": tuple(sliding)} if sliding else {}
+
+
+def _layer_types(raw: dict[str, Any], layers: int, where: str) -> list[str]:
+    types = raw.get("layer_types") or []
+    if not isinstance(types, list) or any(t not in LAYER_TYPES for t in types):
+        raise ModelConfigError(f"{where}: layer_types={types!r} {_ENGINE} "
+                               f"({', '.join(LAYER_TYPES)})")
+    if types and len(types) != layers:
+        raise ModelConfigError(f"{where}: layer_types has {len(types)} entries for "
+                               f"{layers} layers")
+    return types
+
+
+def split_layer_rope(raw: dict[str, Any], kind: str, where: str) -> tuple[dict[str, Any],
+                                                                         float | None]:
+    """(the config as its full-attention layers read their rope, the sliding layers' plain
+    RoPE base or None when they share the full layers' rope). OLMo-3's ``rope_parameters`` may
+    be ``{"full_attention": {...}, "sliding_attention": {...}}``; flat, its sliding layers
+    take plain RoPE at ``rope_theta`` (transformers' conversion)."""
+    if kind != "olmo3":
+        return raw, None
+    rope = raw.get("rope_parameters")
+    if isinstance(rope, dict) and set(rope) & set(LAYER_TYPES):
+        full, sliding = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
+        if sliding.get("rope_type", sliding.get("type", "default")) != "default":
+            raise ModelConfigError(
+                f"{where}: rope_parameters.sliding_attention={sliding!r} {_ENGINE} (plain RoPE "
+                "on sliding layers)")
+        theta = sliding.get("rope_theta", full.get("rope_theta", raw.get("rope_theta", 1e4)))
+        return {**raw, "rope_parameters": full}, float(theta)
+    plain = rope if isinstance(rope, dict) else {}
+    return raw, float(plain.get("rope_theta", raw.get("rope_theta", 1e4)))
+
+
+def windows_to_hf(cfg: Any, rope: dict[str, Any]) -> dict[str, Any]:
+    """The keys that make transformers read ``cfg``'s windows back (``rope``: the full layers'
+    ``rope_parameters``). Raises ModelConfigError for a pattern the family cannot say."""
+    n, sliding = cfg.num_hidden_layers, set(cfg.sliding_layers)
+    kind, everywhere = cfg.architecture, sliding == set(range(n))
+    types = ["sliding_attention" if i in sliding else "full_attention" for i in range(n)]
+    if kind == "olmo3":
+        out: dict[str, Any] = {"layer_types": types, "sliding_window": cfg.sliding_window or None}
+        if cfg.sliding_rope_theta:
+            out["rope_parameters"] = {"full_attention": rope, "sliding_attention": {
+                "rope_type": "default", "rope_theta": cfg.sliding_rope_theta}}
+        return out
+    if not sliding:
+        return {}
+    if kind in ("llama", "olmo2") or (kind in ("mistral", "qwen3_moe") and not everywhere):
+        raise ModelConfigError(
+            f"a {kind} checkpoint cannot say sliding_layers {sorted(sliding)} of {n} layers "
+            "(mistral and qwen3_moe: all or none; llama and olmo2: none)")
+    out = {"sliding_window": cfg.sliding_window}
+    if kind in ("qwen2", "qwen3", "qwen3_moe"):
+        out.update(use_sliding_window=True, max_window_layers=min(sliding))
+    if kind in ("qwen2", "qwen3"):
+        out["layer_types"] = types
+    return out
