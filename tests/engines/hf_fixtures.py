@@ -84,6 +84,19 @@ CASES += [
 ]  # fmt: skip
 MISTRAL, YARN, OLMO2 = CASES[7], CASES[8], CASES[9]
 MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3 = CASES[10], CASES[11], CASES[12]
+# Gemma 3's text model: sandwich norms by 1 + weight, sqrt(hidden) embeddings, tanh-GELU, a
+# query_pre_attn_scalar that is not head_dim, five sliding layers (window 5) of six, plain
+# RoPE at 10000 on them and linear-scaled RoPE at 1e6 on the full one (as its 4B+ ship)
+CASES += [
+    Case("gemma3-text", "Gemma3TextConfig", True,
+         {"num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 32, "query_pre_attn_scalar": 24, "sliding_window": 5,
+          "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                 "rope_theta": 1e6},
+                              "sliding_attention": {"rope_type": "default",
+                                                    "rope_theta": 10000.0}}}),
+]  # fmt: skip
+GEMMA3 = CASES[13]
 CASE_IDS = [c.name for c in CASES]
 
 

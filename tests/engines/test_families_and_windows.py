@@ -1,4 +1,4 @@
-"""YaRN rope scaling, sliding-window attention and the Mistral, OLMo-2 and OLMo-3 families,
+"""YaRN rope scaling, sliding-window attention and the Mistral, OLMo-2, OLMo-3 and Gemma 3 families,
 beyond the shared per-family decode test (tests/engines/test_hf_models.py): YaRN's frequencies
 and attention factor for each of its knobs, the trainer's forward and every gradient against
 transformers on padded batches where the windows bind, configs pivotflow writes that
@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from hf_fixtures import (
+    GEMMA3,
     MISTRAL,
     MISTRAL_WINDOW,
     OLMO2,
@@ -55,7 +56,7 @@ def test_yarn_frequencies_and_attention_factor_equal_transformers(rope: dict[str
     assert factor != 1.0
 
 
-ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3]
+ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -77,6 +78,9 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert written["model_type"] == "mistral" and written["sliding_window"] is None
     elif case in (OLMO2, OLMO3):
         assert written["model_type"] == case.name
+    elif case is GEMMA3:
+        assert written["model_type"] == "gemma3_text" and written["query_pre_attn_scalar"] == 24
+        assert written["rope_parameters"]["sliding_attention"]["rope_theta"] == 10000.0
     elif case is MISTRAL_WINDOW:
         assert written["sliding_window"] == 4
     elif case is QWEN2_WINDOW:
@@ -91,7 +95,7 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         torch.testing.assert_close(rebuilt(ids).logits, reference, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("case", [OLMO2, OLMO3, MISTRAL_WINDOW, QWEN2_WINDOW],
+@pytest.mark.parametrize("case", [OLMO2, OLMO3, MISTRAL_WINDOW, QWEN2_WINDOW, GEMMA3],
                          ids=lambda c: c.name)
 def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: Any) -> None:
     """Post-norm layers, whole-projection q/k norms and windows (4-6 positions, narrower than
@@ -112,10 +116,41 @@ def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: An
     theirs = dict(model.named_parameters())
     names = [n for n, _ in ours.named_parameters()]
     post_norm = "model.layers.0.post_feedforward_layernorm.weight" in names
-    assert post_norm == (case in (OLMO2, OLMO3))
-    assert post_norm != any("input_layernorm" in n for n in names)
+    assert post_norm == (case in (OLMO2, OLMO3, GEMMA3))
+    assert (case in (OLMO2, OLMO3)) != any("input_layernorm" in n for n in names)
     for name, p in ours.named_parameters():
         torch.testing.assert_close(p.grad, theirs[name].grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_gemma3_in_bf16_is_as_close_to_float32_as_transformers_own_bf16(tmp_path: Path) -> None:
+    """Gemma's bf16 forward is further from float32 than the other families' (its embeddings
+    are scaled by sqrt(hidden), its norms by 1 + weight, each sub-layer's output normalised
+    again): transformers' own bf16 model is off by a mean 0.07 and up to 0.6 on this model,
+    past the dense families' bounds (tests/engines/test_hf_models.py). The engine in bf16 is
+    held to that: no further from float32 than transformers in bf16."""
+    import copy
+
+    from hf_fixtures import hf_logprobs
+
+    from pivotflow.engines.base import GenerationRequest, SamplingParams
+    from pivotflow.engines.torch import TorchEngine
+
+    model = save_folder(GEMMA3, tmp_path)
+    folder = load_model_folder(tmp_path)
+    engine = TorchEngine(folder.config, max_batch=8, dtype="bf16")
+    engine.load_weights(folder.tensors, version=0)
+    outs = engine.generate([GenerationRequest(f"p{i}", p, SamplingParams(
+        temperature=1.0, max_tokens=16, seed=i)) for i, p in enumerate(PROMPTS)])
+    theirs = copy.deepcopy(model).to(torch.bfloat16)
+    ours_err, theirs_err = [], []
+    for out, prompt in zip(outs, PROMPTS, strict=True):
+        exact = hf_logprobs(model, prompt, out.token_ids)
+        ours_err.append((torch.tensor(out.logprobs) - exact).abs())
+        theirs_err.append((hf_logprobs(theirs, prompt, out.token_ids) - exact).abs())
+    ours, reference = torch.cat(ours_err), torch.cat(theirs_err)
+    assert float(reference.mean()) > 0.03  # (bf16 does matter here)
+    assert float(ours.mean()) <= 1.2 * float(reference.mean())
+    assert float(ours.max()) <= 1.2 * float(reference.max())
 
 
 def test_each_family_says_its_windows_its_own_way() -> None:

@@ -71,8 +71,9 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
     assert cfg.architecture == {"Qwen2Config": "qwen2", "LlamaConfig": "llama",
                                 "Qwen3Config": "qwen3", "MistralConfig": "mistral",
                                 "Olmo2Config": "olmo2", "Olmo3Config": "olmo3",
+                                "Gemma3TextConfig": "gemma3_text",
                                 "Qwen3MoeConfig": "qwen3_moe"}[case.config_class]  # fmt: skip
-    assert cfg.head_dim == 32 and cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo"))
+    assert cfg.head_dim == 32 and cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma"))
     # Every weight transformers holds was loaded (transformers 5 holds a sparse layer's experts
     # as one fused tensor where the file, and we, have one per expert: count the numbers).
     theirs = {n: p for n, p in model.named_parameters() if n != "lm_head.weight" or not case.tied}
@@ -97,8 +98,7 @@ def test_rope_scaling_is_read_from_the_config(built: Built) -> None:
     assert cfg.rope_original_max_position_embeddings == 16
 
 
-@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[5], CASES[9]],
-                         ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[5], CASES[9]], ids=lambda c: c.name)
 def test_bf16_runs_on_cpu_close_to_float32(built: Built, case: Case) -> None:
     model, root = built(case)
     folder = load_model_folder(root)

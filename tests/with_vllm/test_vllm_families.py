@@ -1,4 +1,4 @@
-"""Mistral, YaRN, OLMo-2, sliding windows and OLMo-3 on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
+"""Mistral, YaRN, OLMo-2, sliding windows, OLMo-3 and Gemma 3 on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
 random weights, loads the store's version as a worker does, and decodes greedily the embedded
 engine's 40 tokens, on a prompt past YaRN's original context too. The YaRN folder sets every
 knob where two implementations could part (an explicit ``attention_factor``, which replaces the
@@ -48,6 +48,12 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
             "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", {
                 "num_hidden_layers": 4, "sliding_window": 6, "rope_parameters": {
                     "full_attention": {k: v for k, v in YARN.items() if k != "truncate"},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}),
+            # Gemma 3's text model: five sliding layers of six, linear-scaled RoPE on the sixth
+            "gemma3-text": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
+                "num_hidden_layers": 6, "query_pre_attn_scalar": 24, "sliding_window": 6,
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
                     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}})}
 
 
@@ -93,8 +99,8 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     (tmp_path / "model").mkdir()
     path = _folder(tmp_path / "model", folder, family)
     cfg, weights = load_checkpoint(path)
-    assert cfg.architecture == family.split("-")[0]
-    assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3"))
+    assert cfg.architecture == {"gemma3-text": "gemma3_text"}.get(family, family.split("-")[0])
+    assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text"))
     ours = TorchEngine(cfg, max_batch=8, eos_token_id=EOS)
     ours.load_weights(weights, 0)
     expected = _greedy(ours)

@@ -18,8 +18,16 @@ if TYPE_CHECKING:
     from pivotflow.engines.torch.model import ModelConfig
 
 
+def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The MLP's gate by HF's ``hidden_act`` name: SiLU (SwiGLU), or Gemma's tanh-GELU (GeGLU)."""
+    if name == "gelu_pytorch_tanh":
+        return lambda x: F.gelu(x, approximate="tanh")
+    return F.silu
+
+
 class MLP(nn.Module):
-    """SwiGLU feed-forward of ``size`` hidden units (default: the config's intermediate_size)."""
+    """Gated feed-forward (SwiGLU, or GeGLU for Gemma) of ``size`` hidden units (default: the
+    config's intermediate_size)."""
 
     def __init__(self, cfg: ModelConfig, size: int = 0) -> None:
         super().__init__()
@@ -27,9 +35,10 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, size, bias=False)
         self.down_proj = nn.Linear(size, cfg.hidden_size, bias=False)
+        self.act = activation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 def route(

@@ -1,7 +1,8 @@
 """Hugging Face ``config.json`` <-> ``ModelConfig``, and the dtype a model runs in.
 
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
-(Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3; rope default, linear, llama3,
+(Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model; rope
+default, linear, llama3,
 yarn; sliding windows as each family says them, ``hf_windows``) and
 names, in one line, the file and the first key it cannot run. Keys that change nothing the decoder computes (token ids,
 initializer_range, use_cache...) are ignored.
@@ -14,13 +15,13 @@ from typing import Any
 import torch
 
 from pivotflow.engines.torch.hf_windows import split_layer_rope, window_fields, windows_to_hf
-from pivotflow.engines.torch.model import ARCHITECTURES, ROPE_TYPES, ModelConfig
+from pivotflow.engines.torch.model import ACTIVATIONS, ARCHITECTURES, ROPE_TYPES, ModelConfig
 from pivotflow.errors import ModelConfigError
 
 HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
               "qwen3_moe": "Qwen3MoeForCausalLM", "olmo2": "Olmo2ForCausalLM",
-              "olmo3": "Olmo3ForCausalLM"}  # fmt: skip
+              "olmo3": "Olmo3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -28,7 +29,8 @@ HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "qwen3": "Qwen3ForSequenceClassification",
                   "qwen3_moe": "Qwen3MoeForSequenceClassification",
                   "olmo2": "Olmo2ForSequenceClassification",
-                  "olmo3": "Olmo3ForSequenceClassification"}
+                  "olmo3": "Olmo3ForSequenceClassification",
+                  "gemma3_text": "Gemma3TextForSequenceClassification"}
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -75,8 +77,9 @@ def _model_type(raw: dict[str, Any], where: str) -> str:
 
 def _reject_unsupported(raw: dict[str, Any], where: str) -> None:
     """Raise for the first key whose value asks for math this decoder does not do."""
+    gemma = raw.get("model_type") == "gemma3_text"  # (its gate is hidden_activation's)
     checks = [  # (key, it asks for something else, what runs)
-        ("hidden_act", raw.get("hidden_act", "silu") != "silu", "silu"),
+        ("hidden_act", not gemma and raw.get("hidden_act", "silu") != "silu", "silu"),
         ("mlp_bias", bool(raw.get("mlp_bias", False)), "false"),
         ("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0) != 1.0, "1.0"),
         ("quantization_config", bool(raw.get("quantization_config")), "unquantized weights"),
@@ -181,18 +184,36 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         **fields,
         **rope,
         rms_norm_eps=_number(raw.get("rms_norm_eps", 1e-6), "rms_norm_eps", where),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        # (transformers' default: tied for Gemma, untied for the rest)
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", kind == "gemma3_text")),
         # Qwen2 always has q/k/v biases; Mistral never; Llama and Qwen3 when the config says so.
         attention_bias={"qwen2": True, "mistral": False}.get(
             kind, bool(raw.get("attention_bias", False))),
         architecture=kind,
         num_labels=_num_labels(raw, where),
         **(_expert_fields(raw, where) if kind == "qwen3_moe" else {}),
+        **(_gemma_fields(raw, where) if kind == "gemma3_text" else {}),
     )
     try:
         return cfg.validate()
     except ModelConfigError as exc:
         raise ModelConfigError(f"{where}: {exc}") from None
+
+
+def _gemma_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """Gemma 3's gate and attention scale; its soft-capping (Gemma 2's) and bidirectional
+    attention (EmbeddingGemma's) are refused."""
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if raw.get(key) is not None:
+            raise ModelConfigError(f"{where}: {key}={raw[key]!r} {_ENGINE} (null)")
+    if raw.get("use_bidirectional_attention"):
+        raise ModelConfigError(f"{where}: use_bidirectional_attention=True {_ENGINE} (false)")
+    act = raw.get("hidden_activation", "gelu_pytorch_tanh")
+    if act not in ACTIVATIONS:
+        raise ModelConfigError(f"{where}: hidden_activation={act!r} {_ENGINE} "
+                               f"({', '.join(ACTIVATIONS)})")
+    scalar = _number(raw.get("query_pre_attn_scalar", 256), "query_pre_attn_scalar", where)
+    return {"hidden_act": act, "query_pre_attn_scalar": scalar}
 
 
 def _expert_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
@@ -275,7 +296,7 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
                 "tie_word_embeddings",
             )
         },  # fmt: skip
-        "hidden_act": "silu",
+        "hidden_act": cfg.hidden_act,
         # transformers 4.x reads rope_theta, 5.x reads rope_parameters: write both.
         "rope_theta": cfg.rope_theta,
         "rope_parameters": rope,
@@ -289,6 +310,14 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
                    label2id={f"LABEL_{i}": i for i in range(cfg.num_labels)})
     if cfg.architecture in ("llama", "olmo2", "olmo3"):
         out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
+    elif cfg.architecture == "gemma3_text":
+        del out["hidden_act"]
+        out.update(attention_bias=cfg.attention_bias, hidden_activation=cfg.hidden_act,
+                   query_pre_attn_scalar=(int(cfg.query_pre_attn_scalar)  # (an int there)
+                                          if cfg.query_pre_attn_scalar.is_integer()
+                                          else cfg.query_pre_attn_scalar),
+                   final_logit_softcapping=None, attn_logit_softcapping=None,
+                   use_bidirectional_attention=False)
     elif cfg.architecture == "mistral":
         out.update(sliding_window=None)  # none, explicitly: transformers' default is 4096
     else:

@@ -11,6 +11,9 @@ Each family says it its own way, and transformers' reading is the reference:
 * ``olmo3``: ``layer_types``, else three sliding layers of every four (the fourth full);
   its ``rope_parameters`` may be one dict per layer type, and its sliding layers take plain
   RoPE (YaRN, where set, is for the full layers only).
+* ``gemma3_text``: ``layer_types``, else ``sliding_window_pattern`` - 1 sliding layers of every
+  ``sliding_window_pattern`` (6); its sliding layers take plain RoPE at
+  ``rope_local_base_freq`` (10000), its full ones ``rope_theta`` (1e6) with any scaling.
 * ``llama``, ``olmo2``: none (transformers reads no window for them).
 """
 
@@ -41,10 +44,11 @@ def window_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
             first = raw.get("max_window_layers", QWEN_MAX_WINDOW_LAYERS)
             sliding = ([i for i, t in enumerate(types) if t == "sliding_attention"] if types
                        else [i for i in range(layers) if i >= first])
-    elif kind == "olmo3":
+    elif kind in ("olmo3", "gemma3_text"):
         window = raw.get("sliding_window", DEFAULT_WINDOW)
+        every = 4 if kind == "olmo3" else raw.get("sliding_window_pattern", 6)
         sliding = ([i for i, t in enumerate(types) if t == "sliding_attention"] if types
-                   else [i for i in range(layers) if (i + 1) % 4])
+                   else [i for i in range(layers) if (i + 1) % every])
     else:
         return {}
     if window is None:
@@ -68,10 +72,11 @@ def _layer_types(raw: dict[str, Any], layers: int, where: str) -> list[str]:
 def split_layer_rope(raw: dict[str, Any], kind: str, where: str) -> tuple[dict[str, Any],
                                                                          float | None]:
     """(the config as its full-attention layers read their rope, the sliding layers' plain
-    RoPE base or None when they share the full layers' rope). OLMo-3's ``rope_parameters`` may
-    be ``{"full_attention": {...}, "sliding_attention": {...}}``; flat, its sliding layers
-    take plain RoPE at ``rope_theta`` (transformers' conversion)."""
-    if kind != "olmo3":
+    RoPE base or None when they share the full layers' rope). OLMo-3's and Gemma 3's
+    ``rope_parameters`` may be ``{"full_attention": {...}, "sliding_attention": {...}}``;
+    flat, OLMo-3's sliding layers take plain RoPE at ``rope_theta``, Gemma's at
+    ``rope_local_base_freq`` (transformers' conversion)."""
+    if kind not in ("olmo3", "gemma3_text"):
         return raw, None
     rope = raw.get("rope_parameters")
     if isinstance(rope, dict) and set(rope) & set(LAYER_TYPES):
@@ -83,6 +88,10 @@ def split_layer_rope(raw: dict[str, Any], kind: str, where: str) -> tuple[dict[s
         theta = sliding.get("rope_theta", full.get("rope_theta", raw.get("rope_theta", 1e4)))
         return {**raw, "rope_parameters": full}, float(theta)
     plain = rope if isinstance(rope, dict) else {}
+    if kind == "gemma3_text":  # (Gemma's defaults: 1e6 for full layers, 1e4 for sliding ones)
+        theta = raw.get("rope_theta", plain.get("rope_theta", 1e6))
+        return ({**raw, "rope_theta": theta},
+                float(raw.get("rope_local_base_freq", 1e4)))  # fmt: skip
     return raw, float(plain.get("rope_theta", raw.get("rope_theta", 1e4)))
 
 
@@ -92,7 +101,7 @@ def windows_to_hf(cfg: Any, rope: dict[str, Any]) -> dict[str, Any]:
     n, sliding = cfg.num_hidden_layers, set(cfg.sliding_layers)
     kind, everywhere = cfg.architecture, sliding == set(range(n))
     types = ["sliding_attention" if i in sliding else "full_attention" for i in range(n)]
-    if kind == "olmo3":
+    if kind in ("olmo3", "gemma3_text"):
         out: dict[str, Any] = {"layer_types": types, "sliding_window": cfg.sliding_window or None}
         if cfg.sliding_rope_theta:
             out["rope_parameters"] = {"full_attention": rope, "sliding_attention": {

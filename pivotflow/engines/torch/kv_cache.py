@@ -19,9 +19,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from pivotflow.engines.torch.experts import PackedExperts, RoutingRecorder
-from pivotflow.engines.torch.feedforward import MLP, SparseMoE
+from pivotflow.engines.torch.feedforward import MLP, SparseMoE, activation
 from pivotflow.engines.torch.linear import Linears
-from pivotflow.engines.torch.model import Decoder, DecoderLayer, ModelConfig, attention_mask_of
+from pivotflow.engines.torch.model import (
+    Decoder,
+    DecoderLayer,
+    ModelConfig,
+    attention_mask_of,
+    embed_scale,
+)
 from pivotflow.engines.torch.rope import layer_cos_sin
 from pivotflow.errors import EngineError
 
@@ -262,6 +268,8 @@ class PackedDecoder:
         self.mm = Linears.for_weights(model.lm_head.weight)
         self.layers: list[_Packed] = []
         self.experts: list[PackedExperts] = []  # the sparse layers, in order
+        self._mlp_norms: list[tuple[_T, _T]] = []  # Gemma's pre/post-MLP norms, per layer
+        self._act = activation(cfg.hidden_act)
         for layer in cast(list[DecoderLayer], model.model.layers):
             attn = layer.self_attn
             w_qkv, b_qkv = pack_linears([attn.q_proj, attn.k_proj, attn.v_proj])
@@ -269,6 +277,9 @@ class PackedDecoder:
             norms = ((layer.post_attention_layernorm.weight,
                       layer.post_feedforward_layernorm.weight) if cfg.post_norm
                      else (layer.input_layernorm.weight, layer.post_attention_layernorm.weight))
+            if cfg.sandwich_norm:  # Gemma's other two: before and after the MLP
+                self._mlp_norms.append((layer.pre_feedforward_layernorm.weight,
+                                        layer.post_feedforward_layernorm.weight))
             qk_norms = None
             if attn.q_norm is not None and attn.k_norm is not None:
                 qk_norms = (attn.q_norm.weight, attn.k_norm.weight)
@@ -296,7 +307,7 @@ class PackedDecoder:
         sin[..., : self.d // 2] *= -1  # rotate_half(x) * sin == roll(x, D/2) * this sin
         rope = torch.stack((cos[0, 0], sin[0, 0]), 1)[:, :, None]
         rope = rope.repeat(1, 1, self.heads + self.kv_heads, 1)
-        rope[:, :, : self.heads] *= self.d**-0.5
+        rope[:, :, : self.heads] *= self.cfg.attention_scale
         return rope.to(weight.dtype)
 
     def record_routing(self, recorder: RoutingRecorder | None) -> None:
@@ -334,11 +345,16 @@ class PackedDecoder:
         hidden, eps, inter = (cfg.hidden_size,), cfg.rms_norm_eps, cfg.intermediate_size
         (b, t), split, post = tokens.shape, (heads + kv_heads) * d, cfg.post_norm
         x = self.model.model.embed_tokens.weight[tokens.view(-1)]
+        if cfg.sandwich_norm:
+            x = x * embed_scale(cfg, x.dtype)
         for i, (norms, b_qkv, weights, b_o, qk_norms, ffn) in enumerate(self.layers):
             (norm1, norm2), (w_qkv, w_o) = norms, weights
             rope = ropes[self._sliding[i]]
             if post:
                 x = self._post_norm_layer(i, x, (b, t), rope, cache, attend)
+                continue
+            if cfg.sandwich_norm:
+                x = self._sandwich_layer(i, x, (b, t), rope, cache, attend)
                 continue
             cos, sin = rope[:, :, 0], rope[:, :, 1]
             h = torch.rms_norm(x, hidden, norm1, eps)
@@ -359,6 +375,35 @@ class PackedDecoder:
                 w_gate_up, w_down = cast(_Dense, ffn)
                 x = mm.linear_add(mm.gated(h, w_gate_up, inter), w_down, None, x)
         return x
+
+    def _sandwich_layer(
+        self,
+        i: int,
+        x: torch.Tensor,
+        shape: tuple[int, int],
+        rope: torch.Tensor,
+        cache: SlotKVCache,
+        attend: Callable[[int, torch.Tensor, torch.Tensor, SlotKVCache], torch.Tensor],
+    ) -> torch.Tensor:
+        """Gemma 3's layer ``i``: every norm by 1 + weight; each sub-layer's input and output
+        normalised; q and k normalised per head; the MLP gated by tanh-GELU."""
+        (norm_in, norm_attn), b_qkv, (w_qkv, w_o), b_o, qk_norms, ffn = self.layers[i]
+        norm_pre_mlp, norm_post_mlp = self._mlp_norms[i]
+        heads, kv_heads, d, mm, (b, t) = self.heads, self.kv_heads, self.d, self.mm, shape
+        hidden, eps, split = (self.cfg.hidden_size,), self.cfg.rms_norm_eps, (heads + kv_heads) * d
+        qkv = mm.linear(torch.rms_norm(x, hidden, norm_in + 1, eps), w_qkv, b_qkv)
+        qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
+        if qk_norms is not None:
+            qk = torch.rms_norm(qk, (d,), None, eps)
+            qk[:, :, :heads].mul_(qk_norms[0] + 1)
+            qk[:, :, heads:].mul_(qk_norms[1] + 1)
+        qk = torch.addcmul(qk * rope[:, :, 0], qk.roll(d // 2, -1), rope[:, :, 1])
+        out = attend(i, qk.view(b * t, -1, d), qkv[:, split:].view(b * t, -1, d), cache)
+        x = x + torch.rms_norm(mm.linear(out, w_o, b_o), hidden, norm_attn + 1, eps)
+        w_gate_up, w_down = cast(_Dense, ffn)
+        h = torch.rms_norm(x, hidden, norm_pre_mlp + 1, eps)
+        h = mm.linear(mm.gated(h, w_gate_up, self.cfg.intermediate_size, self._act), w_down)
+        return x + torch.rms_norm(h, hidden, norm_post_mlp + 1, eps)
 
     def _post_norm_layer(
         self,
@@ -414,6 +459,8 @@ class PackedDecoder:
         return out.transpose(1, 2).reshape(b * t, heads * d)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        norm, eps = self.model.model.norm.weight, self.cfg.rms_norm_eps
-        h = torch.rms_norm(x, (self.cfg.hidden_size,), norm, eps)
+        norm: torch.Tensor = self.model.model.norm.weight
+        if self.cfg.sandwich_norm:  # (Gemma's norms scale by 1 + weight)
+            norm = norm + 1
+        h = torch.rms_norm(x, (self.cfg.hidden_size,), norm, self.cfg.rms_norm_eps)
         return self.mm.linear(h, self.model.lm_head.weight)

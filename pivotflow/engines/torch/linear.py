@@ -18,6 +18,8 @@ rounding, not bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -68,10 +70,12 @@ class Linears:
         out = torch.addmm(residual, x, w.t())
         return out if b is None else out.add_(b)
 
-    def gated(self, x: _T, w_gate_up: _T, inter: int) -> _T:
-        """``silu(x @ gate.T) * (x @ up.T)``, the SwiGLU MLP's input half, for the packed
-        ``[gate; up]`` rows ``w_gate_up`` [2 * inter, in], as one matmul. (Two oneDNN matmuls
-        with the SiLU and the multiply as their epilogues measured 4% slower in a decode step:
-        one wide matmul streams the weights better than two half-width ones.)"""
+    def gated(self, x: _T, w_gate_up: _T, inter: int,
+              act: Callable[[_T], _T] = F.silu) -> _T:
+        """``act(x @ gate.T) * (x @ up.T)``, the gated MLP's input half (SwiGLU; Gemma's
+        GeGLU with ``act`` its tanh-GELU), for the packed ``[gate; up]`` rows ``w_gate_up``
+        [2 * inter, in], as one matmul. (Two oneDNN matmuls with the SiLU and the multiply as
+        their epilogues measured 4% slower in a decode step: one wide matmul streams the
+        weights better than two half-width ones.)"""
         gate_up = self.linear(x, w_gate_up)
-        return F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:])
+        return act(gate_up[:, :inter]).mul_(gate_up[:, inter:])

@@ -1,4 +1,4 @@
-"""A Llama/Mistral/Qwen2/Qwen3/Qwen3-MoE/OLMo-2-style decoder in plain PyTorch.
+"""A Llama/Mistral/Qwen2/Qwen3/Qwen3-MoE/OLMo/Gemma-3-style decoder in plain PyTorch.
 
 Module and parameter names follow Hugging Face's checkpoints exactly (``model.layers.0
 .self_attn.q_proj.weight``, ``model.layers.0.mlp.experts.3.up_proj.weight`` ...), so a state dict
@@ -9,7 +9,10 @@ without biases (its sliding window is hf_config's to check: it must never bind);
 each head of q and k before RoPE; Qwen3-MoE is Qwen3 with a routed mixture of experts in place of
 the MLP on its sparse layers (``SparseMoE``); OLMo-2 normalises the whole q and k projections
 (not each head) and puts its layer norms after attention and the MLP, on their outputs, before
-each residual add, instead of on their inputs (no ``input_layernorm``).
+each residual add, instead of on their inputs (no ``input_layernorm``); OLMo-3 is OLMo-2 with
+sliding windows; Gemma 3 (text) norms both inputs and outputs ("sandwich"), scales its norms by
+``1 + weight``, its embeddings by sqrt(hidden) and its attention by ``query_pre_attn_scalar``,
+and gates its MLP with tanh-GELU.
 """
 
 from __future__ import annotations
@@ -26,8 +29,12 @@ from pivotflow.engines.torch.feedforward import MLP, LoadBalance, SparseMoE
 from pivotflow.engines.torch.rope import apply_rotary, layer_cos_sin
 from pivotflow.errors import ModelConfigError
 
-ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3")
-QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3")  # q and k RMS-normalised
+ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3",
+                 "gemma3_text")
+QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text")
+# Gemma's layer: norms on each sub-layer's input and output, every norm scaling by 1 + weight
+SANDWICH_NORM_ARCHITECTURES = ("gemma3_text",)
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the MLP's gate (HF's hidden_act names)
 # q and k normalised over the whole projection (all heads at once), norms on each sub-layer's
 # output ("post-norm"): OLMo-2 and OLMo-3
 POST_NORM_ARCHITECTURES = ("olmo2", "olmo3")
@@ -93,6 +100,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     sliding_window: int = 0
     sliding_layers: tuple[int, ...] = ()
     sliding_rope_theta: float = 0.0
+    hidden_act: str = "silu"  # one of ACTIVATIONS
+    # attention scores scale by query_pre_attn_scalar ** -0.5 (Gemma's; 0: head_dim's)
+    query_pre_attn_scalar: float = 0.0
 
     def __post_init__(self) -> None:
         # Derived defaults; force_setattr because the struct is frozen.
@@ -104,6 +114,17 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
             msgspec.structs.force_setattr(
                 self, "qk_norm", self.architecture in QK_NORM_ARCHITECTURES
             )
+
+    @property
+    def sandwich_norm(self) -> bool:
+        """Gemma's layer: four norms (each sub-layer's input and output), each by 1 + weight;
+        embeddings scaled by sqrt(hidden_size)."""
+        return self.architecture in SANDWICH_NORM_ARCHITECTURES
+
+    @property
+    def attention_scale(self) -> float:
+        """What q.k is multiplied by before the softmax."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def post_norm(self) -> bool:
@@ -162,6 +183,12 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
             )
         self._validate_experts()
         self._validate_windows()
+        if self.hidden_act not in ACTIVATIONS:
+            raise ModelConfigError(
+                f"hidden_act {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
+        if self.query_pre_attn_scalar < 0:
+            raise ModelConfigError(
+                f"query_pre_attn_scalar must be >= 0, got {self.query_pre_attn_scalar}")
         if self.rope_type not in ROPE_TYPES:
             raise ModelConfigError(
                 f"rope_type {self.rope_type!r} is not one of {', '.join(ROPE_TYPES)}"
@@ -236,16 +263,21 @@ class KVCacheHook(Protocol):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    """Llama's RMSNorm; ``offset`` (Gemma's): scaled by ``1 + weight`` (weights start at 0),
+    in float32, rounded to the input dtype after the scaling, not before."""
+
+    def __init__(self, dim: int, eps: float, offset: bool = False) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
+        self.eps, self.offset = eps, offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # As transformers does: normalise in float32, round to the input dtype, then scale.
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (x32 * (1.0 + self.weight.float())).to(dtype)
         return self.weight * x32.to(dtype)
 
 
@@ -269,8 +301,9 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q_width, k_width = ((self.n_heads * self.head_dim, self.n_kv * self.head_dim)
                                 if self.whole_qk_norm else (self.head_dim, self.head_dim))
-            self.q_norm = RMSNorm(q_width, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(k_width, cfg.rms_norm_eps)
+            self.q_norm = RMSNorm(q_width, cfg.rms_norm_eps, cfg.sandwich_norm)
+            self.k_norm = RMSNorm(k_width, cfg.rms_norm_eps, cfg.sandwich_norm)
+        self.scale = cfg.attention_scale
 
     def forward(
         self,
@@ -298,16 +331,17 @@ class Attention(nn.Module):
             # One-token decode: fold each KV group's query heads onto the query axis so cached
             # keys/values are read in place, not copied `rep` times (same math as below).
             out = F.scaled_dot_product_attention(
-                q.reshape(b, self.n_kv, rep, self.head_dim), k, v, attn_mask=attn_mask
+                q.reshape(b, self.n_kv, rep, self.head_dim), k, v, attn_mask=attn_mask,
+                scale=self.scale,
             )
             return self.o_proj(out.reshape(b, t, -1))
         if rep > 1:
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
         if attn_mask is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, scale=self.scale)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -318,16 +352,24 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
-        self.post_norm = cfg.post_norm
+        self.post_norm, self.sandwich = cfg.post_norm, cfg.sandwich_norm
+        size, eps, offset = cfg.hidden_size, cfg.rms_norm_eps, cfg.sandwich_norm
         if not self.post_norm:
-            self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.input_layernorm = RMSNorm(size, eps, offset)
         self.self_attn = Attention(cfg, layer_idx)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(size, eps, offset)
+        if self.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(size, eps, offset)
         self.mlp: nn.Module = SparseMoE(cfg) if cfg.is_sparse(layer_idx) else MLP(cfg)
-        if self.post_norm:
-            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if self.post_norm or self.sandwich:
+            self.post_feedforward_layernorm = RMSNorm(size, eps, offset)
 
     def forward(self, x, cos, sin, attn_mask, cache, replay=None, balance=None):  # type: ignore[no-untyped-def]
+        if self.sandwich:  # Gemma: each sub-layer's input and output normalised
+            attn = self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache)
+            x = x + self.post_attention_layernorm(attn)
+            h = self.mlp(self.pre_feedforward_layernorm(x))
+            return x + self.post_feedforward_layernorm(h)
         if self.post_norm:
             x = x + self.post_attention_layernorm(self.self_attn(x, cos, sin, attn_mask, cache))
             return x + self.post_feedforward_layernorm(self.mlp(x))
@@ -344,7 +386,7 @@ class _Backbone(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.sandwich_norm)
 
 
 class Decoder(nn.Module):
@@ -405,6 +447,8 @@ class Decoder(nn.Module):
             positions = torch.arange(t, device=input_ids.device).expand(b, t)
         x = self.model.embed_tokens(input_ids)
         cfg = self.config
+        if cfg.sandwich_norm:  # Gemma: embeddings times sqrt(hidden), rounded to their dtype
+            x = x * embed_scale(cfg, x.dtype)
         # Recomputed per call (a few dozen floats), never stored: HF does not save it either.
         # One table (and mask) per kind of layer: full attention, and a sliding window's.
         kinds = {cfg.is_sliding(i) for i in range(cfg.num_hidden_layers)}
@@ -429,6 +473,12 @@ class Decoder(nn.Module):
             else:
                 x = layer(x, cos, sin, mask, cache, replay, balance)
         return self.model.norm(x)
+
+
+def embed_scale(cfg: ModelConfig, dtype: torch.dtype) -> torch.Tensor:
+    """Gemma's embedding multiplier: sqrt(hidden_size), as a tensor of the embeddings' dtype
+    (transformers rounds it to bf16 in a bf16 model: 2048 ** 0.5 becomes 45.25)."""
+    return torch.tensor(cfg.hidden_size**0.5, dtype=dtype)
 
 
 def attention_mask_of(t: int, attention_mask: torch.Tensor | None, window: int,
