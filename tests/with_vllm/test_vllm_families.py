@@ -22,7 +22,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from vllm_fixtures import EOS, MAX_LEN  # noqa: E402
+from vllm_fixtures import EOS, MAX_LEN, save_sharpened  # noqa: E402
 
 from pivotflow.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from pivotflow.engines.torch.engine import TorchEngine  # noqa: E402
@@ -61,9 +61,6 @@ def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
     import transformers
 
     config_class, model_class, extra = FAMILIES[family]
-    for f in tokenizer_from.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens")):
-            (root / f.name).write_bytes(f.read_bytes())
     vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
     config = getattr(transformers, config_class)(**{
         "vocab_size": vocab, "hidden_size": 128, "intermediate_size": 256,
@@ -71,13 +68,7 @@ def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
         "head_dim": 32, "max_position_embeddings": MAX_LEN, "eos_token_id": EOS,
         "bos_token_id": EOS, **extra})  # fmt: skip
     torch.manual_seed(0)
-    model = getattr(transformers, model_class)(config)
-    with torch.no_grad():  # wider than the default init, so distributions are not near uniform
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.15)
-    model.save_pretrained(root)
-    return root
+    return save_sharpened(getattr(transformers, model_class)(config), root, tokenizer_from)
 
 
 def _greedy(engine: Any) -> dict[str, list[int]]:

@@ -21,7 +21,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from vllm_fixtures import EOS, MAX_LEN, perturbed  # noqa: E402
+from vllm_fixtures import EOS, MAX_LEN, perturbed, save_sharpened  # noqa: E402
 
 from pivotflow.engines.base import GenerationOutput, GenerationRequest, SamplingParams  # noqa: E402
 from pivotflow.engines.torch.engine import TorchEngine  # noqa: E402
@@ -39,10 +39,6 @@ def moe_folder(tmp_path_factory: pytest.TempPathFactory, folder: Path) -> Path:
     32; layer 1 of 3 dense) that transformers saved."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    path = tmp_path_factory.mktemp("qwen3-moe")
-    for f in folder.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens")):
-            (path / f.name).write_bytes(f.read_bytes())
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     torch.manual_seed(0)
     model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
@@ -50,12 +46,7 @@ def moe_folder(tmp_path_factory: pytest.TempPathFactory, folder: Path) -> Path:
         num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
         max_position_embeddings=MAX_LEN, eos_token_id=EOS, bos_token_id=EOS))  # fmt: skip
-    with torch.no_grad():  # wider than the default init, so distributions are not near uniform
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.15)
-    model.save_pretrained(path)
-    return path
+    return save_sharpened(model, tmp_path_factory.mktemp("qwen3-moe"), folder)
 
 
 @pytest.fixture(scope="module")

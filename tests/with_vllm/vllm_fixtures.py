@@ -54,6 +54,20 @@ def write_hf_folder(path: Path) -> Path:
     return path
 
 
+def save_sharpened(model: Any, path: Path, tokenizer_from: Path) -> Path:
+    """Save ``model`` into ``path`` with weights wider than transformers' init (so the greedy
+    tokens are not decided by near-ties), next to ``tokenizer_from``'s tokenizer files."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.15)
+    model.save_pretrained(path)
+    for f in tokenizer_from.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            (path / f.name).write_bytes(f.read_bytes())
+    return path
+
+
 def perturbed(tensors: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in tensors.items()}

@@ -268,18 +268,22 @@ class PackedDecoder:
         self.mm = Linears.for_weights(model.lm_head.weight)
         self.layers: list[_Packed] = []
         self.experts: list[PackedExperts] = []  # the sparse layers, in order
-        self._mlp_norms: list[tuple[_T, _T]] = []  # Gemma's pre/post-MLP norms, per layer
+        # the norms of layers that normalise sub-layer outputs (_output_norm_layer), per layer
+        self._out_norms: list[tuple[_T | None, _T, _T | None, _T]] = []
         self._act = activation(cfg.hidden_act)
         for layer in cast(list[DecoderLayer], model.model.layers):
             attn = layer.self_attn
             w_qkv, b_qkv = pack_linears([attn.q_proj, attn.k_proj, attn.v_proj])
             # pre-norm: (input, post-attention); post-norm (OLMo-2): (post-attention, post-MLP)
-            norms = ((layer.post_attention_layernorm.weight,
-                      layer.post_feedforward_layernorm.weight) if cfg.post_norm
-                     else (layer.input_layernorm.weight, layer.post_attention_layernorm.weight))
-            if cfg.sandwich_norm:  # Gemma's other two: before and after the MLP
-                self._mlp_norms.append((layer.pre_feedforward_layernorm.weight,
-                                        layer.post_feedforward_layernorm.weight))
+            # (pre-norm layers read these two; the others read _out_norms)
+            norms = (getattr(layer, "input_layernorm", layer.post_attention_layernorm).weight,
+                     layer.post_attention_layernorm.weight)
+            if cfg.post_norm or cfg.sandwich_norm:  # (input, attention out, MLP in, MLP out)
+                self._out_norms.append((
+                    layer.input_layernorm.weight if cfg.sandwich_norm else None,
+                    layer.post_attention_layernorm.weight,
+                    layer.pre_feedforward_layernorm.weight if cfg.sandwich_norm else None,
+                    layer.post_feedforward_layernorm.weight))  # fmt: skip
             qk_norms = None
             if attn.q_norm is not None and attn.k_norm is not None:
                 qk_norms = (attn.q_norm.weight, attn.k_norm.weight)
@@ -350,11 +354,8 @@ class PackedDecoder:
         for i, (norms, b_qkv, weights, b_o, qk_norms, ffn) in enumerate(self.layers):
             (norm1, norm2), (w_qkv, w_o) = norms, weights
             rope = ropes[self._sliding[i]]
-            if post:
-                x = self._post_norm_layer(i, x, (b, t), rope, cache, attend)
-                continue
-            if cfg.sandwich_norm:
-                x = self._sandwich_layer(i, x, (b, t), rope, cache, attend)
+            if post or cfg.sandwich_norm:
+                x = self._output_norm_layer(i, x, (b, t), rope, cache, attend)
                 continue
             cos, sin = rope[:, :, 0], rope[:, :, 1]
             h = torch.rms_norm(x, hidden, norm1, eps)
@@ -376,7 +377,7 @@ class PackedDecoder:
                 x = mm.linear_add(mm.gated(h, w_gate_up, inter), w_down, None, x)
         return x
 
-    def _sandwich_layer(
+    def _output_norm_layer(
         self,
         i: int,
         x: torch.Tensor,
@@ -385,54 +386,39 @@ class PackedDecoder:
         cache: SlotKVCache,
         attend: Callable[[int, torch.Tensor, torch.Tensor, SlotKVCache], torch.Tensor],
     ) -> torch.Tensor:
-        """Gemma 3's layer ``i``: every norm by 1 + weight; each sub-layer's input and output
-        normalised; q and k normalised per head; the MLP gated by tanh-GELU."""
-        (norm_in, norm_attn), b_qkv, (w_qkv, w_o), b_o, qk_norms, ffn = self.layers[i]
-        norm_pre_mlp, norm_post_mlp = self._mlp_norms[i]
+        """Layer ``i`` of the families that normalise each sub-layer's output before its
+        residual add, on hidden states [B * T, hidden]. OLMo-2/3 (post-norm): nothing on the
+        inputs, q and k RMS-normalised over their whole projections. Gemma 3 (sandwich): the
+        inputs normalised too, q and k per head, every norm scaling by 1 + weight, the MLP
+        gated by tanh-GELU (``self._act``)."""
+        _, b_qkv, (w_qkv, w_o), b_o, qk_norms, ffn = self.layers[i]
+        norm_in, norm_attn, norm_mlp_in, norm_mlp = self._out_norms[i]
         heads, kv_heads, d, mm, (b, t) = self.heads, self.kv_heads, self.d, self.mm, shape
         hidden, eps, split = (self.cfg.hidden_size,), self.cfg.rms_norm_eps, (heads + kv_heads) * d
-        qkv = mm.linear(torch.rms_norm(x, hidden, norm_in + 1, eps), w_qkv, b_qkv)
+        sandwich = self.cfg.sandwich_norm
+
+        def norm(h: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+            if weight is None:  # (post-norm: no norm on a sub-layer's input)
+                return h
+            return torch.rms_norm(h, hidden, weight + 1 if sandwich else weight, eps)
+
+        qkv = mm.linear(norm(x, norm_in), w_qkv, b_qkv)
+        if qk_norms is not None and not sandwich:  # whole projections, before the heads
+            q_width = heads * d
+            qkv[:, :q_width] = torch.rms_norm(qkv[:, :q_width], (q_width,), qk_norms[0], eps)
+            qkv[:, q_width:split] = torch.rms_norm(qkv[:, q_width:split], (split - q_width,),
+                                                   qk_norms[1], eps)
         qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
-        if qk_norms is not None:
+        if qk_norms is not None and sandwich:  # each head, by 1 + weight
             qk = torch.rms_norm(qk, (d,), None, eps)
             qk[:, :, :heads].mul_(qk_norms[0] + 1)
             qk[:, :, heads:].mul_(qk_norms[1] + 1)
         qk = torch.addcmul(qk * rope[:, :, 0], qk.roll(d // 2, -1), rope[:, :, 1])
         out = attend(i, qk.view(b * t, -1, d), qkv[:, split:].view(b * t, -1, d), cache)
-        x = x + torch.rms_norm(mm.linear(out, w_o, b_o), hidden, norm_attn + 1, eps)
+        x = x + norm(mm.linear(out, w_o, b_o), norm_attn)
         w_gate_up, w_down = cast(_Dense, ffn)
-        h = torch.rms_norm(x, hidden, norm_pre_mlp + 1, eps)
-        h = mm.linear(mm.gated(h, w_gate_up, self.cfg.intermediate_size, self._act), w_down)
-        return x + torch.rms_norm(h, hidden, norm_post_mlp + 1, eps)
-
-    def _post_norm_layer(
-        self,
-        i: int,
-        x: torch.Tensor,
-        shape: tuple[int, int],
-        rope: torch.Tensor,
-        cache: SlotKVCache,
-        attend: Callable[[int, torch.Tensor, torch.Tensor, SlotKVCache], torch.Tensor],
-    ) -> torch.Tensor:
-        """OLMo-2's layer ``i`` on hidden states [B * T, hidden]: q and k RMS-normalised over
-        their whole projections (before RoPE), norms on the attention's and the MLP's outputs
-        before each residual add."""
-        (norm_attn, norm_mlp), b_qkv, (w_qkv, w_o), b_o, qk_norms, ffn = self.layers[i]
-        heads, kv_heads, d, mm, (b, t) = self.heads, self.kv_heads, self.d, self.mm, shape
-        hidden, eps = (self.cfg.hidden_size,), self.cfg.rms_norm_eps
-        q_width, split = heads * d, (heads + kv_heads) * d
-        qkv = mm.linear(x, w_qkv, b_qkv)
-        if qk_norms is not None:
-            qkv[:, :q_width] = torch.rms_norm(qkv[:, :q_width], (q_width,), qk_norms[0], eps)
-            qkv[:, q_width:split] = torch.rms_norm(qkv[:, q_width:split], (split - q_width,),
-                                                   qk_norms[1], eps)
-        qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
-        qk = torch.addcmul(qk * rope[:, :, 0], qk.roll(d // 2, -1), rope[:, :, 1])
-        out = attend(i, qk.view(b * t, -1, d), qkv[:, split:].view(b * t, -1, d), cache)
-        x = x + torch.rms_norm(mm.linear(out, w_o, b_o), hidden, norm_attn, eps)
-        w_gate_up, w_down = cast(_Dense, ffn)
-        h = mm.linear(mm.gated(x, w_gate_up, self.cfg.intermediate_size), w_down)
-        return x + torch.rms_norm(h, hidden, norm_mlp, eps)
+        h = mm.gated(norm(x, norm_mlp_in), w_gate_up, self.cfg.intermediate_size, self._act)
+        return x + norm(mm.linear(h, w_down), norm_mlp)
 
     def _attend_decode(
         self, layer: int, qk: torch.Tensor, v: torch.Tensor, cache: SlotKVCache
