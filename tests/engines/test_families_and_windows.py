@@ -175,6 +175,22 @@ def test_each_family_says_its_windows_its_own_way() -> None:
 
 
 @pytest.mark.parametrize(("keys", "message"), [
+    ({"final_logit_softcapping": 30.0},
+     r"final_logit_softcapping=30\.0 is not supported by the embedded engine \(null\)"),
+    ({"attn_logit_softcapping": 50.0}, r"attn_logit_softcapping=50\.0 is not supported"),
+    ({"use_bidirectional_attention": True}, r"use_bidirectional_attention=True is not supported"),
+    ({"hidden_activation": "relu"},
+     r"hidden_activation='relu' is not supported .*\(silu, gelu_pytorch_tanh\)"),
+])  # fmt: skip
+def test_a_gemma_setting_the_engine_cannot_run_is_a_one_line_error(
+        keys: dict[str, Any], message: str) -> None:
+    raw = {**SIZES, "model_type": "gemma3_text", "head_dim": 32, **keys}
+    with pytest.raises(ModelConfigError, match=r"^c\.json: " + message) as exc:
+        config_from_hf(raw, "c.json")
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize(("keys", "message"), [
     ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 0},
      r"sliding_window=0 is not a positive integer"),
     ({"model_type": "olmo3", "layer_types": ["chunked_attention"] * 4},

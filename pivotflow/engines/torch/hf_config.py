@@ -2,10 +2,9 @@
 
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model; rope
-default, linear, llama3,
-yarn; sliding windows as each family says them, ``hf_windows``) and
-names, in one line, the file and the first key it cannot run. Keys that change nothing the decoder computes (token ids,
-initializer_range, use_cache...) are ignored.
+default, linear, llama3, yarn; sliding windows as each family says them, ``hf_windows``) and
+names, in one line, the file and the first key it cannot run. Keys that change nothing the
+decoder computes (token ids, initializer_range, use_cache...) are ignored.
 """
 
 from __future__ import annotations
@@ -159,9 +158,9 @@ def _positive_int(raw: dict[str, Any], key: str, where: str) -> int:
 
 
 def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
-    """Map a Hugging Face Qwen2/Llama/Qwen3/Qwen3-MoE ``config.json`` onto ModelConfig. Raises
+    """Map a Hugging Face ``config.json`` of one of ARCHITECTURES onto ModelConfig. Raises
     ModelConfigError naming ``where`` and the key for a missing field or a feature this decoder
-    does not have (another rope type, sliding windows, a biased MLP, another activation...)."""
+    does not have (another rope or layer type, a biased MLP, another activation...)."""
     kind = _model_type(raw, where)
     _reject_unsupported(raw, where)
     full_layers, sliding_theta = split_layer_rope(raw, kind, where)

@@ -5,9 +5,8 @@ Module and parameter names follow Hugging Face's checkpoints exactly (``model.la
 saved by ``transformers`` loads with ``load_state_dict`` unchanged, and ours loads in
 ``transformers``. The families differ in little: Qwen2 has q/k/v biases; Llama and Qwen3 have
 biases on all four attention projections only when ``attention_bias`` says so; Mistral is Llama
-without biases (its sliding window is hf_config's to check: it must never bind); Qwen3 RMS-normalises
-each head of q and k before RoPE; Qwen3-MoE is Qwen3 with a routed mixture of experts in place of
-the MLP on its sparse layers (``SparseMoE``); OLMo-2 normalises the whole q and k projections
+without biases; Qwen3 RMS-normalises each head of q and k before RoPE; Qwen3-MoE is Qwen3 with a
+routed mixture of experts in place of the MLP on its sparse layers (``SparseMoE``); OLMo-2 normalises the whole q and k projections
 (not each head) and puts its layer norms after attention and the MLP, on their outputs, before
 each residual add, instead of on their inputs (no ``input_layernorm``); OLMo-3 is OLMo-2 with
 sliding windows; Gemma 3 (text) norms both inputs and outputs ("sandwich"), scales its norms by
@@ -128,8 +127,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def post_norm(self) -> bool:
-        """OLMo-2's layer: norms on the attention's and the MLP's outputs (and q/k normalised
-        over the whole projection), none on their inputs."""
+        """OLMo-2's and OLMo-3's layer: norms on the attention's and the MLP's outputs (and q/k
+        normalised over the whole projection), none on their inputs."""
         return self.architecture in POST_NORM_ARCHITECTURES
 
     @property
@@ -295,8 +294,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
-        # Qwen3: one RMSNorm over head_dim, shared by all heads of q (of k); OLMo-2: one over
-        # the whole projection, applied before it is cut into heads
+        # Qwen3 and Gemma: one RMSNorm over head_dim, shared by all heads of q (of k); OLMo: one
+        # over the whole projection, applied before it is cut into heads
         self.whole_qk_norm = cfg.post_norm
         if cfg.qk_norm:
             q_width, k_width = ((self.n_heads * self.head_dim, self.n_kv * self.head_dim)
@@ -347,8 +346,10 @@ class Attention(nn.Module):
 
 class DecoderLayer(nn.Module):
     """Pre-norm (Llama's): ``x + attn(norm(x))``, then ``x + mlp(norm(x))``; post-norm
-    (OLMo-2's): ``x + norm(attn(x))``, then ``x + norm(mlp(x))``, under the Hub's names
-    (``post_attention_layernorm`` is the second norm of either kind)."""
+    (OLMo's): ``x + norm(attn(x))``, then ``x + norm(mlp(x))``; sandwich (Gemma's):
+    ``x + norm(attn(norm(x)))``, then ``x + norm(mlp(norm(x)))``; under the Hub's names
+    (``post_attention_layernorm`` is the second norm of every kind). Sliding-window layers
+    differ only in the mask and rope table ``Decoder.hidden_states`` hands them."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
