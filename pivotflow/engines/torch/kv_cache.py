@@ -274,8 +274,7 @@ class PackedDecoder:
         for layer in cast(list[DecoderLayer], model.model.layers):
             attn = layer.self_attn
             w_qkv, b_qkv = pack_linears([attn.q_proj, attn.k_proj, attn.v_proj])
-            # pre-norm: (input, post-attention); post-norm (OLMo-2): (post-attention, post-MLP)
-            # (pre-norm layers read these two; the others read _out_norms)
+            # (input, post-attention): what pre-norm layers read; the others read _out_norms
             norms = (getattr(layer, "input_layernorm", layer.post_attention_layernorm).weight,
                      layer.post_attention_layernorm.weight)
             if cfg.post_norm or cfg.sandwich_norm:  # (input, attention out, MLP in, MLP out)
@@ -303,7 +302,7 @@ class PackedDecoder:
 
     def _rope_table(self, sliding: bool, max_len: int) -> torch.Tensor:
         """[max_len, cos|sin, heads + kv_heads, D] for a layer kind; query rows carry the
-        1/sqrt(D) score scale."""
+        score scale (1/sqrt(D), or Gemma's query_pre_attn_scalar's)."""
         weight = self.model.lm_head.weight
         positions = torch.arange(max_len, device=weight.device)[None]
         cos, sin = layer_cos_sin(self.cfg, sliding, positions, torch.float32)
