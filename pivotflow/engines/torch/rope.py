@@ -15,13 +15,18 @@ if TYPE_CHECKING:
     from pivotflow.engines.torch.model import ModelConfig
 
 
+def plain_inv_freq(head_dim: int, theta: float,
+                   device: torch.device | str | None = None) -> torch.Tensor:
+    """Unscaled RoPE's inverse frequencies ``theta ** (-2i / head_dim)`` [head_dim / 2]."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+    return 1.0 / (theta**exponents)
+
+
 def rope_inv_freq(cfg: ModelConfig, device: torch.device | str | None = None) -> torch.Tensor:
     """Rotary inverse frequencies [head_dim / 2] (float32) for ``cfg``'s rope type, as
     transformers' ``modeling_rope_utils`` computes them (default, linear, llama3, yarn). Only
     yarn scales cos/sin afterwards (``rope_attention_factor``)."""
-    d = cfg.head_dim
-    exponents = torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d
-    inv_freq = 1.0 / (cfg.rope_theta**exponents)
+    inv_freq = plain_inv_freq(cfg.head_dim, cfg.rope_theta, device)
     if cfg.rope_type == "linear":
         return inv_freq / cfg.rope_factor
     if cfg.rope_type == "yarn":
@@ -84,9 +89,7 @@ def layer_rope(cfg: ModelConfig, sliding: bool,
     or a sliding-window one: plain RoPE at ``sliding_rope_theta`` when the config gives one
     (OLMo-3: YaRN on its full layers only), else the same as every layer."""
     if sliding and cfg.sliding_rope_theta:
-        d = cfg.head_dim
-        exponents = torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d
-        return 1.0 / (cfg.sliding_rope_theta**exponents), 1.0
+        return plain_inv_freq(cfg.head_dim, cfg.sliding_rope_theta, device), 1.0
     return rope_inv_freq(cfg, device), rope_attention_factor(cfg)
 
 
