@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
-    from pivotflow.engines.torch.model import ModelConfig
+    from pivotflow.engines.torch.model_config import ModelConfig
 
 
 def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:

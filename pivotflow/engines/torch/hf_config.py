@@ -14,7 +14,12 @@ from typing import Any
 import torch
 
 from pivotflow.engines.torch.hf_windows import split_layer_rope, window_fields, windows_to_hf
-from pivotflow.engines.torch.model import ACTIVATIONS, ARCHITECTURES, ROPE_TYPES, ModelConfig
+from pivotflow.engines.torch.model_config import (
+    ACTIVATIONS,
+    ARCHITECTURES,
+    ROPE_TYPES,
+    ModelConfig,
+)
 from pivotflow.errors import ModelConfigError
 
 HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from pivotflow.engines.torch.model import ModelConfig
+    from pivotflow.engines.torch.model_config import ModelConfig
 
 
 def plain_inv_freq(head_dim: int, theta: float,

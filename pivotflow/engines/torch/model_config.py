@@ -1,0 +1,232 @@
+"""A decoder's architecture as pivotflow reads it from a Hugging Face ``config.json``
+(``hf_config.config_from_hf``): the families it runs, and ``ModelConfig``, the frozen, hashable
+description the trainer's ``Decoder`` and the engine's packed decoder are built from.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from pivotflow.errors import ModelConfigError
+
+ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3",
+                 "gemma3_text")
+QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text")
+# Gemma's layer: norms on each sub-layer's input and output, every norm scaling by 1 + weight
+SANDWICH_NORM_ARCHITECTURES = ("gemma3_text",)
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the MLP's gate (HF's hidden_act names)
+# q and k normalised over the whole projection (all heads at once), norms on each sub-layer's
+# output ("post-norm"): OLMo-2 and OLMo-3
+POST_NORM_ARCHITECTURES = ("olmo2", "olmo3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """Architecture of a decoder. Field names are Hugging Face's where HF has one, so
+    config.json maps onto it (``weights.config_from_hf``/``config_to_hf``). Frozen and hashable:
+    it keys caches of expected tensor shapes.
+
+    ``head_dim`` 0 and ``qk_norm`` None mean "derive": hidden_size // num_attention_heads, and
+    whether the architecture is qwen3. They are filled in at construction, so a config built
+    with or without them compares (and hashes) equal. The ``rope_*`` fields flatten HF's
+    ``rope_parameters``/``rope_scaling`` dict into hashable scalars.
+    """
+
+    vocab_size: int
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 0
+    max_position_embeddings: int = 64
+    rope_theta: float = 10000.0
+    rope_type: str = "default"  # one of ROPE_TYPES
+    rope_factor: float = 1.0  # linear, llama3 and yarn
+    rope_low_freq_factor: float = 1.0  # llama3
+    rope_high_freq_factor: float = 4.0  # llama3
+    rope_original_max_position_embeddings: int = 0  # llama3 and yarn (0: max_position_embeddings)
+    # YaRN (arXiv:2309.00071; HF's keys without the prefix): the band between beta_fast and
+    # beta_slow rotations over the original length blends interpolation into extrapolation, and
+    # cos/sin are scaled by attention_factor (0: derived from factor, mscale and mscale_all_dim).
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_attention_factor: float = 0.0
+    rope_mscale: float = 0.0
+    rope_mscale_all_dim: float = 0.0
+    rope_truncate: bool = True  # round the blended band's ends outward to whole dimensions
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    attention_bias: bool = True  # Qwen2 always has q/k/v biases; Llama/Qwen3 per config.
+    qk_norm: bool | None = None
+    architecture: str = "qwen2"  # one of ARCHITECTURES
+    # A sequence classifier (HF's *ForSequenceClassification, e.g. a reward model): a ``score``
+    # head of this many outputs over the last token instead of ``lm_head``; 0: a causal LM.
+    num_labels: int = 0
+    # Qwen3-MoE (HF's names): ``num_experts`` routed experts of ``moe_intermediate_size`` each,
+    # ``num_experts_per_tok`` of them per token, on every ``decoder_sparse_step``-th layer but
+    # ``mlp_only_layers`` (those keep a dense MLP of ``intermediate_size``). 0 experts: dense.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalise the chosen experts' router weights to sum to 1
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    # Sliding-window attention (HF's layer_types "sliding_attention"): on these layers a token
+    # attends to the last ``sliding_window`` positions, itself included (transformers' window:
+    # key j is seen from query i when i - window < j <= i); the others attend to all.
+    # ``sliding_rope_theta`` > 0: those layers take plain RoPE at that base while the others
+    # keep the config's rope (OLMo-3: its YaRN only on full layers); 0: one rope for all.
+    sliding_window: int = 0
+    sliding_layers: tuple[int, ...] = ()
+    sliding_rope_theta: float = 0.0
+    hidden_act: str = "silu"  # one of ACTIVATIONS
+    # attention scores scale by query_pre_attn_scalar ** -0.5 (Gemma's; 0: head_dim's)
+    query_pre_attn_scalar: float = 0.0
+
+    def __post_init__(self) -> None:
+        # Derived defaults; force_setattr because the struct is frozen.
+        if not self.head_dim and self.num_attention_heads > 0:
+            msgspec.structs.force_setattr(
+                self, "head_dim", self.hidden_size // self.num_attention_heads
+            )
+        if self.qk_norm is None:
+            msgspec.structs.force_setattr(
+                self, "qk_norm", self.architecture in QK_NORM_ARCHITECTURES
+            )
+
+    @property
+    def sandwich_norm(self) -> bool:
+        """Gemma's layer: four norms (each sub-layer's input and output), each by 1 + weight;
+        embeddings scaled by sqrt(hidden_size)."""
+        return self.architecture in SANDWICH_NORM_ARCHITECTURES
+
+    @property
+    def attention_scale(self) -> float:
+        """What q.k is multiplied by before the softmax."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    @property
+    def post_norm(self) -> bool:
+        """OLMo-2's and OLMo-3's layer: norms on the attention's and the MLP's outputs (and q/k
+        normalised over the whole projection), none on their inputs."""
+        return self.architecture in POST_NORM_ARCHITECTURES
+
+    @property
+    def o_proj_bias(self) -> bool:
+        """Whether o_proj has a bias: Qwen2 never; Llama, Mistral and Qwen3 when
+        attention_bias."""
+        return self.attention_bias and self.architecture != "qwen2"
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` routes to experts (as transformers' Qwen3-MoE
+        decides)."""
+        return (
+            self.num_experts > 0
+            and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` attends within a sliding window."""
+        return layer in self.sliding_layers
+
+    @property
+    def sparse_layers(self) -> int:
+        """How many layers route to experts."""
+        return sum(self.is_sparse(i) for i in range(self.num_hidden_layers))
+
+    def validate(self) -> ModelConfig:
+        """Return self; raise ModelConfigError naming the first inconsistent field."""
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim",
+                     "max_position_embeddings"):  # fmt: skip
+            if getattr(self, name) <= 0:
+                raise ModelConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_labels < 0:
+            raise ModelConfigError(f"num_labels must be >= 0, got {self.num_labels}")
+        if self.architecture not in ARCHITECTURES:
+            raise ModelConfigError(
+                f"architecture {self.architecture!r} is not one of {', '.join(ARCHITECTURES)}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ModelConfigError(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+        if self.head_dim % 2:
+            raise ModelConfigError(f"head_dim {self.head_dim} must be even for rotary embeddings")
+        if self.qk_norm != (self.architecture in QK_NORM_ARCHITECTURES):
+            raise ModelConfigError(
+                f"qk_norm={self.qk_norm} does not fit architecture {self.architecture!r} "
+                f"(only {', '.join(QK_NORM_ARCHITECTURES)} normalise q and k)"
+            )
+        self._validate_experts()
+        self._validate_windows()
+        if self.hidden_act not in ACTIVATIONS:
+            raise ModelConfigError(
+                f"hidden_act {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
+        if self.query_pre_attn_scalar < 0:
+            raise ModelConfigError(
+                f"query_pre_attn_scalar must be >= 0, got {self.query_pre_attn_scalar}")
+        if self.rope_type not in ROPE_TYPES:
+            raise ModelConfigError(
+                f"rope_type {self.rope_type!r} is not one of {', '.join(ROPE_TYPES)}"
+            )
+        if self.rope_type != "default" and not self.rope_factor > 0:
+            raise ModelConfigError(f"rope_factor must be positive, got {self.rope_factor}")
+        if (
+            self.rope_type == "llama3"
+            and not self.rope_high_freq_factor > self.rope_low_freq_factor
+        ):
+            raise ModelConfigError(
+                f"rope_high_freq_factor {self.rope_high_freq_factor} must exceed "
+                f"rope_low_freq_factor {self.rope_low_freq_factor}"
+            )
+        if self.rope_type == "yarn" and not self.rope_beta_fast > self.rope_beta_slow > 0:
+            raise ModelConfigError(
+                f"rope_beta_fast {self.rope_beta_fast} must exceed rope_beta_slow "
+                f"{self.rope_beta_slow}, and both be positive"
+            )
+        if self.rope_attention_factor < 0:
+            raise ModelConfigError(
+                f"rope_attention_factor must be >= 0, got {self.rope_attention_factor}"
+            )
+        return self
+
+    def _validate_windows(self) -> None:
+        if self.sliding_layers and self.sliding_window <= 0:
+            raise ModelConfigError(f"sliding_layers {list(self.sliding_layers)} need a "
+                                   f"sliding_window > 0, got {self.sliding_window}")
+        outside = [i for i in self.sliding_layers if not 0 <= i < self.num_hidden_layers]
+        if outside:
+            raise ModelConfigError(f"sliding_layers {outside} are not layers of a "
+                                   f"{self.num_hidden_layers}-layer model")
+        if self.sliding_rope_theta < 0:
+            raise ModelConfigError(
+                f"sliding_rope_theta must be >= 0, got {self.sliding_rope_theta}")
+
+    def _validate_experts(self) -> None:
+        if self.num_experts < 0:
+            raise ModelConfigError(f"num_experts must be >= 0, got {self.num_experts}")
+        if not self.num_experts:
+            return
+        if self.architecture != "qwen3_moe":
+            raise ModelConfigError(
+                f"num_experts={self.num_experts} does not fit architecture "
+                f"{self.architecture!r} (only qwen3_moe has experts)"
+            )
+        if not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ModelConfigError(
+                f"num_experts_per_tok must be in [1, num_experts={self.num_experts}], got "
+                f"{self.num_experts_per_tok}"
+            )
+        for name in ("moe_intermediate_size", "decoder_sparse_step"):
+            if getattr(self, name) <= 0:
+                raise ModelConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        outside = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
+        if outside:
+            raise ModelConfigError(
+                f"mlp_only_layers {outside} are not layers of a "
+                f"{self.num_hidden_layers}-layer model"
+            )
