@@ -433,6 +433,7 @@ async def _run_async(graph: Graph, cfg: RunConfig, assignments: dict[str, str],
     summary.extra["segments"] = cont.segment + 1
     summary.extra["worker_pids"] = [p.pid for p in launcher.procs.values()]
     summary.extra["chaos_kills"] = chaos.kills
+    summary.extra["chaos_kills_unseen"] = chaos.unseen()
     summary.extra.update(eval_ends(recorder))
     summary.extra["metrics_requests"] = None if endpoint is None else endpoint.requests
     summary.extra.update(launcher_summary(launcher, lc))

@@ -148,9 +148,10 @@ def test_chaos_kills_lose_nothing(tmp_path: Path, random_genrm_graph: Path) -> N
                                            "max_worker_restarts=50", "planner=static"],
                  out=tmp_path / "out", steps=30, console=False)
     s = result.summary
-    # a kill after steps 6, 12, 18, 24, each replaced; one after step 30 may land as the run
-    # ends, before the controller notices it (nothing needs the worker any more)
-    assert 4 <= s["chaos_kills"] <= 5 and s["worker_restarts"] >= 4
+    # a kill after steps 6, 12, 18, 24 (none once the last step is done), each replaced unless
+    # the run ended before it saw the death (the 24th's, if steps 25-30 needed nothing of it)
+    assert s["chaos_kills"] == 4 and s["chaos_kills_unseen"] <= 1
+    assert s["worker_restarts"] >= s["chaos_kills"] - s["chaos_kills_unseen"]
     assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
     assert s["ledger"]["groups_trained"] == s["ledger"]["prompts_in"] == 60  # 2 a step
     assert not workers_alive(result.out)
@@ -166,9 +167,12 @@ def test_chaos_kills_with_warm_roles_lose_nothing(tmp_path: Path,
                                            "warm_roles=true"],
                  out=tmp_path / "out", workers=2, steps=20, console=False)
     s = result.summary
-    # 1 to 5 kills: one that finds no worker ready (both loading, or a recovery under way)
-    # is skipped, with or without warm roles
-    assert s["chaos_kills"] >= 1 and s["worker_restarts"] >= s["chaos_kills"]
+    # 1 to 4 kills (after steps 4, 8, 12, 16): one that finds no worker ready (both loading, or
+    # a recovery under way) is tried again until the next is due, so it can land as late as
+    # step 19 and the run can end before it sees the death (session 40's CI: 4 kills, 3
+    # restarts); every kill it saw was replaced
+    assert s["chaos_kills"] >= 1 and s["chaos_kills_unseen"] <= 1
+    assert s["worker_restarts"] >= s["chaos_kills"] - s["chaos_kills_unseen"]
     assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
     assert s["ledger"]["groups_trained"] == s["ledger"]["prompts_in"] == 40
     shifts = [json.loads(x) for x in (result.out / "shifts.jsonl").read_text().splitlines()]

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 
 from pivotflow.controller.core import Controller
 from pivotflow.launch.base import Launcher
+
+log = logging.getLogger("pivotflow.controller")
 
 
 class Chaos:
@@ -21,6 +24,13 @@ class Chaos:
         self.every_steps = every_steps
         self.rng = random.Random(seed + 7919)
         self.kills = 0
+        self.killed: list[str] = []  # ids, in order
+
+    def unseen(self) -> int:
+        """Kills the controller never saw: the run ended (its last step done) within the fleet's
+        exit poll of the kill, so the worker was never declared dead nor replaced. A kill while
+        a step is still to come lands here only when that step needed nothing of the victim."""
+        return sum(self.ctl.workers[w].state != "dead" for w in self.killed)
 
     async def run(self) -> None:
         if self.every_s <= 0 and self.every_steps <= 0:
@@ -55,7 +65,11 @@ class Chaos:
             # steps counted one more kill than restarts)
             return False
         serving = sorted(w for w, h in self.ctl.workers.items() if h.state == "ready")
-        if serving and self.launcher.kill(self.rng.choice(serving)):
+        victim = self.rng.choice(serving) if serving else None
+        if victim is not None and self.launcher.kill(victim):
             self.kills += 1
+            self.killed.append(victim)
+            # the log says when (a kill's death is seen up to the exit poll later)
+            log.warning("chaos: killed %s after step %d", victim, self.ctl.version)
             return True
         return False

@@ -114,7 +114,8 @@ def test_chaos_kills_on_the_cluster_lose_nothing(tmp_path: Path,
     result = run(GRAPH, sets=[*FAST, "planner=static", "chaos.kill_worker_every_steps=2"],
                  out=tmp_path / "out", steps=6, console=False)
     s = result.summary
-    assert s["chaos_kills"] >= 2 and s["worker_restarts"] >= 2
+    assert s["chaos_kills"] >= 2
+    assert s["worker_restarts"] >= s["chaos_kills"] - s["chaos_kills_unseen"]
     assert s["ray"]["node_failures"] == 0
     assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
     assert s["ledger"]["groups_trained"] == s["ledger"]["prompts_in"] == 12
