@@ -18,7 +18,13 @@ import msgspec
 
 from pivotflow import defaults
 from pivotflow.errors import ConfigError
-from pivotflow.launch.launcher_config import LAUNCHERS, RAY_STRATEGIES, LauncherConfig, RayConfig
+from pivotflow.launch.launcher_config import (
+    LAUNCHERS,
+    RAY_STRATEGIES,
+    WORKER_STARTS,
+    LauncherConfig,
+    RayConfig,
+)
 from pivotflow.planner.backpressure import BackpressureConfig
 from pivotflow.transport.transport_config import TransportConfig
 from pivotflow.worker.worker_config import WorkerConfig
@@ -100,6 +106,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     curve_keys: str = ""  # a key dir (python -m pivotflow.transport.curve keygen DIR)
     chaos: ChaosConfig = msgspec.field(default_factory=ChaosConfig)
     launcher: str = "local"  # one of LAUNCHERS: worker processes on this host, or on Ray
+    worker_start: str = "auto"  # one of WORKER_STARTS (the local launcher's)
     ray: RayConfig = msgspec.field(default_factory=RayConfig)
     # samples.jsonl: how many of each step's samples to write (-1: all, 0: none)
     log_samples: int = 4
@@ -135,7 +142,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def launcher_config(self) -> LauncherConfig:
         return LauncherConfig(kind=self.launcher, threads=self.threads_per_worker,
                               device=self.device, gpus_per_worker=self.gpus_per_worker,
-                              gpus=self.gpus, ray=self.ray)
+                              gpus=self.gpus, worker_start=self.worker_start, ray=self.ray)
 
     def transport_config(self) -> TransportConfig:
         return TransportConfig(endpoint=self.endpoint, curve_keys=self.curve_keys)
@@ -403,6 +410,9 @@ def _check_launcher(cfg: RunConfig) -> None:
     if cfg.launcher not in LAUNCHERS:
         raise ConfigError(f"--set launcher={cfg.launcher}: unknown launcher; valid: "
                           f"{', '.join(LAUNCHERS)}")
+    if cfg.worker_start not in WORKER_STARTS:
+        raise ConfigError(f"--set worker_start={cfg.worker_start}: unknown; valid: "
+                          f"{', '.join(WORKER_STARTS)}")
     if cfg.ray.strategy not in RAY_STRATEGIES:
         raise ConfigError(f"--set ray.strategy={cfg.ray.strategy}: unknown placement strategy; "
                           f"valid: {', '.join(RAY_STRATEGIES)}")

@@ -1,7 +1,8 @@
-"""Every message that crosses a socket, and nothing else.
+"""Every message that crosses a socket or a pipe, and nothing else.
 
 Two unions, one per direction of the controller's ROUTER socket: ``ToWorker`` (controller →
-worker) and ``ToController`` (worker → controller). Each is decoded by one reused typed msgspec
+worker) and ``ToController`` (worker → controller); and the local launcher's pipe to its worker
+zygote (``launch/zygote.py``): ``ForkWorker`` to it, ``FromZygote`` back. Each is decoded by one reused typed msgspec
 decoder; a frame that does not decode is a ``ProtocolError``, never an object. No pickle anywhere.
 Schemas grow only by appending fields with defaults.
 """
@@ -229,3 +230,36 @@ class Shutdown(msgspec.Struct, tag=True, kw_only=True, frozen=True):
 
 
 ToWorker = Welcome | Reject | AssignRole | Jobs | AbortJobs | TrainStep | Shutdown
+
+
+# ---------------------------------------------------------------- launcher <-> worker zygote
+# (length-prefixed frames on the zygote's stdin and stdout: launch/zygote_frames.py)
+
+
+class ForkWorker(msgspec.Struct, tag=True, kw_only=True, frozen=True):
+    """Fork a worker: ``argv`` as ``python -m pivotflow.worker`` takes it, the whole
+    environment it runs with, the file its stdout and stderr go to."""
+
+    worker_id: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: str
+
+
+class WorkerForked(msgspec.Struct, tag=True, kw_only=True, frozen=True):
+    """The worker runs as ``pid``."""
+
+    worker_id: str
+    pid: int
+
+
+class WorkerExited(msgspec.Struct, tag=True, kw_only=True, frozen=True):
+    """The worker ended with ``code`` (a signal's: minus its number, as Popen's returncode); pid
+    0: the fork itself failed (its log says why)."""
+
+    worker_id: str
+    pid: int
+    code: int
+
+
+FromZygote = WorkerForked | WorkerExited

@@ -13,6 +13,9 @@ from pivotflow import defaults
 
 LAUNCHERS = ("local", "ray")
 RAY_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+# how the local launcher starts a worker: forked from its zygote, exec'd afresh, or auto (fork on
+# CPU; a GPU run execs, as fork has not been run beside CUDA yet: launch/zygote.py)
+WORKER_STARTS = ("auto", "fork", "exec")
 
 
 class RayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -40,7 +43,14 @@ class LauncherConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     device: str = defaults.DEVICE
     gpus_per_worker: float = -1.0
     gpus: str = ""
+    worker_start: str = "auto"
     ray: RayConfig = msgspec.field(default_factory=RayConfig)
+
+    def forks_workers(self) -> bool:
+        """Whether the local launcher forks its workers from a zygote (``worker_start``)."""
+        if self.worker_start == "auto":
+            return self.device == "cpu"
+        return self.worker_start == "fork"
 
     def worker_gpus(self) -> float:
         """GPUs a worker holds: ``ray.gpus_per_worker`` (Ray's own, kept from before there was

@@ -4,6 +4,7 @@ instead of all opening GPU 0."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -12,10 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pivotflow.errors import ConfigError
+from pivotflow.launch.forked_workers import ForkedWorker, WorkerZygote
 from pivotflow.transport.admission import TOKEN_ENV, worker_token
 
 if TYPE_CHECKING:
     from pivotflow.launch.launcher_config import LauncherConfig
+
+log = logging.getLogger("pivotflow.launch")
 
 KILLED_EXIT_WAIT_S = 10.0  # for a killed worker to let go of its GPUs before another takes them
 
@@ -74,7 +78,9 @@ def local_gpu_slots(lc: LauncherConfig, workers: int) -> list[list[str]]:
 
 
 class LocalLauncher:
-    """Starts ``python -m pivotflow.worker`` processes; their stderr goes to ``log_dir``.
+    """Starts worker processes as ``python -m pivotflow.worker`` would run; their stderr goes to
+    ``log_dir``. With ``fork`` (``worker_start=fork``; ``auto`` on CPU) each is forked from a
+    zygote that imported torch and the rest once (``launch/zygote.py``), else exec'd afresh.
 
     With ``secret`` (the run's, as given to the controller transport) each worker gets its
     token in its environment, which only its own uid (and root) can read; a command line
@@ -82,17 +88,20 @@ class LocalLauncher:
 
     def __init__(self, endpoint: str, log_dir: Path, threads: int = 1,
                  curve_keys: str = "", secret: bytes | None = None,
-                 gpu_slots: list[list[str]] | None = None) -> None:
+                 gpu_slots: list[list[str]] | None = None, fork: bool = False) -> None:
         self.endpoint = endpoint
         self._secret = secret
         self.curve_keys = curve_keys
         self.log_dir = log_dir
         self.threads = threads
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, subprocess.Popen[bytes] | ForkedWorker] = {}
         self.gpu_slots = gpu_slots or []  # [] : workers see whatever this process sees
         self.slot_of: dict[str, int] = {}  # worker -> its slot, while it may still run
         self.killed: set[str] = set()
         self.gpus_given: dict[str, str] = {}  # every worker's CUDA_VISIBLE_DEVICES (summary)
+        self.fork = fork
+        self._zygote: WorkerZygote | None = None  # started with the first worker
+        self.zygotes_started = 0  # (summary: more than 1 says one died)
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def _free_slot(self) -> int:
@@ -114,6 +123,8 @@ class LocalLauncher:
     def start(self, worker_id: str) -> None:
         env = dict(os.environ, OMP_NUM_THREADS=str(self.threads),
                    MKL_NUM_THREADS=str(self.threads))
+        if self.fork:
+            self._zygote_for(env)  # (its environment: before this worker's own keys)
         if self.gpu_slots:
             slot = self._free_slot()
             self.slot_of = {w: s for w, s in self.slot_of.items() if s != slot}
@@ -122,17 +133,33 @@ class LocalLauncher:
                 self.gpu_slots[slot])
         if self._secret is not None:
             env[TOKEN_ENV] = worker_token(self._secret, worker_id)
-        log = open(self.log_dir / f"{worker_id}.log", "wb")  # noqa: SIM115 - owned by the child
+        argv = ["--endpoint", self.endpoint, "--id", worker_id,
+                *(["--curve-keys", self.curve_keys] if self.curve_keys else [])]
+        log_path = self.log_dir / f"{worker_id}.log"
+        if self._zygote is not None:
+            self.procs[worker_id] = self._zygote.fork(worker_id, argv, env, log_path)
+            return
+        log = open(log_path, "wb")  # noqa: SIM115 - owned by the child
         try:
             self.procs[worker_id] = subprocess.Popen(
-                [sys.executable, "-m", "pivotflow.worker", "--endpoint", self.endpoint,
-                 "--id", worker_id,
-                 *(["--curve-keys", self.curve_keys] if self.curve_keys else [])],
+                [sys.executable, "-m", "pivotflow.worker", *argv],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                 start_new_session=True,  # Ctrl-C reaches the controller, which stops workers
             )
         finally:
             log.close()
+
+    def _zygote_for(self, env: dict[str, str]) -> None:
+        """The zygote forks the workers; a new one if it died (its workers went with it, and
+        the controller replaces them as any dead worker)."""
+        if self._zygote is not None and self._zygote.alive:
+            return
+        if self._zygote is not None:
+            log.warning("the worker zygote died (its log: %s); starting another",
+                        self._zygote.log_path)
+            self._zygote.close(timeout_s=1.0)
+        self._zygote = WorkerZygote(self.log_dir / "zygote.log", env)
+        self.zygotes_started += 1
 
     def kill(self, worker_id: str) -> bool:
         """SIGKILL a worker's process (a chaos kill, or a worker declared dead that may still
@@ -152,7 +179,7 @@ class LocalLauncher:
 
     def exited(self) -> list[tuple[str, int]]:
         """Workers whose process has exited since they started: (worker_id, return code)."""
-        return [(w, p.returncode) for w, p in self.procs.items() if p.poll() is not None]
+        return [(w, code) for w, p in self.procs.items() if (code := p.poll()) is not None]
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Wait for workers to exit, then terminate, then kill; reaps every child."""
@@ -168,3 +195,5 @@ class LocalLauncher:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        if self._zygote is not None:
+            self._zygote.close()

@@ -12,9 +12,7 @@ the command line (the CurveZMQ keys are files on the node; only their folder is 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,18 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-_PR_SET_PDEATHSIG = 1
-# loaded before any fork: the child between fork and exec may only make the prctl call
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
-
-
-def _die_with_parent(parent: int) -> None:
-    """preexec_fn: SIGKILL this child when the actor's thread that forked it goes (so with the
-    actor); if the parent went already, before the prctl took effect, go now."""
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:
-        os._exit(1)
+from pivotflow.launch.parent_death import die_with_parent
 
 
 def log_root(run_tag: str) -> Path:
@@ -83,7 +70,7 @@ class WorkerHost:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "pivotflow.worker", *argv], stdin=subprocess.DEVNULL,
                 stdout=log, stderr=log, env=env, start_new_session=True,
-                preexec_fn=lambda: _die_with_parent(parent))
+                preexec_fn=lambda: die_with_parent(parent))
         self.started.set()
         return self.proc.pid
 

@@ -43,7 +43,7 @@ def open_workers(lc: LauncherConfig, tc: TransportConfig, curve: CurveKeys | Non
             raise
         return transport, LocalLauncher(transport.endpoint, log_dir, threads=lc.threads,
                                         curve_keys=tc.curve_keys, secret=secret,
-                                        gpu_slots=slots_of_gpus)
+                                        gpu_slots=slots_of_gpus, fork=lc.forks_workers())
     from pivotflow.launch.ray import RayCluster, RayLauncher
 
     cluster = RayCluster(lc.ray.address)

@@ -1,4 +1,5 @@
-"""``python -m pivotflow.worker --endpoint E --id W``: one worker process."""
+"""``python -m pivotflow.worker --endpoint E --id W``: one worker process (exec'd; the local
+launcher's zygote forks most workers and calls ``main`` with their argv instead)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,15 @@ import logging
 import signal
 import sys
 
-from pivotflow.worker.main import run_worker
+from pivotflow.worker.main import end_process, run_worker
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pivotflow.worker")
     ap.add_argument("--endpoint", required=True)
     ap.add_argument("--id", required=True, dest="worker_id")
     ap.add_argument("--curve-keys", default="", help="CurveZMQ key dir (worker.key[_secret])")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"[{args.worker_id}] %(levelname)s %(name)s: %(message)s")
     # Ctrl-C belongs to the controller, which shuts workers down in order.
@@ -24,4 +25,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_process(main())

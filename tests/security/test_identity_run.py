@@ -50,8 +50,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _cli(graph: Path, out: Path, port: int) -> subprocess.Popen[bytes]:
-    sets = [*SETS, f"endpoint=tcp://127.0.0.1:{port}"]
+def _cli(graph: Path, out: Path, port: int, start: str) -> subprocess.Popen[bytes]:
+    sets = [*SETS, f"endpoint=tcp://127.0.0.1:{port}", f"worker_start={start}"]
     return subprocess.Popen(
         [sys.executable, "-m", "pivotflow.cli", "run", str(graph), "--out", str(out),
          "--steps", "3", *[a for s in sets for a in ("--set", s)]],
@@ -125,8 +125,11 @@ def _tokens_on_command_lines() -> tuple[list[str], list[str]]:
 
 
 def _run(graph: Path, out: Path, stranger: bool) -> tuple[list[dict], dict, Stranger | None]:
+    """With the stranger, the workers are exec'd, so /proc shows each one's environment as
+    it was given (a forked worker's /proc/PID/environ is its zygote's, which holds no token:
+    tests/test_worker_zygote.py); without, forked: the two runs' numbers match either way."""
     port = _free_port()
-    proc = _cli(graph, out, port)
+    proc = _cli(graph, out, port, "exec" if stranger else "fork")
     poke = Stranger(port, out) if stranger else None
     leaked: list[str] = []
     seen_tokens: list[str] = []
