@@ -13,10 +13,12 @@ how each ended (``WorkerExited``) on its stdout. Its workers die with it (``PR_S
 the launcher that loses the zygote knows they are gone. It exits when its stdin closes.
 
 What differs from a fresh interpreter: the workers of one zygote share its string hash seed
-and numpy's global random state (nothing of pivotflow draws from either), and the libraries'
-import-time reads of the environment are the zygote's (the launcher starts it with the
-workers' thread settings, the only ones that differ from its own). CUDA is never initialized
-here: a GPU worker would inherit it broken; ``worker_start=auto`` execs GPU workers.
+and numpy's global random state (nothing of pivotflow draws from either; Python's ``random``
+reseeds itself in a forked child), and the libraries' import-time reads of the environment are
+the zygote's (the launcher starts it with the workers' thread settings, the only ones that
+differ from its own). The zygote never initializes CUDA (a child of a process that had would
+find it unusable), so a forked worker could take a GPU; that has not run on one yet, and
+``worker_start=auto`` execs GPU workers.
 """
 
 from __future__ import annotations
