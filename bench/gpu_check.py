@@ -23,6 +23,10 @@ one leaves the others' figures; an engine that is not importable gets an entry s
 the one GPU: the sharded optimizer's collectives over gloo on CUDA tensors (never run before on
 a GPU), each layout's allocator peak and step.
 
+``fork``: ``bench/worker_start.py --device cuda --repeats 1 --steps 2``: real runs of the main
+job on the GPU with workers forked from the local launcher's zygote and exec'd (never run
+forked on a GPU: ``worker_start=auto`` execs there until this passes), their ledgers and times.
+
 It needs torch with CUDA, and vLLM/SGLang where they are to be measured, in the running python.
 Sized for a 10-minute cap on one H200: about a minute per engine. The last line is one JSON object.
 """
@@ -68,7 +72,7 @@ SMOKE_SHAPE = {
 SMOKE_VOCAB = 512
 BATCH = 64
 STORE_NAME = "policy"
-PARTS = ("torch", "vllm", "sglang", "zero")
+PARTS = ("torch", "vllm", "sglang", "zero", "fork")
 
 
 def _device() -> str:
@@ -322,6 +326,8 @@ def run_part(part: str, spec_path: Path, timeout: int) -> dict[str, Any]:
     """One engine's part in a child process; its JSON, or {"skipped"/"error": why}."""
     if part == "zero":
         return run_zero(timeout)
+    if part == "fork":
+        return run_fork(timeout)
     module = {"torch": "torch", "vllm": "vllm", "sglang": "sglang"}[part]
     probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
                            text=True)  # fmt: skip
@@ -360,7 +366,12 @@ def run_zero(timeout: int) -> dict[str, Any]:
     cmd = [sys.executable, str(HERE / "zero_optimizer.py"), "--rounds", "1", "--steps", "3",
            "--layouts", "zero0,zero1,zero1_bf16", "--device", _device(),
            "--layers", "1" if smoke else "24"]
-    log(f"zero: starting (timeout {timeout} s)")
+    return run_bench("zero", cmd, timeout)
+
+
+def run_bench(part: str, cmd: list[str], timeout: int) -> dict[str, Any]:
+    """Another bench script as a part: its last line's JSON, or {"error": why}."""
+    log(f"{part}: starting (timeout {timeout} s)")
     try:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -369,8 +380,15 @@ def run_zero(timeout: int) -> dict[str, Any]:
     if proc.returncode != 0 or not lines:
         return {"error": f"exited {proc.returncode}; last line: {lines[-1] if lines else ''}"[:300]}
     out = json.loads(lines[-1])
-    log(f"zero: {out}")
+    log(f"{part}: {out}")
     return out
+
+
+def run_fork(timeout: int) -> dict[str, Any]:
+    """``bench/worker_start.py`` with runs on the GPU; its JSON, or {"error": why}."""
+    cmd = [sys.executable, str(HERE / "worker_start.py"), "--repeats", "1", "--steps", "2",
+           "--workers", "2", "--device", _device()]
+    return run_bench("fork", cmd, timeout)
 
 
 def main() -> int:
@@ -392,7 +410,7 @@ def main() -> int:
         fn = {"torch": part_torch, "vllm": part_vllm, "sglang": part_sglang}[args.part]
         print(json.dumps(fn(spec)))
         return 0
-    engines = (["torch", "zero"] if args.cpu_smoke
+    engines = (["torch", "zero", "fork"] if args.cpu_smoke
                else [e for e in args.engines.split(",") if e])
     if not engines or set(engines) - set(PARTS):
         parser.error(f"--engines takes a comma list of {list(PARTS)}, got {args.engines!r}")

@@ -1,6 +1,7 @@
 """Worker start: forked from the local launcher's zygote against exec'd afresh, side by side.
 
-    python bench/worker_start.py [--workers 3] [--repeats 3] [--steps 4] [--out FILE]
+    python bench/worker_start.py [--workers 3] [--repeats 3] [--steps 4] [--device cpu|cuda]
+                                 [--out FILE]
 
 1. Hello: ``--workers`` workers started by LocalLauncher with ``fork`` off (exec: each its own
    ``python -m pivotflow.worker``) and on (the zygote imports torch once and forks them), until
@@ -9,7 +10,10 @@
    then a Shutdown to all and the time until every process exited (``exit_s``). ``cpu_s``: the
    CPU seconds all of it took in child processes (the zygote's and its workers' included).
 2. A run: graphs/grpo_genrm.py for ``--steps`` steps with ``worker_start=exec`` and ``fork``:
-   the first step's time from the run's start, its wall time, the child processes' CPU seconds.
+   the first step's time from the run's start, its wall time, the child processes' CPU seconds,
+   and its ledger (lost and duplicates must be 0). ``--device cuda`` runs it on the GPU (the
+   local launcher's slots, a GPU a worker), where forked workers have not run before:
+   ``bench/gpu_check.py``'s ``fork`` part is this with one repeat.
 
 The modes alternate, ``--repeats`` times each; medians are reported, with fork/exec ratios. The
 bound beside them: one worker's imports alone (``one_import_s``, a fresh interpreter importing
@@ -100,17 +104,19 @@ async def hellos(fork: bool, n: int) -> dict[str, float]:
             "cpu_s": children_cpu() - cpu0}
 
 
-def a_run(mode: str, steps: int) -> dict[str, float]:
+def a_run(mode: str, steps: int, device: str) -> dict[str, float]:
     from pivotflow.run import run
 
     out = Path(tempfile.mkdtemp(prefix=f"pivotflow-bench-start-{mode}-"))
     cpu0 = children_cpu()
     t0 = time.perf_counter()
-    result = run(GRAPH, sets=["live=false", f"worker_start={mode}"], out=out / "run",
-                 steps=steps, console=False)
+    result = run(GRAPH, sets=["live=false", f"worker_start={mode}", f"device={device}"],
+                 out=out / "run", steps=steps, console=False)
     wall = time.perf_counter() - t0
     first = json.loads((result.out / "metrics.jsonl").read_text().splitlines()[0])
-    return {"first_step_s": first["time_s"], "run_s": wall, "cpu_s": children_cpu() - cpu0}
+    ledger = result.summary["ledger"]
+    return {"first_step_s": first["time_s"], "run_s": wall, "cpu_s": children_cpu() - cpu0,
+            "lost": ledger["lost"], "duplicates": ledger["duplicates"]}
 
 
 def median_of(rows: list[dict[str, float]]) -> dict[str, float]:
@@ -122,6 +128,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     from rich.progress import Progress
@@ -137,7 +144,7 @@ def main() -> int:
             for mode in ("exec", "fork"):  # alternating: a machine's drift hits both
                 starts[mode].append(asyncio.run(hellos(mode == "fork", args.workers)))
                 bar.advance(task)
-                runs[mode].append(a_run(mode, args.steps))
+                runs[mode].append(a_run(mode, args.steps, args.device))
                 bar.advance(task)
     hello = {m: median_of(rows) for m, rows in starts.items()}
     run_ = {m: median_of(rows) for m, rows in runs.items()}
@@ -147,7 +154,7 @@ def main() -> int:
 
     result = {
         "bench": "worker_start", "workers": args.workers, "repeats": args.repeats,
-        "steps": args.steps, "cores": os.cpu_count(),
+        "steps": args.steps, "device": args.device, "cores": os.cpu_count(),
         "one_import_s": round(statistics.median(imports), 3),
         "hello": hello, "run": run_,
         "fork_over_exec": {
