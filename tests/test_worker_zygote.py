@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -60,6 +61,9 @@ def test_forked_workers_are_the_zygotes_children_each_in_its_own_session(tmp_pat
         assert launcher.kill("w1")
         assert exited_within(launcher, "w1", 10.0) == -signal.SIGKILL
         assert not launcher.kill("w1")  # gone already
+        assert handles["w1"].wait(0) == -signal.SIGKILL  # as Popen's: a known exit at 0 s
+        with pytest.raises(subprocess.TimeoutExpired):
+            handles["w0"].wait(0)
         assert handles["w0"].poll() is None
         assert (tmp_path / "logs" / "w0.log").exists() and (tmp_path / "logs" / "zygote.log").exists()
     finally:

@@ -40,9 +40,8 @@ class ForkedWorker:
         while self._pid is None and self.returncode is None:
             if (not self.zygote.pump(max(0.0, deadline - time.monotonic()))
                     and time.monotonic() >= deadline):
-                    raise RuntimeError(f"the worker zygote gave no pid for {self.worker_id} "
-                                       f"in {PID_WAIT_S:.0f}s (its log: "
-                                       f"{self.zygote.log_path})")
+                raise RuntimeError(f"the worker zygote gave no pid for {self.worker_id} in "
+                                   f"{PID_WAIT_S:.0f}s (its log: {self.zygote.log_path})")
         return self._pid or 0
 
     def poll(self) -> int | None:
@@ -50,12 +49,14 @@ class ForkedWorker:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
+        """As Popen's: an exit already reported counts even at ``timeout`` 0."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.returncode is None:
+        while self.poll() is None:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise subprocess.TimeoutExpired(self.worker_id, timeout or 0.0)
-            self.zygote.pump(left)
+            self.zygote.pump(left)  # until the zygote says anything (of any worker)
+        assert self.returncode is not None
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
