@@ -23,8 +23,11 @@ class Chaos:
         self.launcher, self.ctl, self.every_s = launcher, ctl, every_s
         self.every_steps = every_steps
         self.rng = random.Random(seed + 7919)
-        self.kills = 0
         self.killed: list[str] = []  # ids, in order
+
+    @property
+    def kills(self) -> int:
+        return len(self.killed)
 
     def unseen(self) -> int:
         """Kills the controller never saw: the run ended (its last step done) within the fleet's
@@ -67,7 +70,6 @@ class Chaos:
         serving = sorted(w for w, h in self.ctl.workers.items() if h.state == "ready")
         victim = self.rng.choice(serving) if serving else None
         if victim is not None and self.launcher.kill(victim):
-            self.kills += 1
             self.killed.append(victim)
             # the log says when (a kill's death is seen up to the exit poll later)
             log.warning("chaos: killed %s after step %d", victim, self.ctl.version)

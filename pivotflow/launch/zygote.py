@@ -29,7 +29,6 @@ import os
 import selectors
 import signal
 import sys
-import traceback
 from typing import NoReturn
 
 from pivotflow.errors import ProtocolError
@@ -174,15 +173,9 @@ def main() -> NoReturn:
     if req is None:
         end_zygote(0)
     become_worker(req)
-    from pivotflow.worker.__main__ import main as worker_main
-    from pivotflow.worker.main import end_process
+    from pivotflow.worker.__main__ import run_process
 
-    try:
-        code = worker_main(req.argv)
-    except Exception:  # a worker's own exit path formats its errors; this is for the rest
-        traceback.print_exc()
-        code = 1
-    end_process(code)
+    run_process(req.argv)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ import argparse
 import logging
 import signal
 import sys
+import traceback
+from typing import NoReturn
 
 from pivotflow.worker.main import end_process, run_worker
 
@@ -24,5 +26,17 @@ def main(argv: list[str] | None = None) -> int:
     return run_worker(args.endpoint, args.worker_id, args.curve_keys)
 
 
+def run_process(argv: list[str] | None = None) -> NoReturn:
+    """The whole process from ``argv`` on, exec'd or forked by the zygote alike: an error that
+    escapes the worker's own handling is printed to the log, and the process ends through
+    ``end_process``."""
+    try:
+        code = main(argv)
+    except Exception:  # (run_worker formats its own errors; this is for the rest)
+        traceback.print_exc()
+        code = 1
+    end_process(code)
+
+
 if __name__ == "__main__":
-    end_process(main())
+    run_process()
