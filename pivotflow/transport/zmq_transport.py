@@ -129,7 +129,9 @@ class ZmqControllerTransport:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to an unknown peer raises, not drops
         # no handover: a second connection with a live identity must never take its messages
-        # (a restarted worker comes back under a new id and identity anyway)
+        # (a restarted worker comes back under a new id and identity anyway). The price: a
+        # live worker's reconnect met before its old connection is retired is left unread by
+        # libzmq, and the worker is replaced after worker_timeout_s (docs/architecture.md).
         sock.setsockopt(zmq.ROUTER_HANDOVER, 0)
         sock.setsockopt(zmq.RCVHWM, hwm)
         sock.setsockopt(zmq.SNDHWM, hwm)

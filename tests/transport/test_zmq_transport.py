@@ -8,7 +8,6 @@ import os
 import pickle
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -305,19 +304,25 @@ def test_garbage_is_counted_logged_and_dropped(
                 # Over max_frame_bytes: read, counted and dropped with the sender named.
                 sock.send(b"\x81" + bytes(MAX_FRAME_BYTES))
                 # Over twice that (MAXMSGSIZE): libzmq drops it and the connection before it
-                # reaches Python (so it is not counted); the DEALER reconnects and is served.
+                # reaches Python (so it is not counted).
+                monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
                 sock.send(b"\x81" + bytes(2 * MAX_FRAME_BYTES))
-                # a frame sent right behind it may be lost with the connection (whether it is
-                # depends on how fast each side runs): send until one is served after it
-                after = Heartbeat(worker_id="mallory", busy=8)
-                deadline = time.monotonic() + WAIT_S
-                while len(inbox.items) < 2:
-                    assert time.monotonic() < deadline, "not served after the reconnect"
-                    sock.send(encode(after))
-                    await asyncio.sleep(0.2)
-                msgs = [m for _, m in inbox.items]
-                assert msgs[0] == good and set(msgs[1:]) == {after}
-                assert t.frames_in == len(msgs)
+                assert await asyncio.to_thread(monitor.poll, 1000 * WAIT_S), "never cut"
+                # The transport goes on serving. Not asserted: that this DEALER's own
+                # reconnect is served. Under load the ROUTER can identify the new connection
+                # before it retires the old one; with handover off libzmq then leaves the new
+                # pipe unread (the worker it belongs to is declared dead after
+                # worker_timeout_s of silence and replaced; docs/architecture.md).
+                monitor.close(linger=0)
+                sock.close(linger=0)
+                sock = ctx.socket(zmq.DEALER)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.IDENTITY, b"trent")
+                sock.connect(t.endpoint)
+                after = Heartbeat(worker_id="trent", busy=8)
+                sock.send(encode(after))
+                assert await inbox.wait_for(2) == [("mallory", good), ("trent", after)]
+                assert t.frames_in == 2
                 assert t.bad_frames_by_sender == {"mallory": len(garbage) + 1}
             finally:
                 sock.close(linger=0)
