@@ -96,6 +96,14 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
         for node in graph.order():
             knob = next((k for k in ("routing_replay", "router_aux_loss_coef")
                          if node.options.get(k)), None)  # (what only experts have)
+            lora = ((node.model == spec.name and node.options.get("lora_rank"))
+                    or (node.options.get("critic_model") == spec.name
+                        and node.options.get("critic_lora_rank")))
+            if lora and folder.config.architecture == "phi3":
+                # (its exported adapter would name q/k/v where PEFT's Phi-3 has qkv_proj)
+                raise GraphError(f"{node.kind} {node.name!r} at {node.where}: LoRA on a phi3 "
+                                 f"model ({path / 'config.json'}) is not supported yet: train "
+                                 "it whole")
             if node.model == spec.name and knob and not folder.config.sparse_layers:
                 raise GraphError(f"{node.kind} {node.name!r} at {node.where}: {knob} "
                                  f"needs a mixture-of-experts model; {spec.name!r} "
@@ -103,10 +111,12 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
                                  f"{folder.config.architecture}")
         tensors = folder.tensors
         if spec.adapter:  # (an SFT adapter: the run starts from base + its update)
+            from pivotflow.params.hf_layout import disk_layout, held_layout
             from pivotflow.worker.lora import merge_peft_adapter
 
-            try:
-                tensors = merge_peft_adapter(tensors, Path(spec.adapter))
+            try:  # (merged in the file's layout: a Phi-3 adapter targets qkv_proj)
+                tensors = held_layout(folder.hf_config, merge_peft_adapter(
+                    disk_layout(folder.hf_config, tensors), Path(spec.adapter)), str(path))
             except PivotflowError as exc:
                 raise type(exc)(f"model {spec.name!r} at {spec.where}: adapter: {exc}") from None
         hf_config = dict(folder.hf_config)

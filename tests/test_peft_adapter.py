@@ -74,6 +74,42 @@ def test_the_run_starts_from_what_peft_merges(tmp_path: Path, sft: tuple) -> Non
                            before["model.layers.0.self_attn.q_proj.weight"])
 
 
+def test_a_phi3_adapter_on_the_fused_qkv_merges_as_peft_merges_it(tmp_path: Path) -> None:
+    """Phi-3's adapters target the file's fused ``qkv_proj`` and ``gate_up_proj``: merged in
+    that layout, then held split as the run holds every model."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    from pivotflow.params.hf_layout import disk_layout
+
+    base_dir, adapter_dir = tmp_path / "base", tmp_path / "adapter"
+    base_dir.mkdir()
+    vocab = save_tokenizer_hf(train_bpe(), base_dir)
+    torch.manual_seed(1)
+    model = Phi3ForCausalLM(Phi3Config(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+        pad_token_id=0, eos_token_id=0, bos_token_id=1))
+    model.save_pretrained(base_dir)
+    peft_model = get_peft_model(model, LoraConfig(
+        r=4, lora_alpha=8, target_modules=["qkv_proj", "gate_up_proj"], init_lora_weights=False))
+    peft_model.save_pretrained(adapter_dir)
+    merged = {k: v.detach().clone() for k, v in peft_model.merge_and_unload().state_dict().items()}
+    store = ShmParamStore(tmp_path / "store")
+    prepare_models(graph_of(base_dir, adapter_dir), store, seed=0, console=False)
+    _, config, published = store.load("policy", 0)
+    assert "model.layers.0.self_attn.k_proj.weight" in published
+    fused = disk_layout(config, published)
+    assert fused.keys() == merged.keys()
+    for k, w in fused.items():
+        torch.testing.assert_close(w, merged[k], rtol=0, atol=1e-6, msg=k)
+    from safetensors.torch import load_file
+
+    before = load_file(str(base_dir / "model.safetensors"))
+    for name in ("model.layers.1.mlp.gate_up_proj.weight", "model.layers.0.self_attn.qkv_proj.weight"):
+        assert not torch.equal(fused[name], before[name]), name
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ("missing", r"adapter_config\.json: no such file"),
     ("prefix", r"peft_type 'PREFIX_TUNING'; only LORA adapters merge"),

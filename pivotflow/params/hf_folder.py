@@ -1,5 +1,6 @@
 """A Hugging Face model folder as the parameter store sees it: ``config.json`` (kept as data) and
-safetensors weights, read and written without knowing the architecture.
+safetensors weights, read and written without knowing the architecture, but for the families
+whose files fuse projections pivotflow holds apart (``hf_layout``: Phi-3/Phi-4).
 
 Used wherever weights leave or enter the store as files: the directory backend, run checkpoints,
 and the export an engine that loads by path (vLLM, SGLang) reads. Whether an engine can run the
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pivotflow.errors import CheckpointError
+from pivotflow.params.hf_layout import disk_layout, held_layout
 
 if TYPE_CHECKING:
     import torch
@@ -60,9 +62,12 @@ def read_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
 def read_folder(
     directory: str | os.PathLike[str],
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(config dict, tensors) of a model folder (``read_weights``). Raises CheckpointError
-    naming a missing or unreadable file."""
-    return read_config(directory), read_weights(directory)[0]
+    """(config dict, tensors as pivotflow holds them: ``hf_layout.held_layout``) of a model
+    folder (``read_weights``). Raises CheckpointError naming a missing or unreadable file,
+    ModelConfigError for a fused tensor that does not split as the config says."""
+    config = read_config(directory)
+    tensors, where = read_weights(directory)
+    return config, held_layout(config, tensors, str(where))
 
 
 def read_weights(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], Path]:
@@ -101,8 +106,8 @@ def write_folder(
     *,
     side_files_from: str | os.PathLike[str] | None = None,
 ) -> None:
-    """Write ``config`` as ``config.json`` and ``tensors`` (as they are: names, dtypes) as
-    ``model.safetensors``, each through a temporary name so a reader never sees half a file;
+    """Write ``config`` as ``config.json`` and ``tensors`` (their dtypes; their names as the
+    family stores them, ``hf_layout.disk_layout``) as ``model.safetensors``, each through a temporary name so a reader never sees half a file;
     then copy the tokenizer and generation files ``side_files_from`` has (SIDE_FILES). A tensor
     that shares storage with an earlier one (a tied head, a view) is written as its own copy:
     safetensors refuses shared storage, and a loader that ties the weights ignores the
@@ -113,7 +118,7 @@ def write_folder(
     root = Path(directory)
     seen: set[int] = set()
     flat: dict[str, torch.Tensor] = {}
-    for name, t in tensors.items():
+    for name, t in disk_layout(config, tensors).items():
         t = t.detach().to("cpu").contiguous()
         ptr = t.untyped_storage().data_ptr()
         flat[name] = t.clone() if ptr in seen else t

@@ -1,8 +1,8 @@
 """Tiny random-weight models that transformers itself builds and saves, one per family and
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
-Qwen3 with YaRN, OLMo-2, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's); tied and
-untied), and a reference greedy decode."""
+Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, sliding windows that bind
+(Mistral v0.1's, Qwen2's, OLMo-3's, Phi-3's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
 
@@ -97,6 +97,17 @@ CASES += [
                                                     "rope_theta": 10000.0}}}),
 ]  # fmt: skip
 GEMMA3 = CASES[13]
+# Phi-3/Phi-4: fused qkv_proj and gate_up_proj in the file. Phi-3-mini-4k's kind of window on
+# every layer (binding here), untied; Phi-4's shape (4 heads on 2 kv heads), tied as Phi-4-mini
+# is. Token ids inside the tiny vocab (Phi3Config's default pad id is 32000).
+PHI3_IDS: dict[str, Any] = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+CASES += [
+    Case("phi3-window", "Phi3Config", False, {**PHI3_IDS, "sliding_window": 4}),
+    Case("phi3-gqa-tied", "Phi3Config", True,
+         {**PHI3_IDS, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 128,
+          "rope_parameters": {"rope_type": "default", "rope_theta": 250000.0}}),
+]  # fmt: skip
+PHI3_WINDOW, PHI3 = CASES[14], CASES[15]
 CASE_IDS = [c.name for c in CASES]
 
 

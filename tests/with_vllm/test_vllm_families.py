@@ -1,4 +1,4 @@
-"""Mistral, YaRN, OLMo-2, sliding windows, OLMo-3 and Gemma 3 on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
+"""Mistral, YaRN, OLMo-2, sliding windows, OLMo-3, Gemma 3 and Phi-3 on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
 random weights, loads the store's version as a worker does, and decodes greedily the embedded
 engine's 40 tokens, on a prompt past YaRN's original context too. The YaRN folder sets every
 knob where two implementations could part (an explicit ``attention_factor``, which replaces the
@@ -54,7 +54,11 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
                 "num_hidden_layers": 6, "query_pre_attn_scalar": 24, "sliding_window": 6,
                 "rope_parameters": {
                     "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}})}
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}),
+            # Phi-3: fused qkv_proj and gate_up_proj in the file (vLLM reads them fused), split
+            # as the store holds and sends them; Phi-3-mini's window on every layer
+            "phi3-window": ("Phi3Config", "Phi3ForCausalLM",
+                            {"sliding_window": 6, "pad_token_id": EOS})}
 
 
 def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
@@ -91,7 +95,8 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     path = _folder(tmp_path / "model", folder, family)
     cfg, weights = load_checkpoint(path)
     assert cfg.architecture == {"gemma3-text": "gemma3_text"}.get(family, family.split("-")[0])
-    assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text"))
+    assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text",
+                                                   "phi3-window"))
     ours = TorchEngine(cfg, max_batch=8, eos_token_id=EOS)
     ours.load_weights(weights, 0)
     expected = _greedy(ours)

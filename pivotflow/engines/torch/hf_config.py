@@ -1,8 +1,8 @@
 """Hugging Face ``config.json`` <-> ``ModelConfig``, and the dtype a model runs in.
 
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
-(Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model; rope
-default, linear, llama3, yarn; sliding windows as each family says them, ``hf_windows``) and
+(Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
+Phi-3/Phi-4 with full rotary and plain RoPE; rope default, linear, llama3, yarn; sliding windows as each family says them, ``hf_windows``) and
 names, in one line, the file and the first key it cannot run. Keys that change nothing the
 decoder computes (token ids, initializer_range, use_cache...) are ignored.
 """
@@ -25,7 +25,8 @@ from pivotflow.errors import ModelConfigError
 HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
               "qwen3_moe": "Qwen3MoeForCausalLM", "olmo2": "Olmo2ForCausalLM",
-              "olmo3": "Olmo3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}  # fmt: skip
+              "olmo3": "Olmo3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+              "phi3": "Phi3ForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -34,7 +35,8 @@ HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "qwen3_moe": "Qwen3MoeForSequenceClassification",
                   "olmo2": "Olmo2ForSequenceClassification",
                   "olmo3": "Olmo3ForSequenceClassification",
-                  "gemma3_text": "Gemma3TextForSequenceClassification"}
+                  "gemma3_text": "Gemma3TextForSequenceClassification",
+                  "phi3": "Phi3ForSequenceClassification"}
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -190,8 +192,9 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         rms_norm_eps=_number(raw.get("rms_norm_eps", 1e-6), "rms_norm_eps", where),
         # (transformers' default: tied for Gemma, untied for the rest)
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", kind == "gemma3_text")),
-        # Qwen2 always has q/k/v biases; Mistral never; Llama and Qwen3 when the config says so.
-        attention_bias={"qwen2": True, "mistral": False}.get(
+        # Qwen2 always has q/k/v biases; Mistral and Phi-3 never; Llama and Qwen3 when the
+        # config says so.
+        attention_bias={"qwen2": True, "mistral": False, "phi3": False}.get(
             kind, bool(raw.get("attention_bias", False))),
         architecture=kind,
         num_labels=_num_labels(raw, where),
@@ -324,6 +327,11 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
                    use_bidirectional_attention=False)
     elif cfg.architecture == "mistral":
         out.update(sliding_window=None)  # none, explicitly: transformers' default is 4096
+    elif cfg.architecture == "phi3":
+        # Phi3Config's default ids (pad and eos 32000) would not fit a smaller vocabulary, and
+        # transformers refuses an embedding whose padding row is outside it; a model's own ids
+        # travel in its config dict and generation_config.json, not in ModelConfig.
+        out.update(sliding_window=None, pad_token_id=None, bos_token_id=None, eos_token_id=None)
     else:
         out.update(use_sliding_window=False, sliding_window=None)
     out.update(windows_to_hf(cfg, rope))

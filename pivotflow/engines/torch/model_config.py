@@ -10,7 +10,7 @@ import msgspec
 from pivotflow.errors import ModelConfigError
 
 ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3",
-                 "gemma3_text")
+                 "gemma3_text", "phi3")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text")
 # Gemma's layer: norms on each sub-layer's input and output, every norm scaling by 1 + weight
 SANDWICH_NORM_ARCHITECTURES = ("gemma3_text",)

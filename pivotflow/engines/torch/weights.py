@@ -22,6 +22,7 @@ from pivotflow.engines.torch.hf_config import config_from_hf, config_to_hf, reso
 from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.errors import CheckpointError, ModelConfigError
 from pivotflow.params.hf_folder import read_json, read_weights
+from pivotflow.params.hf_layout import disk_layout, held_layout
 
 __all__ = [
     "ModelFolder",
@@ -148,6 +149,7 @@ def load_model_folder(directory: str | os.PathLike[str]) -> ModelFolder:
             "reads safetensors weights only)"
         )
     tensors, where = read_weights(root)
+    tensors = held_layout(hf_config, tensors, str(where))
     check_tensors(cfg, tensors, str(where))
     return ModelFolder(hf_config, cfg, tensors, generation, _eos_ids(generation, hf_config, root))
 
@@ -196,6 +198,7 @@ def save_checkpoint(
     else:
         dtype_name = str(dtype).removeprefix("torch.")
         hf_config = {**config, "torch_dtype": dtype_name, "dtype": dtype_name}
+    out = disk_layout(hf_config, out)  # (Phi-3's fused projections)
     texts = {"config.json": hf_config}
     if generation_config is not None:
         texts["generation_config.json"] = generation_config
