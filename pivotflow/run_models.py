@@ -73,6 +73,7 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
     """Resolve each declared model to its folder (bootstrapping the built-in ones once), load
     its tokenizer, and publish its weights and config (as config.json holds it, ``context``
     applied) to the store as version 0. Every error is one line naming the file and key."""
+    from pivotflow.engines.torch.hf_config import with_context
     from pivotflow.engines.torch.weights import load_model_folder
 
     models = Models()
@@ -123,7 +124,7 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
         if spec.name in critics and not folder.config.num_labels:
             tensors, hf_config = value_model(tensors, hf_config, folder.config)
         if spec.context is not None:  # RoPE has no learned positions: serve more (or fewer)
-            hf_config["max_position_embeddings"] = spec.context
+            hf_config = with_context(hf_config, spec.context, str(path / "config.json"))
         store.publish(spec.name, 0, tensors, hf_config)
         for copy, of in frozen.items():
             if of == spec.name:

@@ -116,6 +116,10 @@ class VllmEngine:
         kw.setdefault("skip_tokenizer_init", not self._has_tokenizer())
         kw.setdefault("enable_sleep_mode", not self.on_cpu)
         kw.setdefault("seed", 0)
+        if getattr(model_config, "rope_type", None) == "longrope":
+            # vLLM switches to the long factors past the original context, where pivotflow's
+            # trainer does not go (ModelConfig.context_limit): serve no further
+            kw.setdefault("max_model_len", model_config.context_limit)
         kw.setdefault("worker_extension_cls", WORKER_EXTENSION)
         if self.on_cpu:
             # in this process, unless tensor parallel: vLLM's CPU ranks are processes of its own.

@@ -161,7 +161,7 @@ def rollout_eval(
     """
     task, parser = get_task("arithmetic"), HermesParser()
     engine = engine_for(model, tok, max(1, min(len(problems), 512)), tok.decode)
-    context = model.config.max_position_embeddings
+    context = model.config.context_limit
 
     def params(i: int, turn: int) -> SamplingParams:
         return SamplingParams(

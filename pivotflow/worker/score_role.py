@@ -109,9 +109,9 @@ class ScoreRole:
             if not j.prompt_ids:
                 return f"job {j.job_id}: a reward model or critic needs a sequence to score"
             what = "critic" if j.prefix_ids else "reward model"
-        if len(ids) > self.config.max_position_embeddings:
+        if len(ids) > self.config.context_limit:
             return (f"job {j.job_id}: {len(ids)} tokens exceed the {what}'s "
-                    f"max_position_embeddings {self.config.max_position_embeddings}")
+                    f"{self.config.context_key} {self.config.context_limit}")
         bad = next((t for t in ids if not 0 <= t < self.config.vocab_size), None)
         if bad is not None:
             return (f"job {j.job_id}: token id {bad} is outside the {what}'s "

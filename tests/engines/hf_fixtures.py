@@ -108,6 +108,20 @@ CASES += [
           "rope_parameters": {"rope_type": "default", "rope_theta": 250000.0}}),
 ]  # fmt: skip
 PHI3_WINDOW, PHI3 = CASES[14], CASES[15]
+# Phi-4-mini's kind: 3/4 of each head rotates (24 of 32 dimensions), LongRoPE with its short
+# factors within an original context of 64 (128 positions: factor 2, attention factor
+# sqrt(1 + ln 2 / ln 64)); the long factors are for longer sequences, which pivotflow refuses
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0,
+            "short_factor": [1.0 + 0.25 * i for i in range(12)],
+            "long_factor": [2.0 + 0.5 * i for i in range(12)],
+            "original_max_position_embeddings": 64}  # fmt: skip
+CASES += [
+    Case("phi4-mini-longrope", "Phi3Config", True,
+         {**PHI3_IDS, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 128,
+          "partial_rotary_factor": 0.75, "original_max_position_embeddings": 64,
+          "rope_parameters": LONGROPE}),
+]  # fmt: skip
+PHI4_MINI = CASES[16]
 CASE_IDS = [c.name for c in CASES]
 
 

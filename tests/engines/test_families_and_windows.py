@@ -21,6 +21,7 @@ from hf_fixtures import (
     OLMO3,
     PHI3,
     PHI3_WINDOW,
+    PHI4_MINI,
     PROMPTS,
     QWEN2_WINDOW,
     SIZES,
@@ -60,7 +61,8 @@ def test_yarn_frequencies_and_attention_factor_equal_transformers(rope: dict[str
     assert factor != 1.0
 
 
-ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_WINDOW, PHI3]
+ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_WINDOW, PHI3,
+       PHI4_MINI]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -73,6 +75,8 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
     ours.load_state_dict(folder.tensors, strict=False)  # (a tied model's file has no lm_head)
     ours.eval()
     ids = torch.tensor([PROMPTS[2] * 10])  # 70 positions: past YaRN's 32 and every window
+    if case is PHI4_MINI:  # (63: within LongRoPE's original 64, where its short factors hold)
+        ids = ids[:, :63]
     with torch.no_grad():
         reference = model(ids).logits
         torch.testing.assert_close(ours(ids), reference, atol=1e-5, rtol=0)
@@ -89,6 +93,10 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert written["sliding_window"] == 4
     elif case is PHI3:
         assert written["model_type"] == "phi3" and written["sliding_window"] is None
+    elif case is PHI4_MINI:
+        rope = written["rope_parameters"]
+        assert rope["rope_type"] == "longrope" and rope["partial_rotary_factor"] == 0.75
+        assert rope["factor"] == 2.0 and rope["short_factor"][-1] == 3.75
     elif case is QWEN2_WINDOW:
         assert written["layer_types"] == ["full_attention", "sliding_attention"]
         assert written["use_sliding_window"] and written["sliding_window"] == 5
@@ -101,7 +109,8 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         torch.testing.assert_close(rebuilt(ids).logits, reference, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("case", [OLMO2, OLMO3, MISTRAL_WINDOW, QWEN2_WINDOW, GEMMA3, PHI3_WINDOW],
+@pytest.mark.parametrize("case", [OLMO2, OLMO3, MISTRAL_WINDOW, QWEN2_WINDOW, GEMMA3, PHI3_WINDOW,
+                                  PHI4_MINI],
                          ids=lambda c: c.name)
 def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: Any) -> None:
     """Post-norm layers, whole-projection q/k norms and windows (4-6 positions, narrower than
@@ -204,22 +213,51 @@ def test_a_gemma_setting_the_engine_cannot_run_is_a_one_line_error(
     assert "\n" not in str(exc.value)
 
 
-# Phi-3.5-mini's and Phi-4-mini's rope (longrope; Phi-4-mini rotates 3/4 of each head): the
-# decoder runs neither, and says so in one line
+# LongRoPE and partial rotary are Phi-3's (transformers' other families do not read them); a
+# LongRoPE whose factors do not fit the rotary dimensions is refused as transformers refuses it
 LONGROPE = {"type": "longrope", "short_factor": [1.0] * 16, "long_factor": [2.0] * 16}
 
 
 @pytest.mark.parametrize(("keys", "message"), [
-    ({"rope_scaling": LONGROPE},
-     r"rope_scaling\.type='longrope' is not supported by the embedded engine \(default, "),
-    ({"partial_rotary_factor": 0.75}, r"partial_rotary_factor=0\.75 is not supported"),
+    ({"model_type": "llama", "rope_scaling": LONGROPE},
+     r"rope_scaling\.type='longrope' is not supported by the embedded engine \(default, "
+     r"linear, llama3, yarn; longrope on phi3\)"),
+    ({"model_type": "qwen3", "partial_rotary_factor": 0.75},
+     r"partial_rotary_factor=0\.75 is not supported"),
+    ({"model_type": "phi3", "rope_scaling": {**LONGROPE, "short_factor": [1.0] * 12}},
+     r"longrope needs 16 short and long factors \(one per rotary frequency\), got 12 and 16"),
+    ({"model_type": "phi3", "rope_scaling": {**LONGROPE, "long_factor": "x"}},
+     r"rope_scaling\.long_factor is not a list of positive numbers"),
+    ({"model_type": "phi3", "partial_rotary_factor": 0.6},
+     r"partial_rotary_factor 0\.6 must rotate an even number of head_dim 32's dimensions "
+     r"\(got 19\)"),
 ])  # fmt: skip
-def test_a_phi_setting_the_engine_cannot_run_is_a_one_line_error(
+def test_a_rope_setting_the_engine_cannot_run_is_a_one_line_error(
         keys: dict[str, Any], message: str) -> None:
-    raw = {**SIZES, "model_type": "phi3", **keys}
     with pytest.raises(ModelConfigError, match=r"^c\.json: " + message) as exc:
-        config_from_hf(raw, "c.json")
+        config_from_hf({**SIZES, **keys}, "c.json")
     assert "\n" not in str(exc.value)
+
+
+def test_longrope_runs_its_original_context_and_refuses_more(tmp_path: Path) -> None:
+    """The short factors hold within the original context (the decode tests); past it
+    transformers turns every position to the long factors, which pivotflow does not run: its
+    engines stop at the original context, and a served context keeps the model's factor."""
+    from pivotflow.engines.torch.engine import TorchEngine
+    from pivotflow.engines.torch.hf_config import with_context
+    from pivotflow.errors import EngineError
+
+    save_folder(PHI4_MINI, tmp_path)
+    folder = load_model_folder(tmp_path)
+    cfg = folder.config
+    assert (cfg.context_limit, cfg.max_position_embeddings, cfg.rotary_dim) == (64, 128, 24)
+    assert TorchEngine(cfg, max_batch=1).max_seq_len == 64
+    with pytest.raises(EngineError, match=r"2 <= max_seq_len <= "
+                       r"original_max_position_embeddings 64 \(got 65\)$"):
+        TorchEngine(cfg, max_batch=1, max_seq_len=65)
+    served = config_from_hf(with_context(folder.hf_config, 4096, "c.json"), "c.json")
+    assert served.max_position_embeddings == 4096 and served.context_limit == 64
+    assert rope_attention_factor(served) == rope_attention_factor(cfg) > 1.07
 
 
 def test_a_phi3_file_whose_fused_projection_does_not_split_is_a_one_line_error(

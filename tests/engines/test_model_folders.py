@@ -132,7 +132,7 @@ def test_config_to_hf_writes_qwen3_and_llama3_rope_that_transformers_rebuilds(
         (
             {"rope_parameters": {"rope_type": "longrope", "factor": 4.0, "rope_theta": 1e4}},
             r"config\.json: rope_parameters\.rope_type='longrope' is not supported by the "
-            r"embedded engine \(default, linear, llama3, yarn\)$",
+            r"embedded engine \(default, linear, llama3, yarn; longrope on phi3\)$",
         ),
         (
             {"rope_scaling": {"type": "dynamic", "factor": 2.0}},

@@ -1,4 +1,5 @@
-"""Mistral, YaRN, OLMo-2, sliding windows, OLMo-3, Gemma 3 and Phi-3 on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
+"""Mistral, YaRN, OLMo-2, sliding windows, OLMo-3, Gemma 3 and Phi-3 (fused projections;
+partial rotary with LongRoPE) on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
 random weights, loads the store's version as a worker does, and decodes greedily the embedded
 engine's 40 tokens, on a prompt past YaRN's original context too. The YaRN folder sets every
 knob where two implementations could part (an explicit ``attention_factor``, which replaces the
@@ -58,7 +59,17 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
             # Phi-3: fused qkv_proj and gate_up_proj in the file (vLLM reads them fused), split
             # as the store holds and sends them; Phi-3-mini's window on every layer
             "phi3-window": ("Phi3Config", "Phi3ForCausalLM",
-                            {"sliding_window": 6, "pad_token_id": EOS})}
+                            {"sliding_window": 6, "pad_token_id": EOS}),
+            # Phi-4-mini's kind: 3/4 of each head rotates, LongRoPE's short factors within
+            # its original context (MAX_LEN; served positions stay inside it)
+            "phi3-longrope": ("Phi3Config", "Phi3ForCausalLM", {
+                "pad_token_id": EOS, "partial_rotary_factor": 0.75,
+                "max_position_embeddings": 2 * MAX_LEN, "original_max_position_embeddings": MAX_LEN,
+                "rope_parameters": {
+                    "rope_type": "longrope", "rope_theta": 10000.0,
+                    "original_max_position_embeddings": MAX_LEN,
+                    "short_factor": [1.0 + 0.25 * i for i in range(12)],
+                    "long_factor": [2.0 + 0.5 * i for i in range(12)]}})}
 
 
 def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
@@ -69,8 +80,9 @@ def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
     config = getattr(transformers, config_class)(**{
         "vocab_size": vocab, "hidden_size": 128, "intermediate_size": 256,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 32, "max_position_embeddings": MAX_LEN, "eos_token_id": EOS,
-        "bos_token_id": EOS, **extra})  # fmt: skip
+        "max_position_embeddings": MAX_LEN, "eos_token_id": EOS, "bos_token_id": EOS,
+        **({} if config_class == "Phi3Config" else {"head_dim": 32}),  # (Phi3: derived, 32)
+        **extra})  # fmt: skip
     torch.manual_seed(0)
     return save_sharpened(getattr(transformers, model_class)(config), root, tokenizer_from)
 

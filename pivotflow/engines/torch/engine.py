@@ -53,7 +53,8 @@ class TorchEngine:
     ``version`` as it was when they were sampled. Every id in ``eos_token_ids`` (a real model's
     generation config often has several) ends a request, as do its own stop ids;
     ``eos_token_id`` is the older one-id spelling, added to them. ``max_seq_len`` (prompt plus
-    response) defaults to max_position_embeddings, at most DEFAULT_MAX_SEQ_LEN.
+    response) defaults to the model's context (``ModelConfig.context_limit``), at most
+    DEFAULT_MAX_SEQ_LEN.
 
     ``vocab_limit`` (the tokenizer's size) keeps ids at or above it from ever being sampled:
     a model's embedding is often padded past its tokenizer (Qwen2.5-0.5B: 151936 rows, 151665
@@ -75,13 +76,12 @@ class TorchEngine:
         record_routing: bool = False,
     ) -> None:
         self.config = model_config.validate()
-        self.max_seq_len = max_seq_len or min(
-            model_config.max_position_embeddings, DEFAULT_MAX_SEQ_LEN
-        )
-        if max_batch < 1 or not 2 <= self.max_seq_len <= model_config.max_position_embeddings:
+        context = model_config.context_limit  # (LongRoPE: its original context)
+        self.max_seq_len = max_seq_len or min(context, DEFAULT_MAX_SEQ_LEN)
+        if max_batch < 1 or not 2 <= self.max_seq_len <= context:
             raise EngineError(
                 f"TorchEngine needs max_batch >= 1 (got {max_batch}) and 2 <= max_seq_len <= "
-                f"max_position_embeddings {model_config.max_position_embeddings} (got {max_seq_len})"
+                f"{model_config.context_key} {context} (got {max_seq_len})"
             )
         if vocab_limit is not None and not 0 < vocab_limit <= model_config.vocab_size:
             raise EngineError(

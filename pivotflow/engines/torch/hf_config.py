@@ -2,7 +2,7 @@
 
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
-Phi-3/Phi-4 with full rotary and plain RoPE; rope default, linear, llama3, yarn; sliding windows as each family says them, ``hf_windows``) and
+Phi-3/Phi-4; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
 names, in one line, the file and the first key it cannot run. Keys that change nothing the
 decoder computes (token ids, initializer_range, use_cache...) are ignored.
 """
@@ -84,10 +84,12 @@ def _model_type(raw: dict[str, Any], where: str) -> str:
 def _reject_unsupported(raw: dict[str, Any], where: str) -> None:
     """Raise for the first key whose value asks for math this decoder does not do."""
     gemma = raw.get("model_type") == "gemma3_text"  # (its gate is hidden_activation's)
+    phi3 = raw.get("model_type") == "phi3"  # (its attention rotates part of each head)
     checks = [  # (key, it asks for something else, what runs)
         ("hidden_act", not gemma and raw.get("hidden_act", "silu") != "silu", "silu"),
         ("mlp_bias", bool(raw.get("mlp_bias", False)), "false"),
-        ("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0) != 1.0, "1.0"),
+        ("partial_rotary_factor", not phi3 and raw.get("partial_rotary_factor", 1.0) != 1.0,
+         "1.0"),
         ("quantization_config", bool(raw.get("quantization_config")), "unquantized weights"),
     ]
     for key, bad, runs in checks:
@@ -96,20 +98,27 @@ def _reject_unsupported(raw: dict[str, Any], where: str) -> None:
 
 
 def _rope_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
-    """ModelConfig's rope_* fields. transformers 5 writes ``rope_parameters``; older configs
-    ``rope_scaling`` (None for plain RoPE) next to ``rope_theta``. When both are there,
-    transformers 5 takes ``rope_scaling``, and so do we."""
+    """ModelConfig's rope_* fields (and partial_rotary_factor). transformers 5 writes
+    ``rope_parameters``; older configs ``rope_scaling`` (None for plain RoPE) next to
+    ``rope_theta``. When both are there, transformers 5 takes ``rope_scaling``, and so do we.
+    Phi-3 alone rotates part of each head and alone reads LongRoPE (its old names ``su`` and
+    ``yarn`` mean it there, as transformers' Phi3Config reads them)."""
     key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
     rope = raw.get(key) or {}
     if not isinstance(rope, dict) or any(isinstance(v, dict) for v in rope.values()):
         raise ModelConfigError(f"{where}: {key}={rope!r} {_ENGINE} (one dict for all layers)")
     type_key = "rope_type" if "rope_type" in rope else "type"
     kind = rope.get(type_key, "default")
-    if kind not in ROPE_TYPES:
+    phi3 = raw.get("model_type") == "phi3"
+    if phi3 and kind in ("su", "yarn"):
+        kind = "longrope"
+    if kind not in ROPE_TYPES or (kind == "longrope" and not phi3):
         raise ModelConfigError(
-            f"{where}: {key}.{type_key}={kind!r} {_ENGINE} ({', '.join(ROPE_TYPES)})"
+            f"{where}: {key}.{type_key}={kind!r} {_ENGINE} "
+            f"({', '.join(t for t in ROPE_TYPES if t != 'longrope')}; longrope on phi3)"
         )
-    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+    partial = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    if partial != 1.0 and not phi3:
         raise ModelConfigError(
             f"{where}: {key}.partial_rotary_factor={rope['partial_rotary_factor']!r} {_ENGINE} "
             "(1.0)"
@@ -132,6 +141,50 @@ def _rope_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
         )
     if kind == "yarn":
         out.update(_yarn_fields(rope, key, where))
+    if kind == "longrope":
+        out.update(_longrope_fields(raw, rope, key, where))
+    if partial != 1.0:
+        out["partial_rotary_factor"] = _number(partial, "partial_rotary_factor", where)
+    return out
+
+
+def with_context(raw: dict[str, Any], context: int, where: str) -> dict[str, Any]:
+    """``raw`` (a config.json) serving ``context`` positions: its max_position_embeddings
+    replaced (RoPE has no learned positions). LongRoPE derives its factor, and so its attention
+    factor, from max_position_embeddings when the config names none: that factor is written
+    in first, so the model computes what it did."""
+    cfg = config_from_hf(raw, where)
+    out = {**raw, "max_position_embeddings": context}
+    if cfg.rope_type == "longrope":
+        key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+        out[key] = {**raw[key], "factor": cfg.rope_factor}
+    return out
+
+
+def _longrope_fields(raw: dict[str, Any], rope: dict[str, Any], key: str,
+                     where: str) -> dict[str, Any]:
+    """LongRoPE's factors, original context (Phi3Config's default 4096), ``factor`` (else
+    max_position_embeddings / original, as transformers derives it) and attention factor."""
+    out: dict[str, Any] = {}
+    for name in ("short_factor", "long_factor"):
+        factors = rope.get(name)
+        if not isinstance(factors, list) or not factors or not all(
+                isinstance(f, int | float) and not isinstance(f, bool) and f > 0
+                for f in factors):
+            raise ModelConfigError(f"{where}: {key}.{name} is not a list of positive numbers")
+        out[f"rope_{name}"] = tuple(float(f) for f in factors)
+    original = rope.get("original_max_position_embeddings",
+                        raw.get("original_max_position_embeddings", 4096))
+    if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
+        raise ModelConfigError(f"{where}: original_max_position_embeddings={original!r} is not "
+                               "a positive integer")
+    out["rope_original_max_position_embeddings"] = original
+    factor = rope.get("factor")
+    out["rope_factor"] = (_number(factor, f"{key}.factor", where) if factor is not None
+                          else raw["max_position_embeddings"] / original)
+    if rope.get("attention_factor") is not None:
+        out["rope_attention_factor"] = _number(rope["attention_factor"],
+                                               f"{key}.attention_factor", where)
     return out
 
 
@@ -171,8 +224,8 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
     kind = _model_type(raw, where)
     _reject_unsupported(raw, where)
     full_layers, sliding_theta = split_layer_rope(raw, kind, where)
-    rope = _rope_fields(full_layers, where)
     fields: dict[str, Any] = {k: _positive_int(raw, k, where) for k in _REQUIRED}
+    rope = _rope_fields(full_layers, where)
     fields.update(window_fields(raw, kind, fields["num_hidden_layers"], where))
     if sliding_theta is not None:
         fields["sliding_rope_theta"] = sliding_theta
@@ -289,6 +342,14 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         # absent (not 0) where ModelConfig derives them, so transformers derives them alike
         rope.update({name: value for name in ("attention_factor", "mscale", "mscale_all_dim")
                      if (value := getattr(cfg, f"rope_{name}"))})
+    if cfg.rope_type == "longrope":  # (factor written: transformers would derive it alike)
+        rope.update(short_factor=list(cfg.rope_short_factor),
+                    long_factor=list(cfg.rope_long_factor),
+                    original_max_position_embeddings=cfg.context_limit)
+        if cfg.rope_attention_factor:
+            rope["attention_factor"] = cfg.rope_attention_factor
+    if cfg.partial_rotary_factor != 1.0:
+        rope["partial_rotary_factor"] = cfg.partial_rotary_factor
     classes = HF_CLASSIFIERS if cfg.num_labels else HF_CLASSES
     out: dict[str, Any] = {
         "architectures": [classes[cfg.architecture]],
@@ -331,7 +392,9 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         # Phi3Config's default ids (pad and eos 32000) would not fit a smaller vocabulary, and
         # transformers refuses an embedding whose padding row is outside it; a model's own ids
         # travel in its config dict and generation_config.json, not in ModelConfig.
-        out.update(sliding_window=None, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+        out.update(sliding_window=None, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+                   original_max_position_embeddings=cfg.context_limit,
+                   partial_rotary_factor=cfg.partial_rotary_factor)
     else:
         out.update(use_sliding_window=False, sliding_window=None)
     out.update(windows_to_hf(cfg, rope))

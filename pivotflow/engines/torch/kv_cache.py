@@ -295,6 +295,12 @@ class PackedDecoder:
             weights = (w_qkv, attn.o_proj.weight)
             self.layers.append((norms, b_qkv, weights, attn.o_proj.bias, qk_norms, ffn))
         # one rotary table per kind of layer (full attention; sliding window), shared when alike
+        # each rotary dimension's partner in rotate_half: half of the rotary dimensions away
+        # (a roll by D/2 when every dimension rotates), the pass-through ones their own
+        r, d = cfg.rotary_dim, self.d
+        self._partner = None if r == d else torch.cat((
+            torch.arange(r // 2, r), torch.arange(r // 2), torch.arange(r, d))).to(
+            model.lm_head.weight.device)
         self._sliding = [cfg.is_sliding(i) for i in range(cfg.num_hidden_layers)]
         self._ropes = {False: self._rope_table(False, max_len)}
         self._ropes[True] = (self._rope_table(True, max_len) if cfg.sliding_rope_theta
@@ -306,12 +312,22 @@ class PackedDecoder:
         weight = self.model.lm_head.weight
         positions = torch.arange(max_len, device=weight.device)[None]
         cos, sin = layer_cos_sin(self.cfg, sliding, positions, torch.float32)
+        r = cos.shape[-1]  # (the rotary dimensions: fewer than D with a partial_rotary_factor)
         sin = sin.clone()
-        sin[..., : self.d // 2] *= -1  # rotate_half(x) * sin == roll(x, D/2) * this sin
+        sin[..., : r // 2] *= -1  # rotate_half(x) * sin == x[partner] * this sin (_turned)
+        if r < self.d:  # the dimensions that pass through: cos 1, sin 0
+            cos = torch.cat((cos, cos.new_ones(*cos.shape[:-1], self.d - r)), -1)
+            sin = torch.cat((sin, sin.new_zeros(*sin.shape[:-1], self.d - r)), -1)
         rope = torch.stack((cos[0, 0], sin[0, 0]), 1)[:, :, None]
         rope = rope.repeat(1, 1, self.heads + self.kv_heads, 1)
         rope[:, :, : self.heads] *= self.cfg.attention_scale
         return rope.to(weight.dtype)
+
+    def _turned(self, qk: torch.Tensor) -> torch.Tensor:
+        """Each head's dimensions moved onto their rotate_half partners (signs in the table)."""
+        if self._partner is None:
+            return qk.roll(self.d // 2, -1)
+        return qk.index_select(-1, self._partner)
 
     def record_routing(self, recorder: RoutingRecorder | None) -> None:
         """Record every sparse layer's expert choices into ``recorder`` (None: stop)."""
@@ -366,7 +382,7 @@ class PackedDecoder:
                 qk = torch.rms_norm(qk, (d,), None, eps)
                 qk[:, :, :heads].mul_(qk_norms[0])
                 qk[:, :, heads:].mul_(qk_norms[1])
-            qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin).view(b * t, -1, d)
+            qk = torch.addcmul(qk * cos, self._turned(qk), sin).view(b * t, -1, d)
             x = mm.linear_add(attend(i, qk, qkv[:, split:].view(b * t, -1, d), cache), w_o, b_o, x)
             h = torch.rms_norm(x, hidden, norm2, eps)
             if isinstance(ffn, PackedExperts):
@@ -412,7 +428,7 @@ class PackedDecoder:
             qk = torch.rms_norm(qk, (d,), None, eps)
             qk[:, :, :heads].mul_(qk_norms[0] + 1)
             qk[:, :, heads:].mul_(qk_norms[1] + 1)
-        qk = torch.addcmul(qk * rope[:, :, 0], qk.roll(d // 2, -1), rope[:, :, 1])
+        qk = torch.addcmul(qk * rope[:, :, 0], self._turned(qk), rope[:, :, 1])
         out = attend(i, qk.view(b * t, -1, d), qkv[:, split:].view(b * t, -1, d), cache)
         x = x + norm(mm.linear(out, w_o, b_o), norm_attn)
         w_gate_up, w_down = cast(_Dense, ffn)

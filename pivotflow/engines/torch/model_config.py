@@ -18,7 +18,7 @@ ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the MLP's gate (HF's hidden_act n
 # q and k normalised over the whole projection (all heads at once), norms on each sub-layer's
 # output ("post-norm"): OLMo-2 and OLMo-3
 POST_NORM_ARCHITECTURES = ("olmo2", "olmo3")
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
@@ -80,6 +80,16 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     sliding_window: int = 0
     sliding_layers: tuple[int, ...] = ()
     sliding_rope_theta: float = 0.0
+    # LongRoPE (Phi-3.5-mini, Phi-4-mini; HF's short_factor/long_factor): a divisor per rotary
+    # frequency. transformers takes the short set for any sequence within
+    # rope_original_max_position_embeddings and the long one, for every position, past it;
+    # pivotflow runs the short set and no longer sequences (``context_limit``), so its trainer
+    # and engines agree on every token. The long set is kept to write the config back. Its
+    # cos/sin scale by rope_attention_factor (0: sqrt(1 + ln(factor) / ln(original))).
+    rope_short_factor: tuple[float, ...] = ()
+    rope_long_factor: tuple[float, ...] = ()
+    # the fraction of each head that rotates (Phi-4-mini: 0.75; the rest passes through)
+    partial_rotary_factor: float = 1.0
     hidden_act: str = "silu"  # one of ACTIVATIONS
     # attention scores scale by query_pre_attn_scalar ** -0.5 (Gemma's; 0: head_dim's)
     query_pre_attn_scalar: float = 0.0
@@ -117,6 +127,25 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         """Whether o_proj has a bias: Qwen2 never; Llama, Mistral and Qwen3 when
         attention_bias."""
         return self.attention_bias and self.architecture != "qwen2"
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many of each head's dimensions rotate (the first ones, as transformers)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def context_limit(self) -> int:
+        """The longest sequence the decoder runs: the original context for LongRoPE (whose
+        long factors it does not run), else max_position_embeddings."""
+        if self.rope_type == "longrope":
+            return self.rope_original_max_position_embeddings or self.max_position_embeddings
+        return self.max_position_embeddings
+
+    @property
+    def context_key(self) -> str:
+        """The config.json key ``context_limit`` comes from (what an error names)."""
+        longrope = self.rope_type == "longrope" and self.rope_original_max_position_embeddings
+        return "original_max_position_embeddings" if longrope else "max_position_embeddings"
 
     def is_sparse(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` routes to experts (as transformers' Qwen3-MoE
@@ -156,6 +185,15 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
             )
         if self.head_dim % 2:
             raise ModelConfigError(f"head_dim {self.head_dim} must be even for rotary embeddings")
+        if self.rotary_dim % 2 or not 0 < self.partial_rotary_factor <= 1:
+            raise ModelConfigError(
+                f"partial_rotary_factor {self.partial_rotary_factor} must rotate an even number "
+                f"of head_dim {self.head_dim}'s dimensions (got {self.rotary_dim})")
+        factors = {len(self.rope_short_factor), len(self.rope_long_factor)}
+        if self.rope_type == "longrope" and factors != {self.rotary_dim // 2}:
+            raise ModelConfigError(
+                f"longrope needs {self.rotary_dim // 2} short and long factors (one per rotary "
+                f"frequency), got {len(self.rope_short_factor)} and {len(self.rope_long_factor)}")
         if self.qk_norm != (self.architecture in QK_NORM_ARCHITECTURES):
             raise ModelConfigError(
                 f"qk_norm={self.qk_norm} does not fit architecture {self.architecture!r} "

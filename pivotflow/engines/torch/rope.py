@@ -1,5 +1,6 @@
 """Rotary position embeddings as transformers computes them: the inverse frequencies of each
-rope type (default, linear, llama3, yarn), YaRN's attention factor on cos/sin, the cos/sin
+rope type (default, linear, llama3, yarn, longrope's short factors), YaRN's and LongRoPE's
+attention factor on cos/sin, partial rotary (the first dimensions of a head turn), the cos/sin
 tables, and their application (HF's rotate_half layout). The trainer's decoder (``model.py``)
 and the engine's packed one (``kv_cache.py``) both build their tables here.
 """
@@ -24,9 +25,13 @@ def plain_inv_freq(head_dim: int, theta: float,
 
 def rope_inv_freq(cfg: ModelConfig, device: torch.device | str | None = None) -> torch.Tensor:
     """Rotary inverse frequencies [head_dim / 2] (float32) for ``cfg``'s rope type, as
-    transformers' ``modeling_rope_utils`` computes them (default, linear, llama3, yarn). Only
-    yarn scales cos/sin afterwards (``rope_attention_factor``)."""
-    inv_freq = plain_inv_freq(cfg.head_dim, cfg.rope_theta, device)
+    transformers' ``modeling_rope_utils`` computes them (default, linear, llama3, yarn,
+    longrope), over the rotary dimensions. yarn and longrope scale cos/sin afterwards
+    (``rope_attention_factor``)."""
+    inv_freq = plain_inv_freq(cfg.rotary_dim, cfg.rope_theta, device)
+    if cfg.rope_type == "longrope":  # (the short factors: see ModelConfig.context_limit)
+        return inv_freq / torch.tensor(cfg.rope_short_factor, dtype=torch.float32,
+                                       device=inv_freq.device)
     if cfg.rope_type == "linear":
         return inv_freq / cfg.rope_factor
     if cfg.rope_type == "yarn":
@@ -48,7 +53,7 @@ def _yarn_inv_freq(cfg: ModelConfig, inv_freq: torch.Tensor) -> torch.Tensor:
     """YaRN's "NTK-by-parts": dimensions that turn more than beta_fast times over the original
     context keep their frequency (extrapolate), those that turn fewer than beta_slow times are
     slowed by ``factor`` (interpolate), and a linear ramp blends the band between."""
-    d, base = cfg.head_dim, cfg.rope_theta
+    d, base = cfg.rotary_dim, cfg.rope_theta
     old_len = cfg.rope_original_max_position_embeddings or cfg.max_position_embeddings
 
     def dimension(rotations: float) -> float:  # the dimension that turns `rotations` times
@@ -68,11 +73,17 @@ def _yarn_inv_freq(cfg: ModelConfig, inv_freq: torch.Tensor) -> torch.Tensor:
 def rope_attention_factor(cfg: ModelConfig) -> float:
     """What cos/sin are multiplied by: YaRN's attention temperature (its paper's
     ``0.1 ln(s) + 1``, or DeepSeek's ratio of two such terms when ``mscale`` and
-    ``mscale_all_dim`` are set, unless the config gives ``attention_factor``); 1 otherwise."""
-    if cfg.rope_type != "yarn":
+    ``mscale_all_dim`` are set), LongRoPE's ``sqrt(1 + ln(s) / ln(original))``, unless the
+    config gives ``attention_factor``; 1 otherwise."""
+    if cfg.rope_type not in ("yarn", "longrope"):
         return 1.0
     if cfg.rope_attention_factor:
         return cfg.rope_attention_factor
+    if cfg.rope_type == "longrope":  # (LongRoPE's paper; transformers' default)
+        original = cfg.rope_original_max_position_embeddings or cfg.max_position_embeddings
+        if cfg.rope_factor <= 1.0:
+            return 1.0
+        return math.sqrt(1 + math.log(cfg.rope_factor) / math.log(original))
 
     def mscale(scale: float, m: float = 1.0) -> float:
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
@@ -89,7 +100,7 @@ def layer_rope(cfg: ModelConfig, sliding: bool,
     or a sliding-window one: plain RoPE at ``sliding_rope_theta`` when the config gives one
     (OLMo-3: YaRN on its full layers only), else the same as every layer."""
     if sliding and cfg.sliding_rope_theta:
-        return plain_inv_freq(cfg.head_dim, cfg.sliding_rope_theta, device), 1.0
+        return plain_inv_freq(cfg.rotary_dim, cfg.sliding_rope_theta, device), 1.0
     return rope_inv_freq(cfg, device), rope_attention_factor(cfg)
 
 
@@ -103,7 +114,8 @@ def layer_cos_sin(cfg: ModelConfig, sliding: bool, positions: torch.Tensor,
 def rotary_cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, scale: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of shape [B, 1, T, D] for integer positions [B, T] (HF's rotate_half layout),
+    """cos/sin of shape [B, 1, T, R] for integer positions [B, T] (HF's rotate_half layout;
+    R = 2 * len(inv_freq), the rotary dimensions),
     computed in float32 from ``rope_inv_freq``, times ``scale`` (``rope_attention_factor``),
     and cast to ``dtype``."""
     freqs = positions.to(torch.float32)[..., None] * inv_freq.to(positions.device)  # [B, T, D/2]
@@ -117,4 +129,10 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + _rotate_half(x) * sin
+    """RoPE on the first ``cos.shape[-1]`` dimensions of each head (all but with a
+    partial_rotary_factor); the rest pass through, as in transformers' Phi-3."""
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    turned = x[..., :r]
+    return torch.cat((turned * cos + _rotate_half(turned) * sin, x[..., r:]), dim=-1)
