@@ -206,29 +206,45 @@ def test_a_transformers_qwen3_moe_trains_and_its_checkpoint_loads_back(
         run(dense, steps=1, out=tmp_path / "dense", console=False, sets=["live=false"])
 
 
-def test_a_transformers_phi3_trains_fused_on_disk_split_in_the_run(
-        tmp_path: Path, qwen: Path) -> None:
-    """Phi-3/Phi-4's file fuses q/k/v (qkv_proj) and gate/up (gate_up_proj): the run holds
-    them split, its rollouts' logprobs equal its trainer's, and the checkpoint it writes is a
-    Phi3ForCausalLM file again, trained, that resumes; LoRA on it is refused in one line."""
+# Families whose files lay tensors out otherwise than pivotflow holds them (params/hf_layout.py):
+# (transformers' config and model classes, extra config keys, two tensors training must move)
+OTHER_LAYOUTS = {
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"bos_token_id": 1},
+             ("model.layers.0.self_attn.qkv_proj.weight", "model.layers.1.mlp.gate_up_proj.weight")),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                {"num_local_experts": 4, "num_experts_per_tok": 2},
+                ("model.layers.0.block_sparse_moe.gate.weight",
+                 "model.layers.1.block_sparse_moe.experts.2.w3.weight")),
+}
+
+
+@pytest.mark.parametrize("family", list(OTHER_LAYOUTS))
+def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_back(
+        tmp_path: Path, qwen: Path, family: str) -> None:
+    """Phi-3/Phi-4's file fuses q/k/v (qkv_proj) and gate/up (gate_up_proj); Mixtral's names
+    its sparse layer block_sparse_moe and its experts' projections w1/w2/w3. The run holds
+    pivotflow's layout, its rollouts' logprobs equal its trainer's, and the checkpoint it writes
+    is the family's own file again, trained, that resumes. LoRA on phi3 is refused in one line."""
     import torch
+    import transformers
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM, GenerationConfig, Phi3Config, Phi3ForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     from pivotflow.metrics import read_metrics
     from pivotflow.run import run
 
-    phi = copy_model(qwen, tmp_path / "phi3", skip=("model.safetensors", "config.json"))
+    config_class, model_class, extra, moved = OTHER_LAYOUTS[family]
+    folder = copy_model(qwen, tmp_path / family, skip=("model.safetensors", "config.json"))
     torch.manual_seed(0)
-    policy = Phi3ForCausalLM(Phi3Config(
+    policy = getattr(transformers, model_class)(getattr(transformers, config_class)(
         vocab_size=json.loads((qwen / "config.json").read_text())["vocab_size"],
         hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, eos_token_id=0, pad_token_id=0,
-        bos_token_id=1))
+        **extra))
     policy.generation_config = GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)
-    policy.save_pretrained(phi)
+    policy.save_pretrained(folder)
     prompts = write_prompts(tmp_path / "prompts.jsonl")
-    graph = write_graph(tmp_path, phi, prompts)
+    graph = write_graph(tmp_path, folder, prompts)
     s = run(graph, steps=2, out=tmp_path / "out", console=False, sets=["live=false"]).summary
     assert s["error"] is None and s["steps"] == 2 and s["ledger"]["groups_trained"] == 4
     assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
@@ -237,17 +253,18 @@ def test_a_transformers_phi3_trains_fused_on_disk_split_in_the_run(
     assert gaps and max(gaps) < 1e-4, gaps
     ckpt = tmp_path / "out" / "checkpoints" / "policy"
     theirs, info = AutoModelForCausalLM.from_pretrained(ckpt, output_loading_info=True)
-    assert type(theirs).__name__ == "Phi3ForCausalLM" and not info["missing_keys"]
-    before, after = load_file(phi / "model.safetensors"), load_file(ckpt / "model.safetensors")
+    assert type(theirs).__name__ == model_class and not info["missing_keys"]
+    before, after = load_file(folder / "model.safetensors"), load_file(ckpt / "model.safetensors")
     assert before.keys() == after.keys()
-    for name in ("model.layers.0.self_attn.qkv_proj.weight", "model.layers.1.mlp.gate_up_proj.weight"):
+    for name in moved:
         assert not torch.equal(before[name], after[name]), name
     again = run(graph, steps=3, out=tmp_path / "out", console=False, resume=str(tmp_path / "out"))
     assert again.summary["steps"] == 3 and again.summary["error"] is None
-    lora = write_graph(tmp_path / "out", phi, prompts, train="lora_rank=4")
-    with pytest.raises(GraphError, match=r"train 'train' at .*graph.py:\d+: LoRA on a phi3 model "
-                       r"\(.*config.json\) is not supported yet: train it whole$"):
-        run(lora, steps=1, out=tmp_path / "lora", console=False, sets=["live=false"])
+    if family == "phi3":
+        lora = write_graph(tmp_path / "out", folder, prompts, train="lora_rank=4")
+        with pytest.raises(GraphError, match=r"train 'train' at .*graph.py:\d+: LoRA on a phi3 "
+                           r"model \(.*config.json\) is not supported yet: train it whole$"):
+            run(lora, steps=1, out=tmp_path / "lora", console=False, sets=["live=false"])
 
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "byo_model.py"

@@ -37,6 +37,7 @@ on a machine with a GPU. What that source says, and what this adapter does about
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import time
@@ -47,6 +48,7 @@ import torch
 
 from pivotflow.engines.base import FinishReason, GenerationOutput, GenerationRequest
 from pivotflow.errors import EngineError, RequestError
+from pivotflow.params.hf_layout import engine_names
 
 _REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -80,6 +82,10 @@ class SglangEngine:
         self.version = 0
         self.step_s = step_s
         folder = Path(model_path)
+        try:  # (which checkpoint names its loader reads: Mixtral's are not pivotflow's)
+            self._hf_config = json.loads((folder / "config.json").read_text())
+        except (OSError, ValueError):
+            self._hf_config = {}  # SGLang names a missing or broken config itself
         kw = dict(engine_kwargs)
         kw.setdefault("skip_tokenizer_init",
                       not any((folder / f).is_file() for f in _TOKENIZER_FILES))  # fmt: skip
@@ -157,7 +163,8 @@ class SglangEngine:
         self._engine.begin_weight_update()
         try:
             ok, message = self._engine.update_weights_from_tensor(
-                named_tensors=list(tensors.items()), load_format=None, flush_cache=True)  # fmt: skip
+                named_tensors=list(engine_names(self._hf_config, tensors).items()),
+                load_format=None, flush_cache=True)  # fmt: skip
         finally:
             self._engine.end_weight_update()
         if not ok:

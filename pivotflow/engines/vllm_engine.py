@@ -68,6 +68,7 @@ import torch
 from pivotflow.engines.base import FinishReason, GenerationOutput, GenerationRequest
 from pivotflow.engines.vllm_worker import WORKER_EXTENSION
 from pivotflow.errors import EngineError, RequestError
+from pivotflow.params.hf_layout import engine_names
 
 _REASONS: dict[str | None, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -111,7 +112,7 @@ class VllmEngine:
         self.model_path = Path(model_path)
         self.on_cpu = bool(current_platform.is_cpu())
         self.threads = threads if self.on_cpu else None
-        raw = self._read_config()
+        raw = self._hf_config = self._read_config()
         kw = dict(engine_kwargs)
         kw.setdefault("skip_tokenizer_init", not self._has_tokenizer())
         kw.setdefault("enable_sleep_mode", not self.on_cpu)
@@ -227,7 +228,7 @@ class VllmEngine:
         tmp = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else None
         with tempfile.TemporaryDirectory(prefix="pivotflow-vllm-", dir=tmp) as d:
             path = str(Path(d) / "weights.safetensors")
-            _save_unaliased(tensors, path)
+            _save_unaliased(engine_names(self._hf_config, tensors), path)
             self._update("pivotflow_load_from_file", (path,), version)
 
     def load_from_store(self, store: Any, model: str, version: int | None = None) -> int:

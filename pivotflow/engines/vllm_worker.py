@@ -41,10 +41,11 @@ class StoreWeightLoader:
     def pivotflow_load_from_store(self, root: str, model: str, version: int | None) -> int:
         """Map ``model@version`` (the latest when None) from the store at ``root`` and load it
         in place; returns the version loaded. The mapping is held only while loading."""
+        from pivotflow.params.hf_layout import engine_names
         from pivotflow.params.shm_store import ShmParamStore
 
         with ShmParamStore(root).acquire(model, version) as held:
-            self._pivotflow_reload(held.tensors.items())
+            self._pivotflow_reload(engine_names(held.config, held.tensors).items())
             return held.version
 
     def pivotflow_load_from_file(self, path: str) -> None:

@@ -1,16 +1,25 @@
 """How a model family lays its tensors out on disk, and how pivotflow holds them.
 
-pivotflow holds every decoder in one layout: ``self_attn.q_proj``/``k_proj``/``v_proj`` and
-``mlp.gate_proj``/``up_proj``, the names its trainer's ``Decoder``, the store, LoRA and vLLM's
-loaders (whose stacked-parameter maps take either form) all use. Phi-3 and Phi-4
-(``model_type`` phi3) ship those projections fused: ``self_attn.qkv_proj`` (q, k and v stacked
-by rows) and ``mlp.gate_up_proj`` (gate, then up). They are split as a folder is read
-(``held_layout``) and fused again as one is written (``disk_layout``), so every folder pivotflow
-writes loads in transformers and vLLM as the family's own class.
+pivotflow holds every decoder in one layout: ``self_attn.q_proj``/``k_proj``/``v_proj``,
+``mlp.gate_proj``/``up_proj``/``down_proj``, and a sparse layer's ``mlp.gate`` router and
+``mlp.experts.E.*_proj`` experts: the names its trainer's ``Decoder``, the store and LoRA use.
+Two families store theirs otherwise:
+
+* Phi-3 and Phi-4 (``model_type`` phi3) fuse projections: ``self_attn.qkv_proj`` (q, k and v
+  stacked by rows) and ``mlp.gate_up_proj`` (gate, then up). vLLM's and SGLang's loaders stack
+  split projections themselves, so an engine may be sent either.
+* Mixtral names its sparse layer ``block_sparse_moe`` and its experts' projections ``w1``
+  (gate), ``w3`` (up) and ``w2`` (down), which is all vLLM's and SGLang's loaders read.
+
+``held_layout`` turns a folder's tensors into pivotflow's as it is read; ``disk_layout`` turns
+them back as one is written, so every folder pivotflow writes loads in transformers and vLLM as
+the family's own class; ``engine_names`` gives an engine that loads by checkpoint names the
+family's names without fusing anything (no copy).
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from pivotflow.errors import ModelConfigError
@@ -21,14 +30,35 @@ if TYPE_CHECKING:
 _QKV, _GATE_UP = "self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"
 _SPLIT_QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
 _SPLIT_GATE_UP = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
-FUSED_CLASSES = ("Phi3ForCausalLM", "Phi3ForSequenceClassification")
+_FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
+             "MixtralForCausalLM": "mixtral", "MixtralForSequenceClassification": "mixtral"}
+# Mixtral's names <-> pivotflow's (a layer's router; an expert's three projections)
+_MIXTRAL_DISK = re.compile(r"(.*\.)block_sparse_moe\.(gate|experts\.\d+\.w([123]))\.weight")
+_MIXTRAL_HELD = re.compile(r"(.*\.)mlp\.(gate|experts\.\d+\.(gate|down|up)_proj)\.weight")
+_W_TO_PROJ = {"1": "gate", "2": "down", "3": "up"}
+_PROJ_TO_W = {v: k for k, v in _W_TO_PROJ.items()}
 
 
-def fuses_projections(config: dict[str, Any]) -> bool:
-    """Whether ``config.json`` describes a family that stores fused projections (phi3)."""
-    if "model_type" in config:
-        return config["model_type"] == "phi3"
-    return any(a in FUSED_CLASSES for a in config.get("architectures") or [])
+def family_of(config: dict[str, Any]) -> str | None:
+    """The family whose on-disk layout differs from pivotflow's (phi3, mixtral), or None."""
+    kind = config.get("model_type")
+    if kind is None:  # very old exports name only the class
+        kind = next((_FAMILIES[a] for a in config.get("architectures") or [] if a in _FAMILIES),
+                    None)
+    return kind if kind in ("phi3", "mixtral") else None
+
+
+def _mixtral_name(name: str, to_disk: bool) -> str:
+    """A Mixtral tensor's name in the file (``to_disk``) or as pivotflow holds it; any other
+    tensor's as it is."""
+    m = (_MIXTRAL_HELD if to_disk else _MIXTRAL_DISK).fullmatch(name)
+    if m is None:
+        return name
+    inner = m.group(2)  # the router ("gate"), or "experts.E." and a projection
+    if inner != "gate":
+        expert, proj = inner.rsplit(".", 1)[0], m.group(3)
+        inner = f"{expert}.w{_PROJ_TO_W[proj]}" if to_disk else f"{expert}.{_W_TO_PROJ[proj]}_proj"
+    return f"{m.group(1)}{'block_sparse_moe' if to_disk else 'mlp'}.{inner}.weight"
 
 
 def _head_rows(config: dict[str, Any], where: str) -> tuple[int, int]:
@@ -46,10 +76,13 @@ def _head_rows(config: dict[str, Any], where: str) -> tuple[int, int]:
 def held_layout(
     config: dict[str, Any], tensors: dict[str, torch.Tensor], where: str
 ) -> dict[str, torch.Tensor]:
-    """``tensors`` as pivotflow holds them: fused projections split into views (phi3), every
-    other tensor as it is. Raises ModelConfigError naming ``where`` and the tensor whose rows
-    do not split as the config says."""
-    if not fuses_projections(config):
+    """``tensors`` as pivotflow holds them: fused projections split into views (phi3),
+    Mixtral's names renamed, every other tensor as it is. Raises ModelConfigError naming
+    ``where`` and the tensor whose rows do not split as the config says."""
+    family = family_of(config)
+    if family == "mixtral":
+        return {_mixtral_name(name, to_disk=False): t for name, t in tensors.items()}
+    if family != "phi3":
         return tensors
     q_rows, kv_rows = _head_rows(config, where)
     out: dict[str, torch.Tensor] = {}
@@ -76,10 +109,23 @@ def held_layout(
     return out
 
 
+def engine_names(config: dict[str, Any],
+                 tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` under the names an engine's checkpoint loader reads (Mixtral's), nothing
+    fused: vLLM and SGLang stack split projections themselves."""
+    if family_of(config) != "mixtral":
+        return tensors
+    return {_mixtral_name(name, to_disk=True): t for name, t in tensors.items()}
+
+
 def disk_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``tensors`` as the family stores them: split projections fused again (phi3; a layer
-    holding only some of the parts keeps them split), every other tensor as it is."""
-    if not fuses_projections(config):
+    """``tensors`` as the family stores them: Mixtral's names, split projections fused again
+    (phi3; a layer holding only some of the parts keeps them split), every other tensor as
+    it is."""
+    family = family_of(config)
+    if family == "mixtral":
+        return engine_names(config, tensors)
+    if family != "phi3":
         return tensors
     import torch
 

@@ -1,8 +1,9 @@
 """Tiny random-weight models that transformers itself builds and saves, one per family and
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
-Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, sliding windows that bind
-(Mistral v0.1's, Qwen2's, OLMo-3's, Phi-3's); tied and untied), and a reference greedy decode."""
+Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, Phi-4-mini's partial
+rotary and LongRoPE, Mixtral, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
+Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
 
@@ -122,6 +123,14 @@ CASES += [
           "rope_parameters": LONGROPE}),
 ]  # fmt: skip
 PHI4_MINI = CASES[16]
+# Mixtral: Mistral's attention (its window on every layer, binding here) and a sparse layer on
+# every layer, 4 experts of intermediate_size, 2 a token, renormalised; named block_sparse_moe
+# and w1/w2/w3 in the file
+CASES += [
+    Case("mixtral-window", "MixtralConfig", False,
+         {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 5}),
+]  # fmt: skip
+MIXTRAL = CASES[17]
 CASE_IDS = [c.name for c in CASES]
 
 

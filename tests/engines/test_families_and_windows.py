@@ -17,6 +17,7 @@ from hf_fixtures import (
     GEMMA3,
     MISTRAL,
     MISTRAL_WINDOW,
+    MIXTRAL,
     OLMO2,
     OLMO3,
     PHI3,
@@ -62,7 +63,7 @@ def test_yarn_frequencies_and_attention_factor_equal_transformers(rope: dict[str
 
 
 ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_WINDOW, PHI3,
-       PHI4_MINI]
+       PHI4_MINI, MIXTRAL]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -93,6 +94,9 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert written["sliding_window"] == 4
     elif case is PHI3:
         assert written["model_type"] == "phi3" and written["sliding_window"] is None
+    elif case is MIXTRAL:
+        assert written["model_type"] == "mixtral" and written["num_local_experts"] == 4
+        assert written["sliding_window"] == 5
     elif case is PHI4_MINI:
         rope = written["rope_parameters"]
         assert rope["rope_type"] == "longrope" and rope["partial_rotary_factor"] == 0.75

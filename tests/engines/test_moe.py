@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from hf_fixtures import MOE, PROMPTS, hf_model
+from hf_fixtures import MIXTRAL, MOE, PROMPTS, SIZES, hf_model
 
 from pivotflow.engines.torch import config_from_hf, load_model_folder, save_checkpoint
 from pivotflow.engines.torch.feedforward import SparseMoE, route, sort_by_expert
@@ -44,8 +44,18 @@ def test_sparse_and_dense_layers_are_where_the_config_puts_them(pair: Any) -> No
     assert len(ours.model.layers[0].mlp.experts) == 8
 
 
-def test_logits_and_gradients_equal_transformers_on_a_padded_batch(pair: Any) -> None:
-    theirs, ours, _ = pair
+@pytest.mark.parametrize("case", [MOE, MIXTRAL], ids=lambda c: c.name)
+def test_logits_and_gradients_equal_transformers_on_a_padded_batch(
+        case: Any, pair: Any, tmp_path: Path) -> None:
+    """Qwen3-MoE, and Mixtral (whose file names its layer block_sparse_moe and its experts'
+    projections w1/w3/w2; transformers 5 holds both as Qwen3-MoE's fused stacks)."""
+    if case is MOE:
+        theirs, ours, _ = pair
+    else:
+        theirs = hf_model(case)
+        theirs.save_pretrained(tmp_path)
+        folder = load_model_folder(tmp_path)
+        ours = build_model(folder.config, folder.tensors)
     ours.requires_grad_(True)  # build_model loads for inference
     ids, mask = _padded()
     real = mask.bool()
@@ -58,7 +68,7 @@ def test_logits_and_gradients_equal_transformers_on_a_padded_batch(pair: Any) ->
     (ref[real] * weights).sum().backward()
     (got[real] * weights).sum().backward()
     theirs_grads = dict(theirs.named_parameters())
-    inter = MOE.extra["moe_intermediate_size"]
+    inter = case.extra.get("moe_intermediate_size", SIZES["intermediate_size"])
     for name, p in ours.named_parameters():
         parts = name.split(".")  # model.layers.0.mlp.experts.3.up_proj.weight
         if "experts" in parts:
@@ -147,6 +157,21 @@ def test_expert_settings_that_cannot_be_are_one_line_errors(
     with pytest.raises(ModelConfigError, match=message) as exc:
         config_from_hf(_moe_config(**changes), "t")
     assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"router_jitter_noise": 0.01}, r"^t: router_jitter_noise=0\.01 is not supported by the "
+                                    r"embedded engine \(0\)$"),
+    ({"num_local_experts": 0}, r"^t: num_local_experts=0 is not a positive integer$"),
+])  # fmt: skip
+def test_a_mixtral_setting_the_engine_cannot_run_is_a_one_line_error(
+        changes: dict[str, Any], message: str) -> None:
+    raw = {**SIZES, "model_type": "mixtral", "num_local_experts": 4, **changes}
+    with pytest.raises(ModelConfigError, match=message):
+        config_from_hf(raw, "t")
+    cfg = config_from_hf({**SIZES, "model_type": "mixtral"}, "t")  # transformers' defaults
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob) == (8, 2, True)
+    assert cfg.moe_intermediate_size == SIZES["intermediate_size"] and cfg.sparse_layers == 2
 
 
 def test_the_hub_and_transformers_5_names_of_the_expert_count_both_read() -> None:

@@ -1,5 +1,5 @@
 """Mistral, YaRN, OLMo-2, sliding windows, OLMo-3, Gemma 3 and Phi-3 (fused projections;
-partial rotary with LongRoPE) on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
+partial rotary with LongRoPE) and Mixtral on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
 random weights, loads the store's version as a worker does, and decodes greedily the embedded
 engine's 40 tokens, on a prompt past YaRN's original context too. The YaRN folder sets every
 knob where two implementations could part (an explicit ``attention_factor``, which replaces the
@@ -69,7 +69,11 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
                     "rope_type": "longrope", "rope_theta": 10000.0,
                     "original_max_position_embeddings": MAX_LEN,
                     "short_factor": [1.0 + 0.25 * i for i in range(12)],
-                    "long_factor": [2.0 + 0.5 * i for i in range(12)]}})}
+                    "long_factor": [2.0 + 0.5 * i for i in range(12)]}}),
+            # Mixtral: the store holds its experts as pivotflow names them and sends vLLM the
+            # file's block_sparse_moe/w1/w2/w3 names; its window on every layer
+            "mixtral-window": ("MixtralConfig", "MixtralForCausalLM", {
+                "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 6})}
 
 
 def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
@@ -108,7 +112,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     cfg, weights = load_checkpoint(path)
     assert cfg.architecture == {"gemma3-text": "gemma3_text"}.get(family, family.split("-")[0])
     assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text",
-                                                   "phi3-window"))
+                                                   "phi3-window", "mixtral-window"))
     ours = TorchEngine(cfg, max_batch=8, eos_token_id=EOS)
     ours.load_weights(weights, 0)
     expected = _greedy(ours)

@@ -112,8 +112,8 @@ class TorchEngine:
         if record_routing:
             if not model_config.sparse_layers:
                 raise EngineError(
-                    "record_routing needs a mixture-of-experts model (a qwen3_moe with "
-                    f"num_experts > 0); this one is a dense {model_config.architecture}"
+                    "record_routing needs a mixture-of-experts model (a qwen3_moe or mixtral "
+                    f"with num_experts > 0); this one is a dense {model_config.architecture}"
                 )
             self._routing = RoutingRecorder(model_config, max_batch, self.max_seq_len,
                                             self.device)  # fmt: skip

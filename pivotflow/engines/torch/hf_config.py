@@ -2,7 +2,7 @@
 
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
-Phi-3/Phi-4; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
+Phi-3/Phi-4, Mixtral; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
 names, in one line, the file and the first key it cannot run. Keys that change nothing the
 decoder computes (token ids, initializer_range, use_cache...) are ignored.
 """
@@ -26,7 +26,7 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
               "qwen3_moe": "Qwen3MoeForCausalLM", "olmo2": "Olmo2ForCausalLM",
               "olmo3": "Olmo3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
-              "phi3": "Phi3ForCausalLM"}  # fmt: skip
+              "phi3": "Phi3ForCausalLM", "mixtral": "MixtralForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -36,7 +36,8 @@ HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "olmo2": "Olmo2ForSequenceClassification",
                   "olmo3": "Olmo3ForSequenceClassification",
                   "gemma3_text": "Gemma3TextForSequenceClassification",
-                  "phi3": "Phi3ForSequenceClassification"}
+                  "phi3": "Phi3ForSequenceClassification",
+                  "mixtral": "MixtralForSequenceClassification"}
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -247,11 +248,12 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", kind == "gemma3_text")),
         # Qwen2 always has q/k/v biases; Mistral and Phi-3 never; Llama and Qwen3 when the
         # config says so.
-        attention_bias={"qwen2": True, "mistral": False, "phi3": False}.get(
+        attention_bias={"qwen2": True, "mistral": False, "phi3": False, "mixtral": False}.get(
             kind, bool(raw.get("attention_bias", False))),
         architecture=kind,
         num_labels=_num_labels(raw, where),
         **(_expert_fields(raw, where) if kind == "qwen3_moe" else {}),
+        **(_mixtral_fields(raw, where) if kind == "mixtral" else {}),
         **(_gemma_fields(raw, where) if kind == "gemma3_text" else {}),
     )
     try:
@@ -299,6 +301,22 @@ def _expert_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
         raise ModelConfigError(f"{where}: mlp_only_layers={only!r} is not a list of layer numbers")
     out["mlp_only_layers"] = tuple(only)
     return out
+
+
+def _mixtral_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """Mixtral's experts as ModelConfig's: every layer sparse, each expert an MLP of
+    intermediate_size, the top k router weights always renormalised (transformers' defaults: 8
+    experts, 2 a token). Its training-time router jitter is refused unless 0."""
+    out: dict[str, Any] = {}
+    for field, key, default in (("num_experts", "num_local_experts", 8),
+                                ("num_experts_per_tok", "num_experts_per_tok", 2)):
+        value = out[field] = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ModelConfigError(f"{where}: {key}={value!r} is not a positive integer")
+    jitter = raw.get("router_jitter_noise") or 0.0
+    if jitter:
+        raise ModelConfigError(f"{where}: router_jitter_noise={jitter!r} {_ENGINE} (0)")
+    return {**out, "moe_intermediate_size": raw["intermediate_size"], "norm_topk_prob": True}
 
 
 def _num_labels(raw: dict[str, Any], where: str) -> int:
@@ -388,6 +406,16 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
                    use_bidirectional_attention=False)
     elif cfg.architecture == "mistral":
         out.update(sliding_window=None)  # none, explicitly: transformers' default is 4096
+    elif cfg.architecture == "mixtral":
+        if cfg.num_experts and (cfg.moe_intermediate_size != cfg.intermediate_size
+                                or not cfg.norm_topk_prob or cfg.mlp_only_layers
+                                or cfg.decoder_sparse_step != 1):
+            raise ModelConfigError(
+                "a mixtral checkpoint has every layer sparse, experts of intermediate_size and "
+                "renormalised router weights; use architecture='qwen3_moe' for another layout")
+        out.update(sliding_window=None, num_local_experts=cfg.num_experts,
+                   num_experts_per_tok=cfg.num_experts_per_tok, router_jitter_noise=0.0,
+                   output_router_logits=False)
     elif cfg.architecture == "phi3":
         # Phi3Config's default ids (pad and eos 32000) would not fit a smaller vocabulary, and
         # transformers refuses an embedding whose padding row is outside it; a model's own ids

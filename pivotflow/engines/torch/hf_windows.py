@@ -5,7 +5,8 @@
 Each family says it its own way, and transformers' reading is the reference:
 
 * ``mistral``: every layer, whenever ``sliding_window`` is set (absent: 4096; null: none).
-* ``phi3``: every layer, whenever ``sliding_window`` is set (absent or null: none).
+* ``phi3``, ``mixtral``: every layer, whenever ``sliding_window`` is set (absent or null:
+  none).
 * ``qwen2``, ``qwen3``: only with ``use_sliding_window``; then the layers ``layer_types``
   marks ``sliding_attention``, or without it those at ``max_window_layers`` (28) and above.
 * ``qwen3_moe``: every layer, with ``use_sliding_window``.
@@ -34,7 +35,7 @@ _ENGINE = "is not supported by the embedded engine"
 def window_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> dict[str, Any]:
     """``sliding_window`` and ``sliding_layers`` for ModelConfig (empty: every layer full)."""
     types = _layer_types(raw, layers, where)
-    if kind in ("mistral", "phi3"):
+    if kind in ("mistral", "phi3", "mixtral"):
         default = MISTRAL_DEFAULT_WINDOW if kind == "mistral" else None
         window, sliding = raw.get("sliding_window", default), list(range(layers))
     elif kind in ("qwen2", "qwen3", "qwen3_moe"):
@@ -111,11 +112,11 @@ def windows_to_hf(cfg: Any, rope: dict[str, Any]) -> dict[str, Any]:
         return out
     if not sliding:
         return {}
-    if kind in ("llama", "olmo2") or (kind in ("mistral", "phi3", "qwen3_moe")
+    if kind in ("llama", "olmo2") or (kind in ("mistral", "phi3", "mixtral", "qwen3_moe")
                                       and not everywhere):
         raise ModelConfigError(
             f"a {kind} checkpoint cannot say sliding_layers {sorted(sliding)} of {n} layers "
-            "(mistral, phi3 and qwen3_moe: all or none; llama and olmo2: none)")
+            "(mistral, phi3, mixtral and qwen3_moe: all or none; llama and olmo2: none)")
     out = {"sliding_window": cfg.sliding_window}
     if kind in ("qwen2", "qwen3", "qwen3_moe"):
         out.update(use_sliding_window=True, max_window_layers=min(sliding))

@@ -10,7 +10,8 @@ import msgspec
 from pivotflow.errors import ModelConfigError
 
 ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3",
-                 "gemma3_text", "phi3")
+                 "gemma3_text", "phi3", "mixtral")
+MOE_ARCHITECTURES = ("qwen3_moe", "mixtral")  # the families with routed experts
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text")
 # Gemma's layer: norms on each sub-layer's input and output, every norm scaling by 1 + weight
 SANDWICH_NORM_ARCHITECTURES = ("gemma3_text",)
@@ -249,10 +250,10 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
             raise ModelConfigError(f"num_experts must be >= 0, got {self.num_experts}")
         if not self.num_experts:
             return
-        if self.architecture != "qwen3_moe":
+        if self.architecture not in MOE_ARCHITECTURES:
             raise ModelConfigError(
                 f"num_experts={self.num_experts} does not fit architecture "
-                f"{self.architecture!r} (only qwen3_moe has experts)"
+                f"{self.architecture!r} (only {', '.join(MOE_ARCHITECTURES)} have experts)"
             )
         if not 1 <= self.num_experts_per_tok <= self.num_experts:
             raise ModelConfigError(
