@@ -34,7 +34,7 @@ import msgspec
 from pivotflow.controller.snapshot import ControllerState
 from pivotflow.errors import CheckpointError, PivotflowError
 from pivotflow.params.base import ParamStore
-from pivotflow.params.hf_folder import read_folder, write_folder
+from pivotflow.params.hf_folder import read_folder, read_json, write_folder
 
 if TYPE_CHECKING:
     import torch
@@ -153,6 +153,7 @@ class LoraExport:
     alpha: float
     targets: list[str]
     base_model: str
+    model_config: dict[str, Any]  # the base's config.json ({} when unknown): its file's layout
 
 
 def lora_export(train_options: dict[str, Any], base_model: Path | None) -> LoraExport | None:
@@ -163,7 +164,8 @@ def lora_export(train_options: dict[str, Any], base_model: Path | None) -> LoraE
     tc = train_config(train_options)
     if not tc.lora_rank:
         return None
-    return LoraExport(tc.lora_alpha, list(tc.lora_target_modules), str(base_model or ""))
+    config = read_json(base_model / "config.json") if base_model is not None else {}
+    return LoraExport(tc.lora_alpha, list(tc.lora_target_modules), str(base_model or ""), config)
 
 
 def _write_adapter(folder: Path, optim: Mapping[str, torch.Tensor],
@@ -174,7 +176,7 @@ def _write_adapter(folder: Path, optim: Mapping[str, torch.Tensor],
 
     adapters = {k: optim[k] for k in optim if k.endswith(ADAPTER_SUFFIXES)}  # (reads no other)
     tensors, config = peft_adapter(adapters, alpha=lora.alpha, targets=lora.targets,
-                                   base_model=lora.base_model)
+                                   base_model=lora.base_model, model_config=lora.model_config)
     folder.mkdir()
     _save_tensors(tensors, folder / "adapter_model.safetensors")
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))

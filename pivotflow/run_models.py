@@ -97,14 +97,6 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
         for node in graph.order():
             knob = next((k for k in ("routing_replay", "router_aux_loss_coef")
                          if node.options.get(k)), None)  # (what only experts have)
-            lora = ((node.model == spec.name and node.options.get("lora_rank"))
-                    or (node.options.get("critic_model") == spec.name
-                        and node.options.get("critic_lora_rank")))
-            if lora and folder.config.architecture == "phi3":
-                # (its exported adapter would name q/k/v where PEFT's Phi-3 has qkv_proj)
-                raise GraphError(f"{node.kind} {node.name!r} at {node.where}: LoRA on a phi3 "
-                                 f"model ({path / 'config.json'}) is not supported yet: train "
-                                 "it whole")
             if node.model == spec.name and knob and not folder.config.sparse_layers:
                 raise GraphError(f"{node.kind} {node.name!r} at {node.where}: {knob} "
                                  f"needs a mixture-of-experts model; {spec.name!r} "

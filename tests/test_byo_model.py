@@ -224,7 +224,8 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     """Phi-3/Phi-4's file fuses q/k/v (qkv_proj) and gate/up (gate_up_proj); Mixtral's names
     its sparse layer block_sparse_moe and its experts' projections w1/w2/w3. The run holds
     pivotflow's layout, its rollouts' logprobs equal its trainer's, and the checkpoint it writes
-    is the family's own file again, trained, that resumes. LoRA on phi3 is refused in one line."""
+    is the family's own file again, trained, that resumes. A LoRA run on phi3 exports adapters
+    of the fused projections that PEFT merges to its policy."""
     import torch
     import transformers
     from safetensors.torch import load_file
@@ -260,11 +261,21 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
         assert not torch.equal(before[name], after[name]), name
     again = run(graph, steps=3, out=tmp_path / "out", console=False, resume=str(tmp_path / "out"))
     assert again.summary["steps"] == 3 and again.summary["error"] is None
-    if family == "phi3":
+    if family == "phi3":  # LoRA on the split projections, exported onto the fused ones
+        from test_lora_run import peft_merges_to_the_policy
+
         lora = write_graph(tmp_path / "out", folder, prompts, train="lora_rank=4")
-        with pytest.raises(GraphError, match=r"train 'train' at .*graph.py:\d+: LoRA on a phi3 "
-                           r"model \(.*config.json\) is not supported yet: train it whole$"):
-            run(lora, steps=1, out=tmp_path / "lora", console=False, sets=["live=false"])
+        from pivotflow import checkpoints
+
+        done = run(lora, steps=2, out=tmp_path / "lora", console=False,
+                   sets=["live=false", "checkpoint_every=2"])
+        assert done.summary["error"] is None
+        ckpt = checkpoints.latest(tmp_path / "lora")
+        assert ckpt is not None
+        adapter = json.loads((ckpt / "adapter" / "adapter_config.json").read_text())
+        assert adapter["target_modules"] == ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+        assert adapter["rank_pattern"] == {"qkv_proj": 12, "gate_up_proj": 8}
+        peft_merges_to_the_policy(ckpt)
 
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "byo_model.py"

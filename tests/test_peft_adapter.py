@@ -76,7 +76,8 @@ def test_the_run_starts_from_what_peft_merges(tmp_path: Path, sft: tuple) -> Non
 
 def test_a_phi3_adapter_on_the_fused_qkv_merges_as_peft_merges_it(tmp_path: Path) -> None:
     """Phi-3's adapters target the file's fused ``qkv_proj`` and ``gate_up_proj``: merged in
-    that layout, then held split as the run holds every model."""
+    that layout, then held split as the run holds every model; PEFT's rank_pattern and
+    alpha_pattern give layers their own scale, as PEFT merges them."""
     from peft import LoraConfig, get_peft_model
     from transformers import Phi3Config, Phi3ForCausalLM
 
@@ -91,8 +92,9 @@ def test_a_phi3_adapter_on_the_fused_qkv_merges_as_peft_merges_it(tmp_path: Path
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
         pad_token_id=0, eos_token_id=0, bos_token_id=1))
     model.save_pretrained(base_dir)
-    peft_model = get_peft_model(model, LoraConfig(
-        r=4, lora_alpha=8, target_modules=["qkv_proj", "gate_up_proj"], init_lora_weights=False))
+    peft_model = get_peft_model(model, LoraConfig(  # (per-layer ranks and alphas too)
+        r=4, lora_alpha=8, target_modules=["qkv_proj", "gate_up_proj", "o_proj"],
+        rank_pattern={"qkv_proj": 8}, alpha_pattern={"gate_up_proj": 2}, init_lora_weights=False))
     peft_model.save_pretrained(adapter_dir)
     merged = {k: v.detach().clone() for k, v in peft_model.merge_and_unload().state_dict().items()}
     store = ShmParamStore(tmp_path / "store")

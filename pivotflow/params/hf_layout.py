@@ -39,6 +39,11 @@ _W_TO_PROJ = {"1": "gate", "2": "down", "3": "up"}
 _PROJ_TO_W = {v: k for k, v in _W_TO_PROJ.items()}
 
 
+def _module(tensor: str) -> str:
+    """A weight's module name (``self_attn.qkv_proj.weight`` -> ``self_attn.qkv_proj``)."""
+    return tensor.removesuffix(".weight")
+
+
 def family_of(config: dict[str, Any]) -> str | None:
     """The family whose on-disk layout differs from pivotflow's (phi3, mixtral), or None."""
     kind = config.get("model_type")
@@ -140,3 +145,41 @@ def disk_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
             if all(n in out for n in names):
                 out[prefix + fused] = torch.cat([out.pop(n) for n in names])
     return out
+
+
+def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], rank: int,
+                   alpha: float) -> tuple[dict[str, torch.Tensor], dict[str, int], dict[str, float]]:
+    """LoRA adapters of split projections (``<layer>.lora_A`` [r, in], ``.lora_B`` [out, r])
+    as adapters of the file's fused ones (phi3), with PEFT's ``rank_pattern`` and
+    ``alpha_pattern`` for them; others as they are. n adapted parts of a fused projection make
+    one adapter of rank n r: A the parts' A stacked, B block-diagonal over the parts' rows
+    (zero rows for a part not adapted), alpha n alpha, so its update is the parts' updates
+    exactly, scale alpha / r included."""
+    if family_of(config) != "phi3":
+        return adapters, {}, {}
+    import torch
+
+    q_rows, kv_rows = _head_rows(config, "adapter export")
+    inter = int(config["intermediate_size"])
+    fusions = ((_QKV, _SPLIT_QKV, (q_rows, kv_rows, kv_rows)),
+               (_GATE_UP, _SPLIT_GATE_UP, (inter, inter)))
+    out = dict(adapters)
+    ranks: dict[str, int] = {}
+    for fused, parts, rows in fusions:
+        modules = [_module(p) for p in parts]
+        layers = {k.removesuffix(f"{m}.lora_A") for k in adapters for m in modules
+                  if k.endswith(f"{m}.lora_A")}
+        for prefix in sorted(layers):
+            names = [prefix + m for m in modules]
+            present = [i for i, n in enumerate(names) if f"{n}.lora_A" in adapters]
+            a = torch.cat([out.pop(f"{names[i]}.lora_A") for i in present])
+            b = a.new_zeros(sum(rows), len(present) * rank)
+            for j, i in enumerate(present):
+                start = sum(rows[:i])
+                b[start:start + rows[i], j * rank:(j + 1) * rank] = out.pop(f"{names[i]}.lora_B")
+            out[f"{prefix}{_module(fused)}.lora_A"], out[f"{prefix}{_module(fused)}.lora_B"] = a, b
+            key = _module(fused).split(".")[-1]  # (PEFT matches a pattern on the name's end)
+            if ranks.setdefault(key, len(present) * rank) != len(present) * rank:
+                raise ValueError(f"{key}: layers adapt different parts; PEFT's rank_pattern "
+                                 "cannot say it")
+    return out, ranks, {k: alpha * r / rank for k, r in ranks.items()}

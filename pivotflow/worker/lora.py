@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -142,18 +143,30 @@ def restore(model: nn.Module, adapters: dict[str, torch.Tensor]) -> list[str]:
 
 
 def peft_adapter(adapters: dict[str, torch.Tensor], *, alpha: float, targets: list[str],
-                 base_model: str) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
+                 base_model: str, model_config: dict[str, object] | None = None,
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
     """The adapters as PEFT saves them (``adapter_model.safetensors``'s tensors and
     ``adapter_config.json``), so ``PeftModel.from_pretrained(base, folder)`` loads them onto
     ``base_model`` (the policy's folder before training). ``adapters`` as ``adapter_tensors``
-    names them (the optimizer state's ``<layer>.lora_A`` / ``.lora_B``)."""
+    names them (the optimizer state's ``<layer>.lora_A`` / ``.lora_B``). ``model_config``
+    (the base's config.json): a family whose file fuses projections (Phi-3) gets adapters of
+    its fused ones (``hf_layout.fused_adapters``, with rank and alpha patterns)."""
+    from pivotflow.params.hf_layout import fused_adapters
+
     ranks = {t.shape[0] for k, t in adapters.items() if k.endswith(".lora_A")}
     if len(ranks) != 1:
         raise ValueError(f"adapters of ranks {sorted(ranks)}: expected one rank")
+    rank = ranks.pop()
+    adapters, rank_pattern, alpha_pattern = fused_adapters(dict(model_config or {}), adapters,
+                                                           rank, alpha)
+    fused = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+             "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"} if rank_pattern else {}
+    targets = list(dict.fromkeys(fused.get(t, t) for t in targets))
     tensors = {f"base_model.model.{k}.weight": t for k, t in adapters.items()}
     config: dict[str, object] = {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
-        "r": ranks.pop(), "lora_alpha": alpha, "target_modules": list(targets),
+        "r": rank, "lora_alpha": alpha, "target_modules": targets,
+        "rank_pattern": rank_pattern, "alpha_pattern": alpha_pattern,
         "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False,
         "use_dora": False, "init_lora_weights": True, "inference_mode": True,
         "modules_to_save": None,
@@ -166,8 +179,9 @@ def merge_peft_adapter(tensors: dict[str, torch.Tensor], folder: Path) -> dict[s
     ``folder`` merged in: ``W + (lora_alpha / r) B A`` for every adapted layer, computed in
     float32 and stored in W's dtype. What a run starts from when its model is an SFT adapter on a
     base (``Graph.model(..., adapter=)``). Raises ModelConfigError naming the file and what is
-    wrong: not a LoRA adapter, a kind this does not merge (DoRA, per-layer ranks), or a layer
-    the model does not have or of another shape. rsLoRA's scale (alpha / sqrt(r)) is kept."""
+    wrong: not a LoRA adapter, a kind this does not merge (DoRA), or a layer the model does not
+    have or of another shape. rsLoRA's scale (alpha / sqrt(r)) and per-layer ranks and alphas
+    (``rank_pattern``, ``alpha_pattern``) are kept."""
     from safetensors.torch import load_file
 
     config_path, weights_path = folder / "adapter_config.json", folder / "adapter_model.safetensors"
@@ -185,13 +199,21 @@ def merge_peft_adapter(tensors: dict[str, torch.Tensor], folder: Path) -> dict[s
     for key in ("use_dora", "fan_in_fan_out"):
         if config.get(key):
             raise ModelConfigError(f"{config_path}: {key} is true; not supported")
-    if config.get("rank_pattern") or config.get("alpha_pattern"):
-        raise ModelConfigError(f"{config_path}: rank_pattern/alpha_pattern are not supported")
     r, alpha = config.get("r"), config.get("lora_alpha")
-    if not isinstance(r, int) or r < 1 or not isinstance(alpha, (int, float)):
+    patterns = config.get("rank_pattern") or {}, config.get("alpha_pattern") or {}
+    if not isinstance(r, int) or r < 1 or not isinstance(alpha, (int, float)) or not all(
+            isinstance(d, dict) for d in patterns):
         raise ModelConfigError(f"{config_path}: r {r!r} and lora_alpha {alpha!r} must be a "
-                               "positive int and a number")
-    scaling = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+                               "positive int and a number, rank_pattern and alpha_pattern "
+                               "objects")
+
+    def scaling(layer: str) -> float:
+        """PEFT's scale of ``layer``: its rank and alpha from the first pattern whose regex
+        matches the end of its name (PEFT's ``get_pattern_key``), else r and lora_alpha."""
+        rank, a = (next((d[k] for k in d if re.match(rf"(.*\.)?({k})$", layer)), default)
+                   for d, default in zip(patterns, (r, alpha), strict=True))
+        return a / math.sqrt(rank) if config.get("use_rslora") else a / rank
+
     adapter = load_file(str(weights_path))
     merged, layers = dict(tensors), 0
     for key, a in adapter.items():
@@ -205,7 +227,8 @@ def merge_peft_adapter(tensors: dict[str, torch.Tensor], folder: Path) -> dict[s
                 f"{weights_path}: {key} does not fit the model (its lora_B "
                 f"{'missing' if b is None else tuple(b.shape)}, the model's {layer}.weight "
                 f"{'missing' if w is None else tuple(w.shape)})")
-        merged[f"{layer}.weight"] = (w.float() + scaling * (b.float() @ a.float())).to(w.dtype)
+        merged[f"{layer}.weight"] = (w.float() + scaling(layer) * (b.float() @ a.float())
+                                     ).to(w.dtype)
         layers += 1
     if not layers:
         raise ModelConfigError(f"{weights_path}: no lora_A/lora_B pair: nothing to merge")
