@@ -1,6 +1,7 @@
 """A Hugging Face model folder as the parameter store sees it: ``config.json`` (kept as data) and
 safetensors weights, read and written without knowing the architecture, but for the families
-whose files fuse projections pivotflow holds apart (``hf_layout``: Phi-3/Phi-4).
+whose files lay tensors out otherwise than pivotflow holds them (``hf_layout``: Phi-3's fused
+projections, Mixtral's names).
 
 Used wherever weights leave or enter the store as files: the directory backend, run checkpoints,
 and the export an engine that loads by path (vLLM, SGLang) reads. Whether an engine can run the
@@ -107,7 +108,8 @@ def write_folder(
     side_files_from: str | os.PathLike[str] | None = None,
 ) -> None:
     """Write ``config`` as ``config.json`` and ``tensors`` (their dtypes; their names as the
-    family stores them, ``hf_layout.disk_layout``) as ``model.safetensors``, each through a temporary name so a reader never sees half a file;
+    family stores them, ``hf_layout.disk_layout``) as ``model.safetensors``, each through a
+    temporary name so a reader never sees half a file;
     then copy the tokenizer and generation files ``side_files_from`` has (SIDE_FILES). A tensor
     that shares storage with an earlier one (a tied head, a view) is written as its own copy:
     safetensors refuses shared storage, and a loader that ties the weights ignores the

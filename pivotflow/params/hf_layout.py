@@ -14,7 +14,8 @@ Two families store theirs otherwise:
 ``held_layout`` turns a folder's tensors into pivotflow's as it is read; ``disk_layout`` turns
 them back as one is written, so every folder pivotflow writes loads in transformers and vLLM as
 the family's own class; ``engine_names`` gives an engine that loads by checkpoint names the
-family's names without fusing anything (no copy).
+family's names without fusing anything (no copy); ``fused_adapters`` turns LoRA adapters of
+split projections into PEFT adapters of the fused ones.
 """
 
 from __future__ import annotations
@@ -183,3 +184,13 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
                 raise ValueError(f"{key}: layers adapt different parts; PEFT's rank_pattern "
                                  "cannot say it")
     return out, ranks, {k: alpha * r / rank for k, r in ranks.items()}
+
+
+def fused_targets(config: dict[str, Any], targets: list[str]) -> list[str]:
+    """LoRA's target module names as the family's file names them: a split projection's as
+    its fused one's (phi3), in order, once each; others as they are."""
+    if family_of(config) != "phi3":
+        return list(targets)
+    fused = {_module(p).split(".")[-1]: _module(f).split(".")[-1]
+             for f, parts in ((_QKV, _SPLIT_QKV), (_GATE_UP, _SPLIT_GATE_UP)) for p in parts}
+    return list(dict.fromkeys(fused.get(t, t) for t in targets))

@@ -151,17 +151,15 @@ def peft_adapter(adapters: dict[str, torch.Tensor], *, alpha: float, targets: li
     names them (the optimizer state's ``<layer>.lora_A`` / ``.lora_B``). ``model_config``
     (the base's config.json): a family whose file fuses projections (Phi-3) gets adapters of
     its fused ones (``hf_layout.fused_adapters``, with rank and alpha patterns)."""
-    from pivotflow.params.hf_layout import fused_adapters
+    from pivotflow.params.hf_layout import fused_adapters, fused_targets
 
     ranks = {t.shape[0] for k, t in adapters.items() if k.endswith(".lora_A")}
     if len(ranks) != 1:
         raise ValueError(f"adapters of ranks {sorted(ranks)}: expected one rank")
     rank = ranks.pop()
-    adapters, rank_pattern, alpha_pattern = fused_adapters(dict(model_config or {}), adapters,
-                                                           rank, alpha)
-    fused = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
-             "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"} if rank_pattern else {}
-    targets = list(dict.fromkeys(fused.get(t, t) for t in targets))
+    model_config = dict(model_config or {})
+    adapters, rank_pattern, alpha_pattern = fused_adapters(model_config, adapters, rank, alpha)
+    targets = fused_targets(model_config, targets)
     tensors = {f"base_model.model.{k}.weight": t for k, t in adapters.items()}
     config: dict[str, object] = {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
@@ -210,8 +208,12 @@ def merge_peft_adapter(tensors: dict[str, torch.Tensor], folder: Path) -> dict[s
     def scaling(layer: str) -> float:
         """PEFT's scale of ``layer``: its rank and alpha from the first pattern whose regex
         matches the end of its name (PEFT's ``get_pattern_key``), else r and lora_alpha."""
-        rank, a = (next((d[k] for k in d if re.match(rf"(.*\.)?({k})$", layer)), default)
-                   for d, default in zip(patterns, (r, alpha), strict=True))
+        try:
+            rank, a = (next((d[k] for k in d if re.match(rf"(.*\.)?({k})$", layer)), default)
+                       for d, default in zip(patterns, (r, alpha), strict=True))
+        except re.error as exc:
+            raise ModelConfigError(f"{config_path}: a rank_pattern or alpha_pattern key is "
+                                   f"not a regular expression: {exc}") from None
         return a / math.sqrt(rank) if config.get("use_rslora") else a / rank
 
     adapter = load_file(str(weights_path))

@@ -121,9 +121,7 @@ def _rope_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
     partial = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
     if partial != 1.0 and not phi3:
         raise ModelConfigError(
-            f"{where}: {key}.partial_rotary_factor={rope['partial_rotary_factor']!r} {_ENGINE} "
-            "(1.0)"
-        )
+            f"{where}: {key}.partial_rotary_factor={partial!r} {_ENGINE} (1.0)")
     theta_key = f"{key}.rope_theta" if "rope_theta" in rope else "rope_theta"
     theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
     out: dict[str, Any] = {"rope_type": kind, "rope_theta": _number(theta, theta_key, where)}
@@ -246,8 +244,8 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         rms_norm_eps=_number(raw.get("rms_norm_eps", 1e-6), "rms_norm_eps", where),
         # (transformers' default: tied for Gemma, untied for the rest)
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", kind == "gemma3_text")),
-        # Qwen2 always has q/k/v biases; Mistral and Phi-3 never; Llama and Qwen3 when the
-        # config says so.
+        # Qwen2 always has q/k/v biases; Mistral, Mixtral and Phi-3 never; Llama and Qwen3
+        # when the config says so.
         attention_bias={"qwen2": True, "mistral": False, "phi3": False, "mixtral": False}.get(
             kind, bool(raw.get("attention_bias", False))),
         architecture=kind,

@@ -294,13 +294,13 @@ class PackedDecoder:
                 ffn = _pack_mlp(cast(MLP, layer.mlp))
             weights = (w_qkv, attn.o_proj.weight)
             self.layers.append((norms, b_qkv, weights, attn.o_proj.bias, qk_norms, ffn))
-        # one rotary table per kind of layer (full attention; sliding window), shared when alike
         # each rotary dimension's partner in rotate_half: half of the rotary dimensions away
         # (a roll by D/2 when every dimension rotates), the pass-through ones their own
         r, d = cfg.rotary_dim, self.d
         self._partner = None if r == d else torch.cat((
             torch.arange(r // 2, r), torch.arange(r // 2), torch.arange(r, d))).to(
             model.lm_head.weight.device)
+        # one rotary table per kind of layer (full attention; sliding window), shared when alike
         self._sliding = [cfg.is_sliding(i) for i in range(cfg.num_hidden_layers)]
         self._ropes = {False: self._rope_table(False, max_len)}
         self._ropes[True] = (self._rope_table(True, max_len) if cfg.sliding_rope_theta

@@ -3,7 +3,8 @@
 A folder is ``config.json``, ``model.safetensors`` or the shards ``model.safetensors.index.json``
 lists, and optionally ``generation_config.json``. One written by ``save_checkpoint`` loads with
 ``transformers.AutoModelForCausalLM.from_pretrained``; one written by transformers'
-``save_pretrained`` for a Qwen2, Llama, Qwen3 or Qwen3-MoE model loads with ``load_model_folder``.
+``save_pretrained`` for a model of any family ``config_from_hf`` reads loads with
+``load_model_folder``.
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def save_checkpoint(
     else:
         dtype_name = str(dtype).removeprefix("torch.")
         hf_config = {**config, "torch_dtype": dtype_name, "dtype": dtype_name}
-    out = disk_layout(hf_config, out)  # (Phi-3's fused projections)
+    out = disk_layout(hf_config, out)  # (Phi-3's fused projections, Mixtral's names)
     texts = {"config.json": hf_config}
     if generation_config is not None:
         texts["generation_config.json"] = generation_config
