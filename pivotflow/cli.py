@@ -47,6 +47,13 @@ def _cmd_inspect(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _cmd_model(args: argparse.Namespace, console: Console) -> int:
+    from pivotflow.model_info import describe_model
+
+    console.print(describe_model(args.folder), highlight=False, soft_wrap=True, markup=False)
+    return 0
+
+
 SIM_HELP = "simulate a workload on a virtual GPU cluster"  # as pivotflow.sim.cli says
 
 
@@ -74,6 +81,10 @@ def build_parser(*, with_sim: bool = True) -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="validate a graph file and print its stages and pools")
     i.add_argument("graph", type=Path)
     i.set_defaults(func=_cmd_inspect)
+    m = sub.add_parser("model", help="read a Hugging Face model folder as a run would and say "
+                       "what pivotflow runs")
+    m.add_argument("folder", type=Path)
+    m.set_defaults(func=_cmd_model)
     if with_sim:
         from pivotflow.sim.cli import add_sim_parser
 

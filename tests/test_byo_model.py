@@ -244,6 +244,10 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
         **extra))
     policy.generation_config = GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)
     policy.save_pretrained(folder)
+    said = cli("model", str(folder))
+    assert said.returncode == 0 and f"{folder}: {family}, " in said.stderr, said.stderr
+    assert {"phi3": "tensors: q/k/v and gate/up fused in the file, held split",
+            "mixtral": "experts 4 (2 a token) on 2 of 2 layers"}[family] in said.stderr
     prompts = write_prompts(tmp_path / "prompts.jsonl")
     graph = write_graph(tmp_path, folder, prompts)
     s = run(graph, steps=2, out=tmp_path / "out", console=False, sets=["live=false"]).summary
@@ -328,6 +332,26 @@ def test_a_config_key_the_engine_cannot_run_is_named(tmp_path: Path, qwen: Path)
     graph = write_graph(tmp_path, broken, write_prompts(tmp_path / "p.jsonl"))
     assert_one_line_error(cli("run", str(graph), "--set", "live=false"),
                           str(broken / "config.json"), "hidden_act")
+
+
+def test_pivotflow_model_says_what_a_folder_runs_as_and_names_what_it_cannot(
+        tmp_path: Path, qwen: Path) -> None:
+    """``pivotflow model FOLDER`` reads the folder as a run does, before any graph: its shape,
+    rope, context, tokenizer and stop ids; a broken folder is the run's own one-line error."""
+    done = cli("model", str(qwen))
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stderr
+    assert f"{qwen}: qwen2, " in out and "tied embeddings" in out
+    assert "layers 2, hidden 64, heads 2 on 1 kv heads of 32" in out
+    assert "context 256 (max_position_embeddings)" in out
+    assert "a chat template; stop ids [2, 0]" in out
+    broken = copy_model(qwen, tmp_path / "broken")
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "hidden_act": "gelu"}))
+    assert_one_line_error(cli("model", str(broken)), str(broken / "config.json"), "hidden_act")
+    assert_one_line_error(cli("model", str(tmp_path / "none")), "no such model folder")
+    bare = copy_model(qwen, tmp_path / "bare", skip=("tokenizer.json", "tokenizer_config.json"))
+    assert_one_line_error(cli("model", str(bare)), "no tokenizer files")
 
 
 @pytest.mark.parametrize(("row", "says"), [

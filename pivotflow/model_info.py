@@ -1,0 +1,55 @@
+"""``pivotflow model FOLDER``: read a Hugging Face model folder as a run would (config,
+weights, tokenizer, generation config; every fault the one-line error a run would stop with)
+and say what pivotflow will run, before a graph names it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def describe_model(path: Path) -> str:
+    """What the folder holds, as pivotflow reads it: its family and shape, attention (rope,
+    context, windows), experts, weights, tokenizer and stop ids. Raises the PivotflowError a
+    run would raise for the same folder."""
+    from pivotflow.engines.torch.rope import rope_attention_factor
+    from pivotflow.engines.torch.weights import load_model_folder
+    from pivotflow.errors import CheckpointError
+    from pivotflow.params.hf_layout import family_of
+    from pivotflow.run_models import tokenizer_of
+
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such model folder")
+    folder = load_model_folder(path)
+    cfg = folder.config
+    tok = tokenizer_of(path, cfg.vocab_size)
+    params = sum(t.numel() for t in folder.tensors.values())
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in folder.tensors.values()})
+    head = f"{cfg.architecture}" + (f" (a {cfg.num_labels}-output classifier)"
+                                    if cfg.num_labels else "")
+    rope = cfg.rope_type + ("" if cfg.rope_type == "default" else f", factor {cfg.rope_factor:g}")
+    if rope_attention_factor(cfg) != 1.0:
+        rope += f", attention factor {rope_attention_factor(cfg):.4f}"
+    if cfg.rotary_dim != cfg.head_dim:
+        rope += f", {cfg.rotary_dim} of {cfg.head_dim} dimensions turn"
+    lines = [
+        f"{path}: {head}, {params / 1e6:.1f}M parameters ({', '.join(dtypes)}), "
+        f"{'tied' if cfg.tie_word_embeddings else 'untied'} embeddings",
+        f"  layers {cfg.num_hidden_layers}, hidden {cfg.hidden_size}, heads "
+        f"{cfg.num_attention_heads} on {cfg.num_key_value_heads} kv heads of {cfg.head_dim}",
+        f"  rope {rope} (theta {cfg.rope_theta:g}); context {cfg.context_limit} "
+        f"({cfg.context_key})",
+    ]
+    if cfg.sliding_layers:
+        lines.append(f"  sliding window {cfg.sliding_window} on {len(cfg.sliding_layers)} of "
+                     f"{cfg.num_hidden_layers} layers")
+    if cfg.sparse_layers:
+        lines.append(f"  experts {cfg.num_experts} ({cfg.num_experts_per_tok} a token) on "
+                     f"{cfg.sparse_layers} of {cfg.num_hidden_layers} layers")
+    layout = {"phi3": "q/k/v and gate/up fused in the file, held split",
+              "mixtral": "block_sparse_moe and w1/w2/w3 in the file, held as mlp.experts"}
+    if (family := family_of(folder.hf_config)) is not None:
+        lines.append(f"  tensors: {layout[family]}")
+    template = "a chat template" if tok.chat_template else "no chat template"
+    lines.append(f"  tokenizer: {tok.vocab_size} tokens, {template}; stop ids "
+                 f"{list(folder.eos_ids) or 'none'}")
+    return "\n".join(lines)
