@@ -46,7 +46,9 @@ def describe_model(path: Path) -> str:
         lines.append(f"  experts {cfg.num_experts} ({cfg.num_experts_per_tok} a token) on "
                      f"{cfg.sparse_layers} of {cfg.num_hidden_layers} layers")
     layout = {"phi3": "q/k/v and gate/up fused in the file, held split",
-              "mixtral": "block_sparse_moe and w1/w2/w3 in the file, held as mlp.experts"}
+              "mixtral": "block_sparse_moe and w1/w2/w3 in the file, held as mlp.experts",
+              "glm4": "gate/up fused and q/k turning in interleaved pairs in the file, held "
+                      "split and reordered"}
     if (family := family_of(folder.hf_config)) is not None:
         lines.append(f"  tensors: {layout[family]}")
     template = "a chat template" if tok.chat_template else "no chat template"

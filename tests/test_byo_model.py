@@ -215,6 +215,15 @@ OTHER_LAYOUTS = {
                 {"num_local_experts": 4, "num_experts_per_tok": 2},
                 ("model.layers.0.block_sparse_moe.gate.weight",
                  "model.layers.1.block_sparse_moe.experts.2.w3.weight")),
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", {"head_dim": 32},
+             ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.post_mlp_layernorm.weight")),
+}
+# what a LoRA run's PEFT adapter targets, and the fused modules' ranks (4 a part)
+LORA_EXPORTS = {
+    "phi3": (["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
+             {"qkv_proj": 12, "gate_up_proj": 8}),
+    "glm4": (["q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"],
+             {"gate_up_proj": 8}),
 }
 
 
@@ -247,7 +256,8 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     said = cli("model", str(folder))
     assert said.returncode == 0 and f"{folder}: {family}, " in said.stderr, said.stderr
     assert {"phi3": "tensors: q/k/v and gate/up fused in the file, held split",
-            "mixtral": "experts 4 (2 a token) on 2 of 2 layers"}[family] in said.stderr
+            "mixtral": "experts 4 (2 a token) on 2 of 2 layers",
+            "glm4": "16 of 32 dimensions turn"}[family] in said.stderr
     prompts = write_prompts(tmp_path / "prompts.jsonl")
     graph = write_graph(tmp_path, folder, prompts)
     s = run(graph, steps=2, out=tmp_path / "out", console=False, sets=["live=false"]).summary
@@ -265,7 +275,7 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
         assert not torch.equal(before[name], after[name]), name
     again = run(graph, steps=3, out=tmp_path / "out", console=False, resume=str(tmp_path / "out"))
     assert again.summary["steps"] == 3 and again.summary["error"] is None
-    if family == "phi3":  # LoRA on the split projections, exported onto the fused ones
+    if family in LORA_EXPORTS:  # LoRA on pivotflow's layout, exported onto the file's
         from test_lora_run import peft_merges_to_the_policy
 
         lora = write_graph(tmp_path / "out", folder, prompts, train="lora_rank=4")
@@ -277,8 +287,8 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
         ckpt = checkpoints.latest(tmp_path / "lora")
         assert ckpt is not None
         adapter = json.loads((ckpt / "adapter" / "adapter_config.json").read_text())
-        assert adapter["target_modules"] == ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
-        assert adapter["rank_pattern"] == {"qkv_proj": 12, "gate_up_proj": 8}
+        targets, ranks = LORA_EXPORTS[family]
+        assert adapter["target_modules"] == targets and adapter["rank_pattern"] == ranks
         peft_merges_to_the_policy(ckpt)
 
 

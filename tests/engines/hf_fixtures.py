@@ -2,7 +2,7 @@
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
 Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, Phi-4-mini's partial
-rotary and LongRoPE, Mixtral, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
+rotary and LongRoPE, Mixtral, GLM-4, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
 Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
@@ -131,6 +131,14 @@ CASES += [
          {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 5}),
 ]  # fmt: skip
 MIXTRAL = CASES[17]
+# GLM-4 (GLM-4-9B-0414's kind): gate/up fused, a norm after each sub-layer, q/k/v biases, half
+# of each head turning in interleaved pairs
+CASES += [
+    Case("glm4", "Glm4Config", False,
+         {"head_dim": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 128,
+          "pad_token_id": 0, "eos_token_id": 2}),
+]  # fmt: skip
+GLM4 = CASES[18]
 CASE_IDS = [c.name for c in CASES]
 
 

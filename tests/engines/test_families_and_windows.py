@@ -1,5 +1,5 @@
-"""YaRN rope scaling, sliding-window attention and the Mistral, OLMo-2, OLMo-3, Gemma 3 and Phi-3
-families,
+"""YaRN rope scaling, sliding-window attention and the Mistral, OLMo-2, OLMo-3, Gemma 3, Phi-3,
+Mixtral and GLM-4 families,
 beyond the shared per-family decode test (tests/engines/test_hf_models.py): YaRN's frequencies
 and attention factor for each of its knobs, the trainer's forward and every gradient against
 transformers on padded batches where the windows bind, configs pivotflow writes that
@@ -15,6 +15,7 @@ import pytest
 import torch
 from hf_fixtures import (
     GEMMA3,
+    GLM4,
     MISTRAL,
     MISTRAL_WINDOW,
     MIXTRAL,
@@ -63,7 +64,7 @@ def test_yarn_frequencies_and_attention_factor_equal_transformers(rope: dict[str
 
 
 ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_WINDOW, PHI3,
-       PHI4_MINI, MIXTRAL]
+       PHI4_MINI, MIXTRAL, GLM4]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -94,6 +95,8 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert written["sliding_window"] == 4
     elif case is PHI3:
         assert written["model_type"] == "phi3" and written["sliding_window"] is None
+    elif case is GLM4:
+        assert written["model_type"] == "glm4" and written["partial_rotary_factor"] == 0.5
     elif case is MIXTRAL:
         assert written["model_type"] == "mixtral" and written["num_local_experts"] == 4
         assert written["sliding_window"] == 5
@@ -114,7 +117,7 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
 
 
 @pytest.mark.parametrize("case", [OLMO2, OLMO3, MISTRAL_WINDOW, QWEN2_WINDOW, GEMMA3, PHI3_WINDOW,
-                                  PHI4_MINI],
+                                  PHI4_MINI, GLM4],
                          ids=lambda c: c.name)
 def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: Any) -> None:
     """Post-norm layers, whole-projection q/k norms and windows (4-6 positions, narrower than
@@ -135,7 +138,7 @@ def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: An
     theirs = dict(model.named_parameters())
     names = [n for n, _ in ours.named_parameters()]
     post_norm = "model.layers.0.post_feedforward_layernorm.weight" in names
-    assert post_norm == (case in (OLMO2, OLMO3, GEMMA3))
+    assert post_norm == (case in (OLMO2, OLMO3, GEMMA3, GLM4))
     assert (case in (OLMO2, OLMO3)) != any("input_layernorm" in n for n in names)
     # (by the file's names: Phi-3's q/k/v and gate/up gradients fused as its parameters are)
     grads = disk_layout(folder.hf_config, {n: p.grad for n, p in ours.named_parameters()})

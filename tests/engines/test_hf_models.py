@@ -72,7 +72,7 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "Qwen3Config": "qwen3", "MistralConfig": "mistral",
                                 "Olmo2Config": "olmo2", "Olmo3Config": "olmo3",
                                 "Gemma3TextConfig": "gemma3_text", "Phi3Config": "phi3",
-                                "MixtralConfig": "mixtral",
+                                "MixtralConfig": "mixtral", "Glm4Config": "glm4",
                                 "Qwen3MoeConfig": "qwen3_moe"}[case.config_class]  # fmt: skip
     assert cfg.head_dim == 32 and cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma"))
     # Every weight transformers holds was loaded (transformers 5 holds a sparse layer's experts

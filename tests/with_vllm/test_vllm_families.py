@@ -1,5 +1,5 @@
 """Mistral, YaRN, OLMo-2, sliding windows, OLMo-3, Gemma 3 and Phi-3 (fused projections;
-partial rotary with LongRoPE) and Mixtral on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
+partial rotary with LongRoPE), Mixtral and GLM-4 on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
 random weights, loads the store's version as a worker does, and decodes greedily the embedded
 engine's 40 tokens, on a prompt past YaRN's original context too. The YaRN folder sets every
 knob where two implementations could part (an explicit ``attention_factor``, which replaces the
@@ -73,7 +73,10 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
             # Mixtral: the store holds its experts as pivotflow names them and sends vLLM the
             # file's block_sparse_moe/w1/w2/w3 names; its window on every layer
             "mixtral-window": ("MixtralConfig", "MixtralForCausalLM", {
-                "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 6})}
+                "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 6}),
+            # GLM-4: interleaved partial rotary, which the store holds reordered and sends
+            # vLLM in GLM-4's own order; its norms under their own names
+            "glm4": ("Glm4Config", "Glm4ForCausalLM", {"head_dim": 32, "pad_token_id": EOS})}
 
 
 def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
@@ -85,7 +88,7 @@ def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
         "vocab_size": vocab, "hidden_size": 128, "intermediate_size": 256,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "max_position_embeddings": MAX_LEN, "eos_token_id": EOS, "bos_token_id": EOS,
-        **({} if config_class == "Phi3Config" else {"head_dim": 32}),  # (Phi3: derived, 32)
+        **({} if config_class in ("Phi3Config", "Glm4Config") else {"head_dim": 32}),
         **extra})  # fmt: skip
     torch.manual_seed(0)
     return save_sharpened(getattr(transformers, model_class)(config), root, tokenizer_from)

@@ -2,7 +2,7 @@
 
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
-Phi-3/Phi-4, Mixtral; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
+Phi-3/Phi-4, Mixtral, GLM-4; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
 names, in one line, the file and the first key it cannot run. Keys that change nothing the
 decoder computes (token ids, initializer_range, use_cache...) are ignored.
 """
@@ -26,7 +26,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
               "qwen3_moe": "Qwen3MoeForCausalLM", "olmo2": "Olmo2ForCausalLM",
               "olmo3": "Olmo3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
-              "phi3": "Phi3ForCausalLM", "mixtral": "MixtralForCausalLM"}  # fmt: skip
+              "phi3": "Phi3ForCausalLM", "mixtral": "MixtralForCausalLM",
+              "glm4": "Glm4ForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -37,7 +38,8 @@ HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "olmo3": "Olmo3ForSequenceClassification",
                   "gemma3_text": "Gemma3TextForSequenceClassification",
                   "phi3": "Phi3ForSequenceClassification",
-                  "mixtral": "MixtralForSequenceClassification"}
+                  "mixtral": "MixtralForSequenceClassification",
+                  "glm4": "Glm4ForSequenceClassification"}
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -46,6 +48,7 @@ DTYPES = {
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
              "num_attention_heads", "max_position_embeddings")  # fmt: skip
 _ENGINE = "is not supported by the embedded engine"
+PARTIAL_ROTARY_FAMILIES = ("phi3", "glm4")  # (transformers' other families turn whole heads)
 
 
 def resolve_dtype(
@@ -85,12 +88,13 @@ def _model_type(raw: dict[str, Any], where: str) -> str:
 def _reject_unsupported(raw: dict[str, Any], where: str) -> None:
     """Raise for the first key whose value asks for math this decoder does not do."""
     gemma = raw.get("model_type") == "gemma3_text"  # (its gate is hidden_activation's)
-    phi3 = raw.get("model_type") == "phi3"  # (its attention rotates part of each head)
+    # (Phi-3's and GLM-4's attention rotates part of each head)
+    partial_ok = raw.get("model_type") in PARTIAL_ROTARY_FAMILIES
     checks = [  # (key, it asks for something else, what runs)
         ("hidden_act", not gemma and raw.get("hidden_act", "silu") != "silu", "silu"),
         ("mlp_bias", bool(raw.get("mlp_bias", False)), "false"),
-        ("partial_rotary_factor", not phi3 and raw.get("partial_rotary_factor", 1.0) != 1.0,
-         "1.0"),
+        ("partial_rotary_factor",
+         not partial_ok and raw.get("partial_rotary_factor", 1.0) != 1.0, "1.0"),
         ("quantization_config", bool(raw.get("quantization_config")), "unquantized weights"),
     ]
     for key, bad, runs in checks:
@@ -118,8 +122,10 @@ def _rope_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
             f"{where}: {key}.{type_key}={kind!r} {_ENGINE} "
             f"({', '.join(t for t in ROPE_TYPES if t != 'longrope')}; longrope on phi3)"
         )
-    partial = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
-    if partial != 1.0 and not phi3:
+    glm4 = raw.get("model_type") == "glm4"  # (Glm4Config's default: half of each head turns)
+    partial = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor",
+                                                        0.5 if glm4 else 1.0))
+    if partial != 1.0 and raw.get("model_type") not in PARTIAL_ROTARY_FAMILIES:
         raise ModelConfigError(
             f"{where}: {key}.partial_rotary_factor={partial!r} {_ENGINE} (1.0)")
     theta_key = f"{key}.rope_theta" if "rope_theta" in rope else "rope_theta"
@@ -232,6 +238,8 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
     for key in ("num_key_value_heads", "head_dim"):
         if raw.get(key) is not None:  # null means "derive", as in transformers
             fields[key] = _positive_int(raw, key, where)
+    if kind == "glm4":  # (Glm4Config's head_dim is 128, not hidden / heads)
+        fields.setdefault("head_dim", 128)
     fields.setdefault("num_key_value_heads", heads)  # transformers' default: no GQA
     if "head_dim" not in fields and fields["hidden_size"] % heads:
         raise ModelConfigError(
@@ -247,7 +255,7 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         # Qwen2 always has q/k/v biases; Mistral, Mixtral and Phi-3 never; Llama and Qwen3
         # when the config says so.
         attention_bias={"qwen2": True, "mistral": False, "phi3": False, "mixtral": False}.get(
-            kind, bool(raw.get("attention_bias", False))),
+            kind, bool(raw.get("attention_bias", kind == "glm4"))),  # (GLM-4's default: on)
         architecture=kind,
         num_labels=_num_labels(raw, where),
         **(_expert_fields(raw, where) if kind == "qwen3_moe" else {}),
@@ -414,6 +422,11 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         out.update(sliding_window=None, num_local_experts=cfg.num_experts,
                    num_experts_per_tok=cfg.num_experts_per_tok, router_jitter_noise=0.0,
                    output_router_logits=False)
+    elif cfg.architecture == "glm4":  # (no token ids: as for phi3, below)
+        out.update(attention_bias=cfg.attention_bias,
+                   partial_rotary_factor=cfg.partial_rotary_factor, pad_token_id=None,
+                   bos_token_id=None, eos_token_id=None)
+        rope["partial_rotary_factor"] = cfg.partial_rotary_factor  # (1.0 is no default here)
     elif cfg.architecture == "phi3":
         # Phi3Config's default ids (pad and eos 32000) would not fit a smaller vocabulary, and
         # transformers refuses an embedding whose padding row is outside it; a model's own ids

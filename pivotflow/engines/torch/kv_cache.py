@@ -364,7 +364,7 @@ class PackedDecoder:
         hidden, eps, inter = (cfg.hidden_size,), cfg.rms_norm_eps, cfg.intermediate_size
         (b, t), split, post = tokens.shape, (heads + kv_heads) * d, cfg.post_norm
         x = self.model.model.embed_tokens.weight[tokens.view(-1)]
-        if cfg.sandwich_norm:
+        if cfg.norm_offset:
             x = x * embed_scale(cfg, x.dtype)
         for i, (norms, b_qkv, weights, b_o, qk_norms, ffn) in enumerate(self.layers):
             (norm1, norm2), (w_qkv, w_o) = norms, weights
@@ -403,19 +403,19 @@ class PackedDecoder:
     ) -> torch.Tensor:
         """Layer ``i`` of the families that normalise each sub-layer's output before its
         residual add, on hidden states [B * T, hidden]. OLMo-2/3 (post-norm): nothing on the
-        inputs, q and k RMS-normalised over their whole projections. Gemma 3 (sandwich): the
-        inputs normalised too, q and k per head, every norm scaling by 1 + weight, the MLP
-        gated by tanh-GELU (``self._act``)."""
+        inputs, q and k RMS-normalised over their whole projections. Gemma 3 and GLM-4
+        (sandwich): the inputs normalised too; Gemma's q and k per head, every norm scaling by
+        1 + weight, the MLP gated by tanh-GELU (``self._act``)."""
         _, b_qkv, (w_qkv, w_o), b_o, qk_norms, ffn = self.layers[i]
         norm_in, norm_attn, norm_mlp_in, norm_mlp = self._out_norms[i]
         heads, kv_heads, d, mm, (b, t) = self.heads, self.kv_heads, self.d, self.mm, shape
         hidden, eps, split = (self.cfg.hidden_size,), self.cfg.rms_norm_eps, (heads + kv_heads) * d
-        sandwich = self.cfg.sandwich_norm
+        sandwich, offset = self.cfg.sandwich_norm, self.cfg.norm_offset
 
         def norm(h: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
             if weight is None:  # (post-norm: no norm on a sub-layer's input)
                 return h
-            return torch.rms_norm(h, hidden, weight + 1 if sandwich else weight, eps)
+            return torch.rms_norm(h, hidden, weight + 1 if offset else weight, eps)
 
         qkv = mm.linear(norm(x, norm_in), w_qkv, b_qkv)
         if qk_norms is not None and not sandwich:  # whole projections, before the heads
@@ -424,10 +424,10 @@ class PackedDecoder:
             qkv[:, q_width:split] = torch.rms_norm(qkv[:, q_width:split], (split - q_width,),
                                                    qk_norms[1], eps)
         qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
-        if qk_norms is not None and sandwich:  # each head, by 1 + weight
+        if qk_norms is not None and sandwich:  # each head, by 1 + weight (Gemma's)
             qk = torch.rms_norm(qk, (d,), None, eps)
-            qk[:, :, :heads].mul_(qk_norms[0] + 1)
-            qk[:, :, heads:].mul_(qk_norms[1] + 1)
+            qk[:, :, :heads].mul_(qk_norms[0] + int(offset))
+            qk[:, :, heads:].mul_(qk_norms[1] + int(offset))
         qk = torch.addcmul(qk * rope[:, :, 0], self._turned(qk), rope[:, :, 1])
         out = attend(i, qk.view(b * t, -1, d), qkv[:, split:].view(b * t, -1, d), cache)
         x = x + norm(mm.linear(out, w_o, b_o), norm_attn)
@@ -461,7 +461,7 @@ class PackedDecoder:
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         norm: torch.Tensor = self.model.model.norm.weight
-        if self.cfg.sandwich_norm:  # (Gemma's norms scale by 1 + weight)
+        if self.cfg.norm_offset:  # (Gemma's norms scale by 1 + weight)
             norm = norm + 1
         h = torch.rms_norm(x, (self.cfg.hidden_size,), norm, self.cfg.rms_norm_eps)
         return self.mm.linear(h, self.model.lm_head.weight)

@@ -77,8 +77,8 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q_width, k_width = ((self.n_heads * self.head_dim, self.n_kv * self.head_dim)
                                 if self.whole_qk_norm else (self.head_dim, self.head_dim))
-            self.q_norm = RMSNorm(q_width, cfg.rms_norm_eps, cfg.sandwich_norm)
-            self.k_norm = RMSNorm(k_width, cfg.rms_norm_eps, cfg.sandwich_norm)
+            self.q_norm = RMSNorm(q_width, cfg.rms_norm_eps, cfg.norm_offset)
+            self.k_norm = RMSNorm(k_width, cfg.rms_norm_eps, cfg.norm_offset)
         self.scale = cfg.attention_scale
 
     def forward(
@@ -123,7 +123,7 @@ class Attention(nn.Module):
 
 class DecoderLayer(nn.Module):
     """Pre-norm (Llama's): ``x + attn(norm(x))``, then ``x + mlp(norm(x))``; post-norm
-    (OLMo's): ``x + norm(attn(x))``, then ``x + norm(mlp(x))``; sandwich (Gemma's):
+    (OLMo's): ``x + norm(attn(x))``, then ``x + norm(mlp(x))``; sandwich (Gemma's, GLM-4's):
     ``x + norm(attn(norm(x)))``, then ``x + norm(mlp(norm(x)))``; under the Hub's names
     (``post_attention_layernorm`` is the second norm of every kind). Sliding-window layers
     differ only in the mask and rope table ``Decoder.hidden_states`` hands them."""
@@ -131,7 +131,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.post_norm, self.sandwich = cfg.post_norm, cfg.sandwich_norm
-        size, eps, offset = cfg.hidden_size, cfg.rms_norm_eps, cfg.sandwich_norm
+        size, eps, offset = cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset
         if not self.post_norm:
             self.input_layernorm = RMSNorm(size, eps, offset)
         self.self_attn = Attention(cfg, layer_idx)
@@ -143,7 +143,7 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = RMSNorm(size, eps, offset)
 
     def forward(self, x, cos, sin, attn_mask, cache, replay=None, balance=None):  # type: ignore[no-untyped-def]
-        if self.sandwich:  # Gemma: each sub-layer's input and output normalised
+        if self.sandwich:  # Gemma, GLM-4: each sub-layer's input and output normalised
             attn = self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache)
             x = x + self.post_attention_layernorm(attn)
             h = self.mlp(self.pre_feedforward_layernorm(x))
@@ -164,7 +164,7 @@ class _Backbone(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.sandwich_norm)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
 
 
 class Decoder(nn.Module):
@@ -225,7 +225,7 @@ class Decoder(nn.Module):
             positions = torch.arange(t, device=input_ids.device).expand(b, t)
         x = self.model.embed_tokens(input_ids)
         cfg = self.config
-        if cfg.sandwich_norm:  # Gemma: embeddings times sqrt(hidden), rounded to their dtype
+        if cfg.norm_offset:  # Gemma: embeddings times sqrt(hidden), rounded to their dtype
             x = x * embed_scale(cfg, x.dtype)
         # Recomputed per call (a few dozen floats), never stored: HF does not save it either.
         # One table (and mask) per kind of layer: full attention, and a sliding window's.

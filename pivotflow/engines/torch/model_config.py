@@ -10,11 +10,13 @@ import msgspec
 from pivotflow.errors import ModelConfigError
 
 ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3",
-                 "gemma3_text", "phi3", "mixtral")
+                 "gemma3_text", "phi3", "mixtral", "glm4")
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral")  # the families with routed experts
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text")
-# Gemma's layer: norms on each sub-layer's input and output, every norm scaling by 1 + weight
-SANDWICH_NORM_ARCHITECTURES = ("gemma3_text",)
+# Gemma's and GLM-4's layer: norms on each sub-layer's input and output
+SANDWICH_NORM_ARCHITECTURES = ("gemma3_text", "glm4")
+# Gemma's norms scale by 1 + weight (weights start at 0), its embeddings by sqrt(hidden_size)
+OFFSET_NORM_ARCHITECTURES = ("gemma3_text",)
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the MLP's gate (HF's hidden_act names)
 # q and k normalised over the whole projection (all heads at once), norms on each sub-layer's
 # output ("post-norm"): OLMo-2 and OLMo-3
@@ -108,9 +110,13 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def sandwich_norm(self) -> bool:
-        """Gemma's layer: four norms (each sub-layer's input and output), each by 1 + weight;
-        embeddings scaled by sqrt(hidden_size)."""
+        """Gemma's and GLM-4's layer: four norms (each sub-layer's input and output)."""
         return self.architecture in SANDWICH_NORM_ARCHITECTURES
+
+    @property
+    def norm_offset(self) -> bool:
+        """Gemma's: every norm scales by 1 + weight, embeddings by sqrt(hidden_size)."""
+        return self.architecture in OFFSET_NORM_ARCHITECTURES
 
     @property
     def attention_scale(self) -> float:
@@ -125,9 +131,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def o_proj_bias(self) -> bool:
-        """Whether o_proj has a bias: Qwen2 never; Llama, Mistral and Qwen3 when
+        """Whether o_proj has a bias: Qwen2 and GLM-4 never; Llama, Mistral and Qwen3 when
         attention_bias."""
-        return self.attention_bias and self.architecture != "qwen2"
+        return self.attention_bias and self.architecture not in ("qwen2", "glm4")
 
     @property
     def rotary_dim(self) -> int:
