@@ -30,9 +30,14 @@ from pivotflow.errors import ModelConfigError
 if TYPE_CHECKING:
     import torch
 
+    from pivotflow.engines.torch.model_config import ModelConfig
+
 _QKV, _GATE_UP = "self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"
 _SPLIT_QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
 _SPLIT_GATE_UP = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
+# each family's fused projections: (the file's tensor, the parts pivotflow holds, in rows order)
+_FUSED = {"phi3": ((_QKV, _SPLIT_QKV), (_GATE_UP, _SPLIT_GATE_UP)),
+          "glm4": ((_GATE_UP, _SPLIT_GATE_UP),)}  # (GLM-4 keeps q, k and v apart)
 _FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
              "MixtralForCausalLM": "mixtral", "MixtralForSequenceClassification": "mixtral",
              "Glm4ForCausalLM": "glm4", "Glm4ForSequenceClassification": "glm4"}
@@ -71,16 +76,21 @@ def _mixtral_name(name: str, to_disk: bool) -> str:
     return f"{m.group(1)}{'block_sparse_moe' if to_disk else 'mlp'}.{inner}.weight"
 
 
-def _head_rows(config: dict[str, Any], where: str) -> tuple[int, int]:
-    """(rows of q, rows of k, which v has too) of a fused qkv_proj."""
-    try:
-        heads = int(config["num_attention_heads"])
-        kv_heads = int(config.get("num_key_value_heads") or heads)
-        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
-        raise ModelConfigError(f"{where}: cannot split qkv_proj: config.json has no usable "
-                               f"head counts ({exc!r})") from None
-    return heads * head_dim, kv_heads * head_dim
+def _geometry(config: dict[str, Any], where: str) -> ModelConfig:
+    """The decoder ``config`` describes, as ``config_from_hf`` reads it: the head counts,
+    head_dim, rotary share and MLP width a layout change needs, with transformers' defaults
+    applied in one place."""
+    from pivotflow.engines.torch.hf_config import config_from_hf
+
+    return config_from_hf(config, where)
+
+
+def _part_rows(cfg: ModelConfig, fused: str) -> tuple[int, ...]:
+    """The rows each part of ``fused`` (qkv_proj or gate_up_proj) holds, in order."""
+    if fused == _QKV:
+        q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        return q, kv, kv
+    return cfg.intermediate_size, cfg.intermediate_size
 
 
 def held_layout(
@@ -93,37 +103,31 @@ def held_layout(
     family = family_of(config)
     if family == "mixtral":
         return {_mixtral_name(name, to_disk=False): t for name, t in tensors.items()}
-    if family == "glm4":
-        held = _renamed_norms(_split(config, tensors, where, qkv=False), _GLM_NORMS)
-        return _turn_heads(config, held, where, to_disk=False)
-    if family != "phi3":
+    if family is None:
         return tensors
-    return _split(config, tensors, where, qkv=True)
+    cfg = _geometry(config, where)
+    held = _split(cfg, _FUSED[family], tensors, where)
+    if family == "glm4":
+        return _turn_heads(cfg, _renamed_norms(held, _GLM_NORMS), where, to_disk=False)
+    return held
 
 
-def _split(config: dict[str, Any], tensors: dict[str, torch.Tensor], where: str,
-           qkv: bool) -> dict[str, torch.Tensor]:
-    """Fused gate_up_proj (and qkv_proj when ``qkv``) split by rows into views."""
-    q_rows, kv_rows = _head_rows(config, where) if qkv else (0, 0)
+def _split(cfg: ModelConfig, fusions: tuple[tuple[str, tuple[str, ...]], ...],
+           tensors: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
+    """Each of ``fusions``' fused tensors split by rows into views of its parts."""
     out: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
-        rows: tuple[int, ...]
-        parts: tuple[str, ...]
-        prefix = name[: -len(_QKV)] if qkv and name.endswith(_QKV) else None
-        if prefix is not None:
-            rows = (q_rows, kv_rows, kv_rows)
-            parts = _SPLIT_QKV
-        elif name.endswith(_GATE_UP):
-            prefix, parts = name[: -len(_GATE_UP)], _SPLIT_GATE_UP
-            rows = (t.shape[0] // 2, t.shape[0] // 2) if t.dim() == 2 else (0, 0)
-        else:
+        fused, parts = next(((f, p) for f, p in fusions if name.endswith(f)), ("", ()))
+        if not parts:
             out[name] = t
             continue
-        if t.dim() != 2 or t.shape[0] != sum(rows) or not all(rows):
+        rows = _part_rows(cfg, fused)
+        if t.dim() != 2 or t.shape[0] != sum(rows):
             raise ModelConfigError(
                 f"{where}: tensor {name!r} has shape {tuple(t.shape)}, which does not split "
                 f"into {' + '.join(map(str, rows))} rows ({', '.join(p.split('.')[1] for p in parts)})"
             )
+        prefix = name[: -len(fused)]
         for part, chunk in zip(parts, t.split(list(rows)), strict=True):
             out[prefix + part] = chunk
     return out
@@ -138,8 +142,9 @@ def engine_names(config: dict[str, Any],
     if family == "mixtral":
         return {_mixtral_name(name, to_disk=True): t for name, t in tensors.items()}
     if family == "glm4":
-        turned = _turn_heads(config, tensors, "engine export", to_disk=True)
-        return _renamed_norms(turned, {v: k for k, v in _GLM_NORMS.items()})
+        turned = _turn_heads(_geometry(config, "engine export"), tensors, "engine export",
+                             to_disk=True)
+        return _renamed_norms(turned, _GLM_NORMS_BACK)
     return tensors
 
 
@@ -148,17 +153,14 @@ def disk_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
     projections fused again (phi3, glm4; a layer holding only some of the parts keeps them
     split), every other tensor as it is."""
     family = family_of(config)
-    if family not in ("phi3", "mixtral", "glm4"):
-        return tensors
     tensors = engine_names(config, tensors)
-    if family == "mixtral":
+    if family not in _FUSED:
         return tensors
     import torch
 
-    fusions = ((_SPLIT_QKV, _QKV), (_SPLIT_GATE_UP, _GATE_UP))
     out = dict(tensors)
     for name in tensors:
-        for parts, fused in fusions[family == "glm4":]:  # (GLM-4 keeps q, k and v apart)
+        for fused, parts in _FUSED[family]:
             if not name.endswith(parts[0]):
                 continue
             prefix = name[: -len(parts[0])]
@@ -173,6 +175,7 @@ def disk_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
 _GLM_NORMS = {"post_self_attn_layernorm": "post_attention_layernorm",
               "post_attention_layernorm": "pre_feedforward_layernorm",
               "post_mlp_layernorm": "post_feedforward_layernorm"}
+_GLM_NORMS_BACK = {held: disk for disk, held in _GLM_NORMS.items()}
 _NORM = re.compile(r"(.*\.)(\w+_layernorm)\.weight")
 
 
@@ -186,60 +189,59 @@ def _renamed_norms(tensors: dict[str, torch.Tensor],
     return out
 
 
-def _turn_heads(config: dict[str, Any], tensors: dict[str, torch.Tensor], where: str,
+def _turn_heads(cfg: ModelConfig, tensors: dict[str, torch.Tensor], where: str,
                 to_disk: bool) -> dict[str, torch.Tensor]:
     """GLM-4 rotates interleaved pairs (dimensions 2i, 2i+1 of a head's rotary part) where
     pivotflow's rope rotates halves (i, i + r/2): each head's q and k rows (weights, biases)
     reorder the rotary part evens first, odds after, and back (``to_disk``). q.k is the same
     sum either way, so the model computes what transformers' does."""
-    import torch
-
-    head_dim = int(config.get("head_dim") or 128)  # (Glm4Config's default)
-    partial = (config.get("rope_parameters") or {}).get(
-        "partial_rotary_factor", config.get("partial_rotary_factor", 0.5))
-    r = int(head_dim * partial)
-    order = torch.cat((torch.arange(0, r, 2), torch.arange(1, r, 2), torch.arange(r, head_dim)))
-    if to_disk:
-        order = torch.argsort(order)
     out = dict(tensors)
     for name, t in tensors.items():
-        if not name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias",
-                              "self_attn.k_proj.weight", "self_attn.k_proj.bias")):
-            continue
-        if t.shape[0] % head_dim:
-            raise ModelConfigError(f"{where}: tensor {name!r} has {t.shape[0]} rows, not heads "
-                                   f"of head_dim {head_dim}")
-        by_head = t.reshape(t.shape[0] // head_dim, head_dim, *t.shape[1:])
-        out[name] = by_head.index_select(1, order.to(t.device)).reshape(t.shape)
+        if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias",
+                          "self_attn.k_proj.weight", "self_attn.k_proj.bias")):
+            out[name] = _turned_rows(cfg, t, name, where, to_disk)
     return out
+
+
+def _turned_rows(cfg: ModelConfig, t: torch.Tensor, name: str, where: str,
+                 to_disk: bool) -> torch.Tensor:
+    """``t``'s rows (heads of head_dim) with each head's rotary part reordered
+    (``_turn_heads``)."""
+    import torch
+
+    d, r = cfg.head_dim, cfg.rotary_dim
+    if t.shape[0] % d:
+        raise ModelConfigError(f"{where}: tensor {name!r} has {t.shape[0]} rows, not heads "
+                               f"of head_dim {d}")
+    order = torch.cat((torch.arange(0, r, 2), torch.arange(1, r, 2), torch.arange(r, d)))
+    if to_disk:
+        order = torch.argsort(order)
+    by_head = t.reshape(t.shape[0] // d, d, *t.shape[1:])
+    return by_head.index_select(1, order.to(t.device)).reshape(t.shape)
 
 
 def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], rank: int,
                    alpha: float) -> tuple[dict[str, torch.Tensor], dict[str, int], dict[str, float]]:
     """LoRA adapters of split projections (``<layer>.lora_A`` [r, in], ``.lora_B`` [out, r])
     as adapters of the file's fused ones (phi3; glm4's gate/up, its q/k rows put back in its
-    order), with PEFT's ``rank_pattern`` and
-    ``alpha_pattern`` for them; others as they are. n adapted parts of a fused projection make
+    order), with PEFT's ``rank_pattern`` and ``alpha_pattern`` for them; others as they are. n adapted parts of a fused projection make
     one adapter of rank n r: A the parts' A stacked, B block-diagonal over the parts' rows
     (zero rows for a part not adapted), alpha n alpha, so its update is the parts' updates
     exactly, scale alpha / r included."""
     family = family_of(config)
-    if family not in ("phi3", "glm4"):
+    if family not in _FUSED:
         return adapters, {}, {}
     import torch
 
-    q_rows, kv_rows = _head_rows(config, "adapter export")
-    inter = int(config["intermediate_size"])
-    fusions = ((_QKV, _SPLIT_QKV, (q_rows, kv_rows, kv_rows)),
-               (_GATE_UP, _SPLIT_GATE_UP, (inter, inter)))[family == "glm4":]
+    cfg = _geometry(config, "adapter export")
     out = dict(adapters)
     if family == "glm4":  # its q/k rows in its own order: B's rows are those rows
-        bs = {k.removesuffix(".lora_B") + ".weight": t for k, t in adapters.items()
-              if k.endswith((".q_proj.lora_B", ".k_proj.lora_B"))}
-        out.update({k.removesuffix(".weight") + ".lora_B": t for k, t in
-                    _turn_heads(config, bs, "adapter export", to_disk=True).items()})
+        out.update({k: _turned_rows(cfg, t, k, "adapter export", to_disk=True)
+                    for k, t in adapters.items()
+                    if k.endswith((".q_proj.lora_B", ".k_proj.lora_B"))})
     ranks: dict[str, int] = {}
-    for fused, parts, rows in fusions:
+    for fused, parts in _FUSED[family]:
+        rows = _part_rows(cfg, fused)
         modules = [_module(p) for p in parts]
         layers = {k.removesuffix(f"{m}.lora_A") for k in adapters for m in modules
                   if k.endswith(f"{m}.lora_A")}
@@ -261,11 +263,10 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
 
 def fused_targets(config: dict[str, Any], targets: list[str]) -> list[str]:
     """LoRA's target module names as the family's file names them: a split projection's as
-    its fused one's (phi3), in order, once each; others as they are."""
+    its fused one's (phi3, glm4), in order, once each; others as they are."""
     family = family_of(config)
-    if family not in ("phi3", "glm4"):
+    if family not in _FUSED:
         return list(targets)
-    fusions = ((_QKV, _SPLIT_QKV), (_GATE_UP, _SPLIT_GATE_UP))[family == "glm4":]
     fused = {_module(p).split(".")[-1]: _module(f).split(".")[-1]
-             for f, parts in fusions for p in parts}
+             for f, parts in _FUSED[family] for p in parts}
     return list(dict.fromkeys(fused.get(t, t) for t in targets))

@@ -102,13 +102,19 @@ def _reject_unsupported(raw: dict[str, Any], where: str) -> None:
             raise ModelConfigError(f"{where}: {key}={raw.get(key)!r} {_ENGINE} ({runs})")
 
 
+def _rope_key(raw: dict[str, Any]) -> str:
+    """Where a config keeps its rope dict: transformers 5 writes ``rope_parameters``, older
+    configs ``rope_scaling``; with both, transformers 5 takes ``rope_scaling``."""
+    return "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+
+
 def _rope_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
     """ModelConfig's rope_* fields (and partial_rotary_factor). transformers 5 writes
     ``rope_parameters``; older configs ``rope_scaling`` (None for plain RoPE) next to
     ``rope_theta``. When both are there, transformers 5 takes ``rope_scaling``, and so do we.
     Phi-3 alone rotates part of each head and alone reads LongRoPE (its old names ``su`` and
     ``yarn`` mean it there, as transformers' Phi3Config reads them)."""
-    key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+    key = _rope_key(raw)
     rope = raw.get(key) or {}
     if not isinstance(rope, dict) or any(isinstance(v, dict) for v in rope.values()):
         raise ModelConfigError(f"{where}: {key}={rope!r} {_ENGINE} (one dict for all layers)")
@@ -161,7 +167,7 @@ def with_context(raw: dict[str, Any], context: int, where: str) -> dict[str, Any
     cfg = config_from_hf(raw, where)
     out = {**raw, "max_position_embeddings": context}
     if cfg.rope_type == "longrope":
-        key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+        key = _rope_key(raw)
         out[key] = {**raw[key], "factor": cfg.rope_factor}
     return out
 
