@@ -48,7 +48,12 @@ import engine as engine_bench  # noqa: E402 - a sibling file, not a package
 
 from pivotflow.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from pivotflow.engines.torch import TorchEngine, load_checkpoint  # noqa: E402
-from pivotflow.engines.torch.feedforward import SparseMoE, routing_from_bytes  # noqa: E402
+from pivotflow.engines.torch.feedforward import (  # noqa: E402
+    SparseMoE,
+    route,
+    router_logits,
+    routing_from_bytes,
+)
 from pivotflow.engines.torch.model import Decoder  # noqa: E402
 
 VOCAB, PROMPT_LEN = 1000, 32
@@ -103,17 +108,17 @@ def parameters(folder: Path) -> dict[str, int]:
 
 
 def route_recorder(model: Decoder) -> tuple[list[torch.Tensor], Callable[[], None]]:
-    """Top-k expert ids [tokens, k] of each sparse layer's router, appended per forward."""
+    """Top-k expert ids [tokens, k] of each sparse layer's router (its own choice, sorted),
+    appended per forward."""
     seen: list[torch.Tensor] = []
-    hooks = []
-    for layer in model.model.layers:
-        if isinstance(layer.mlp, SparseMoE):
-            k = layer.mlp.top_k
 
-            def hook(_m: Any, _i: Any, logits: torch.Tensor, k: int = k) -> None:
-                seen.append(torch.topk(logits.float().softmax(-1), k).indices.sort(-1).values)
+    def hook(block: SparseMoE, inputs: tuple[torch.Tensor, ...], _out: Any) -> None:
+        x = inputs[0].reshape(-1, inputs[0].shape[-1])  # (under the block's own autocast)
+        logits = router_logits(block.gate, x, block.routing)
+        seen.append(route(logits, block.routing, block.correction_bias)[1].sort(-1).values)
 
-            hooks.append(layer.mlp.gate.register_forward_hook(hook))
+    hooks = [layer.mlp.register_forward_hook(hook)
+             for layer in model.model.layers if isinstance(layer.mlp, SparseMoE)]
     return seen, lambda: [h.remove() for h in hooks]  # type: ignore[func-returns-value]
 
 

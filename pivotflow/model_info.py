@@ -5,6 +5,10 @@ and say what pivotflow will run, before a graph names it."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pivotflow.engines.torch.model_config import ModelConfig
 
 
 def describe_model(path: Path) -> str:
@@ -14,6 +18,7 @@ def describe_model(path: Path) -> str:
     from pivotflow.engines.torch.rope import rope_attention_factor
     from pivotflow.engines.torch.weights import load_model_folder
     from pivotflow.errors import CheckpointError
+    from pivotflow.params.hf_folder import read_config
     from pivotflow.params.hf_layout import family_of
     from pivotflow.run_models import tokenizer_of
 
@@ -44,14 +49,30 @@ def describe_model(path: Path) -> str:
                      f"{cfg.num_hidden_layers} layers")
     if cfg.sparse_layers:
         lines.append(f"  experts {cfg.num_experts} ({cfg.num_experts_per_tok} a token) on "
-                     f"{cfg.sparse_layers} of {cfg.num_hidden_layers} layers")
+                     f"{cfg.sparse_layers} of {cfg.num_hidden_layers} layers" + _router(cfg))
+    mtp = read_config(path).get("num_nextn_predict_layers") or 0  # (as the file has them)
     layout = {"phi3": "q/k/v and gate/up fused in the file, held split",
               "mixtral": "block_sparse_moe and w1/w2/w3 in the file, held as mlp.experts",
               "glm4": "gate/up fused and q/k turning in interleaved pairs in the file, held "
-                      "split and reordered"}
-    if (family := family_of(folder.hf_config)) is not None:
+                      "split and reordered",
+              "glm4_moe": f"{mtp} multi-token-prediction layer(s) in the file, not loaded"}
+    if (family := family_of(folder.hf_config)) is not None and (family != "glm4_moe" or mtp):
         lines.append(f"  tensors: {layout[family]}")
     template = "a chat template" if tok.chat_template else "no chat template"
     lines.append(f"  tokenizer: {tok.vocab_size} tokens, {template}; stop ids "
                  f"{list(folder.eos_ids) or 'none'}")
     return "\n".join(lines)
+
+
+def _router(cfg: ModelConfig) -> str:
+    """A sigmoid router's differences from the plain top k, shared experts included."""
+    parts = []
+    if cfg.scoring_func != "softmax":
+        parts.append(f"{cfg.scoring_func} router with a correction bias")
+    if cfg.n_group > 1:
+        parts.append(f"from the best {cfg.topk_group} of {cfg.n_group} groups")
+    if cfg.routed_scaling_factor != 1.0:
+        parts.append(f"weights times {cfg.routed_scaling_factor:g}")
+    if cfg.n_shared_experts:
+        parts.append(f"{cfg.n_shared_experts} shared")
+    return f"; {', '.join(parts)}" if parts else ""

@@ -217,7 +217,19 @@ OTHER_LAYOUTS = {
                  "model.layers.1.block_sparse_moe.experts.2.w3.weight")),
     "glm4": ("Glm4Config", "Glm4ForCausalLM", {"head_dim": 32},
              ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.post_mlp_layernorm.weight")),
+    # GLM-4.5: a dense layer, then a sparse one (4 experts in 2 groups, a sigmoid router, a
+    # shared expert); its file carries a multi-token-prediction layer the run leaves out
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
+                 {"head_dim": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                  "moe_intermediate_size": 64, "n_group": 2, "topk_group": 1,
+                  "routed_scaling_factor": 2.5, "attention_bias": True},
+                 ("model.layers.1.mlp.gate.weight",
+                  "model.layers.1.mlp.shared_experts.up_proj.weight")),
 }
+# a GLM-4.5 file's multi-token-prediction layer (layer 2 of a 2-layer decoder), as the Hub's
+# checkpoints hold one past their last layer
+MTP_LAYER = {"model.layers.2.eh_proj.weight": (128, 256), "model.layers.2.enorm.weight": (128,),
+             "model.layers.2.shared_head.norm.weight": (128,)}
 # what a LoRA run's PEFT adapter targets, and the fused modules' ranks (4 a part)
 LORA_EXPORTS = {
     "phi3": (["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
@@ -231,7 +243,9 @@ LORA_EXPORTS = {
 def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_back(
         tmp_path: Path, qwen: Path, family: str) -> None:
     """Phi-3/Phi-4's file fuses q/k/v (qkv_proj) and gate/up (gate_up_proj); Mixtral's names
-    its sparse layer block_sparse_moe and its experts' projections w1/w2/w3. The run holds
+    its sparse layer block_sparse_moe and its experts' projections w1/w2/w3; GLM-4.5's holds
+    a multi-token-prediction layer past the decoder's (left out; its sigmoid router's
+    correction bias stays as it was, its rollouts' experts replayed). The run holds
     pivotflow's layout, its rollouts' logprobs equal its trainer's, and the checkpoint it writes
     is the family's own file again, trained, that resumes. A LoRA run on phi3 exports adapters
     of the fused projections that PEFT merges to its policy."""
@@ -253,13 +267,25 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
         **extra))
     policy.generation_config = GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)
     policy.save_pretrained(folder)
+    if family == "glm4_moe":
+        from safetensors.torch import save_file
+
+        with_mtp = load_file(folder / "model.safetensors")
+        with_mtp.update({name: torch.ones(shape) for name, shape in MTP_LAYER.items()})
+        save_file(with_mtp, str(folder / "model.safetensors"), metadata={"format": "pt"})
     said = cli("model", str(folder))
     assert said.returncode == 0 and f"{folder}: {family}, " in said.stderr, said.stderr
     assert {"phi3": "tensors: q/k/v and gate/up fused in the file, held split",
             "mixtral": "experts 4 (2 a token) on 2 of 2 layers",
-            "glm4": "16 of 32 dimensions turn"}[family] in said.stderr
+            "glm4": "16 of 32 dimensions turn",
+            "glm4_moe": "experts 4 (2 a token) on 1 of 2 layers; sigmoid router with a "
+                        "correction bias, from the best 1 of 2 groups, weights times 2.5, 1 "
+                        "shared\n  tensors: 1 multi-token-prediction layer(s) in the file, not "
+                        "loaded"}[family] in said.stderr
     prompts = write_prompts(tmp_path / "prompts.jsonl")
-    graph = write_graph(tmp_path, folder, prompts)
+    # (GLM-4.5's sigmoid router: its rollouts' experts replayed, a balance loss of its kind)
+    graph = write_graph(tmp_path, folder, prompts, *(
+        ("routing_replay=True", "router_aux_loss_coef=0.01") if family == "glm4_moe" else ()))
     s = run(graph, steps=2, out=tmp_path / "out", console=False, sets=["live=false"]).summary
     assert s["error"] is None and s["steps"] == 2 and s["ledger"]["groups_trained"] == 4
     assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
@@ -270,9 +296,14 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     theirs, info = AutoModelForCausalLM.from_pretrained(ckpt, output_loading_info=True)
     assert type(theirs).__name__ == model_class and not info["missing_keys"]
     before, after = load_file(folder / "model.safetensors"), load_file(ckpt / "model.safetensors")
-    assert before.keys() == after.keys()
+    assert before.keys() - after.keys() == (set(MTP_LAYER) if family == "glm4_moe" else set())
+    assert after.keys() <= before.keys()
     for name in moved:
         assert not torch.equal(before[name], after[name]), name
+    if family == "glm4_moe":  # (a load statistic, not a weight: frozen)
+        bias = "model.layers.1.mlp.gate.e_score_correction_bias"
+        assert torch.equal(before[bias], after[bias])
+        assert json.loads((ckpt / "config.json").read_text())["num_nextn_predict_layers"] == 0
     again = run(graph, steps=3, out=tmp_path / "out", console=False, resume=str(tmp_path / "out"))
     assert again.summary["steps"] == 3 and again.summary["error"] is None
     if family in LORA_EXPORTS:  # LoRA on pivotflow's layout, exported onto the file's

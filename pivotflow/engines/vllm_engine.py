@@ -128,7 +128,9 @@ class VllmEngine:
             # process's first engine is an MoE, and an in-process engine reuses the groups an
             # earlier one made (a worker whose dense role shifted to an MoE policy: "expert
             # parallel group is not initialized"), so an MoE gets a process of its own.
-            experts = raw.get("num_experts") or raw.get("num_local_experts")
+            # (the count's key: Qwen3-MoE's Hub configs, transformers 5 and Mixtral, GLM-4.5)
+            experts = (raw.get("num_experts") or raw.get("num_local_experts")
+                       or raw.get("n_routed_experts"))
             own_process = kw.get("tensor_parallel_size", 1) > 1 or bool(experts)
             kw.setdefault("distributed_executor_backend", "mp" if own_process else "uni")
             kw.setdefault("gpu_memory_utilization", 0.1)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pivotflow.errors import CheckpointError
-from pivotflow.params.hf_layout import disk_layout, held_layout
+from pivotflow.params.hf_layout import disk_layout, held_config, held_layout
 
 if TYPE_CHECKING:
     import torch
@@ -68,7 +68,7 @@ def read_folder(
     ModelConfigError for a fused tensor that does not split as the config says."""
     config = read_config(directory)
     tensors, where = read_weights(directory)
-    return config, held_layout(config, tensors, str(where))
+    return held_config(config), held_layout(config, tensors, str(where))
 
 
 def read_weights(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], Path]:

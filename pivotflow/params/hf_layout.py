@@ -12,6 +12,9 @@ Three families store theirs otherwise:
   (gate), ``w3`` (up) and ``w2`` (down), which is all vLLM's and SGLang's loaders read.
 * GLM-4 fuses gate/up, names its four norms its own way, and rotates interleaved pairs of
   each head's dimensions, which pivotflow holds reordered (``_turn_heads``).
+* GLM-4.5 (``glm4_moe``) keeps its multi-token-prediction layers (speculative decoding's
+  draft, ``num_nextn_predict_layers``) as layers past the decoder's last: pivotflow leaves them
+  out as it reads the folder, as transformers does, and its folders have none.
 
 ``held_layout`` turns a folder's tensors into pivotflow's as it is read; ``disk_layout`` turns
 them back as one is written, so every folder pivotflow writes loads in transformers and vLLM as
@@ -40,11 +43,13 @@ _FUSED = {"phi3": ((_QKV, _SPLIT_QKV), (_GATE_UP, _SPLIT_GATE_UP)),
           "glm4": ((_GATE_UP, _SPLIT_GATE_UP),)}  # (GLM-4 keeps q, k and v apart)
 _FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
              "MixtralForCausalLM": "mixtral", "MixtralForSequenceClassification": "mixtral",
-             "Glm4ForCausalLM": "glm4", "Glm4ForSequenceClassification": "glm4"}
+             "Glm4ForCausalLM": "glm4", "Glm4ForSequenceClassification": "glm4",
+             "Glm4MoeForCausalLM": "glm4_moe"}
 # Mixtral's names <-> pivotflow's (a layer's router; an expert's three projections)
 _MIXTRAL_DISK = re.compile(r"(.*\.)block_sparse_moe\.(gate|experts\.\d+\.w([123]))\.weight")
 _MIXTRAL_HELD = re.compile(r"(.*\.)mlp\.(gate|experts\.\d+\.(gate|down|up)_proj)\.weight")
 _W_TO_PROJ = {"1": "gate", "2": "down", "3": "up"}
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
 _PROJ_TO_W = {v: k for k, v in _W_TO_PROJ.items()}
 
 
@@ -54,13 +59,13 @@ def _module(tensor: str) -> str:
 
 
 def family_of(config: dict[str, Any]) -> str | None:
-    """The family whose on-disk layout differs from pivotflow's (phi3, mixtral, glm4), or
-    None."""
+    """The family whose on-disk layout differs from pivotflow's (phi3, mixtral, glm4,
+    glm4_moe), or None."""
     kind = config.get("model_type")
     if kind is None:  # very old exports name only the class
         kind = next((_FAMILIES[a] for a in config.get("architectures") or [] if a in _FAMILIES),
                     None)
-    return kind if kind in ("phi3", "mixtral", "glm4") else None
+    return kind if kind in ("phi3", "mixtral", "glm4", "glm4_moe") else None
 
 
 def _mixtral_name(name: str, to_disk: bool) -> str:
@@ -93,12 +98,21 @@ def _part_rows(cfg: ModelConfig, fused: str) -> tuple[int, ...]:
     return cfg.intermediate_size, cfg.intermediate_size
 
 
+def held_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` as it describes the tensors ``held_layout`` gives: GLM-4.5's with no
+    multi-token-prediction layer (so the store's folders, vLLM's and checkpoints say what they
+    hold); every other config as it is."""
+    if family_of(config) == "glm4_moe" and config.get("num_nextn_predict_layers"):
+        return {**config, "num_nextn_predict_layers": 0}
+    return config
+
+
 def held_layout(
     config: dict[str, Any], tensors: dict[str, torch.Tensor], where: str
 ) -> dict[str, torch.Tensor]:
     """``tensors`` as pivotflow holds them: fused projections split into views (phi3, glm4),
-    Mixtral's and GLM-4's names renamed, GLM-4's q/k rows reordered (``_turn_heads``), every
-    other tensor as it is. Raises ModelConfigError naming ``where`` and the tensor whose rows
+    Mixtral's and GLM-4's names renamed, GLM-4's q/k rows reordered (``_turn_heads``),
+    GLM-4.5's multi-token-prediction layers left out, every other tensor as it is. Raises ModelConfigError naming ``where`` and the tensor whose rows
     do not split as the config says."""
     family = family_of(config)
     if family == "mixtral":
@@ -106,6 +120,9 @@ def held_layout(
     if family is None:
         return tensors
     cfg = _geometry(config, where)
+    if family == "glm4_moe":
+        return {name: t for name, t in tensors.items()
+                if (m := _LAYER.match(name)) is None or int(m.group(1)) < cfg.num_hidden_layers}
     held = _split(cfg, _FUSED[family], tensors, where)
     if family == "glm4":
         return _turn_heads(cfg, _renamed_norms(held, _GLM_NORMS), where, to_disk=False)

@@ -2,7 +2,7 @@
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
 Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, Phi-4-mini's partial
-rotary and LongRoPE, Mixtral, GLM-4, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
+rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
 Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
@@ -139,6 +139,19 @@ CASES += [
           "pad_token_id": 0, "eos_token_id": 2}),
 ]  # fmt: skip
 GLM4 = CASES[18]
+# GLM-4.5 (glm4_moe; GLM-4.5-Air's kind): its first layer dense, the others 8 experts (2 a
+# token) in 2 groups of which a token's experts come from the best 1, a sigmoid router with a
+# correction bias, weights renormalised and scaled by 2.5, one shared expert; q/k/v biases,
+# half of each head turning (in halves, as Llama's)
+CASES += [
+    Case("glm4-moe", "Glm4MoeConfig", False,
+         {"head_dim": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 128,
+          "num_hidden_layers": 3, "n_routed_experts": 8, "num_experts_per_tok": 2,
+          "moe_intermediate_size": 48, "n_shared_experts": 1, "n_group": 2, "topk_group": 1,
+          "routed_scaling_factor": 2.5, "first_k_dense_replace": 1, "attention_bias": True,
+          "pad_token_id": 0, "eos_token_id": 2}),
+]  # fmt: skip
+GLM4_MOE = CASES[19]
 CASE_IDS = [c.name for c in CASES]
 
 
@@ -160,6 +173,9 @@ def hf_model(case: Case, seed: int = 0):  # type: ignore[no-untyped-def]
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             else:  # biases
                 p.normal_(0.0, 0.1)
+        for name, b in model.named_buffers():  # GLM-4.5's router bias: held as a buffer there
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.1)
     # The greedy reference decodes a fixed number of tokens: no eos, no suppression.
     model.generation_config.eos_token_id = None
     model.generation_config.bos_token_id = None

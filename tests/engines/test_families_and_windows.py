@@ -1,5 +1,5 @@
 """YaRN rope scaling, sliding-window attention and the Mistral, OLMo-2, OLMo-3, Gemma 3, Phi-3,
-Mixtral and GLM-4 families,
+Mixtral, GLM-4 and GLM-4.5 families,
 beyond the shared per-family decode test (tests/engines/test_hf_models.py): YaRN's frequencies
 and attention factor for each of its knobs, the trainer's forward and every gradient against
 transformers on padded batches where the windows bind, configs pivotflow writes that
@@ -16,6 +16,7 @@ import torch
 from hf_fixtures import (
     GEMMA3,
     GLM4,
+    GLM4_MOE,
     MISTRAL,
     MISTRAL_WINDOW,
     MIXTRAL,
@@ -64,7 +65,7 @@ def test_yarn_frequencies_and_attention_factor_equal_transformers(rope: dict[str
 
 
 ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_WINDOW, PHI3,
-       PHI4_MINI, MIXTRAL, GLM4]
+       PHI4_MINI, MIXTRAL, GLM4, GLM4_MOE]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -97,6 +98,9 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert written["model_type"] == "phi3" and written["sliding_window"] is None
     elif case is GLM4:
         assert written["model_type"] == "glm4" and written["partial_rotary_factor"] == 0.5
+    elif case is GLM4_MOE:
+        assert written["model_type"] == "glm4_moe" and written["first_k_dense_replace"] == 1
+        assert (written["n_group"], written["routed_scaling_factor"]) == (2, 2.5)
     elif case is MIXTRAL:
         assert written["model_type"] == "mixtral" and written["num_local_experts"] == 4
         assert written["sliding_window"] == 5

@@ -73,11 +73,14 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "Olmo2Config": "olmo2", "Olmo3Config": "olmo3",
                                 "Gemma3TextConfig": "gemma3_text", "Phi3Config": "phi3",
                                 "MixtralConfig": "mixtral", "Glm4Config": "glm4",
-                                "Qwen3MoeConfig": "qwen3_moe"}[case.config_class]  # fmt: skip
+                                "Qwen3MoeConfig": "qwen3_moe",
+                                "Glm4MoeConfig": "glm4_moe"}[case.config_class]  # fmt: skip
     assert cfg.head_dim == 32 and cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma"))
     # Every weight transformers holds was loaded (transformers 5 holds a sparse layer's experts
-    # as one fused tensor where the file, and we, have one per expert: count the numbers).
+    # as one fused tensor where the file, and we, have one per expert: count the numbers;
+    # GLM-4.5's router bias is a buffer there, a frozen parameter here).
     theirs = {n: p for n, p in model.named_parameters() if n != "lm_head.weight" or not case.tied}
+    theirs.update((n, b) for n, b in model.named_buffers() if n.endswith("correction_bias"))
     assert sum(folder.tensors[n].numel() for n in expected_shapes(cfg)) == sum(
         p.numel() for p in theirs.values()
     )

@@ -100,9 +100,10 @@ class _Seen(LoadBalance):
         super().__init__(E, valid)
         self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def add(self, router_logits: torch.Tensor, chosen: torch.Tensor) -> None:
+    def add(self, router_logits: torch.Tensor, chosen: torch.Tensor,
+            scoring: str = "softmax") -> None:
         self.seen.append((router_logits, chosen))
-        super().add(router_logits, chosen)
+        super().add(router_logits, chosen, scoring)
 
 
 def test_with_routing_replayed_it_counts_the_rollouts_experts(folder: Path) -> None:

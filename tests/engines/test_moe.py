@@ -10,10 +10,16 @@ from typing import Any
 
 import pytest
 import torch
-from hf_fixtures import MIXTRAL, MOE, PROMPTS, SIZES, hf_model
+from hf_fixtures import GLM4_MOE, MIXTRAL, MOE, PROMPTS, SIZES, hf_model
 
 from pivotflow.engines.torch import config_from_hf, load_model_folder, save_checkpoint
-from pivotflow.engines.torch.feedforward import SparseMoE, route, sort_by_expert
+from pivotflow.engines.torch.feedforward import (
+    Routing,
+    SparseMoE,
+    route,
+    router_logits,
+    sort_by_expert,
+)
 from pivotflow.engines.torch.model import Decoder
 from pivotflow.engines.torch.weights import build_model
 from pivotflow.errors import ModelConfigError
@@ -44,11 +50,12 @@ def test_sparse_and_dense_layers_are_where_the_config_puts_them(pair: Any) -> No
     assert len(ours.model.layers[0].mlp.experts) == 8
 
 
-@pytest.mark.parametrize("case", [MOE, MIXTRAL], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [MOE, MIXTRAL, GLM4_MOE], ids=lambda c: c.name)
 def test_logits_and_gradients_equal_transformers_on_a_padded_batch(
         case: Any, pair: Any, tmp_path: Path) -> None:
-    """Qwen3-MoE, and Mixtral (whose file names its layer block_sparse_moe and its experts'
-    projections w1/w3/w2; transformers 5 holds both as Qwen3-MoE's fused stacks)."""
+    """Qwen3-MoE, Mixtral (whose file names its layer block_sparse_moe and its experts'
+    projections w1/w3/w2; transformers 5 holds both as Qwen3-MoE's fused stacks) and GLM-4.5
+    (grouped sigmoid routing with a correction bias, scaled weights, a shared expert)."""
     if case is MOE:
         theirs, ours, _ = pair
     else:
@@ -70,6 +77,9 @@ def test_logits_and_gradients_equal_transformers_on_a_padded_batch(
     theirs_grads = dict(theirs.named_parameters())
     inter = case.extra.get("moe_intermediate_size", SIZES["intermediate_size"])
     for name, p in ours.named_parameters():
+        if name.endswith("e_score_correction_bias"):  # (frozen: a buffer in transformers)
+            assert not p.requires_grad and p.grad is None
+            continue
         parts = name.split(".")  # model.layers.0.mlp.experts.3.up_proj.weight
         if "experts" in parts:
             at = parts.index("experts")
@@ -83,7 +93,7 @@ def test_logits_and_gradients_equal_transformers_on_a_padded_batch(
             expected = theirs_grads[name].grad
         assert p.grad is not None, name
         torch.testing.assert_close(p.grad, expected, atol=1e-4, rtol=1e-4, msg=name)
-    router = ours.model.layers[0].mlp.gate.weight.grad
+    router = ours.model.layers[-1].mlp.gate.weight.grad
     assert router is not None and float(router.abs().sum()) > 0
 
 
@@ -106,7 +116,7 @@ def test_routing_matches_a_scan_of_every_expert() -> None:
     torch.manual_seed(0)
     for normalize in (False, True):
         logits = torch.randn(37, 6)
-        weights, chosen = route(logits, 3, normalize)
+        weights, chosen = route(logits, Routing(3, normalize))
         probs = logits.softmax(-1)
         assert torch.equal(chosen, probs.topk(3).indices)
         expected = probs.gather(-1, chosen)
@@ -131,6 +141,16 @@ def test_an_expert_no_token_chose_gets_no_gradient() -> None:
     block(x).sum().backward()
     ran = [e for e, m in enumerate(block.experts) if m.up_proj.weight.grad is not None]
     assert 1 <= len(ran) <= 3
+
+
+def _glm4_moe_config(**changes: Any) -> dict[str, Any]:
+    """GLM-4.5's kind: a dense first layer, 8 experts in 4 groups (2 best groups a token),
+    a shared expert, scaled weights."""
+    return {"model_type": "glm4_moe", "vocab_size": 50, "hidden_size": 32,
+            "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "head_dim": 16, "max_position_embeddings": 64,
+            "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+            "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, **changes}  # fmt: skip
 
 
 def _moe_config(**changes: Any) -> dict[str, Any]:
@@ -183,19 +203,26 @@ def test_the_hub_and_transformers_5_names_of_the_expert_count_both_read() -> Non
     assert not any(dense.is_sparse(i) for i in range(2))
 
 
+@pytest.mark.parametrize("glm", [False, True], ids=["qwen3-moe", "glm4-moe"])
 @pytest.mark.parametrize("tokens", [1, 3, 40])
-def test_the_serving_path_computes_the_sparse_block(tokens: int) -> None:
+def test_the_serving_path_computes_the_sparse_block(tokens: int, glm: bool) -> None:
     """PackedExperts (the engine's) equals SparseMoE (the trainer's) on a step of one token
-    (2 of 8 experts run) or of many (all of them)."""
+    (2 of 8 experts run) or of many (all of them); GLM-4.5's grouped sigmoid routing with its
+    correction bias, scaled weights and shared expert too."""
     from pivotflow.engines.torch import experts as packed_experts
+    from pivotflow.engines.torch.kv_cache import _pack_mlp
     from pivotflow.engines.torch.linear import Linears
 
-    cfg = config_from_hf({**_moe_config(), "num_experts": 8, "norm_topk_prob": True}, "t")
+    cfg = config_from_hf(_glm4_moe_config() if glm else
+                         {**_moe_config(), "num_experts": 8, "norm_topk_prob": True}, "t")
     torch.manual_seed(tokens)
     block = SparseMoE(cfg).requires_grad_(False)
+    if glm:  # (a bias that changes choices: scores are in (0, 1))
+        block.gate.e_score_correction_bias.normal_(0.0, 0.2)
     h = torch.randn(tokens, cfg.hidden_size)
     expected = block(h[None])[0]
-    packed = packed_experts.PackedExperts(block, Linears(onednn=False), 0)
+    shared = None if block.shared_experts is None else _pack_mlp(block.shared_experts)
+    packed = packed_experts.PackedExperts(block, Linears(onednn=False), 0, shared)
     residual = torch.randn(tokens, cfg.hidden_size)
     got = packed.add(h, residual.clone())
     torch.testing.assert_close(got - residual, expected, atol=1e-5, rtol=0)
@@ -203,29 +230,41 @@ def test_the_serving_path_computes_the_sparse_block(tokens: int) -> None:
 
 
 def _chosen_by(model: Decoder, ids: torch.Tensor, **kw: Any) -> list[torch.Tensor]:
-    """Each sparse layer's experts (sorted per token) in one forward of ``model`` on ``ids``."""
+    """Each sparse layer's own choice of experts (sorted per token) in one forward of ``model``
+    on ``ids``, from the input each sparse block got."""
     seen: list[torch.Tensor] = []
-    hooks = [layer.mlp.gate.register_forward_hook(
-        lambda _m, _i, logits: seen.append(logits.float().softmax(-1)))
-        for layer in model.model.layers if isinstance(layer.mlp, SparseMoE)]  # fmt: skip
+
+    def choose(block: SparseMoE, inputs: tuple[torch.Tensor, ...], _out: Any) -> None:
+        x = inputs[0].reshape(-1, inputs[0].shape[-1])
+        logits = router_logits(block.gate, x, block.routing)
+        seen.append(route(logits, block.routing, block.correction_bias)[1].sort(-1).values)
+
+    hooks = [layer.mlp.register_forward_hook(choose)
+             for layer in model.model.layers if isinstance(layer.mlp, SparseMoE)]  # fmt: skip
     with torch.no_grad():
         model(ids, **kw)
     for h in hooks:
         h.remove()
-    k = model.config.num_experts_per_tok
-    return [probs.topk(k).indices.sort(-1).values for probs in seen]
+    return seen
 
 
-def test_the_engine_records_the_experts_of_every_position_it_fed(pair: Any) -> None:
+@pytest.mark.parametrize("case", [MOE, GLM4_MOE], ids=lambda c: c.name)
+def test_the_engine_records_the_experts_of_every_position_it_fed(
+        case: Any, pair: Any, tmp_path: Path) -> None:
     """Five prompts on two slots (slots move as sequences finish), one resumed from a prefix:
     each output's routing holds every position but its last token, as a full forward of the
-    same weights chooses them."""
+    same weights chooses them (GLM-4.5: with its groups and correction bias)."""
     from pivotflow.engines.base import GenerationRequest, SamplingParams
     from pivotflow.engines.torch import TorchEngine
     from pivotflow.engines.torch.feedforward import routing_from_bytes
 
-    _, ours, root = pair
+    if case is MOE:
+        _, ours, root = pair
+    else:
+        hf_model(case).save_pretrained(root := tmp_path)
     folder = load_model_folder(root)
+    if case is not MOE:
+        ours = build_model(folder.config, folder.tensors)
     engine = TorchEngine(folder.config, max_batch=2, record_routing=True)
     engine.load_weights(folder.tensors, 0)
     params = [SamplingParams(temperature=1.0, max_tokens=6 + i, seed=i) for i in range(5)]
@@ -298,8 +337,8 @@ def test_a_replayed_route_takes_the_given_experts_weighed_by_this_router(
     torch.manual_seed(0)
     logits = torch.randn(5, 8, requires_grad=True)
     given = torch.tensor([[7, 0], [-1, -1], [3, 4], [1, 2], [-1, -1]])
-    weights, experts = replayed_route(logits, given, 2, normalize)
-    own_weights, own = route(logits, 2, normalize)
+    weights, experts = replayed_route(logits, given, Routing(2, normalize))
+    own_weights, own = route(logits, Routing(2, normalize))
     for row in (0, 2, 3):  # replayed: the given experts, weighed as route weighs its own
         assert experts[row].tolist() == given[row].tolist()
         expected = logits[row].softmax(-1)[given[row]]
@@ -310,6 +349,51 @@ def test_a_replayed_route_takes_the_given_experts_weighed_by_this_router(
         torch.testing.assert_close(weights[row], own_weights[row])
     (weights * torch.tensor([1.0, 3.0])).sum().backward()  # (normalised weights sum to 1)
     assert logits.grad is not None and float(logits.grad[0].abs().sum()) > 0  # the router learns
+
+
+def test_grouped_sigmoid_routing_is_transformers_glm4_5_router() -> None:
+    """Choices and weights as transformers' Glm4MoeTopkRouter gives them: 16 experts in 4
+    groups, a token's 3 from its 2 best groups, chosen with the correction bias and weighed
+    without it, renormalised, times 2.5."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeTopkRouter
+
+    raw = _glm4_moe_config(n_routed_experts=16, num_experts_per_tok=3, n_group=4, topk_group=2)
+    theirs = Glm4MoeTopkRouter(transformers.Glm4MoeConfig(**raw))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        theirs.weight.normal_(0.0, 0.5)
+        theirs.e_score_correction_bias.normal_(0.0, 0.3)
+    x = torch.randn(64, 32)
+    _, their_weights, their_chosen = theirs(x)
+    cfg = config_from_hf(raw, "t")
+    gate = torch.nn.Linear(32, 16, bias=False)
+    gate.weight.data.copy_(theirs.weight)
+    routing = Routing.of(cfg)
+    weights, chosen = route(router_logits(gate, x, routing), routing,
+                            theirs.e_score_correction_bias)
+    order, their_order = chosen.argsort(-1), their_chosen.argsort(-1)
+    assert torch.equal(chosen.gather(-1, order), their_chosen.gather(-1, their_order))
+    torch.testing.assert_close(weights.gather(-1, order), their_weights.gather(-1, their_order))
+    groups = chosen // 4  # every token's experts come from at most its 2 best groups
+    assert all(len(set(row.tolist())) <= 2 for row in groups)
+    plain, _ = route(router_logits(gate, x, routing), routing)
+    assert not torch.equal(plain, weights)  # (the bias changed some choices: it is used)
+
+
+@pytest.mark.parametrize(("changes", "says"), [
+    ({"n_group": 3}, "n_group 3 does not divide num_experts 8"),
+    ({"topk_group": 5}, "topk_group must be in [1, n_group=4], got 5"),
+    ({"num_experts_per_tok": 5, "topk_group": 2}, "num_experts_per_tok 5 is more than the 4"),
+    ({"first_k_dense_replace": 3}, "first_k_dense_replace=3 is not a number of layers in [0, 2]"),
+    ({"routed_scaling_factor": 0}, "routed_scaling_factor must be positive"),
+    ({"use_qk_norm": "yes"}, "use_qk_norm='yes' is not true or false"),
+])
+def test_a_glm4_5_router_that_cannot_be_is_one_line(changes: dict[str, Any], says: str) -> None:
+    with pytest.raises(ModelConfigError) as e:
+        config_from_hf(_glm4_moe_config(**changes), "cfg.json")
+    assert says in str(e.value) and str(e.value).startswith("cfg.json: ")
+    assert "\n" not in str(e.value)
 
 
 def test_recording_routing_on_a_dense_model_is_one_line() -> None:
@@ -347,3 +431,21 @@ def test_lora_adapts_every_expert_and_not_the_router_and_merges_under_hub_names(
     plain = build_model(cfg, merged)
     with torch.no_grad():
         torch.testing.assert_close(plain(ids), adapted, atol=1e-4, rtol=1e-4)
+
+
+def test_a_bf16_glm4_5_keeps_its_router_in_float32_and_trains_it(tmp_path: Path) -> None:
+    """As transformers and vLLM hold it: the sigmoid router's weight and correction bias stay
+    float32 in a bf16 model (its choices decide which experts run); a bf16 forward under
+    autocast and its backward reach the router in float32, the bias untouched."""
+    hf_model(GLM4_MOE).save_pretrained(tmp_path)
+    folder = load_model_folder(tmp_path)
+    ours = build_model(folder.config, folder.tensors, dtype="bf16").requires_grad_(True)
+    gate = ours.model.layers[1].mlp.gate
+    assert gate.weight.dtype == gate.e_score_correction_bias.dtype == torch.float32
+    assert ours.model.layers[1].mlp.experts[0].up_proj.weight.dtype == torch.bfloat16
+    ids, mask = _padded()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = ours(ids, attention_mask=mask)
+    logits.float()[mask.bool()].logsumexp(-1).sum().backward()
+    assert gate.weight.grad is not None and gate.weight.grad.dtype == torch.float32
+    assert float(gate.weight.grad.abs().sum()) > 0 and gate.e_score_correction_bias.grad is None

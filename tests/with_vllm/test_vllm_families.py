@@ -1,5 +1,5 @@
 """Mistral, YaRN, OLMo-2, sliding windows, OLMo-3, Gemma 3 and Phi-3 (fused projections;
-partial rotary with LongRoPE), Mixtral and GLM-4 on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
+partial rotary with LongRoPE), Mixtral, GLM-4 and GLM-4.5 on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
 random weights, loads the store's version as a worker does, and decodes greedily the embedded
 engine's 40 tokens, on a prompt past YaRN's original context too. The YaRN folder sets every
 knob where two implementations could part (an explicit ``attention_factor``, which replaces the
@@ -76,7 +76,14 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
                 "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 6}),
             # GLM-4: interleaved partial rotary, which the store holds reordered and sends
             # vLLM in GLM-4's own order; its norms under their own names
-            "glm4": ("Glm4Config", "Glm4ForCausalLM", {"head_dim": 32, "pad_token_id": EOS})}
+            "glm4": ("Glm4Config", "Glm4ForCausalLM", {"head_dim": 32, "pad_token_id": EOS}),
+            # GLM-4.5: a dense first layer, then 8 experts in 2 groups (a token's 2 from the
+            # best group), a sigmoid router with its correction bias, weights times 2.5, a
+            # shared expert; half of each head turning
+            "glm4-moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", {
+                "n_routed_experts": 8, "num_experts_per_tok": 2,
+                "moe_intermediate_size": 64, "n_group": 2, "topk_group": 1,
+                "routed_scaling_factor": 2.5, "attention_bias": True, "pad_token_id": EOS})}
 
 
 def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
@@ -113,7 +120,8 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     (tmp_path / "model").mkdir()
     path = _folder(tmp_path / "model", folder, family)
     cfg, weights = load_checkpoint(path)
-    assert cfg.architecture == {"gemma3-text": "gemma3_text"}.get(family, family.split("-")[0])
+    assert cfg.architecture == {"gemma3-text": "gemma3_text", "glm4-moe": "glm4_moe"}.get(
+        family, family.split("-")[0])
     assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text",
                                                    "phi3-window", "mixtral-window"))
     ours = TorchEngine(cfg, max_batch=8, eos_token_id=EOS)

@@ -61,6 +61,9 @@ def save_sharpened(model: Any, path: Path, tokenizer_from: Path) -> Path:
         for p in model.parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.15)
+        for name, b in model.named_buffers():  # GLM-4.5's router bias, so that it counts
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.1)
     model.save_pretrained(path)
     for f in tokenizer_from.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens")):

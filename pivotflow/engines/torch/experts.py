@@ -22,6 +22,7 @@ from pivotflow.engines.torch.feedforward import (
     SparseMoE,
     add_expert_outputs,
     route,
+    router_logits,
     routing_dtype,
 )
 from pivotflow.engines.torch.linear import Linears
@@ -66,15 +67,20 @@ class RoutingRecorder:
 
 class PackedExperts:
     """One sparse layer's router and experts, stacked: ``gate_up`` [E, 2I, H] (each expert's
-    gate rows, then its up rows) and ``down`` [E, H, I]."""
+    gate rows, then its up rows) and ``down`` [E, H, I]; a shared expert (GLM-4.5's) packed as
+    a dense MLP."""
 
-    def __init__(self, block: SparseMoE, mm: Linears, sparse_index: int) -> None:
+    def __init__(self, block: SparseMoE, mm: Linears, sparse_index: int,
+                 shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         experts = [e for e in block.experts if isinstance(e, MLP)]
         # which sparse layer this is, where a RoutingRecorder (set by the engine) records it
         self.sparse_index = sparse_index
         self.recorder: RoutingRecorder | None = None
-        self.router, self.mm = block.gate.weight, mm
-        self.top_k, self.normalize = block.top_k, block.normalize
+        self.gate, self.mm, self.routing = block.gate, mm, block.routing
+        self.correction_bias = block.correction_bias
+        # the shared expert's packed (gate/up, down) weights (the caller packs them as it
+        # packs a dense layer's MLP)
+        self.shared = shared
         self.units, self.count = experts[0].gate_proj.weight.shape[0], len(experts)
         self.gate_up = torch.stack(
             [torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in experts]
@@ -87,9 +93,14 @@ class PackedExperts:
 
     def add(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``x`` [n, H] plus the layer's output for its normed input ``h`` [n, H], in place."""
-        weights, chosen = route(self.mm.linear(h, self.router), self.top_k, self.normalize)
+        logits = (router_logits(self.gate, h, self.routing) if self.routing.scoring == "sigmoid"
+                  else self.mm.linear(h, self.gate.weight))  # (a sigmoid router's: float32)
+        weights, chosen = route(logits, self.routing, self.correction_bias)
         if self.recorder is not None:
             self.recorder.write(self.sparse_index, chosen)
+        if self.shared is not None:
+            gate_up, down = self.shared
+            x = self.mm.linear_add(self.mm.gated(h, gate_up, down.shape[1]), down, None, x)
         return add_expert_outputs(x, h, weights, chosen, self.count, self._expert)
 
     def _expert(self, expert: int, rows: torch.Tensor) -> torch.Tensor:

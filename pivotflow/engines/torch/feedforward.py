@@ -1,5 +1,6 @@
-"""The feed-forward half of a decoder layer: the dense SwiGLU ``MLP``, and Qwen3-MoE's routed
-mixture of experts (``SparseMoE``) with its routing: ``route``, the replayed route of routing
+"""The feed-forward half of a decoder layer: the dense SwiGLU ``MLP``, and the routed mixture
+of experts (``SparseMoE``: Qwen3-MoE's and Mixtral's softmax router, GLM-4.5's grouped sigmoid
+router with a shared expert) with its routing: ``Routing``/``route``, the replayed route of routing
 replay (R3), the bytes recorded routing travels as, the one loop that combines a layer's
 experts (``add_expert_outputs``, which the engine's ``experts.PackedExperts`` shares), and the
 load-balancing loss a trainer may add (``LoadBalance``).
@@ -8,7 +9,7 @@ load-balancing loss a trainer may add (``LoadBalance``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -41,17 +42,81 @@ class MLP(nn.Module):
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
-def route(
-    router_logits: torch.Tensor, top_k: int, normalize: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each token's experts and their weights, as Qwen3-MoE routes: softmax over all experts
-    in float32, the ``top_k`` largest, optionally renormalised to sum to 1, cast back to the
-    logits' dtype. ``router_logits`` [n, experts] -> (weights [n, k], expert ids [n, k])."""
-    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
-    weights, experts = torch.topk(probs, top_k, dim=-1)
-    if normalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights.to(router_logits.dtype), experts
+class Routing(NamedTuple):
+    """How a sparse layer picks and weighs a token's experts (``ModelConfig``'s router fields):
+    ``top_k`` of them, scored by ``scoring`` ("softmax" over all, or each by a "sigmoid"),
+    chosen by score (plus a sigmoid router's correction bias) among the ``topk_group`` best of
+    ``n_group`` groups, weighed by their scores, renormalised to sum to 1 when ``normalize``,
+    times ``scale``."""
+
+    top_k: int
+    normalize: bool
+    scoring: str = "softmax"
+    n_group: int = 1
+    topk_group: int = 1
+    scale: float = 1.0
+
+    @staticmethod
+    def of(cfg: ModelConfig) -> Routing:
+        return Routing(cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.scoring_func,
+                       cfg.n_group, cfg.topk_group, cfg.routed_scaling_factor)
+
+    def scores(self, router_logits: torch.Tensor) -> torch.Tensor:
+        """Every expert's score [n, E], in float32."""
+        if self.scoring == "sigmoid":
+            return torch.sigmoid(router_logits.float())
+        return torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+
+    def choose(self, scores: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """Each token's ``top_k`` experts [n, k] by ``scores`` plus ``bias`` (which only
+        chooses: it never weighs), within its ``topk_group`` best groups (a group ranked by
+        the sum of its two best), as DeepSeek-V3 and transformers' GLM-4.5 choose."""
+        ranked = scores if bias is None else scores + bias.float()
+        if self.n_group > 1:
+            groups = ranked.view(ranked.shape[0], self.n_group, -1)
+            best = groups.topk(2, dim=-1).values.sum(-1).topk(self.topk_group, dim=-1).indices
+            keep = torch.zeros_like(groups[..., 0], dtype=torch.bool).scatter_(1, best, True)
+            ranked = groups.masked_fill(~keep[..., None], float("-inf")).view_as(ranked)
+        return torch.topk(ranked, self.top_k, dim=-1).indices
+
+    def weigh(self, scores: torch.Tensor, chosen: torch.Tensor,
+              dtype: torch.dtype) -> torch.Tensor:
+        """The weights [n, k] of ``chosen`` experts, in ``dtype``."""
+        return self.finish(scores.gather(-1, chosen), dtype)
+
+    def finish(self, weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The chosen experts' scores [n, k] as their weights, in ``dtype``."""
+        if self.normalize:
+            total = weights.sum(dim=-1, keepdim=True)
+            # (a sigmoid router's scores may all be ~0: transformers' epsilon, as GLM-4.5's)
+            weights = weights / (total + 1e-20 if self.scoring == "sigmoid" else total)
+        if self.scale != 1.0:
+            weights = weights * self.scale
+        return weights.to(dtype)
+
+
+def router_logits(gate: nn.Linear, x: torch.Tensor, routing: Routing) -> torch.Tensor:
+    """The router's logits [n, E] for ``x`` [n, H]: a sigmoid router's in float32 (under
+    autocast too), as transformers' and vLLM's GLM-4.5 compute them, a softmax router's in
+    ``x``'s dtype."""
+    if routing.scoring == "sigmoid":
+        with torch.autocast(x.device.type, enabled=False):
+            return F.linear(x.float(), gate.weight.float())
+    return gate(x)
+
+
+def route(router_logits: torch.Tensor, routing: Routing,
+          bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's experts and their weights (``Routing``): ``router_logits`` [n, experts] ->
+    (weights [n, k] in the logits' dtype, expert ids [n, k]). Qwen3-MoE's and Mixtral's: softmax
+    over all experts in float32, the ``top_k`` largest, optionally renormalised."""
+    scores = routing.scores(router_logits)
+    if bias is None and routing.n_group == 1:
+        # the top k's values are their scores: no gather (this runs every decode step)
+        top, chosen = torch.topk(scores, routing.top_k, dim=-1)
+        return routing.finish(top, router_logits.dtype), chosen
+    chosen = routing.choose(scores, bias)
+    return routing.weigh(scores, chosen, router_logits.dtype), chosen
 
 
 def routing_dtype(num_experts: int) -> torch.dtype:
@@ -67,23 +132,18 @@ def routing_from_bytes(data: bytes, cfg: ModelConfig) -> torch.Tensor:
 
 
 def replayed_route(
-    router_logits: torch.Tensor, replay: torch.Tensor, top_k: int, normalize: bool
+    router_logits: torch.Tensor, replay: torch.Tensor, routing: Routing,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``route`` with the experts given: the rollout engine's choice (rollout routing replay,
     R3: Ma et al. 2025, arXiv:2510.11370), its weights from these logits as ``route`` weighs its
-    own choice (softmax over all experts, gathered, optionally renormalised), so the router
-    still learns. Rows of ``replay`` [n, k] holding -1 (positions the rollout did not route:
-    the last token) take ``route``'s own choice."""
-    own_weights, own = route(router_logits, top_k, normalize)
+    own choice, so the router still learns. Rows of ``replay`` [n, k] holding -1 (positions the
+    rollout did not route: the last token) take ``route``'s own choice."""
+    scores = routing.scores(router_logits)
+    own = routing.choose(scores, bias)
     given = replay[:, 0] >= 0
-    if not bool(given.any()):
-        return own_weights, own
-    experts = torch.where(given[:, None], replay, own)
-    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
-    weights = probs.gather(-1, experts)
-    if normalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights.to(router_logits.dtype), experts
+    experts = torch.where(given[:, None], replay, own) if bool(given.any()) else own
+    return routing.weigh(scores, experts, router_logits.dtype), experts
 
 
 def sort_by_expert(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, list[int]]:
@@ -134,9 +194,15 @@ class LoadBalance:
         self.prob_sum: torch.Tensor | float = 0.0  # [E]: router probability (differentiable)
         self.rows: torch.Tensor | float = 0.0  # valid tokens summed over layers
 
-    def add(self, router_logits: torch.Tensor, chosen: torch.Tensor) -> None:
-        """One sparse layer: ``router_logits`` [n, E], ``chosen`` expert ids [n, k]."""
+    def add(self, router_logits: torch.Tensor, chosen: torch.Tensor,
+            scoring: str = "softmax") -> None:
+        """One sparse layer: ``router_logits`` [n, E], ``chosen`` expert ids [n, k]. A sigmoid
+        router's P_e is its scores normalised to sum to 1 per token (DeepSeek-V3's balance
+        loss, taken over the batch as this one is)."""
         probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+        if scoring == "sigmoid":
+            scores = torch.sigmoid(router_logits.float())
+            probs = scores / scores.sum(-1, keepdim=True)
         weight = (torch.ones(probs.shape[0], device=probs.device) if self.valid is None
                   else self.valid.reshape(-1).to(probs.device, torch.float32))
         counts = torch.zeros(self.num_experts, device=probs.device).scatter_add_(
@@ -156,8 +222,12 @@ class LoadBalance:
 class SparseMoE(nn.Module):
     """Qwen3-MoE's sparse block: a bias-free router ``gate`` over ``num_experts`` SwiGLU
     experts, each token through its ``num_experts_per_tok`` best, their outputs summed with the
-    router's weights. Experts are modules of their own (``experts.3.up_proj``), as checkpoints
-    name them: transformers 5 fuses them in memory but saves and loads these names.
+    router's weights (``Routing``). Experts are modules of their own (``experts.3.up_proj``),
+    as checkpoints name them: transformers 5 fuses them in memory but saves and loads these
+    names. GLM-4.5's adds a sigmoid router's correction bias (``gate.e_score_correction_bias``:
+    a statistic its pre-training balanced the load with, held as a frozen parameter, never
+    trained: ``Decoder.requires_grad_``) and ``shared_experts``, an MLP every token goes
+    through.
 
     Every expert a token picks runs on a gathered batch of its tokens, so compute follows the
     routed tokens (k of E experts per token), not E; the router gets its gradient through the
@@ -167,26 +237,35 @@ class SparseMoE(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.top_k, self.normalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.routing = Routing.of(cfg)
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        if cfg.scoring_func == "sigmoid":  # (as the file names it: the router's own tensor)
+            self.gate.e_score_correction_bias = nn.Parameter(
+                torch.zeros(cfg.num_experts), requires_grad=False)
         self.experts = nn.ModuleList(
             MLP(cfg, cfg.moe_intermediate_size) for _ in range(cfg.num_experts)
         )
+        self.shared_experts = (MLP(cfg, cfg.moe_intermediate_size * cfg.n_shared_experts)
+                               if cfg.n_shared_experts else None)
+
+    @property
+    def correction_bias(self) -> torch.Tensor | None:
+        return getattr(self.gate, "e_score_correction_bias", None)
 
     def forward(self, x: torch.Tensor, replay: torch.Tensor | None = None,
                 balance: LoadBalance | None = None) -> torch.Tensor:
         """``x`` [..., H]; ``replay`` [..., k]: experts to use instead of the router's top k
         (``replayed_route``); ``balance`` collects this layer's load-balancing terms."""
         flat = x.reshape(-1, x.shape[-1])
-        logits = self.gate(flat)
+        logits = router_logits(self.gate, flat, self.routing)
         if replay is None:
-            weights, chosen = route(logits, self.top_k, self.normalize)
+            weights, chosen = route(logits, self.routing, self.correction_bias)
         else:
-            weights, chosen = replayed_route(
-                logits, replay.reshape(-1, self.top_k), self.top_k, self.normalize
-            )
+            weights, chosen = replayed_route(logits, replay.reshape(-1, self.routing.top_k),
+                                             self.routing, self.correction_bias)
         if balance is not None:
-            balance.add(logits, chosen)
-        out = add_expert_outputs(torch.zeros_like(flat), flat, weights, chosen,
+            balance.add(logits, chosen, self.routing.scoring)
+        out = torch.zeros_like(flat) if self.shared_experts is None else self.shared_experts(flat)
+        out = add_expert_outputs(out, flat, weights, chosen,
                                  len(self.experts), lambda e, rows: self.experts[e](rows))
         return out.view_as(x)

@@ -2,7 +2,7 @@
 
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
-Phi-3/Phi-4, Mixtral, GLM-4; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
+Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
 names, in one line, the file and the first key it cannot run. Keys that change nothing the
 decoder computes (token ids, initializer_range, use_cache...) are ignored.
 """
@@ -27,7 +27,7 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "qwen3_moe": "Qwen3MoeForCausalLM", "olmo2": "Olmo2ForCausalLM",
               "olmo3": "Olmo3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
               "phi3": "Phi3ForCausalLM", "mixtral": "MixtralForCausalLM",
-              "glm4": "Glm4ForCausalLM"}  # fmt: skip
+              "glm4": "Glm4ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -48,7 +48,7 @@ DTYPES = {
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
              "num_attention_heads", "max_position_embeddings")  # fmt: skip
 _ENGINE = "is not supported by the embedded engine"
-PARTIAL_ROTARY_FAMILIES = ("phi3", "glm4")  # (transformers' other families turn whole heads)
+PARTIAL_ROTARY_FAMILIES = ("phi3", "glm4", "glm4_moe")  # (transformers' other families turn whole heads)
 
 
 def resolve_dtype(
@@ -128,7 +128,8 @@ def _rope_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
             f"{where}: {key}.{type_key}={kind!r} {_ENGINE} "
             f"({', '.join(t for t in ROPE_TYPES if t != 'longrope')}; longrope on phi3)"
         )
-    glm4 = raw.get("model_type") == "glm4"  # (Glm4Config's default: half of each head turns)
+    # (Glm4Config's and Glm4MoeConfig's default: half of each head turns)
+    glm4 = raw.get("model_type") in ("glm4", "glm4_moe")
     partial = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor",
                                                         0.5 if glm4 else 1.0))
     if partial != 1.0 and raw.get("model_type") not in PARTIAL_ROTARY_FAMILIES:
@@ -266,6 +267,8 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         num_labels=_num_labels(raw, where),
         **(_expert_fields(raw, where) if kind == "qwen3_moe" else {}),
         **(_mixtral_fields(raw, where) if kind == "mixtral" else {}),
+        **(_glm4_moe_fields(raw, fields["num_hidden_layers"], where)
+           if kind == "glm4_moe" else {}),
         **(_gemma_fields(raw, where) if kind == "gemma3_text" else {}),
     )
     try:
@@ -329,6 +332,35 @@ def _mixtral_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
     if jitter:
         raise ModelConfigError(f"{where}: router_jitter_noise={jitter!r} {_ENGINE} (0)")
     return {**out, "moe_intermediate_size": raw["intermediate_size"], "norm_topk_prob": True}
+
+
+def _glm4_moe_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
+    """GLM-4.5's experts, router and q/k norms as ModelConfig's, with Glm4MoeConfig's defaults
+    where a key is absent: its first ``first_k_dense_replace`` layers dense, the rest sparse,
+    each with ``n_shared_experts`` shared; a sigmoid router. Its multi-token-prediction layers
+    (``num_nextn_predict_layers``) are not part of the decoder: their tensors are left out as
+    the folder is read (``hf_layout``), as transformers leaves them."""
+    out: dict[str, Any] = {}
+    for field, key, default in (("num_experts", "n_routed_experts", 128),
+                                ("num_experts_per_tok", "num_experts_per_tok", 8),
+                                ("moe_intermediate_size", "moe_intermediate_size", 1408),
+                                ("n_shared_experts", "n_shared_experts", 1),
+                                ("n_group", "n_group", 1), ("topk_group", "topk_group", 1)):
+        value = out[field] = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ModelConfigError(f"{where}: {key}={value!r} is not a non-negative integer")
+    dense = raw.get("first_k_dense_replace", 1)
+    if isinstance(dense, bool) or not isinstance(dense, int) or not 0 <= dense <= layers:
+        raise ModelConfigError(f"{where}: first_k_dense_replace={dense!r} is not a number of "
+                               f"layers in [0, {layers}]")
+    for key in ("norm_topk_prob", "use_qk_norm"):
+        if not isinstance(raw.get(key, False), bool):
+            raise ModelConfigError(f"{where}: {key}={raw[key]!r} is not true or false")
+    return {**out, "mlp_only_layers": tuple(range(dense)), "scoring_func": "sigmoid",
+            "routed_scaling_factor": _number(raw.get("routed_scaling_factor", 1.0),
+                                             "routed_scaling_factor", where),
+            "norm_topk_prob": raw.get("norm_topk_prob", True),
+            "qk_norm": raw.get("use_qk_norm", False)}
 
 
 def _num_labels(raw: dict[str, Any], where: str) -> int:
@@ -428,6 +460,9 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         out.update(sliding_window=None, num_local_experts=cfg.num_experts,
                    num_experts_per_tok=cfg.num_experts_per_tok, router_jitter_noise=0.0,
                    output_router_logits=False)
+    elif cfg.architecture == "glm4_moe":
+        out.update(_glm4_moe_to_hf(cfg))
+        rope["partial_rotary_factor"] = cfg.partial_rotary_factor
     elif cfg.architecture == "glm4":  # (no token ids: as for phi3, below)
         out.update(attention_bias=cfg.attention_bias,
                    partial_rotary_factor=cfg.partial_rotary_factor, pad_token_id=None,
@@ -457,3 +492,21 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
             output_router_logits=False,
         )
     return out
+
+
+def _glm4_moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+    """A GLM-4.5 config's own keys (no token ids: as for phi3; no multi-token-prediction layer:
+    pivotflow holds none)."""
+    dense = len(cfg.mlp_only_layers)
+    if cfg.mlp_only_layers != tuple(range(dense)) or cfg.decoder_sparse_step != 1:
+        raise ModelConfigError("a glm4_moe checkpoint has its dense layers first "
+                               "(first_k_dense_replace) and every later layer sparse")
+    return {"attention_bias": cfg.attention_bias, "use_qk_norm": cfg.qk_norm,
+            "partial_rotary_factor": cfg.partial_rotary_factor,
+            "n_routed_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
+            "moe_intermediate_size": cfg.moe_intermediate_size,
+            "n_shared_experts": cfg.n_shared_experts, "n_group": cfg.n_group,
+            "topk_group": cfg.topk_group, "routed_scaling_factor": cfg.routed_scaling_factor,
+            "norm_topk_prob": cfg.norm_topk_prob, "first_k_dense_replace": dense,
+            "num_nextn_predict_layers": 0, "output_router_logits": False,
+            "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}

@@ -16,7 +16,7 @@ Each family says it its own way, and transformers' reading is the reference:
 * ``gemma3_text``: ``layer_types``, else ``sliding_window_pattern`` - 1 sliding layers of every
   ``sliding_window_pattern`` (6); its sliding layers take plain RoPE at
   ``rope_local_base_freq`` (10000), its full ones ``rope_theta`` (1e6) with any scaling.
-* ``llama``, ``olmo2``, ``glm4``: none (transformers reads no window for them).
+* ``llama``, ``olmo2``, ``glm4``, ``glm4_moe``: none (transformers reads no window for them).
 """
 
 from __future__ import annotations
@@ -112,11 +112,13 @@ def windows_to_hf(cfg: Any, rope: dict[str, Any]) -> dict[str, Any]:
         return out
     if not sliding:
         return {}
-    if kind in ("llama", "olmo2", "glm4") or (kind in ("mistral", "phi3", "mixtral", "qwen3_moe")
-                                      and not everywhere):
+    unwindowed = ("llama", "olmo2", "glm4", "glm4_moe")
+    if kind in unwindowed or (kind in ("mistral", "phi3", "mixtral", "qwen3_moe")
+                              and not everywhere):
         raise ModelConfigError(
             f"a {kind} checkpoint cannot say sliding_layers {sorted(sliding)} of {n} layers "
-            "(mistral, phi3, mixtral and qwen3_moe: all or none; llama, olmo2, glm4: none)")
+            f"(mistral, phi3, mixtral and qwen3_moe: all or none; {', '.join(unwindowed)}: "
+            "none)")
     out = {"sliding_window": cfg.sliding_window}
     if kind in ("qwen2", "qwen3", "qwen3_moe"):
         out.update(use_sliding_window=True, max_window_layers=min(sliding))

@@ -288,7 +288,9 @@ class PackedDecoder:
                 qk_norms = (attn.q_norm.weight, attn.k_norm.weight)
             ffn: _Dense | PackedExperts
             if isinstance(layer.mlp, SparseMoE):
-                ffn = PackedExperts(layer.mlp, self.mm, len(self.experts))
+                shared = layer.mlp.shared_experts
+                ffn = PackedExperts(layer.mlp, self.mm, len(self.experts),
+                                    None if shared is None else _pack_mlp(shared))
                 self.experts.append(ffn)
             else:
                 ffn = _pack_mlp(cast(MLP, layer.mlp))

@@ -11,7 +11,9 @@ routed mixture of experts in place of the MLP on its sparse layers (``SparseMoE`
 each residual add, instead of on their inputs (no ``input_layernorm``); OLMo-3 is OLMo-2 with
 sliding windows; Gemma 3 (text) norms both inputs and outputs ("sandwich"), scales its norms by
 ``1 + weight``, its embeddings by sqrt(hidden) and its attention by ``query_pre_attn_scalar``,
-and gates its MLP with tanh-GELU.
+and gates its MLP with tanh-GELU; GLM-4.5 (``glm4_moe``) is Llama's layer with half of each
+head rotating and, past its first dense layers, a sigmoid-routed mixture of experts with a
+shared expert.
 """
 
 from __future__ import annotations
@@ -189,6 +191,23 @@ class Decoder(nn.Module):
                 self.lm_head.weight = self.model.embed_tokens.weight
         if not self.model.norm.weight.is_meta:  # on meta, weights are loaded next: no init
             self.apply(self._init_weights)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Decoder:
+        """As nn.Module's, but a sigmoid router's correction bias stays frozen: a load
+        statistic (GLM-4.5's), not a weight; no loss has a gradient for it."""
+        super().requires_grad_(requires_grad)
+        for layer in self.model.layers:
+            if isinstance(layer.mlp, SparseMoE) and layer.mlp.correction_bias is not None:
+                layer.mlp.correction_bias.requires_grad_(False)
+        return self
+
+    def keep_sigmoid_routers_float32(self) -> None:
+        """A sigmoid router's weight and correction bias back to float32 in a model of another
+        dtype, as transformers (``_keep_in_fp32_modules_strict``) and vLLM hold GLM-4.5's: its
+        scores decide which experts run, and a bf16 router's choices would part from theirs."""
+        for layer in self.model.layers:
+            if isinstance(layer.mlp, SparseMoE) and layer.mlp.correction_bias is not None:
+                layer.mlp.gate.float()
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

@@ -10,9 +10,13 @@ import msgspec
 from pivotflow.errors import ModelConfigError
 
 ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3",
-                 "gemma3_text", "phi3", "mixtral", "glm4")
-MOE_ARCHITECTURES = ("qwen3_moe", "mixtral")  # the families with routed experts
+                 "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe")
+MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe")  # the families with routed experts
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text")
+OPTIONAL_QK_NORM_ARCHITECTURES = ("glm4_moe",)  # (its use_qk_norm says)
+# how a router scores experts: a softmax over all (Qwen3-MoE, Mixtral), or each by a sigmoid,
+# chosen with a load-balancing bias added (DeepSeek-V3's and GLM-4.5's, ``e_score_correction_bias``)
+SCORING_FUNCS = ("softmax", "sigmoid")
 # Gemma's and GLM-4's layer: norms on each sub-layer's input and output
 SANDWICH_NORM_ARCHITECTURES = ("gemma3_text", "glm4")
 # Gemma's norms scale by 1 + weight (weights start at 0), its embeddings by sqrt(hidden_size)
@@ -75,6 +79,16 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     norm_topk_prob: bool = False  # renormalise the chosen experts' router weights to sum to 1
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    # GLM-4.5's router (DeepSeek-V3's, HF's names): experts scored by ``scoring_func``; with
+    # sigmoid, a token's experts are chosen by score plus the layer's correction bias, among the
+    # ``topk_group`` best of ``n_group`` groups of experts (a group ranked by its two best), and
+    # weighed by their scores (renormalised when norm_topk_prob) times ``routed_scaling_factor``.
+    # ``n_shared_experts``: an MLP of that many experts' width every token also goes through.
+    scoring_func: str = "softmax"  # one of SCORING_FUNCS
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    n_shared_experts: int = 0
     # Sliding-window attention (HF's layer_types "sliding_attention"): on these layers a token
     # attends to the last ``sliding_window`` positions, itself included (transformers' window:
     # key j is seen from query i when i - window < j <= i); the others attend to all.
@@ -131,9 +145,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def o_proj_bias(self) -> bool:
-        """Whether o_proj has a bias: Qwen2 and GLM-4 never; Llama, Mistral and Qwen3 when
-        attention_bias."""
-        return self.attention_bias and self.architecture not in ("qwen2", "glm4")
+        """Whether o_proj has a bias: Qwen2, GLM-4 and GLM-4.5 never; Llama, Mistral and Qwen3
+        when attention_bias."""
+        return self.attention_bias and self.architecture not in ("qwen2", "glm4", "glm4_moe")
 
     @property
     def rotary_dim(self) -> int:
@@ -201,7 +215,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
             raise ModelConfigError(
                 f"longrope needs {self.rotary_dim // 2} short and long factors (one per rotary "
                 f"frequency), got {len(self.rope_short_factor)} and {len(self.rope_long_factor)}")
-        if self.qk_norm != (self.architecture in QK_NORM_ARCHITECTURES):
+        if (self.qk_norm != (self.architecture in QK_NORM_ARCHITECTURES)
+                and self.architecture not in OPTIONAL_QK_NORM_ARCHITECTURES):
             raise ModelConfigError(
                 f"qk_norm={self.qk_norm} does not fit architecture {self.architecture!r} "
                 f"(only {', '.join(QK_NORM_ARCHITECTURES)} normalise q and k)"
@@ -275,3 +290,31 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
                 f"mlp_only_layers {outside} are not layers of a "
                 f"{self.num_hidden_layers}-layer model"
             )
+        self._validate_router()
+
+    def _validate_router(self) -> None:
+        if self.scoring_func not in SCORING_FUNCS:
+            raise ModelConfigError(f"scoring_func {self.scoring_func!r} is not one of "
+                                   f"{', '.join(SCORING_FUNCS)}")
+        if self.n_shared_experts < 0:
+            raise ModelConfigError(
+                f"n_shared_experts must be >= 0, got {self.n_shared_experts}")
+        if not self.routed_scaling_factor > 0:
+            raise ModelConfigError(
+                f"routed_scaling_factor must be positive, got {self.routed_scaling_factor}")
+        if self.n_group < 1 or self.num_experts % self.n_group:
+            raise ModelConfigError(f"n_group {self.n_group} does not divide num_experts "
+                                   f"{self.num_experts} into groups")
+        if not 1 <= self.topk_group <= self.n_group:
+            raise ModelConfigError(
+                f"topk_group must be in [1, n_group={self.n_group}], got {self.topk_group}")
+        per_group = self.num_experts // self.n_group
+        if self.n_group > 1 and (self.scoring_func != "sigmoid" or per_group < 2):
+            raise ModelConfigError(
+                f"n_group={self.n_group} needs scoring_func 'sigmoid' and at least 2 experts "
+                f"a group (a group ranks by its two best), got {self.scoring_func!r} and "
+                f"{per_group}")
+        if self.num_experts_per_tok > self.topk_group * per_group:
+            raise ModelConfigError(
+                f"num_experts_per_tok {self.num_experts_per_tok} is more than the "
+                f"{self.topk_group * per_group} experts of topk_group={self.topk_group} groups")

@@ -23,7 +23,7 @@ from pivotflow.engines.torch.hf_config import config_from_hf, config_to_hf, reso
 from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.errors import CheckpointError, ModelConfigError
 from pivotflow.params.hf_folder import read_json, read_weights
-from pivotflow.params.hf_layout import disk_layout, held_layout
+from pivotflow.params.hf_layout import disk_layout, held_config, held_layout
 
 __all__ = [
     "ModelFolder",
@@ -93,6 +93,7 @@ def build_model(
         model = model.to_empty(device=device).to(dtype).eval()
         if cfg.tie_word_embeddings and not cfg.num_labels:  # to_empty unties them: re-tie
             model.lm_head.weight = model.model.embed_tokens.weight
+        model.keep_sigmoid_routers_float32()
         model.requires_grad_(False)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -102,7 +103,8 @@ def build_model(
 
 @dataclass(frozen=True)
 class ModelFolder:
-    """What ``load_model_folder`` read: ``hf_config`` is config.json as read, ``config`` its
+    """What ``load_model_folder`` read: ``hf_config`` is config.json as read (as it describes
+    the tensors held: ``hf_layout.held_config``), ``config`` its
     ModelConfig, ``tensors`` the weights as stored (HF names, stored dtype), and ``eos_ids`` the
     token ids that end a generation."""
 
@@ -152,7 +154,8 @@ def load_model_folder(directory: str | os.PathLike[str]) -> ModelFolder:
     tensors, where = read_weights(root)
     tensors = held_layout(hf_config, tensors, str(where))
     check_tensors(cfg, tensors, str(where))
-    return ModelFolder(hf_config, cfg, tensors, generation, _eos_ids(generation, hf_config, root))
+    return ModelFolder(held_config(hf_config), cfg, tensors, generation,
+                       _eos_ids(generation, hf_config, root))
 
 
 def load_checkpoint(
