@@ -36,6 +36,8 @@ def describe_model(path: Path) -> str:
         rope += f", attention factor {rope_attention_factor(cfg):.4f}"
     if cfg.rotary_dim != cfg.head_dim:
         rope += f", {cfg.rotary_dim} of {cfg.head_dim} dimensions turn"
+    if cfg.nope_layers:
+        rope += f", none on {len(cfg.nope_layers)} of {cfg.num_hidden_layers} layers (NoPE)"
     lines = [
         f"{path}: {head}, {params / 1e6:.1f}M parameters ({', '.join(dtypes)}), "
         f"{'tied' if cfg.tie_word_embeddings else 'untied'} embeddings",

@@ -2,7 +2,7 @@
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
 Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, Phi-4-mini's partial
-rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
+rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
 Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
@@ -152,6 +152,19 @@ CASES += [
           "pad_token_id": 0, "eos_token_id": 2}),
 ]  # fmt: skip
 GLM4_MOE = CASES[19]
+# SmolLM3: Llama's layer, every second layer here a NoPE layer (SmolLM3-3B: every fourth),
+# tied; and with use_sliding_window, its NoPE layers within a window (binding here)
+SMOLLM3_IDS: dict[str, Any] = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+CASES += [
+    Case("smollm3", "SmolLM3Config", True,
+         {**SMOLLM3_IDS, "num_hidden_layers": 4, "no_rope_layer_interval": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 128}),
+    Case("smollm3-window", "SmolLM3Config", False,
+         {**SMOLLM3_IDS, "num_hidden_layers": 4, "use_sliding_window": True,
+          "sliding_window": 5, "no_rope_layers": [1, 0, 1, 0],
+          "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}}),
+]  # fmt: skip
+SMOLLM3, SMOLLM3_WINDOW = CASES[20], CASES[21]
 CASE_IDS = [c.name for c in CASES]
 
 

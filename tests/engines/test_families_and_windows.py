@@ -1,5 +1,5 @@
 """YaRN rope scaling, sliding-window attention and the Mistral, OLMo-2, OLMo-3, Gemma 3, Phi-3,
-Mixtral, GLM-4 and GLM-4.5 families,
+Mixtral, GLM-4, GLM-4.5 and SmolLM3 families,
 beyond the shared per-family decode test (tests/engines/test_hf_models.py): YaRN's frequencies
 and attention factor for each of its knobs, the trainer's forward and every gradient against
 transformers on padded batches where the windows bind, configs pivotflow writes that
@@ -28,6 +28,8 @@ from hf_fixtures import (
     PROMPTS,
     QWEN2_WINDOW,
     SIZES,
+    SMOLLM3,
+    SMOLLM3_WINDOW,
     YARN,
     YARN_ROPE,
     save_folder,
@@ -65,7 +67,7 @@ def test_yarn_frequencies_and_attention_factor_equal_transformers(rope: dict[str
 
 
 ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_WINDOW, PHI3,
-       PHI4_MINI, MIXTRAL, GLM4, GLM4_MOE]
+       PHI4_MINI, MIXTRAL, GLM4, GLM4_MOE, SMOLLM3, SMOLLM3_WINDOW]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -98,6 +100,9 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert written["model_type"] == "phi3" and written["sliding_window"] is None
     elif case is GLM4:
         assert written["model_type"] == "glm4" and written["partial_rotary_factor"] == 0.5
+    elif case in (SMOLLM3, SMOLLM3_WINDOW):
+        assert written["model_type"] == "smollm3" and written["no_rope_layers"] == [1, 0, 1, 0]
+        assert written["use_sliding_window"] == (case is SMOLLM3_WINDOW)
     elif case is GLM4_MOE:
         assert written["model_type"] == "glm4_moe" and written["first_k_dense_replace"] == 1
         assert (written["n_group"], written["routed_scaling_factor"]) == (2, 2.5)
@@ -121,7 +126,7 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
 
 
 @pytest.mark.parametrize("case", [OLMO2, OLMO3, MISTRAL_WINDOW, QWEN2_WINDOW, GEMMA3, PHI3_WINDOW,
-                                  PHI4_MINI, GLM4],
+                                  PHI4_MINI, GLM4, SMOLLM3_WINDOW],
                          ids=lambda c: c.name)
 def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: Any) -> None:
     """Post-norm layers, whole-projection q/k norms and windows (4-6 positions, narrower than
@@ -202,6 +207,9 @@ def test_each_family_says_its_windows_its_own_way() -> None:
         ({"model_type": "llama", "sliding_window": 64}, 0, ()),  # llama reads none
         ({"model_type": "phi3", "sliding_window": 2047}, 2047, (0, 1, 2, 3)),  # Phi-3-mini-4k
         ({"model_type": "phi3"}, 0, ()),  # (Phi3Config's default: none)
+        ({"model_type": "smollm3", "sliding_window": 64}, 0, ()),  # no use_sliding_window
+        # (with it: its NoPE layers, every fourth by default)
+        ({"model_type": "smollm3", "use_sliding_window": True, "sliding_window": 64}, 64, (3,)),
     ]  # fmt: skip
     for keys, window, layers in cases:
         cfg = config_from_hf({**base, **keys}, "c.json")
@@ -306,6 +314,31 @@ def test_the_store_keeps_phi3_split_and_writes_it_fused(tmp_path: Path) -> None:
     assert config == folder.hf_config and tensors.keys() == folder.tensors.keys()
     for name, t in tensors.items():
         assert torch.equal(t, folder.tensors[name]), name
+
+
+def test_smollm3s_nope_layers_are_read_as_transformers_reads_them() -> None:
+    base = {**SIZES, "model_type": "smollm3", "num_hidden_layers": 8, "head_dim": 32}
+    assert config_from_hf(base, "c.json").nope_layers == (3, 7)  # every fourth
+    assert config_from_hf({**base, "no_rope_layer_interval": 2}, "c.json").nope_layers == (
+        1, 3, 5, 7)
+    flags = [1, 1, 0, 1, 1, 1, 1, 0, 1]  # (a longer list is allowed: its first 8 count)
+    cfg = config_from_hf({**base, "no_rope_layers": flags}, "c.json")
+    assert cfg.nope_layers == (2, 7) and cfg.rope_theta == 2000000.0  # (SmolLM3's default)
+    assert [cfg.rope_kind(i) for i in (1, 2)] == ["full", "none"]
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    ({"no_rope_layers": [1, 0]}, r"no_rope_layers is not a list of 0 and 1, one for each of "
+                                 r"4 layers$"),
+    ({"no_rope_layers": [1, 2, 1, 1]}, r"no_rope_layers is not a list of 0 and 1"),
+    ({"no_rope_layer_interval": 0}, r"no_rope_layer_interval=0 is not a positive integer$"),
+    ({"mlp_bias": True}, r"mlp_bias=True is not supported by the embedded engine \(false\)$"),
+])  # fmt: skip
+def test_a_bad_smollm3_config_is_a_one_line_error(keys: dict[str, Any], message: str) -> None:
+    raw = {**SIZES, "model_type": "smollm3", "num_hidden_layers": 4, "head_dim": 32, **keys}
+    with pytest.raises(ModelConfigError, match=r"^c\.json: " + message) as exc:
+        config_from_hf(raw, "c.json")
+    assert "\n" not in str(exc.value)
 
 
 @pytest.mark.parametrize(("keys", "message"), [

@@ -1,5 +1,5 @@
 """Mistral, YaRN, OLMo-2, sliding windows, OLMo-3, Gemma 3 and Phi-3 (fused projections;
-partial rotary with LongRoPE), Mixtral, GLM-4 and GLM-4.5 on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
+partial rotary with LongRoPE), Mixtral, GLM-4, GLM-4.5 and SmolLM3 on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
 random weights, loads the store's version as a worker does, and decodes greedily the embedded
 engine's 40 tokens, on a prompt past YaRN's original context too. The YaRN folder sets every
 knob where two implementations could part (an explicit ``attention_factor``, which replaces the
@@ -83,7 +83,11 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
             "glm4-moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", {
                 "n_routed_experts": 8, "num_experts_per_tok": 2,
                 "moe_intermediate_size": 64, "n_group": 2, "topk_group": 1,
-                "routed_scaling_factor": 2.5, "attention_bias": True, "pad_token_id": EOS})}
+                "routed_scaling_factor": 2.5, "attention_bias": True, "pad_token_id": EOS}),
+            # SmolLM3: every second layer a NoPE layer (vLLM runs it through transformers'
+            # modeling)
+            "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {
+                "no_rope_layer_interval": 2, "pad_token_id": EOS, "tie_word_embeddings": False})}
 
 
 def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:

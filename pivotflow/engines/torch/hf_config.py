@@ -2,7 +2,7 @@
 
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
-Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
+Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
 names, in one line, the file and the first key it cannot run. Keys that change nothing the
 decoder computes (token ids, initializer_range, use_cache...) are ignored.
 """
@@ -13,7 +13,12 @@ from typing import Any
 
 import torch
 
-from pivotflow.engines.torch.hf_windows import split_layer_rope, window_fields, windows_to_hf
+from pivotflow.engines.torch.hf_windows import (
+    nope_layers,
+    split_layer_rope,
+    window_fields,
+    windows_to_hf,
+)
 from pivotflow.engines.torch.model_config import (
     ACTIVATIONS,
     ARCHITECTURES,
@@ -27,7 +32,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "qwen3_moe": "Qwen3MoeForCausalLM", "olmo2": "Olmo2ForCausalLM",
               "olmo3": "Olmo3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
               "phi3": "Phi3ForCausalLM", "mixtral": "MixtralForCausalLM",
-              "glm4": "Glm4ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM"}  # fmt: skip
+              "glm4": "Glm4ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
+              "smollm3": "SmolLM3ForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -39,7 +45,8 @@ HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "gemma3_text": "Gemma3TextForSequenceClassification",
                   "phi3": "Phi3ForSequenceClassification",
                   "mixtral": "MixtralForSequenceClassification",
-                  "glm4": "Glm4ForSequenceClassification"}
+                  "glm4": "Glm4ForSequenceClassification",
+                  "smollm3": "SmolLM3ForSequenceClassification"}
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -48,7 +55,8 @@ DTYPES = {
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
              "num_attention_heads", "max_position_embeddings")  # fmt: skip
 _ENGINE = "is not supported by the embedded engine"
-PARTIAL_ROTARY_FAMILIES = ("phi3", "glm4", "glm4_moe")  # (transformers' other families turn whole heads)
+PARTIAL_ROTARY_FAMILIES = ("phi3", "glm4", "glm4_moe")
+_DEFAULT_THETA = {"smollm3": 2000000.0}  # (SmolLM3Config's; the others' is 10000)  # (transformers' other families turn whole heads)
 
 
 def resolve_dtype(
@@ -136,7 +144,9 @@ def _rope_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
         raise ModelConfigError(
             f"{where}: {key}.partial_rotary_factor={partial!r} {_ENGINE} (1.0)")
     theta_key = f"{key}.rope_theta" if "rope_theta" in rope else "rope_theta"
-    theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+    # (transformers' default_theta where the config names none)
+    theta = rope.get("rope_theta", raw.get("rope_theta", _DEFAULT_THETA.get(
+        raw.get("model_type", ""), 10000.0)))
     out: dict[str, Any] = {"rope_type": kind, "rope_theta": _number(theta, theta_key, where)}
     needs = {"linear": ("factor",), "yarn": ("factor",),
              "llama3": ("factor", "low_freq_factor", "high_freq_factor")}.get(kind, ())  # fmt: skip
@@ -257,8 +267,9 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         **fields,
         **rope,
         rms_norm_eps=_number(raw.get("rms_norm_eps", 1e-6), "rms_norm_eps", where),
-        # (transformers' default: tied for Gemma, untied for the rest)
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", kind == "gemma3_text")),
+        # (transformers' default: tied for Gemma and SmolLM3, untied for the rest)
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings",
+                                         kind in ("gemma3_text", "smollm3"))),
         # Qwen2 always has q/k/v biases; Mistral, Mixtral and Phi-3 never; Llama and Qwen3
         # when the config says so.
         attention_bias={"qwen2": True, "mistral": False, "phi3": False, "mixtral": False}.get(
@@ -269,6 +280,8 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         **(_mixtral_fields(raw, where) if kind == "mixtral" else {}),
         **(_glm4_moe_fields(raw, fields["num_hidden_layers"], where)
            if kind == "glm4_moe" else {}),
+        **({"nope_layers": nope_layers(raw, fields["num_hidden_layers"], where)}
+           if kind == "smollm3" else {}),
         **(_gemma_fields(raw, where) if kind == "gemma3_text" else {}),
     )
     try:
@@ -460,6 +473,11 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         out.update(sliding_window=None, num_local_experts=cfg.num_experts,
                    num_experts_per_tok=cfg.num_experts_per_tok, router_jitter_noise=0.0,
                    output_router_logits=False)
+    elif cfg.architecture == "smollm3":  # (no token ids: as for phi3, below)
+        out.update(attention_bias=cfg.attention_bias, mlp_bias=False, pad_token_id=None,
+                   bos_token_id=None, eos_token_id=None,
+                   no_rope_layers=[int(i not in cfg.nope_layers)
+                                   for i in range(cfg.num_hidden_layers)])
     elif cfg.architecture == "glm4_moe":
         out.update(_glm4_moe_to_hf(cfg))
         rope["partial_rotary_factor"] = cfg.partial_rotary_factor

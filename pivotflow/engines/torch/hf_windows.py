@@ -16,7 +16,11 @@ Each family says it its own way, and transformers' reading is the reference:
 * ``gemma3_text``: ``layer_types``, else ``sliding_window_pattern`` - 1 sliding layers of every
   ``sliding_window_pattern`` (6); its sliding layers take plain RoPE at
   ``rope_local_base_freq`` (10000), its full ones ``rope_theta`` (1e6) with any scaling.
+* ``smollm3``: ``layer_types``, else, with ``use_sliding_window``, its NoPE layers.
 * ``llama``, ``olmo2``, ``glm4``, ``glm4_moe``: none (transformers reads no window for them).
+
+SmolLM3's NoPE layers (``nope_layers``: ``no_rope_layers`` 0, else every
+``no_rope_layer_interval``-th, 4) are per-layer too, and read here.
 """
 
 from __future__ import annotations
@@ -47,6 +51,11 @@ def window_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
             first = raw.get("max_window_layers", QWEN_MAX_WINDOW_LAYERS)
             sliding = ([i for i, t in enumerate(types) if t == "sliding_attention"] if types
                        else [i for i in range(layers) if i >= first])
+    elif kind == "smollm3":  # (no window unless one is named)
+        window = raw.get("sliding_window")
+        nope = nope_layers(raw, layers, where)
+        sliding = ([i for i, t in enumerate(types) if t == "sliding_attention"] if types
+                   else list(nope) if raw.get("use_sliding_window") else [])
     elif kind in ("olmo3", "gemma3_text"):
         window = raw.get("sliding_window", DEFAULT_WINDOW)
         every = 4 if kind == "olmo3" else raw.get("sliding_window_pattern", 6)
@@ -59,6 +68,23 @@ def window_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
     if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
         raise ModelConfigError(f"{where}: sliding_window={window!r} is not a positive integer")
     return {"sliding_window": window, "sliding_layers": tuple(sliding)} if sliding else {}
+
+
+def nope_layers(raw: dict[str, Any], layers: int, where: str) -> tuple[int, ...]:
+    """SmolLM3's layers without rope: where ``no_rope_layers`` says 0, else every
+    ``no_rope_layer_interval``-th (4), as SmolLM3Config derives them."""
+    flags = raw.get("no_rope_layers")
+    if flags is None:
+        every = raw.get("no_rope_layer_interval", 4)
+        if isinstance(every, bool) or not isinstance(every, int) or every <= 0:
+            raise ModelConfigError(f"{where}: no_rope_layer_interval={every!r} is not a "
+                                   "positive integer")
+        return tuple(i for i in range(layers) if (i + 1) % every == 0)
+    if not isinstance(flags, list) or len(flags) < layers or any(
+            f not in (0, 1) or isinstance(f, bool) for f in flags):
+        raise ModelConfigError(f"{where}: no_rope_layers is not a list of 0 and 1, one for "
+                               f"each of {layers} layers")
+    return tuple(i for i in range(layers) if flags[i] == 0)
 
 
 def _layer_types(raw: dict[str, Any], layers: int, where: str) -> list[str]:
@@ -104,6 +130,9 @@ def windows_to_hf(cfg: Any, rope: dict[str, Any]) -> dict[str, Any]:
     n, sliding = cfg.num_hidden_layers, set(cfg.sliding_layers)
     kind, everywhere = cfg.architecture, sliding == set(range(n))
     types = ["sliding_attention" if i in sliding else "full_attention" for i in range(n)]
+    if kind == "smollm3":  # (layer_types say which; use_sliding_window that they do)
+        return {"layer_types": types, "use_sliding_window": bool(sliding),
+                "sliding_window": cfg.sliding_window or None}
     if kind in ("olmo3", "gemma3_text"):
         out: dict[str, Any] = {"layer_types": types, "sliding_window": cfg.sliding_window or None}
         if cfg.sliding_rope_theta:

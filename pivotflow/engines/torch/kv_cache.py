@@ -302,18 +302,16 @@ class PackedDecoder:
         self._partner = None if r == d else torch.cat((
             torch.arange(r // 2, r), torch.arange(r // 2), torch.arange(r, d))).to(
             model.lm_head.weight.device)
-        # one rotary table per kind of layer (full attention; sliding window), shared when alike
-        self._sliding = [cfg.is_sliding(i) for i in range(cfg.num_hidden_layers)]
-        self._ropes = {False: self._rope_table(False, max_len)}
-        self._ropes[True] = (self._rope_table(True, max_len) if cfg.sliding_rope_theta
-                             else self._ropes[False])
+        # one rotary table per rope kind (ModelConfig.rope_kind: full; sliding; none)
+        self._rope_kinds = [cfg.rope_kind(i) for i in range(cfg.num_hidden_layers)]
+        self._ropes = {k: self._rope_table(k, max_len) for k in dict.fromkeys(self._rope_kinds)}
 
-    def _rope_table(self, sliding: bool, max_len: int) -> torch.Tensor:
-        """[max_len, cos|sin, heads + kv_heads, D] for a layer kind; query rows carry the
+    def _rope_table(self, kind: str, max_len: int) -> torch.Tensor:
+        """[max_len, cos|sin, heads + kv_heads, D] for a rope kind; query rows carry the
         score scale (1/sqrt(D), or Gemma's query_pre_attn_scalar's)."""
         weight = self.model.lm_head.weight
         positions = torch.arange(max_len, device=weight.device)[None]
-        cos, sin = layer_cos_sin(self.cfg, sliding, positions, torch.float32)
+        cos, sin = layer_cos_sin(self.cfg, kind, positions, torch.float32)
         r = cos.shape[-1]  # (the rotary dimensions: fewer than D with a partial_rotary_factor)
         sin = sin.clone()
         sin[..., : r // 2] *= -1  # rotate_half(x) * sin == x[partner] * this sin (_turned)
@@ -348,20 +346,18 @@ class PackedDecoder:
         self, tokens: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache
     ) -> torch.Tensor:
         """Logits [n, vocab] for ``tokens`` [n] at ``positions`` [n] (from ``begin_decode``)."""
-        ropes = {False: self._ropes[False][positions][:, None]}
-        ropes[True] = (self._ropes[True][positions][:, None]
-                       if self._ropes[True] is not self._ropes[False] else ropes[False])
+        ropes = {k: table[positions][:, None] for k, table in self._ropes.items()}
         return self._logits(self._layers(tokens[:, None], ropes, self._attend_decode, cache))
 
     def _layers(
         self,
         tokens: torch.Tensor,
-        ropes: dict[bool, torch.Tensor],
+        ropes: dict[str, torch.Tensor],
         attend: Callable[[int, torch.Tensor, torch.Tensor, SlotKVCache], torch.Tensor],
         cache: SlotKVCache,
     ) -> torch.Tensor:
         """Hidden states [B * T, hidden] after the decoder layers, for token ids [B, T] with
-        rotary tables [B or 1, T, 2, heads + kv_heads, D] per kind of layer (``ropes[sliding]``)."""
+        rotary tables [B or 1, T, 2, heads + kv_heads, D] per rope kind (``ropes[kind]``)."""
         cfg, heads, kv_heads, d, mm = self.cfg, self.heads, self.kv_heads, self.d, self.mm
         hidden, eps, inter = (cfg.hidden_size,), cfg.rms_norm_eps, cfg.intermediate_size
         (b, t), split, post = tokens.shape, (heads + kv_heads) * d, cfg.post_norm
@@ -370,7 +366,7 @@ class PackedDecoder:
             x = x * embed_scale(cfg, x.dtype)
         for i, (norms, b_qkv, weights, b_o, qk_norms, ffn) in enumerate(self.layers):
             (norm1, norm2), (w_qkv, w_o) = norms, weights
-            rope = ropes[self._sliding[i]]
+            rope = ropes[self._rope_kinds[i]]
             if post or cfg.sandwich_norm:
                 x = self._output_norm_layer(i, x, (b, t), rope, cache, attend)
                 continue

@@ -247,9 +247,11 @@ class Decoder(nn.Module):
         if cfg.norm_offset:  # Gemma: embeddings times sqrt(hidden), rounded to their dtype
             x = x * embed_scale(cfg, x.dtype)
         # Recomputed per call (a few dozen floats), never stored: HF does not save it either.
-        # One table (and mask) per kind of layer: full attention, and a sliding window's.
+        # One mask per kind of layer (full attention, a sliding window's) and one rotary table
+        # per rope kind (ModelConfig.rope_kind).
         kinds = {cfg.is_sliding(i) for i in range(cfg.num_hidden_layers)}
-        rope = {k: layer_cos_sin(cfg, k, positions, x.dtype) for k in kinds}
+        rope = {k: layer_cos_sin(cfg, k, positions, x.dtype)
+                for k in {cfg.rope_kind(i) for i in range(cfg.num_hidden_layers)}}
         masks: dict[bool, torch.Tensor | None] = {k: None for k in kinds}
         if cache is None:  # (a cache gives its own: KVCacheHook.update)
             masks = {k: attention_mask_of(t, attention_mask, cfg.sliding_window if k else 0,
@@ -257,7 +259,7 @@ class Decoder(nn.Module):
         recompute = self.gradient_checkpointing and cache is None and torch.is_grad_enabled()
         sparse = 0
         for i, layer in enumerate(self.model.layers):
-            (cos, sin), mask = rope[cfg.is_sliding(i)], masks[cfg.is_sliding(i)]
+            (cos, sin), mask = rope[cfg.rope_kind(i)], masks[cfg.is_sliding(i)]
             replay = None
             if routing is not None and isinstance(layer.mlp, SparseMoE):
                 replay, sparse = routing[:, :, sparse].long(), sparse + 1

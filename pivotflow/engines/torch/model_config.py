@@ -10,7 +10,7 @@ import msgspec
 from pivotflow.errors import ModelConfigError
 
 ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3",
-                 "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe")
+                 "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3")
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe")  # the families with routed experts
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text")
 OPTIONAL_QK_NORM_ARCHITECTURES = ("glm4_moe",)  # (its use_qk_norm says)
@@ -25,6 +25,7 @@ ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the MLP's gate (HF's hidden_act n
 # q and k normalised over the whole projection (all heads at once), norms on each sub-layer's
 # output ("post-norm"): OLMo-2 and OLMo-3
 POST_NORM_ARCHITECTURES = ("olmo2", "olmo3")
+NOPE_ARCHITECTURES = ("smollm3",)  # (layers without rope)
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
@@ -97,6 +98,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     sliding_window: int = 0
     sliding_layers: tuple[int, ...] = ()
     sliding_rope_theta: float = 0.0
+    # layers that turn no position into q and k (SmolLM3's NoPE layers: no_rope_layers 0)
+    nope_layers: tuple[int, ...] = ()
     # LongRoPE (Phi-3.5-mini, Phi-4-mini; HF's short_factor/long_factor): a divisor per rotary
     # frequency. transformers takes the short set for any sequence within
     # rope_original_max_position_embeddings and the long one, for every position, past it;
@@ -176,6 +179,13 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
             and layer not in self.mlp_only_layers
             and (layer + 1) % self.decoder_sparse_step == 0
         )
+
+    def rope_kind(self, layer: int) -> str:
+        """Which rotary table decoder layer ``layer`` takes: "none" (a NoPE layer, SmolLM3's),
+        "sliding" (a sliding-window layer with its own ``sliding_rope_theta``) or "full"."""
+        if layer in self.nope_layers:
+            return "none"
+        return "sliding" if self.is_sliding(layer) and self.sliding_rope_theta else "full"
 
     def is_sliding(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` attends within a sliding window."""
@@ -262,6 +272,13 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         if outside:
             raise ModelConfigError(f"sliding_layers {outside} are not layers of a "
                                    f"{self.num_hidden_layers}-layer model")
+        outside = [i for i in self.nope_layers if not 0 <= i < self.num_hidden_layers]
+        if outside:
+            raise ModelConfigError(f"nope_layers {outside} are not layers of a "
+                                   f"{self.num_hidden_layers}-layer model")
+        if self.nope_layers and self.architecture not in NOPE_ARCHITECTURES:
+            raise ModelConfigError(f"nope_layers do not fit architecture {self.architecture!r} "
+                                   f"(only {', '.join(NOPE_ARCHITECTURES)} has NoPE layers)")
         if self.sliding_rope_theta < 0:
             raise ModelConfigError(
                 f"sliding_rope_theta must be >= 0, got {self.sliding_rope_theta}")

@@ -94,20 +94,25 @@ def rope_attention_factor(cfg: ModelConfig) -> float:
     return mscale(cfg.rope_factor)
 
 
-def layer_rope(cfg: ModelConfig, sliding: bool,
+def layer_rope(cfg: ModelConfig, kind: str,
                device: torch.device | str | None = None) -> tuple[torch.Tensor, float]:
-    """(inverse frequencies, attention factor) of a full-attention layer (``sliding`` False)
-    or a sliding-window one: plain RoPE at ``sliding_rope_theta`` when the config gives one
-    (OLMo-3: YaRN on its full layers only), else the same as every layer."""
-    if sliding and cfg.sliding_rope_theta:
+    """(inverse frequencies, attention factor) of a rope kind (``ModelConfig.rope_kind``):
+    plain RoPE at ``sliding_rope_theta`` on "sliding" layers (OLMo-3: YaRN on its full layers
+    only), the config's rope on "full" ones."""
+    if kind == "sliding":
         return plain_inv_freq(cfg.rotary_dim, cfg.sliding_rope_theta, device), 1.0
     return rope_inv_freq(cfg, device), rope_attention_factor(cfg)
 
 
-def layer_cos_sin(cfg: ModelConfig, sliding: bool, positions: torch.Tensor,
+def layer_cos_sin(cfg: ModelConfig, kind: str, positions: torch.Tensor,
                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rotary_cos_sin`` of a full-attention layer or a sliding-window one (``layer_rope``)."""
-    inv_freq, factor = layer_rope(cfg, sliding, positions.device)
+    """``rotary_cos_sin`` of a rope kind (``layer_rope``); a NoPE layer's ("none") turns
+    nothing: cos 1, sin 0, so ``apply_rotary`` gives q and k back unchanged, exactly."""
+    if kind == "none":
+        shape = (*positions.shape[:-1], 1, positions.shape[-1], cfg.rotary_dim)
+        return (torch.ones(shape, dtype=dtype, device=positions.device),
+                torch.zeros(shape, dtype=dtype, device=positions.device))
+    inv_freq, factor = layer_rope(cfg, kind, positions.device)
     return rotary_cos_sin(positions, inv_freq, dtype, factor)
 
 
