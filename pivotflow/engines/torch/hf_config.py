@@ -280,14 +280,19 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         **(_mixtral_fields(raw, where) if kind == "mixtral" else {}),
         **(_glm4_moe_fields(raw, fields["num_hidden_layers"], where)
            if kind == "glm4_moe" else {}),
-        **({"nope_layers": nope_layers(raw, fields["num_hidden_layers"], where)}
-           if kind == "smollm3" else {}),
+        **_smollm3_fields(raw, kind, fields["num_hidden_layers"], where),
         **(_gemma_fields(raw, where) if kind == "gemma3_text" else {}),
     )
     try:
         return cfg.validate()
     except ModelConfigError as exc:
         raise ModelConfigError(f"{where}: {exc}") from None
+
+
+def _smollm3_fields(raw: dict[str, Any], kind: str, layers: int,
+                    where: str) -> dict[str, Any]:
+    """SmolLM3's NoPE layers (``hf_windows.nope_layers``); nothing for another family."""
+    return {"nope_layers": nope_layers(raw, layers, where)} if kind == "smollm3" else {}
 
 
 def _gemma_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
