@@ -52,13 +52,16 @@ def describe_model(path: Path) -> str:
     if cfg.sparse_layers:
         lines.append(f"  experts {cfg.num_experts} ({cfg.num_experts_per_tok} a token) on "
                      f"{cfg.sparse_layers} of {cfg.num_hidden_layers} layers" + _router(cfg))
-    mtp = read_config(path).get("num_nextn_predict_layers") or 0  # (as the file has them)
+    raw = read_config(path)  # (as the file says it: a run holds what held_config gives)
+    mtp = raw.get("num_nextn_predict_layers") or 0
     layout = {"phi3": "q/k/v and gate/up fused in the file, held split",
               "mixtral": "block_sparse_moe and w1/w2/w3 in the file, held as mlp.experts",
               "glm4": "gate/up fused and q/k turning in interleaved pairs in the file, held "
                       "split and reordered",
-              "glm4_moe": f"{mtp} multi-token-prediction layer(s) in the file, not loaded"}
-    if (family := family_of(folder.hf_config)) is not None and (family != "glm4_moe" or mtp):
+              "glm4_moe": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
+              "gemma3": "Gemma3ForConditionalGeneration's text model held (as "
+                        "Gemma3ForCausalLM), its vision tower and projector not loaded"}
+    if (family := family_of(raw)) is not None and (family != "glm4_moe" or mtp):
         lines.append(f"  tensors: {layout[family]}")
     template = "a chat template" if tok.chat_template else "no chat template"
     lines.append(f"  tokenizer: {tok.vocab_size} tokens, {template}; stop ids "

@@ -323,6 +323,52 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
         peft_merges_to_the_policy(ckpt)
 
 
+def test_a_gemma3_4b_kind_of_folder_trains_its_text_model_and_writes_a_causal_lm(
+        tmp_path: Path, qwen: Path) -> None:
+    """Gemma 3 4B and larger are Gemma3ForConditionalGeneration folders (the text model under
+    ``language_model.``, a vision tower beside it): the run trains the text model, its rollouts'
+    logprobs equal its trainer's, and its checkpoint is that model as a Gemma3ForCausalLM,
+    trained, which transformers loads."""
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from pivotflow.metrics import read_metrics
+    from pivotflow.run import run
+
+    folder = copy_model(qwen, tmp_path / "gemma3", skip=("model.safetensors", "config.json"))
+    torch.manual_seed(0)
+    vocab = json.loads((qwen / "config.json").read_text())["vocab_size"]
+    policy = transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config(
+        text_config={"vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128,
+                     "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+                     "head_dim": 32, "max_position_embeddings": 256, "sliding_window": 8,
+                     "eos_token_id": 0, "pad_token_id": 0},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+        mm_tokens_per_image=4, image_token_index=vocab - 1, boi_token_index=vocab - 3,
+        eoi_token_index=vocab - 2))
+    policy.generation_config = GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)
+    policy.save_pretrained(folder)
+    said = cli("model", str(folder))
+    assert said.returncode == 0 and f"{folder}: gemma3_text, " in said.stderr, said.stderr
+    assert "its vision tower and projector not loaded" in said.stderr
+    graph = write_graph(tmp_path, folder, write_prompts(tmp_path / "prompts.jsonl"))
+    s = run(graph, steps=2, out=tmp_path / "out", console=False, sets=["live=false"]).summary
+    assert s["error"] is None and s["steps"] == 2 and s["ledger"]["lost"] == 0
+    gaps = [r["train_rollout_logprob_gap"] for r in read_metrics(tmp_path / "out" / "metrics.jsonl")
+            if "train_rollout_logprob_gap" in r]
+    assert gaps and max(gaps) < 1e-4, gaps
+    ckpt = tmp_path / "out" / "checkpoints" / "policy"
+    theirs, info = AutoModelForCausalLM.from_pretrained(ckpt, output_loading_info=True)
+    assert type(theirs).__name__ == "Gemma3ForCausalLM" and not info["missing_keys"]
+    before, after = load_file(folder / "model.safetensors"), load_file(ckpt / "model.safetensors")
+    assert not any("vision" in n for n in after)
+    name = "model.layers.1.mlp.up_proj.weight"
+    assert not torch.equal(before[f"language_model.{name}"], after[name])
+
+
 EXAMPLE = Path(__file__).parents[1] / "examples" / "byo_model.py"
 
 

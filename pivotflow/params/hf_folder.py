@@ -68,7 +68,8 @@ def read_folder(
     ModelConfigError for a fused tensor that does not split as the config says."""
     config = read_config(directory)
     tensors, where = read_weights(directory)
-    return held_config(config), held_layout(config, tensors, str(where))
+    return held_config(config, str(Path(directory) / CONFIG)), held_layout(config, tensors,
+                                                                          str(where))
 
 
 def read_weights(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], Path]:

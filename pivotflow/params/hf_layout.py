@@ -15,6 +15,10 @@ Three families store theirs otherwise:
 * GLM-4.5 (``glm4_moe``) keeps its multi-token-prediction layers (speculative decoding's
   draft, ``num_nextn_predict_layers``) as layers past the decoder's last: pivotflow leaves them
   out as it reads the folder, as transformers does, and its folders have none.
+* Gemma 3 4B and larger (``gemma3``, Gemma3ForConditionalGeneration) wrap the text decoder
+  (``language_model.model.*``, or ``model.language_model.*``; its config in ``text_config``)
+  with a vision tower and projector: pivotflow holds the text model alone, as Gemma 3 1B's
+  ``gemma3_text`` (``held_config``), and writes Gemma3ForCausalLM folders.
 
 ``held_layout`` turns a folder's tensors into pivotflow's as it is read; ``disk_layout`` turns
 them back as one is written, so every folder pivotflow writes loads in transformers and vLLM as
@@ -44,7 +48,7 @@ _FUSED = {"phi3": ((_QKV, _SPLIT_QKV), (_GATE_UP, _SPLIT_GATE_UP)),
 _FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
              "MixtralForCausalLM": "mixtral", "MixtralForSequenceClassification": "mixtral",
              "Glm4ForCausalLM": "glm4", "Glm4ForSequenceClassification": "glm4",
-             "Glm4MoeForCausalLM": "glm4_moe"}
+             "Glm4MoeForCausalLM": "glm4_moe", "Gemma3ForConditionalGeneration": "gemma3"}
 # Mixtral's names <-> pivotflow's (a layer's router; an expert's three projections)
 _MIXTRAL_DISK = re.compile(r"(.*\.)block_sparse_moe\.(gate|experts\.\d+\.w([123]))\.weight")
 _MIXTRAL_HELD = re.compile(r"(.*\.)mlp\.(gate|experts\.\d+\.(gate|down|up)_proj)\.weight")
@@ -60,12 +64,12 @@ def _module(tensor: str) -> str:
 
 def family_of(config: dict[str, Any]) -> str | None:
     """The family whose on-disk layout differs from pivotflow's (phi3, mixtral, glm4,
-    glm4_moe), or None."""
+    glm4_moe, gemma3), or None."""
     kind = config.get("model_type")
     if kind is None:  # very old exports name only the class
         kind = next((_FAMILIES[a] for a in config.get("architectures") or [] if a in _FAMILIES),
                     None)
-    return kind if kind in ("phi3", "mixtral", "glm4", "glm4_moe") else None
+    return kind if kind in ("phi3", "mixtral", "glm4", "glm4_moe", "gemma3") else None
 
 
 def _mixtral_name(name: str, to_disk: bool) -> str:
@@ -98,13 +102,40 @@ def _part_rows(cfg: ModelConfig, fused: str) -> tuple[int, ...]:
     return cfg.intermediate_size, cfg.intermediate_size
 
 
-def held_config(config: dict[str, Any]) -> dict[str, Any]:
+# Gemma3TextConfig's defaults for the keys the Hub's Gemma 3 4B+ configs leave out of their
+# ``text_config`` (written by transformers 4.50: hidden_size, intermediate_size, layers, rope
+# scaling and window only); pivotflow's reading of gemma3_text defaults the rest alike
+_GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+                         "num_hidden_layers": 26, "num_attention_heads": 8,
+                         "num_key_value_heads": 4, "head_dim": 256,
+                         "max_position_embeddings": 131072}
+
+
+def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str, Any]:
     """``config`` as it describes the tensors ``held_layout`` gives: GLM-4.5's with no
-    multi-token-prediction layer (so the store's folders, vLLM's and checkpoints say what they
-    hold); every other config as it is."""
-    if family_of(config) == "glm4_moe" and config.get("num_nextn_predict_layers"):
+    multi-token-prediction layer, Gemma 3's wrapper as its text model's own config (a
+    Gemma3ForCausalLM's), so the store's folders, vLLM's and checkpoints say what they hold;
+    every other config as it is. Raises ModelConfigError naming ``where`` for a wrapper with no
+    ``text_config``."""
+    family = family_of(config)
+    if family == "glm4_moe" and config.get("num_nextn_predict_layers"):
         return {**config, "num_nextn_predict_layers": 0}
-    return config
+    if family != "gemma3":
+        return config
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        raise ModelConfigError(f"{where}: a gemma3 config needs its text model's config as an "
+                               f"object 'text_config', got {type(text).__name__}")
+    # (the wrapper's own dtype and tying are the text model's when it says none)
+    outer = {k: config[k] for k in ("dtype", "torch_dtype", "tie_word_embeddings")
+             if k in config}
+    return {**_GEMMA3_TEXT_DEFAULTS, **outer, **text, "model_type": "gemma3_text",
+            "architectures": ["Gemma3ForCausalLM"]}
+
+
+def config_where(config: dict[str, Any], where: str) -> str:
+    """Where ``held_config(config)``'s keys are, for an error: a wrapper's ``text_config``."""
+    return f"{where} text_config" if family_of(config) == "gemma3" else where
 
 
 def held_layout(
@@ -112,13 +143,16 @@ def held_layout(
 ) -> dict[str, torch.Tensor]:
     """``tensors`` as pivotflow holds them: fused projections split into views (phi3, glm4),
     Mixtral's and GLM-4's names renamed, GLM-4's q/k rows reordered (``_turn_heads``),
-    GLM-4.5's multi-token-prediction layers left out, every other tensor as it is. Raises ModelConfigError naming ``where`` and the tensor whose rows
+    GLM-4.5's multi-token-prediction layers left out, a Gemma 3 wrapper's text model alone
+    (``_language_model``), every other tensor as it is. Raises ModelConfigError naming ``where`` and the tensor whose rows
     do not split as the config says."""
     family = family_of(config)
     if family == "mixtral":
         return {_mixtral_name(name, to_disk=False): t for name, t in tensors.items()}
     if family is None:
         return tensors
+    if family == "gemma3":
+        return _language_model(tensors)
     cfg = _geometry(config, where)
     if family == "glm4_moe":
         return {name: t for name, t in tensors.items()
@@ -127,6 +161,23 @@ def held_layout(
     if family == "glm4":
         return _turn_heads(cfg, _renamed_norms(held, _GLM_NORMS), where, to_disk=False)
     return held
+
+
+_GEMMA3_TEXT = re.compile(r"(?:language_model\.|model\.language_model\.)(model\.)?(.*)")
+
+
+def _language_model(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Gemma 3 wrapper's text model under a causal LM's names: ``language_model.model.X``
+    (the Hub's files, and transformers' save_pretrained) or ``model.language_model.X``
+    (transformers 5 in memory) as ``model.X``, ``language_model.lm_head.weight`` or
+    ``lm_head.weight`` as ``lm_head.weight``; the vision tower and projector left out."""
+    out = {}
+    for name, t in tensors.items():
+        if name == "lm_head.weight" or name == "language_model.lm_head.weight":
+            out["lm_head.weight"] = t
+        elif (m := _GEMMA3_TEXT.fullmatch(name)) is not None:
+            out[f"model.{m.group(2)}"] = t
+    return out
 
 
 def _split(cfg: ModelConfig, fusions: tuple[tuple[str, tuple[str, ...]], ...],

@@ -32,6 +32,7 @@ from hf_fixtures import (
     SMOLLM3_WINDOW,
     YARN,
     YARN_ROPE,
+    hf_model,
     save_folder,
 )
 
@@ -388,3 +389,81 @@ def test_a_mistral_config_with_attention_biases_is_refused_on_the_way_out() -> N
 
     with pytest.raises(ModelConfigError, match="a mistral checkpoint has no attention biases"):
         config_to_hf(replace(cfg, attention_bias=True), torch.float32)
+
+
+def _gemma3_wrapper(root: Path) -> Any:
+    """A Gemma 3 4B+'s kind of folder (Gemma3ForConditionalGeneration: the text model of the
+    GEMMA3 case, a one-layer vision tower and its projector), saved by transformers."""
+    transformers = pytest.importorskip("transformers")
+    text = hf_model(GEMMA3)
+    config = transformers.Gemma3Config(
+        text_config=text.config.to_dict(), mm_tokens_per_image=4, image_token_index=299,
+        boi_token_index=297, eoi_token_index=298,
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "image_size": 28, "patch_size": 14})
+    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    model.model.language_model.load_state_dict(text.model.state_dict())
+    model.save_pretrained(root)
+    return model
+
+
+def test_a_gemma3_4b_kind_of_folder_runs_its_text_model_and_writes_a_causal_lm(
+        tmp_path: Path) -> None:
+    """Gemma 3 4B and larger ship as Gemma3ForConditionalGeneration: the text model under
+    ``language_model.``, its config in ``text_config``. pivotflow holds the text model alone
+    (the vision tower left out), decodes as transformers' wrapper does on text, and writes a
+    Gemma3ForCausalLM that transformers loads to the same logits."""
+    from pivotflow.params.hf_folder import write_folder
+
+    transformers = pytest.importorskip("transformers")
+    theirs = _gemma3_wrapper(tmp_path / "wrapper")
+    folder = load_model_folder(tmp_path / "wrapper")
+    assert folder.hf_config["architectures"] == ["Gemma3ForCausalLM"]
+    assert folder.config == load_model_folder_of(GEMMA3, tmp_path / "text").config
+    assert not any("vision" in n or "projector" in n for n in folder.tensors)
+    ids = torch.tensor([PROMPTS[2] * 10])
+    ours = Decoder(folder.config)
+    ours.load_state_dict(folder.tensors, strict=False)
+    with torch.no_grad():
+        reference = theirs(input_ids=ids).logits
+        torch.testing.assert_close(ours.eval()(ids), reference, atol=1e-5, rtol=0)
+    write_folder(tmp_path / "written", folder.hf_config, folder.tensors)
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "written").eval()
+    assert type(again).__name__ == "Gemma3ForCausalLM"
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, reference, atol=1e-5, rtol=0)
+
+
+def load_model_folder_of(case: Any, root: Path) -> Any:
+    save_folder(case, root)
+    return load_model_folder(root)
+
+
+def test_the_hubs_sparse_gemma3_text_config_reads_as_transformers_fills_it() -> None:
+    """The Hub's Gemma 3 4B+ configs (written by transformers 4.50) name five text keys and
+    leave the rest to Gemma3TextConfig's defaults (8 heads on 4 of 256, 262208 tokens...)."""
+    transformers = pytest.importorskip("transformers")
+    from pivotflow.params.hf_layout import held_config
+
+    sparse = {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+              "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+              "sliding_window": 1024}  # (gemma-3-4b-it's text_config, whole)
+    wrapper = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+               "text_config": sparse, "torch_dtype": "bfloat16"}
+    filled = transformers.Gemma3Config(text_config=dict(sparse)).text_config.to_dict()
+    ours = config_from_hf(held_config(wrapper), "c.json")
+    assert ours == config_from_hf(filled, "c.json")
+    assert (ours.num_attention_heads, ours.head_dim, ours.vocab_size) == (8, 256, 262208)
+    assert ours.rope_type == "linear" and len(ours.sliding_layers) == 29  # 5 of 6 slide
+    assert held_config(wrapper)["torch_dtype"] == "bfloat16"
+
+
+def test_a_gemma3_config_without_its_text_config_is_one_line(tmp_path: Path) -> None:
+    _gemma3_wrapper(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    del raw["text_config"]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ModelConfigError, match=r"config\.json: a gemma3 config needs its text "
+                       r"model's config as an object 'text_config', got NoneType$") as exc:
+        load_model_folder(tmp_path)
+    assert "\n" not in str(exc.value)

@@ -119,7 +119,6 @@ def _greedy(engine: Any) -> dict[str, list[int]]:
 def test_vllm_decodes_the_family_as_the_embedded_engine(
     tmp_path: Path, folder: Path, vllm_engine: Any, family: str
 ) -> None:
-    from pivotflow.engines.vllm_engine import VllmEngine
 
     (tmp_path / "model").mkdir()
     path = _folder(tmp_path / "model", folder, family)
@@ -132,16 +131,64 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     ours.load_weights(weights, 0)
     expected = _greedy(ours)
     assert sum(len(t) for t in expected.values()) >= 100  # (some stop at eos)
-    store = ShmParamStore(tmp_path / "store")
+    config = json.loads((path / "config.json").read_text())
+    assert _vllm_greedy(tmp_path / "store", path, config, weights) == expected
+    assert all(_greedy(vllm_engine).values())  # the session's engine: its groups are still up
+
+
+def _vllm_greedy(store_dir: Path, model_path: Path, config: dict[str, Any],
+                 weights: dict[str, torch.Tensor]) -> dict[str, list[int]]:
+    """vLLM's greedy tokens, started from ``model_path``'s config with random weights and
+    loaded with ``weights`` from a store (version 0 of "policy"), as a worker loads them."""
+    from pivotflow.engines.vllm_engine import VllmEngine
+
+    store = ShmParamStore(store_dir)
     engine = None
     try:
-        store.publish("policy", 0, weights, json.loads((path / "config.json").read_text()))
-        engine = VllmEngine(None, model_path=str(path), dtype="float32", max_model_len=MAX_LEN,
-                            load_format="dummy", threads=1)  # fmt: skip
+        store.publish("policy", 0, weights, config)
+        engine = VllmEngine(None, model_path=str(model_path), dtype="float32",
+                            max_model_len=MAX_LEN, load_format="dummy", threads=1)
         assert engine.load_from_store(store, "policy", 0) == 0
-        assert _greedy(engine) == expected
+        return _greedy(engine)
     finally:
         if engine is not None:
             engine.shutdown()
         store.cleanup()
-    assert all(_greedy(vllm_engine).values())  # the session's engine: its groups are still up
+
+
+def test_vllm_serves_a_gemma3_4b_kind_of_folder_as_its_text_model(
+    tmp_path: Path, folder: Path, vllm_engine: Any
+) -> None:
+    """A Gemma3ForConditionalGeneration folder (Gemma 3 4B+), as a rollout worker serves it:
+    the store holds its text model under the causal LM's config (``held_config``), vLLM starts
+    from that config (Gemma3ForCausalLM, no vision tower) and decodes the store's version as
+    the embedded engine does."""
+    import transformers
+
+    from pivotflow.engines.torch.weights import load_model_folder
+    from pivotflow.params.hf_folder import CONFIG, copy_side_files
+
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    config = transformers.Gemma3Config(
+        text_config={"vocab_size": vocab, "hidden_size": 128, "intermediate_size": 256,
+                     "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
+                     "head_dim": 32, "max_position_embeddings": MAX_LEN, "sliding_window": 6,
+                     "eos_token_id": EOS, "bos_token_id": EOS, "pad_token_id": EOS},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+        mm_tokens_per_image=4, image_token_index=vocab - 1, boi_token_index=vocab - 3,
+        eoi_token_index=vocab - 2)
+    torch.manual_seed(0)
+    (tmp_path / "model").mkdir()
+    path = save_sharpened(transformers.Gemma3ForConditionalGeneration(config),
+                          tmp_path / "model", folder)
+    held = load_model_folder(path)
+    ours = TorchEngine(held.config, max_batch=8, eos_token_id=EOS)
+    ours.load_weights(held.tensors, 0)
+    expected = _greedy(ours)
+    assert sum(len(t) for t in expected.values()) >= 100
+    served = tmp_path / "served"  # (what generate_role writes: the store's config, no weights)
+    served.mkdir()
+    (served / CONFIG).write_text(json.dumps(held.hf_config))
+    copy_side_files(path, served)
+    assert _vllm_greedy(tmp_path / "store", served, held.hf_config, held.tensors) == expected

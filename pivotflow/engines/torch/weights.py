@@ -23,7 +23,7 @@ from pivotflow.engines.torch.hf_config import config_from_hf, config_to_hf, reso
 from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.errors import CheckpointError, ModelConfigError
 from pivotflow.params.hf_folder import read_json, read_weights
-from pivotflow.params.hf_layout import disk_layout, held_config, held_layout
+from pivotflow.params.hf_layout import config_where, disk_layout, held_config, held_layout
 
 __all__ = [
     "ModelFolder",
@@ -141,8 +141,9 @@ def load_model_folder(directory: str | os.PathLike[str]) -> ModelFolder:
     """
     root = Path(directory)
     config_path = root / "config.json"
-    hf_config = read_json(config_path)
-    cfg = config_from_hf(hf_config, str(config_path))
+    raw = read_json(config_path)
+    hf_config = held_config(raw, str(config_path))
+    cfg = config_from_hf(hf_config, config_where(raw, str(config_path)))
     gen_path = root / "generation_config.json"
     generation = read_json(gen_path) if gen_path.exists() else {}
     single, index = root / "model.safetensors", root / "model.safetensors.index.json"
@@ -152,9 +153,9 @@ def load_model_folder(directory: str | os.PathLike[str]) -> ModelFolder:
             "reads safetensors weights only)"
         )
     tensors, where = read_weights(root)
-    tensors = held_layout(hf_config, tensors, str(where))
+    tensors = held_layout(raw, tensors, str(where))
     check_tensors(cfg, tensors, str(where))
-    return ModelFolder(held_config(hf_config), cfg, tensors, generation,
+    return ModelFolder(hf_config, cfg, tensors, generation,
                        _eos_ids(generation, hf_config, root))
 
 
