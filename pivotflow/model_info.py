@@ -80,4 +80,6 @@ def _router(cfg: ModelConfig) -> str:
         parts.append(f"weights times {cfg.routed_scaling_factor:g}")
     if cfg.n_shared_experts:
         parts.append(f"{cfg.n_shared_experts} shared")
+    if cfg.shared_expert_intermediate_size:
+        parts.append(f"a gated shared expert of {cfg.shared_expert_intermediate_size}")
     return f"; {', '.join(parts)}" if parts else ""

@@ -2,7 +2,7 @@
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
 Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, Phi-4-mini's partial
-rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
+rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
 Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
@@ -165,6 +165,17 @@ CASES += [
           "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}}),
 ]  # fmt: skip
 SMOLLM3, SMOLLM3_WINDOW = CASES[20], CASES[21]
+# Qwen2-MoE (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B): 8 experts (2 a token, not renormalised) and a
+# shared expert scaled by a sigmoid gate, layer 1 of 3 dense; q/k/v biases; its window on
+# layer 0 (every other layer below max_window_layers), binding here
+CASES += [
+    Case("qwen2-moe-window", "Qwen2MoeConfig", False,
+         {"num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2,
+          "moe_intermediate_size": 48, "shared_expert_intermediate_size": 96,
+          "mlp_only_layers": [1], "use_sliding_window": True, "sliding_window": 5,
+          "max_window_layers": 2}),
+]  # fmt: skip
+QWEN2_MOE = CASES[22]
 CASE_IDS = [c.name for c in CASES]
 
 

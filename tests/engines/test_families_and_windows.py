@@ -26,6 +26,7 @@ from hf_fixtures import (
     PHI3_WINDOW,
     PHI4_MINI,
     PROMPTS,
+    QWEN2_MOE,
     QWEN2_WINDOW,
     SIZES,
     SMOLLM3,
@@ -68,7 +69,7 @@ def test_yarn_frequencies_and_attention_factor_equal_transformers(rope: dict[str
 
 
 ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_WINDOW, PHI3,
-       PHI4_MINI, MIXTRAL, GLM4, GLM4_MOE, SMOLLM3, SMOLLM3_WINDOW]
+       PHI4_MINI, MIXTRAL, GLM4, GLM4_MOE, SMOLLM3, SMOLLM3_WINDOW, QWEN2_MOE]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -104,6 +105,10 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
     elif case in (SMOLLM3, SMOLLM3_WINDOW):
         assert written["model_type"] == "smollm3" and written["no_rope_layers"] == [1, 0, 1, 0]
         assert written["use_sliding_window"] == (case is SMOLLM3_WINDOW)
+    elif case is QWEN2_MOE:
+        assert written["model_type"] == "qwen2_moe" and written["qkv_bias"]
+        assert written["shared_expert_intermediate_size"] == 96
+        assert written["layer_types"] == ["sliding_attention", "full_attention", "full_attention"]
     elif case is GLM4_MOE:
         assert written["model_type"] == "glm4_moe" and written["first_k_dense_replace"] == 1
         assert (written["n_group"], written["routed_scaling_factor"]) == (2, 2.5)
@@ -208,6 +213,8 @@ def test_each_family_says_its_windows_its_own_way() -> None:
         ({"model_type": "llama", "sliding_window": 64}, 0, ()),  # llama reads none
         ({"model_type": "phi3", "sliding_window": 2047}, 2047, (0, 1, 2, 3)),  # Phi-3-mini-4k
         ({"model_type": "phi3"}, 0, ()),  # (Phi3Config's default: none)
+        ({"model_type": "qwen2_moe", "use_sliding_window": True, "sliding_window": 64},
+         64, (0, 2)),  # (every other layer below max_window_layers, 28)
         ({"model_type": "smollm3", "sliding_window": 64}, 0, ()),  # no use_sliding_window
         # (with it: its NoPE layers, every fourth by default)
         ({"model_type": "smollm3", "use_sliding_window": True, "sliding_window": 64}, 64, (3,)),

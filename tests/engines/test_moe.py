@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from hf_fixtures import GLM4_MOE, MIXTRAL, MOE, PROMPTS, SIZES, hf_model
+from hf_fixtures import GLM4_MOE, MIXTRAL, MOE, PROMPTS, QWEN2_MOE, SIZES, hf_model
 
 from pivotflow.engines.torch import config_from_hf, load_model_folder, save_checkpoint
 from pivotflow.engines.torch.feedforward import (
@@ -50,12 +50,13 @@ def test_sparse_and_dense_layers_are_where_the_config_puts_them(pair: Any) -> No
     assert len(ours.model.layers[0].mlp.experts) == 8
 
 
-@pytest.mark.parametrize("case", [MOE, MIXTRAL, GLM4_MOE], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [MOE, MIXTRAL, GLM4_MOE, QWEN2_MOE], ids=lambda c: c.name)
 def test_logits_and_gradients_equal_transformers_on_a_padded_batch(
         case: Any, pair: Any, tmp_path: Path) -> None:
     """Qwen3-MoE, Mixtral (whose file names its layer block_sparse_moe and its experts'
-    projections w1/w3/w2; transformers 5 holds both as Qwen3-MoE's fused stacks) and GLM-4.5
-    (grouped sigmoid routing with a correction bias, scaled weights, a shared expert)."""
+    projections w1/w3/w2; transformers 5 holds both as Qwen3-MoE's fused stacks), GLM-4.5
+    (grouped sigmoid routing with a correction bias, scaled weights, a shared expert) and
+    Qwen2-MoE (a shared expert scaled by a sigmoid gate, a window on its first layer)."""
     if case is MOE:
         theirs, ours, _ = pair
     else:
@@ -203,25 +204,30 @@ def test_the_hub_and_transformers_5_names_of_the_expert_count_both_read() -> Non
     assert not any(dense.is_sparse(i) for i in range(2))
 
 
-@pytest.mark.parametrize("glm", [False, True], ids=["qwen3-moe", "glm4-moe"])
+@pytest.mark.parametrize("kind", ["qwen3_moe", "glm4_moe", "qwen2_moe"])
 @pytest.mark.parametrize("tokens", [1, 3, 40])
-def test_the_serving_path_computes_the_sparse_block(tokens: int, glm: bool) -> None:
+def test_the_serving_path_computes_the_sparse_block(tokens: int, kind: str) -> None:
     """PackedExperts (the engine's) equals SparseMoE (the trainer's) on a step of one token
     (2 of 8 experts run) or of many (all of them); GLM-4.5's grouped sigmoid routing with its
-    correction bias, scaled weights and shared expert too."""
+    correction bias, scaled weights and shared expert, and Qwen2-MoE's gated shared expert,
+    too."""
     from pivotflow.engines.torch import experts as packed_experts
     from pivotflow.engines.torch.kv_cache import _pack_mlp
     from pivotflow.engines.torch.linear import Linears
 
-    cfg = config_from_hf(_glm4_moe_config() if glm else
-                         {**_moe_config(), "num_experts": 8, "norm_topk_prob": True}, "t")
+    glm = kind == "glm4_moe"
+    cfg = config_from_hf(_glm4_moe_config() if glm else {
+        **_moe_config(model_type=kind), "num_experts": 8, "norm_topk_prob": True,
+        "shared_expert_intermediate_size": 24}, "t")
     torch.manual_seed(tokens)
     block = SparseMoE(cfg).requires_grad_(False)
     if glm:  # (a bias that changes choices: scores are in (0, 1))
         block.gate.e_score_correction_bias.normal_(0.0, 0.2)
+    assert (block.shared_expert_gate is not None) == (kind == "qwen2_moe")
     h = torch.randn(tokens, cfg.hidden_size)
     expected = block(h[None])[0]
-    shared = None if block.shared_experts is None else _pack_mlp(block.shared_experts)
+    shared_mlp = block.shared_experts or block.shared_expert
+    shared = None if shared_mlp is None else _pack_mlp(shared_mlp)
     packed = packed_experts.PackedExperts(block, Linears(onednn=False), 0, shared)
     residual = torch.randn(tokens, cfg.hidden_size)
     got = packed.add(h, residual.clone())

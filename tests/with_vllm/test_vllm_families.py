@@ -1,5 +1,5 @@
 """Mistral, YaRN, OLMo-2, sliding windows, OLMo-3, Gemma 3 and Phi-3 (fused projections;
-partial rotary with LongRoPE), Mixtral, GLM-4, GLM-4.5 and SmolLM3 on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
+partial rotary with LongRoPE), Mixtral, GLM-4, GLM-4.5, SmolLM3 and Qwen2-MoE on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
 random weights, loads the store's version as a worker does, and decodes greedily the embedded
 engine's 40 tokens, on a prompt past YaRN's original context too. The YaRN folder sets every
 knob where two implementations could part (an explicit ``attention_factor``, which replaces the
@@ -87,7 +87,11 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
             # SmolLM3: every second layer a NoPE layer (vLLM runs it through transformers'
             # modeling)
             "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {
-                "no_rope_layer_interval": 2, "pad_token_id": EOS, "tie_word_embeddings": False})}
+                "no_rope_layer_interval": 2, "pad_token_id": EOS, "tie_word_embeddings": False}),
+            # Qwen2-MoE: 8 experts (2 a token) and a shared expert scaled by a sigmoid gate
+            "qwen2-moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {
+                "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                "shared_expert_intermediate_size": 128})}
 
 
 def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
@@ -123,8 +127,8 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     (tmp_path / "model").mkdir()
     path = _folder(tmp_path / "model", folder, family)
     cfg, weights = load_checkpoint(path)
-    assert cfg.architecture == {"gemma3-text": "gemma3_text", "glm4-moe": "glm4_moe"}.get(
-        family, family.split("-")[0])
+    assert cfg.architecture == {"gemma3-text": "gemma3_text", "glm4-moe": "glm4_moe",
+                                "qwen2-moe": "qwen2_moe"}.get(family, family.split("-")[0])
     assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text",
                                                    "phi3-window", "mixtral-window"))
     ours = TorchEngine(cfg, max_batch=8, eos_token_id=EOS)

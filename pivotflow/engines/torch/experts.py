@@ -67,8 +67,8 @@ class RoutingRecorder:
 
 class PackedExperts:
     """One sparse layer's router and experts, stacked: ``gate_up`` [E, 2I, H] (each expert's
-    gate rows, then its up rows) and ``down`` [E, H, I]; a shared expert (GLM-4.5's) packed as
-    a dense MLP."""
+    gate rows, then its up rows) and ``down`` [E, H, I]; a shared expert (GLM-4.5's, or
+    Qwen2-MoE's gated one) packed as a dense MLP."""
 
     def __init__(self, block: SparseMoE, mm: Linears, sparse_index: int,
                  shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
@@ -79,8 +79,10 @@ class PackedExperts:
         self.gate, self.mm, self.routing = block.gate, mm, block.routing
         self.correction_bias = block.correction_bias
         # the shared expert's packed (gate/up, down) weights (the caller packs them as it
-        # packs a dense layer's MLP)
+        # packs a dense layer's MLP), and Qwen2-MoE's gate on its output
         self.shared = shared
+        gate = block.shared_expert_gate
+        self.shared_gate = None if gate is None else gate.weight
         self.units, self.count = experts[0].gate_proj.weight.shape[0], len(experts)
         self.gate_up = torch.stack(
             [torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in experts]
@@ -100,7 +102,11 @@ class PackedExperts:
             self.recorder.write(self.sparse_index, chosen)
         if self.shared is not None:
             gate_up, down = self.shared
-            x = self.mm.linear_add(self.mm.gated(h, gate_up, down.shape[1]), down, None, x)
+            if self.shared_gate is None:
+                x = self.mm.linear_add(self.mm.gated(h, gate_up, down.shape[1]), down, None, x)
+            else:
+                shared = self.mm.linear(self.mm.gated(h, gate_up, down.shape[1]), down)
+                x = x + torch.sigmoid(self.mm.linear(h, self.shared_gate)) * shared
         return add_expert_outputs(x, h, weights, chosen, self.count, self._expert)
 
     def _expert(self, expert: int, rows: torch.Tensor) -> torch.Tensor:

@@ -227,7 +227,8 @@ class SparseMoE(nn.Module):
     names. GLM-4.5's adds a sigmoid router's correction bias (``gate.e_score_correction_bias``:
     a statistic its pre-training balanced the load with, held as a frozen parameter, never
     trained: ``Decoder.requires_grad_``) and ``shared_experts``, an MLP every token goes
-    through.
+    through; Qwen2-MoE's a ``shared_expert`` every token goes through, scaled by a sigmoid of
+    ``shared_expert_gate``.
 
     Every expert a token picks runs on a gathered batch of its tokens, so compute follows the
     routed tokens (k of E experts per token), not E; the router gets its gradient through the
@@ -247,6 +248,11 @@ class SparseMoE(nn.Module):
         )
         self.shared_experts = (MLP(cfg, cfg.moe_intermediate_size * cfg.n_shared_experts)
                                if cfg.n_shared_experts else None)
+        # Qwen2-MoE's shared expert, scaled by sigmoid(shared_expert_gate(x)) (its names)
+        self.shared_expert = self.shared_expert_gate = None
+        if cfg.shared_expert_intermediate_size:
+            self.shared_expert = MLP(cfg, cfg.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
     @property
     def correction_bias(self) -> torch.Tensor | None:
@@ -266,6 +272,8 @@ class SparseMoE(nn.Module):
         if balance is not None:
             balance.add(logits, chosen, self.routing.scoring)
         out = torch.zeros_like(flat) if self.shared_experts is None else self.shared_experts(flat)
+        if self.shared_expert is not None and self.shared_expert_gate is not None:
+            out = torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
         out = add_expert_outputs(out, flat, weights, chosen,
                                  len(self.experts), lambda e, rows: self.experts[e](rows))
         return out.view_as(x)

@@ -2,7 +2,7 @@
 
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
-Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
+Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
 names, in one line, the file and the first key it cannot run. Keys that change nothing the
 decoder computes (token ids, initializer_range, use_cache...) are ignored.
 """
@@ -33,7 +33,7 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "olmo3": "Olmo3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
               "phi3": "Phi3ForCausalLM", "mixtral": "MixtralForCausalLM",
               "glm4": "Glm4ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
-              "smollm3": "SmolLM3ForCausalLM"}  # fmt: skip
+              "smollm3": "SmolLM3ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -46,7 +46,8 @@ HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "phi3": "Phi3ForSequenceClassification",
                   "mixtral": "MixtralForSequenceClassification",
                   "glm4": "Glm4ForSequenceClassification",
-                  "smollm3": "SmolLM3ForSequenceClassification"}
+                  "smollm3": "SmolLM3ForSequenceClassification",
+                  "qwen2_moe": "Qwen2MoeForSequenceClassification"}
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -272,11 +273,12 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
                                          kind in ("gemma3_text", "smollm3"))),
         # Qwen2 always has q/k/v biases; Mistral, Mixtral and Phi-3 never; Llama and Qwen3
         # when the config says so.
-        attention_bias={"qwen2": True, "mistral": False, "phi3": False, "mixtral": False}.get(
+        attention_bias={"qwen2": True, "mistral": False, "phi3": False, "mixtral": False,
+                        "qwen2_moe": bool(raw.get("qkv_bias", True))}.get(
             kind, bool(raw.get("attention_bias", kind == "glm4"))),  # (GLM-4's default: on)
         architecture=kind,
         num_labels=_num_labels(raw, where),
-        **(_expert_fields(raw, where) if kind == "qwen3_moe" else {}),
+        **(_expert_fields(raw, where) if kind in ("qwen3_moe", "qwen2_moe") else {}),
         **(_mixtral_fields(raw, where) if kind == "mixtral" else {}),
         **(_glm4_moe_fields(raw, fields["num_hidden_layers"], where)
            if kind == "glm4_moe" else {}),
@@ -312,15 +314,19 @@ def _gemma_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _expert_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
-    """A Qwen3-MoE config's expert fields, with transformers' defaults where a key is absent
-    (the Hub's configs name the count ``num_experts``; transformers 5 writes
-    ``num_local_experts``)."""
+    """A Qwen3-MoE or Qwen2-MoE config's expert fields, with transformers' defaults where a
+    key is absent (the Hub's configs name the count ``num_experts``; transformers 5 writes
+    ``num_local_experts``); Qwen2-MoE's gated shared expert."""
     count_key = "num_experts" if "num_experts" in raw else "num_local_experts"
     keys = {"num_experts": count_key, "num_experts_per_tok": "num_experts_per_tok",
             "moe_intermediate_size": "moe_intermediate_size",
             "decoder_sparse_step": "decoder_sparse_step"}  # ModelConfig's field: its key
     defaults = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
-                "decoder_sparse_step": 1}  # transformers'
+                "decoder_sparse_step": 1}  # transformers' (Qwen3MoeConfig's)
+    if raw.get("model_type") == "qwen2_moe":  # (Qwen2MoeConfig's)
+        keys["shared_expert_intermediate_size"] = "shared_expert_intermediate_size"
+        defaults.update(num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408,
+                        shared_expert_intermediate_size=5632)
     out: dict[str, Any] = {}
     for field, key in keys.items():
         value = out[field] = raw.get(key, defaults[field])
@@ -503,7 +509,10 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
     out.update(windows_to_hf(cfg, rope))
     if cfg.architecture in ("qwen3", "qwen3_moe"):
         out.update(attention_bias=cfg.attention_bias)
-    if cfg.architecture == "qwen3_moe":
+    if cfg.architecture == "qwen2_moe":
+        out.update(qkv_bias=cfg.attention_bias,
+                   shared_expert_intermediate_size=cfg.shared_expert_intermediate_size)
+    if cfg.architecture in ("qwen3_moe", "qwen2_moe"):
         out.update(
             num_experts=cfg.num_experts,
             num_experts_per_tok=cfg.num_experts_per_tok,

@@ -10,6 +10,8 @@ Each family says it its own way, and transformers' reading is the reference:
 * ``qwen2``, ``qwen3``: only with ``use_sliding_window``; then the layers ``layer_types``
   marks ``sliding_attention``, or without it those at ``max_window_layers`` (28) and above.
 * ``qwen3_moe``: every layer, with ``use_sliding_window``.
+* ``qwen2_moe``: with ``use_sliding_window``, ``layer_types``, else every other layer (the
+  first, third...) below ``max_window_layers``.
 * ``olmo3``: ``layer_types``, else three sliding layers of every four (the fourth full);
   its ``rope_parameters`` may be one dict per layer type, and its sliding layers take plain
   RoPE (YaRN, where set, is for the full layers only).
@@ -42,11 +44,14 @@ def window_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
     if kind in ("mistral", "phi3", "mixtral"):
         default = MISTRAL_DEFAULT_WINDOW if kind == "mistral" else None
         window, sliding = raw.get("sliding_window", default), list(range(layers))
-    elif kind in ("qwen2", "qwen3", "qwen3_moe"):
+    elif kind in ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe"):
         window = raw.get("sliding_window", DEFAULT_WINDOW) if raw.get("use_sliding_window") \
             else None
         if kind == "qwen3_moe":  # (its modeling reads no layer_types: the window is everywhere)
             sliding = list(range(layers))
+        elif kind == "qwen2_moe" and not types:  # (every other layer below max_window_layers)
+            first = raw.get("max_window_layers", QWEN_MAX_WINDOW_LAYERS)
+            sliding = [i for i in range(layers) if (i + 1) % 2 and i < first]
         else:
             first = raw.get("max_window_layers", QWEN_MAX_WINDOW_LAYERS)
             sliding = ([i for i, t in enumerate(types) if t == "sliding_attention"] if types
@@ -149,8 +154,8 @@ def windows_to_hf(cfg: Any, rope: dict[str, Any]) -> dict[str, Any]:
             f"(mistral, phi3, mixtral and qwen3_moe: all or none; {', '.join(unwindowed)}: "
             "none)")
     out = {"sliding_window": cfg.sliding_window}
-    if kind in ("qwen2", "qwen3", "qwen3_moe"):
+    if kind in ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe"):
         out.update(use_sliding_window=True, max_window_layers=min(sliding))
-    if kind in ("qwen2", "qwen3"):
+    if kind in ("qwen2", "qwen3", "qwen2_moe"):
         out["layer_types"] = types
     return out

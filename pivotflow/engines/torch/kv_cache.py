@@ -288,7 +288,7 @@ class PackedDecoder:
                 qk_norms = (attn.q_norm.weight, attn.k_norm.weight)
             ffn: _Dense | PackedExperts
             if isinstance(layer.mlp, SparseMoE):
-                shared = layer.mlp.shared_experts
+                shared = layer.mlp.shared_experts or layer.mlp.shared_expert
                 ffn = PackedExperts(layer.mlp, self.mm, len(self.experts),
                                     None if shared is None else _pack_mlp(shared))
                 self.experts.append(ffn)

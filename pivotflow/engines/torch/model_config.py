@@ -10,8 +10,9 @@ import msgspec
 from pivotflow.errors import ModelConfigError
 
 ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3",
-                 "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3")
-MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe")  # the families with routed experts
+                 "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3", "qwen2_moe")
+# the families with routed experts
+MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text")
 OPTIONAL_QK_NORM_ARCHITECTURES = ("glm4_moe",)  # (its use_qk_norm says)
 # how a router scores experts: a softmax over all (Qwen3-MoE, Mixtral), or each by a sigmoid,
@@ -90,6 +91,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
     n_shared_experts: int = 0
+    # Qwen2-MoE's shared expert: an MLP of this width every token goes through, its output
+    # scaled by a sigmoid of a learned gate (``shared_expert_gate``); 0: none
+    shared_expert_intermediate_size: int = 0
     # Sliding-window attention (HF's layer_types "sliding_attention"): on these layers a token
     # attends to the last ``sliding_window`` positions, itself included (transformers' window:
     # key j is seen from query i when i - window < j <= i); the others attend to all.
@@ -148,9 +152,10 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def o_proj_bias(self) -> bool:
-        """Whether o_proj has a bias: Qwen2, GLM-4 and GLM-4.5 never; Llama, Mistral and Qwen3
-        when attention_bias."""
-        return self.attention_bias and self.architecture not in ("qwen2", "glm4", "glm4_moe")
+        """Whether o_proj has a bias: Qwen2, Qwen2-MoE, GLM-4 and GLM-4.5 never; Llama, Mistral
+        and Qwen3 when attention_bias."""
+        return self.attention_bias and self.architecture not in ("qwen2", "glm4", "glm4_moe",
+                                                                 "qwen2_moe")
 
     @property
     def rotary_dim(self) -> int:
@@ -313,9 +318,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         if self.scoring_func not in SCORING_FUNCS:
             raise ModelConfigError(f"scoring_func {self.scoring_func!r} is not one of "
                                    f"{', '.join(SCORING_FUNCS)}")
-        if self.n_shared_experts < 0:
-            raise ModelConfigError(
-                f"n_shared_experts must be >= 0, got {self.n_shared_experts}")
+        for name in ("n_shared_experts", "shared_expert_intermediate_size"):
+            if getattr(self, name) < 0:
+                raise ModelConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.routed_scaling_factor > 0:
             raise ModelConfigError(
                 f"routed_scaling_factor must be positive, got {self.routed_scaling_factor}")
