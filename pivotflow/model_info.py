@@ -46,6 +46,9 @@ def describe_model(path: Path) -> str:
         f"  rope {rope} (theta {cfg.rope_theta:g}); context {cfg.context_limit} "
         f"({cfg.context_key})",
     ]
+    if cfg.attn_logit_softcapping or cfg.final_logit_softcapping:
+        lines.append(f"  soft-capping: attention scores {cfg.attn_logit_softcapping or 'none'}, "
+                     f"logits {cfg.final_logit_softcapping or 'none'}")
     if cfg.sliding_layers:
         lines.append(f"  sliding window {cfg.sliding_window} on {len(cfg.sliding_layers)} of "
                      f"{cfg.num_hidden_layers} layers")

@@ -76,20 +76,23 @@ class ChunkedHeadScore(torch.autograd.Function):
     """log p(target) and the entropy at ``N`` positions from their hidden states ``[N, H]`` and
     the head's weight ``[V, H]``, ``chunk`` positions at a time, keeping only the inputs for the
     backward pass. The gradient of a position's logits ``z`` (``p`` = softmax(z), ``H`` its
-    entropy) is ``g_logp * (onehot(target) - p) - g_entropy * p * (log p + H)``. Under autocast
-    the matmuls run in its dtype, as ``nn.Linear`` would."""
+    entropy) is ``g_logp * (onehot(target) - p) - g_entropy * p * (log p + H)``; with a
+    soft-capped head (Gemma 2's ``cap * tanh(y / cap)`` of the matmul's ``y``, capped in
+    float32) times ``1 - tanh(y / cap) ** 2``. Under autocast the matmuls run in its dtype, as
+    ``nn.Linear`` would."""
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                chunk: int, entropy: EntropyMode) -> tuple[torch.Tensor, torch.Tensor]:
+                chunk: int, entropy: EntropyMode, cap: float = 0.0,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         kind = hidden.device.type
         ctx.dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
-        ctx.chunk, ctx.entropy = chunk, entropy
+        ctx.chunk, ctx.entropy, ctx.cap = chunk, entropy, cap
         ctx.save_for_backward(hidden, weight, targets)
         logps, entropies = [], []
         with torch.no_grad():
             for start in range(0, hidden.shape[0], chunk):
-                logp_all = _chunk_log_softmax(ctx, hidden[start:start + chunk], weight)
+                logp_all, _ = _chunk_log_softmax(ctx, hidden[start:start + chunk], weight)
                 logps.append(pick_targets(logp_all, targets[start:start + chunk]))
                 if entropy != "none":
                     entropies.append(entropy_detached(logp_all, ENTROPY_CHUNK))
@@ -101,7 +104,7 @@ class ChunkedHeadScore(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g_logp: torch.Tensor, g_ent: torch.Tensor | None,
-                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None]:
         hidden, weight, targets = ctx.saved_tensors
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
@@ -109,7 +112,7 @@ class ChunkedHeadScore(torch.autograd.Function):
         for start in range(0, hidden.shape[0], ctx.chunk):
             end = start + ctx.chunk
             h = hidden[start:end]
-            logp_all = _chunk_log_softmax(ctx, h, weight)
+            logp_all, capped = _chunk_log_softmax(ctx, h, weight)
             p = logp_all.exp()
             g = g_logp[start:end, None]
             if with_entropy:
@@ -120,7 +123,9 @@ class ChunkedHeadScore(torch.autograd.Function):
             else:
                 grad_z = p.mul_(g).neg_()
             grad_z.scatter_add_(-1, targets[start:end, None], g)  # the onehot(target) term
-            del p, logp_all
+            if capped is not None:  # through the cap: d(cap tanh(y / cap))/dy = 1 - tanh^2
+                grad_z.mul_(capped.square_().neg_().add_(1.0))
+            del p, logp_all, capped
             grad_z = grad_z.to(ctx.dtype or weight.dtype)
             if grad_h is not None:
                 grad_h[start:end] = grad_z @ _as(ctx, weight)
@@ -128,7 +133,7 @@ class ChunkedHeadScore(torch.autograd.Function):
                 grad_w.addmm_(grad_z.t(), h)  # in place: no weight-sized temporary per chunk
             elif grad_w is not None:  # (autocast: a half-width product, added as it is cast)
                 grad_w.add_(grad_z.t() @ _as(ctx, h))
-        return grad_h, grad_w, None, None, None
+        return grad_h, grad_w, None, None, None, None
 
 
 def _as(ctx: Any, t: torch.Tensor) -> torch.Tensor:
@@ -136,8 +141,15 @@ def _as(ctx: Any, t: torch.Tensor) -> torch.Tensor:
     return t if ctx.dtype is None else t.to(ctx.dtype)
 
 
-def _chunk_log_softmax(ctx: Any, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return torch.log_softmax((_as(ctx, h) @ _as(ctx, weight).t()).float(), dim=-1)
+def _chunk_log_softmax(ctx: Any, h: torch.Tensor,
+                       weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The log-softmax of a chunk's logits (float32), and tanh(y / cap) where the head is
+    soft-capped (else None)."""
+    y = (_as(ctx, h) @ _as(ctx, weight).t()).float()
+    if not ctx.cap:
+        return torch.log_softmax(y, dim=-1), None
+    capped = torch.tanh(y.div_(ctx.cap))
+    return torch.log_softmax(capped * ctx.cap, dim=-1), capped
 
 
 def response_logprobs_entropy(model: Decoder, batch: dict[str, torch.Tensor],
@@ -154,7 +166,7 @@ def response_logprobs_entropy(model: Decoder, batch: dict[str, torch.Tensor],
     target_rows = batch["targets"].reshape(-1).index_select(0, rows)
     if chunk > 0:
         logp, ent = ChunkedHeadScore.apply(hidden_rows, model.lm_head.weight, target_rows,
-                                           chunk, entropy)
+                                           chunk, entropy, model.config.final_logit_softcapping)
     else:
         logp, ent = score_positions(model.lm_head, hidden_rows, target_rows, entropy)
 

@@ -2,7 +2,7 @@
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
 Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, Phi-4-mini's partial
-rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
+rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
 Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
@@ -176,6 +176,16 @@ CASES += [
           "max_window_layers": 2}),
 ]  # fmt: skip
 QWEN2_MOE = CASES[22]
+# Gemma 2 (2B/9B/27B, and reward models such as Skywork-Reward-Gemma-2-27B): Gemma 3's layer
+# without q/k norms, attention scores soft-capped at 50 and logits at 30 (here 5 and 3, so
+# the caps bind), a window on every other layer (binding here), one rope for all
+CASES += [
+    Case("gemma2-window", "Gemma2Config", True,
+         {"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 32, "query_pre_attn_scalar": 24, "sliding_window": 5,
+          "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0}),
+]  # fmt: skip
+GEMMA2 = CASES[23]
 CASE_IDS = [c.name for c in CASES]
 
 

@@ -1,5 +1,5 @@
 """YaRN rope scaling, sliding-window attention and the Mistral, OLMo-2, OLMo-3, Gemma 3, Phi-3,
-Mixtral, GLM-4, GLM-4.5 and SmolLM3 families,
+Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE and Gemma 2 families,
 beyond the shared per-family decode test (tests/engines/test_hf_models.py): YaRN's frequencies
 and attention factor for each of its knobs, the trainer's forward and every gradient against
 transformers on padded batches where the windows bind, configs pivotflow writes that
@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from hf_fixtures import (
+    GEMMA2,
     GEMMA3,
     GLM4,
     GLM4_MOE,
@@ -69,7 +70,7 @@ def test_yarn_frequencies_and_attention_factor_equal_transformers(rope: dict[str
 
 
 ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_WINDOW, PHI3,
-       PHI4_MINI, MIXTRAL, GLM4, GLM4_MOE, SMOLLM3, SMOLLM3_WINDOW, QWEN2_MOE]
+       PHI4_MINI, MIXTRAL, GLM4, GLM4_MOE, SMOLLM3, SMOLLM3_WINDOW, QWEN2_MOE, GEMMA2]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -105,6 +106,9 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
     elif case in (SMOLLM3, SMOLLM3_WINDOW):
         assert written["model_type"] == "smollm3" and written["no_rope_layers"] == [1, 0, 1, 0]
         assert written["use_sliding_window"] == (case is SMOLLM3_WINDOW)
+    elif case is GEMMA2:
+        assert written["model_type"] == "gemma2" and written["final_logit_softcapping"] == 3.0
+        assert written["layer_types"][:2] == ["sliding_attention", "full_attention"]
     elif case is QWEN2_MOE:
         assert written["model_type"] == "qwen2_moe" and written["qkv_bias"]
         assert written["shared_expert_intermediate_size"] == 96
@@ -132,7 +136,7 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
 
 
 @pytest.mark.parametrize("case", [OLMO2, OLMO3, MISTRAL_WINDOW, QWEN2_WINDOW, GEMMA3, PHI3_WINDOW,
-                                  PHI4_MINI, GLM4, SMOLLM3_WINDOW],
+                                  PHI4_MINI, GLM4, SMOLLM3_WINDOW, GEMMA2],
                          ids=lambda c: c.name)
 def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: Any) -> None:
     """Post-norm layers, whole-projection q/k norms and windows (4-6 positions, narrower than
@@ -153,7 +157,7 @@ def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: An
     theirs = dict(model.named_parameters())
     names = [n for n, _ in ours.named_parameters()]
     post_norm = "model.layers.0.post_feedforward_layernorm.weight" in names
-    assert post_norm == (case in (OLMO2, OLMO3, GEMMA3, GLM4))
+    assert post_norm == (case in (OLMO2, OLMO3, GEMMA3, GLM4, GEMMA2))
     assert (case in (OLMO2, OLMO3)) != any("input_layernorm" in n for n in names)
     # (by the file's names: Phi-3's q/k/v and gate/up gradients fused as its parameters are)
     grads = disk_layout(folder.hf_config, {n: p.grad for n, p in ours.named_parameters()})
@@ -226,8 +230,10 @@ def test_each_family_says_its_windows_its_own_way() -> None:
 
 @pytest.mark.parametrize(("keys", "message"), [
     ({"final_logit_softcapping": 30.0},
-     r"final_logit_softcapping=30\.0 is not supported by the embedded engine \(null\)"),
-    ({"attn_logit_softcapping": 50.0}, r"attn_logit_softcapping=50\.0 is not supported"),
+     r"final_logit_softcapping=30\.0 is not supported by the embedded engine on gemma3_text "
+     r"\(null\)"),
+    ({"attn_logit_softcapping": 50.0},
+     r"attn_logit_softcapping=50\.0 is not supported by the embedded engine on gemma3_text"),
     ({"use_bidirectional_attention": True}, r"use_bidirectional_attention=True is not supported"),
     ({"hidden_activation": "relu"},
      r"hidden_activation='relu' is not supported .*\(silu, gelu_pytorch_tanh\)"),
@@ -474,3 +480,28 @@ def test_a_gemma3_config_without_its_text_config_is_one_line(tmp_path: Path) -> 
                        r"model's config as an object 'text_config', got NoneType$") as exc:
         load_model_folder(tmp_path)
     assert "\n" not in str(exc.value)
+
+
+def test_a_gemma2_reward_model_scores_as_transformers_without_the_logit_cap(
+        tmp_path: Path) -> None:
+    """Gemma 2 reward models (Skywork-Reward-Gemma-2-27B's kind: Gemma2ForSequenceClassification)
+    read the last token's hidden state through their ``score`` head, never soft-capped (the
+    cap is the causal LM head's); its attention's cap holds."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.Gemma2Config(**{**SIZES, **GEMMA2.extra}, num_labels=1, pad_token_id=0)
+    theirs = transformers.Gemma2ForSequenceClassification(config).eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.15)
+        theirs.score.weight.mul_(20.0)  # (a score far past the cap of 3, had it been applied)
+    theirs.save_pretrained(tmp_path)
+    folder = load_model_folder(tmp_path)
+    assert (folder.config.architecture, folder.config.num_labels) == ("gemma2", 1)
+    ours = build_model(folder.config, folder.tensors)
+    ids = torch.tensor([PROMPTS[2] * 3])
+    with torch.no_grad():
+        expected = theirs(ids).logits[0]
+        torch.testing.assert_close(ours(ids)[0, -1], expected, atol=1e-4, rtol=1e-5)
+    assert float(expected.abs().max()) > 3.0

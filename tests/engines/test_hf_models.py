@@ -76,8 +76,9 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "Qwen3MoeConfig": "qwen3_moe",
                                 "Glm4MoeConfig": "glm4_moe",
                                 "SmolLM3Config": "smollm3",
-                                "Qwen2MoeConfig": "qwen2_moe"}[case.config_class]  # fmt: skip
-    assert cfg.head_dim == 32 and cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma"))
+                                "Qwen2MoeConfig": "qwen2_moe",
+                                "Gemma2Config": "gemma2"}[case.config_class]  # fmt: skip
+    assert cfg.head_dim == 32 and cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma3"))
     # Every weight transformers holds was loaded (transformers 5 holds a sparse layer's experts
     # as one fused tensor where the file, and we, have one per expert: count the numbers;
     # GLM-4.5's router bias is a buffer there, a frozen parameter here).

@@ -1,5 +1,5 @@
 """Mistral, YaRN, OLMo-2, sliding windows, OLMo-3, Gemma 3 and Phi-3 (fused projections;
-partial rotary with LongRoPE), Mixtral, GLM-4, GLM-4.5, SmolLM3 and Qwen2-MoE on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
+partial rotary with LongRoPE), Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE and Gemma 2 (soft-capping) on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
 random weights, loads the store's version as a worker does, and decodes greedily the embedded
 engine's 40 tokens, on a prompt past YaRN's original context too. The YaRN folder sets every
 knob where two implementations could part (an explicit ``attention_factor``, which replaces the
@@ -91,7 +91,13 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
             # Qwen2-MoE: 8 experts (2 a token) and a shared expert scaled by a sigmoid gate
             "qwen2-moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {
                 "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
-                "shared_expert_intermediate_size": 128})}
+                "shared_expert_intermediate_size": 128}),
+            # Gemma 2: scores capped at 5 and logits at 3 (binding), every other layer's
+            # window (binding)
+            "gemma2-window": ("Gemma2Config", "Gemma2ForCausalLM", {
+                "num_hidden_layers": 4, "query_pre_attn_scalar": 24, "sliding_window": 6,
+                "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0,
+                "pad_token_id": EOS})}
 
 
 def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
@@ -130,7 +136,8 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     assert cfg.architecture == {"gemma3-text": "gemma3_text", "glm4-moe": "glm4_moe",
                                 "qwen2-moe": "qwen2_moe"}.get(family, family.split("-")[0])
     assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text",
-                                                   "phi3-window", "mixtral-window"))
+                                                   "phi3-window", "mixtral-window",
+                                                   "gemma2-window"))
     ours = TorchEngine(cfg, max_batch=8, eos_token_id=EOS)
     ours.load_weights(weights, 0)
     expected = _greedy(ours)

@@ -125,13 +125,16 @@ def test_the_head_never_sees_padding() -> None:
     torch.testing.assert_close(chunked, logp)
 
 
+@pytest.mark.parametrize("cap", [0.0, 2.0], ids=["plain", "soft-capped"])
 @pytest.mark.parametrize("entropy", ["grad", "report", "none"])
 @pytest.mark.parametrize("chunk", [1, 3, 7])
-def test_the_chunked_heads_gradient_is_autograds(entropy: str, chunk: int) -> None:
+def test_the_chunked_heads_gradient_is_autograds(entropy: str, chunk: int, cap: float) -> None:
     """``ChunkedHeadScore`` writes the head's gradient by hand: against autograd through the
     whole log-softmax, for any upstream gradients of both outputs (7 positions, a vocabulary of
     50, chunks that do and do not divide them), to float32's rounding (both take the
-    log-softmax in float32; a wrong term is off by the gradient's own size)."""
+    log-softmax in float32; a wrong term is off by the gradient's own size); through Gemma 2's
+    soft cap on the logits too (2: binding on these)."""
+    from pivotflow.engines.torch.model import LMHead
     from pivotflow.worker.response_scoring import ChunkedHeadScore, score_positions
 
     g = torch.Generator().manual_seed(chunk)
@@ -144,9 +147,9 @@ def test_the_chunked_heads_gradient_is_autograds(entropy: str, chunk: int) -> No
     for chunked in (False, True):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
         if chunked:
-            logp, ent = ChunkedHeadScore.apply(h, w, targets, chunk, entropy)
+            logp, ent = ChunkedHeadScore.apply(h, w, targets, chunk, entropy, cap)
         else:
-            head = torch.nn.Linear(6, 50, bias=False)
+            head = LMHead(6, 50, cap)
             head.weight = torch.nn.Parameter(w)
             logp, ent = score_positions(head, h, targets, entropy)  # type: ignore[arg-type]
             w = head.weight

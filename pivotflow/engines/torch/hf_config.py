@@ -2,7 +2,7 @@
 
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
-Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
+Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
 names, in one line, the file and the first key it cannot run. Keys that change nothing the
 decoder computes (token ids, initializer_range, use_cache...) are ignored.
 """
@@ -33,7 +33,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "olmo3": "Olmo3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
               "phi3": "Phi3ForCausalLM", "mixtral": "MixtralForCausalLM",
               "glm4": "Glm4ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
-              "smollm3": "SmolLM3ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}  # fmt: skip
+              "smollm3": "SmolLM3ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+              "gemma2": "Gemma2ForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -47,7 +48,8 @@ HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "mixtral": "MixtralForSequenceClassification",
                   "glm4": "Glm4ForSequenceClassification",
                   "smollm3": "SmolLM3ForSequenceClassification",
-                  "qwen2_moe": "Qwen2MoeForSequenceClassification"}
+                  "qwen2_moe": "Qwen2MoeForSequenceClassification",
+                  "gemma2": "Gemma2ForSequenceClassification"}
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -96,7 +98,7 @@ def _model_type(raw: dict[str, Any], where: str) -> str:
 
 def _reject_unsupported(raw: dict[str, Any], where: str) -> None:
     """Raise for the first key whose value asks for math this decoder does not do."""
-    gemma = raw.get("model_type") == "gemma3_text"  # (its gate is hidden_activation's)
+    gemma = raw.get("model_type") in ("gemma3_text", "gemma2")  # (hidden_activation's gate)
     # (Phi-3's and GLM-4's attention rotates part of each head)
     partial_ok = raw.get("model_type") in PARTIAL_ROTARY_FAMILIES
     checks = [  # (key, it asks for something else, what runs)
@@ -268,9 +270,9 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         **fields,
         **rope,
         rms_norm_eps=_number(raw.get("rms_norm_eps", 1e-6), "rms_norm_eps", where),
-        # (transformers' default: tied for Gemma and SmolLM3, untied for the rest)
+        # (transformers' default: tied for Gemma 2 and 3 and SmolLM3, untied for the rest)
         tie_word_embeddings=bool(raw.get("tie_word_embeddings",
-                                         kind in ("gemma3_text", "smollm3"))),
+                                         kind in ("gemma3_text", "gemma2", "smollm3"))),
         # Qwen2 always has q/k/v biases; Mistral, Mixtral and Phi-3 never; Llama and Qwen3
         # when the config says so.
         attention_bias={"qwen2": True, "mistral": False, "phi3": False, "mixtral": False,
@@ -283,7 +285,7 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         **(_glm4_moe_fields(raw, fields["num_hidden_layers"], where)
            if kind == "glm4_moe" else {}),
         **_smollm3_fields(raw, kind, fields["num_hidden_layers"], where),
-        **(_gemma_fields(raw, where) if kind == "gemma3_text" else {}),
+        **(_gemma_fields(raw, where) if kind in ("gemma3_text", "gemma2") else {}),
     )
     try:
         return cfg.validate()
@@ -298,11 +300,21 @@ def _smollm3_fields(raw: dict[str, Any], kind: str, layers: int,
 
 
 def _gemma_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
-    """Gemma 3's gate and attention scale; its soft-capping (Gemma 2's) and bidirectional
-    attention (EmbeddingGemma's) are refused."""
-    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
-        if raw.get(key) is not None:
-            raise ModelConfigError(f"{where}: {key}={raw[key]!r} {_ENGINE} (null)")
+    """Gemma 2's and 3's gate and attention scale; Gemma 2's soft-capping (Gemma2Config's
+    defaults: 50 on attention scores, 30 on logits; null: none); bidirectional attention
+    (EmbeddingGemma's) is refused, and soft-capping on Gemma 3, which transformers' Gemma 3
+    reads but no Gemma 3 sets."""
+    out: dict[str, Any] = {}
+    gemma2 = raw.get("model_type") == "gemma2"
+    for key, default in (("final_logit_softcapping", 30.0), ("attn_logit_softcapping", 50.0)):
+        value = raw.get(key, default if gemma2 else None)
+        if value is not None and not gemma2:
+            raise ModelConfigError(f"{where}: {key}={raw[key]!r} {_ENGINE} on gemma3_text "
+                                   "(null)")
+        if value is not None:
+            out[key] = _number(value, key, where)
+            if out[key] <= 0:
+                raise ModelConfigError(f"{where}: {key}={value!r} is not positive (null: none)")
     if raw.get("use_bidirectional_attention"):
         raise ModelConfigError(f"{where}: use_bidirectional_attention=True {_ENGINE} (false)")
     act = raw.get("hidden_activation", "gelu_pytorch_tanh")
@@ -310,7 +322,7 @@ def _gemma_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
         raise ModelConfigError(f"{where}: hidden_activation={act!r} {_ENGINE} "
                                f"({', '.join(ACTIVATIONS)})")
     scalar = _number(raw.get("query_pre_attn_scalar", 256), "query_pre_attn_scalar", where)
-    return {"hidden_act": act, "query_pre_attn_scalar": scalar}
+    return {**out, "hidden_act": act, "query_pre_attn_scalar": scalar}
 
 
 def _expert_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
@@ -464,13 +476,14 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
                    label2id={f"LABEL_{i}": i for i in range(cfg.num_labels)})
     if cfg.architecture in ("llama", "olmo2", "olmo3"):
         out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
-    elif cfg.architecture == "gemma3_text":
+    elif cfg.architecture in ("gemma3_text", "gemma2"):
         del out["hidden_act"]
         out.update(attention_bias=cfg.attention_bias, hidden_activation=cfg.hidden_act,
                    query_pre_attn_scalar=(int(cfg.query_pre_attn_scalar)  # (an int there)
                                           if cfg.query_pre_attn_scalar.is_integer()
                                           else cfg.query_pre_attn_scalar),
-                   final_logit_softcapping=None, attn_logit_softcapping=None,
+                   final_logit_softcapping=cfg.final_logit_softcapping or None,
+                   attn_logit_softcapping=cfg.attn_logit_softcapping or None,
                    use_bidirectional_attention=False)
     elif cfg.architecture == "mistral":
         out.update(sliding_window=None)  # none, explicitly: transformers' default is 4096

@@ -27,6 +27,8 @@ from pivotflow.engines.torch.model import (
     ModelConfig,
     attention_mask_of,
     embed_scale,
+    soft_cap,
+    softcapped_attention,
 )
 from pivotflow.engines.torch.rope import layer_cos_sin
 from pivotflow.errors import EngineError
@@ -441,7 +443,11 @@ class PackedDecoder:
         keys, values, mask = cache.append(layer, torch.cat((qk[:, heads:], v), 1))
         # Each KV head's query heads are rows of one small matmul over its keys (no copies).
         q = qk[:, :heads].reshape(n * kv_heads, heads // kv_heads, d)
-        scores = torch.baddbmm(mask, q, keys.transpose(1, 2))
+        if self.cfg.attn_logit_softcapping:  # (capped before the mask is added)
+            scores = soft_cap(torch.bmm(q, keys.transpose(1, 2)),
+                              self.cfg.attn_logit_softcapping) + mask
+        else:
+            scores = torch.baddbmm(mask, q, keys.transpose(1, 2))
         probs = scores.softmax(-1, dtype=torch.float32).to(values.dtype)
         return torch.bmm(probs, values).view(n, heads * d)
 
@@ -452,9 +458,15 @@ class PackedDecoder:
         (b, t), heads, d = cache.prefill_shape, self.heads, self.d
         qk, v = qk.view(b, t, -1, d).transpose(1, 2), v.view(b, t, -1, d).transpose(1, 2)
         keys, values, mask = cache.update(layer, qk[:, heads:], v)
-        out = F.scaled_dot_product_attention(
-            qk[:, :heads], keys, values, mask, is_causal=mask is None, scale=1.0, enable_gqa=True
-        )
+        if self.cfg.attn_logit_softcapping:
+            rep = heads // self.kv_heads
+            out = softcapped_attention(
+                qk[:, :heads], keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1),
+                mask, 1.0, self.cfg.attn_logit_softcapping)
+        else:
+            out = F.scaled_dot_product_attention(
+                qk[:, :heads], keys, values, mask, is_causal=mask is None, scale=1.0,
+                enable_gqa=True)
         return out.transpose(1, 2).reshape(b * t, heads * d)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -462,4 +474,5 @@ class PackedDecoder:
         if self.cfg.norm_offset:  # (Gemma's norms scale by 1 + weight)
             norm = norm + 1
         h = torch.rms_norm(x, (self.cfg.hidden_size,), norm, self.cfg.rms_norm_eps)
-        return self.mm.linear(h, self.model.lm_head.weight)
+        return soft_cap(self.mm.linear(h, self.model.lm_head.weight),
+                        self.cfg.final_logit_softcapping)

@@ -82,6 +82,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(q_width, cfg.rms_norm_eps, cfg.norm_offset)
             self.k_norm = RMSNorm(k_width, cfg.rms_norm_eps, cfg.norm_offset)
         self.scale = cfg.attention_scale
+        self.softcap = cfg.attn_logit_softcapping  # (Gemma 2's; 0: none)
 
     def forward(
         self,
@@ -105,6 +106,10 @@ class Attention(nn.Module):
         if cache is not None:
             k, v, attn_mask = cache.update(self.layer_idx, k, v)
         rep = self.n_heads // self.n_kv
+        if self.softcap:  # (no fused kernel caps scores: transformers' Gemma 2 is eager too)
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            out = softcapped_attention(q, k, v, attn_mask, self.scale, self.softcap)
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
         if rep > 1 and t == 1 and cache is not None:
             # One-token decode: fold each KV group's query heads onto the query axis so cached
             # keys/values are read in place, not copied `rep` times (same math as below).
@@ -159,6 +164,19 @@ class DecoderLayer(nn.Module):
                     else self.mlp(h))
 
 
+class LMHead(nn.Linear):
+    """The causal LM's head (``lm_head.weight``): logits, soft-capped when the config says so
+    (Gemma 2's ``final_logit_softcapping``; ``cap`` 0: none), so every caller of
+    ``model.lm_head`` (the trainer's scoring included) gets the logits transformers gives."""
+
+    def __init__(self, hidden: int, vocab: int, cap: float = 0.0) -> None:
+        super().__init__(hidden, vocab, bias=False)
+        self.cap = cap
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return soft_cap(super().forward(x), self.cap)
+
+
 class _Backbone(nn.Module):
     """Holds the ``model.*`` tensors under HF's names."""
 
@@ -186,7 +204,7 @@ class Decoder(nn.Module):
         if cfg.num_labels:  # a classifier's head, as transformers names it (no lm_head)
             self.score = nn.Linear(cfg.hidden_size, cfg.num_labels, bias=False)
         else:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size, cfg.final_logit_softcapping)
             if cfg.tie_word_embeddings:
                 self.lm_head.weight = self.model.embed_tokens.weight
         if not self.model.norm.weight.is_meta:  # on meta, weights are loaded next: no init
@@ -221,8 +239,10 @@ class Decoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, cache: KVCacheHook | None = None,
                 routing: torch.Tensor | None = None) -> torch.Tensor:
-        head = self.score if self.config.num_labels else self.lm_head
-        return head(self.hidden_states(input_ids, attention_mask, positions, cache, routing))
+        hidden = self.hidden_states(input_ids, attention_mask, positions, cache, routing)
+        if self.config.num_labels:  # (a classifier's score head is never capped)
+            return self.score(hidden)
+        return self.lm_head(hidden)
 
     def hidden_states(
         self,
@@ -272,6 +292,28 @@ class Decoder(nn.Module):
             else:
                 x = layer(x, cos, sin, mask, cache, replay, balance)
         return self.model.norm(x)
+
+
+def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         mask: torch.Tensor | None, scale: float, cap: float) -> torch.Tensor:
+    """Attention whose scores are soft-capped, as transformers' Gemma 2 computes it:
+    softmax(cap * tanh(q.k * scale / cap), masked) v, the softmax in float32. ``q`` [..., T, D],
+    ``k``/``v`` [..., S, D] (one key head per query head); ``mask`` [..., T, S] boolean (True:
+    attend) or additive, or None: causal (top-left aligned, as SDPA's is_causal)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / cap) * cap
+    t, s = scores.shape[-2:]
+    if mask is None and t > 1:
+        mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = (scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool
+                  else scores + mask)
+    return torch.matmul(scores.softmax(-1, dtype=torch.float32).to(v.dtype), v)
+
+
+def soft_cap(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    """``cap * tanh(logits / cap)`` (Gemma 2's final logits; ``cap`` 0: as they are)."""
+    return torch.tanh(logits / cap) * cap if cap else logits
 
 
 def embed_scale(cfg: ModelConfig, dtype: torch.dtype) -> torch.Tensor:

@@ -10,7 +10,8 @@ import msgspec
 from pivotflow.errors import ModelConfigError
 
 ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3",
-                 "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3", "qwen2_moe")
+                 "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3", "qwen2_moe",
+                 "gemma2")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text")
@@ -19,9 +20,9 @@ OPTIONAL_QK_NORM_ARCHITECTURES = ("glm4_moe",)  # (its use_qk_norm says)
 # chosen with a load-balancing bias added (DeepSeek-V3's and GLM-4.5's, ``e_score_correction_bias``)
 SCORING_FUNCS = ("softmax", "sigmoid")
 # Gemma's and GLM-4's layer: norms on each sub-layer's input and output
-SANDWICH_NORM_ARCHITECTURES = ("gemma3_text", "glm4")
+SANDWICH_NORM_ARCHITECTURES = ("gemma3_text", "glm4", "gemma2")
 # Gemma's norms scale by 1 + weight (weights start at 0), its embeddings by sqrt(hidden_size)
-OFFSET_NORM_ARCHITECTURES = ("gemma3_text",)
+OFFSET_NORM_ARCHITECTURES = ("gemma3_text", "gemma2")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the MLP's gate (HF's hidden_act names)
 # q and k normalised over the whole projection (all heads at once), norms on each sub-layer's
 # output ("post-norm"): OLMo-2 and OLMo-3
@@ -117,6 +118,10 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     hidden_act: str = "silu"  # one of ACTIVATIONS
     # attention scores scale by query_pre_attn_scalar ** -0.5 (Gemma's; 0: head_dim's)
     query_pre_attn_scalar: float = 0.0
+    # Gemma 2's soft-capping (HF's names; 0: none): attention scores become
+    # cap * tanh(score / cap) before the mask and softmax, a causal LM's logits likewise
+    attn_logit_softcapping: float = 0.0
+    final_logit_softcapping: float = 0.0
 
     def __post_init__(self) -> None:
         # Derived defaults; force_setattr because the struct is frozen.
@@ -241,6 +246,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         if self.hidden_act not in ACTIVATIONS:
             raise ModelConfigError(
                 f"hidden_act {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
+        for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if getattr(self, name) < 0:
+                raise ModelConfigError(f"{name} must be >= 0 (0: none), got {getattr(self, name)}")
         if self.query_pre_attn_scalar < 0:
             raise ModelConfigError(
                 f"query_pre_attn_scalar must be >= 0, got {self.query_pre_attn_scalar}")
