@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,11 @@ if TYPE_CHECKING:
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
+# PyTorch's pickled weights, as older folders carry them (read only: pivotflow writes
+# safetensors), loaded with torch.load(weights_only=True) so a file can hold tensors but no code
+PICKLED_WEIGHTS = "pytorch_model.bin"
+PICKLED_INDEX = "pytorch_model.bin.index.json"
+WEIGHT_FILES = (WEIGHTS, SHARD_INDEX, PICKLED_WEIGHTS, PICKLED_INDEX)  # in the order read
 # What a model folder carries besides config and weights, so a copy of it still loads with
 # transformers' AutoTokenizer and keeps its stop tokens (generation_config.json's eos ids).
 SIDE_FILES = (
@@ -74,12 +80,16 @@ def read_folder(
 
 def read_weights(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], Path]:
     """(tensors, the file they came from) of ``model.safetensors``, or of the shards that
-    ``model.safetensors.index.json`` lists, checked against its weight_map. Raises
-    CheckpointError naming a missing or unreadable file, or the shard or tensor the index
-    names that is not there."""
+    ``model.safetensors.index.json`` lists, checked against its weight_map; else of
+    ``pytorch_model.bin`` or its index's shards (``WEIGHT_FILES``' order: what transformers
+    prefers). Raises CheckpointError naming a missing or unreadable file, or the shard or
+    tensor the index names that is not there."""
     root = Path(directory)
-    single, index = root / WEIGHTS, root / SHARD_INDEX
-    if single.exists() or not index.exists():
+    present = [name for name in WEIGHT_FILES if (root / name).exists()]
+    if not present:
+        raise CheckpointError(f"{root}: no {' or '.join(WEIGHT_FILES)}")
+    single, index = root / present[0], root / present[0]
+    if not present[0].endswith(".index.json"):
         return _read_tensors(single), single
     weight_map = read_json(index).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
@@ -99,6 +109,36 @@ def read_weights(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Ten
                 f"{index}: weight_map puts tensor {name!r} in {shard!r}, which does not hold it"
             )
     return tensors, index
+
+
+def _read_pickled(path: Path) -> dict[str, torch.Tensor]:
+    """A ``pytorch_model.bin``'s tensors, through torch.load's weights_only unpickler (tensors,
+    dicts and numbers load; any other object, code included, is refused), memory-mapped where
+    the file's format allows."""
+    import torch
+
+    try:
+        try:
+            data = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:  # (a file in torch's legacy format cannot be mapped)
+            if "mmap" not in str(exc):
+                raise
+            data = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:  # the unpickler's refusal, a truncated zip, a bad magic number
+        raise CheckpointError(f"{path}: cannot read PyTorch weights (read with weights_only, "
+                              f"which runs no code): {_torch_load_reason(str(exc))}") from None
+    if not isinstance(data, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in data.items()):
+        raise CheckpointError(f"{path}: not a state dict (a mapping of names to tensors)")
+    return data
+
+
+def _torch_load_reason(message: str) -> str:
+    """torch.load's error in a few words: its unpickler's reason where it gives one (the rest
+    of its message is advice on loading the file unsafely, which pivotflow never does)."""
+    reason = message.split("WeightsUnpickler error:", 1)[-1]
+    reason = re.sub(r"\x1b\[[0-9;]*m", "", reason).split(". ")[0]
+    return " ".join(reason.split())[:200]
 
 
 def write_folder(
@@ -156,8 +196,8 @@ def copy_side_files(src: str | os.PathLike[str], dst: str | os.PathLike[str]) ->
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    if not path.exists():
-        raise CheckpointError(f"{path} is missing (and there is no {SHARD_INDEX} next to it)")
+    if path.suffix == ".bin":
+        return _read_pickled(path)
     try:
         return load_file(str(path))
     except Exception as exc:  # safetensors raises its own error types for bad headers

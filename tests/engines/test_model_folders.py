@@ -142,7 +142,9 @@ def test_config_to_hf_writes_qwen3_and_llama3_rope_that_transformers_rebuilds(
             {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}},
             r"config\.json: rope_parameters\.low_freq_factor is missing",
         ),
-        ({"model_type": "gemma3"}, r"config\.json: model_type='gemma3' is not supported"),
+        ({"model_type": "gemma3n"}, r"config\.json: model_type='gemma3n' is not supported"),
+        ({"model_type": "gemma3"}, r"config\.json: a gemma3 config needs its text model's "
+                                   r"config as an object 'text_config', got NoneType$"),
         (
             {"use_sliding_window": True, "sliding_window": -1},
             r"config\.json: sliding_window=-1 is not a positive integer",
@@ -238,3 +240,66 @@ def test_a_long_context_model_gets_a_bounded_default_context(tmp_path: Path) -> 
     cfg = load_model_folder(tmp_path).config
     assert TorchEngine(cfg, max_batch=1).max_seq_len == DEFAULT_MAX_SEQ_LEN
     assert TorchEngine(cfg, max_batch=1, max_seq_len=8192).max_seq_len == 8192
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["one-file", "sharded"])
+def test_a_folder_of_pytorch_model_bin_loads_as_its_safetensors_would(
+        tmp_path: Path, sharded: bool) -> None:
+    """Older folders carry pickled weights (pytorch_model.bin, or shards and the index
+    transformers 4 wrote for them): read with torch.load's weights_only, the same tensors as
+    the safetensors file, and a checkpoint of them is safetensors again."""
+    save_folder(QWEN2, tmp_path / "safe")
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    for name in ("config.json", "generation_config.json"):
+        (pickled / name).write_bytes((tmp_path / "safe" / name).read_bytes())
+    tensors = load_file(str(tmp_path / "safe" / "model.safetensors"))
+    if sharded:  # (transformers 4's names and index)
+        names = sorted(tensors)
+        halves = {"pytorch_model-00001-of-00002.bin": names[::2],
+                  "pytorch_model-00002-of-00002.bin": names[1::2]}
+        for shard, part in halves.items():
+            torch.save({n: tensors[n] for n in part}, pickled / shard)
+        weight_map = {n: shard for shard, part in halves.items() for n in part}
+        (pickled / "pytorch_model.bin.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": weight_map}))
+    else:
+        torch.save(tensors, pickled / "pytorch_model.bin")
+    safe, ours = load_model_folder(tmp_path / "safe"), load_model_folder(pickled)
+    assert ours.config == safe.config and ours.tensors.keys() == safe.tensors.keys()
+    for name, tensor in safe.tensors.items():
+        assert torch.equal(ours.tensors[name], tensor), name
+    save_checkpoint(tmp_path / "written", ours.config, ours.tensors)
+    assert load_model_folder(tmp_path / "written").config == safe.config
+
+
+class _Payload:
+    """What a malicious pickle would carry: unpickling it runs code (here: it makes a file)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_a_pickle_that_holds_more_than_tensors_is_refused_and_runs_nothing(
+        tmp_path: Path) -> None:
+    save_folder(QWEN2, tmp_path)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    (tmp_path / "model.safetensors").unlink()
+    marker = tmp_path / "code-ran"
+    torch.save({**tensors, "extra": _Payload(str(marker))}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin: cannot read PyTorch weights "
+                       r"\(read with weights_only, which runs no code\): ") as exc:
+        load_model_folder(tmp_path)
+    _one_line(exc)
+    assert not marker.exists()
+    torch.save([tensors["model.norm.weight"]], tmp_path / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin: not a state dict") as exc:
+        load_model_folder(tmp_path)
+    (tmp_path / "pytorch_model.bin").unlink()
+    with pytest.raises(CheckpointError, match=r": no model\.safetensors or "
+                       r"model\.safetensors\.index\.json or pytorch_model\.bin or "
+                       r"pytorch_model\.bin\.index\.json$") as exc:
+        load_model_folder(tmp_path)

@@ -1,9 +1,9 @@
 """The feed-forward half of a decoder layer: the dense SwiGLU ``MLP``, and the routed mixture
-of experts (``SparseMoE``: Qwen3-MoE's and Mixtral's softmax router, GLM-4.5's grouped sigmoid
-router with a shared expert) with its routing: ``Routing``/``route``, the replayed route of routing
-replay (R3), the bytes recorded routing travels as, the one loop that combines a layer's
-experts (``add_expert_outputs``, which the engine's ``experts.PackedExperts`` shares), and the
-load-balancing loss a trainer may add (``LoadBalance``).
+of experts (``SparseMoE``: Qwen3-MoE's, Mixtral's and Qwen2-MoE's softmax router, GLM-4.5's
+grouped sigmoid router; shared experts) with its routing: ``Routing``/``route``, the replayed
+route of routing replay (R3), the bytes recorded routing travels as, the one loop that combines
+a layer's experts (``add_expert_outputs``, which the engine's ``experts.PackedExperts``
+shares), and the load-balancing loss a trainer may add (``LoadBalance``).
 """
 
 from __future__ import annotations

@@ -133,7 +133,9 @@ def _eos_ids(generation: dict[str, Any], hf_config: dict[str, Any], root: Path) 
 
 def load_model_folder(directory: str | os.PathLike[str]) -> ModelFolder:
     """Read a Hugging Face model folder: config.json, model.safetensors (or the shards
-    model.safetensors.index.json lists) and generation_config.json when there is one.
+    model.safetensors.index.json lists; else pytorch_model.bin or its shards, read with
+    torch.load's weights_only: ``hf_folder.read_weights``) and generation_config.json when
+    there is one.
 
     Raises CheckpointError naming a missing or unreadable file (or shard, or a tensor the index
     lists that no shard holds), ModelConfigError naming the file and key the engine cannot run
@@ -146,12 +148,6 @@ def load_model_folder(directory: str | os.PathLike[str]) -> ModelFolder:
     cfg = config_from_hf(hf_config, config_where(raw, str(config_path)))
     gen_path = root / "generation_config.json"
     generation = read_json(gen_path) if gen_path.exists() else {}
-    single, index = root / "model.safetensors", root / "model.safetensors.index.json"
-    if not single.exists() and not index.exists():
-        raise CheckpointError(
-            f"{root}: no model.safetensors or model.safetensors.index.json (the embedded engine "
-            "reads safetensors weights only)"
-        )
     tensors, where = read_weights(root)
     tensors = held_layout(raw, tensors, str(where))
     check_tensors(cfg, tensors, str(where))
