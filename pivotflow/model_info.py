@@ -63,7 +63,9 @@ def describe_model(path: Path) -> str:
                       "split and reordered",
               "glm4_moe": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
               "gemma3": "Gemma3ForConditionalGeneration's text model held (as "
-                        "Gemma3ForCausalLM), its vision tower and projector not loaded"}
+                        "Gemma3ForCausalLM), its vision tower and projector not loaded",
+              "mistral3": "Mistral3ForConditionalGeneration's text model held (as "
+                          "MistralForCausalLM), its vision tower and projector not loaded"}
     if (family := family_of(raw)) is not None and (family != "glm4_moe" or mtp):
         lines.append(f"  tensors: {layout[family]}")
     template = "a chat template" if tok.chat_template else "no chat template"

@@ -15,10 +15,12 @@ Three families store theirs otherwise:
 * GLM-4.5 (``glm4_moe``) keeps its multi-token-prediction layers (speculative decoding's
   draft, ``num_nextn_predict_layers``) as layers past the decoder's last: pivotflow leaves them
   out as it reads the folder, as transformers does, and its folders have none.
-* Gemma 3 4B and larger (``gemma3``, Gemma3ForConditionalGeneration) wrap the text decoder
-  (``language_model.model.*``, or ``model.language_model.*``; its config in ``text_config``)
-  with a vision tower and projector: pivotflow holds the text model alone, as Gemma 3 1B's
-  ``gemma3_text`` (``held_config``), and writes Gemma3ForCausalLM folders.
+* Gemma 3 4B and larger (``gemma3``, Gemma3ForConditionalGeneration) and Mistral Small 3.1+
+  and Magistral Small 1.2 (``mistral3``, Mistral3ForConditionalGeneration) wrap the text
+  decoder (``language_model.model.*``, or ``model.language_model.*``; its config in
+  ``text_config``) with a vision tower and projector: pivotflow holds the text model alone,
+  as its own family (``gemma3_text``, ``mistral``: ``held_config``), and writes its causal
+  LM's folders (Gemma3ForCausalLM, MistralForCausalLM).
 
 ``held_layout`` turns a folder's tensors into pivotflow's as it is read; ``disk_layout`` turns
 them back as one is written, so every folder pivotflow writes loads in transformers and vLLM as
@@ -48,7 +50,8 @@ _FUSED = {"phi3": ((_QKV, _SPLIT_QKV), (_GATE_UP, _SPLIT_GATE_UP)),
 _FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
              "MixtralForCausalLM": "mixtral", "MixtralForSequenceClassification": "mixtral",
              "Glm4ForCausalLM": "glm4", "Glm4ForSequenceClassification": "glm4",
-             "Glm4MoeForCausalLM": "glm4_moe", "Gemma3ForConditionalGeneration": "gemma3"}
+             "Glm4MoeForCausalLM": "glm4_moe", "Gemma3ForConditionalGeneration": "gemma3",
+             "Mistral3ForConditionalGeneration": "mistral3"}
 # Mixtral's names <-> pivotflow's (a layer's router; an expert's three projections)
 _MIXTRAL_DISK = re.compile(r"(.*\.)block_sparse_moe\.(gate|experts\.\d+\.w([123]))\.weight")
 _MIXTRAL_HELD = re.compile(r"(.*\.)mlp\.(gate|experts\.\d+\.(gate|down|up)_proj)\.weight")
@@ -64,12 +67,12 @@ def _module(tensor: str) -> str:
 
 def family_of(config: dict[str, Any]) -> str | None:
     """The family whose on-disk layout differs from pivotflow's (phi3, mixtral, glm4,
-    glm4_moe, gemma3), or None."""
+    glm4_moe, gemma3, mistral3), or None."""
     kind = config.get("model_type")
     if kind is None:  # very old exports name only the class
         kind = next((_FAMILIES[a] for a in config.get("architectures") or [] if a in _FAMILIES),
                     None)
-    return kind if kind in ("phi3", "mixtral", "glm4", "glm4_moe", "gemma3") else None
+    return kind if kind in ("phi3", "mixtral", "glm4", "glm4_moe", *_WRAPPERS) else None
 
 
 def _mixtral_name(name: str, to_disk: bool) -> str:
@@ -109,33 +112,40 @@ _GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediat
                          "num_hidden_layers": 26, "num_attention_heads": 8,
                          "num_key_value_heads": 4, "head_dim": 256,
                          "max_position_embeddings": 131072}
+# the multimodal wrappers whose text model pivotflow runs: (its model_type, its causal LM's
+# class, defaults for keys the Hub's text_config leaves out)
+_WRAPPERS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "gemma3": ("gemma3_text", "Gemma3ForCausalLM", _GEMMA3_TEXT_DEFAULTS),
+    "mistral3": ("mistral", "MistralForCausalLM", {})}
 
 
 def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str, Any]:
     """``config`` as it describes the tensors ``held_layout`` gives: GLM-4.5's with no
-    multi-token-prediction layer, Gemma 3's wrapper as its text model's own config (a
-    Gemma3ForCausalLM's), so the store's folders, vLLM's and checkpoints say what they hold;
-    every other config as it is. Raises ModelConfigError naming ``where`` for a wrapper with no
-    ``text_config``."""
+    multi-token-prediction layer, a multimodal wrapper's (``_WRAPPERS``) as its text model's
+    own config (its causal LM's), so the store's folders, vLLM's and checkpoints say what they
+    hold; every other config as it is. Raises ModelConfigError naming ``where`` for a wrapper
+    with no ``text_config``."""
     family = family_of(config)
     if family == "glm4_moe" and config.get("num_nextn_predict_layers"):
         return {**config, "num_nextn_predict_layers": 0}
-    if family != "gemma3":
+    if family not in _WRAPPERS:
         return config
     text = config.get("text_config")
     if not isinstance(text, dict):
-        raise ModelConfigError(f"{where}: a gemma3 config needs its text model's config as an "
-                               f"object 'text_config', got {type(text).__name__}")
-    # (the wrapper's own dtype and tying are the text model's when it says none)
+        raise ModelConfigError(f"{where}: a {family} config needs its text model's config as "
+                               f"an object 'text_config', got {type(text).__name__}")
+    kind, causal_lm, defaults = _WRAPPERS[family]
+    # The wrapper's dtype and tying, where it says them, are the text model's: transformers 5
+    # writes and ties by the wrapper's key; the Hub's configs (transformers 4.50) leave it out
+    # unless it differs from the default, and the text config's then decides, as it did there.
     outer = {k: config[k] for k in ("dtype", "torch_dtype", "tie_word_embeddings")
              if k in config}
-    return {**_GEMMA3_TEXT_DEFAULTS, **outer, **text, "model_type": "gemma3_text",
-            "architectures": ["Gemma3ForCausalLM"]}
+    return {**defaults, **text, **outer, "model_type": kind, "architectures": [causal_lm]}
 
 
 def config_where(config: dict[str, Any], where: str) -> str:
     """Where ``held_config(config)``'s keys are, for an error: a wrapper's ``text_config``."""
-    return f"{where} text_config" if family_of(config) == "gemma3" else where
+    return f"{where} text_config" if family_of(config) in _WRAPPERS else where
 
 
 def held_layout(
@@ -151,7 +161,7 @@ def held_layout(
         return {_mixtral_name(name, to_disk=False): t for name, t in tensors.items()}
     if family is None:
         return tensors
-    if family == "gemma3":
+    if family in _WRAPPERS:
         return _language_model(tensors)
     cfg = _geometry(config, where)
     if family == "glm4_moe":
@@ -167,7 +177,7 @@ _GEMMA3_TEXT = re.compile(r"(?:language_model\.|model\.language_model\.)(model\.
 
 
 def _language_model(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A Gemma 3 wrapper's text model under a causal LM's names: ``language_model.model.X``
+    """A multimodal wrapper's text model under a causal LM's names: ``language_model.model.X``
     (the Hub's files, and transformers' save_pretrained) or ``model.language_model.X``
     (transformers 5 in memory) as ``model.X``, ``language_model.lm_head.weight`` or
     ``lm_head.weight`` as ``lm_head.weight``; the vision tower and projector left out."""

@@ -505,3 +505,47 @@ def test_a_gemma2_reward_model_scores_as_transformers_without_the_logit_cap(
         expected = theirs(ids).logits[0]
         torch.testing.assert_close(ours(ids)[0, -1], expected, atol=1e-4, rtol=1e-5)
     assert float(expected.abs().max()) > 3.0
+
+
+def test_a_mistral_small_3_kind_of_folder_runs_its_text_model(tmp_path: Path) -> None:
+    """Mistral Small 3.1+ and Magistral Small 1.2 ship as Mistral3ForConditionalGeneration:
+    pivotflow holds the Mistral text model alone, with the logits transformers' wrapper gives
+    on text, and writes a MistralForCausalLM; the wrapper's tying decides (transformers 5's
+    rule: here tied, so the file has no head)."""
+    from pivotflow.params.hf_folder import write_folder
+
+    transformers = pytest.importorskip("transformers")
+    text = hf_model(MISTRAL_WINDOW)
+    config = transformers.Mistral3Config(
+        text_config=text.config.to_dict(), image_token_index=299,
+        vision_config={"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64,
+                       "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28,
+                       "patch_size": 14, "head_dim": 16})
+    theirs = transformers.Mistral3ForConditionalGeneration(config).eval()
+    theirs.model.language_model.load_state_dict(text.model.state_dict())
+    theirs.save_pretrained(tmp_path / "wrapper")
+    folder = load_model_folder(tmp_path / "wrapper")
+    assert folder.hf_config["architectures"] == ["MistralForCausalLM"]
+    assert folder.config.tie_word_embeddings and folder.config.sliding_window == 4
+    ids = torch.tensor([PROMPTS[2] * 10])
+    ours = build_model(folder.config, folder.tensors)
+    with torch.no_grad():
+        reference = theirs(input_ids=ids).logits
+        torch.testing.assert_close(ours(ids), reference, atol=1e-5, rtol=0)
+    write_folder(tmp_path / "written", folder.hf_config, folder.tensors)
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "written").eval()
+    assert type(again).__name__ == "MistralForCausalLM"
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, reference, atol=1e-5, rtol=0)
+
+
+def test_a_wrappers_tying_is_its_own_where_it_says_it_else_its_text_models() -> None:
+    from pivotflow.params.hf_layout import held_config
+
+    text = {"model_type": "mistral", **SIZES, "head_dim": 32}
+    hub = {"model_type": "mistral3", "text_config": text}  # (4.50's: no tying key at all)
+    assert not config_from_hf(held_config(hub), "c.json").tie_word_embeddings  # Mistral's
+    tied_text = {**hub, "text_config": {**text, "tie_word_embeddings": True}}
+    assert config_from_hf(held_config(tied_text), "c.json").tie_word_embeddings
+    untied = {**tied_text, "tie_word_embeddings": False}  # (transformers 5 writes this one)
+    assert not config_from_hf(held_config(untied), "c.json").tie_word_embeddings
