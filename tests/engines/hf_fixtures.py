@@ -2,7 +2,7 @@
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
 Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, Phi-4-mini's partial
-rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
+rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
 Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
@@ -186,6 +186,15 @@ CASES += [
           "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0}),
 ]  # fmt: skip
 GEMMA2 = CASES[23]
+# OLMoE (OLMoE-1B-7B): Llama's pre-norm layer with q and k normalised over their whole
+# projections (OLMo-2's norms), 8 experts of intermediate_size on every layer, 2 a token, not
+# renormalised
+CASES += [
+    Case("olmoe", "OlmoeConfig", False,
+         {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 128,
+          "num_experts": 8, "num_experts_per_tok": 2, "pad_token_id": 0, "eos_token_id": 2}),
+]  # fmt: skip
+OLMOE = CASES[24]
 CASE_IDS = [c.name for c in CASES]
 
 

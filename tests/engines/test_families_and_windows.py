@@ -1,5 +1,5 @@
 """YaRN rope scaling, sliding-window attention and the Mistral, OLMo-2, OLMo-3, Gemma 3, Phi-3,
-Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE and Gemma 2 families,
+Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2 and OLMoE families,
 beyond the shared per-family decode test (tests/engines/test_hf_models.py): YaRN's frequencies
 and attention factor for each of its knobs, the trainer's forward and every gradient against
 transformers on padded batches where the windows bind, configs pivotflow writes that
@@ -23,6 +23,7 @@ from hf_fixtures import (
     MIXTRAL,
     OLMO2,
     OLMO3,
+    OLMOE,
     PHI3,
     PHI3_WINDOW,
     PHI4_MINI,
@@ -70,7 +71,7 @@ def test_yarn_frequencies_and_attention_factor_equal_transformers(rope: dict[str
 
 
 ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_WINDOW, PHI3,
-       PHI4_MINI, MIXTRAL, GLM4, GLM4_MOE, SMOLLM3, SMOLLM3_WINDOW, QWEN2_MOE, GEMMA2]
+       PHI4_MINI, MIXTRAL, GLM4, GLM4_MOE, SMOLLM3, SMOLLM3_WINDOW, QWEN2_MOE, GEMMA2, OLMOE]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -106,6 +107,9 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
     elif case in (SMOLLM3, SMOLLM3_WINDOW):
         assert written["model_type"] == "smollm3" and written["no_rope_layers"] == [1, 0, 1, 0]
         assert written["use_sliding_window"] == (case is SMOLLM3_WINDOW)
+    elif case is OLMOE:
+        assert written["model_type"] == "olmoe" and written["num_experts"] == 8
+        assert written["clip_qkv"] is None and not written["norm_topk_prob"]
     elif case is GEMMA2:
         assert written["model_type"] == "gemma2" and written["final_logit_softcapping"] == 3.0
         assert written["layer_types"][:2] == ["sliding_attention", "full_attention"]
@@ -549,3 +553,11 @@ def test_a_wrappers_tying_is_its_own_where_it_says_it_else_its_text_models() -> 
     assert config_from_hf(held_config(tied_text), "c.json").tie_word_embeddings
     untied = {**tied_text, "tie_word_embeddings": False}  # (transformers 5 writes this one)
     assert not config_from_hf(held_config(untied), "c.json").tie_word_embeddings
+
+
+def test_olmoes_qkv_clipping_is_a_one_line_error() -> None:
+    raw = {**SIZES, "model_type": "olmoe", "num_experts": 4, "num_experts_per_tok": 2,
+           "clip_qkv": 8.0}
+    with pytest.raises(ModelConfigError, match=r"^c\.json: clip_qkv=8\.0 is not supported by the "
+                       r"embedded engine \(null\)$"):
+        config_from_hf(raw, "c.json")

@@ -1,5 +1,5 @@
 """Mistral, YaRN, OLMo-2, sliding windows, OLMo-3, Gemma 3 and Phi-3 (fused projections;
-partial rotary with LongRoPE), Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE and Gemma 2 (soft-capping) on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
+partial rotary with LongRoPE), Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2 (soft-capping) and OLMoE on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
 random weights, loads the store's version as a worker does, and decodes greedily the embedded
 engine's 40 tokens, on a prompt past YaRN's original context too. The YaRN folder sets every
 knob where two implementations could part (an explicit ``attention_factor``, which replaces the
@@ -97,7 +97,10 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
             "gemma2-window": ("Gemma2Config", "Gemma2ForCausalLM", {
                 "num_hidden_layers": 4, "query_pre_attn_scalar": 24, "sliding_window": 6,
                 "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0,
-                "pad_token_id": EOS})}
+                "pad_token_id": EOS}),
+            # OLMoE: whole-projection q/k norms, 8 experts on every layer, 2 a token
+            "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {
+                "num_experts": 8, "num_experts_per_tok": 2, "pad_token_id": EOS})}
 
 
 def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:

@@ -2,7 +2,7 @@
 
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
-Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
+Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
 names, in one line, the file and the first key it cannot run. Keys that change nothing the
 decoder computes (token ids, initializer_range, use_cache...) are ignored.
 """
@@ -34,7 +34,7 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "phi3": "Phi3ForCausalLM", "mixtral": "MixtralForCausalLM",
               "glm4": "Glm4ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
               "smollm3": "SmolLM3ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-              "gemma2": "Gemma2ForCausalLM"}  # fmt: skip
+              "gemma2": "Gemma2ForCausalLM", "olmoe": "OlmoeForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -281,7 +281,7 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         architecture=kind,
         num_labels=_num_labels(raw, where),
         **(_expert_fields(raw, where) if kind in ("qwen3_moe", "qwen2_moe") else {}),
-        **(_mixtral_fields(raw, where) if kind == "mixtral" else {}),
+        **(_mixtral_fields(raw, where) if kind in ("mixtral", "olmoe") else {}),
         **(_glm4_moe_fields(raw, fields["num_hidden_layers"], where)
            if kind == "glm4_moe" else {}),
         **_smollm3_fields(raw, kind, fields["num_hidden_layers"], where),
@@ -355,19 +355,26 @@ def _expert_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _mixtral_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
-    """Mixtral's experts as ModelConfig's: every layer sparse, each expert an MLP of
-    intermediate_size, the top k router weights always renormalised (transformers' defaults: 8
-    experts, 2 a token). Its training-time router jitter is refused unless 0."""
+    """Mixtral's and OLMoE's experts as ModelConfig's: every layer sparse, each expert an MLP
+    of intermediate_size; Mixtral's top k router weights always renormalised (transformers'
+    defaults: 8 experts, 2 a token), OLMoE's as norm_topk_prob says (64 experts, 8 a token,
+    false). Mixtral's training-time router jitter and OLMoE's q/k/v clipping are refused unless
+    none."""
     out: dict[str, Any] = {}
-    for field, key, default in (("num_experts", "num_local_experts", 8),
-                                ("num_experts_per_tok", "num_experts_per_tok", 2)):
+    olmoe = raw.get("model_type") == "olmoe"
+    if olmoe and raw.get("clip_qkv") is not None:
+        raise ModelConfigError(f"{where}: clip_qkv={raw['clip_qkv']!r} {_ENGINE} (null)")
+    count_key, defaults = ("num_experts", (64, 8)) if olmoe else ("num_local_experts", (8, 2))
+    for field, key, default in (("num_experts", count_key, defaults[0]),
+                                ("num_experts_per_tok", "num_experts_per_tok", defaults[1])):
         value = out[field] = raw.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ModelConfigError(f"{where}: {key}={value!r} is not a positive integer")
     jitter = raw.get("router_jitter_noise") or 0.0
     if jitter:
         raise ModelConfigError(f"{where}: router_jitter_noise={jitter!r} {_ENGINE} (0)")
-    return {**out, "moe_intermediate_size": raw["intermediate_size"], "norm_topk_prob": True}
+    normalize = bool(raw.get("norm_topk_prob", False)) if olmoe else True
+    return {**out, "moe_intermediate_size": raw["intermediate_size"], "norm_topk_prob": normalize}
 
 
 def _glm4_moe_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
@@ -487,13 +494,16 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
                    use_bidirectional_attention=False)
     elif cfg.architecture == "mistral":
         out.update(sliding_window=None)  # none, explicitly: transformers' default is 4096
+    elif cfg.architecture == "olmoe":
+        _check_every_layer_sparse(cfg)
+        out.update(attention_bias=cfg.attention_bias, clip_qkv=None, num_experts=cfg.num_experts,
+                   num_experts_per_tok=cfg.num_experts_per_tok, norm_topk_prob=cfg.norm_topk_prob,
+                   output_router_logits=False)
     elif cfg.architecture == "mixtral":
-        if cfg.num_experts and (cfg.moe_intermediate_size != cfg.intermediate_size
-                                or not cfg.norm_topk_prob or cfg.mlp_only_layers
-                                or cfg.decoder_sparse_step != 1):
-            raise ModelConfigError(
-                "a mixtral checkpoint has every layer sparse, experts of intermediate_size and "
-                "renormalised router weights; use architecture='qwen3_moe' for another layout")
+        if cfg.num_experts and not cfg.norm_topk_prob:
+            raise ModelConfigError("a mixtral checkpoint renormalises its router weights; use "
+                                   "architecture='qwen3_moe' for another layout")
+        _check_every_layer_sparse(cfg)
         out.update(sliding_window=None, num_local_experts=cfg.num_experts,
                    num_experts_per_tok=cfg.num_experts_per_tok, router_jitter_noise=0.0,
                    output_router_logits=False)
@@ -555,3 +565,12 @@ def _glm4_moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
             "norm_topk_prob": cfg.norm_topk_prob, "first_k_dense_replace": dense,
             "num_nextn_predict_layers": 0, "output_router_logits": False,
             "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+
+
+def _check_every_layer_sparse(cfg: ModelConfig) -> None:
+    """Mixtral's and OLMoE's files say no dense layers and no expert width of their own."""
+    if cfg.num_experts and (cfg.moe_intermediate_size != cfg.intermediate_size
+                            or cfg.mlp_only_layers or cfg.decoder_sparse_step != 1):
+        raise ModelConfigError(
+            f"a {cfg.architecture} checkpoint has every layer sparse and experts of "
+            "intermediate_size; use architecture='qwen3_moe' for another layout")

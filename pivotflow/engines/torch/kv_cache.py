@@ -375,8 +375,10 @@ class PackedDecoder:
             cos, sin = rope[:, :, 0], rope[:, :, 1]
             h = torch.rms_norm(x, hidden, norm1, eps)
             qkv = mm.linear(h, w_qkv, b_qkv)
+            if qk_norms is not None and cfg.whole_qk_norm:  # (OLMoE's: before the heads)
+                self._whole_qk_norm(qkv, qk_norms)
             qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
-            if qk_norms is not None:
+            if qk_norms is not None and not cfg.whole_qk_norm:
                 # Qwen3: every head of q (of k) through one RMSNorm, before RoPE. Normalise
                 # all heads at once, then scale q's and k's heads by their own weights.
                 qk = torch.rms_norm(qk, (d,), None, eps)
@@ -410,7 +412,7 @@ class PackedDecoder:
         norm_in, norm_attn, norm_mlp_in, norm_mlp = self._out_norms[i]
         heads, kv_heads, d, mm, (b, t) = self.heads, self.kv_heads, self.d, self.mm, shape
         hidden, eps, split = (self.cfg.hidden_size,), self.cfg.rms_norm_eps, (heads + kv_heads) * d
-        sandwich, offset = self.cfg.sandwich_norm, self.cfg.norm_offset
+        offset = self.cfg.norm_offset
 
         def norm(h: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
             if weight is None:  # (post-norm: no norm on a sub-layer's input)
@@ -418,13 +420,10 @@ class PackedDecoder:
             return torch.rms_norm(h, hidden, weight + 1 if offset else weight, eps)
 
         qkv = mm.linear(norm(x, norm_in), w_qkv, b_qkv)
-        if qk_norms is not None and not sandwich:  # whole projections, before the heads
-            q_width = heads * d
-            qkv[:, :q_width] = torch.rms_norm(qkv[:, :q_width], (q_width,), qk_norms[0], eps)
-            qkv[:, q_width:split] = torch.rms_norm(qkv[:, q_width:split], (split - q_width,),
-                                                   qk_norms[1], eps)
+        if qk_norms is not None and self.cfg.whole_qk_norm:  # (OLMo's: before the heads)
+            self._whole_qk_norm(qkv, qk_norms)
         qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
-        if qk_norms is not None and sandwich:  # each head, by 1 + weight (Gemma's)
+        if qk_norms is not None and not self.cfg.whole_qk_norm:  # each head, by 1 + weight
             qk = torch.rms_norm(qk, (d,), None, eps)
             qk[:, :, :heads].mul_(qk_norms[0] + int(offset))
             qk[:, :, heads:].mul_(qk_norms[1] + int(offset))
@@ -434,6 +433,15 @@ class PackedDecoder:
         w_gate_up, w_down = cast(_Dense, ffn)
         h = mm.gated(norm(x, norm_mlp_in), w_gate_up, self.cfg.intermediate_size, self._act)
         return x + norm(mm.linear(h, w_down), norm_mlp)
+
+    def _whole_qk_norm(self, qkv: torch.Tensor, qk_norms: tuple[_T, _T]) -> None:
+        """q and k RMS-normalised over their whole projections (OLMo-2/3's, OLMoE's), in place
+        in the rows of ``qkv`` [n, (heads + 2 kv_heads) * D]."""
+        q_width, split = self.heads * self.d, (self.heads + self.kv_heads) * self.d
+        eps = self.cfg.rms_norm_eps
+        qkv[:, :q_width] = torch.rms_norm(qkv[:, :q_width], (q_width,), qk_norms[0], eps)
+        qkv[:, q_width:split] = torch.rms_norm(qkv[:, q_width:split], (split - q_width,),
+                                               qk_norms[1], eps)
 
     def _attend_decode(
         self, layer: int, qk: torch.Tensor, v: torch.Tensor, cache: SlotKVCache

@@ -75,7 +75,7 @@ class Attention(nn.Module):
         self.k_norm: RMSNorm | None = None
         # Qwen3 and Gemma: one RMSNorm over head_dim, shared by all heads of q (of k); OLMo: one
         # over the whole projection, applied before it is cut into heads
-        self.whole_qk_norm = cfg.post_norm
+        self.whole_qk_norm = cfg.whole_qk_norm
         if cfg.qk_norm:
             q_width, k_width = ((self.n_heads * self.head_dim, self.n_kv * self.head_dim)
                                 if self.whole_qk_norm else (self.head_dim, self.head_dim))

@@ -11,10 +11,12 @@ from pivotflow.errors import ModelConfigError
 
 ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3",
                  "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3", "qwen2_moe",
-                 "gemma2")
+                 "gemma2", "olmoe")
 # the families with routed experts
-MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe")
-QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text")
+MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe")
+QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe")
+# q and k normalised over their whole projections (all heads at once), not per head
+WHOLE_QK_NORM_ARCHITECTURES = ("olmo2", "olmo3", "olmoe")
 OPTIONAL_QK_NORM_ARCHITECTURES = ("glm4_moe",)  # (its use_qk_norm says)
 # how a router scores experts: a softmax over all (Qwen3-MoE, Mixtral), or each by a sigmoid,
 # chosen with a load-balancing bias added (DeepSeek-V3's and GLM-4.5's, ``e_score_correction_bias``)
@@ -148,6 +150,12 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     def attention_scale(self) -> float:
         """What q.k is multiplied by before the softmax."""
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    @property
+    def whole_qk_norm(self) -> bool:
+        """OLMo-2's, OLMo-3's and OLMoE's q/k norms: over the whole projection (each one
+        weight per q or k unit), before it is cut into heads; the others' are per head."""
+        return self.architecture in WHOLE_QK_NORM_ARCHITECTURES
 
     @property
     def post_norm(self) -> bool:
