@@ -165,6 +165,8 @@ def response_logprobs_entropy(model: Decoder, batch: dict[str, torch.Tensor],
     hidden_rows = hidden.reshape(-1, width).index_select(0, rows)
     target_rows = batch["targets"].reshape(-1).index_select(0, rows)
     if chunk > 0:
+        if model.config.logits_scaling != 1.0:  # (Granite's: h / s through W is logits / s)
+            hidden_rows = hidden_rows / model.config.logits_scaling
         logp, ent = ChunkedHeadScore.apply(hidden_rows, model.lm_head.weight, target_rows,
                                            chunk, entropy, model.config.final_logit_softcapping)
     else:

@@ -2,7 +2,7 @@
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
 Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, Phi-4-mini's partial
-rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
+rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
 Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
@@ -195,6 +195,17 @@ CASES += [
           "num_experts": 8, "num_experts_per_tok": 2, "pad_token_id": 0, "eos_token_id": 2}),
 ]  # fmt: skip
 OLMOE = CASES[24]
+# Granite (IBM Granite 3.x): Llama's layer with its four multipliers, none of them 1
+# (granite-3.3-8b's kind: embeddings x12, sub-layer outputs x0.22, scores x1/128 of a head's,
+# logits / 16; here scaled to the tiny model)
+CASES += [
+    Case("granite", "GraniteConfig", False,
+         {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 128,
+          "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+          "attention_multiplier": 0.0625, "logits_scaling": 4.0, "pad_token_id": 0,
+          "eos_token_id": 2, "bos_token_id": 1}),
+]  # fmt: skip
+GRANITE = CASES[25]
 CASE_IDS = [c.name for c in CASES]
 
 

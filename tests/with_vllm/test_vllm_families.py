@@ -1,5 +1,5 @@
 """Mistral, YaRN, OLMo-2, sliding windows, OLMo-3, Gemma 3 and Phi-3 (fused projections;
-partial rotary with LongRoPE), Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2 (soft-capping) and OLMoE on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
+partial rotary with LongRoPE), Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2 (soft-capping), OLMoE and Granite on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
 random weights, loads the store's version as a worker does, and decodes greedily the embedded
 engine's 40 tokens, on a prompt past YaRN's original context too. The YaRN folder sets every
 knob where two implementations could part (an explicit ``attention_factor``, which replaces the
@@ -100,7 +100,11 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
                 "pad_token_id": EOS}),
             # OLMoE: whole-projection q/k norms, 8 experts on every layer, 2 a token
             "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {
-                "num_experts": 8, "num_experts_per_tok": 2, "pad_token_id": EOS})}
+                "num_experts": 8, "num_experts_per_tok": 2, "pad_token_id": EOS}),
+            # Granite: its four multipliers, none of them 1
+            "granite": ("GraniteConfig", "GraniteForCausalLM", {
+                "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+                "attention_multiplier": 0.0625, "logits_scaling": 4.0, "pad_token_id": EOS})}
 
 
 def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:

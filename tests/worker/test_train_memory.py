@@ -192,3 +192,27 @@ def test_a_bad_chunk_names_the_knob() -> None:
         check_train_options({"logits_chunk_tokens": -2})
     with pytest.raises(ValueError, match="gradient_checkpointing"):
         check_train_options({"gradient_checkpointing": "sometimes"})
+
+
+@pytest.mark.parametrize("changes", [
+    {"architecture": "granite", "logits_scaling": 4.0, "embedding_multiplier": 3.0,
+     "residual_multiplier": 0.5},
+    {"architecture": "gemma2", "final_logit_softcapping": 2.0, "attn_logit_softcapping": 5.0,
+     "hidden_act": "gelu_pytorch_tanh", "qk_norm": False},
+], ids=["granite-logits-scaling", "gemma2-softcap"])
+def test_chunks_give_what_the_whole_head_gives_on_a_scaled_or_capped_head(
+        changes: dict[str, object]) -> None:
+    """Granite's head divides its logits, Gemma 2's caps them: the chunked head (which takes
+    the weight, not the module) scores and differentiates as the whole head does."""
+    torch.manual_seed(0)
+    model = Decoder(msgspec.structs.replace(CFG, **changes)).train()
+    data = pack(batch(0))
+    grads = []
+    for chunk in (0, 3):
+        model.zero_grad()
+        logp, ent = response_logprobs_entropy(model, data, "grad", chunk=chunk)
+        assert ent is not None
+        (logp.sum() + ent.sum()).backward()
+        grads.append((logp.detach(), model.lm_head.weight.grad.clone()))
+    torch.testing.assert_close(grads[1][0], grads[0][0])
+    torch.testing.assert_close(grads[1][1], grads[0][1], rtol=1e-4, atol=1e-5)

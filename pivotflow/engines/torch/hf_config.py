@@ -2,7 +2,7 @@
 
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
-Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
+Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
 names, in one line, the file and the first key it cannot run. Keys that change nothing the
 decoder computes (token ids, initializer_range, use_cache...) are ignored.
 """
@@ -34,7 +34,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "phi3": "Phi3ForCausalLM", "mixtral": "MixtralForCausalLM",
               "glm4": "Glm4ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
               "smollm3": "SmolLM3ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-              "gemma2": "Gemma2ForCausalLM", "olmoe": "OlmoeForCausalLM"}  # fmt: skip
+              "gemma2": "Gemma2ForCausalLM", "olmoe": "OlmoeForCausalLM",
+              "granite": "GraniteForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -285,6 +286,7 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         **(_glm4_moe_fields(raw, fields["num_hidden_layers"], where)
            if kind == "glm4_moe" else {}),
         **_smollm3_fields(raw, kind, fields["num_hidden_layers"], where),
+        **(_granite_fields(raw, where) if kind == "granite" else {}),
         **(_gemma_fields(raw, where) if kind in ("gemma3_text", "gemma2") else {}),
     )
     try:
@@ -297,6 +299,19 @@ def _smollm3_fields(raw: dict[str, Any], kind: str, layers: int,
                     where: str) -> dict[str, Any]:
     """SmolLM3's NoPE layers (``hf_windows.nope_layers``); nothing for another family."""
     return {"nope_layers": nope_layers(raw, layers, where)} if kind == "smollm3" else {}
+
+
+_GRANITE_KEYS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
+                 "logits_scaling")
+
+
+def _granite_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """Granite's four multipliers (GraniteConfig's default 1.0 each)."""
+    out = {key: _number(raw.get(key, 1.0), key, where) for key in _GRANITE_KEYS}
+    for key, value in out.items():
+        if not value > 0:
+            raise ModelConfigError(f"{where}: {key}={value!r} is not positive")
+    return out
 
 
 def _gemma_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
@@ -481,8 +496,11 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         out.update(num_labels=cfg.num_labels,
                    id2label={str(i): f"LABEL_{i}" for i in range(cfg.num_labels)},
                    label2id={f"LABEL_{i}": i for i in range(cfg.num_labels)})
-    if cfg.architecture in ("llama", "olmo2", "olmo3"):
+    if cfg.architecture in ("llama", "olmo2", "olmo3", "granite"):
         out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
+        if cfg.architecture == "granite":
+            out.update({key: getattr(cfg, key) for key in _GRANITE_KEYS},
+                       attention_multiplier=cfg.attention_scale)
     elif cfg.architecture in ("gemma3_text", "gemma2"):
         del out["hidden_act"]
         out.update(attention_bias=cfg.attention_bias, hidden_activation=cfg.hidden_act,

@@ -20,7 +20,7 @@ Each family says it its own way, and transformers' reading is the reference:
   ``sliding_window_pattern`` (6); its sliding layers take plain RoPE at
   ``rope_local_base_freq`` (10000), its full ones ``rope_theta`` (1e6) with any scaling.
 * ``smollm3``: ``layer_types``, else, with ``use_sliding_window``, its NoPE layers.
-* ``llama``, ``olmo2``, ``glm4``, ``glm4_moe``: none (transformers reads no window for them).
+* ``llama``, ``olmo2``, ``glm4``, ``glm4_moe``, ``granite``: none (transformers reads no window for them).
 
 SmolLM3's NoPE layers (``nope_layers``: ``no_rope_layers`` 0, else every
 ``no_rope_layer_interval``-th, 4) are per-layer too, and read here.
@@ -147,7 +147,7 @@ def windows_to_hf(cfg: Any, rope: dict[str, Any]) -> dict[str, Any]:
         return out
     if not sliding:
         return {}
-    unwindowed = ("llama", "olmo2", "glm4", "glm4_moe")
+    unwindowed = ("llama", "olmo2", "glm4", "glm4_moe", "granite")
     if kind in unwindowed or (kind in ("mistral", "phi3", "mixtral", "qwen3_moe")
                               and not everywhere):
         raise ModelConfigError(

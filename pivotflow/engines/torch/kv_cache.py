@@ -366,6 +366,9 @@ class PackedDecoder:
         x = self.model.model.embed_tokens.weight[tokens.view(-1)]
         if cfg.norm_offset:
             x = x * embed_scale(cfg, x.dtype)
+        elif cfg.embedding_multiplier != 1.0:  # (Granite's)
+            x = x * cfg.embedding_multiplier
+        scaled = cfg.residual_multiplier != 1.0  # (Granite's: sub-layer outputs scaled)
         for i, (norms, b_qkv, weights, b_o, qk_norms, ffn) in enumerate(self.layers):
             (norm1, norm2), (w_qkv, w_o) = norms, weights
             rope = ropes[self._rope_kinds[i]]
@@ -385,13 +388,17 @@ class PackedDecoder:
                 qk[:, :, :heads].mul_(qk_norms[0])
                 qk[:, :, heads:].mul_(qk_norms[1])
             qk = torch.addcmul(qk * cos, self._turned(qk), sin).view(b * t, -1, d)
-            x = mm.linear_add(attend(i, qk, qkv[:, split:].view(b * t, -1, d), cache), w_o, b_o, x)
+            out = attend(i, qk, qkv[:, split:].view(b * t, -1, d), cache)
+            x = (x + mm.linear(out, w_o, b_o) * cfg.residual_multiplier if scaled
+                 else mm.linear_add(out, w_o, b_o, x))
             h = torch.rms_norm(x, hidden, norm2, eps)
             if isinstance(ffn, PackedExperts):
                 x = ffn.add(h, x)
             else:
                 w_gate_up, w_down = cast(_Dense, ffn)
-                x = mm.linear_add(mm.gated(h, w_gate_up, inter), w_down, None, x)
+                gated = mm.gated(h, w_gate_up, inter)
+                x = (x + mm.linear(gated, w_down) * cfg.residual_multiplier if scaled
+                     else mm.linear_add(gated, w_down, None, x))
         return x
 
     def _output_norm_layer(
@@ -482,5 +489,7 @@ class PackedDecoder:
         if self.cfg.norm_offset:  # (Gemma's norms scale by 1 + weight)
             norm = norm + 1
         h = torch.rms_norm(x, (self.cfg.hidden_size,), norm, self.cfg.rms_norm_eps)
-        return soft_cap(self.mm.linear(h, self.model.lm_head.weight),
-                        self.cfg.final_logit_softcapping)
+        logits = self.mm.linear(h, self.model.lm_head.weight)
+        if self.cfg.logits_scaling != 1.0:  # (Granite's)
+            logits = logits / self.cfg.logits_scaling
+        return soft_cap(logits, self.cfg.final_logit_softcapping)

@@ -138,6 +138,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.post_norm, self.sandwich = cfg.post_norm, cfg.sandwich_norm
+        self.residual = cfg.residual_multiplier  # (Granite's: each sub-layer's output scaled)
         size, eps, offset = cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset
         if not self.post_norm:
             self.input_layernorm = RMSNorm(size, eps, offset)
@@ -158,23 +159,26 @@ class DecoderLayer(nn.Module):
         if self.post_norm:
             x = x + self.post_attention_layernorm(self.self_attn(x, cos, sin, attn_mask, cache))
             return x + self.post_feedforward_layernorm(self.mlp(x))
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache)
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache)
+        x = x + (attn * self.residual if self.residual != 1.0 else attn)
         h = self.post_attention_layernorm(x)
-        return x + (self.mlp(h, replay, balance) if isinstance(self.mlp, SparseMoE)
-                    else self.mlp(h))
+        out = self.mlp(h, replay, balance) if isinstance(self.mlp, SparseMoE) else self.mlp(h)
+        return x + (out * self.residual if self.residual != 1.0 else out)
 
 
 class LMHead(nn.Linear):
-    """The causal LM's head (``lm_head.weight``): logits, soft-capped when the config says so
-    (Gemma 2's ``final_logit_softcapping``; ``cap`` 0: none), so every caller of
-    ``model.lm_head`` (the trainer's scoring included) gets the logits transformers gives."""
+    """The causal LM's head (``lm_head.weight``): logits, divided by ``divisor`` (Granite's
+    ``logits_scaling``) and soft-capped (Gemma 2's ``final_logit_softcapping``; ``cap`` 0:
+    none) when the config says so, so every caller of ``model.lm_head`` (the trainer's scoring
+    included) gets the logits transformers gives."""
 
-    def __init__(self, hidden: int, vocab: int, cap: float = 0.0) -> None:
+    def __init__(self, hidden: int, vocab: int, cap: float = 0.0, divisor: float = 1.0) -> None:
         super().__init__(hidden, vocab, bias=False)
-        self.cap = cap
+        self.cap, self.divisor = cap, divisor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return soft_cap(super().forward(x), self.cap)
+        logits = super().forward(x)
+        return soft_cap(logits / self.divisor if self.divisor != 1.0 else logits, self.cap)
 
 
 class _Backbone(nn.Module):
@@ -204,7 +208,8 @@ class Decoder(nn.Module):
         if cfg.num_labels:  # a classifier's head, as transformers names it (no lm_head)
             self.score = nn.Linear(cfg.hidden_size, cfg.num_labels, bias=False)
         else:
-            self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size, cfg.final_logit_softcapping)
+            self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size, cfg.final_logit_softcapping,
+                                  cfg.logits_scaling)
             if cfg.tie_word_embeddings:
                 self.lm_head.weight = self.model.embed_tokens.weight
         if not self.model.norm.weight.is_meta:  # on meta, weights are loaded next: no init
@@ -266,6 +271,8 @@ class Decoder(nn.Module):
         cfg = self.config
         if cfg.norm_offset:  # Gemma: embeddings times sqrt(hidden), rounded to their dtype
             x = x * embed_scale(cfg, x.dtype)
+        elif cfg.embedding_multiplier != 1.0:  # (Granite's)
+            x = x * cfg.embedding_multiplier
         # Recomputed per call (a few dozen floats), never stored: HF does not save it either.
         # One mask per kind of layer (full attention, a sliding window's) and one rotary table
         # per rope kind (ModelConfig.rope_kind).

@@ -11,7 +11,7 @@ from pivotflow.errors import ModelConfigError
 
 ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3",
                  "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3", "qwen2_moe",
-                 "gemma2", "olmoe")
+                 "gemma2", "olmoe", "granite")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe")
@@ -124,6 +124,14 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     # cap * tanh(score / cap) before the mask and softmax, a causal LM's logits likewise
     attn_logit_softcapping: float = 0.0
     final_logit_softcapping: float = 0.0
+    # Granite's multipliers (HF's names): embeddings times embedding_multiplier, each
+    # sub-layer's output times residual_multiplier before its residual add, attention scores
+    # times attention_multiplier (0: head_dim ** -0.5), a causal LM's logits divided by
+    # logits_scaling
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float = 0.0
+    logits_scaling: float = 1.0
 
     def __post_init__(self) -> None:
         # Derived defaults; force_setattr because the struct is frozen.
@@ -149,6 +157,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     @property
     def attention_scale(self) -> float:
         """What q.k is multiplied by before the softmax."""
+        if self.attention_multiplier:  # (Granite's)
+            return self.attention_multiplier
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
@@ -254,7 +264,14 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         if self.hidden_act not in ACTIVATIONS:
             raise ModelConfigError(
                 f"hidden_act {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
-        for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+        for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
+            if not getattr(self, name) > 0:
+                raise ModelConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.residual_multiplier != 1.0 and (self.post_norm or self.sandwich_norm
+                                                or self.num_experts):
+            raise ModelConfigError("residual_multiplier scales a dense pre-norm layer's "
+                                   f"sub-layers only (Granite's), not {self.architecture!r}'s")
+        for name in ("attn_logit_softcapping", "final_logit_softcapping", "attention_multiplier"):
             if getattr(self, name) < 0:
                 raise ModelConfigError(f"{name} must be >= 0 (0: none), got {getattr(self, name)}")
         if self.query_pre_attn_scalar < 0:
