@@ -46,6 +46,8 @@ def describe_model(path: Path) -> str:
         f"  rope {rope} (theta {cfg.rope_theta:g}); context {cfg.context_limit} "
         f"({cfg.context_key})",
     ]
+    if cfg.attention_sinks:
+        lines.append("  attention sinks: a learned logit per head")
     if cfg.attn_logit_softcapping or cfg.final_logit_softcapping:
         lines.append(f"  soft-capping: attention scores {cfg.attn_logit_softcapping or 'none'}, "
                      f"logits {cfg.final_logit_softcapping or 'none'}")
@@ -62,6 +64,7 @@ def describe_model(path: Path) -> str:
               "glm4": "gate/up fused and q/k turning in interleaved pairs in the file, held "
                       "split and reordered",
               "glm4_moe": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
+              "gpt_oss": "router and experts fused in the file, held one expert at a time",
               "gemma3": "Gemma3ForConditionalGeneration's text model held (as "
                         "Gemma3ForCausalLM), its vision tower and projector not loaded",
               "mistral3": "Mistral3ForConditionalGeneration's text model held (as "
@@ -77,8 +80,11 @@ def describe_model(path: Path) -> str:
 def _router(cfg: ModelConfig) -> str:
     """A sigmoid router's differences from the plain top k, shared experts included."""
     parts = []
-    if cfg.scoring_func != "softmax":
-        parts.append(f"{cfg.scoring_func} router with a correction bias")
+    if cfg.scoring_func == "sigmoid":
+        parts.append("sigmoid router with a correction bias")
+    if cfg.scoring_func == "topk_softmax":
+        parts.append(f"a softmax over the chosen logits, biased experts with a gate clamped at "
+                     f"{cfg.swiglu_limit:g}")
     if cfg.n_group > 1:
         parts.append(f"from the best {cfg.topk_group} of {cfg.n_group} groups")
     if cfg.routed_scaling_factor != 1.0:

@@ -225,6 +225,13 @@ OTHER_LAYOUTS = {
                   "routed_scaling_factor": 2.5, "attention_bias": True},
                  ("model.layers.1.mlp.gate.weight",
                   "model.layers.1.mlp.shared_experts.up_proj.weight")),
+    # gpt-oss: its router and fused, input-major expert stacks (held one expert at a time),
+    # attention sinks
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                {"head_dim": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
+                 "sliding_window": 8},
+                ("model.layers.0.mlp.router.weight", "model.layers.1.mlp.experts.gate_up_proj",
+                 "model.layers.0.self_attn.sinks")),
 }
 # a GLM-4.5 file's multi-token-prediction layer (layer 2 of a 2-layer decoder), as the Hub's
 # checkpoints hold one past their last layer
@@ -281,7 +288,9 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
             "glm4_moe": "experts 4 (2 a token) on 1 of 2 layers; sigmoid router with a "
                         "correction bias, from the best 1 of 2 groups, weights times 2.5, 1 "
                         "shared\n  tensors: 1 multi-token-prediction layer(s) in the file, not "
-                        "loaded"}[family] in said.stderr
+                        "loaded",
+            "gpt_oss": "tensors: router and experts fused in the file, held one expert at a "
+                       "time"}[family] in said.stderr
     prompts = write_prompts(tmp_path / "prompts.jsonl")
     # (GLM-4.5's sigmoid router: its rollouts' experts replayed, a balance loss of its kind)
     graph = write_graph(tmp_path, folder, prompts, *(

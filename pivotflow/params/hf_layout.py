@@ -15,6 +15,11 @@ Three families store theirs otherwise:
 * GLM-4.5 (``glm4_moe``) keeps its multi-token-prediction layers (speculative decoding's
   draft, ``num_nextn_predict_layers``) as layers past the decoder's last: pivotflow leaves them
   out as it reads the folder, as transformers does, and its folders have none.
+* gpt-oss (``gpt_oss``) names its router ``mlp.router`` and stores a layer's experts fused:
+  ``mlp.experts.gate_up_proj`` [E, H, 2I] (input-major, gate and up interleaved by column),
+  ``gate_up_proj_bias`` [E, 2I], ``down_proj`` [E, I, H], ``down_proj_bias`` [E, H].
+  pivotflow holds each expert's projections as its own linears (``mlp.experts.E.gate_proj``),
+  and fuses them again for its folders and for vLLM, whose loader reads only the fused ones.
 * Gemma 3 4B and larger (``gemma3``, Gemma3ForConditionalGeneration) and Mistral Small 3.1+
   and Magistral Small 1.2 (``mistral3``, Mistral3ForConditionalGeneration) wrap the text
   decoder (``language_model.model.*``, or ``model.language_model.*``; its config in
@@ -51,7 +56,7 @@ _FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
              "MixtralForCausalLM": "mixtral", "MixtralForSequenceClassification": "mixtral",
              "Glm4ForCausalLM": "glm4", "Glm4ForSequenceClassification": "glm4",
              "Glm4MoeForCausalLM": "glm4_moe", "Gemma3ForConditionalGeneration": "gemma3",
-             "Mistral3ForConditionalGeneration": "mistral3"}
+             "Mistral3ForConditionalGeneration": "mistral3", "GptOssForCausalLM": "gpt_oss"}
 # Mixtral's names <-> pivotflow's (a layer's router; an expert's three projections)
 _MIXTRAL_DISK = re.compile(r"(.*\.)block_sparse_moe\.(gate|experts\.\d+\.w([123]))\.weight")
 _MIXTRAL_HELD = re.compile(r"(.*\.)mlp\.(gate|experts\.\d+\.(gate|down|up)_proj)\.weight")
@@ -67,12 +72,13 @@ def _module(tensor: str) -> str:
 
 def family_of(config: dict[str, Any]) -> str | None:
     """The family whose on-disk layout differs from pivotflow's (phi3, mixtral, glm4,
-    glm4_moe, gemma3, mistral3), or None."""
+    glm4_moe, gpt_oss, gemma3, mistral3), or None."""
     kind = config.get("model_type")
     if kind is None:  # very old exports name only the class
         kind = next((_FAMILIES[a] for a in config.get("architectures") or [] if a in _FAMILIES),
                     None)
-    return kind if kind in ("phi3", "mixtral", "glm4", "glm4_moe", *_WRAPPERS) else None
+    return kind if kind in ("phi3", "mixtral", "glm4", "glm4_moe", "gpt_oss",
+                            *_WRAPPERS) else None
 
 
 def _mixtral_name(name: str, to_disk: bool) -> str:
@@ -163,6 +169,8 @@ def held_layout(
         return tensors
     if family in _WRAPPERS:
         return _language_model(tensors)
+    if family == "gpt_oss":
+        return _oss_split(tensors, where)
     cfg = _geometry(config, where)
     if family == "glm4_moe":
         return {name: t for name, t in tensors.items()
@@ -214,11 +222,13 @@ def _split(cfg: ModelConfig, fusions: tuple[tuple[str, tuple[str, ...]], ...],
 def engine_names(config: dict[str, Any],
                  tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``tensors`` as an engine's checkpoint loader reads them (Mixtral's and GLM-4's names,
-    GLM-4's q/k rows in its own order), nothing fused: vLLM and SGLang stack split projections
-    themselves."""
+    GLM-4's q/k rows in its own order, gpt-oss's experts one at a time: ``_oss_engine``),
+    nothing fused: vLLM and SGLang stack split projections themselves."""
     family = family_of(config)
     if family == "mixtral":
         return {_mixtral_name(name, to_disk=True): t for name, t in tensors.items()}
+    if family == "gpt_oss":
+        return _oss_engine(tensors)
     if family == "glm4":
         turned = _turn_heads(_geometry(config, "engine export"), tensors, "engine export",
                              to_disk=True)
@@ -231,6 +241,8 @@ def disk_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
     projections fused again (phi3, glm4; a layer holding only some of the parts keeps them
     split), every other tensor as it is."""
     family = family_of(config)
+    if family == "gpt_oss":
+        return _oss_fused(tensors)
     tensors = engine_names(config, tensors)
     if family not in _FUSED:
         return tensors
@@ -348,3 +360,93 @@ def fused_targets(config: dict[str, Any], targets: list[str]) -> list[str]:
     fused = {_module(p).split(".")[-1]: _module(f).split(".")[-1]
              for f, parts in _FUSED[family] for p in parts}
     return list(dict.fromkeys(fused.get(t, t) for t in targets))
+
+
+_OSS_FUSED = re.compile(r"(.*\.mlp\.)experts\.(gate_up_proj|down_proj)(_bias)?")
+_OSS_ROUTER = re.compile(r"(.*\.mlp\.)router\.(weight|bias)")
+_OSS_EXPERT = re.compile(r"(.*\.mlp\.)experts\.(\d+)\.(gate|up|down)_proj\.(weight|bias)")
+_OSS_GATE = re.compile(r"(.*\.mlp\.)gate\.(weight|bias)")
+
+
+def _oss_split(tensors: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
+    """gpt-oss's file as pivotflow holds it: the router as ``mlp.gate``, each expert's gate, up
+    and down projections (weights [out, in] and biases) as its own linears."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        if (m := _OSS_ROUTER.fullmatch(name)) is not None:
+            out[f"{m.group(1)}gate.{m.group(2)}"] = t
+            continue
+        m = _OSS_FUSED.fullmatch(name)
+        if m is None:
+            out[name] = t
+            continue
+        prefix, proj, bias = m.group(1), m.group(2), bool(m.group(3))
+        if t.dim() != (2 if bias else 3):
+            raise ModelConfigError(f"{where}: tensor {name!r} has shape {tuple(t.shape)}, not "
+                                   f"one {'bias' if bias else 'matrix'} per expert")
+        kind = "bias" if bias else "weight"
+        for e in range(t.shape[0]):
+            part = t[e] if bias else t[e].t()  # ([in, out] in the file: [out, in] held)
+            if proj == "down_proj":
+                out[f"{prefix}experts.{e}.down_proj.{kind}"] = part.contiguous()
+            else:  # gate and up interleaved: gate's units at even places, up's at odd
+                out[f"{prefix}experts.{e}.gate_proj.{kind}"] = part[0::2].contiguous()
+                out[f"{prefix}experts.{e}.up_proj.{kind}"] = part[1::2].contiguous()
+    return out
+
+
+def _oss_fused(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``_oss_split`` undone: the router as ``mlp.router``, each layer's experts stacked into
+    the file's fused tensors (gate and up interleaved again)."""
+    import torch
+
+    out: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    for name, t in tensors.items():
+        if (m := _OSS_GATE.fullmatch(name)) is not None:
+            out[f"{m.group(1)}router.{m.group(2)}"] = t
+        elif (m := _OSS_EXPERT.fullmatch(name)) is not None:
+            experts.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[
+                f"{m.group(3)}.{m.group(4)}"] = t
+        else:
+            out[name] = t
+    for prefix, by_expert in experts.items():
+        parts = [by_expert[e] for e in sorted(by_expert)]
+        for kind, suffix in (("weight", ""), ("bias", "_bias")):
+            gate_up = torch.stack([torch.stack((p[f"gate.{kind}"], p[f"up.{kind}"]), 1)
+                                   .flatten(0, 1) for p in parts])  # (interleaved by unit)
+            down = torch.stack([p[f"down.{kind}"] for p in parts])
+            if kind == "weight":  # ([out, in] held: [in, out] in the file)
+                gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
+            out[f"{prefix}experts.gate_up_proj{suffix}"] = gate_up.contiguous()
+            out[f"{prefix}experts.down_proj{suffix}"] = down.contiguous()
+    return out
+
+
+def _oss_engine(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """gpt-oss's experts one at a time, under the per-expert names vLLM's loader takes
+    (``mlp.experts.E.w13_weight`` [H, 2I] gate and up interleaved, ``w13_bias``, ``w2_weight``
+    [I, H], ``w2_bias``: each expert's slice of the file's stacks), the router as the file
+    names it. vLLM 0.32 copies the file's whole stacks into its parameters directly, which its
+    in-place reload never sees (a reload left the experts as they were, found on gpt-oss); it
+    loads these through the experts' own loader, which the reload follows."""
+    import torch
+
+    out: dict[str, torch.Tensor] = {}
+    experts: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
+    for name, t in tensors.items():
+        if (m := _OSS_GATE.fullmatch(name)) is not None:
+            out[f"{m.group(1)}router.{m.group(2)}"] = t
+        elif (m := _OSS_EXPERT.fullmatch(name)) is not None:
+            experts.setdefault((m.group(1), int(m.group(2))), {})[
+                f"{m.group(3)}.{m.group(4)}"] = t
+        else:
+            out[name] = t
+    for (prefix, e), p in experts.items():
+        head = f"{prefix}experts.{e}."
+        out[head + "w13_weight"] = torch.stack((p["gate.weight"], p["up.weight"]), 1).flatten(
+            0, 1).t()
+        out[head + "w13_bias"] = torch.stack((p["gate.bias"], p["up.bias"]), 1).flatten()
+        out[head + "w2_weight"] = p["down.weight"].t()
+        out[head + "w2_bias"] = p["down.bias"]
+    return out

@@ -2,7 +2,7 @@
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
 Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, Phi-4-mini's partial
-rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
+rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
 Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
@@ -206,6 +206,20 @@ CASES += [
           "eos_token_id": 2, "bos_token_id": 1}),
 ]  # fmt: skip
 GRANITE = CASES[25]
+# gpt-oss (gpt-oss-20b's kind, unquantized): attention sinks, q/k/v/o biases, every other
+# layer within a window (binding here), YaRN as it ships it (truncate false), 4 experts on every
+# layer (2 a token, a softmax over the chosen logits of a biased router), biased experts with
+# the clamped gate, fused in the file
+CASES += [
+    Case("gpt-oss", "GptOssConfig", False,
+         {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 128,
+          "head_dim": 32, "intermediate_size": 64, "num_local_experts": 4,
+          "num_experts_per_tok": 2, "sliding_window": 4, "pad_token_id": 0, "eos_token_id": 2,
+          "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                              "beta_slow": 1.0, "truncate": False,
+                              "original_max_position_embeddings": 32, "rope_theta": 150000.0}}),
+]  # fmt: skip
+GPT_OSS = CASES[26]
 CASE_IDS = [c.name for c in CASES]
 
 

@@ -1,5 +1,5 @@
 """YaRN rope scaling, sliding-window attention and the Mistral, OLMo-2, OLMo-3, Gemma 3, Phi-3,
-Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE and Granite families,
+Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite and gpt-oss families,
 beyond the shared per-family decode test (tests/engines/test_hf_models.py): YaRN's frequencies
 and attention factor for each of its knobs, the trainer's forward and every gradient against
 transformers on padded batches where the windows bind, configs pivotflow writes that
@@ -18,6 +18,7 @@ from hf_fixtures import (
     GEMMA3,
     GLM4,
     GLM4_MOE,
+    GPT_OSS,
     GRANITE,
     MISTRAL,
     MISTRAL_WINDOW,
@@ -73,7 +74,7 @@ def test_yarn_frequencies_and_attention_factor_equal_transformers(rope: dict[str
 
 ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_WINDOW, PHI3,
        PHI4_MINI, MIXTRAL, GLM4, GLM4_MOE, SMOLLM3, SMOLLM3_WINDOW, QWEN2_MOE, GEMMA2, OLMOE,
-       GRANITE]
+       GRANITE, GPT_OSS]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -109,6 +110,10 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
     elif case in (SMOLLM3, SMOLLM3_WINDOW):
         assert written["model_type"] == "smollm3" and written["no_rope_layers"] == [1, 0, 1, 0]
         assert written["use_sliding_window"] == (case is SMOLLM3_WINDOW)
+    elif case is GPT_OSS:
+        assert written["model_type"] == "gpt_oss" and written["num_local_experts"] == 4
+        assert written["layer_types"][:2] == ["sliding_attention", "full_attention"]
+        assert written["rope_parameters"]["truncate"] is False
     elif case is GRANITE:
         assert written["model_type"] == "granite" and written["logits_scaling"] == 4.0
         assert (written["attention_multiplier"], written["residual_multiplier"]) == (0.0625, 0.22)
@@ -145,7 +150,7 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
 
 
 @pytest.mark.parametrize("case", [OLMO2, OLMO3, MISTRAL_WINDOW, QWEN2_WINDOW, GEMMA3, PHI3_WINDOW,
-                                  PHI4_MINI, GLM4, SMOLLM3_WINDOW, GEMMA2, GRANITE],
+                                  PHI4_MINI, GLM4, SMOLLM3_WINDOW, GEMMA2, GRANITE, GPT_OSS],
                          ids=lambda c: c.name)
 def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: Any) -> None:
     """Post-norm layers, whole-projection q/k norms and windows (4-6 positions, narrower than

@@ -79,7 +79,8 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "Qwen2MoeConfig": "qwen2_moe",
                                 "Gemma2Config": "gemma2",
                                 "OlmoeConfig": "olmoe",
-                                "GraniteConfig": "granite"}[case.config_class]  # fmt: skip
+                                "GraniteConfig": "granite",
+                                "GptOssConfig": "gpt_oss"}[case.config_class]  # fmt: skip
     assert cfg.head_dim == 32 and cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma3"))
     # Every weight transformers holds was loaded (transformers 5 holds a sparse layer's experts
     # as one fused tensor where the file, and we, have one per expert: count the numbers;

@@ -21,6 +21,7 @@ from pivotflow.engines.torch.feedforward import (
     MLP,
     SparseMoE,
     add_expert_outputs,
+    clamped_glu,
     route,
     router_logits,
     routing_dtype,
@@ -92,11 +93,24 @@ class PackedExperts:
             e.gate_proj.weight = nn.Parameter(self.gate_up[i, : self.units], requires_grad=False)
             e.up_proj.weight = nn.Parameter(self.gate_up[i, self.units :], requires_grad=False)
             e.down_proj.weight = nn.Parameter(self.down[i], requires_grad=False)
+        # gpt-oss's experts: biases, stacked the same way, and a clamped gate
+        self.limit, self.alpha = experts[0].limit, experts[0].alpha
+        self.gate_up_bias = self.down_bias = None
+        if self.limit:
+            self.gate_up_bias = torch.stack(
+                [torch.cat([e.gate_proj.bias, e.up_proj.bias]) for e in experts])
+            self.down_bias = torch.stack([e.down_proj.bias for e in experts])
+            for i, e in enumerate(experts):
+                e.gate_proj.bias = nn.Parameter(self.gate_up_bias[i, : self.units],
+                                                requires_grad=False)
+                e.up_proj.bias = nn.Parameter(self.gate_up_bias[i, self.units :],
+                                              requires_grad=False)
+                e.down_proj.bias = nn.Parameter(self.down_bias[i], requires_grad=False)
 
     def add(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``x`` [n, H] plus the layer's output for its normed input ``h`` [n, H], in place."""
         logits = (router_logits(self.gate, h, self.routing) if self.routing.scoring == "sigmoid"
-                  else self.mm.linear(h, self.gate.weight))  # (a sigmoid router's: float32)
+                  else self.mm.linear(h, self.gate.weight, self.gate.bias))  # (sigmoid: fp32)
         weights, chosen = route(logits, self.routing, self.correction_bias)
         if self.recorder is not None:
             self.recorder.write(self.sparse_index, chosen)
@@ -111,5 +125,10 @@ class PackedExperts:
 
     def _expert(self, expert: int, rows: torch.Tensor) -> torch.Tensor:
         """Expert ``expert``'s output for ``rows`` [m, H]: one gated matmul, then down."""
+        if self.gate_up_bias is not None and self.down_bias is not None:  # (gpt-oss's)
+            gate_up = self.mm.linear(rows, self.gate_up[expert], self.gate_up_bias[expert])
+            act = clamped_glu(gate_up[:, : self.units], gate_up[:, self.units :], self.limit,
+                              self.alpha)
+            return self.mm.linear(act, self.down[expert], self.down_bias[expert])
         act = self.mm.gated(rows, self.gate_up[expert], self.units)
         return self.mm.linear(act, self.down[expert])

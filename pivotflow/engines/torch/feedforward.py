@@ -28,18 +28,32 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 class MLP(nn.Module):
     """Gated feed-forward (SwiGLU, or GeGLU for Gemma) of ``size`` hidden units (default: the
-    config's intermediate_size)."""
+    config's intermediate_size); a gpt-oss expert (``expert`` on a config with a
+    ``swiglu_limit``) has biases and its clamped gate (``clamped_glu``)."""
 
-    def __init__(self, cfg: ModelConfig, size: int = 0) -> None:
+    def __init__(self, cfg: ModelConfig, size: int = 0, expert: bool = False) -> None:
         super().__init__()
         size = size or cfg.intermediate_size
-        self.gate_proj = nn.Linear(cfg.hidden_size, size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, size, bias=False)
-        self.down_proj = nn.Linear(size, cfg.hidden_size, bias=False)
+        self.limit, self.alpha = (cfg.swiglu_limit, cfg.swiglu_alpha) if expert else (0.0, 0.0)
+        bias = bool(self.limit)
+        self.gate_proj = nn.Linear(cfg.hidden_size, size, bias=bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, size, bias=bias)
+        self.down_proj = nn.Linear(size, cfg.hidden_size, bias=bias)
         self.act = activation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.limit:
+            return self.down_proj(clamped_glu(self.gate_proj(x), self.up_proj(x), self.limit,
+                                              self.alpha))
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+def clamped_glu(gate: torch.Tensor, up: torch.Tensor, limit: float,
+                alpha: float) -> torch.Tensor:
+    """gpt-oss's gate: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), where
+    g = min(gate, limit)."""
+    gate = gate.clamp(max=limit)
+    return (up.clamp(-limit, limit) + 1) * (gate * torch.sigmoid(gate * alpha))
 
 
 class Routing(NamedTuple):
@@ -62,9 +76,12 @@ class Routing(NamedTuple):
                        cfg.n_group, cfg.topk_group, cfg.routed_scaling_factor)
 
     def scores(self, router_logits: torch.Tensor) -> torch.Tensor:
-        """Every expert's score [n, E], in float32."""
+        """Every expert's score [n, E], in float32 (gpt-oss's: its logits, which choose; the
+        chosen ones' softmax weighs them, ``finish``)."""
         if self.scoring == "sigmoid":
             return torch.sigmoid(router_logits.float())
+        if self.scoring == "topk_softmax":
+            return router_logits.float()
         return torch.softmax(router_logits, dim=-1, dtype=torch.float32)
 
     def choose(self, scores: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -86,6 +103,8 @@ class Routing(NamedTuple):
 
     def finish(self, weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The chosen experts' scores [n, k] as their weights, in ``dtype``."""
+        if self.scoring == "topk_softmax":
+            weights = torch.softmax(weights, dim=-1)
         if self.normalize:
             total = weights.sum(dim=-1, keepdim=True)
             # (a sigmoid router's scores may all be ~0: transformers' epsilon, as GLM-4.5's)
@@ -239,12 +258,13 @@ class SparseMoE(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.routing = Routing.of(cfg)
-        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        # (gpt-oss's router has a bias: ``router.bias`` in its file)
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=cfg.architecture == "gpt_oss")
         if cfg.scoring_func == "sigmoid":  # (as the file names it: the router's own tensor)
             self.gate.e_score_correction_bias = nn.Parameter(
                 torch.zeros(cfg.num_experts), requires_grad=False)
         self.experts = nn.ModuleList(
-            MLP(cfg, cfg.moe_intermediate_size) for _ in range(cfg.num_experts)
+            MLP(cfg, cfg.moe_intermediate_size, expert=True) for _ in range(cfg.num_experts)
         )
         self.shared_experts = (MLP(cfg, cfg.moe_intermediate_size * cfg.n_shared_experts)
                                if cfg.n_shared_experts else None)

@@ -2,7 +2,7 @@
 
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
-Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
+Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
 names, in one line, the file and the first key it cannot run. Keys that change nothing the
 decoder computes (token ids, initializer_range, use_cache...) are ignored.
 """
@@ -35,7 +35,7 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "glm4": "Glm4ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
               "smollm3": "SmolLM3ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
               "gemma2": "Gemma2ForCausalLM", "olmoe": "OlmoeForCausalLM",
-              "granite": "GraniteForCausalLM"}  # fmt: skip
+              "granite": "GraniteForCausalLM", "gpt_oss": "GptOssForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -60,7 +60,11 @@ _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layer
              "num_attention_heads", "max_position_embeddings")  # fmt: skip
 _ENGINE = "is not supported by the embedded engine"
 PARTIAL_ROTARY_FAMILIES = ("phi3", "glm4", "glm4_moe")
-_DEFAULT_THETA = {"smollm3": 2000000.0}  # (SmolLM3Config's; the others' is 10000)  # (transformers' other families turn whole heads)
+# (SmolLM3Config's and GptOssConfig's; the others' is 10000)
+_DEFAULT_THETA = {"smollm3": 2000000.0, "gpt_oss": 150000.0}
+# GptOssConfig's rope when a config names none
+_GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                 "truncate": False, "original_max_position_embeddings": 4096}  # (transformers' other families turn whole heads)
 
 
 def resolve_dtype(
@@ -250,6 +254,8 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
     kind = _model_type(raw, where)
     _reject_unsupported(raw, where)
     full_layers, sliding_theta = split_layer_rope(raw, kind, where)
+    if kind == "gpt_oss" and not (raw.get("rope_parameters") or raw.get("rope_scaling")):
+        full_layers = {**full_layers, "rope_parameters": _GPT_OSS_ROPE}
     fields: dict[str, Any] = {k: _positive_int(raw, k, where) for k in _REQUIRED}
     rope = _rope_fields(full_layers, where)
     fields.update(window_fields(raw, kind, fields["num_hidden_layers"], where))
@@ -278,11 +284,11 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         # when the config says so.
         attention_bias={"qwen2": True, "mistral": False, "phi3": False, "mixtral": False,
                         "qwen2_moe": bool(raw.get("qkv_bias", True))}.get(
-            kind, bool(raw.get("attention_bias", kind == "glm4"))),  # (GLM-4's default: on)
+            kind, bool(raw.get("attention_bias", kind in ("glm4", "gpt_oss")))),  # (default on)
         architecture=kind,
         num_labels=_num_labels(raw, where),
         **(_expert_fields(raw, where) if kind in ("qwen3_moe", "qwen2_moe") else {}),
-        **(_mixtral_fields(raw, where) if kind in ("mixtral", "olmoe") else {}),
+        **(_mixtral_fields(raw, where) if kind in ("mixtral", "olmoe", "gpt_oss") else {}),
         **(_glm4_moe_fields(raw, fields["num_hidden_layers"], where)
            if kind == "glm4_moe" else {}),
         **_smollm3_fields(raw, kind, fields["num_hidden_layers"], where),
@@ -376,10 +382,11 @@ def _mixtral_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
     false). Mixtral's training-time router jitter and OLMoE's q/k/v clipping are refused unless
     none."""
     out: dict[str, Any] = {}
-    olmoe = raw.get("model_type") == "olmoe"
+    olmoe, oss = raw.get("model_type") == "olmoe", raw.get("model_type") == "gpt_oss"
     if olmoe and raw.get("clip_qkv") is not None:
         raise ModelConfigError(f"{where}: clip_qkv={raw['clip_qkv']!r} {_ENGINE} (null)")
-    count_key, defaults = ("num_experts", (64, 8)) if olmoe else ("num_local_experts", (8, 2))
+    count_key, defaults = (("num_experts", (64, 8)) if olmoe else
+                           ("num_local_experts", (128, 4) if oss else (8, 2)))
     for field, key, default in (("num_experts", count_key, defaults[0]),
                                 ("num_experts_per_tok", "num_experts_per_tok", defaults[1])):
         value = out[field] = raw.get(key, default)
@@ -388,6 +395,14 @@ def _mixtral_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
     jitter = raw.get("router_jitter_noise") or 0.0
     if jitter:
         raise ModelConfigError(f"{where}: router_jitter_noise={jitter!r} {_ENGINE} (0)")
+    if oss:  # (a softmax over the chosen logits: their weights sum to 1 already)
+        out.update(scoring_func="topk_softmax", norm_topk_prob=False, **{
+            key: _number(raw.get(key, default), key, where)
+            for key, default in (("swiglu_alpha", 1.702), ("swiglu_limit", 7.0))})
+        if not out["swiglu_limit"] > 0:
+            raise ModelConfigError(f"{where}: swiglu_limit={out['swiglu_limit']!r} is not "
+                                   "positive")
+        return {**out, "moe_intermediate_size": raw["intermediate_size"]}
     normalize = bool(raw.get("norm_topk_prob", False)) if olmoe else True
     return {**out, "moe_intermediate_size": raw["intermediate_size"], "norm_topk_prob": normalize}
 
@@ -512,6 +527,12 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
                    use_bidirectional_attention=False)
     elif cfg.architecture == "mistral":
         out.update(sliding_window=None)  # none, explicitly: transformers' default is 4096
+    elif cfg.architecture == "gpt_oss":  # (no token ids: as for phi3, below)
+        _check_every_layer_sparse(cfg)
+        out.update(attention_bias=cfg.attention_bias, num_local_experts=cfg.num_experts,
+                   num_experts_per_tok=cfg.num_experts_per_tok, swiglu_alpha=cfg.swiglu_alpha,
+                   swiglu_limit=cfg.swiglu_limit, output_router_logits=False,
+                   pad_token_id=None, bos_token_id=None, eos_token_id=None)
     elif cfg.architecture == "olmoe":
         _check_every_layer_sparse(cfg)
         out.update(attention_bias=cfg.attention_bias, clip_qkv=None, num_experts=cfg.num_experts,

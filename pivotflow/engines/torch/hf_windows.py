@@ -15,7 +15,8 @@ Each family says it its own way, and transformers' reading is the reference:
 * ``olmo3``: ``layer_types``, else three sliding layers of every four (the fourth full);
   its ``rope_parameters`` may be one dict per layer type, and its sliding layers take plain
   RoPE (YaRN, where set, is for the full layers only).
-* ``gemma2``: ``layer_types``, else every other layer (the first, third...), one rope for all.
+* ``gemma2``, ``gpt_oss``: ``layer_types``, else every other layer (the first, third...), one
+  rope for all (gpt-oss's window: 128 where the config names none).
 * ``gemma3_text``: ``layer_types``, else ``sliding_window_pattern`` - 1 sliding layers of every
   ``sliding_window_pattern`` (6); its sliding layers take plain RoPE at
   ``rope_local_base_freq`` (10000), its full ones ``rope_theta`` (1e6) with any scaling.
@@ -62,9 +63,10 @@ def window_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         nope = nope_layers(raw, layers, where)
         sliding = ([i for i, t in enumerate(types) if t == "sliding_attention"] if types
                    else list(nope) if raw.get("use_sliding_window") else [])
-    elif kind in ("olmo3", "gemma3_text", "gemma2"):
-        window = raw.get("sliding_window", DEFAULT_WINDOW)
-        every = {"olmo3": 4, "gemma2": 2}.get(kind) or raw.get("sliding_window_pattern", 6)
+    elif kind in ("olmo3", "gemma3_text", "gemma2", "gpt_oss"):
+        window = raw.get("sliding_window", 128 if kind == "gpt_oss" else DEFAULT_WINDOW)
+        every = ({"olmo3": 4, "gemma2": 2, "gpt_oss": 2}.get(kind)
+                 or raw.get("sliding_window_pattern", 6))
         sliding = ([i for i, t in enumerate(types) if t == "sliding_attention"] if types
                    else [i for i in range(layers) if (i + 1) % every])
     else:
@@ -139,7 +141,7 @@ def windows_to_hf(cfg: Any, rope: dict[str, Any]) -> dict[str, Any]:
     if kind == "smollm3":  # (layer_types say which; use_sliding_window that they do)
         return {"layer_types": types, "use_sliding_window": bool(sliding),
                 "sliding_window": cfg.sliding_window or None}
-    if kind in ("olmo3", "gemma3_text", "gemma2"):
+    if kind in ("olmo3", "gemma3_text", "gemma2", "gpt_oss"):
         out: dict[str, Any] = {"layer_types": types, "sliding_window": cfg.sliding_window or None}
         if cfg.sliding_rope_theta:
             out["rope_parameters"] = {"full_attention": rope, "sliding_attention": {

@@ -26,9 +26,9 @@ from pivotflow.engines.torch.model import (
     DecoderLayer,
     ModelConfig,
     attention_mask_of,
+    eager_attention,
     embed_scale,
     soft_cap,
-    softcapped_attention,
 )
 from pivotflow.engines.torch.rope import layer_cos_sin
 from pivotflow.errors import EngineError
@@ -269,6 +269,9 @@ class PackedDecoder:
         self.d = cfg.head_dim
         self.mm = Linears.for_weights(model.lm_head.weight)
         self.layers: list[_Packed] = []
+        # each layer's attention sinks [heads] (gpt-oss's), or None
+        self._sinks = [layer.self_attn.sinks for layer in cast(list[DecoderLayer],
+                                                                 model.model.layers)]
         self.experts: list[PackedExperts] = []  # the sparse layers, in order
         # the norms of layers that normalise sub-layer outputs (_output_norm_layer), per layer
         self._out_norms: list[tuple[_T | None, _T, _T | None, _T]] = []
@@ -463,6 +466,12 @@ class PackedDecoder:
                               self.cfg.attn_logit_softcapping) + mask
         else:
             scores = torch.baddbmm(mask, q, keys.transpose(1, 2))
+        sinks = self._sinks[layer]
+        if sinks is not None:  # (gpt-oss: each head's sink beside its scores, then dropped)
+            sink = sinks.to(scores.dtype).view(1, kv_heads, -1, 1).expand(n, -1, -1, 1)
+            scores = torch.cat((scores, sink.reshape(n * kv_heads, -1, 1)), -1)
+            probs = scores.softmax(-1, dtype=torch.float32)[..., :-1].to(values.dtype)
+            return torch.bmm(probs, values).view(n, heads * d)
         probs = scores.softmax(-1, dtype=torch.float32).to(values.dtype)
         return torch.bmm(probs, values).view(n, heads * d)
 
@@ -473,11 +482,11 @@ class PackedDecoder:
         (b, t), heads, d = cache.prefill_shape, self.heads, self.d
         qk, v = qk.view(b, t, -1, d).transpose(1, 2), v.view(b, t, -1, d).transpose(1, 2)
         keys, values, mask = cache.update(layer, qk[:, heads:], v)
-        if self.cfg.attn_logit_softcapping:
+        if self.cfg.attn_logit_softcapping or self.cfg.attention_sinks:
             rep = heads // self.kv_heads
-            out = softcapped_attention(
+            out = eager_attention(
                 qk[:, :heads], keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1),
-                mask, 1.0, self.cfg.attn_logit_softcapping)
+                mask, 1.0, self.cfg.attn_logit_softcapping, self._sinks[layer])
         else:
             out = F.scaled_dot_product_attention(
                 qk[:, :heads], keys, values, mask, is_causal=mask is None, scale=1.0,

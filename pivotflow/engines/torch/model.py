@@ -83,6 +83,8 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(k_width, cfg.rms_norm_eps, cfg.norm_offset)
         self.scale = cfg.attention_scale
         self.softcap = cfg.attn_logit_softcapping  # (Gemma 2's; 0: none)
+        # gpt-oss's: a learned logit per head that every query's softmax also spreads over
+        self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if cfg.attention_sinks else None
 
     def forward(
         self,
@@ -106,9 +108,9 @@ class Attention(nn.Module):
         if cache is not None:
             k, v, attn_mask = cache.update(self.layer_idx, k, v)
         rep = self.n_heads // self.n_kv
-        if self.softcap:  # (no fused kernel caps scores: transformers' Gemma 2 is eager too)
+        if self.softcap or self.sinks is not None:  # (no fused kernel caps scores or sinks)
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-            out = softcapped_attention(q, k, v, attn_mask, self.scale, self.softcap)
+            out = eager_attention(q, k, v, attn_mask, self.scale, self.softcap, self.sinks)
             return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
         if rep > 1 and t == 1 and cache is not None:
             # One-token decode: fold each KV group's query heads onto the query axis so cached
@@ -301,21 +303,29 @@ class Decoder(nn.Module):
         return self.model.norm(x)
 
 
-def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         mask: torch.Tensor | None, scale: float, cap: float) -> torch.Tensor:
-    """Attention whose scores are soft-capped, as transformers' Gemma 2 computes it:
-    softmax(cap * tanh(q.k * scale / cap), masked) v, the softmax in float32. ``q`` [..., T, D],
-    ``k``/``v`` [..., S, D] (one key head per query head); ``mask`` [..., T, S] boolean (True:
-    attend) or additive, or None: causal (top-left aligned, as SDPA's is_causal)."""
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    mask: torch.Tensor | None, scale: float, cap: float = 0.0,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention computed whole, for what no fused kernel does, as transformers computes it:
+    Gemma 2's soft-capped scores, cap * tanh(q.k * scale / cap) before the mask (``cap`` 0:
+    none), and gpt-oss's sinks, a logit per head [H] beside each query's masked scores in its
+    softmax, whose share goes nowhere. The softmax in float32. ``q`` [..., H, T, D], ``k``/``v``
+    [..., H, S, D] (one key head per query head); ``mask`` [..., T, S] boolean (True: attend)
+    or additive, or None: causal (top-left aligned, as SDPA's is_causal)."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / cap) * cap
+    if cap:
+        scores = torch.tanh(scores / cap) * cap
     t, s = scores.shape[-2:]
     if mask is None and t > 1:
         mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril()
     if mask is not None:
         scores = (scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool
                   else scores + mask)
-    return torch.matmul(scores.softmax(-1, dtype=torch.float32).to(v.dtype), v)
+    if sinks is None:
+        return torch.matmul(scores.softmax(-1, dtype=torch.float32).to(v.dtype), v)
+    sink = sinks.to(scores.dtype).view(-1, 1, 1).expand(*scores.shape[:-1], 1)
+    probs = torch.cat((scores, sink), -1).softmax(-1, dtype=torch.float32)[..., :-1]
+    return torch.matmul(probs.to(v.dtype), v)
 
 
 def soft_cap(logits: torch.Tensor, cap: float) -> torch.Tensor:

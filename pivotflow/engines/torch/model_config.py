@@ -11,16 +11,17 @@ from pivotflow.errors import ModelConfigError
 
 ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3",
                  "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3", "qwen2_moe",
-                 "gemma2", "olmoe", "granite")
+                 "gemma2", "olmoe", "granite", "gpt_oss")
 # the families with routed experts
-MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe")
+MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe")
 # q and k normalised over their whole projections (all heads at once), not per head
 WHOLE_QK_NORM_ARCHITECTURES = ("olmo2", "olmo3", "olmoe")
 OPTIONAL_QK_NORM_ARCHITECTURES = ("glm4_moe",)  # (its use_qk_norm says)
-# how a router scores experts: a softmax over all (Qwen3-MoE, Mixtral), or each by a sigmoid,
-# chosen with a load-balancing bias added (DeepSeek-V3's and GLM-4.5's, ``e_score_correction_bias``)
-SCORING_FUNCS = ("softmax", "sigmoid")
+# how a router scores experts: a softmax over all (Qwen3-MoE, Mixtral), each by a sigmoid,
+# chosen with a load-balancing bias added (DeepSeek-V3's and GLM-4.5's, ``e_score_correction_bias``),
+# or the top k logits chosen and a softmax over those alone (gpt-oss's)
+SCORING_FUNCS = ("softmax", "sigmoid", "topk_softmax")
 # Gemma's and GLM-4's layer: norms on each sub-layer's input and output
 SANDWICH_NORM_ARCHITECTURES = ("gemma3_text", "glm4", "gemma2")
 # Gemma's norms scale by 1 + weight (weights start at 0), its embeddings by sqrt(hidden_size)
@@ -97,6 +98,12 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     # Qwen2-MoE's shared expert: an MLP of this width every token goes through, its output
     # scaled by a sigmoid of a learned gate (``shared_expert_gate``); 0: none
     shared_expert_intermediate_size: int = 0
+    # gpt-oss's experts (HF's names; 0: plain SwiGLU without biases): biased projections and
+    # a clamped gate, gate = min(gate, limit), up = clamp(up, -limit, limit),
+    # (up + 1) * gate * sigmoid(alpha * gate); its router has a bias too, its attention a
+    # learned sink per head (a logit every query's softmax also spreads over, valued zero)
+    swiglu_alpha: float = 0.0
+    swiglu_limit: float = 0.0
     # Sliding-window attention (HF's layer_types "sliding_attention"): on these layers a token
     # attends to the last ``sliding_window`` positions, itself included (transformers' window:
     # key j is seen from query i when i - window < j <= i); the others attend to all.
@@ -160,6 +167,11 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         if self.attention_multiplier:  # (Granite's)
             return self.attention_multiplier
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    @property
+    def attention_sinks(self) -> bool:
+        """gpt-oss's attention: a learned sink logit per head (``self_attn.sinks``)."""
+        return self.architecture == "gpt_oss"
 
     @property
     def whole_qk_norm(self) -> bool:
