@@ -1,4 +1,5 @@
-"""A Llama/Mistral/Qwen2/Qwen3/Qwen3-MoE/OLMo/Gemma-3-style decoder in plain PyTorch.
+"""A Llama/Mistral/Qwen2/Qwen3/Qwen3-MoE/OLMo/Gemma-style decoder in plain PyTorch, and the
+families ``model_config.ARCHITECTURES`` names that differ from these in little.
 
 Module and parameter names follow Hugging Face's checkpoints exactly (``model.layers.0
 .self_attn.q_proj.weight``, ``model.layers.0.mlp.experts.3.up_proj.weight`` ...), so a state dict
@@ -11,9 +12,12 @@ routed mixture of experts in place of the MLP on its sparse layers (``SparseMoE`
 each residual add, instead of on their inputs (no ``input_layernorm``); OLMo-3 is OLMo-2 with
 sliding windows; Gemma 3 (text) norms both inputs and outputs ("sandwich"), scales its norms by
 ``1 + weight``, its embeddings by sqrt(hidden) and its attention by ``query_pre_attn_scalar``,
-and gates its MLP with tanh-GELU; GLM-4.5 (``glm4_moe``) is Llama's layer with half of each
-head rotating and, past its first dense layers, a sigmoid-routed mixture of experts with a
-shared expert.
+and gates its MLP with tanh-GELU; Gemma 2 is Gemma 3 without q/k norms, with soft-capped
+scores and logits (``eager_attention``, ``LMHead``); GLM-4.5 (``glm4_moe``) is Llama's layer
+with half of each head rotating and, past its first dense layers, a sigmoid-routed mixture of
+experts with a shared expert; SmolLM3 leaves rope out of some layers; Granite scales
+embeddings, sub-layer outputs, scores and logits; gpt-oss adds a learned sink to each head's
+softmax and biased, clamped experts (``feedforward``).
 """
 
 from __future__ import annotations
