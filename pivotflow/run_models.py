@@ -114,7 +114,8 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
                 raise type(exc)(f"model {spec.name!r} at {spec.where}: adapter: {exc}") from None
         hf_config = dict(folder.hf_config)
         if spec.name in critics and not folder.config.num_labels:
-            tensors, hf_config = value_model(tensors, hf_config, folder.config)
+            tensors, hf_config = value_model(tensors, hf_config, folder.config,
+                                             f"model {spec.name!r} at {spec.where}")
         if spec.context is not None:  # RoPE has no learned positions: serve more (or fewer)
             hf_config = with_context(hf_config, spec.context, str(path / "config.json"))
         store.publish(spec.name, 0, tensors, hf_config)
@@ -130,14 +131,21 @@ def prepare_models(graph: Graph, store: ParamStore, *, seed: int,
 
 
 def value_model(tensors: dict[str, Any], hf_config: dict[str, Any],
-                config: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+                config: Any, where: str = "critic") -> tuple[dict[str, Any], dict[str, Any]]:
     """A causal LM as a critic (verl starts its critic from the policy's base): its body, and a
     one-label ``score`` head of zeros in place of the LM head, so the critic starts predicting
     0 everywhere and the first advantages are the rewards themselves, not a random head's
-    noise. The config becomes the ``*ForSequenceClassification`` transformers loads it as."""
+    noise. The config becomes the ``*ForSequenceClassification`` transformers loads it as;
+    a family transformers has no such class for is a GraphError naming ``where``."""
     import torch
 
     from pivotflow.engines.torch.hf_config import HF_CLASSIFIERS
+
+    if config.architecture not in HF_CLASSIFIERS:
+        raise GraphError(
+            f"{where}: a critic is a sequence classifier, and transformers has none for "
+            f"{config.architecture} (a critic's folder must load there; families with one: "
+            f"{', '.join(HF_CLASSIFIERS)})")
 
     body = {k: v for k, v in tensors.items() if not k.startswith("lm_head.")}
     like = body["model.embed_tokens.weight"]

@@ -202,3 +202,23 @@ def test_a_batch_carries_signal_by_its_token_advantages() -> None:
     assert not carries_signal([seq([0.0, 0.0])])
     assert carries_signal([seq([0.0, 0.5])])
     assert not carries_signal([seq([0.5, 0.5], mask=[0, 0])])  # none of them trained
+
+
+def test_a_critic_from_a_family_without_a_transformers_classifier_is_one_line() -> None:
+    """A critic's folder is a *ForSequenceClassification transformers loads; transformers has
+    none for Granite (nor GLM-4.5, OLMoE), so a critic from such a policy is refused by name
+    before anything starts, where gpt-oss's becomes GptOssForSequenceClassification."""
+    from pivotflow.engines.torch.model_config import ModelConfig
+    from pivotflow.run_models import value_model
+
+    tensors = {"model.embed_tokens.weight": torch.zeros(10, 8),
+               "lm_head.weight": torch.zeros(10, 8)}
+    granite = ModelConfig(vocab_size=10, hidden_size=8, architecture="granite")
+    with pytest.raises(GraphError, match=r"^model 'critic' at g\.py:3: a critic is a sequence "
+                       r"classifier, and transformers has none for granite \(") as info:
+        value_model(tensors, {}, granite, "model 'critic' at g.py:3")
+    assert "\n" not in str(info.value)
+    oss = ModelConfig(vocab_size=10, hidden_size=8, architecture="gpt_oss")
+    body, config = value_model(tensors, {}, oss)
+    assert config["architectures"] == ["GptOssForSequenceClassification"]
+    assert "lm_head.weight" not in body and body["score.weight"].shape == (1, 8)

@@ -56,7 +56,8 @@ _FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
              "MixtralForCausalLM": "mixtral", "MixtralForSequenceClassification": "mixtral",
              "Glm4ForCausalLM": "glm4", "Glm4ForSequenceClassification": "glm4",
              "Glm4MoeForCausalLM": "glm4_moe", "Gemma3ForConditionalGeneration": "gemma3",
-             "Mistral3ForConditionalGeneration": "mistral3", "GptOssForCausalLM": "gpt_oss"}
+             "Mistral3ForConditionalGeneration": "mistral3", "GptOssForCausalLM": "gpt_oss",
+             "GptOssForSequenceClassification": "gpt_oss"}
 # Mixtral's names <-> pivotflow's (a layer's router; an expert's three projections)
 _MIXTRAL_DISK = re.compile(r"(.*\.)block_sparse_moe\.(gate|experts\.\d+\.w([123]))\.weight")
 _MIXTRAL_HELD = re.compile(r"(.*\.)mlp\.(gate|experts\.\d+\.(gate|down|up)_proj)\.weight")

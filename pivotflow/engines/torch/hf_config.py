@@ -50,7 +50,9 @@ HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "glm4": "Glm4ForSequenceClassification",
                   "smollm3": "SmolLM3ForSequenceClassification",
                   "qwen2_moe": "Qwen2MoeForSequenceClassification",
-                  "gemma2": "Gemma2ForSequenceClassification"}
+                  "gemma2": "Gemma2ForSequenceClassification",
+                  "gpt_oss": "GptOssForSequenceClassification"}
+# (transformers has no sequence classifier for glm4_moe, olmoe or granite: no critic from them)
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -59,12 +61,13 @@ DTYPES = {
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
              "num_attention_heads", "max_position_embeddings")  # fmt: skip
 _ENGINE = "is not supported by the embedded engine"
+# (transformers' other families turn whole heads)
 PARTIAL_ROTARY_FAMILIES = ("phi3", "glm4", "glm4_moe")
 # (SmolLM3Config's and GptOssConfig's; the others' is 10000)
 _DEFAULT_THETA = {"smollm3": 2000000.0, "gpt_oss": 150000.0}
 # GptOssConfig's rope when a config names none
 _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                 "truncate": False, "original_max_position_embeddings": 4096}  # (transformers' other families turn whole heads)
+                 "truncate": False, "original_max_position_embeddings": 4096}
 
 
 def resolve_dtype(
@@ -376,11 +379,12 @@ def _expert_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _mixtral_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
-    """Mixtral's and OLMoE's experts as ModelConfig's: every layer sparse, each expert an MLP
-    of intermediate_size; Mixtral's top k router weights always renormalised (transformers'
-    defaults: 8 experts, 2 a token), OLMoE's as norm_topk_prob says (64 experts, 8 a token,
-    false). Mixtral's training-time router jitter and OLMoE's q/k/v clipping are refused unless
-    none."""
+    """Mixtral's, OLMoE's and gpt-oss's experts as ModelConfig's: every layer sparse, each
+    expert an MLP of intermediate_size; Mixtral's top k router weights always renormalised
+    (transformers' defaults: 8 experts, 2 a token), OLMoE's as norm_topk_prob says (64
+    experts, 8 a token, false), gpt-oss's a softmax over the chosen logits (128 experts, 4 a
+    token) and its clamped gate. Mixtral's training-time router jitter and OLMoE's q/k/v
+    clipping are refused unless none."""
     out: dict[str, Any] = {}
     olmoe, oss = raw.get("model_type") == "olmoe", raw.get("model_type") == "gpt_oss"
     if olmoe and raw.get("clip_qkv") is not None:
