@@ -19,7 +19,7 @@ def describe_model(path: Path) -> str:
     from pivotflow.engines.torch.weights import load_model_folder
     from pivotflow.errors import CheckpointError
     from pivotflow.params.hf_folder import read_config
-    from pivotflow.params.hf_layout import family_of
+    from pivotflow.params.hf_layout import family_of, is_mxfp4
     from pivotflow.run_models import tokenizer_of
 
     if not path.is_dir():
@@ -64,7 +64,9 @@ def describe_model(path: Path) -> str:
               "glm4": "gate/up fused and q/k turning in interleaved pairs in the file, held "
                       "split and reordered",
               "glm4_moe": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
-              "gpt_oss": "router and experts fused in the file, held one expert at a time",
+              "gpt_oss": "router and experts fused in the file"
+                         + (" in MXFP4, dequantized to bfloat16" if is_mxfp4(raw) else "")
+                         + ", held one expert at a time",
               "gemma3": "Gemma3ForConditionalGeneration's text model held (as "
                         "Gemma3ForCausalLM), its vision tower and projector not loaded",
               "mistral3": "Mistral3ForConditionalGeneration's text model held (as "

@@ -135,6 +135,9 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
     family = family_of(config)
     if family == "glm4_moe" and config.get("num_nextn_predict_layers"):
         return {**config, "num_nextn_predict_layers": 0}
+    if family == "gpt_oss" and is_mxfp4(config):  # (held dequantized, in bfloat16)
+        return {k: v for k, v in {**config, "dtype": "bfloat16", "torch_dtype": "bfloat16"}
+                .items() if k != "quantization_config"}
     if family not in _WRAPPERS:
         return config
     text = config.get("text_config")
@@ -161,7 +164,8 @@ def held_layout(
     """``tensors`` as pivotflow holds them: fused projections split into views (phi3, glm4),
     Mixtral's and GLM-4's names renamed, GLM-4's q/k rows reordered (``_turn_heads``),
     GLM-4.5's multi-token-prediction layers left out, a Gemma 3 wrapper's text model alone
-    (``_language_model``), every other tensor as it is. Raises ModelConfigError naming ``where`` and the tensor whose rows
+    (``_language_model``), gpt-oss's MXFP4 experts dequantized (``_mxfp4_dequantized``),
+    every other tensor as it is. Raises ModelConfigError naming ``where`` and the tensor whose rows
     do not split as the config says."""
     family = family_of(config)
     if family == "mixtral":
@@ -171,7 +175,8 @@ def held_layout(
     if family in _WRAPPERS:
         return _language_model(tensors)
     if family == "gpt_oss":
-        return _oss_split(tensors, where)
+        return _oss_split(_mxfp4_dequantized(tensors, where) if is_mxfp4(config) else tensors,
+                          where)
     cfg = _geometry(config, where)
     if family == "glm4_moe":
         return {name: t for name, t in tensors.items()
@@ -450,4 +455,42 @@ def _oss_engine(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out[head + "w13_bias"] = torch.stack((p["gate.bias"], p["up.bias"]), 1).flatten()
         out[head + "w2_weight"] = p["down.weight"].t()
         out[head + "w2_bias"] = p["down.bias"]
+    return out
+
+
+def is_mxfp4(config: dict[str, Any]) -> bool:
+    """Whether ``config`` is gpt-oss's as the Hub ships it: experts in MXFP4."""
+    quant = config.get("quantization_config")
+    return isinstance(quant, dict) and quant.get("quant_method") == "mxfp4"
+
+
+# the 16 values of a 4-bit float (E2M1), by its code
+_FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+               -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def _mxfp4_dequantized(tensors: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
+    """gpt-oss's MXFP4 expert stacks as the bf16 ones its unquantized files hold: each
+    ``X_blocks`` [E, out, G, 16] (two 4-bit codes a byte, low nibble first) with its
+    ``X_scales`` [E, out, G] (a power of two per 32 values, biased by 127) becomes ``X``
+    [E, in, out], in bfloat16, which holds every such value exactly (as transformers'
+    ``Mxfp4Config(dequantize=True)`` computes it)."""
+    import torch
+
+    out = {k: v for k, v in tensors.items() if not k.endswith(("_blocks", "_scales"))}
+    lut = torch.tensor(_FP4_VALUES, dtype=torch.bfloat16)
+    for name, blocks in tensors.items():
+        if not name.endswith("_blocks"):
+            continue
+        base = name.removesuffix("_blocks")
+        scales = tensors.get(base + "_scales")
+        if scales is None or blocks.dtype != torch.uint8 or blocks.shape[:-1] != scales.shape:
+            raise ModelConfigError(
+                f"{where}: tensor {name!r} has no {base + '_scales'!r} of shape "
+                f"{tuple(blocks.shape[:-1])} beside it (an MXFP4 stack needs both)")
+        values = torch.empty(*blocks.shape[:-1], blocks.shape[-1] * 2, dtype=torch.bfloat16)
+        values[..., 0::2] = lut[(blocks & 0x0F).long()]
+        values[..., 1::2] = lut[(blocks >> 4).long()]
+        values = torch.ldexp(values, (scales.to(torch.int32) - 127)[..., None])
+        out[base] = values.flatten(-2).transpose(1, 2).contiguous()
     return out

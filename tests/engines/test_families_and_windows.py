@@ -571,3 +571,47 @@ def test_olmoes_qkv_clipping_is_a_one_line_error() -> None:
     with pytest.raises(ModelConfigError, match=r"^c\.json: clip_qkv=8\.0 is not supported by the "
                        r"embedded engine \(null\)$"):
         config_from_hf(raw, "c.json")
+
+
+def test_gpt_oss_as_the_hub_ships_it_in_mxfp4_loads_dequantized(tmp_path: Path) -> None:
+    """gpt-oss's Hub files hold its experts in MXFP4 (``*_blocks`` of 4-bit codes and
+    ``*_scales``, ``quantization_config`` mxfp4): read, they are the bf16 stacks transformers'
+    own dequantizer gives, and the folder runs as the bf16 one does; what pivotflow holds and
+    writes says no quantization."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    save_folder(GPT_OSS, tmp_path / "bf16")
+    tensors = load_file(str(tmp_path / "bf16" / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    quantized = dict(tensors)
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        e, inner, out = tensors[name].shape  # (the file's bf16 stack: [E, in, out])
+        blocks = torch.randint(0, 256, (e, out, inner // 32, 16), dtype=torch.uint8, generator=g)
+        scales = torch.randint(120, 130, (e, out, inner // 32), dtype=torch.uint8, generator=g)
+        del quantized[name]
+        quantized[f"{name}_blocks"], quantized[f"{name}_scales"] = blocks, scales
+        tensors[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.bfloat16).float()
+    for root, weights, quant in ((tmp_path / "ref", tensors, None),
+                                 (tmp_path / "mxfp4", quantized, {"quant_method": "mxfp4"})):
+        root.mkdir()
+        save_file(weights, str(root / "model.safetensors"))
+        config = json.loads((tmp_path / "bf16" / "config.json").read_text())
+        (root / "config.json").write_text(json.dumps(
+            {**config, **({"quantization_config": quant} if quant else {})}))
+    ref, ours = load_model_folder(tmp_path / "ref"), load_model_folder(tmp_path / "mxfp4")
+    assert ours.config == ref.config and "quantization_config" not in ours.hf_config
+    assert ours.tensors.keys() == ref.tensors.keys()
+    for name, t in ref.tensors.items():
+        assert torch.equal(ours.tensors[name].float(), t.float()), name
+    ids = torch.tensor([PROMPTS[2] * 3])
+    with torch.no_grad():
+        torch.testing.assert_close(build_model(ours.config, ours.tensors)(ids),
+                                   build_model(ref.config, ref.tensors)(ids))
+    del quantized["model.layers.1.mlp.experts.down_proj_scales"]
+    save_file(quantized, str(tmp_path / "mxfp4" / "model.safetensors"))
+    with pytest.raises(ModelConfigError, match=r"tensor 'model\.layers\.1\.mlp\.experts\."
+                       r"down_proj_blocks' has no 'model\.layers\.1\.mlp\.experts\."
+                       r"down_proj_scales' of shape \(4, 128, 2\) beside it") as exc:
+        load_model_folder(tmp_path / "mxfp4")
+    assert "\n" not in str(exc.value)

@@ -26,6 +26,7 @@ from pivotflow.engines.torch.model_config import (
     ModelConfig,
 )
 from pivotflow.errors import ModelConfigError
+from pivotflow.params.hf_layout import is_mxfp4
 
 HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
@@ -114,7 +115,10 @@ def _reject_unsupported(raw: dict[str, Any], where: str) -> None:
         ("mlp_bias", bool(raw.get("mlp_bias", False)), "false"),
         ("partial_rotary_factor",
          not partial_ok and raw.get("partial_rotary_factor", 1.0) != 1.0, "1.0"),
-        ("quantization_config", bool(raw.get("quantization_config")), "unquantized weights"),
+        # (gpt-oss's MXFP4 experts are dequantized as the folder is read: hf_layout)
+        ("quantization_config", bool(raw.get("quantization_config")) and not (
+            raw.get("model_type") == "gpt_oss" and is_mxfp4(raw)),
+         "unquantized weights, or gpt-oss's MXFP4"),
     ]
     for key, bad, runs in checks:
         if bad:
