@@ -3,7 +3,7 @@
 pivotflow holds every decoder in one layout: ``self_attn.q_proj``/``k_proj``/``v_proj``,
 ``mlp.gate_proj``/``up_proj``/``down_proj``, and a sparse layer's ``mlp.gate`` router and
 ``mlp.experts.E.*_proj`` experts: the names its trainer's ``Decoder``, the store and LoRA use.
-Three families store theirs otherwise:
+These families store theirs otherwise:
 
 * Phi-3 and Phi-4 (``model_type`` phi3) fuse projections: ``self_attn.qkv_proj`` (q, k and v
   stacked by rows) and ``mlp.gate_up_proj`` (gate, then up). vLLM's and SGLang's loaders stack
@@ -19,7 +19,8 @@ Three families store theirs otherwise:
   ``mlp.experts.gate_up_proj`` [E, H, 2I] (input-major, gate and up interleaved by column),
   ``gate_up_proj_bias`` [E, 2I], ``down_proj`` [E, I, H], ``down_proj_bias`` [E, H].
   pivotflow holds each expert's projections as its own linears (``mlp.experts.E.gate_proj``),
-  and fuses them again for its folders and for vLLM, whose loader reads only the fused ones.
+  fuses them again for its folders, and sends vLLM one expert at a time (``_oss_engine``).
+  The Hub's files hold those stacks in MXFP4, dequantized as they are read.
 * Gemma 3 4B and larger (``gemma3``, Gemma3ForConditionalGeneration) and Mistral Small 3.1+
   and Magistral Small 1.2 (``mistral3``, Mistral3ForConditionalGeneration) wrap the text
   decoder (``language_model.model.*``, or ``model.language_model.*``; its config in
@@ -62,8 +63,8 @@ _FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
 _MIXTRAL_DISK = re.compile(r"(.*\.)block_sparse_moe\.(gate|experts\.\d+\.w([123]))\.weight")
 _MIXTRAL_HELD = re.compile(r"(.*\.)mlp\.(gate|experts\.\d+\.(gate|down|up)_proj)\.weight")
 _W_TO_PROJ = {"1": "gate", "2": "down", "3": "up"}
-_LAYER = re.compile(r"model\.layers\.(\d+)\.")
 _PROJ_TO_W = {v: k for k, v in _W_TO_PROJ.items()}
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")  # (a layer's tensors: its number)
 
 
 def _module(tensor: str) -> str:
@@ -401,26 +402,42 @@ def _oss_split(tensors: dict[str, torch.Tensor], where: str) -> dict[str, torch.
     return out
 
 
+def _oss_experts(tensors: dict[str, torch.Tensor]) -> tuple[
+        dict[str, torch.Tensor], dict[tuple[str, int], dict[str, torch.Tensor]]]:
+    """pivotflow's gpt-oss tensors sorted for writing: every tensor but the experts' (the
+    router renamed ``mlp.router``, as the file names it), and each (layer prefix, expert)'s
+    projections by ``"gate.weight"``, ``"up.bias"``..."""
+    out: dict[str, torch.Tensor] = {}
+    experts: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
+    for name, t in tensors.items():
+        if (m := _OSS_GATE.fullmatch(name)) is not None:
+            out[f"{m.group(1)}router.{m.group(2)}"] = t
+        elif (m := _OSS_EXPERT.fullmatch(name)) is not None:
+            experts.setdefault((m.group(1), int(m.group(2))), {})[
+                f"{m.group(3)}.{m.group(4)}"] = t
+        else:
+            out[name] = t
+    return out, experts
+
+
+def _interleaved(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gpt-oss's gate and up rows (or biases) interleaved by unit: gate 0, up 0, gate 1..."""
+    import torch
+
+    return torch.stack((gate, up), 1).flatten(0, 1)
+
+
 def _oss_fused(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``_oss_split`` undone: the router as ``mlp.router``, each layer's experts stacked into
     the file's fused tensors (gate and up interleaved again)."""
     import torch
 
-    out: dict[str, torch.Tensor] = {}
-    experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
-    for name, t in tensors.items():
-        if (m := _OSS_GATE.fullmatch(name)) is not None:
-            out[f"{m.group(1)}router.{m.group(2)}"] = t
-        elif (m := _OSS_EXPERT.fullmatch(name)) is not None:
-            experts.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[
-                f"{m.group(3)}.{m.group(4)}"] = t
-        else:
-            out[name] = t
-    for prefix, by_expert in experts.items():
-        parts = [by_expert[e] for e in sorted(by_expert)]
+    out, experts = _oss_experts(tensors)
+    for prefix in dict.fromkeys(prefix for prefix, _ in experts):
+        parts = [experts[key] for key in sorted(k for k in experts if k[0] == prefix)]
         for kind, suffix in (("weight", ""), ("bias", "_bias")):
-            gate_up = torch.stack([torch.stack((p[f"gate.{kind}"], p[f"up.{kind}"]), 1)
-                                   .flatten(0, 1) for p in parts])  # (interleaved by unit)
+            gate_up = torch.stack([_interleaved(p[f"gate.{kind}"], p[f"up.{kind}"])
+                                   for p in parts])
             down = torch.stack([p[f"down.{kind}"] for p in parts])
             if kind == "weight":  # ([out, in] held: [in, out] in the file)
                 gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
@@ -436,23 +453,11 @@ def _oss_engine(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     names it. vLLM 0.32 copies the file's whole stacks into its parameters directly, which its
     in-place reload never sees (a reload left the experts as they were, found on gpt-oss); it
     loads these through the experts' own loader, which the reload follows."""
-    import torch
-
-    out: dict[str, torch.Tensor] = {}
-    experts: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
-    for name, t in tensors.items():
-        if (m := _OSS_GATE.fullmatch(name)) is not None:
-            out[f"{m.group(1)}router.{m.group(2)}"] = t
-        elif (m := _OSS_EXPERT.fullmatch(name)) is not None:
-            experts.setdefault((m.group(1), int(m.group(2))), {})[
-                f"{m.group(3)}.{m.group(4)}"] = t
-        else:
-            out[name] = t
+    out, experts = _oss_experts(tensors)
     for (prefix, e), p in experts.items():
         head = f"{prefix}experts.{e}."
-        out[head + "w13_weight"] = torch.stack((p["gate.weight"], p["up.weight"]), 1).flatten(
-            0, 1).t()
-        out[head + "w13_bias"] = torch.stack((p["gate.bias"], p["up.bias"]), 1).flatten()
+        out[head + "w13_weight"] = _interleaved(p["gate.weight"], p["up.weight"]).t()
+        out[head + "w13_bias"] = _interleaved(p["gate.bias"], p["up.bias"])
         out[head + "w2_weight"] = p["down.weight"].t()
         out[head + "w2_bias"] = p["down.bias"]
     return out

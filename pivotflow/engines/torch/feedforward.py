@@ -58,10 +58,10 @@ def clamped_glu(gate: torch.Tensor, up: torch.Tensor, limit: float,
 
 class Routing(NamedTuple):
     """How a sparse layer picks and weighs a token's experts (``ModelConfig``'s router fields):
-    ``top_k`` of them, scored by ``scoring`` ("softmax" over all, or each by a "sigmoid"),
-    chosen by score (plus a sigmoid router's correction bias) among the ``topk_group`` best of
-    ``n_group`` groups, weighed by their scores, renormalised to sum to 1 when ``normalize``,
-    times ``scale``."""
+    ``top_k`` of them, scored by ``scoring`` ("softmax" over all, each by a "sigmoid", or
+    "topk_softmax": the logits choose, a softmax over the chosen weighs), chosen by score (plus
+    a sigmoid router's correction bias) among the ``topk_group`` best of ``n_group`` groups,
+    weighed by their scores, renormalised to sum to 1 when ``normalize``, times ``scale``."""
 
     top_k: int
     normalize: bool

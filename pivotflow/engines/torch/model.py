@@ -225,18 +225,22 @@ class Decoder(nn.Module):
         """As nn.Module's, but a sigmoid router's correction bias stays frozen: a load
         statistic (GLM-4.5's), not a weight; no loss has a gradient for it."""
         super().requires_grad_(requires_grad)
-        for layer in self.model.layers:
-            if isinstance(layer.mlp, SparseMoE) and layer.mlp.correction_bias is not None:
-                layer.mlp.correction_bias.requires_grad_(False)
+        for block in self._sigmoid_routed():
+            assert block.correction_bias is not None
+            block.correction_bias.requires_grad_(False)
         return self
 
     def keep_sigmoid_routers_float32(self) -> None:
         """A sigmoid router's weight and correction bias back to float32 in a model of another
         dtype, as transformers (``_keep_in_fp32_modules_strict``) and vLLM hold GLM-4.5's: its
         scores decide which experts run, and a bf16 router's choices would part from theirs."""
-        for layer in self.model.layers:
-            if isinstance(layer.mlp, SparseMoE) and layer.mlp.correction_bias is not None:
-                layer.mlp.gate.float()
+        for block in self._sigmoid_routed():
+            block.gate.float()
+
+    def _sigmoid_routed(self) -> list[SparseMoE]:
+        """The sparse blocks whose router is a sigmoid one (those with a correction bias)."""
+        return [layer.mlp for layer in self.model.layers
+                if isinstance(layer.mlp, SparseMoE) and layer.mlp.correction_bias is not None]
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -316,9 +320,7 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     softmax, whose share goes nowhere. The softmax in float32. ``q`` [..., H, T, D], ``k``/``v``
     [..., H, S, D] (one key head per query head); ``mask`` [..., T, S] boolean (True: attend)
     or additive, or None: causal (top-left aligned, as SDPA's is_causal)."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if cap:
-        scores = torch.tanh(scores / cap) * cap
+    scores = soft_cap(torch.matmul(q, k.transpose(-1, -2)) * scale, cap)
     t, s = scores.shape[-2:]
     if mask is None and t > 1:
         mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril()
