@@ -214,8 +214,7 @@ def test_the_serving_path_computes_the_sparse_block(tokens: int, kind: str) -> N
     correction bias, scaled weights and shared expert, and Qwen2-MoE's gated shared expert,
     too."""
     from pivotflow.engines.torch import experts as packed_experts
-    from pivotflow.engines.torch.kv_cache import _pack_mlp
-    from pivotflow.engines.torch.linear import Linears
+    from pivotflow.engines.torch.linear import Linears, pack_mlp
 
     glm = kind == "glm4_moe"
     cfg = config_from_hf(_glm4_moe_config() if glm else {
@@ -229,7 +228,7 @@ def test_the_serving_path_computes_the_sparse_block(tokens: int, kind: str) -> N
     h = torch.randn(tokens, cfg.hidden_size)
     expected = block(h[None])[0]
     shared_mlp = block.shared_experts or block.shared_expert
-    shared = None if shared_mlp is None else _pack_mlp(shared_mlp)
+    shared = None if shared_mlp is None else pack_mlp(shared_mlp)
     packed = packed_experts.PackedExperts(block, Linears(onednn=False), 0, shared)
     residual = torch.randn(tokens, cfg.hidden_size)
     got = packed.add(h, residual.clone())

@@ -2,7 +2,8 @@
 
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
-Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``) and
+Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss; rope default, linear, llama3, yarn, Phi-3's longrope within its original context; sliding windows as each family says them, ``hf_windows``; each family's own keys,
+``hf_families``) and
 names, in one line, the file and the first key it cannot run. Keys that change nothing the
 decoder computes (token ids, initializer_range, use_cache...) are ignored.
 """
@@ -13,14 +14,16 @@ from typing import Any
 
 import torch
 
-from pivotflow.engines.torch.hf_windows import (
-    nope_layers,
-    split_layer_rope,
-    window_fields,
-    windows_to_hf,
+from pivotflow.engines.torch.hf_families import (
+    ENGINE,
+    GRANITE_KEYS,
+    check_every_layer_sparse,
+    family_fields,
+    glm4_moe_to_hf,
+    number,
 )
+from pivotflow.engines.torch.hf_windows import split_layer_rope, window_fields, windows_to_hf
 from pivotflow.engines.torch.model_config import (
-    ACTIVATIONS,
     ARCHITECTURES,
     ROPE_TYPES,
     ModelConfig,
@@ -61,7 +64,6 @@ DTYPES = {
 }  # fmt: skip
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
              "num_attention_heads", "max_position_embeddings")  # fmt: skip
-_ENGINE = "is not supported by the embedded engine"
 # (transformers' other families turn whole heads)
 PARTIAL_ROTARY_FAMILIES = ("phi3", "glm4", "glm4_moe")
 # (SmolLM3Config's and GptOssConfig's; the others' is 10000)
@@ -88,7 +90,7 @@ def resolve_dtype(
     key = "dtype" if hf_config.get("dtype") else "torch_dtype"
     name = hf_config.get(key) or "float32"
     if name not in DTYPES:
-        raise ModelConfigError(f"{where}: {key}={name!r} {_ENGINE} (float32, bfloat16, float16)")
+        raise ModelConfigError(f"{where}: {key}={name!r} {ENGINE} (float32, bfloat16, float16)")
     return DTYPES[name]
 
 
@@ -100,7 +102,7 @@ def _model_type(raw: dict[str, Any], where: str) -> str:
                      if cls in archs), None)
     if kind not in ARCHITECTURES:
         raise ModelConfigError(
-            f"{where}: model_type={kind!r} {_ENGINE} ({', '.join(ARCHITECTURES)})"
+            f"{where}: model_type={kind!r} {ENGINE} ({', '.join(ARCHITECTURES)})"
         )
     return str(kind)
 
@@ -122,7 +124,7 @@ def _reject_unsupported(raw: dict[str, Any], where: str) -> None:
     ]
     for key, bad, runs in checks:
         if bad:
-            raise ModelConfigError(f"{where}: {key}={raw.get(key)!r} {_ENGINE} ({runs})")
+            raise ModelConfigError(f"{where}: {key}={raw.get(key)!r} {ENGINE} ({runs})")
 
 
 def _rope_key(raw: dict[str, Any]) -> str:
@@ -140,7 +142,7 @@ def _rope_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
     key = _rope_key(raw)
     rope = raw.get(key) or {}
     if not isinstance(rope, dict) or any(isinstance(v, dict) for v in rope.values()):
-        raise ModelConfigError(f"{where}: {key}={rope!r} {_ENGINE} (one dict for all layers)")
+        raise ModelConfigError(f"{where}: {key}={rope!r} {ENGINE} (one dict for all layers)")
     type_key = "rope_type" if "rope_type" in rope else "type"
     kind = rope.get(type_key, "default")
     phi3 = raw.get("model_type") == "phi3"
@@ -148,7 +150,7 @@ def _rope_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
         kind = "longrope"
     if kind not in ROPE_TYPES or (kind == "longrope" and not phi3):
         raise ModelConfigError(
-            f"{where}: {key}.{type_key}={kind!r} {_ENGINE} "
+            f"{where}: {key}.{type_key}={kind!r} {ENGINE} "
             f"({', '.join(t for t in ROPE_TYPES if t != 'longrope')}; longrope on phi3)"
         )
     # (Glm4Config's and Glm4MoeConfig's default: half of each head turns)
@@ -157,31 +159,31 @@ def _rope_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
                                                         0.5 if glm4 else 1.0))
     if partial != 1.0 and raw.get("model_type") not in PARTIAL_ROTARY_FAMILIES:
         raise ModelConfigError(
-            f"{where}: {key}.partial_rotary_factor={partial!r} {_ENGINE} (1.0)")
+            f"{where}: {key}.partial_rotary_factor={partial!r} {ENGINE} (1.0)")
     theta_key = f"{key}.rope_theta" if "rope_theta" in rope else "rope_theta"
     # (transformers' default_theta where the config names none)
     theta = rope.get("rope_theta", raw.get("rope_theta", _DEFAULT_THETA.get(
         raw.get("model_type", ""), 10000.0)))
-    out: dict[str, Any] = {"rope_type": kind, "rope_theta": _number(theta, theta_key, where)}
+    out: dict[str, Any] = {"rope_type": kind, "rope_theta": number(theta, theta_key, where)}
     needs = {"linear": ("factor",), "yarn": ("factor",),
              "llama3": ("factor", "low_freq_factor", "high_freq_factor")}.get(kind, ())  # fmt: skip
     for name in needs:
         if name not in rope:
             raise ModelConfigError(f"{where}: {key}.{name} is missing (rope_type {kind!r})")
-        out[f"rope_{name}"] = _number(rope[name], f"{key}.{name}", where)
+        out[f"rope_{name}"] = number(rope[name], f"{key}.{name}", where)
     if kind in ("llama3", "yarn"):
         # transformers' default for a missing original length is max_position_embeddings.
         original = rope.get("original_max_position_embeddings",
                             raw.get("original_max_position_embeddings", 0))  # fmt: skip
         out["rope_original_max_position_embeddings"] = int(
-            _number(original, f"{key}.original_max_position_embeddings", where)
+            number(original, f"{key}.original_max_position_embeddings", where)
         )
     if kind == "yarn":
         out.update(_yarn_fields(rope, key, where))
     if kind == "longrope":
         out.update(_longrope_fields(raw, rope, key, where))
     if partial != 1.0:
-        out["partial_rotary_factor"] = _number(partial, "partial_rotary_factor", where)
+        out["partial_rotary_factor"] = number(partial, "partial_rotary_factor", where)
     return out
 
 
@@ -217,10 +219,10 @@ def _longrope_fields(raw: dict[str, Any], rope: dict[str, Any], key: str,
                                "a positive integer")
     out["rope_original_max_position_embeddings"] = original
     factor = rope.get("factor")
-    out["rope_factor"] = (_number(factor, f"{key}.factor", where) if factor is not None
+    out["rope_factor"] = (number(factor, f"{key}.factor", where) if factor is not None
                           else raw["max_position_embeddings"] / original)
     if rope.get("attention_factor") is not None:
-        out["rope_attention_factor"] = _number(rope["attention_factor"],
+        out["rope_attention_factor"] = number(rope["attention_factor"],
                                                f"{key}.attention_factor", where)
     return out
 
@@ -231,18 +233,12 @@ def _yarn_fields(rope: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim"):
         if rope.get(name) is not None:
-            out[f"rope_{name}"] = _number(rope[name], f"{key}.{name}", where)
+            out[f"rope_{name}"] = number(rope[name], f"{key}.{name}", where)
     truncate = rope.get("truncate", True)
     if not isinstance(truncate, bool):
         raise ModelConfigError(f"{where}: {key}.truncate={truncate!r} is not true or false")
     out["rope_truncate"] = truncate
     return out
-
-
-def _number(value: Any, key: str, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ModelConfigError(f"{where}: {key}={value!r} is not a number")
-    return float(value)
 
 
 def _positive_int(raw: dict[str, Any], key: str, where: str) -> int:
@@ -283,7 +279,7 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
     cfg = ModelConfig(
         **fields,
         **rope,
-        rms_norm_eps=_number(raw.get("rms_norm_eps", 1e-6), "rms_norm_eps", where),
+        rms_norm_eps=number(raw.get("rms_norm_eps", 1e-6), "rms_norm_eps", where),
         # (transformers' default: tied for Gemma 2 and 3 and SmolLM3, untied for the rest)
         tie_word_embeddings=bool(raw.get("tie_word_embeddings",
                                          kind in ("gemma3_text", "gemma2", "smollm3"))),
@@ -294,154 +290,12 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
             kind, bool(raw.get("attention_bias", kind in ("glm4", "gpt_oss")))),  # (default on)
         architecture=kind,
         num_labels=_num_labels(raw, where),
-        **(_expert_fields(raw, where) if kind in ("qwen3_moe", "qwen2_moe") else {}),
-        **(_mixtral_fields(raw, where) if kind in ("mixtral", "olmoe", "gpt_oss") else {}),
-        **(_glm4_moe_fields(raw, fields["num_hidden_layers"], where)
-           if kind == "glm4_moe" else {}),
-        **_smollm3_fields(raw, kind, fields["num_hidden_layers"], where),
-        **(_granite_fields(raw, where) if kind == "granite" else {}),
-        **(_gemma_fields(raw, where) if kind in ("gemma3_text", "gemma2") else {}),
+        **family_fields(raw, kind, fields["num_hidden_layers"], where),
     )
     try:
         return cfg.validate()
     except ModelConfigError as exc:
         raise ModelConfigError(f"{where}: {exc}") from None
-
-
-def _smollm3_fields(raw: dict[str, Any], kind: str, layers: int,
-                    where: str) -> dict[str, Any]:
-    """SmolLM3's NoPE layers (``hf_windows.nope_layers``); nothing for another family."""
-    return {"nope_layers": nope_layers(raw, layers, where)} if kind == "smollm3" else {}
-
-
-_GRANITE_KEYS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
-                 "logits_scaling")
-
-
-def _granite_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
-    """Granite's four multipliers (GraniteConfig's default 1.0 each)."""
-    out = {key: _number(raw.get(key, 1.0), key, where) for key in _GRANITE_KEYS}
-    for key, value in out.items():
-        if not value > 0:
-            raise ModelConfigError(f"{where}: {key}={value!r} is not positive")
-    return out
-
-
-def _gemma_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
-    """Gemma 2's and 3's gate and attention scale; Gemma 2's soft-capping (Gemma2Config's
-    defaults: 50 on attention scores, 30 on logits; null: none); bidirectional attention
-    (EmbeddingGemma's) is refused, and soft-capping on Gemma 3, which transformers' Gemma 3
-    reads but no Gemma 3 sets."""
-    out: dict[str, Any] = {}
-    gemma2 = raw.get("model_type") == "gemma2"
-    for key, default in (("final_logit_softcapping", 30.0), ("attn_logit_softcapping", 50.0)):
-        value = raw.get(key, default if gemma2 else None)
-        if value is not None and not gemma2:
-            raise ModelConfigError(f"{where}: {key}={raw[key]!r} {_ENGINE} on gemma3_text "
-                                   "(null)")
-        if value is not None:
-            out[key] = _number(value, key, where)
-            if out[key] <= 0:
-                raise ModelConfigError(f"{where}: {key}={value!r} is not positive (null: none)")
-    if raw.get("use_bidirectional_attention"):
-        raise ModelConfigError(f"{where}: use_bidirectional_attention=True {_ENGINE} (false)")
-    act = raw.get("hidden_activation", "gelu_pytorch_tanh")
-    if act not in ACTIVATIONS:
-        raise ModelConfigError(f"{where}: hidden_activation={act!r} {_ENGINE} "
-                               f"({', '.join(ACTIVATIONS)})")
-    scalar = _number(raw.get("query_pre_attn_scalar", 256), "query_pre_attn_scalar", where)
-    return {**out, "hidden_act": act, "query_pre_attn_scalar": scalar}
-
-
-def _expert_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
-    """A Qwen3-MoE or Qwen2-MoE config's expert fields, with transformers' defaults where a
-    key is absent (the Hub's configs name the count ``num_experts``; transformers 5 writes
-    ``num_local_experts``); Qwen2-MoE's gated shared expert."""
-    count_key = "num_experts" if "num_experts" in raw else "num_local_experts"
-    keys = {"num_experts": count_key, "num_experts_per_tok": "num_experts_per_tok",
-            "moe_intermediate_size": "moe_intermediate_size",
-            "decoder_sparse_step": "decoder_sparse_step"}  # ModelConfig's field: its key
-    defaults = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
-                "decoder_sparse_step": 1}  # transformers' (Qwen3MoeConfig's)
-    if raw.get("model_type") == "qwen2_moe":  # (Qwen2MoeConfig's)
-        keys["shared_expert_intermediate_size"] = "shared_expert_intermediate_size"
-        defaults.update(num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408,
-                        shared_expert_intermediate_size=5632)
-    out: dict[str, Any] = {}
-    for field, key in keys.items():
-        value = out[field] = raw.get(key, defaults[field])
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ModelConfigError(f"{where}: {key}={value!r} is not a non-negative integer")
-    out["norm_topk_prob"] = bool(raw.get("norm_topk_prob", False))
-    only = raw.get("mlp_only_layers") or []
-    if not isinstance(only, list) or not all(
-        isinstance(i, int) and not isinstance(i, bool) for i in only
-    ):
-        raise ModelConfigError(f"{where}: mlp_only_layers={only!r} is not a list of layer numbers")
-    out["mlp_only_layers"] = tuple(only)
-    return out
-
-
-def _mixtral_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
-    """Mixtral's, OLMoE's and gpt-oss's experts as ModelConfig's: every layer sparse, each
-    expert an MLP of intermediate_size; Mixtral's top k router weights always renormalised
-    (transformers' defaults: 8 experts, 2 a token), OLMoE's as norm_topk_prob says (64
-    experts, 8 a token, false), gpt-oss's a softmax over the chosen logits (128 experts, 4 a
-    token) and its clamped gate. Mixtral's training-time router jitter and OLMoE's q/k/v
-    clipping are refused unless none."""
-    out: dict[str, Any] = {}
-    olmoe, oss = raw.get("model_type") == "olmoe", raw.get("model_type") == "gpt_oss"
-    if olmoe and raw.get("clip_qkv") is not None:
-        raise ModelConfigError(f"{where}: clip_qkv={raw['clip_qkv']!r} {_ENGINE} (null)")
-    count_key, defaults = (("num_experts", (64, 8)) if olmoe else
-                           ("num_local_experts", (128, 4) if oss else (8, 2)))
-    for field, key, default in (("num_experts", count_key, defaults[0]),
-                                ("num_experts_per_tok", "num_experts_per_tok", defaults[1])):
-        value = out[field] = raw.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ModelConfigError(f"{where}: {key}={value!r} is not a positive integer")
-    jitter = raw.get("router_jitter_noise") or 0.0
-    if jitter:
-        raise ModelConfigError(f"{where}: router_jitter_noise={jitter!r} {_ENGINE} (0)")
-    if oss:  # (a softmax over the chosen logits: their weights sum to 1 already)
-        out.update(scoring_func="topk_softmax", norm_topk_prob=False, **{
-            key: _number(raw.get(key, default), key, where)
-            for key, default in (("swiglu_alpha", 1.702), ("swiglu_limit", 7.0))})
-        if not out["swiglu_limit"] > 0:
-            raise ModelConfigError(f"{where}: swiglu_limit={out['swiglu_limit']!r} is not "
-                                   "positive")
-        return {**out, "moe_intermediate_size": raw["intermediate_size"]}
-    normalize = bool(raw.get("norm_topk_prob", False)) if olmoe else True
-    return {**out, "moe_intermediate_size": raw["intermediate_size"], "norm_topk_prob": normalize}
-
-
-def _glm4_moe_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
-    """GLM-4.5's experts, router and q/k norms as ModelConfig's, with Glm4MoeConfig's defaults
-    where a key is absent: its first ``first_k_dense_replace`` layers dense, the rest sparse,
-    each with ``n_shared_experts`` shared; a sigmoid router. Its multi-token-prediction layers
-    (``num_nextn_predict_layers``) are not part of the decoder: their tensors are left out as
-    the folder is read (``hf_layout``), as transformers leaves them."""
-    out: dict[str, Any] = {}
-    for field, key, default in (("num_experts", "n_routed_experts", 128),
-                                ("num_experts_per_tok", "num_experts_per_tok", 8),
-                                ("moe_intermediate_size", "moe_intermediate_size", 1408),
-                                ("n_shared_experts", "n_shared_experts", 1),
-                                ("n_group", "n_group", 1), ("topk_group", "topk_group", 1)):
-        value = out[field] = raw.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ModelConfigError(f"{where}: {key}={value!r} is not a non-negative integer")
-    dense = raw.get("first_k_dense_replace", 1)
-    if isinstance(dense, bool) or not isinstance(dense, int) or not 0 <= dense <= layers:
-        raise ModelConfigError(f"{where}: first_k_dense_replace={dense!r} is not a number of "
-                               f"layers in [0, {layers}]")
-    for key in ("norm_topk_prob", "use_qk_norm"):
-        if not isinstance(raw.get(key, False), bool):
-            raise ModelConfigError(f"{where}: {key}={raw[key]!r} is not true or false")
-    return {**out, "mlp_only_layers": tuple(range(dense)), "scoring_func": "sigmoid",
-            "routed_scaling_factor": _number(raw.get("routed_scaling_factor", 1.0),
-                                             "routed_scaling_factor", where),
-            "norm_topk_prob": raw.get("norm_topk_prob", True),
-            "qk_norm": raw.get("use_qk_norm", False)}
 
 
 def _num_labels(raw: dict[str, Any], where: str) -> int:
@@ -522,7 +376,7 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
     if cfg.architecture in ("llama", "olmo2", "olmo3", "granite"):
         out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
         if cfg.architecture == "granite":
-            out.update({key: getattr(cfg, key) for key in _GRANITE_KEYS},
+            out.update({key: getattr(cfg, key) for key in GRANITE_KEYS},
                        attention_multiplier=cfg.attention_scale)
     elif cfg.architecture in ("gemma3_text", "gemma2"):
         del out["hidden_act"]
@@ -536,13 +390,13 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
     elif cfg.architecture == "mistral":
         out.update(sliding_window=None)  # none, explicitly: transformers' default is 4096
     elif cfg.architecture == "gpt_oss":  # (no token ids: as for phi3, below)
-        _check_every_layer_sparse(cfg)
+        check_every_layer_sparse(cfg)
         out.update(attention_bias=cfg.attention_bias, num_local_experts=cfg.num_experts,
                    num_experts_per_tok=cfg.num_experts_per_tok, swiglu_alpha=cfg.swiglu_alpha,
                    swiglu_limit=cfg.swiglu_limit, output_router_logits=False,
                    pad_token_id=None, bos_token_id=None, eos_token_id=None)
     elif cfg.architecture == "olmoe":
-        _check_every_layer_sparse(cfg)
+        check_every_layer_sparse(cfg)
         out.update(attention_bias=cfg.attention_bias, clip_qkv=None, num_experts=cfg.num_experts,
                    num_experts_per_tok=cfg.num_experts_per_tok, norm_topk_prob=cfg.norm_topk_prob,
                    output_router_logits=False)
@@ -550,7 +404,7 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         if cfg.num_experts and not cfg.norm_topk_prob:
             raise ModelConfigError("a mixtral checkpoint renormalises its router weights; use "
                                    "architecture='qwen3_moe' for another layout")
-        _check_every_layer_sparse(cfg)
+        check_every_layer_sparse(cfg)
         out.update(sliding_window=None, num_local_experts=cfg.num_experts,
                    num_experts_per_tok=cfg.num_experts_per_tok, router_jitter_noise=0.0,
                    output_router_logits=False)
@@ -560,7 +414,7 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
                    no_rope_layers=[int(i not in cfg.nope_layers)
                                    for i in range(cfg.num_hidden_layers)])
     elif cfg.architecture == "glm4_moe":
-        out.update(_glm4_moe_to_hf(cfg))
+        out.update(glm4_moe_to_hf(cfg))
         rope["partial_rotary_factor"] = cfg.partial_rotary_factor
     elif cfg.architecture == "glm4":  # (no token ids: as for phi3, below)
         out.update(attention_bias=cfg.attention_bias,
@@ -594,30 +448,3 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
             output_router_logits=False,
         )
     return out
-
-
-def _glm4_moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
-    """A GLM-4.5 config's own keys (no token ids: as for phi3; no multi-token-prediction layer:
-    pivotflow holds none)."""
-    dense = len(cfg.mlp_only_layers)
-    if cfg.mlp_only_layers != tuple(range(dense)) or cfg.decoder_sparse_step != 1:
-        raise ModelConfigError("a glm4_moe checkpoint has its dense layers first "
-                               "(first_k_dense_replace) and every later layer sparse")
-    return {"attention_bias": cfg.attention_bias, "use_qk_norm": cfg.qk_norm,
-            "partial_rotary_factor": cfg.partial_rotary_factor,
-            "n_routed_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
-            "moe_intermediate_size": cfg.moe_intermediate_size,
-            "n_shared_experts": cfg.n_shared_experts, "n_group": cfg.n_group,
-            "topk_group": cfg.topk_group, "routed_scaling_factor": cfg.routed_scaling_factor,
-            "norm_topk_prob": cfg.norm_topk_prob, "first_k_dense_replace": dense,
-            "num_nextn_predict_layers": 0, "output_router_logits": False,
-            "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
-
-
-def _check_every_layer_sparse(cfg: ModelConfig) -> None:
-    """Mixtral's and OLMoE's files say no dense layers and no expert width of their own."""
-    if cfg.num_experts and (cfg.moe_intermediate_size != cfg.intermediate_size
-                            or cfg.mlp_only_layers or cfg.decoder_sparse_step != 1):
-        raise ModelConfigError(
-            f"a {cfg.architecture} checkpoint has every layer sparse and experts of "
-            "intermediate_size; use architecture='qwen3_moe' for another layout")

@@ -16,11 +16,10 @@ from typing import cast
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from pivotflow.engines.torch.experts import PackedExperts, RoutingRecorder
 from pivotflow.engines.torch.feedforward import MLP, SparseMoE, activation
-from pivotflow.engines.torch.linear import Linears
+from pivotflow.engines.torch.linear import Linears, pack_linears, pack_mlp
 from pivotflow.engines.torch.model import (
     Decoder,
     DecoderLayer,
@@ -227,29 +226,6 @@ class SlotKVCache:
         self._unmask(slice(0, running), real)
 
 
-def pack_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenate the weights (and biases) of ``linears`` along the output axis and make each
-    layer's parameters views into the result, so one matmul computes all of them and a later
-    ``param.copy_`` (a weight load) updates the packed tensors in place. Returns (weight, bias)."""
-    weight = torch.cat([m.weight for m in linears])
-    has_bias = linears[0].bias is not None
-    bias = torch.cat([m.bias for m in linears]) if has_bias else None  # type: ignore[misc]
-    start = 0
-    for m in linears:
-        stop = start + m.weight.shape[0]
-        m.weight = nn.Parameter(weight[start:stop], requires_grad=False)
-        if bias is not None:
-            m.bias = nn.Parameter(bias[start:stop], requires_grad=False)
-        start = stop
-    return weight, bias
-
-
-def _pack_mlp(mlp: MLP) -> _Dense:
-    """A SwiGLU MLP's weights for one gated matmul: (packed [gate; up], down)."""
-    w_gate_up, _ = pack_linears([mlp.gate_proj, mlp.up_proj])
-    return w_gate_up, mlp.down_proj.weight
-
-
 class PackedDecoder:
     """``model``'s forward pass specialised for serving from a ``SlotKVCache``: ``prefill``
     (whole prompts) and ``decode`` (one token per sequence), each returning logits [n, vocab]
@@ -295,10 +271,10 @@ class PackedDecoder:
             if isinstance(layer.mlp, SparseMoE):
                 shared = layer.mlp.shared_experts or layer.mlp.shared_expert
                 ffn = PackedExperts(layer.mlp, self.mm, len(self.experts),
-                                    None if shared is None else _pack_mlp(shared))
+                                    None if shared is None else pack_mlp(shared))
                 self.experts.append(ffn)
             else:
-                ffn = _pack_mlp(cast(MLP, layer.mlp))
+                ffn = pack_mlp(cast(MLP, layer.mlp))
             weights = (w_qkv, attn.o_proj.weight)
             self.layers.append((norms, b_qkv, weights, attn.o_proj.bias, qk_norms, ffn))
         # each rotary dimension's partner in rotate_half: half of the rotary dimensions away

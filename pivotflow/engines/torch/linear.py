@@ -19,9 +19,14 @@ rounding, not bit for bit.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:
+    from pivotflow.engines.torch.feedforward import MLP
 
 _T = torch.Tensor
 BIG_WEIGHT = 1 << 18  # elements (1 MB in float32): larger weights go to oneDNN at any batch
@@ -79,3 +84,27 @@ class Linears:
         weights better than two half-width ones.)"""
         gate_up = self.linear(x, w_gate_up)
         return act(gate_up[:, :inter]).mul_(gate_up[:, inter:])
+
+
+def pack_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the weights (and biases) of ``linears`` along the output axis and make each
+    layer's parameters views into the result, so one matmul computes all of them and a later
+    ``param.copy_`` (a weight load) updates the packed tensors in place. Returns (weight, bias)."""
+    weight = torch.cat([m.weight for m in linears])
+    has_bias = linears[0].bias is not None
+    bias = torch.cat([m.bias for m in linears]) if has_bias else None  # type: ignore[misc]
+    start = 0
+    for m in linears:
+        stop = start + m.weight.shape[0]
+        m.weight = nn.Parameter(weight[start:stop], requires_grad=False)
+        if bias is not None:
+            m.bias = nn.Parameter(bias[start:stop], requires_grad=False)
+        start = stop
+    return weight, bias
+
+
+def pack_mlp(mlp: MLP) -> tuple[_T, _T]:
+    """A SwiGLU MLP's weights for one gated matmul (``Linears.gated``): (packed [gate; up],
+    down), the MLP's own parameters views of them."""
+    w_gate_up, _ = pack_linears([mlp.gate_proj, mlp.up_proj])
+    return w_gate_up, mlp.down_proj.weight

@@ -1,0 +1,197 @@
+"""Each family's own ``config.json`` keys as ModelConfig's fields (``family_fields``), and the
+few it writes back that need a check of their own: the expert and router keys of Qwen3-MoE,
+Qwen2-MoE, Mixtral, OLMoE, gpt-oss and GLM-4.5, Gemma's gate, scale and soft-capping,
+Granite's multipliers, SmolLM3's NoPE layers. ``hf_config`` reads what all families share.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pivotflow.engines.torch.hf_windows import nope_layers
+from pivotflow.engines.torch.model_config import ACTIVATIONS
+from pivotflow.errors import ModelConfigError
+
+if TYPE_CHECKING:
+    from pivotflow.engines.torch.model_config import ModelConfig
+
+ENGINE = "is not supported by the embedded engine"
+GRANITE_KEYS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
+                "logits_scaling")
+
+
+def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> dict[str, Any]:
+    """The ModelConfig fields family ``kind`` (a model_type) reads from keys of its own
+    (``layers``: its num_hidden_layers); nothing for a family without any."""
+    if kind in ("qwen3_moe", "qwen2_moe"):
+        return _expert_fields(raw, where)
+    if kind in ("mixtral", "olmoe", "gpt_oss"):
+        return _mixtral_fields(raw, where)
+    if kind == "glm4_moe":
+        return _glm4_moe_fields(raw, layers, where)
+    if kind == "smollm3":
+        return {"nope_layers": nope_layers(raw, layers, where)}
+    if kind == "granite":
+        return _granite_fields(raw, where)
+    if kind in ("gemma3_text", "gemma2"):
+        return _gemma_fields(raw, where)
+    return {}
+
+
+def number(value: Any, key: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ModelConfigError(f"{where}: {key}={value!r} is not a number")
+    return float(value)
+
+
+def _granite_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """Granite's four multipliers (GraniteConfig's default 1.0 each)."""
+    out = {key: number(raw.get(key, 1.0), key, where) for key in GRANITE_KEYS}
+    for key, value in out.items():
+        if not value > 0:
+            raise ModelConfigError(f"{where}: {key}={value!r} is not positive")
+    return out
+
+
+def _gemma_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """Gemma 2's and 3's gate and attention scale; Gemma 2's soft-capping (Gemma2Config's
+    defaults: 50 on attention scores, 30 on logits; null: none); bidirectional attention
+    (EmbeddingGemma's) is refused, and soft-capping on Gemma 3, which transformers' Gemma 3
+    reads but no Gemma 3 sets."""
+    out: dict[str, Any] = {}
+    gemma2 = raw.get("model_type") == "gemma2"
+    for key, default in (("final_logit_softcapping", 30.0), ("attn_logit_softcapping", 50.0)):
+        value = raw.get(key, default if gemma2 else None)
+        if value is not None and not gemma2:
+            raise ModelConfigError(f"{where}: {key}={raw[key]!r} {ENGINE} on gemma3_text "
+                                   "(null)")
+        if value is not None:
+            out[key] = number(value, key, where)
+            if out[key] <= 0:
+                raise ModelConfigError(f"{where}: {key}={value!r} is not positive (null: none)")
+    if raw.get("use_bidirectional_attention"):
+        raise ModelConfigError(f"{where}: use_bidirectional_attention=True {ENGINE} (false)")
+    act = raw.get("hidden_activation", "gelu_pytorch_tanh")
+    if act not in ACTIVATIONS:
+        raise ModelConfigError(f"{where}: hidden_activation={act!r} {ENGINE} "
+                               f"({', '.join(ACTIVATIONS)})")
+    scalar = number(raw.get("query_pre_attn_scalar", 256), "query_pre_attn_scalar", where)
+    return {**out, "hidden_act": act, "query_pre_attn_scalar": scalar}
+
+
+def _expert_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """A Qwen3-MoE or Qwen2-MoE config's expert fields, with transformers' defaults where a
+    key is absent (the Hub's configs name the count ``num_experts``; transformers 5 writes
+    ``num_local_experts``); Qwen2-MoE's gated shared expert."""
+    count_key = "num_experts" if "num_experts" in raw else "num_local_experts"
+    keys = {"num_experts": count_key, "num_experts_per_tok": "num_experts_per_tok",
+            "moe_intermediate_size": "moe_intermediate_size",
+            "decoder_sparse_step": "decoder_sparse_step"}  # ModelConfig's field: its key
+    defaults = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                "decoder_sparse_step": 1}  # transformers' (Qwen3MoeConfig's)
+    if raw.get("model_type") == "qwen2_moe":  # (Qwen2MoeConfig's)
+        keys["shared_expert_intermediate_size"] = "shared_expert_intermediate_size"
+        defaults.update(num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408,
+                        shared_expert_intermediate_size=5632)
+    out: dict[str, Any] = {}
+    for field, key in keys.items():
+        value = out[field] = raw.get(key, defaults[field])
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ModelConfigError(f"{where}: {key}={value!r} is not a non-negative integer")
+    out["norm_topk_prob"] = bool(raw.get("norm_topk_prob", False))
+    only = raw.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in only
+    ):
+        raise ModelConfigError(f"{where}: mlp_only_layers={only!r} is not a list of layer numbers")
+    out["mlp_only_layers"] = tuple(only)
+    return out
+
+
+def _mixtral_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """Mixtral's, OLMoE's and gpt-oss's experts as ModelConfig's: every layer sparse, each
+    expert an MLP of intermediate_size; Mixtral's top k router weights always renormalised
+    (transformers' defaults: 8 experts, 2 a token), OLMoE's as norm_topk_prob says (64
+    experts, 8 a token, false), gpt-oss's a softmax over the chosen logits (128 experts, 4 a
+    token) and its clamped gate. Mixtral's training-time router jitter and OLMoE's q/k/v
+    clipping are refused unless none."""
+    out: dict[str, Any] = {}
+    olmoe, oss = raw.get("model_type") == "olmoe", raw.get("model_type") == "gpt_oss"
+    if olmoe and raw.get("clip_qkv") is not None:
+        raise ModelConfigError(f"{where}: clip_qkv={raw['clip_qkv']!r} {ENGINE} (null)")
+    count_key, defaults = (("num_experts", (64, 8)) if olmoe else
+                           ("num_local_experts", (128, 4) if oss else (8, 2)))
+    for field, key, default in (("num_experts", count_key, defaults[0]),
+                                ("num_experts_per_tok", "num_experts_per_tok", defaults[1])):
+        value = out[field] = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ModelConfigError(f"{where}: {key}={value!r} is not a positive integer")
+    jitter = raw.get("router_jitter_noise") or 0.0
+    if jitter:
+        raise ModelConfigError(f"{where}: router_jitter_noise={jitter!r} {ENGINE} (0)")
+    if oss:  # (a softmax over the chosen logits: their weights sum to 1 already)
+        out.update(scoring_func="topk_softmax", norm_topk_prob=False, **{
+            key: number(raw.get(key, default), key, where)
+            for key, default in (("swiglu_alpha", 1.702), ("swiglu_limit", 7.0))})
+        if not out["swiglu_limit"] > 0:
+            raise ModelConfigError(f"{where}: swiglu_limit={out['swiglu_limit']!r} is not "
+                                   "positive")
+        return {**out, "moe_intermediate_size": raw["intermediate_size"]}
+    normalize = bool(raw.get("norm_topk_prob", False)) if olmoe else True
+    return {**out, "moe_intermediate_size": raw["intermediate_size"], "norm_topk_prob": normalize}
+
+
+def _glm4_moe_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
+    """GLM-4.5's experts, router and q/k norms as ModelConfig's, with Glm4MoeConfig's defaults
+    where a key is absent: its first ``first_k_dense_replace`` layers dense, the rest sparse,
+    each with ``n_shared_experts`` shared; a sigmoid router. Its multi-token-prediction layers
+    (``num_nextn_predict_layers``) are not part of the decoder: their tensors are left out as
+    the folder is read (``hf_layout``), as transformers leaves them."""
+    out: dict[str, Any] = {}
+    for field, key, default in (("num_experts", "n_routed_experts", 128),
+                                ("num_experts_per_tok", "num_experts_per_tok", 8),
+                                ("moe_intermediate_size", "moe_intermediate_size", 1408),
+                                ("n_shared_experts", "n_shared_experts", 1),
+                                ("n_group", "n_group", 1), ("topk_group", "topk_group", 1)):
+        value = out[field] = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ModelConfigError(f"{where}: {key}={value!r} is not a non-negative integer")
+    dense = raw.get("first_k_dense_replace", 1)
+    if isinstance(dense, bool) or not isinstance(dense, int) or not 0 <= dense <= layers:
+        raise ModelConfigError(f"{where}: first_k_dense_replace={dense!r} is not a number of "
+                               f"layers in [0, {layers}]")
+    for key in ("norm_topk_prob", "use_qk_norm"):
+        if not isinstance(raw.get(key, False), bool):
+            raise ModelConfigError(f"{where}: {key}={raw[key]!r} is not true or false")
+    return {**out, "mlp_only_layers": tuple(range(dense)), "scoring_func": "sigmoid",
+            "routed_scaling_factor": number(raw.get("routed_scaling_factor", 1.0),
+                                             "routed_scaling_factor", where),
+            "norm_topk_prob": raw.get("norm_topk_prob", True),
+            "qk_norm": raw.get("use_qk_norm", False)}
+
+
+def glm4_moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+    """A GLM-4.5 config's own keys (no token ids: as for phi3; no multi-token-prediction layer:
+    pivotflow holds none)."""
+    dense = len(cfg.mlp_only_layers)
+    if cfg.mlp_only_layers != tuple(range(dense)) or cfg.decoder_sparse_step != 1:
+        raise ModelConfigError("a glm4_moe checkpoint has its dense layers first "
+                               "(first_k_dense_replace) and every later layer sparse")
+    return {"attention_bias": cfg.attention_bias, "use_qk_norm": cfg.qk_norm,
+            "partial_rotary_factor": cfg.partial_rotary_factor,
+            "n_routed_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
+            "moe_intermediate_size": cfg.moe_intermediate_size,
+            "n_shared_experts": cfg.n_shared_experts, "n_group": cfg.n_group,
+            "topk_group": cfg.topk_group, "routed_scaling_factor": cfg.routed_scaling_factor,
+            "norm_topk_prob": cfg.norm_topk_prob, "first_k_dense_replace": dense,
+            "num_nextn_predict_layers": 0, "output_router_logits": False,
+            "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+
+
+def check_every_layer_sparse(cfg: ModelConfig) -> None:
+    """Mixtral's and OLMoE's files say no dense layers and no expert width of their own."""
+    if cfg.num_experts and (cfg.moe_intermediate_size != cfg.intermediate_size
+                            or cfg.mlp_only_layers or cfg.decoder_sparse_step != 1):
+        raise ModelConfigError(
+            f"a {cfg.architecture} checkpoint has every layer sparse and experts of "
+            "intermediate_size; use architecture='qwen3_moe' for another layout")
