@@ -163,6 +163,11 @@ class ToolPool:
         self._all: list[WorkerProcess] = []
         self._idle: queue.SimpleQueue[WorkerProcess] = queue.SimpleQueue()
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="pivotflow-tools")
+        # bwrap's --die-with-parent kills a worker when the *thread* that started it ends
+        # (PR_SET_PDEATHSIG follows the forking thread, not the process), so a worker started
+        # by a caller's short-lived thread died with it, at random, before its next call: every
+        # worker is started from this one thread, which lives as long as the pool
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="pivotflow-tool-spawner")
         self._code = None
         if any(t.sandbox is not None for t in registry):
             from pivotflow.tools.code_interpreter import CodeInterpreter
@@ -364,7 +369,9 @@ class ToolPool:
         return result
 
     def _spawn(self) -> WorkerProcess:
-        w = WorkerProcess(self._config, self._wall)
+        """Start a worker from the spawner thread (see ``__init__``); raises OSError if it
+        cannot start, RuntimeError once the pool is closed."""
+        w = self._spawner.submit(WorkerProcess, self._config, self._wall).result()
         with self._lock:
             self._all.append(w)
         return w
@@ -389,7 +396,7 @@ class ToolPool:
             return w
         try:
             return self._spawn()  # becomes ready while the caller reads its result
-        except OSError:
+        except (OSError, RuntimeError):  # RuntimeError: closed meanwhile (spawner shut down)
             return w  # not ready: the next call retries the start and reports it
 
     # -- lifetime ---------------------------------------------------------------------------
@@ -407,6 +414,7 @@ class ToolPool:
             workers, self._all = list(self._all), []
         for w in workers:
             w.kill()
+        self._spawner.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> ToolPool:
         return self

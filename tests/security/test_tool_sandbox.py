@@ -258,3 +258,22 @@ def test_no_isolation_without_bwrap_unless_asked(
         assert p.isolation["os"] == "none"
         assert p.call(ToolCall("calculator", {"expression": "6*7"})).content == "42"
     assert "isolation=none: tools run WITHOUT operating-system isolation" in caplog.text
+
+
+def test_a_worker_outlives_the_thread_whose_call_started_it() -> None:
+    # bwrap's --die-with-parent follows the thread that forked it: a replacement started by a
+    # caller's thread died when that thread ended (at random, before; here always: the thread
+    # lingers until bwrap has set it up, then ends)
+    with _pool(max_calls_per_worker=1) as p:
+        def call_then_end() -> None:
+            assert p.call(ToolCall("calculator", {"expression": "1+1"})).kind == "ok"
+            time.sleep(1.0)  # the replacement's bwrap is up and watching this thread
+
+        for _ in range(2):
+            t = threading.Thread(target=call_then_end)
+            t.start()
+            t.join()
+            time.sleep(0.3)
+            r = p.call(ToolCall("calculator", {"expression": "2+2"}))
+            assert r.kind == "ok", r
+        assert p.counters["crash"] == 0
