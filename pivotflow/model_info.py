@@ -35,7 +35,8 @@ def describe_model(path: Path) -> str:
     if rope_attention_factor(cfg) != 1.0:
         rope += f", attention factor {rope_attention_factor(cfg):.4f}"
     if cfg.rotary_dim != cfg.head_dim:
-        rope += f", {cfg.rotary_dim} of {cfg.head_dim} dimensions turn"
+        where = "last" if cfg.latent_attention else "first"
+        rope += f", the {where} {cfg.rotary_dim} of {cfg.head_dim} dimensions turn"
     if cfg.nope_layers:
         rope += f", none on {len(cfg.nope_layers)} of {cfg.num_hidden_layers} layers (NoPE)"
     lines = [
@@ -46,6 +47,10 @@ def describe_model(path: Path) -> str:
         f"  rope {rope} (theta {cfg.rope_theta:g}); context {cfg.context_limit} "
         f"({cfg.context_key})",
     ]
+    if cfg.latent_attention:
+        q = f"a {cfg.q_lora_rank} latent" if cfg.q_lora_rank else "q_proj"
+        lines.append(f"  latent attention: keys and values from a {cfg.kv_lora_rank} latent, "
+                     f"queries from {q}; values {cfg.v_head_dim} wide")
     if cfg.attention_sinks:
         lines.append("  attention sinks: a learned logit per head")
     if cfg.attn_logit_softcapping or cfg.final_logit_softcapping:
@@ -64,6 +69,7 @@ def describe_model(path: Path) -> str:
               "glm4": "gate/up fused and q/k turning in interleaved pairs in the file, held "
                       "split and reordered",
               "glm4_moe": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
+              "deepseek_v3": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
               "gpt_oss": "router and experts fused in the file"
                          + (" in MXFP4, dequantized to bfloat16" if is_mxfp4(raw) else "")
                          + ", held one expert at a time",
@@ -71,7 +77,7 @@ def describe_model(path: Path) -> str:
                         "Gemma3ForCausalLM), its vision tower and projector not loaded",
               "mistral3": "Mistral3ForConditionalGeneration's text model held (as "
                           "MistralForCausalLM), its vision tower and projector not loaded"}
-    if (family := family_of(raw)) is not None and (family != "glm4_moe" or mtp):
+    if (family := family_of(raw)) is not None and (family not in ("glm4_moe", "deepseek_v3") or mtp):
         lines.append(f"  tensors: {layout[family]}")
     template = "a chat template" if tok.chat_template else "no chat template"
     lines.append(f"  tokenizer: {tok.vocab_size} tokens, {template}; stop ids "

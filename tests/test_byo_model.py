@@ -232,6 +232,17 @@ OTHER_LAYOUTS = {
                  "sliding_window": 8},
                 ("model.layers.0.mlp.router.weight", "model.layers.1.mlp.experts.gate_up_proj",
                  "model.layers.0.self_attn.sinks")),
+    # DeepSeek-V3: latent attention (queries through a latent, values narrower than keys,
+    # interleaved rotary pairs), then GLM-4.5's experts; a multi-token-prediction layer too
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    {"num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 32,
+                     "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 24,
+                     "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                     "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
+                     "first_k_dense_replace": 1},
+                    ("model.layers.0.self_attn.kv_b_proj.weight",
+                     "model.layers.1.self_attn.q_a_layernorm.weight",
+                     "model.layers.1.mlp.gate.weight")),
 }
 # a GLM-4.5 file's multi-token-prediction layer (layer 2 of a 2-layer decoder), as the Hub's
 # checkpoints hold one past their last layer
@@ -252,7 +263,8 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     """Phi-3/Phi-4's file fuses q/k/v (qkv_proj) and gate/up (gate_up_proj); Mixtral's names
     its sparse layer block_sparse_moe and its experts' projections w1/w2/w3; GLM-4.5's holds
     a multi-token-prediction layer past the decoder's (left out; its sigmoid router's
-    correction bias stays as it was, its rollouts' experts replayed). The run holds
+    correction bias stays as it was, its rollouts' experts replayed), as DeepSeek-V3's does
+    behind latent attention. The run holds
     pivotflow's layout, its rollouts' logprobs equal its trainer's, and the checkpoint it writes
     is the family's own file again, trained, that resumes. A LoRA run on phi3 exports adapters
     of the fused projections that PEFT merges to its policy."""
@@ -267,14 +279,15 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     config_class, model_class, extra, moved = OTHER_LAYOUTS[family]
     folder = copy_model(qwen, tmp_path / family, skip=("model.safetensors", "config.json"))
     torch.manual_seed(0)
-    policy = getattr(transformers, model_class)(getattr(transformers, config_class)(
-        vocab_size=json.loads((qwen / "config.json").read_text())["vocab_size"],
-        hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=0, pad_token_id=0,
-        **extra))
+    policy = getattr(transformers, model_class)(getattr(transformers, config_class)(**{
+        "vocab_size": json.loads((qwen / "config.json").read_text())["vocab_size"],
+        "hidden_size": 128, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+        "eos_token_id": 0, "pad_token_id": 0, **extra}))
     policy.generation_config = GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)
     policy.save_pretrained(folder)
-    if family == "glm4_moe":
+    mtp = family in ("glm4_moe", "deepseek_v3")
+    if mtp:
         from safetensors.torch import save_file
 
         with_mtp = load_file(folder / "model.safetensors")
@@ -289,12 +302,17 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
                         "correction bias, from the best 1 of 2 groups, weights times 2.5, 1 "
                         "shared\n  tensors: 1 multi-token-prediction layer(s) in the file, not "
                         "loaded",
+            "deepseek_v3": "latent attention: keys and values from a 32 latent, queries from "
+                           "a 32 latent; values 24 wide\n  experts 4 (2 a token) on 1 of 2 "
+                           "layers; sigmoid router with a correction bias, from the best 1 of 2 "
+                           "groups, weights times 2.5, 1 shared\n  tensors: 1 "
+                           "multi-token-prediction layer(s) in the file, not loaded",
             "gpt_oss": "tensors: router and experts fused in the file, held one expert at a "
                        "time"}[family] in said.stderr
     prompts = write_prompts(tmp_path / "prompts.jsonl")
     # (GLM-4.5's sigmoid router: its rollouts' experts replayed, a balance loss of its kind)
     graph = write_graph(tmp_path, folder, prompts, *(
-        ("routing_replay=True", "router_aux_loss_coef=0.01") if family == "glm4_moe" else ()))
+        ("routing_replay=True", "router_aux_loss_coef=0.01") if mtp else ()))
     s = run(graph, steps=2, out=tmp_path / "out", console=False, sets=["live=false"]).summary
     assert s["error"] is None and s["steps"] == 2 and s["ledger"]["groups_trained"] == 4
     assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
@@ -305,11 +323,11 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     theirs, info = AutoModelForCausalLM.from_pretrained(ckpt, output_loading_info=True)
     assert type(theirs).__name__ == model_class and not info["missing_keys"]
     before, after = load_file(folder / "model.safetensors"), load_file(ckpt / "model.safetensors")
-    assert before.keys() - after.keys() == (set(MTP_LAYER) if family == "glm4_moe" else set())
+    assert before.keys() - after.keys() == (set(MTP_LAYER) if mtp else set())
     assert after.keys() <= before.keys()
     for name in moved:
         assert not torch.equal(before[name], after[name]), name
-    if family == "glm4_moe":  # (a load statistic, not a weight: frozen)
+    if mtp:  # (a load statistic, not a weight: frozen)
         bias = "model.layers.1.mlp.gate.e_score_correction_bias"
         assert torch.equal(before[bias], after[bias])
         assert json.loads((ckpt / "config.json").read_text())["num_nextn_predict_layers"] == 0

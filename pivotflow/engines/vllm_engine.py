@@ -135,6 +135,14 @@ class VllmEngine:
             kw.setdefault("distributed_executor_backend", "mp" if own_process else "uni")
             kw.setdefault("gpu_memory_utilization", 0.1)
             kw.setdefault("enforce_eager", True)
+            dtype = str(kw.get("dtype") or "auto")
+            if dtype == "auto":
+                dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "float32")
+            if raw.get("kv_lora_rank") and dtype.removeprefix("torch.") in ("float32", "fp32"):
+                # latent attention in float32: vLLM picks its AMX MLA kernel where the CPU has
+                # AMX, which takes bf16/fp16 weights only (it failed to start); its reference
+                # CPU MLA kernel runs float32
+                kw.setdefault("attention_backend", "CPU_MLA")
             if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
                 kw.setdefault("kv_cache_memory_bytes", _CPU_KV_CACHE_BYTES)
         self._llm_kwargs = {"model": str(self.model_path), **kw}
@@ -387,12 +395,28 @@ class VllmEngine:
                               f"{_one_line(exc)}") from None  # fmt: skip
         if not self.on_cpu:
             return dict(raw)
+        if raw.get("kv_lora_rank"):  # latent attention (DeepSeek-V3's): its own CPU kernel
+            return self._check_latent(raw, path)
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
         sizes = CPUAttentionBackend.get_supported_head_sizes()
         if head_dim not in sizes:
             raise EngineError(f"{path}: head_dim {head_dim} (hidden_size/num_attention_heads) "
                               f"is not one vLLM's CPU attention runs: {sizes}")  # fmt: skip
+        return dict(raw)
+
+
+    @staticmethod
+    def _check_latent(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+        """A latent-attention config, after checking vLLM's CPU MLA kernel runs its cache
+        width (kv_lora_rank + qk_rope_head_dim: it compiles 512 + 64, DeepSeek's, alone)."""
+        from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
+
+        width = raw["kv_lora_rank"] + raw.get("qk_rope_head_dim", 64)
+        sizes = CPUMLABackend.get_supported_head_sizes()
+        if width not in sizes:
+            raise EngineError(f"{path}: kv_lora_rank + qk_rope_head_dim = {width} is not a "
+                              f"latent width vLLM's CPU MLA kernel runs: {sizes}")
         return dict(raw)
 
 

@@ -12,9 +12,10 @@ These families store theirs otherwise:
   (gate), ``w3`` (up) and ``w2`` (down), which is all vLLM's and SGLang's loaders read.
 * GLM-4 fuses gate/up, names its four norms its own way, and rotates interleaved pairs of
   each head's dimensions, which pivotflow holds reordered (``_turn_heads``).
-* GLM-4.5 (``glm4_moe``) keeps its multi-token-prediction layers (speculative decoding's
-  draft, ``num_nextn_predict_layers``) as layers past the decoder's last: pivotflow leaves them
-  out as it reads the folder, as transformers does, and its folders have none.
+* GLM-4.5 (``glm4_moe``) and DeepSeek-V3 (``deepseek_v3``) keep their multi-token-prediction
+  layers (speculative decoding's draft, ``num_nextn_predict_layers``) as layers past the
+  decoder's last: pivotflow leaves them out as it reads the folder, as transformers does, and
+  its folders have none.
 * gpt-oss (``gpt_oss``) names its router ``mlp.router`` and stores a layer's experts fused:
   ``mlp.experts.gate_up_proj`` [E, H, 2I] (input-major, gate and up interleaved by column),
   ``gate_up_proj_bias`` [E, 2I], ``down_proj`` [E, I, H], ``down_proj_bias`` [E, H].
@@ -58,7 +59,13 @@ _FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
              "Glm4ForCausalLM": "glm4", "Glm4ForSequenceClassification": "glm4",
              "Glm4MoeForCausalLM": "glm4_moe", "Gemma3ForConditionalGeneration": "gemma3",
              "Mistral3ForConditionalGeneration": "mistral3", "GptOssForCausalLM": "gpt_oss",
-             "GptOssForSequenceClassification": "gpt_oss"}
+             "GptOssForSequenceClassification": "gpt_oss",
+             "DeepseekV3ForCausalLM": "deepseek_v3"}
+# DeepSeek-V3's router as its own configs name it (transformers' DeepseekV3 runs it whatever
+# they say; config_from_hf refuses other values)
+DEEPSEEK_V3_ROUTER = {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "moe_layer_freq": 1}
+# the families whose files hold multi-token-prediction layers past the decoder's last
+_MTP_FAMILIES = ("glm4_moe", "deepseek_v3")
 # Mixtral's names <-> pivotflow's (a layer's router; an expert's three projections)
 _MIXTRAL_DISK = re.compile(r"(.*\.)block_sparse_moe\.(gate|experts\.\d+\.w([123]))\.weight")
 _MIXTRAL_HELD = re.compile(r"(.*\.)mlp\.(gate|experts\.\d+\.(gate|down|up)_proj)\.weight")
@@ -74,12 +81,12 @@ def _module(tensor: str) -> str:
 
 def family_of(config: dict[str, Any]) -> str | None:
     """The family whose on-disk layout differs from pivotflow's (phi3, mixtral, glm4,
-    glm4_moe, gpt_oss, gemma3, mistral3), or None."""
+    glm4_moe, deepseek_v3, gpt_oss, gemma3, mistral3), or None."""
     kind = config.get("model_type")
     if kind is None:  # very old exports name only the class
         kind = next((_FAMILIES[a] for a in config.get("architectures") or [] if a in _FAMILIES),
                     None)
-    return kind if kind in ("phi3", "mixtral", "glm4", "glm4_moe", "gpt_oss",
+    return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", *_MTP_FAMILIES,
                             *_WRAPPERS) else None
 
 
@@ -128,13 +135,19 @@ _WRAPPERS: dict[str, tuple[str, str, dict[str, Any]]] = {
 
 
 def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str, Any]:
-    """``config`` as it describes the tensors ``held_layout`` gives: GLM-4.5's with no
-    multi-token-prediction layer, a multimodal wrapper's (``_WRAPPERS``) as its text model's
-    own config (its causal LM's), so the store's folders, vLLM's and checkpoints say what they
-    hold; every other config as it is. Raises ModelConfigError naming ``where`` for a wrapper
+    """``config`` as it describes the tensors ``held_layout`` gives: GLM-4.5's and
+    DeepSeek-V3's with no multi-token-prediction layer (DeepSeek-V3's naming its router, as
+    vLLM reads it: ``DEEPSEEK_V3_ROUTER``), a
+    multimodal wrapper's (``_WRAPPERS``) as its text model's own config (its causal LM's), so
+    the store's folders, vLLM's and checkpoints say what they hold; every other config as it
+    is. Raises ModelConfigError naming ``where`` for a wrapper
     with no ``text_config``."""
     family = family_of(config)
-    if family == "glm4_moe" and config.get("num_nextn_predict_layers"):
+    if family == "deepseek_v3":
+        # the router transformers runs, said as DeepSeek's own configs say it: vLLM reads
+        # these keys (without them, a softmax router with no correction bias)
+        config = {**config, **DEEPSEEK_V3_ROUTER}
+    if family in _MTP_FAMILIES and config.get("num_nextn_predict_layers"):
         return {**config, "num_nextn_predict_layers": 0}
     if family == "gpt_oss" and is_mxfp4(config):  # (held dequantized, in bfloat16)
         return {k: v for k, v in {**config, "dtype": "bfloat16", "torch_dtype": "bfloat16"}
@@ -179,7 +192,7 @@ def held_layout(
         return _oss_split(_mxfp4_dequantized(tensors, where) if is_mxfp4(config) else tensors,
                           where)
     cfg = _geometry(config, where)
-    if family == "glm4_moe":
+    if family in _MTP_FAMILIES:
         return {name: t for name, t in tensors.items()
                 if (m := _LAYER.match(name)) is None or int(m.group(1)) < cfg.num_hidden_layers}
     held = _split(cfg, _FUSED[family], tensors, where)

@@ -2,7 +2,7 @@
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
 Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, Phi-4-mini's partial
-rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
+rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, DeepSeek-V3's latent attention, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
 Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
@@ -220,6 +220,29 @@ CASES += [
                               "original_max_position_embeddings": 32, "rope_theta": 150000.0}}),
 ]  # fmt: skip
 GPT_OSS = CASES[26]
+# DeepSeek-V3 (DeepSeek-V3/R1, Moonlight, Kimi K2's kind): latent attention (queries through a
+# latent, keys and values from one, values narrower than keys, the rotary part in interleaved
+# pairs), YaRN with DeepSeek's mscale terms (the score scale's binding here), its first layer
+# dense, the others GLM-4.5's experts; and without a query latent (Moonlight's, DeepSeek-V2-
+# Lite's kind), rotary halves, plain rope, tied
+DEEPSEEK_MOE: dict[str, Any] = {
+    "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "num_hidden_layers": 3, "n_routed_experts": 8, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 48, "n_shared_experts": 1, "n_group": 2, "topk_group": 1,
+    "routed_scaling_factor": 2.5, "first_k_dense_replace": 1, "pad_token_id": 0,
+    "eos_token_id": 2, "bos_token_id": 1}
+CASES += [
+    Case("deepseek-v3", "DeepseekV3Config", False,
+         {**DEEPSEEK_MOE, "q_lora_rank": 48, "kv_lora_rank": 32, "qk_nope_head_dim": 32,
+          "qk_rope_head_dim": 16, "v_head_dim": 24,
+          "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0,
+                              "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                              "original_max_position_embeddings": 32, "rope_theta": 10000.0}}),
+    Case("deepseek-v3-no-q-latent", "DeepseekV3Config", True,
+         {**DEEPSEEK_MOE, "q_lora_rank": None, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+          "qk_rope_head_dim": 16, "v_head_dim": 32, "rope_interleave": False}),
+]  # fmt: skip
+DEEPSEEK_V3, DEEPSEEK_V3_PLAIN = CASES[27], CASES[28]
 CASE_IDS = [c.name for c in CASES]
 
 

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import torch
 from hf_fixtures import (
+    DEEPSEEK_V3,
+    DEEPSEEK_V3_PLAIN,
     GEMMA2,
     GEMMA3,
     GLM4,
@@ -74,7 +76,7 @@ def test_yarn_frequencies_and_attention_factor_equal_transformers(rope: dict[str
 
 ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_WINDOW, PHI3,
        PHI4_MINI, MIXTRAL, GLM4, GLM4_MOE, SMOLLM3, SMOLLM3_WINDOW, QWEN2_MOE, GEMMA2, OLMOE,
-       GRANITE, GPT_OSS]
+       GRANITE, GPT_OSS, DEEPSEEK_V3, DEEPSEEK_V3_PLAIN]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -127,6 +129,13 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert written["model_type"] == "qwen2_moe" and written["qkv_bias"]
         assert written["shared_expert_intermediate_size"] == 96
         assert written["layer_types"] == ["sliding_attention", "full_attention", "full_attention"]
+    elif case in (DEEPSEEK_V3, DEEPSEEK_V3_PLAIN):
+        assert written["model_type"] == "deepseek_v3" and written["first_k_dense_replace"] == 1
+        assert written["q_lora_rank"] == (48 if case is DEEPSEEK_V3 else None)
+        assert written["rope_interleave"] == (case is DEEPSEEK_V3)
+        assert (written["kv_lora_rank"], written["head_dim"]) == (32, 16)
+        if case is DEEPSEEK_V3:
+            assert written["rope_parameters"]["mscale_all_dim"] == 1.0
     elif case is GLM4_MOE:
         assert written["model_type"] == "glm4_moe" and written["first_k_dense_replace"] == 1
         assert (written["n_group"], written["routed_scaling_factor"]) == (2, 2.5)

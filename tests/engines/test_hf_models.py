@@ -80,8 +80,10 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "Gemma2Config": "gemma2",
                                 "OlmoeConfig": "olmoe",
                                 "GraniteConfig": "granite",
-                                "GptOssConfig": "gpt_oss"}[case.config_class]  # fmt: skip
-    assert cfg.head_dim == 32 and cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma3"))
+                                "GptOssConfig": "gpt_oss",
+                                "DeepseekV3Config": "deepseek_v3"}[case.config_class]  # fmt: skip
+    # (latent attention's heads: their no-rope and rope parts; 32 in every other case)
+    assert cfg.head_dim == (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim or 32) and cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma3"))
     # Every weight transformers holds was loaded (transformers 5 holds a sparse layer's experts
     # as one fused tensor where the file, and we, have one per expert: count the numbers;
     # GLM-4.5's router bias is a buffer there, a frozen parameter here).

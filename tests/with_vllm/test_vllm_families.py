@@ -1,5 +1,5 @@
 """Mistral, YaRN, OLMo-2, sliding windows, OLMo-3, Gemma 3 and Phi-3 (fused projections;
-partial rotary with LongRoPE), Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2 (soft-capping), OLMoE and Granite on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
+partial rotary with LongRoPE), Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2 (soft-capping), OLMoE, Granite and DeepSeek-V3 (latent attention) on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
 random weights, loads the store's version as a worker does, and decodes greedily the embedded
 engine's 40 tokens, on a prompt past YaRN's original context too. The YaRN folder sets every
 knob where two implementations could part (an explicit ``attention_factor``, which replaces the
@@ -15,6 +15,8 @@ distributed groups as it shuts down, which broke every other engine of the proce
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +106,21 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
             # Granite: its four multipliers, none of them 1
             "granite": ("GraniteConfig", "GraniteForCausalLM", {
                 "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
-                "attention_multiplier": 0.0625, "logits_scaling": 4.0, "pad_token_id": EOS})}
+                "attention_multiplier": 0.0625, "logits_scaling": 4.0, "pad_token_id": EOS}),
+            # DeepSeek-V3: latent attention (vLLM's CPU MLA kernel runs DeepSeek's own latent
+            # width alone, 512 + 64), queries through a latent, values narrower than keys,
+            # interleaved rotary pairs, YaRN with DeepSeek's mscale terms; then GLM-4.5's
+            # experts
+            "deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {
+                "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 512,
+                "qk_nope_head_dim": 32, "qk_rope_head_dim": 64, "v_head_dim": 32,
+                "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
+                "first_k_dense_replace": 1, "pad_token_id": EOS,
+                "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0,
+                                    "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                    "original_max_position_embeddings": 32,
+                                    "rope_theta": 10000.0}})}
 # gpt-oss: attention sinks, every other layer's window (binding), YaRN as it ships it, 4
 # biased experts with the clamped gate (fused in the file, split in the store, one at a time
 # to vLLM); not in FAMILIES: vLLM's CPU build is not exact on it (below)
@@ -146,7 +162,8 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     path = _folder(tmp_path / "model", folder, family)
     cfg, weights = load_checkpoint(path)
     assert cfg.architecture == {"gemma3-text": "gemma3_text", "glm4-moe": "glm4_moe",
-                                "qwen2-moe": "qwen2_moe"}.get(family, family.split("-")[0])
+                                "qwen2-moe": "qwen2_moe", "deepseek-v3": "deepseek_v3"}.get(
+        family, family.split("-")[0])
     assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text",
                                                    "phi3-window", "mixtral-window",
                                                    "gemma2-window"))
@@ -154,29 +171,43 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     ours.load_weights(weights, 0)
     expected = _greedy(ours)
     assert sum(len(t) for t in expected.values()) >= 100  # (some stop at eos)
-    config = json.loads((path / "config.json").read_text())
-    assert _vllm_greedy(tmp_path / "store", path, config, weights) == expected
+    assert _vllm_greedy(tmp_path, path) == expected
     assert all(_greedy(vllm_engine).values())  # the session's engine: its groups are still up
 
 
-def _vllm_greedy(store_dir: Path, model_path: Path, config: dict[str, Any],
-                 weights: dict[str, torch.Tensor]) -> dict[str, list[int]]:
-    """vLLM's greedy tokens, started from ``model_path``'s config with random weights and
-    loaded with ``weights`` from a store (version 0 of "policy"), as a worker loads them."""
+@contextmanager
+def _vllm_on_store(root: Path, path: Path) -> Iterator[tuple[Any, ShmParamStore, Any]]:
+    """(vLLM engine, store, the folder as held) for the folder ``path`` as a rollout worker
+    serves it: the store holds its version 0 of "policy" (``held_config`` and tensors, as a
+    run publishes them), vLLM starts with random weights from a folder of that config and the
+    tokenizer (what generate_role writes) and has loaded the store's version."""
+    from pivotflow.engines.torch.weights import load_model_folder
     from pivotflow.engines.vllm_engine import VllmEngine
+    from pivotflow.params.hf_folder import CONFIG, copy_side_files
 
-    store = ShmParamStore(store_dir)
+    held = load_model_folder(path)
+    served = root / "served"
+    served.mkdir()
+    (served / CONFIG).write_text(json.dumps(held.hf_config))
+    copy_side_files(path, served)
+    store = ShmParamStore(root / "store")
     engine = None
     try:
-        store.publish("policy", 0, weights, config)
-        engine = VllmEngine(None, model_path=str(model_path), dtype="float32",
+        store.publish("policy", 0, held.tensors, held.hf_config)
+        engine = VllmEngine(None, model_path=str(served), dtype="float32",
                             max_model_len=MAX_LEN, load_format="dummy", threads=1)
         assert engine.load_from_store(store, "policy", 0) == 0
-        return _greedy(engine)
+        yield engine, store, held
     finally:
         if engine is not None:
             engine.shutdown()
         store.cleanup()
+
+
+def _vllm_greedy(root: Path, path: Path) -> dict[str, list[int]]:
+    """vLLM's greedy tokens on the folder ``path`` as a rollout worker serves it."""
+    with _vllm_on_store(root, path) as (engine, _, _):
+        return _greedy(engine)
 
 
 def test_vllm_serves_a_gemma3_4b_kind_of_folder_as_its_text_model(
@@ -189,7 +220,6 @@ def test_vllm_serves_a_gemma3_4b_kind_of_folder_as_its_text_model(
     import transformers
 
     from pivotflow.engines.torch.weights import load_model_folder
-    from pivotflow.params.hf_folder import CONFIG, copy_side_files
 
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     config = transformers.Gemma3Config(
@@ -210,11 +240,7 @@ def test_vllm_serves_a_gemma3_4b_kind_of_folder_as_its_text_model(
     ours.load_weights(held.tensors, 0)
     expected = _greedy(ours)
     assert sum(len(t) for t in expected.values()) >= 100
-    served = tmp_path / "served"  # (what generate_role writes: the store's config, no weights)
-    served.mkdir()
-    (served / CONFIG).write_text(json.dumps(held.hf_config))
-    copy_side_files(path, served)
-    assert _vllm_greedy(tmp_path / "store", served, held.hf_config, held.tensors) == expected
+    assert _vllm_greedy(tmp_path, path) == expected
 
 
 def _sampled_gaps(engine: Any, model: Any) -> list[float]:
@@ -276,3 +302,46 @@ def test_vllm_serves_gpt_oss_from_the_store_and_takes_its_updates(
         store.cleanup()
     assert max(first) < 0.1 and max(after) < 0.1, (first, after)
     assert max(stale) > 10 * max(after), (stale, after)  # (the update reached the experts)
+
+
+def test_vllm_serves_deepseek_v3_from_the_store_and_takes_its_updates(
+    tmp_path: Path, folder: Path
+) -> None:
+    """DeepSeek-V3 on vLLM after an update of every weight, as a worker takes a new version:
+    vLLM's latent attention absorbs kv_b_proj into its query and output sides when weights
+    load (its MLA layer's own post-load step), so an in-place reload that skipped that step
+    would serve the new latent projections with the old absorbed ones. Its greedy tokens equal
+    the embedded engine's on the first version and on the next, and differ between them."""
+    from vllm_fixtures import perturbed
+
+    (tmp_path / "model").mkdir()
+    path = _folder(tmp_path / "model", folder, "deepseek-v3")
+    with _vllm_on_store(tmp_path, path) as (engine, store, held):
+        first = _greedy(engine)
+        updated = {**held.tensors, **perturbed(held.tensors, 1)}
+        store.publish("policy", 1, updated, held.hf_config)
+        assert engine.load_from_store(store, "policy", 1) == 1
+        after = _greedy(engine)
+
+    def ours(tensors: dict[str, torch.Tensor]) -> dict[str, list[int]]:
+        engine = TorchEngine(held.config, max_batch=8, eos_token_id=EOS)
+        engine.load_weights(tensors, 0)
+        return _greedy(engine)
+
+    assert first == ours(held.tensors) and after == ours(updated)
+    assert first != after
+
+
+def test_a_latent_width_vllms_cpu_kernel_cannot_run_is_one_line(tmp_path: Path) -> None:
+    """vLLM's CPU MLA kernels compile DeepSeek's latent width alone (512 + 64): another is
+    named before vLLM starts, not a worker's stack trace."""
+    from pivotflow.engines.vllm_engine import VllmEngine
+    from pivotflow.errors import EngineError
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "deepseek_v3", "hidden_size": 128, "num_attention_heads": 4,
+        "kv_lora_rank": 32, "qk_rope_head_dim": 16}))
+    with pytest.raises(EngineError, match=r"config\.json: kv_lora_rank \+ qk_rope_head_dim = 48 "
+                       r"is not a latent width vLLM's CPU MLA kernel runs: \[576\]") as exc:
+        VllmEngine(None, model_path=str(tmp_path), load_format="dummy")
+    assert "\n" not in str(exc.value)

@@ -1,7 +1,8 @@
 """Each family's own ``config.json`` keys as ModelConfig's fields (``family_fields``), and the
 few it writes back that need a check of their own: the expert and router keys of Qwen3-MoE,
-Qwen2-MoE, Mixtral, OLMoE, gpt-oss and GLM-4.5, Gemma's gate, scale and soft-capping,
-Granite's multipliers, SmolLM3's NoPE layers. ``hf_config`` reads what all families share.
+Qwen2-MoE, Mixtral, OLMoE, gpt-oss, GLM-4.5 and DeepSeek-V3 (its latent attention's too),
+Gemma's gate, scale and soft-capping, Granite's multipliers, SmolLM3's NoPE layers.
+``hf_config`` reads what all families share.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pivotflow.engines.torch.hf_windows import nope_layers
 from pivotflow.engines.torch.model_config import ACTIVATIONS
 from pivotflow.errors import ModelConfigError
+from pivotflow.params.hf_layout import DEEPSEEK_V3_ROUTER
 
 if TYPE_CHECKING:
     from pivotflow.engines.torch.model_config import ModelConfig
@@ -29,6 +31,8 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         return _mixtral_fields(raw, where)
     if kind == "glm4_moe":
         return _glm4_moe_fields(raw, layers, where)
+    if kind == "deepseek_v3":
+        return _deepseek_v3_fields(raw, layers, where)
     if kind == "smollm3":
         return {"nope_layers": nope_layers(raw, layers, where)}
     if kind == "granite":
@@ -139,6 +143,50 @@ def _mixtral_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
         return {**out, "moe_intermediate_size": raw["intermediate_size"]}
     normalize = bool(raw.get("norm_topk_prob", False)) if olmoe else True
     return {**out, "moe_intermediate_size": raw["intermediate_size"], "norm_topk_prob": normalize}
+
+
+def _deepseek_v3_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
+    """DeepSeek-V3's (and Moonlight's, Kimi K2's) latent attention and experts as ModelConfig's,
+    with DeepseekV3Config's defaults where a key is absent: GLM-4.5's router and experts (the
+    same math, DeepSeek's first), every layer past ``first_k_dense_replace`` sparse. Its own
+    configs' router keys that transformers ignores are checked to say what transformers runs
+    (sigmoid scores, noaux_tc choice, every layer sparse), so a DeepSeek-V2-style config is a
+    one-line error, not another model."""
+    for key, runs in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc"),
+                      ("moe_layer_freq", 1)):
+        if raw.get(key, runs) != runs:
+            raise ModelConfigError(f"{where}: {key}={raw[key]!r} {ENGINE} on deepseek_v3 "
+                                   f"({runs!r})")
+    out = _glm4_moe_fields({"n_routed_experts": 256, "moe_intermediate_size": 2048,
+                            "n_group": 8, "topk_group": 4, "first_k_dense_replace": 3,
+                            "routed_scaling_factor": 2.5, **raw}, layers, where)
+    out["qk_norm"] = False
+    q_rank = raw.get("q_lora_rank", 1536)
+    for field, value in (("q_lora_rank", 0 if q_rank is None else q_rank),
+                         ("kv_lora_rank", raw.get("kv_lora_rank", 512)),
+                         ("qk_nope_head_dim", raw.get("qk_nope_head_dim", 128)),
+                         ("qk_rope_head_dim", raw.get("qk_rope_head_dim", 64)),
+                         ("v_head_dim", raw.get("v_head_dim", 128))):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ModelConfigError(f"{where}: {field}={value!r} is not a non-negative integer")
+        out[field] = value
+    interleave = raw.get("rope_interleave", True)
+    if not isinstance(interleave, bool):
+        raise ModelConfigError(f"{where}: rope_interleave={interleave!r} is not true or false")
+    return {**out, "rope_interleave": interleave,
+            "head_dim": out["qk_nope_head_dim"] + out["qk_rope_head_dim"]}
+
+
+def deepseek_v3_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+    """A DeepSeek-V3 config's own keys: GLM-4.5's expert keys, the latent attention's, head_dim
+    as transformers sets it (the rotary part's width), and the router's as DeepSeek's configs
+    name it (which vLLM reads)."""
+    out = {k: v for k, v in glm4_moe_to_hf(cfg).items()
+           if k not in ("use_qk_norm", "partial_rotary_factor")}
+    return {**out, "q_lora_rank": cfg.q_lora_rank or None, "kv_lora_rank": cfg.kv_lora_rank,
+            "qk_nope_head_dim": cfg.qk_nope_head_dim, "qk_rope_head_dim": cfg.qk_rope_head_dim,
+            "v_head_dim": cfg.v_head_dim, "rope_interleave": cfg.rope_interleave,
+            "head_dim": cfg.qk_rope_head_dim, **DEEPSEEK_V3_ROUTER}
 
 
 def _glm4_moe_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from pivotflow.engines.torch.experts import PackedExperts, RoutingRecorder
 from pivotflow.engines.torch.feedforward import MLP, SparseMoE, activation
+from pivotflow.engines.torch.latent_attention import LatentAttention, PackedLatent
 from pivotflow.engines.torch.linear import Linears, pack_linears, pack_mlp
 from pivotflow.engines.torch.model import (
     Decoder,
@@ -252,9 +253,16 @@ class PackedDecoder:
         # the norms of layers that normalise sub-layer outputs (_output_norm_layer), per layer
         self._out_norms: list[tuple[_T | None, _T, _T | None, _T]] = []
         self._act = activation(cfg.hidden_act)
+        # each layer's latent attention projections (DeepSeek-V3's), or None
+        self._latent: list[PackedLatent | None] = []
         for layer in cast(list[DecoderLayer], model.model.layers):
             attn = layer.self_attn
-            w_qkv, b_qkv = pack_linears([attn.q_proj, attn.k_proj, attn.v_proj])
+            if isinstance(attn, LatentAttention):
+                self._latent.append(PackedLatent(attn, cfg))
+                w_qkv, b_qkv = attn.kv_a_proj_with_mqa.weight, None  # (unused: _latent's)
+            else:
+                self._latent.append(None)
+                w_qkv, b_qkv = pack_linears([attn.q_proj, attn.k_proj, attn.v_proj])
             # (input, post-attention): what pre-norm layers read; the others read _out_norms
             norms = (getattr(layer, "input_layernorm", layer.post_attention_layernorm).weight,
                      layer.post_attention_layernorm.weight)
@@ -278,11 +286,17 @@ class PackedDecoder:
             weights = (w_qkv, attn.o_proj.weight)
             self.layers.append((norms, b_qkv, weights, attn.o_proj.bias, qk_norms, ffn))
         # each rotary dimension's partner in rotate_half: half of the rotary dimensions away
-        # (a roll by D/2 when every dimension rotates), the pass-through ones their own
+        # (a roll by D/2 when every dimension rotates), or its pair's other (interleaved
+        # pairs, DeepSeek's); the pass-through ones their own. Latent attention turns the last
+        # dimensions, the others the first.
         r, d = cfg.rotary_dim, self.d
-        self._partner = None if r == d else torch.cat((
-            torch.arange(r // 2, r), torch.arange(r // 2), torch.arange(r, d))).to(
-            model.lm_head.weight.device)
+        turn = (torch.arange(r).view(-1, 2).flip(-1).flatten() if cfg.rope_interleave
+                else torch.cat((torch.arange(r // 2, r), torch.arange(r // 2))))
+        start = d - r if cfg.latent_attention else 0
+        partner = torch.arange(d)
+        partner[start : start + r] = turn + start
+        self._partner = (None if r == d and not cfg.rope_interleave
+                         else partner.to(model.lm_head.weight.device))
         # one rotary table per rope kind (ModelConfig.rope_kind: full; sliding; none)
         self._rope_kinds = [cfg.rope_kind(i) for i in range(cfg.num_hidden_layers)]
         self._ropes = {k: self._rope_table(k, max_len) for k in dict.fromkeys(self._rope_kinds)}
@@ -293,13 +307,20 @@ class PackedDecoder:
         weight = self.model.lm_head.weight
         positions = torch.arange(max_len, device=weight.device)[None]
         cos, sin = layer_cos_sin(self.cfg, kind, positions, torch.float32)
+        cos, sin = cos[0, 0], sin[0, 0]
         r = cos.shape[-1]  # (the rotary dimensions: fewer than D with a partial_rotary_factor)
-        sin = sin.clone()
-        sin[..., : r // 2] *= -1  # rotate_half(x) * sin == x[partner] * this sin (_turned)
+        if self.cfg.rope_interleave:  # pair (2i, 2i + 1) turns by frequency i
+            cos = cos[:, : r // 2].repeat_interleave(2, -1)
+            sin = torch.stack((-sin[:, : r // 2], sin[:, : r // 2]), -1).flatten(-2)
+        else:
+            sin = sin.clone()
+            sin[..., : r // 2] *= -1  # rotate_half(x) * sin == x[partner] * this sin (_turned)
         if r < self.d:  # the dimensions that pass through: cos 1, sin 0
-            cos = torch.cat((cos, cos.new_ones(*cos.shape[:-1], self.d - r)), -1)
-            sin = torch.cat((sin, sin.new_zeros(*sin.shape[:-1], self.d - r)), -1)
-        rope = torch.stack((cos[0, 0], sin[0, 0]), 1)[:, :, None]
+            ones, zeros = cos.new_ones(len(cos), self.d - r), sin.new_zeros(len(sin), self.d - r)
+            last = self.cfg.latent_attention  # (its rotary dimensions are the last ones)
+            cos = torch.cat((ones, cos) if last else (cos, ones), -1)
+            sin = torch.cat((zeros, sin) if last else (sin, zeros), -1)
+        rope = torch.stack((cos, sin), 1)[:, :, None]
         rope = rope.repeat(1, 1, self.heads + self.kv_heads, 1)
         rope[:, :, : self.heads] *= self.cfg.attention_scale
         return rope.to(weight.dtype)
@@ -356,18 +377,25 @@ class PackedDecoder:
                 continue
             cos, sin = rope[:, :, 0], rope[:, :, 1]
             h = torch.rms_norm(x, hidden, norm1, eps)
-            qkv = mm.linear(h, w_qkv, b_qkv)
-            if qk_norms is not None and cfg.whole_qk_norm:  # (OLMoE's: before the heads)
-                self._whole_qk_norm(qkv, qk_norms)
-            qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
-            if qk_norms is not None and not cfg.whole_qk_norm:
-                # Qwen3: every head of q (of k) through one RMSNorm, before RoPE. Normalise
-                # all heads at once, then scale q's and k's heads by their own weights.
-                qk = torch.rms_norm(qk, (d,), None, eps)
-                qk[:, :, :heads].mul_(qk_norms[0])
-                qk[:, :, heads:].mul_(qk_norms[1])
-            qk = torch.addcmul(qk * cos, self._turned(qk), sin).view(b * t, -1, d)
-            out = attend(i, qk, qkv[:, split:].view(b * t, -1, d), cache)
+            latent = self._latent[i]
+            if latent is not None:  # (DeepSeek-V3's: per-head q/k/v from its latents)
+                qk, v = latent.qkv(h, mm)
+                qk = qk.view(b, t, -1, d)
+                qk = torch.addcmul(qk * cos, self._turned(qk), sin).view(b * t, -1, d)
+                out = latent.output(attend(i, qk, v, cache))
+            else:
+                qkv = mm.linear(h, w_qkv, b_qkv)
+                if qk_norms is not None and cfg.whole_qk_norm:  # (OLMoE's: before the heads)
+                    self._whole_qk_norm(qkv, qk_norms)
+                qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
+                if qk_norms is not None and not cfg.whole_qk_norm:
+                    # Qwen3: every head of q (of k) through one RMSNorm, before RoPE. Normalise
+                    # all heads at once, then scale q's and k's heads by their own weights.
+                    qk = torch.rms_norm(qk, (d,), None, eps)
+                    qk[:, :, :heads].mul_(qk_norms[0])
+                    qk[:, :, heads:].mul_(qk_norms[1])
+                qk = torch.addcmul(qk * cos, self._turned(qk), sin).view(b * t, -1, d)
+                out = attend(i, qk, qkv[:, split:].view(b * t, -1, d), cache)
             x = (x + mm.linear(out, w_o, b_o) * cfg.residual_multiplier if scaled
                  else mm.linear_add(out, w_o, b_o, x))
             h = torch.rms_norm(x, hidden, norm2, eps)

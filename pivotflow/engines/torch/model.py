@@ -17,12 +17,11 @@ scores and logits (``eager_attention``, ``LMHead``); GLM-4.5 (``glm4_moe``) is L
 with half of each head rotating and, past its first dense layers, a sigmoid-routed mixture of
 experts with a shared expert; SmolLM3 leaves rope out of some layers; Granite scales
 embeddings, sub-layer outputs, scores and logits; gpt-oss adds a learned sink to each head's
-softmax and biased, clamped experts (``feedforward``).
+softmax and biased, clamped experts (``feedforward``); DeepSeek-V3 attends through latents
+(``LatentAttention``) and routes as GLM-4.5.
 """
 
 from __future__ import annotations
-
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -30,37 +29,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from pivotflow.engines.torch.feedforward import MLP, LoadBalance, SparseMoE
+from pivotflow.engines.torch.latent_attention import LatentAttention
+from pivotflow.engines.torch.layers import KVCacheHook, RMSNorm
 from pivotflow.engines.torch.model_config import ModelConfig
 from pivotflow.engines.torch.rope import apply_rotary, layer_cos_sin
-
-
-class KVCacheHook(Protocol):
-    """What an attention layer asks of a KV cache (the engine owns the implementation)."""
-
-    def update(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Store new keys/values [B, Hkv, T, D]; return all keys, values and an attention mask."""
-        ...
-
-
-class RMSNorm(nn.Module):
-    """Llama's RMSNorm; ``offset`` (Gemma's): scaled by ``1 + weight`` (weights start at 0),
-    in float32, rounded to the input dtype after the scaling, not before."""
-
-    def __init__(self, dim: int, eps: float, offset: bool = False) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
-        self.eps, self.offset = eps, offset
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # As transformers does: normalise in float32, round to the input dtype, then scale.
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.offset:
-            return (x32 * (1.0 + self.weight.float())).to(dtype)
-        return self.weight * x32.to(dtype)
 
 
 class Attention(nn.Module):
@@ -148,7 +120,8 @@ class DecoderLayer(nn.Module):
         size, eps, offset = cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset
         if not self.post_norm:
             self.input_layernorm = RMSNorm(size, eps, offset)
-        self.self_attn = Attention(cfg, layer_idx)
+        self.self_attn: Attention | LatentAttention = (
+            LatentAttention(cfg, layer_idx) if cfg.latent_attention else Attention(cfg, layer_idx))
         self.post_attention_layernorm = RMSNorm(size, eps, offset)
         if self.sandwich:
             self.pre_feedforward_layernorm = RMSNorm(size, eps, offset)

@@ -5,15 +5,20 @@ description the trainer's ``Decoder`` and the engine's packed decoder are built 
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 from pivotflow.errors import ModelConfigError
 
 ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3",
                  "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3", "qwen2_moe",
-                 "gemma2", "olmoe", "granite", "gpt_oss")
+                 "gemma2", "olmoe", "granite", "gpt_oss", "deepseek_v3")
 # the families with routed experts
-MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss")
+MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
+                     "deepseek_v3")
+# multi-head latent attention (DeepSeek-V3's, ``kv_lora_rank``)
+LATENT_ARCHITECTURES = ("deepseek_v3",)
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe")
 # q and k normalised over their whole projections (all heads at once), not per head
 WHOLE_QK_NORM_ARCHITECTURES = ("olmo2", "olmo3", "olmoe")
@@ -139,6 +144,19 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     residual_multiplier: float = 1.0
     attention_multiplier: float = 0.0
     logits_scaling: float = 1.0
+    # DeepSeek-V3's multi-head latent attention (HF's names; kv_lora_rank 0: none). Keys and
+    # values come from one latent of kv_lora_rank per token (kv_a_proj_with_mqa, normalised,
+    # then kv_b_proj into every head's key part and value) and one rotary key of
+    # qk_rope_head_dim that every head shares; queries through a latent of q_lora_rank (0:
+    # q_proj directly). A head's q and k are qk_nope_head_dim + qk_rope_head_dim wide
+    # (head_dim), the rotary part last (in interleaved pairs when rope_interleave), its value
+    # v_head_dim; scores scale by head_dim ** -0.5, times YaRN's mscale_all_dim term squared.
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False
 
     def __post_init__(self) -> None:
         # Derived defaults; force_setattr because the struct is frozen.
@@ -166,7 +184,18 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         """What q.k is multiplied by before the softmax."""
         if self.attention_multiplier:  # (Granite's)
             return self.attention_multiplier
-        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+        scale = (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+        yarn = self.rope_type == "yarn" and self.rope_factor > 1
+        if self.latent_attention and yarn and self.rope_mscale_all_dim:
+            # DeepSeek's: YaRN's temperature on the non-rotary dimensions too (transformers'
+            # yarn_apply_mscale)
+            scale *= (0.1 * self.rope_mscale_all_dim * math.log(self.rope_factor) + 1) ** 2
+        return scale
+
+    @property
+    def latent_attention(self) -> bool:
+        """DeepSeek-V3's multi-head latent attention (``kv_lora_rank``)."""
+        return self.kv_lora_rank > 0
 
     @property
     def attention_sinks(self) -> bool:
@@ -194,7 +223,10 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def rotary_dim(self) -> int:
-        """How many of each head's dimensions rotate (the first ones, as transformers)."""
+        """How many of each head's dimensions rotate: the first ones, as transformers, but in
+        latent attention the last qk_rope_head_dim."""
+        if self.latent_attention:
+            return self.qk_rope_head_dim
         return int(self.head_dim * self.partial_rotary_factor)
 
     @property
@@ -254,6 +286,7 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
                 f"num_attention_heads {self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads {self.num_key_value_heads}"
             )
+        self._validate_latent()  # (before head_dim's checks: its parts name what is wrong)
         if self.head_dim % 2:
             raise ModelConfigError(f"head_dim {self.head_dim} must be even for rotary embeddings")
         if self.rotary_dim % 2 or not 0 < self.partial_rotary_factor <= 1:
@@ -332,6 +365,38 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         if self.sliding_rope_theta < 0:
             raise ModelConfigError(
                 f"sliding_rope_theta must be >= 0, got {self.sliding_rope_theta}")
+
+    def _validate_latent(self) -> None:
+        dims = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                "v_head_dim")
+        if self.architecture not in LATENT_ARCHITECTURES:
+            if any(getattr(self, name) for name in dims) or self.rope_interleave:
+                raise ModelConfigError(
+                    f"latent attention ({', '.join(dims)}, rope_interleave) does not fit "
+                    f"architecture {self.architecture!r} (only "
+                    f"{', '.join(LATENT_ARCHITECTURES)} has it)")
+            return
+        for name in dims[1:]:
+            if getattr(self, name) <= 0:
+                raise ModelConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.q_lora_rank < 0:
+            raise ModelConfigError(f"q_lora_rank must be >= 0 (0: none), got {self.q_lora_rank}")
+        if self.head_dim != self.qk_nope_head_dim + self.qk_rope_head_dim:
+            raise ModelConfigError(
+                f"head_dim {self.head_dim} must be qk_nope_head_dim {self.qk_nope_head_dim} + "
+                f"qk_rope_head_dim {self.qk_rope_head_dim} in latent attention")
+        if self.num_key_value_heads != self.num_attention_heads:
+            raise ModelConfigError(
+                f"num_key_value_heads {self.num_key_value_heads} must be num_attention_heads "
+                f"{self.num_attention_heads} in latent attention (every head its own key)")
+        if self.v_head_dim > self.head_dim:
+            raise ModelConfigError(
+                f"v_head_dim {self.v_head_dim} wider than a key's {self.head_dim} is not "
+                "supported by the embedded engine")
+        if self.partial_rotary_factor != 1.0 or self.qk_rope_head_dim % 2:
+            raise ModelConfigError(
+                f"qk_rope_head_dim {self.qk_rope_head_dim} must be even and "
+                f"partial_rotary_factor 1.0 in latent attention")
 
     def _validate_experts(self) -> None:
         if self.num_experts < 0:

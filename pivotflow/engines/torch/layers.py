@@ -1,0 +1,38 @@
+"""What every attention layer shares: the KV cache it asks of an engine, and the RMSNorm of
+every family (``model.py``'s decoder, ``latent_attention.py``'s latent attention)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import nn
+
+
+class KVCacheHook(Protocol):
+    """What an attention layer asks of a KV cache (the engine owns the implementation)."""
+
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Store new keys/values [B, Hkv, T, D]; return all keys, values and an attention mask."""
+        ...
+
+
+class RMSNorm(nn.Module):
+    """Llama's RMSNorm; ``offset`` (Gemma's): scaled by ``1 + weight`` (weights start at 0),
+    in float32, rounded to the input dtype after the scaling, not before."""
+
+    def __init__(self, dim: int, eps: float, offset: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
+        self.eps, self.offset = eps, offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # As transformers does: normalise in float32, round to the input dtype, then scale.
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (x32 * (1.0 + self.weight.float())).to(dtype)
+        return self.weight * x32.to(dtype)

@@ -1,0 +1,97 @@
+"""DeepSeek-V3's configs as pivotflow reads them: the Hub's own config.json of DeepSeek-V3
+(and Moonlight's) gives the geometry and score scale transformers builds, and what the
+embedded engine cannot run is a one-line error naming the file and the key. (The math itself:
+``hf_fixtures``' two DeepSeek cases against transformers in test_hf_models, test_moe and
+test_families_and_windows.)"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from pivotflow.engines.torch.hf_config import config_from_hf, config_to_hf
+from pivotflow.errors import ModelConfigError
+
+# DeepSeek-V3's config.json as the Hub ships it (its remote code's keys included, and the FP8
+# quantization left out: see test_fp8's folders)
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False,
+    "attention_dropout": 0.0, "aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1,
+    "ep_size": 1, "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168,
+    "initializer_range": 0.02, "intermediate_size": 18432, "kv_lora_rank": 512,
+    "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+    "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256,
+    "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
+    "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+    "seq_aux": True, "tie_word_embeddings": False, "topk_group": 4, "topk_method": "noaux_tc",
+    "torch_dtype": "bfloat16", "use_cache": True, "v_head_dim": 128, "vocab_size": 129280}
+# Moonlight-16B-A3B's kind: no query latent, 64 experts in one group, plain rope
+MOONLIGHT = {**DEEPSEEK_V3, "hidden_size": 2048, "intermediate_size": 11264,
+             "moe_intermediate_size": 1408, "n_routed_experts": 64, "n_shared_experts": 2,
+             "n_group": 1, "topk_group": 1, "num_experts_per_tok": 6, "num_hidden_layers": 27,
+             "num_attention_heads": 16, "num_key_value_heads": 16, "q_lora_rank": None,
+             "first_k_dense_replace": 1, "routed_scaling_factor": 2.446,
+             "rope_scaling": None, "rope_theta": 50000.0, "max_position_embeddings": 8192,
+             "vocab_size": 163840, "num_nextn_predict_layers": 0}
+
+
+def test_deepseek_v3s_own_config_reads_as_transformers_builds_it() -> None:
+    transformers = pytest.importorskip("transformers")
+    cfg = config_from_hf(DEEPSEEK_V3, "config.json")
+    assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.v_head_dim) == (1536, 512, 128)
+    assert (cfg.head_dim, cfg.rotary_dim, cfg.rope_interleave) == (192, 64, True)
+    assert (cfg.num_experts, cfg.n_group, cfg.topk_group, cfg.mlp_only_layers) == (
+        256, 8, 4, (0, 1, 2))
+    assert cfg.scoring_func == "sigmoid" and cfg.routed_scaling_factor == 2.5
+    # the score scale: 192 ** -0.5 times YaRN's mscale_all_dim term squared, as transformers'
+    theirs = transformers.DeepseekV3Config(**DEEPSEEK_V3)
+    attention = transformers.models.deepseek_v3.modeling_deepseek_v3.yarn_apply_mscale(
+        theirs.rope_parameters, theirs.qk_head_dim ** -0.5)
+    assert cfg.attention_scale == pytest.approx(attention, rel=1e-12)
+    assert cfg.attention_scale == pytest.approx(192 ** -0.5 * (0.1 * math.log(40) + 1) ** 2)
+    # written back, it reads the same (transformers' own head_dim: the rotary part's width)
+    written = config_to_hf(cfg, __import__("torch").bfloat16)
+    assert written["head_dim"] == 64 and written["q_lora_rank"] == 1536
+    assert config_from_hf(written, "written") == cfg
+    plain = config_from_hf(MOONLIGHT, "config.json")
+    assert (plain.q_lora_rank, plain.head_dim, plain.n_shared_experts) == (0, 192, 2)
+    assert plain.attention_scale == 192 ** -0.5 and plain.rope_type == "default"
+    assert config_to_hf(plain, __import__("torch").bfloat16)["q_lora_rank"] is None
+
+
+@pytest.mark.parametrize(("changes", "says"), [
+    ({"scoring_func": "softmax"}, "scoring_func='softmax' is not supported by the embedded "
+                                  "engine on deepseek_v3 ('sigmoid')"),
+    ({"topk_method": "group_limited_greedy"}, "topk_method='group_limited_greedy' is not "
+                                              "supported"),
+    ({"moe_layer_freq": 2}, "moe_layer_freq=2 is not supported"),
+    ({"num_key_value_heads": 64}, "num_key_value_heads 64 must be num_attention_heads 128 in "
+                                  "latent attention"),
+    ({"v_head_dim": 256}, "v_head_dim 256 wider than a key's 192"),
+    ({"kv_lora_rank": 0}, "kv_lora_rank must be positive, got 0"),
+    ({"q_lora_rank": -1}, "q_lora_rank=-1 is not a non-negative integer"),
+    ({"qk_rope_head_dim": 63}, "qk_rope_head_dim 63 must be even"),
+    ({"rope_interleave": "yes"}, "rope_interleave='yes' is not true or false"),
+    ({"quantization_config": {"quant_method": "awq"}}, "quantization_config="),
+])
+def test_a_deepseek_v3_config_the_engine_cannot_run_is_one_line(
+        changes: dict[str, Any], says: str) -> None:
+    with pytest.raises(ModelConfigError) as e:
+        config_from_hf({**DEEPSEEK_V3, **changes}, "cfg.json")
+    assert says in str(e.value) and str(e.value).startswith("cfg.json: ")
+    assert "\n" not in str(e.value)
+
+
+def test_latent_attention_is_deepseek_v3s_alone() -> None:
+    with pytest.raises(ModelConfigError, match=r"latent attention \(q_lora_rank, kv_lora_rank"):
+        from pivotflow.engines.torch.model_config import ModelConfig
+
+        ModelConfig(vocab_size=10, architecture="llama", kv_lora_rank=8).validate()
