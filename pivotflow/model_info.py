@@ -18,6 +18,7 @@ def describe_model(path: Path) -> str:
     from pivotflow.engines.torch.rope import rope_attention_factor
     from pivotflow.engines.torch.weights import load_model_folder
     from pivotflow.errors import CheckpointError
+    from pivotflow.params.fp8_blocks import is_fp8_blocks
     from pivotflow.params.hf_folder import read_config
     from pivotflow.params.hf_layout import family_of, is_mxfp4
     from pivotflow.run_models import tokenizer_of
@@ -79,6 +80,10 @@ def describe_model(path: Path) -> str:
                           "MistralForCausalLM), its vision tower and projector not loaded"}
     if (family := family_of(raw)) is not None and (family not in ("glm4_moe", "deepseek_v3") or mtp):
         lines.append(f"  tensors: {layout[family]}")
+    if is_fp8_blocks(raw):
+        rows, cols = raw["quantization_config"]["weight_block_size"]
+        lines.append(f"  weights: block-wise FP8 in the file ({rows}x{cols} blocks), dequantized "
+                     "to bfloat16")
     template = "a chat template" if tok.chat_template else "no chat template"
     lines.append(f"  tokenizer: {tok.vocab_size} tokens, {template}; stop ids "
                  f"{list(folder.eos_ids) or 'none'}")

@@ -42,6 +42,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from pivotflow.errors import ModelConfigError
+from pivotflow.params.fp8_blocks import block_size, fp8_dequantized, is_fp8_blocks
 
 if TYPE_CHECKING:
     import torch
@@ -137,11 +138,14 @@ _WRAPPERS: dict[str, tuple[str, str, dict[str, Any]]] = {
 def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str, Any]:
     """``config`` as it describes the tensors ``held_layout`` gives: GLM-4.5's and
     DeepSeek-V3's with no multi-token-prediction layer (DeepSeek-V3's naming its router, as
-    vLLM reads it: ``DEEPSEEK_V3_ROUTER``), a
+    vLLM reads it: ``DEEPSEEK_V3_ROUTER``), a block-wise FP8 one's unquantized, a
     multimodal wrapper's (``_WRAPPERS``) as its text model's own config (its causal LM's), so
     the store's folders, vLLM's and checkpoints say what they hold; every other config as it
     is. Raises ModelConfigError naming ``where`` for a wrapper
     with no ``text_config``."""
+    if is_fp8_blocks(config):  # (held dequantized, in bfloat16: fp8_blocks)
+        config = {k: v for k, v in {**config, "dtype": "bfloat16", "torch_dtype": "bfloat16"}
+                  .items() if k != "quantization_config"}
     family = family_of(config)
     if family == "deepseek_v3":
         # the router transformers runs, said as DeepSeek's own configs say it: vLLM reads
@@ -178,9 +182,12 @@ def held_layout(
     """``tensors`` as pivotflow holds them: fused projections split into views (phi3, glm4),
     Mixtral's and GLM-4's names renamed, GLM-4's q/k rows reordered (``_turn_heads``),
     GLM-4.5's multi-token-prediction layers left out, a Gemma 3 wrapper's text model alone
-    (``_language_model``), gpt-oss's MXFP4 experts dequantized (``_mxfp4_dequantized``),
+    (``_language_model``), gpt-oss's MXFP4 experts dequantized (``_mxfp4_dequantized``), a
+    block-wise FP8 folder's weights dequantized (``fp8_blocks``),
     every other tensor as it is. Raises ModelConfigError naming ``where`` and the tensor whose rows
     do not split as the config says."""
+    if is_fp8_blocks(config):
+        tensors = fp8_dequantized(tensors, block_size(config, where), where)
     family = family_of(config)
     if family == "mixtral":
         return {_mixtral_name(name, to_disk=False): t for name, t in tensors.items()}

@@ -5,8 +5,8 @@
 Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss,
 DeepSeek-V3; rope default, linear, llama3, yarn, Phi-3's longrope within its original context;
 sliding windows as each family says them, ``hf_windows``; each family's own keys,
-``hf_families``; unquantized weights, and gpt-oss's MXFP4, dequantized as read) and
-names, in one line, the file and the first key it cannot run. Keys that change nothing the
+``hf_families``; unquantized weights, block-wise FP8's and gpt-oss's MXFP4, dequantized as read)
+and names, in one line, the file and the first key it cannot run. Keys that change nothing the
 decoder computes (token ids, initializer_range, use_cache...) are ignored.
 """
 
@@ -32,6 +32,7 @@ from pivotflow.engines.torch.model_config import (
     ModelConfig,
 )
 from pivotflow.errors import ModelConfigError
+from pivotflow.params.fp8_blocks import is_fp8_blocks
 from pivotflow.params.hf_layout import is_mxfp4
 
 HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
@@ -124,8 +125,8 @@ def _reject_unsupported(raw: dict[str, Any], where: str) -> None:
          not partial_ok and raw.get("partial_rotary_factor", 1.0) != 1.0, "1.0"),
         # (gpt-oss's MXFP4 experts are dequantized as the folder is read: hf_layout)
         ("quantization_config", bool(raw.get("quantization_config")) and not (
-            raw.get("model_type") == "gpt_oss" and is_mxfp4(raw)),
-         "unquantized weights, or gpt-oss's MXFP4"),
+            raw.get("model_type") == "gpt_oss" and is_mxfp4(raw)) and not is_fp8_blocks(raw),
+         "unquantized weights, block-wise FP8, or gpt-oss's MXFP4"),
     ]
     for key, bad, runs in checks:
         if bad:
