@@ -151,6 +151,11 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
         # the router transformers runs, said as DeepSeek's own configs say it: vLLM reads
         # these keys (without them, a softmax router with no correction bias)
         config = {**config, **DEEPSEEK_V3_ROUTER}
+    v2 = config.get("model_type") == "deepseek_v2"
+    if v2 and (config.get("topk_method") or "greedy") == "greedy":
+        # (transformers' greedy choice ignores the groups; vLLM groups by n_group whatever
+        # topk_method says)
+        config = {**config, "n_group": 1, "topk_group": 1}
     if family in _MTP_FAMILIES and config.get("num_nextn_predict_layers"):
         return {**config, "num_nextn_predict_layers": 0}
     if family == "gpt_oss" and is_mxfp4(config):  # (held dequantized, in bfloat16)

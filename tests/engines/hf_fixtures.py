@@ -2,7 +2,7 @@
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
 Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, Phi-4-mini's partial
-rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, DeepSeek-V3's latent attention, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
+rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, DeepSeek-V3's and V2's latent attention, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
 Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
@@ -243,6 +243,24 @@ CASES += [
           "qk_rope_head_dim": 16, "v_head_dim": 32, "rope_interleave": False}),
 ]  # fmt: skip
 DEEPSEEK_V3, DEEPSEEK_V3_PLAIN = CASES[27], CASES[28]
+# DeepSeek-V2: the same latent attention (rotary pairs always interleaved), a softmax router
+# whose weights are not renormalised, times 16 as DeepSeek-V2's: from the 2 of 4 groups whose
+# best expert scores highest (group_limited_greedy, DeepSeek-V2's); and from all experts
+# ("greedy") with no query latent and DeepSeek-V2-Lite's YaRN (mscale 0.707 on both terms)
+CASES += [
+    Case("deepseek-v2", "DeepseekV2Config", False,
+         {**DEEPSEEK_MOE, "n_group": 4, "topk_group": 2, "topk_method": "group_limited_greedy",
+          "routed_scaling_factor": 16.0, "n_shared_experts": 2, "q_lora_rank": 48,
+          "kv_lora_rank": 32, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 24}),
+    Case("deepseek-v2-lite", "DeepseekV2Config", False,
+         {**DEEPSEEK_MOE, "n_group": 1, "topk_group": 1, "topk_method": "greedy",
+          "routed_scaling_factor": 1.0, "q_lora_rank": None, "kv_lora_rank": 32,
+          "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 32,
+          "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "mscale": 0.707,
+                              "mscale_all_dim": 0.707, "beta_fast": 32.0, "beta_slow": 1.0,
+                              "original_max_position_embeddings": 32, "rope_theta": 10000.0}}),
+]  # fmt: skip
+DEEPSEEK_V2, DEEPSEEK_V2_LITE = CASES[29], CASES[30]
 CASE_IDS = [c.name for c in CASES]
 
 

@@ -95,3 +95,82 @@ def test_latent_attention_is_deepseek_v3s_alone() -> None:
         from pivotflow.engines.torch.model_config import ModelConfig
 
         ModelConfig(vocab_size=10, architecture="llama", kv_lora_rank=8).validate()
+
+
+# DeepSeek-V2-Lite's config.json as the Hub ships it
+DEEPSEEK_V2_LITE = {
+    "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": False,
+    "aux_loss_alpha": 0.001, "bos_token_id": 100000, "eos_token_id": 100001,
+    "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 2048,
+    "intermediate_size": 10944, "kv_lora_rank": 512, "max_position_embeddings": 163840,
+    "model_type": "deepseek_v2", "moe_intermediate_size": 1408, "moe_layer_freq": 1,
+    "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 2, "norm_topk_prob": False,
+    "num_attention_heads": 16, "num_experts_per_tok": 6, "num_hidden_layers": 27,
+    "num_key_value_heads": 16, "pretraining_tp": 1, "q_lora_rank": None,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+                     "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax",
+    "seq_aux": True, "tie_word_embeddings": False, "topk_group": 1, "topk_method": "greedy",
+    "torch_dtype": "bfloat16", "use_cache": True, "v_head_dim": 128, "vocab_size": 102400}
+# DeepSeek-V2's (236B) router: 160 experts in 8 groups, a token's 6 from its best 3
+DEEPSEEK_V2 = {**DEEPSEEK_V2_LITE, "n_routed_experts": 160, "n_group": 8, "topk_group": 3,
+               "topk_method": "group_limited_greedy", "routed_scaling_factor": 16.0,
+               "q_lora_rank": 1536}
+
+
+def test_deepseek_v2s_own_configs_read_as_transformers_builds_them() -> None:
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from transformers.models.deepseek_v2 import modeling_deepseek_v2
+
+    lite = config_from_hf(DEEPSEEK_V2_LITE, "config.json")
+    assert (lite.q_lora_rank, lite.head_dim, lite.rope_interleave) == (0, 192, True)
+    assert (lite.scoring_func, lite.n_group, lite.norm_topk_prob) == ("softmax", 1, False)
+    theirs = transformers.DeepseekV2Config(**DEEPSEEK_V2_LITE)
+    scale = modeling_deepseek_v2.yarn_apply_mscale(theirs.rope_parameters,
+                                                   theirs.qk_head_dim ** -0.5)
+    assert lite.attention_scale == pytest.approx(scale, rel=1e-12)
+    full = config_from_hf(DEEPSEEK_V2, "config.json")
+    assert (full.n_group, full.topk_group, full.group_rank_top) == (8, 3, 1)
+    assert full.routed_scaling_factor == 16.0 and full.q_lora_rank == 1536
+    for cfg in (lite, full):
+        written = config_to_hf(cfg, torch.bfloat16)
+        assert config_from_hf(written, "written") == cfg
+    assert config_to_hf(full, torch.bfloat16)["topk_method"] == "group_limited_greedy"
+
+
+@pytest.mark.parametrize(("changes", "says"), [
+    ({"norm_topk_prob": True}, "norm_topk_prob=True is not supported by the embedded engine on "
+                               "deepseek_v2 (False)"),
+    ({"topk_method": "noaux_tc"}, "topk_method='noaux_tc' is not supported"),
+    ({"scoring_func": "sigmoid"}, "scoring_func='sigmoid' is not supported"),
+    ({"n_group": 3, "topk_method": "group_limited_greedy"}, "n_group 3 does not divide"),
+])
+def test_a_deepseek_v2_config_the_engine_cannot_run_is_one_line(
+        changes: dict[str, Any], says: str) -> None:
+    with pytest.raises(ModelConfigError) as e:
+        config_from_hf({**DEEPSEEK_V2_LITE, **changes}, "cfg.json")
+    assert says in str(e.value) and str(e.value).startswith("cfg.json: ")
+    assert "\n" not in str(e.value)
+
+
+def test_what_vllm_is_told_routes_as_transformers_does() -> None:
+    """vLLM's DeepSeek reads router keys transformers ignores: a config without DeepSeek-V3's
+    (as transformers writes one) is held saying them, and a DeepSeek-V2 greedy router's
+    groups, which transformers ignores and vLLM would apply, are held as one group."""
+    from pivotflow.params.hf_layout import held_config
+
+    bare = {k: v for k, v in DEEPSEEK_V3.items()
+            if k not in ("topk_method", "scoring_func", "moe_layer_freq")}
+    held = held_config(bare)
+    assert (held["topk_method"], held["scoring_func"], held["moe_layer_freq"]) == (
+        "noaux_tc", "sigmoid", 1)
+    assert held["num_nextn_predict_layers"] == 0 and config_from_hf(held, "h") == config_from_hf(
+        DEEPSEEK_V3, "c")
+    grouped = {**DEEPSEEK_V2_LITE, "n_group": 8, "topk_group": 3}
+    assert (held_config(grouped)["n_group"], held_config(grouped)["topk_group"]) == (1, 1)
+    assert config_from_hf(grouped, "c") == config_from_hf(held_config(grouped), "h")
+    assert held_config(DEEPSEEK_V2)["n_group"] == 8  # (group_limited_greedy: its groups)
+

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import torch
 from hf_fixtures import (
+    DEEPSEEK_V2,
+    DEEPSEEK_V2_LITE,
     DEEPSEEK_V3,
     DEEPSEEK_V3_PLAIN,
     GLM4_MOE,
@@ -62,15 +64,17 @@ def test_sparse_and_dense_layers_are_where_the_config_puts_them(pair: Any) -> No
 
 
 @pytest.mark.parametrize("case", [MOE, MIXTRAL, GLM4_MOE, QWEN2_MOE, OLMOE, DEEPSEEK_V3,
-                                  DEEPSEEK_V3_PLAIN], ids=lambda c: c.name)
+                                  DEEPSEEK_V3_PLAIN, DEEPSEEK_V2, DEEPSEEK_V2_LITE],
+                         ids=lambda c: c.name)
 def test_logits_and_gradients_equal_transformers_on_a_padded_batch(
         case: Any, pair: Any, tmp_path: Path) -> None:
     """Qwen3-MoE, Mixtral (whose file names its layer block_sparse_moe and its experts'
     projections w1/w3/w2; transformers 5 holds both as Qwen3-MoE's fused stacks), GLM-4.5
     (grouped sigmoid routing with a correction bias, scaled weights, a shared expert) and
     Qwen2-MoE (a shared expert scaled by a sigmoid gate, a window on its first layer),
-    OLMoE (whole-projection q/k norms) and DeepSeek-V3 (GLM-4.5's experts behind latent
-    attention: every latent projection's and norm's gradient)."""
+    OLMoE (whole-projection q/k norms), DeepSeek-V3 (GLM-4.5's experts behind latent
+    attention: every latent projection's and norm's gradient) and DeepSeek-V2 (a softmax
+    router, grouped by each group's best expert or not, its weights scaled)."""
     if case is MOE:
         theirs, ours, _ = pair
     else:
@@ -83,7 +87,10 @@ def test_logits_and_gradients_equal_transformers_on_a_padded_batch(
     real = mask.bool()
     ref = theirs(ids, attention_mask=mask).logits
     got = ours(ids, attention_mask=mask)
-    torch.testing.assert_close(got[real], ref[real], atol=2e-5, rtol=0)
+    # (DeepSeek-V2's experts, unnormalised and times 16, give MLP outputs of ~170 here where
+    # the others' are ~20, with float32's rounding of them: 10x the tolerance)
+    loose = 10 if case in (DEEPSEEK_V2, DEEPSEEK_V2_LITE) else 1
+    torch.testing.assert_close(got[real], ref[real], atol=2e-5 * loose, rtol=0)
     # The same loss through both: every weight's gradient agrees, the router's included, and an
     # expert's is the slice of transformers' fused tensor that holds it.
     weights = torch.linspace(-1.0, 1.0, ref.shape[-1])
@@ -110,7 +117,8 @@ def test_logits_and_gradients_equal_transformers_on_a_padded_batch(
             assert not expected.any(), name
             continue
         assert p.grad is not None, name
-        torch.testing.assert_close(p.grad, expected, atol=1e-4, rtol=1e-4, msg=name)
+        torch.testing.assert_close(p.grad, expected, atol=1e-4 * loose, rtol=1e-4 * loose,
+                                   msg=lambda m, name=name: f"{name}: {m}")
     router = ours.model.layers[-1].mlp.gate.weight.grad
     assert router is not None and float(router.abs().sum()) > 0
 

@@ -1,5 +1,5 @@
 """Mistral, YaRN, OLMo-2, sliding windows, OLMo-3, Gemma 3 and Phi-3 (fused projections;
-partial rotary with LongRoPE), Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2 (soft-capping), OLMoE, Granite and DeepSeek-V3 (latent attention) on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
+partial rotary with LongRoPE), Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2 (soft-capping), OLMoE, Granite, DeepSeek-V3 and DeepSeek-V2 (latent attention) on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
 random weights, loads the store's version as a worker does, and decodes greedily the embedded
 engine's 40 tokens, on a prompt past YaRN's original context too. The YaRN folder sets every
 knob where two implementations could part (an explicit ``attention_factor``, which replaces the
@@ -120,7 +120,18 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
                 "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0,
                                     "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                     "original_max_position_embeddings": 32,
-                                    "rope_theta": 10000.0}})}
+                                    "rope_theta": 10000.0}}),
+            # DeepSeek-V2: the same attention with plain RoPE (Moonlight's kind: vLLM's CPU
+            # rotary kernel misreads it; pivotflow tells vLLM YaRN of factor 1, the same rope),
+            # a softmax router from the 2 of 4 groups whose best expert scores highest,
+            # weights unnormalised times 16
+            "deepseek-v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", {
+                "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 512,
+                "qk_nope_head_dim": 32, "qk_rope_head_dim": 64, "v_head_dim": 32,
+                "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                "n_group": 4, "topk_group": 2, "topk_method": "group_limited_greedy",
+                "routed_scaling_factor": 16.0, "first_k_dense_replace": 1,
+                "pad_token_id": EOS})}
 # gpt-oss: attention sinks, every other layer's window (binding), YaRN as it ships it, 4
 # biased experts with the clamped gate (fused in the file, split in the store, one at a time
 # to vLLM); not in FAMILIES: vLLM's CPU build is not exact on it (below)
@@ -162,7 +173,8 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     path = _folder(tmp_path / "model", folder, family)
     cfg, weights = load_checkpoint(path)
     assert cfg.architecture == {"gemma3-text": "gemma3_text", "glm4-moe": "glm4_moe",
-                                "qwen2-moe": "qwen2_moe", "deepseek-v3": "deepseek_v3"}.get(
+                                "qwen2-moe": "qwen2_moe", "deepseek-v3": "deepseek_v3",
+                                "deepseek-v2": "deepseek_v2"}.get(
         family, family.split("-")[0])
     assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text",
                                                    "phi3-window", "mixtral-window",

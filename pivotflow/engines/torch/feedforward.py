@@ -69,11 +69,13 @@ class Routing(NamedTuple):
     n_group: int = 1
     topk_group: int = 1
     scale: float = 1.0
+    group_rank_top: int = 2  # (a group ranks by the sum of its this many best scores)
 
     @staticmethod
     def of(cfg: ModelConfig) -> Routing:
         return Routing(cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.scoring_func,
-                       cfg.n_group, cfg.topk_group, cfg.routed_scaling_factor)
+                       cfg.n_group, cfg.topk_group, cfg.routed_scaling_factor,
+                       cfg.group_rank_top)
 
     def scores(self, router_logits: torch.Tensor) -> torch.Tensor:
         """Every expert's score [n, E], in float32 (gpt-oss's: its logits, which choose; the
@@ -87,11 +89,13 @@ class Routing(NamedTuple):
     def choose(self, scores: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """Each token's ``top_k`` experts [n, k] by ``scores`` plus ``bias`` (which only
         chooses: it never weighs), within its ``topk_group`` best groups (a group ranked by
-        the sum of its two best), as DeepSeek-V3 and transformers' GLM-4.5 choose."""
+        the sum of its ``group_rank_top`` best: two, as DeepSeek-V3 and transformers' GLM-4.5
+        choose; one, DeepSeek-V2's group_limited_greedy)."""
         ranked = scores if bias is None else scores + bias.float()
         if self.n_group > 1:
             groups = ranked.view(ranked.shape[0], self.n_group, -1)
-            best = groups.topk(2, dim=-1).values.sum(-1).topk(self.topk_group, dim=-1).indices
+            best = (groups.topk(self.group_rank_top, dim=-1).values.sum(-1)
+                    .topk(self.topk_group, dim=-1).indices)
             keep = torch.zeros_like(groups[..., 0], dtype=torch.bool).scatter_(1, best, True)
             ranked = groups.masked_fill(~keep[..., None], float("-inf")).view_as(ranked)
         return torch.topk(ranked, self.top_k, dim=-1).indices

@@ -3,7 +3,7 @@
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
 Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss,
-DeepSeek-V3; rope default, linear, llama3, yarn, Phi-3's longrope within its original context;
+DeepSeek-V2, DeepSeek-V3; rope default, linear, llama3, yarn, Phi-3's longrope within its original context;
 sliding windows as each family says them, ``hf_windows``; each family's own keys,
 ``hf_families``; unquantized weights, block-wise FP8's and gpt-oss's MXFP4, dequantized as read)
 and names, in one line, the file and the first key it cannot run. Keys that change nothing the
@@ -20,7 +20,7 @@ from pivotflow.engines.torch.hf_families import (
     ENGINE,
     GRANITE_KEYS,
     check_every_layer_sparse,
-    deepseek_v3_to_hf,
+    deepseek_to_hf,
     family_fields,
     glm4_moe_to_hf,
     number,
@@ -44,7 +44,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "smollm3": "SmolLM3ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
               "gemma2": "Gemma2ForCausalLM", "olmoe": "OlmoeForCausalLM",
               "granite": "GraniteForCausalLM", "gpt_oss": "GptOssForCausalLM",
-              "deepseek_v3": "DeepseekV3ForCausalLM"}  # fmt: skip
+              "deepseek_v3": "DeepseekV3ForCausalLM",
+              "deepseek_v2": "DeepseekV2ForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -61,7 +62,8 @@ HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "qwen2_moe": "Qwen2MoeForSequenceClassification",
                   "gemma2": "Gemma2ForSequenceClassification",
                   "gpt_oss": "GptOssForSequenceClassification",
-                  "deepseek_v3": "DeepseekV3ForSequenceClassification"}
+                  "deepseek_v3": "DeepseekV3ForSequenceClassification",
+                  "deepseek_v2": "DeepseekV2ForSequenceClassification"}
 # (transformers has no sequence classifier for glm4_moe, olmoe or granite: no critic from them)
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
@@ -276,7 +278,7 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
             fields[key] = _positive_int(raw, key, where)
     if kind == "glm4":  # (Glm4Config's head_dim is 128, not hidden / heads)
         fields.setdefault("head_dim", 128)
-    if kind == "deepseek_v3":  # (transformers writes the rotary part's width there: derived)
+    if kind in ("deepseek_v3", "deepseek_v2"):  # (transformers writes the rotary part's width)
         fields.pop("head_dim", None)
     fields.setdefault("num_key_value_heads", heads)  # transformers' default: no GQA
     if "head_dim" not in fields and fields["hidden_size"] % heads:
@@ -421,8 +423,8 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
                    bos_token_id=None, eos_token_id=None,
                    no_rope_layers=[int(i not in cfg.nope_layers)
                                    for i in range(cfg.num_hidden_layers)])
-    elif cfg.architecture == "deepseek_v3":
-        out.update(deepseek_v3_to_hf(cfg))
+    elif cfg.architecture in ("deepseek_v3", "deepseek_v2"):
+        out.update(deepseek_to_hf(cfg))
     elif cfg.architecture == "glm4_moe":
         out.update(glm4_moe_to_hf(cfg))
         rope["partial_rotary_factor"] = cfg.partial_rotary_factor

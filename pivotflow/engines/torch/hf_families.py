@@ -33,6 +33,8 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         return _glm4_moe_fields(raw, layers, where)
     if kind == "deepseek_v3":
         return _deepseek_v3_fields(raw, layers, where)
+    if kind == "deepseek_v2":
+        return _deepseek_v2_fields(raw, layers, where)
     if kind == "smollm3":
         return {"nope_layers": nope_layers(raw, layers, where)}
     if kind == "granite":
@@ -160,7 +162,44 @@ def _deepseek_v3_fields(raw: dict[str, Any], layers: int, where: str) -> dict[st
     out = _glm4_moe_fields({"n_routed_experts": 256, "moe_intermediate_size": 2048,
                             "n_group": 8, "topk_group": 4, "first_k_dense_replace": 3,
                             "routed_scaling_factor": 2.5, **raw}, layers, where)
-    out["qk_norm"] = False
+    interleave = raw.get("rope_interleave", True)
+    if not isinstance(interleave, bool):
+        raise ModelConfigError(f"{where}: rope_interleave={interleave!r} is not true or false")
+    return {**out, **_latent_fields(raw, where), "rope_interleave": interleave}
+
+
+def _deepseek_v2_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
+    """DeepSeek-V2's (V2-Lite's, Coder-V2's) latent attention and experts, with
+    DeepseekV2Config's defaults where a key is absent (or null): V3's attention with its rotary
+    pairs always interleaved, a softmax router whose top k are weighed unrenormalised times
+    ``routed_scaling_factor``, chosen from all experts ("greedy") or from the ``topk_group``
+    groups whose best expert scores highest ("group_limited_greedy"), as transformers runs it.
+    ``norm_topk_prob`` true (which transformers' DeepseekV2 ignores and vLLM's reads) is
+    refused so both say one thing."""
+    method = raw.get("topk_method") or "greedy"
+    checks = (("scoring_func", raw.get("scoring_func", "softmax"), ("softmax",)),
+              ("topk_method", method, ("greedy", "group_limited_greedy")),
+              ("moe_layer_freq", raw.get("moe_layer_freq", 1), (1,)),
+              ("norm_topk_prob", raw.get("norm_topk_prob") or False, (False,)))
+    for key, value, runs in checks:
+        if value not in runs:
+            raise ModelConfigError(f"{where}: {key}={value!r} {ENGINE} on deepseek_v2 "
+                                   f"({', '.join(map(repr, runs))})")
+    defaults = {"n_routed_experts": 64, "moe_intermediate_size": 1407, "n_shared_experts": 2,
+                "first_k_dense_replace": 0, "routed_scaling_factor": 1.0}
+    given = {k: v for k, v in raw.items() if v is not None}
+    grouped = {"n_group": given.get("n_group", 1), "topk_group": given.get("topk_group", 1)}
+    out = _glm4_moe_fields({**defaults, **given, "norm_topk_prob": False, **(
+        grouped if method == "group_limited_greedy" else {"n_group": 1, "topk_group": 1})},
+        layers, where)
+    return {**out, **_latent_fields({"q_lora_rank": 1536, **raw}, where),
+            "scoring_func": "softmax", "rope_interleave": True}
+
+
+def _latent_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """DeepSeek's latent attention keys (DeepseekV3Config's defaults), and head_dim: a head's
+    query and key width, the no-rope part and the rope part."""
+    out: dict[str, Any] = {"qk_norm": False}
     q_rank = raw.get("q_lora_rank", 1536)
     for field, value in (("q_lora_rank", 0 if q_rank is None else q_rank),
                          ("kv_lora_rank", raw.get("kv_lora_rank", 512)),
@@ -170,23 +209,24 @@ def _deepseek_v3_fields(raw: dict[str, Any], layers: int, where: str) -> dict[st
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ModelConfigError(f"{where}: {field}={value!r} is not a non-negative integer")
         out[field] = value
-    interleave = raw.get("rope_interleave", True)
-    if not isinstance(interleave, bool):
-        raise ModelConfigError(f"{where}: rope_interleave={interleave!r} is not true or false")
-    return {**out, "rope_interleave": interleave,
-            "head_dim": out["qk_nope_head_dim"] + out["qk_rope_head_dim"]}
+    return {**out, "head_dim": out["qk_nope_head_dim"] + out["qk_rope_head_dim"]}
 
 
-def deepseek_v3_to_hf(cfg: ModelConfig) -> dict[str, Any]:
-    """A DeepSeek-V3 config's own keys: GLM-4.5's expert keys, the latent attention's, head_dim
-    as transformers sets it (the rotary part's width), and the router's as DeepSeek's configs
-    name it (which vLLM reads)."""
+def deepseek_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+    """A DeepSeek-V2 or V3 config's own keys: GLM-4.5's expert keys, the latent attention's,
+    head_dim as transformers sets it (the rotary part's width), and the router's as DeepSeek's
+    configs name it (which vLLM reads)."""
     out = {k: v for k, v in glm4_moe_to_hf(cfg).items()
-           if k not in ("use_qk_norm", "partial_rotary_factor")}
-    return {**out, "q_lora_rank": cfg.q_lora_rank or None, "kv_lora_rank": cfg.kv_lora_rank,
-            "qk_nope_head_dim": cfg.qk_nope_head_dim, "qk_rope_head_dim": cfg.qk_rope_head_dim,
-            "v_head_dim": cfg.v_head_dim, "rope_interleave": cfg.rope_interleave,
-            "head_dim": cfg.qk_rope_head_dim, **DEEPSEEK_V3_ROUTER}
+           if k not in ("use_qk_norm", "partial_rotary_factor", "num_nextn_predict_layers")}
+    out.update(q_lora_rank=cfg.q_lora_rank or None, kv_lora_rank=cfg.kv_lora_rank,
+               qk_nope_head_dim=cfg.qk_nope_head_dim, qk_rope_head_dim=cfg.qk_rope_head_dim,
+               v_head_dim=cfg.v_head_dim, head_dim=cfg.qk_rope_head_dim)
+    if cfg.architecture == "deepseek_v2":
+        grouped = cfg.n_group > 1
+        return {**out, "scoring_func": "softmax", "moe_layer_freq": 1,
+                "topk_method": "group_limited_greedy" if grouped else "greedy"}
+    return {**out, "rope_interleave": cfg.rope_interleave, "num_nextn_predict_layers": 0,
+            **DEEPSEEK_V3_ROUTER}
 
 
 def _glm4_moe_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:

@@ -13,12 +13,12 @@ from pivotflow.errors import ModelConfigError
 
 ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3",
                  "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3", "qwen2_moe",
-                 "gemma2", "olmoe", "granite", "gpt_oss", "deepseek_v3")
+                 "gemma2", "olmoe", "granite", "gpt_oss", "deepseek_v3", "deepseek_v2")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
-                     "deepseek_v3")
-# multi-head latent attention (DeepSeek-V3's, ``kv_lora_rank``)
-LATENT_ARCHITECTURES = ("deepseek_v3",)
+                     "deepseek_v3", "deepseek_v2")
+# multi-head latent attention (DeepSeek-V2's and V3's, ``kv_lora_rank``)
+LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe")
 # q and k normalised over their whole projections (all heads at once), not per head
 WHOLE_QK_NORM_ARCHITECTURES = ("olmo2", "olmo3", "olmoe")
@@ -144,7 +144,7 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     residual_multiplier: float = 1.0
     attention_multiplier: float = 0.0
     logits_scaling: float = 1.0
-    # DeepSeek-V3's multi-head latent attention (HF's names; kv_lora_rank 0: none). Keys and
+    # DeepSeek-V2's and V3's multi-head latent attention (HF's names; kv_lora_rank 0: none). Keys and
     # values come from one latent of kv_lora_rank per token (kv_a_proj_with_mqa, normalised,
     # then kv_b_proj into every head's key part and value) and one rotary key of
     # qk_rope_head_dim that every head shares; queries through a latent of q_lora_rank (0:
@@ -191,6 +191,12 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
             # yarn_apply_mscale)
             scale *= (0.1 * self.rope_mscale_all_dim * math.log(self.rope_factor) + 1) ** 2
         return scale
+
+    @property
+    def group_rank_top(self) -> int:
+        """How many of a group's best scores rank it in grouped routing: DeepSeek-V2's softmax
+        router's, its best (group_limited_greedy); DeepSeek-V3's and GLM-4.5's, its two best."""
+        return 1 if self.architecture == "deepseek_v2" else 2
 
     @property
     def latent_attention(self) -> bool:
@@ -441,7 +447,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
             raise ModelConfigError(
                 f"topk_group must be in [1, n_group={self.n_group}], got {self.topk_group}")
         per_group = self.num_experts // self.n_group
-        if self.n_group > 1 and (self.scoring_func != "sigmoid" or per_group < 2):
+        v2 = self.architecture == "deepseek_v2"  # (a softmax router's groups: group_rank_top)
+        if self.n_group > 1 and not v2 and (self.scoring_func != "sigmoid" or per_group < 2):
             raise ModelConfigError(
                 f"n_group={self.n_group} needs scoring_func 'sigmoid' and at least 2 experts "
                 f"a group (a group ranks by its two best), got {self.scoring_func!r} and "
