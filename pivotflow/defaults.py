@@ -23,6 +23,9 @@ RATIO_LEVELS = ("token", "sequence")
 # The linear layers LoRA may adapt, by their Hugging Face names (worker/lora.py; PEFT's
 # "all-linear" for the decoder bodies pivotflow runs: never the output head or embeddings)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# DeepSeek's latent attention projections: LoRA adapts them when lora_target_modules names
+# them (not by default: every other family's PEFT export would name modules it has not)
+LORA_LATENT_TARGETS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
 THREADS_PER_WORKER = 1  # torch threads in each worker process
 RESULTS_PER_FRAME = 0  # a worker's results per JobsDone frame (0: every one a step finished)
 ENGINE = "torch"  # the engine a generate worker runs

@@ -16,6 +16,7 @@ import msgspec
 from pivotflow.defaults import (
     AGGREGATIONS,
     KL_ESTIMATORS,
+    LORA_LATENT_TARGETS,
     LORA_TARGETS,
     LR_SCHEDULES,
     RATIO_LEVELS,
@@ -190,9 +191,10 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 problems.append(f"{knob}_rank needs train_dtype float32, got "
                                 f"{self.train_dtype!r} (the merged weights would round the "
                                 "adapters' update away: worker/lora.py)")
-        unknown = [m for m in self.lora_target_modules if m not in LORA_TARGETS]
+        known = (*LORA_TARGETS, *LORA_LATENT_TARGETS)
+        unknown = [m for m in self.lora_target_modules if m not in known]
         if unknown or not self.lora_target_modules:
-            problems.append(f"lora_target_modules must name some of {list(LORA_TARGETS)}, got "
+            problems.append(f"lora_target_modules must name some of {list(known)}, got "
                             f"{self.lora_target_modules}")
         if not 0 < self.critic_lr < float("inf"):
             problems.append(f"critic_lr must be > 0, got {self.critic_lr}")

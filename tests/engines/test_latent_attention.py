@@ -174,3 +174,36 @@ def test_what_vllm_is_told_routes_as_transformers_does() -> None:
     assert config_from_hf(grouped, "c") == config_from_hf(held_config(grouped), "h")
     assert held_config(DEEPSEEK_V2)["n_group"] == 8  # (group_limited_greedy: its groups)
 
+
+def test_lora_adapts_the_latent_projections_when_named(tmp_path: Any) -> None:
+    """Named in lora_target_modules (not by default), LoRA adapts DeepSeek's latent
+    projections: each takes an adapter, whose zero-initialised update leaves the model's
+    logits as they were, and only the adapters train."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hf_fixtures import DEEPSEEK_V3, PROMPTS, save_folder
+
+    from pivotflow.defaults import LORA_LATENT_TARGETS
+    from pivotflow.engines.torch.weights import build_model, load_model_folder
+    from pivotflow.worker.lora import apply_lora
+    from pivotflow.worker.train_config import train_config
+
+    targets = ["o_proj", *LORA_LATENT_TARGETS]
+    assert train_config({"lora_rank": 4, "lora_target_modules": targets}).lora_target_modules
+    save_folder(DEEPSEEK_V3, tmp_path)
+    folder = load_model_folder(tmp_path)
+    model = build_model(folder.config, folder.tensors)
+    ids = torch.tensor([PROMPTS[2]])
+    before = model(ids)
+    assert apply_lora(model, 4, 8.0, targets) == 3 * 5  # (3 layers: 4 latent projections, o)
+    after = model(ids)
+    torch.testing.assert_close(after, before)
+    after.sum().backward()
+    trained = {n.rsplit(".", 2)[-2] for n, p in model.named_parameters() if p.grad is not None}
+    assert trained == {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}
+    assert all(n.endswith(("lora_A", "lora_B")) for n, p in model.named_parameters()
+               if p.requires_grad)
