@@ -207,3 +207,24 @@ def test_lora_adapts_the_latent_projections_when_named(tmp_path: Any) -> None:
     assert trained == {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}
     assert all(n.endswith(("lora_A", "lora_B")) for n, p in model.named_parameters()
                if p.requires_grad)
+
+
+def test_the_engine_caches_the_latent_alone() -> None:
+    """The embedded engine's slots hold each position's latent and rotary key (one head of
+    kv_lora_rank + qk_rope_head_dim) for every query head, not every head's key and value; the
+    trainer's module serves through no other cache."""
+    import torch
+
+    from pivotflow.engines.torch import TorchEngine
+    from pivotflow.engines.torch.model import Decoder
+    from pivotflow.errors import EngineError
+
+    cfg = config_from_hf({**MOONLIGHT, "hidden_size": 64, "num_hidden_layers": 2,
+                          "intermediate_size": 64, "moe_intermediate_size": 16,
+                          "vocab_size": 50, "max_position_embeddings": 64}, "c")
+    engine = TorchEngine(cfg, max_batch=2, max_seq_len=32)
+    engine.load_weights(Decoder(cfg).state_dict(), 0)
+    cache = engine._cache
+    assert cache is not None and (cache.n_kv, cache.head_dim) == (1, 512 + 64)
+    with pytest.raises(EngineError, match="latent attention serves from the engine's latent"):
+        Decoder(cfg)(torch.tensor([[1, 2]]), cache=cache)

@@ -71,7 +71,7 @@ class SlotKVCache:
         dtype: torch.dtype,
     ) -> None:
         self.max_batch, self.max_len, self.dtype = max_batch, max_len, dtype
-        self.n_kv, self.head_dim = cfg.num_key_value_heads, cfg.head_dim
+        self.n_kv, self.head_dim = cfg.cache_kv_heads, cfg.cache_head_dim
         self._sliding = frozenset(cfg.sliding_layers)
         self._window = cfg.sliding_window if self._sliding else 0
         self._blocks = (cfg.num_hidden_layers, 2, max_batch, self.n_kv)
@@ -238,12 +238,9 @@ class PackedDecoder:
 
     def __init__(self, model: Decoder, max_len: int) -> None:
         cfg = self.cfg = model.config
-        self.model, self.heads, self.kv_heads = (
-            model,
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-        )
-        self.d = cfg.head_dim
+        # (latent attention attends in its latent: one cached head of the latent's width)
+        self.model, self.heads, self.kv_heads = model, cfg.num_attention_heads, cfg.cache_kv_heads
+        self.d = cfg.cache_head_dim
         self.mm = Linears.for_weights(model.lm_head.weight)
         self.layers: list[_Packed] = []
         # each layer's attention sinks [heads] (gpt-oss's), or None

@@ -1,7 +1,7 @@
-"""DeepSeek-V3's multi-head latent attention (``ModelConfig.kv_lora_rank``): ``LatentAttention``,
-the trainer's module under the Hub's names, and ``PackedLatent``, the same projections in the
-engine's packed decoder (``kv_cache.py``), which turns them into any family's per-head queries,
-keys and values so its slots and attention serve them unchanged.
+"""DeepSeek-V2's and V3's multi-head latent attention (``ModelConfig.kv_lora_rank``):
+``LatentAttention``, the trainer's module under the Hub's names (keys and values expanded per
+head, as transformers computes them), and ``PackedLatent``, the engine's packed decoder's
+(``kv_cache.py``), which attends in the latent and caches latents only.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pivotflow.engines.torch.layers import KVCacheHook, RMSNorm
 from pivotflow.engines.torch.linear import Linears
 from pivotflow.engines.torch.model_config import ModelConfig
 from pivotflow.engines.torch.rope import apply_rotary
+from pivotflow.errors import EngineError
 
 LATENT_NORM_EPS = 1e-6  # (DeepseekV3RMSNorm's default: the latents' norms in transformers)
 
@@ -23,8 +24,8 @@ class LatentAttention(nn.Module):
     transformers does: each head's key and value expanded from the token's normalised latent
     (``kv_b_proj``), one rotary key of ``qk_rope_head_dim`` shared by all heads, the rotary
     part of q and k last (interleaved pairs turned as DeepSeek lays them out when
-    ``rope_interleave``). A ``cache`` holds the expanded keys and values (values padded to the
-    keys' width), not the latent: the engine's slots hold every head's keys as any family's."""
+    ``rope_interleave``). Serving goes through ``PackedLatent`` (the engine's latent cache):
+    a ``cache`` here is an error."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -73,8 +74,8 @@ class LatentAttention(nn.Module):
         k = torch.cat((kv[..., :nope], k_rot), -1)
         v = kv[..., nope:]
         if cache is not None:
-            k, v, attn_mask = cache.update(self.layer_idx, k, F.pad(v, (0, d - self.v_dim)))
-            v = v[..., : self.v_dim]
+            raise EngineError("latent attention serves from the engine's latent cache "
+                              "(kv_cache.PackedDecoder), not a KVCacheHook")
         if attn_mask is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, scale=self.scale)
         else:
@@ -94,40 +95,52 @@ def interleaved_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 
 
 class PackedLatent:
-    """A latent attention layer's projections for the packed decoder, on the module's own
-    parameters (later loads copy into them): ``qkv`` gives every head's query and key [n,
-    2 * heads, head_dim] (their rotary part last, not yet turned) and value padded to the keys'
-    width [n, heads, head_dim], so the slots and the attention are any family's; ``output``
-    drops the padding from the attention's output."""
+    """A latent attention layer for the packed decoder, in its latent ("weight absorption", as
+    DeepSeek's and vLLM's decoders serve it): the engine caches each position's latent and
+    rotary key (kv_lora_rank + qk_rope_head_dim, one "head" every query head reads) instead of
+    every head's key and value, so a slot's position holds 576 numbers where the expanded
+    cache held heads x 384 (DeepSeek-V3: 85x fewer). A head's no-rope query turns into latent
+    space through its slice of kv_b_proj (q . k_nope = (q W_UK) . latent), and the attention's
+    output, a mix of latents, turns back into values through the other slice (W_UV). On the
+    module's own parameters (later loads copy into them)."""
 
     def __init__(self, attn: LatentAttention, cfg: ModelConfig) -> None:
-        self.heads, self.d, self.rank = cfg.num_attention_heads, cfg.head_dim, cfg.kv_lora_rank
-        self.nope, self.v_dim, self.q_rank = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.q_lora_rank
+        self.heads, self.rank = cfg.num_attention_heads, cfg.kv_lora_rank
+        self.q_rank = cfg.q_lora_rank
+        self.nope, self.v_dim, self.d = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.head_dim
         first = attn.q_a_proj if attn.q_latent else attn.q_proj
         self.first, self.kv_a = (first.weight, first.bias), (attn.kv_a_proj_with_mqa.weight,
                                                               attn.kv_a_proj_with_mqa.bias)
         self.q_b = (attn.q_a_layernorm.weight, attn.q_b_proj.weight) if attn.q_latent else None
-        self.kv_norm, self.kv_b = attn.kv_a_layernorm.weight, attn.kv_b_proj.weight
+        self.kv_norm = attn.kv_a_layernorm.weight
+        # kv_b_proj [heads * (nope + v), rank] as views: each head's W_UK [nope, rank] and
+        # W_UV [v, rank]
+        per_head = attn.kv_b_proj.weight.view(self.heads, self.nope + self.v_dim, self.rank)
+        self.w_uk, self.w_uv = per_head[:, : self.nope], per_head[:, self.nope :]
 
     def qkv(self, h: torch.Tensor, mm: Linears) -> tuple[torch.Tensor, torch.Tensor]:
-        """(queries and keys, padded values) of normalised hidden states ``h`` [n, hidden]."""
-        n, heads, d, rank, nope = h.shape[0], self.heads, self.d, self.rank, self.nope
+        """(queries and the cached key [n, heads + 1, rank + rope], values [n, 1, rank +
+        rope]) of normalised hidden states ``h`` [n, hidden]: each head's query as its latent
+        query and rotary query, the position's latent and rotary key (rope not yet applied);
+        its values are the latent itself (the rotary part rides along and is dropped by
+        ``output``)."""
+        n, heads, rank, nope = h.shape[0], self.heads, self.rank, self.nope
         q = mm.linear(h, *self.first)
         if self.q_b is not None:
             q = mm.linear(torch.rms_norm(q, (self.q_rank,), self.q_b[0], LATENT_NORM_EPS),
                           self.q_b[1])
+        q = q.view(n, heads, self.d)
         a = mm.linear(h, *self.kv_a)  # [latent | rotary key]
-        kv = mm.linear(torch.rms_norm(a[:, :rank], (rank,), self.kv_norm, LATENT_NORM_EPS),
-                       self.kv_b).view(n, heads, nope + self.v_dim)
-        qk = h.new_empty(n, 2 * heads, d)
-        qk[:, :heads] = q.view(n, heads, d)
-        qk[:, heads:, :nope] = kv[..., :nope]
-        qk[:, heads:, nope:] = a[:, None, rank:]  # (one rotary key, every head's)
-        v = h.new_zeros(n, heads, d)
-        v[..., : self.v_dim] = kv[..., nope:]
-        return qk, v
+        qk = h.new_empty(n, heads + 1, a.shape[1])
+        qk[:, :heads, :rank] = torch.bmm(q[..., :nope].transpose(0, 1), self.w_uk).transpose(0, 1)
+        qk[:, :heads, rank:] = q[..., nope:]
+        qk[:, heads, :rank] = torch.rms_norm(a[:, :rank], (rank,), self.kv_norm, LATENT_NORM_EPS)
+        qk[:, heads, rank:] = a[:, rank:]
+        return qk, qk[:, heads:]  # (the caller turns a copy of qk: these stay unturned)
 
     def output(self, out: torch.Tensor) -> torch.Tensor:
-        """The attention's output [n, heads * head_dim] without the values' padding."""
+        """The attention's output [n, heads * (rank + rope)], each head a mix of latents, as
+        the heads' values [n, heads * v_head_dim] (what o_proj reads)."""
         n = out.shape[0]
-        return out.view(n, self.heads, self.d)[..., : self.v_dim].reshape(n, -1)
+        latents = out.view(n, self.heads, -1)[..., : self.rank].transpose(0, 1)
+        return torch.bmm(latents, self.w_uv.transpose(1, 2)).transpose(0, 1).reshape(n, -1)

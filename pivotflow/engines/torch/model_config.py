@@ -204,6 +204,18 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         return self.kv_lora_rank > 0
 
     @property
+    def cache_kv_heads(self) -> int:
+        """The key/value heads an engine caches per position: latent attention's one latent
+        (every head reads it), else num_key_value_heads."""
+        return 1 if self.latent_attention else self.num_key_value_heads
+
+    @property
+    def cache_head_dim(self) -> int:
+        """The width of each cached key (and value): latent attention's latent and rotary key
+        (kv_lora_rank + qk_rope_head_dim), else head_dim."""
+        return self.kv_lora_rank + self.qk_rope_head_dim if self.latent_attention else self.head_dim
+
+    @property
     def attention_sinks(self) -> bool:
         """gpt-oss's attention: a learned sink logit per head (``self_attn.sinks``)."""
         return self.architecture == "gpt_oss"
