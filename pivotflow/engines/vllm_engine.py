@@ -397,7 +397,7 @@ class VllmEngine:
                               f"{_one_line(exc)}") from None  # fmt: skip
         if not self.on_cpu:
             return dict(raw)
-        if raw.get("kv_lora_rank"):  # latent attention (DeepSeek-V3's): its own CPU kernel
+        if raw.get("kv_lora_rank"):  # latent attention (DeepSeek's): its own CPU kernel
             return self._check_latent(raw, path)
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
@@ -406,7 +406,6 @@ class VllmEngine:
             raise EngineError(f"{path}: head_dim {head_dim} (hidden_size/num_attention_heads) "
                               f"is not one vLLM's CPU attention runs: {sizes}")  # fmt: skip
         return dict(raw)
-
 
     @staticmethod
     def _check_latent(raw: dict[str, Any], path: Path) -> dict[str, Any]:

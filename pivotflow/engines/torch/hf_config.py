@@ -3,11 +3,11 @@
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
 Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss,
-DeepSeek-V2, DeepSeek-V3; rope default, linear, llama3, yarn, Phi-3's longrope within its original context;
-sliding windows as each family says them, ``hf_windows``; each family's own keys,
-``hf_families``; unquantized weights, block-wise FP8's and gpt-oss's MXFP4, dequantized as read)
-and names, in one line, the file and the first key it cannot run. Keys that change nothing the
-decoder computes (token ids, initializer_range, use_cache...) are ignored.
+DeepSeek-V2, DeepSeek-V3; rope default, linear, llama3, yarn, Phi-3's longrope within its
+original context; sliding windows as each family says them, ``hf_windows``; each family's own
+keys, ``hf_families``; unquantized weights, block-wise FP8's and gpt-oss's MXFP4, dequantized
+as read) and names, in one line, the file and the first key it cannot run. Keys that change
+nothing the decoder computes (token ids, initializer_range, use_cache...) are ignored.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Each family's own ``config.json`` keys as ModelConfig's fields (``family_fields``), and the
 few it writes back that need a check of their own: the expert and router keys of Qwen3-MoE,
-Qwen2-MoE, Mixtral, OLMoE, gpt-oss, GLM-4.5 and DeepSeek-V3 (its latent attention's too),
+Qwen2-MoE, Mixtral, OLMoE, gpt-oss, GLM-4.5, DeepSeek-V2 and V3 (their latent attention's too),
 Gemma's gate, scale and soft-capping, Granite's multipliers, SmolLM3's NoPE layers.
 ``hf_config`` reads what all families share.
 """

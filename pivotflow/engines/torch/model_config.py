@@ -144,9 +144,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     residual_multiplier: float = 1.0
     attention_multiplier: float = 0.0
     logits_scaling: float = 1.0
-    # DeepSeek-V2's and V3's multi-head latent attention (HF's names; kv_lora_rank 0: none). Keys and
-    # values come from one latent of kv_lora_rank per token (kv_a_proj_with_mqa, normalised,
-    # then kv_b_proj into every head's key part and value) and one rotary key of
+    # DeepSeek-V2's and V3's multi-head latent attention (HF's names; kv_lora_rank 0: none).
+    # Keys and values come from one latent of kv_lora_rank per token (kv_a_proj_with_mqa,
+    # normalised, then kv_b_proj into every head's key part and value) and one rotary key of
     # qk_rope_head_dim that every head shares; queries through a latent of q_lora_rank (0:
     # q_proj directly). A head's q and k are qk_nope_head_dim + qk_rope_head_dim wide
     # (head_dim), the rotary part last (in interleaved pairs when rope_interleave), its value
@@ -200,7 +200,7 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def latent_attention(self) -> bool:
-        """DeepSeek-V3's multi-head latent attention (``kv_lora_rank``)."""
+        """DeepSeek-V2's and V3's multi-head latent attention (``kv_lora_rank``)."""
         return self.kv_lora_rank > 0
 
     @property
