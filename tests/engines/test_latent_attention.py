@@ -228,3 +228,39 @@ def test_the_engine_caches_the_latent_alone() -> None:
     assert cache is not None and (cache.n_kv, cache.head_dim) == (1, 512 + 64)
     with pytest.raises(EngineError, match="latent attention serves from the engine's latent"):
         Decoder(cfg)(torch.tensor([[1, 2]]), cache=cache)
+
+
+@pytest.mark.parametrize("config_class", ["DeepseekV3Config", "DeepseekV2Config"])
+def test_a_deepseek_reward_model_scores_as_transformers(tmp_path: Any,
+                                                       config_class: str) -> None:
+    """A DeepSeek sequence classifier (a reward model or a PPO critic of the family:
+    DeepseekV3ForSequenceClassification, DeepseekV2's) reads the last token's hidden state
+    through its ``score`` head, behind latent attention and the experts, as transformers."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hf_fixtures import DEEPSEEK_V2, DEEPSEEK_V3, PROMPTS, SIZES
+
+    from pivotflow.engines.torch.weights import build_model, load_model_folder
+
+    transformers = pytest.importorskip("transformers")
+    case = DEEPSEEK_V3 if config_class == "DeepseekV3Config" else DEEPSEEK_V2
+    config = getattr(transformers, config_class)(**{**SIZES, **case.extra}, num_labels=1)
+    torch.manual_seed(0)
+    classifier = config_class.replace("Config", "ForSequenceClassification")
+    theirs = getattr(transformers, classifier)(config).eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.15)
+    theirs.save_pretrained(tmp_path)
+    folder = load_model_folder(tmp_path)
+    assert folder.config.num_labels == 1 and folder.config.latent_attention
+    ours = build_model(folder.config, folder.tensors)
+    ids = torch.tensor([PROMPTS[2] * 3])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids)[0, -1], theirs(ids).logits[0], atol=1e-4,
+                                   rtol=1e-5)
