@@ -20,7 +20,8 @@ def describe_model(path: Path) -> str:
     from pivotflow.errors import CheckpointError
     from pivotflow.params.fp8_blocks import is_fp8_blocks
     from pivotflow.params.hf_folder import read_config
-    from pivotflow.params.hf_layout import family_of, is_mxfp4
+    from pivotflow.params.hf_layout import family_of
+    from pivotflow.params.mxfp4 import is_mxfp4
     from pivotflow.run_models import tokenizer_of
 
     if not path.is_dir():

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from pivotflow.errors import ModelConfigError
 from pivotflow.params.fp8_blocks import block_size, fp8_dequantized, is_fp8_blocks
+from pivotflow.params.mxfp4 import is_mxfp4, mxfp4_dequantized
 
 if TYPE_CHECKING:
     import torch
@@ -143,9 +144,8 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
     the store's folders, vLLM's and checkpoints say what they hold; every other config as it
     is. Raises ModelConfigError naming ``where`` for a wrapper
     with no ``text_config``."""
-    if is_fp8_blocks(config):  # (held dequantized, in bfloat16: fp8_blocks)
-        config = {k: v for k, v in {**config, "dtype": "bfloat16", "torch_dtype": "bfloat16"}
-                  .items() if k != "quantization_config"}
+    if is_fp8_blocks(config):  # (held dequantized: fp8_blocks)
+        config = _unquantized(config)
     family = family_of(config)
     if family == "deepseek_v3":
         # the router transformers runs, said as DeepSeek's own configs say it: vLLM reads
@@ -158,9 +158,8 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
         config = {**config, "n_group": 1, "topk_group": 1}
     if family in _MTP_FAMILIES and config.get("num_nextn_predict_layers"):
         return {**config, "num_nextn_predict_layers": 0}
-    if family == "gpt_oss" and is_mxfp4(config):  # (held dequantized, in bfloat16)
-        return {k: v for k, v in {**config, "dtype": "bfloat16", "torch_dtype": "bfloat16"}
-                .items() if k != "quantization_config"}
+    if family == "gpt_oss" and is_mxfp4(config):  # (held dequantized: mxfp4)
+        return _unquantized(config)
     if family not in _WRAPPERS:
         return config
     text = config.get("text_config")
@@ -176,6 +175,13 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
     return {**defaults, **text, **outer, "model_type": kind, "architectures": [causal_lm]}
 
 
+def _unquantized(config: dict[str, Any]) -> dict[str, Any]:
+    """A quantized folder's config as pivotflow holds its weights: dequantized, in bfloat16
+    (which holds every FP8 and MXFP4 value exactly), with no quantization_config."""
+    return {k: v for k, v in {**config, "dtype": "bfloat16", "torch_dtype": "bfloat16"}.items()
+            if k != "quantization_config"}
+
+
 def config_where(config: dict[str, Any], where: str) -> str:
     """Where ``held_config(config)``'s keys are, for an error: a wrapper's ``text_config``."""
     return f"{where} text_config" if family_of(config) in _WRAPPERS else where
@@ -187,7 +193,7 @@ def held_layout(
     """``tensors`` as pivotflow holds them: fused projections split into views (phi3, glm4),
     Mixtral's and GLM-4's names renamed, GLM-4's q/k rows reordered (``_turn_heads``),
     GLM-4.5's multi-token-prediction layers left out, a Gemma 3 wrapper's text model alone
-    (``_language_model``), gpt-oss's MXFP4 experts dequantized (``_mxfp4_dequantized``), a
+    (``_language_model``), gpt-oss's MXFP4 experts dequantized (``mxfp4``), a
     block-wise FP8 folder's weights dequantized (``fp8_blocks``),
     every other tensor as it is. Raises ModelConfigError naming ``where`` and the tensor whose rows
     do not split as the config says."""
@@ -201,7 +207,7 @@ def held_layout(
     if family in _WRAPPERS:
         return _language_model(tensors)
     if family == "gpt_oss":
-        return _oss_split(_mxfp4_dequantized(tensors, where) if is_mxfp4(config) else tensors,
+        return _oss_split(mxfp4_dequantized(tensors, where) if is_mxfp4(config) else tensors,
                           where)
     cfg = _geometry(config, where)
     if family in _MTP_FAMILIES:
@@ -485,42 +491,4 @@ def _oss_engine(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out[head + "w13_bias"] = _interleaved(p["gate.bias"], p["up.bias"])
         out[head + "w2_weight"] = p["down.weight"].t()
         out[head + "w2_bias"] = p["down.bias"]
-    return out
-
-
-def is_mxfp4(config: dict[str, Any]) -> bool:
-    """Whether ``config`` is gpt-oss's as the Hub ships it: experts in MXFP4."""
-    quant = config.get("quantization_config")
-    return isinstance(quant, dict) and quant.get("quant_method") == "mxfp4"
-
-
-# the 16 values of a 4-bit float (E2M1), by its code
-_FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
-               -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-
-
-def _mxfp4_dequantized(tensors: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
-    """gpt-oss's MXFP4 expert stacks as the bf16 ones its unquantized files hold: each
-    ``X_blocks`` [E, out, G, 16] (two 4-bit codes a byte, low nibble first) with its
-    ``X_scales`` [E, out, G] (a power of two per 32 values, biased by 127) becomes ``X``
-    [E, in, out], in bfloat16, which holds every such value exactly (as transformers'
-    ``Mxfp4Config(dequantize=True)`` computes it)."""
-    import torch
-
-    out = {k: v for k, v in tensors.items() if not k.endswith(("_blocks", "_scales"))}
-    lut = torch.tensor(_FP4_VALUES, dtype=torch.bfloat16)
-    for name, blocks in tensors.items():
-        if not name.endswith("_blocks"):
-            continue
-        base = name.removesuffix("_blocks")
-        scales = tensors.get(base + "_scales")
-        if scales is None or blocks.dtype != torch.uint8 or blocks.shape[:-1] != scales.shape:
-            raise ModelConfigError(
-                f"{where}: tensor {name!r} has no {base + '_scales'!r} of shape "
-                f"{tuple(blocks.shape[:-1])} beside it (an MXFP4 stack needs both)")
-        values = torch.empty(*blocks.shape[:-1], blocks.shape[-1] * 2, dtype=torch.bfloat16)
-        values[..., 0::2] = lut[(blocks & 0x0F).long()]
-        values[..., 1::2] = lut[(blocks >> 4).long()]
-        values = torch.ldexp(values, (scales.to(torch.int32) - 127)[..., None])
-        out[base] = values.flatten(-2).transpose(1, 2).contiguous()
     return out

@@ -33,7 +33,7 @@ from pivotflow.engines.torch.model_config import (
 )
 from pivotflow.errors import ModelConfigError
 from pivotflow.params.fp8_blocks import is_fp8_blocks
-from pivotflow.params.hf_layout import is_mxfp4
+from pivotflow.params.mxfp4 import is_mxfp4
 
 HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
