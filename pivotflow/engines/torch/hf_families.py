@@ -154,11 +154,8 @@ def _deepseek_v3_fields(raw: dict[str, Any], layers: int, where: str) -> dict[st
     configs' router keys that transformers ignores are checked to say what transformers runs
     (sigmoid scores, noaux_tc choice, every layer sparse), so a DeepSeek-V2-style config is a
     one-line error, not another model."""
-    for key, runs in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc"),
-                      ("moe_layer_freq", 1)):
-        if raw.get(key, runs) != runs:
-            raise ModelConfigError(f"{where}: {key}={raw[key]!r} {ENGINE} on deepseek_v3 "
-                                   f"({runs!r})")
+    _runs_only("deepseek_v3", where, [(key, raw.get(key, runs), (runs,)) for key, runs in (
+        ("scoring_func", "sigmoid"), ("topk_method", "noaux_tc"), ("moe_layer_freq", 1))])
     out = _glm4_moe_fields({"n_routed_experts": 256, "moe_intermediate_size": 2048,
                             "n_group": 8, "topk_group": 4, "first_k_dense_replace": 3,
                             "routed_scaling_factor": 2.5, **raw}, layers, where)
@@ -177,14 +174,11 @@ def _deepseek_v2_fields(raw: dict[str, Any], layers: int, where: str) -> dict[st
     ``norm_topk_prob`` true (which transformers' DeepseekV2 ignores and vLLM's reads) is
     refused so both say one thing."""
     method = raw.get("topk_method") or "greedy"
-    checks = (("scoring_func", raw.get("scoring_func", "softmax"), ("softmax",)),
-              ("topk_method", method, ("greedy", "group_limited_greedy")),
-              ("moe_layer_freq", raw.get("moe_layer_freq", 1), (1,)),
-              ("norm_topk_prob", raw.get("norm_topk_prob") or False, (False,)))
-    for key, value, runs in checks:
-        if value not in runs:
-            raise ModelConfigError(f"{where}: {key}={value!r} {ENGINE} on deepseek_v2 "
-                                   f"({', '.join(map(repr, runs))})")
+    _runs_only("deepseek_v2", where, [
+        ("scoring_func", raw.get("scoring_func", "softmax"), ("softmax",)),
+        ("topk_method", method, ("greedy", "group_limited_greedy")),
+        ("moe_layer_freq", raw.get("moe_layer_freq", 1), (1,)),
+        ("norm_topk_prob", raw.get("norm_topk_prob") or False, (False,))])
     defaults = {"n_routed_experts": 64, "moe_intermediate_size": 1407, "n_shared_experts": 2,
                 "first_k_dense_replace": 0, "routed_scaling_factor": 1.0}
     given = {k: v for k, v in raw.items() if v is not None}
@@ -194,6 +188,15 @@ def _deepseek_v2_fields(raw: dict[str, Any], layers: int, where: str) -> dict[st
         layers, where)
     return {**out, **_latent_fields({"q_lora_rank": 1536, **raw}, where),
             "scoring_func": "softmax", "rope_interleave": True}
+
+
+def _runs_only(kind: str, where: str, checks: list[tuple[str, Any, tuple[Any, ...]]]) -> None:
+    """Raise ModelConfigError for the first (key, value, what runs) whose value is not one the
+    embedded engine runs on ``kind``."""
+    for key, value, runs in checks:
+        if value not in runs:
+            raise ModelConfigError(f"{where}: {key}={value!r} {ENGINE} on {kind} "
+                                   f"({', '.join(map(repr, runs))})")
 
 
 def _latent_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
