@@ -67,29 +67,6 @@ def test_deepseek_v3s_own_config_reads_as_transformers_builds_it() -> None:
     assert config_to_hf(plain, __import__("torch").bfloat16)["q_lora_rank"] is None
 
 
-@pytest.mark.parametrize(("changes", "says"), [
-    ({"scoring_func": "softmax"}, "scoring_func='softmax' is not supported by the embedded "
-                                  "engine on deepseek_v3 ('sigmoid')"),
-    ({"topk_method": "group_limited_greedy"}, "topk_method='group_limited_greedy' is not "
-                                              "supported"),
-    ({"moe_layer_freq": 2}, "moe_layer_freq=2 is not supported"),
-    ({"num_key_value_heads": 64}, "num_key_value_heads 64 must be num_attention_heads 128 in "
-                                  "latent attention"),
-    ({"v_head_dim": 256}, "v_head_dim 256 wider than a key's 192"),
-    ({"kv_lora_rank": 0}, "kv_lora_rank must be positive, got 0"),
-    ({"q_lora_rank": -1}, "q_lora_rank=-1 is not a non-negative integer"),
-    ({"qk_rope_head_dim": 63}, "qk_rope_head_dim 63 must be even"),
-    ({"rope_interleave": "yes"}, "rope_interleave='yes' is not true or false"),
-    ({"quantization_config": {"quant_method": "awq"}}, "quantization_config="),
-])
-def test_a_deepseek_v3_config_the_engine_cannot_run_is_one_line(
-        changes: dict[str, Any], says: str) -> None:
-    with pytest.raises(ModelConfigError) as e:
-        config_from_hf({**DEEPSEEK_V3, **changes}, "cfg.json")
-    assert says in str(e.value) and str(e.value).startswith("cfg.json: ")
-    assert "\n" not in str(e.value)
-
-
 def test_latent_attention_is_deepseek_v3s_alone() -> None:
     with pytest.raises(ModelConfigError, match=r"latent attention \(q_lora_rank, kv_lora_rank"):
         from pivotflow.engines.torch.model_config import ModelConfig
@@ -141,17 +118,33 @@ def test_deepseek_v2s_own_configs_read_as_transformers_builds_them() -> None:
     assert config_to_hf(full, torch.bfloat16)["topk_method"] == "group_limited_greedy"
 
 
-@pytest.mark.parametrize(("changes", "says"), [
-    ({"norm_topk_prob": True}, "norm_topk_prob=True is not supported by the embedded engine on "
-                               "deepseek_v2 (False)"),
-    ({"topk_method": "noaux_tc"}, "topk_method='noaux_tc' is not supported"),
-    ({"scoring_func": "sigmoid"}, "scoring_func='sigmoid' is not supported"),
-    ({"n_group": 3, "topk_method": "group_limited_greedy"}, "n_group 3 does not divide"),
+V3, V2 = DEEPSEEK_V3, DEEPSEEK_V2_LITE
+
+
+@pytest.mark.parametrize(("base", "changes", "says"), [
+    (V3, {"scoring_func": "softmax"},
+     "scoring_func='softmax' is not supported by the embedded engine on deepseek_v3 ('sigmoid')"),
+    (V3, {"topk_method": "group_limited_greedy"},
+     "topk_method='group_limited_greedy' is not supported"),
+    (V3, {"moe_layer_freq": 2}, "moe_layer_freq=2 is not supported"),
+    (V3, {"num_key_value_heads": 64},
+     "num_key_value_heads 64 must be num_attention_heads 128 in latent attention"),
+    (V3, {"v_head_dim": 256}, "v_head_dim 256 wider than a key's 192"),
+    (V3, {"kv_lora_rank": 0}, "kv_lora_rank must be positive, got 0"),
+    (V3, {"q_lora_rank": -1}, "q_lora_rank=-1 is not a non-negative integer"),
+    (V3, {"qk_rope_head_dim": 63}, "qk_rope_head_dim 63 must be even"),
+    (V3, {"rope_interleave": "yes"}, "rope_interleave='yes' is not true or false"),
+    (V3, {"quantization_config": {"quant_method": "awq"}}, "quantization_config="),
+    (V2, {"norm_topk_prob": True},
+     "norm_topk_prob=True is not supported by the embedded engine on deepseek_v2 (False)"),
+    (V2, {"topk_method": "noaux_tc"}, "topk_method='noaux_tc' is not supported"),
+    (V2, {"scoring_func": "sigmoid"}, "scoring_func='sigmoid' is not supported"),
+    (V2, {"n_group": 3, "topk_method": "group_limited_greedy"}, "n_group 3 does not divide"),
 ])
-def test_a_deepseek_v2_config_the_engine_cannot_run_is_one_line(
-        changes: dict[str, Any], says: str) -> None:
+def test_a_deepseek_config_the_engine_cannot_run_is_one_line(
+        base: dict[str, Any], changes: dict[str, Any], says: str) -> None:
     with pytest.raises(ModelConfigError) as e:
-        config_from_hf({**DEEPSEEK_V2_LITE, **changes}, "cfg.json")
+        config_from_hf({**base, **changes}, "cfg.json")
     assert says in str(e.value) and str(e.value).startswith("cfg.json: ")
     assert "\n" not in str(e.value)
 
