@@ -30,7 +30,7 @@ from pivotflow.engines.torch.model import (
     embed_scale,
     soft_cap,
 )
-from pivotflow.engines.torch.rope import layer_cos_sin
+from pivotflow.engines.torch.rope import packed_rope_table, turn_partners
 from pivotflow.errors import EngineError
 
 _T = torch.Tensor
@@ -282,45 +282,14 @@ class PackedDecoder:
                 ffn = pack_mlp(cast(MLP, layer.mlp))
             weights = (w_qkv, attn.o_proj.weight)
             self.layers.append((norms, b_qkv, weights, attn.o_proj.bias, qk_norms, ffn))
-        # each rotary dimension's partner in rotate_half: half of the rotary dimensions away
-        # (a roll by D/2 when every dimension rotates), or its pair's other (interleaved
-        # pairs, DeepSeek's); the pass-through ones their own. Latent attention turns the last
-        # dimensions, the others the first.
-        r, d = cfg.rotary_dim, self.d
-        turn = (torch.arange(r).view(-1, 2).flip(-1).flatten() if cfg.rope_interleave
-                else torch.cat((torch.arange(r // 2, r), torch.arange(r // 2))))
-        start = d - r if cfg.latent_attention else 0
-        partner = torch.arange(d)
-        partner[start : start + r] = turn + start
-        self._partner = (None if r == d and not cfg.rope_interleave
-                         else partner.to(model.lm_head.weight.device))
+        # each rotary dimension's partner for _turned (rope.turn_partners)
+        self._partner = turn_partners(cfg, self.d, model.lm_head.weight.device)
         # one rotary table per rope kind (ModelConfig.rope_kind: full; sliding; none)
         self._rope_kinds = [cfg.rope_kind(i) for i in range(cfg.num_hidden_layers)]
-        self._ropes = {k: self._rope_table(k, max_len) for k in dict.fromkeys(self._rope_kinds)}
-
-    def _rope_table(self, kind: str, max_len: int) -> torch.Tensor:
-        """[max_len, cos|sin, heads + kv_heads, D] for a rope kind; query rows carry the
-        score scale (1/sqrt(D), or Gemma's query_pre_attn_scalar's)."""
-        weight = self.model.lm_head.weight
-        positions = torch.arange(max_len, device=weight.device)[None]
-        cos, sin = layer_cos_sin(self.cfg, kind, positions, torch.float32)
-        cos, sin = cos[0, 0], sin[0, 0]
-        r = cos.shape[-1]  # (the rotary dimensions: fewer than D with a partial_rotary_factor)
-        if self.cfg.rope_interleave:  # pair (2i, 2i + 1) turns by frequency i
-            cos = cos[:, : r // 2].repeat_interleave(2, -1)
-            sin = torch.stack((-sin[:, : r // 2], sin[:, : r // 2]), -1).flatten(-2)
-        else:
-            sin = sin.clone()
-            sin[..., : r // 2] *= -1  # rotate_half(x) * sin == x[partner] * this sin (_turned)
-        if r < self.d:  # the dimensions that pass through: cos 1, sin 0
-            ones, zeros = cos.new_ones(len(cos), self.d - r), sin.new_zeros(len(sin), self.d - r)
-            last = self.cfg.latent_attention  # (its rotary dimensions are the last ones)
-            cos = torch.cat((ones, cos) if last else (cos, ones), -1)
-            sin = torch.cat((zeros, sin) if last else (sin, zeros), -1)
-        rope = torch.stack((cos, sin), 1)[:, :, None]
-        rope = rope.repeat(1, 1, self.heads + self.kv_heads, 1)
-        rope[:, :, : self.heads] *= self.cfg.attention_scale
-        return rope.to(weight.dtype)
+        weight = model.lm_head.weight
+        self._ropes = {k: packed_rope_table(cfg, k, max_len, self.d, (self.heads, self.kv_heads),
+                                            weight.device, weight.dtype)
+                       for k in dict.fromkeys(self._rope_kinds)}
 
     def _turned(self, qk: torch.Tensor) -> torch.Tensor:
         """Each head's dimensions moved onto their rotate_half partners (signs in the table)."""

@@ -1,8 +1,9 @@
 """Rotary position embeddings as transformers computes them: the inverse frequencies of each
 rope type (default, linear, llama3, yarn, longrope's short factors), YaRN's and LongRoPE's
 attention factor on cos/sin, partial rotary (the first dimensions of a head turn), the cos/sin
-tables, and their application (HF's rotate_half layout). The trainer's decoder (``model.py``)
-and the engine's packed one (``kv_cache.py``) both build their tables here.
+tables, and their application (HF's rotate_half layout); the packed decoder's tables and turn
+partners. The trainer's decoder (``model.py``) and the engine's packed one (``kv_cache.py``)
+both build their tables here.
 """
 
 from __future__ import annotations
@@ -141,3 +142,50 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
         return x * cos + _rotate_half(x) * sin
     turned = x[..., :r]
     return torch.cat((turned * cos + _rotate_half(turned) * sin, x[..., r:]), dim=-1)
+
+
+# -- the engine's packed decoder (kv_cache.PackedDecoder): RoPE as x * cos + x[partner] * sin,
+# one table row per query and key head, the scores' scale on the query rows --------------------
+
+
+def turn_partners(cfg: ModelConfig, d: int,
+                  device: torch.device | str | None = None) -> torch.Tensor | None:
+    """Each of a head's ``d`` dimensions' partner in the turn (its signs in
+    ``packed_rope_table``'s sin): half of the rotary dimensions away (rotate_half), or its
+    pair's other (interleaved pairs, DeepSeek's); the pass-through ones their own. Latent
+    attention turns the last dimensions, the others the first. None when every dimension
+    turns in halves (a roll by d / 2)."""
+    r = cfg.rotary_dim
+    if r == d and not cfg.rope_interleave:
+        return None
+    turn = (torch.arange(r).view(-1, 2).flip(-1).flatten() if cfg.rope_interleave
+            else torch.cat((torch.arange(r // 2, r), torch.arange(r // 2))))
+    start = d - r if cfg.latent_attention else 0
+    partner = torch.arange(d)
+    partner[start : start + r] = turn + start
+    return partner.to(device)
+
+
+def packed_rope_table(cfg: ModelConfig, kind: str, max_len: int, d: int,
+                      heads: tuple[int, int], device: torch.device | str,
+                      dtype: torch.dtype) -> torch.Tensor:
+    """[max_len, cos|sin, query heads + key heads, d] for a rope kind (``heads``: their
+    counts); query rows carry the score scale (1/sqrt(D), or Gemma's query_pre_attn_scalar's)."""
+    positions = torch.arange(max_len, device=device)[None]
+    cos, sin = layer_cos_sin(cfg, kind, positions, torch.float32)
+    cos, sin = cos[0, 0], sin[0, 0]
+    r = cos.shape[-1]  # (the rotary dimensions: fewer than D with a partial_rotary_factor)
+    if cfg.rope_interleave:  # pair (2i, 2i + 1) turns by frequency i
+        cos = cos[:, : r // 2].repeat_interleave(2, -1)
+        sin = torch.stack((-sin[:, : r // 2], sin[:, : r // 2]), -1).flatten(-2)
+    else:
+        sin = sin.clone()
+        sin[..., : r // 2] *= -1  # rotate_half(x) * sin == x[partner] * this sin
+    if r < d:  # the dimensions that pass through: cos 1, sin 0
+        ones, zeros = cos.new_ones(len(cos), d - r), sin.new_zeros(len(sin), d - r)
+        last = cfg.latent_attention  # (its rotary dimensions are the last ones)
+        cos = torch.cat((ones, cos) if last else (cos, ones), -1)
+        sin = torch.cat((zeros, sin) if last else (sin, zeros), -1)
+    rope = torch.stack((cos, sin), 1)[:, :, None].repeat(1, 1, sum(heads), 1)
+    rope[:, :, : heads[0]] *= cfg.attention_scale
+    return rope.to(dtype)
