@@ -53,6 +53,13 @@ def describe_model(path: Path) -> str:
         q = f"a {cfg.q_lora_rank} latent" if cfg.q_lora_rank else "q_proj"
         lines.append(f"  latent attention: keys and values from a {cfg.kv_lora_rank} latent, "
                      f"queries from {q}; values {cfg.v_head_dim} wide")
+    if cfg.linear_attention_layers:
+        lines.append(
+            f"  linear attention (gated DeltaNet) on {len(cfg.linear_attention_layers)} of "
+            f"{cfg.num_hidden_layers} layers: {cfg.linear_num_value_heads} value heads of "
+            f"{cfg.linear_value_head_dim} on {cfg.linear_num_key_heads} key heads of "
+            f"{cfg.linear_key_head_dim}, a {cfg.linear_conv_kernel_dim}-tap convolution; the "
+            "others' attention output gated")
     if cfg.attention_sinks:
         lines.append("  attention sinks: a learned logit per head")
     if cfg.attn_logit_softcapping or cfg.final_logit_softcapping:
@@ -65,7 +72,7 @@ def describe_model(path: Path) -> str:
         lines.append(f"  experts {cfg.num_experts} ({cfg.num_experts_per_tok} a token) on "
                      f"{cfg.sparse_layers} of {cfg.num_hidden_layers} layers" + _router(cfg))
     raw = read_config(path)  # (as the file says it: a run holds what held_config gives)
-    mtp = raw.get("num_nextn_predict_layers") or 0
+    mtp = raw.get("num_nextn_predict_layers") or raw.get("mtp_num_hidden_layers") or 0
     layout = {"phi3": "q/k/v and gate/up fused in the file, held split",
               "mixtral": "block_sparse_moe and w1/w2/w3 in the file, held as mlp.experts",
               "glm4": "gate/up fused and q/k turning in interleaved pairs in the file, held "
@@ -78,8 +85,18 @@ def describe_model(path: Path) -> str:
               "gemma3": "Gemma3ForConditionalGeneration's text model held (as "
                         "Gemma3ForCausalLM), its vision tower and projector not loaded",
               "mistral3": "Mistral3ForConditionalGeneration's text model held (as "
-                          "MistralForCausalLM), its vision tower and projector not loaded"}
-    if (family := family_of(raw)) is not None and (family not in ("glm4_moe", "deepseek_v3") or mtp):
+                          "MistralForCausalLM), its vision tower and projector not loaded",
+              "qwen3_5_text": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
+              "qwen3_5_moe_text": f"{mtp} multi-token-prediction layer(s) in the file, not "
+                                  "loaded",
+              "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration's text model held (as "
+                             "Qwen3_5MoeForCausalLM), its vision tower and multi-token-prediction "
+                             "layer not loaded",
+              "qwen3_5": "Qwen3_5ForConditionalGeneration's text model held (as "
+                         "Qwen3_5ForCausalLM), its vision tower and multi-token-prediction "
+                         "layer not loaded"}
+    mtp_only = ("glm4_moe", "deepseek_v3", "qwen3_5_text", "qwen3_5_moe_text")  # (a layout note when mtp is there)
+    if (family := family_of(raw)) is not None and (family not in mtp_only or mtp):
         lines.append(f"  tensors: {layout[family]}")
     if is_fp8_blocks(raw):
         rows, cols = raw["quantization_config"]["weight_block_size"]

@@ -243,6 +243,26 @@ OTHER_LAYOUTS = {
                     ("model.layers.0.self_attn.kv_b_proj.weight",
                      "model.layers.1.self_attn.q_a_layernorm.weight",
                      "model.layers.1.mlp.gate.weight")),
+    # Qwen3.5: a gated DeltaNet layer (its state kept per sequence by the engine), then gated
+    # full attention
+    "qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM",
+                     {"head_dim": 32, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                      "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+                      "layer_types": ["linear_attention", "full_attention"]},
+                     ("model.layers.0.linear_attn.in_proj_qkv.weight",
+                      "model.layers.0.linear_attn.A_log", "model.layers.0.linear_attn.conv1d.weight",
+                      "model.layers.1.self_attn.q_proj.weight")),
+    # Qwen3.5-MoE: the same, every layer's MLP 4 routed experts (2 a token) and a gated shared
+    # expert
+    "qwen3_5_moe_text": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM",
+                         {"head_dim": 32, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                          "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+                          "layer_types": ["linear_attention", "full_attention"],
+                          "num_experts": 4, "num_experts_per_tok": 2,
+                          "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64},
+                         ("model.layers.0.linear_attn.in_proj_z.weight",
+                          "model.layers.1.mlp.gate.weight",
+                          "model.layers.1.mlp.shared_expert_gate.weight")),
 }
 # a GLM-4.5 file's multi-token-prediction layer (layer 2 of a 2-layer decoder), as the Hub's
 # checkpoints hold one past their last layer
@@ -264,7 +284,7 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     its sparse layer block_sparse_moe and its experts' projections w1/w2/w3; GLM-4.5's holds
     a multi-token-prediction layer past the decoder's (left out; its sigmoid router's
     correction bias stays as it was, its rollouts' experts replayed), as DeepSeek-V3's does
-    behind latent attention. The run holds
+    behind latent attention; Qwen3.5's holds a gated DeltaNet layer. The run holds
     pivotflow's layout, its rollouts' logprobs equal its trainer's, and the checkpoint it writes
     is the family's own file again, trained, that resumes. A LoRA run on phi3 exports adapters
     of the fused projections that PEFT merges to its policy."""
@@ -308,7 +328,12 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
                            "groups, weights times 2.5, 1 shared\n  tensors: 1 "
                            "multi-token-prediction layer(s) in the file, not loaded",
             "gpt_oss": "tensors: router and experts fused in the file, held one expert at a "
-                       "time"}[family] in said.stderr
+                       "time",
+            "qwen3_5_text": "linear attention (gated DeltaNet) on 1 of 2 layers: 4 value heads "
+                            "of 32 on 2 key heads of 32, a 4-tap convolution; the others' "
+                            "attention output gated",
+            "qwen3_5_moe_text": "the others' attention output gated\n  experts 4 (2 a token) on "
+                                "2 of 2 layers"}[family] in said.stderr
     prompts = write_prompts(tmp_path / "prompts.jsonl")
     # (GLM-4.5's sigmoid router: its rollouts' experts replayed, a balance loss of its kind)
     graph = write_graph(tmp_path, folder, prompts, *(

@@ -22,12 +22,14 @@ These families store theirs otherwise:
   pivotflow holds each expert's projections as its own linears (``mlp.experts.E.gate_proj``),
   fuses them again for its folders, and sends vLLM one expert at a time (``_oss_engine``).
   The Hub's files hold those stacks in MXFP4, dequantized as they are read.
-* Gemma 3 4B and larger (``gemma3``, Gemma3ForConditionalGeneration) and Mistral Small 3.1+
-  and Magistral Small 1.2 (``mistral3``, Mistral3ForConditionalGeneration) wrap the text
-  decoder (``language_model.model.*``, or ``model.language_model.*``; its config in
-  ``text_config``) with a vision tower and projector: pivotflow holds the text model alone,
-  as its own family (``gemma3_text``, ``mistral``: ``held_config``), and writes its causal
-  LM's folders (Gemma3ForCausalLM, MistralForCausalLM).
+* Gemma 3 4B and larger (``gemma3``, Gemma3ForConditionalGeneration), Mistral Small 3.1+
+  and Magistral Small 1.2 (``mistral3``, Mistral3ForConditionalGeneration) and Qwen3.5
+  (``qwen3_5``, Qwen3_5ForConditionalGeneration) wrap the text decoder
+  (``language_model.model.*``, or ``model.language_model.*``; its config in ``text_config``)
+  with a vision tower and projector: pivotflow holds the text model alone, as its own family
+  (``gemma3_text``, ``mistral``, ``qwen3_5_text``: ``held_config``), and writes its causal
+  LM's folders (Gemma3ForCausalLM, MistralForCausalLM, Qwen3_5ForCausalLM). Qwen3.5's
+  multi-token-prediction layer (``mtp.*``) is left out as the folder is read.
 
 ``held_layout`` turns a folder's tensors into pivotflow's as it is read; ``disk_layout`` turns
 them back as one is written, so every folder pivotflow writes loads in transformers and vLLM as
@@ -68,6 +70,8 @@ _FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
 DEEPSEEK_V3_ROUTER = {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "moe_layer_freq": 1}
 # the families whose files hold multi-token-prediction layers past the decoder's last
 _MTP_FAMILIES = ("glm4_moe", "deepseek_v3")
+# the families whose files hold them apart, as ``mtp.*`` (Qwen3.5's)
+_MTP_APART = ("qwen3_5_text", "qwen3_5_moe_text")
 # Mixtral's names <-> pivotflow's (a layer's router; an expert's three projections)
 _MIXTRAL_DISK = re.compile(r"(.*\.)block_sparse_moe\.(gate|experts\.\d+\.w([123]))\.weight")
 _MIXTRAL_HELD = re.compile(r"(.*\.)mlp\.(gate|experts\.\d+\.(gate|down|up)_proj)\.weight")
@@ -89,7 +93,7 @@ def family_of(config: dict[str, Any]) -> str | None:
         kind = next((_FAMILIES[a] for a in config.get("architectures") or [] if a in _FAMILIES),
                     None)
     return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", *_MTP_FAMILIES,
-                            *_WRAPPERS) else None
+                            *_MTP_APART, *_WRAPPERS) else None
 
 
 def _mixtral_name(name: str, to_disk: bool) -> str:
@@ -133,7 +137,9 @@ _GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediat
 # class, defaults for keys the Hub's text_config leaves out)
 _WRAPPERS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", _GEMMA3_TEXT_DEFAULTS),
-    "mistral3": ("mistral", "MistralForCausalLM", {})}
+    "mistral3": ("mistral", "MistralForCausalLM", {}),
+    "qwen3_5": ("qwen3_5_text", "Qwen3_5ForCausalLM", {}),
+    "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", {})}
 
 
 def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str, Any]:
@@ -206,6 +212,8 @@ def held_layout(
         return tensors
     if family in _WRAPPERS:
         return _language_model(tensors)
+    if family in _MTP_APART:
+        return {name: t for name, t in tensors.items() if not name.startswith("mtp.")}
     if family == "gpt_oss":
         return _oss_split(mxfp4_dequantized(tensors, where) if is_mxfp4(config) else tensors,
                           where)

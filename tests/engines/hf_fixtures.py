@@ -2,7 +2,7 @@
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
 Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, Phi-4-mini's partial
-rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, DeepSeek-V3's and V2's latent attention, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
+rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, DeepSeek-V3's and V2's latent attention, Qwen3.5's gated DeltaNet, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
 Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
@@ -261,6 +261,28 @@ CASES += [
                               "original_max_position_embeddings": 32, "rope_theta": 10000.0}}),
 ]  # fmt: skip
 DEEPSEEK_V2, DEEPSEEK_V2_LITE = CASES[29], CASES[30]
+# Qwen3.5: gated DeltaNet on three of every four layers (two value heads per key head), gated
+# full attention with zero-centred q/k norms and a quarter of each head rotating on the fourth;
+# and with the layer types named, a full layer first, tied
+QWEN3_5_LINEAR: dict[str, Any] = {
+    "head_dim": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+    "linear_value_head_dim": 24, "linear_conv_kernel_dim": 4}
+CASES += [
+    Case("qwen3.5", "Qwen3_5TextConfig", False, {**QWEN3_5_LINEAR, "num_hidden_layers": 4}),
+    Case("qwen3.5-full-first-tied", "Qwen3_5TextConfig", True,
+         {**QWEN3_5_LINEAR, "num_hidden_layers": 3,
+          "layer_types": ["full_attention", "linear_attention", "linear_attention"]}),
+]  # fmt: skip
+QWEN3_5, QWEN3_5_TIED = CASES[31], CASES[32]
+# Qwen3.5-MoE: the same hybrid, every layer's MLP 8 experts (2 a token, renormalised) and a
+# shared expert behind a sigmoid gate
+CASES += [
+    Case("qwen3.5-moe", "Qwen3_5MoeTextConfig", False,
+         {**QWEN3_5_LINEAR, "num_hidden_layers": 4, "num_experts": 8, "num_experts_per_tok": 2,
+          "moe_intermediate_size": 48, "shared_expert_intermediate_size": 96}),
+]  # fmt: skip
+QWEN3_5_MOE = CASES[33]
 CASE_IDS = [c.name for c in CASES]
 
 

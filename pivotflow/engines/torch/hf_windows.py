@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pivotflow.engines.torch.model_config import HYBRID_ARCHITECTURES as HYBRID
 from pivotflow.errors import ModelConfigError
 
 MISTRAL_DEFAULT_WINDOW = 4096  # transformers' MistralConfig, when config.json names none
@@ -97,9 +98,11 @@ def nope_layers(raw: dict[str, Any], layers: int, where: str) -> tuple[int, ...]
 
 def _layer_types(raw: dict[str, Any], layers: int, where: str) -> list[str]:
     types = raw.get("layer_types") or []
-    if not isinstance(types, list) or any(t not in LAYER_TYPES for t in types):
+    # (Qwen3.5's linear layers: hf_families reads them)
+    known = (*LAYER_TYPES, *(("linear_attention",) if raw.get("model_type") in HYBRID else ()))
+    if not isinstance(types, list) or any(t not in known for t in types):
         raise ModelConfigError(f"{where}: layer_types={types!r} {_ENGINE} "
-                               f"({', '.join(LAYER_TYPES)})")
+                               f"({', '.join(known)})")
     if types and len(types) != layers:
         raise ModelConfigError(f"{where}: layer_types has {len(types)} entries for "
                                f"{layers} layers")

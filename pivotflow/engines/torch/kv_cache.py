@@ -17,11 +17,13 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 
+from pivotflow.engines.torch.deltanet_serving import LinearStates, PackedDeltaNet
 from pivotflow.engines.torch.experts import PackedExperts, RoutingRecorder
 from pivotflow.engines.torch.feedforward import MLP, SparseMoE, activation
 from pivotflow.engines.torch.latent_attention import LatentAttention, PackedLatent
 from pivotflow.engines.torch.linear import Linears, pack_linears, pack_mlp
 from pivotflow.engines.torch.model import (
+    Attention,
     Decoder,
     DecoderLayer,
     ModelConfig,
@@ -74,14 +76,19 @@ class SlotKVCache:
         self.n_kv, self.head_dim = cfg.cache_kv_heads, cfg.cache_head_dim
         self._sliding = frozenset(cfg.sliding_layers)
         self._window = cfg.sliding_window if self._sliding else 0
-        self._blocks = (cfg.num_hidden_layers, 2, max_batch, self.n_kv)
-        numel = cfg.num_hidden_layers * 2 * max_batch * self.n_kv * max_len * self.head_dim
+        # keys and values for the attention layers only (a hybrid's linear layers keep states)
+        self._cached = {layer: i for i, layer in enumerate(cfg.attention_layers)}
+        self.states = (LinearStates(cfg, max_batch, device, dtype)
+                       if cfg.linear_attention_layers else None)
+        layers = max(1, len(self._cached))
+        self._blocks = (layers, 2, max_batch, self.n_kv)
+        numel = layers * 2 * max_batch * self.n_kv * max_len * self.head_dim
         # Rows past a slot's length are read and masked out: they must hold finite numbers.
         self._storage = torch.zeros(numel, device=device, dtype=dtype)
         self._bias_storage = torch.zeros(
             max_batch * self.n_kv * max_len, device=device, dtype=dtype
         )
-        self._scratch = torch.empty(numel // cfg.num_hidden_layers, device=device, dtype=dtype)
+        self._scratch = torch.empty(numel // layers, device=device, dtype=dtype)
         self.lens = torch.zeros(max_batch, dtype=torch.long, device=device)
         self._host_lens = [0] * max_batch  # lens on the host: sizes without a device sync
         # Block (key|value, slot, head) of one layer, in the order a decode step's new
@@ -130,6 +137,16 @@ class SlotKVCache:
         """(sequences, padded length) of the prefill begun last."""
         return self._count, self._width
 
+    @property
+    def prefill_slots(self) -> tuple[int, torch.Tensor]:
+        """(first slot, lengths [sequences]) of the prefill begun last."""
+        return self._start, self.lens[self._start:self._start + self._count]
+
+    @property
+    def prefilling(self) -> bool:
+        """Whether the forward pass under way is a prefill (else a decode step)."""
+        return self._mode == "prefill"
+
     def begin_decode(self, n: int) -> torch.Tensor:
         """The next decode step appends one token to each of slots ``0..n-1``; returns their
         positions [n]. Raises EngineError when a slot is full."""
@@ -159,9 +176,9 @@ class SlotKVCache:
         Raises EngineError outside a prefill."""
         if self._mode != "prefill":
             raise EngineError("KV cache used by a forward pass without begin_prefill")
-        rows = slice(self._start, self._start + self._count)
-        self.kv[layer, 0, rows, :, : self._width] = k
-        self.kv[layer, 1, rows, :, : self._width] = v
+        rows, at = slice(self._start, self._start + self._count), self._cached[layer]
+        self.kv[at, 0, rows, :, : self._width] = k
+        self.kv[at, 1, rows, :, : self._width] = v
         return k, v, self._sliding_mask if layer in self._sliding else self._mask
 
     def append(
@@ -173,7 +190,7 @@ class SlotKVCache:
         if self._mode != "decode":
             raise EngineError("KV cache append without begin_decode")
         n, cap, d = self._count, self.capacity, self.head_dim
-        buf = self.kv[layer]
+        buf = self.kv[self._cached[layer]]
         # index_copy_ into a flat view writes each row at its own position in one kernel.
         buf.view(-1, d).index_copy_(0, self._rows, kv.reshape(-1, d))
         keys = buf[0, :n].view(n * self.n_kv, cap, d)  # views: running slots are dense
@@ -189,6 +206,8 @@ class SlotKVCache:
         self.kv[:, :, dst, :, :length] = self.kv[:, :, src, :, :length]
         self._bias[dst] = self._bias[src]
         self.lens[dst], self._host_lens[dst] = length, length
+        if self.states is not None:
+            self.states.move(src, dst)
 
     def _unmask(self, slots: slice, real: torch.Tensor) -> None:
         """Set the bias of ``slots`` from ``real`` [slots, width] (True: a cached position)."""
@@ -244,20 +263,29 @@ class PackedDecoder:
         self.mm = Linears.for_weights(model.lm_head.weight)
         self.layers: list[_Packed] = []
         # each layer's attention sinks [heads] (gpt-oss's), or None
-        self._sinks = [layer.self_attn.sinks for layer in cast(list[DecoderLayer],
-                                                                 model.model.layers)]
+        self._sinks = [None if layer.linear else layer.self_attn.sinks
+                       for layer in cast(list[DecoderLayer], model.model.layers)]
         self.experts: list[PackedExperts] = []  # the sparse layers, in order
         # the norms of layers that normalise sub-layer outputs (_output_norm_layer), per layer
         self._out_norms: list[tuple[_T | None, _T, _T | None, _T]] = []
         self._act = activation(cfg.hidden_act)
         # each layer's latent attention projections (DeepSeek-V3's), or None
         self._latent: list[PackedLatent | None] = []
-        for layer in cast(list[DecoderLayer], model.model.layers):
-            attn = layer.self_attn
-            if isinstance(attn, LatentAttention):
+        # each layer's gated DeltaNet (Qwen3.5's linear layers), or None
+        self._linear: list[PackedDeltaNet | None] = []
+        for i, layer in enumerate(cast(list[DecoderLayer], model.model.layers)):
+            linear = (PackedDeltaNet(layer.linear_attn, cfg.linear_attention_layers.index(i))
+                      if layer.linear else None)
+            self._linear.append(linear)
+            attn = None if linear else layer.self_attn
+            if linear is not None:
+                self._latent.append(None)
+                w_qkv, b_qkv = linear.weight, None
+            elif isinstance(attn, LatentAttention):
                 self._latent.append(PackedLatent(attn, cfg))
                 w_qkv, b_qkv = attn.kv_a_proj_with_mqa.weight, None  # (unused: _latent's)
             else:
+                assert isinstance(attn, Attention)
                 self._latent.append(None)
                 w_qkv, b_qkv = pack_linears([attn.q_proj, attn.k_proj, attn.v_proj])
             # (input, post-attention): what pre-norm layers read; the others read _out_norms
@@ -270,7 +298,7 @@ class PackedDecoder:
                     layer.pre_feedforward_layernorm.weight if cfg.sandwich_norm else None,
                     layer.post_feedforward_layernorm.weight))  # fmt: skip
             qk_norms = None
-            if attn.q_norm is not None and attn.k_norm is not None:
+            if attn is not None and attn.q_norm is not None and attn.k_norm is not None:
                 qk_norms = (attn.q_norm.weight, attn.k_norm.weight)
             ffn: _Dense | PackedExperts
             if isinstance(layer.mlp, SparseMoE):
@@ -280,8 +308,9 @@ class PackedDecoder:
                 self.experts.append(ffn)
             else:
                 ffn = pack_mlp(cast(MLP, layer.mlp))
-            weights = (w_qkv, attn.o_proj.weight)
-            self.layers.append((norms, b_qkv, weights, attn.o_proj.bias, qk_norms, ffn))
+            out_proj = linear.module.out_proj if linear else attn.o_proj  # type: ignore[union-attr]
+            self.layers.append((norms, b_qkv, (w_qkv, out_proj.weight), out_proj.bias, qk_norms,
+                                ffn))
         # each rotary dimension's partner for _turned (rope.turn_partners)
         self._partner = turn_partners(cfg, self.d, model.lm_head.weight.device)
         # one rotary table per rope kind (ModelConfig.rope_kind: full; sliding; none)
@@ -330,11 +359,12 @@ class PackedDecoder:
         hidden, eps, inter = (cfg.hidden_size,), cfg.rms_norm_eps, cfg.intermediate_size
         (b, t), split, post = tokens.shape, (heads + kv_heads) * d, cfg.post_norm
         x = self.model.model.embed_tokens.weight[tokens.view(-1)]
-        if cfg.norm_offset:
+        if cfg.embed_scaled:
             x = x * embed_scale(cfg, x.dtype)
         elif cfg.embedding_multiplier != 1.0:  # (Granite's)
             x = x * cfg.embedding_multiplier
         scaled = cfg.residual_multiplier != 1.0  # (Granite's: sub-layer outputs scaled)
+        offset = cfg.norm_offset
         for i, (norms, b_qkv, weights, b_o, qk_norms, ffn) in enumerate(self.layers):
             (norm1, norm2), (w_qkv, w_o) = norms, weights
             rope = ropes[self._rope_kinds[i]]
@@ -342,9 +372,13 @@ class PackedDecoder:
                 x = self._output_norm_layer(i, x, (b, t), rope, cache, attend)
                 continue
             cos, sin = rope[:, :, 0], rope[:, :, 1]
+            if offset:  # (Qwen3.5's norms scale by 1 + weight)
+                norm1, norm2 = norm1 + 1, norm2 + 1
             h = torch.rms_norm(x, hidden, norm1, eps)
-            latent = self._latent[i]
-            if latent is not None:  # (DeepSeek-V3's: per-head q/k/v from its latents)
+            latent, linear, gate = self._latent[i], self._linear[i], None
+            if linear is not None:  # (Qwen3.5's gated DeltaNet: a state, no keys or values)
+                out = self._linear_layer(linear, h, (b, t), cache)
+            elif latent is not None:  # (DeepSeek-V3's: per-head q/k/v from its latents)
                 qk, v = latent.qkv(h, mm)
                 qk = qk.view(b, t, -1, d)
                 qk = torch.addcmul(qk * cos, self._turned(qk), sin).view(b * t, -1, d)
@@ -353,15 +387,19 @@ class PackedDecoder:
                 qkv = mm.linear(h, w_qkv, b_qkv)
                 if qk_norms is not None and cfg.whole_qk_norm:  # (OLMoE's: before the heads)
                     self._whole_qk_norm(qkv, qk_norms)
+                if cfg.attn_output_gate:  # (Qwen3.5's: q and gate interleaved by head)
+                    qkv, gate = self._gate_split(qkv)
                 qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
                 if qk_norms is not None and not cfg.whole_qk_norm:
                     # Qwen3: every head of q (of k) through one RMSNorm, before RoPE. Normalise
                     # all heads at once, then scale q's and k's heads by their own weights.
                     qk = torch.rms_norm(qk, (d,), None, eps)
-                    qk[:, :, :heads].mul_(qk_norms[0])
-                    qk[:, :, heads:].mul_(qk_norms[1])
+                    qk[:, :, :heads].mul_(qk_norms[0] + int(offset))
+                    qk[:, :, heads:].mul_(qk_norms[1] + int(offset))
                 qk = torch.addcmul(qk * cos, self._turned(qk), sin).view(b * t, -1, d)
                 out = attend(i, qk, qkv[:, split:].view(b * t, -1, d), cache)
+            if gate is not None:
+                out = out * torch.sigmoid(gate)
             x = (x + mm.linear(out, w_o, b_o) * cfg.residual_multiplier if scaled
                  else mm.linear_add(out, w_o, b_o, x))
             h = torch.rms_norm(x, hidden, norm2, eps)
@@ -413,6 +451,25 @@ class PackedDecoder:
         w_gate_up, w_down = cast(_Dense, ffn)
         h = mm.gated(norm(x, norm_mlp_in), w_gate_up, self.cfg.intermediate_size, self._act)
         return x + norm(mm.linear(h, w_down), norm_mlp)
+
+    def _linear_layer(self, linear: PackedDeltaNet, h: torch.Tensor, shape: tuple[int, int],
+                      cache: SlotKVCache) -> torch.Tensor:
+        """A gated DeltaNet layer's output (out_proj's input) for rows ``h``, its states in
+        ``cache``: a prefill's prompts or a decode step's tokens."""
+        assert cache.states is not None
+        if cache.prefilling:
+            start, lengths = cache.prefill_slots
+            return linear.prefill(h, shape, lengths, start, cache.states, self.mm)
+        return linear.decode(h, cache.states, self.mm)
+
+    def _gate_split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Qwen3.5's gated attention: q_proj's rows [head 0's query, its gate, head 1's...]
+        then k, v -> (q|k|v [rows, (heads + 2 kv_heads) * D], gate [rows, heads * D])."""
+        rows, heads, d = qkv.shape[0], self.heads, self.d
+        q_gate = qkv[:, :2 * heads * d].view(rows, heads, 2, d)
+        gate = q_gate[:, :, 1].reshape(rows, heads * d)
+        return torch.cat((q_gate[:, :, 0].reshape(rows, heads * d), qkv[:, 2 * heads * d:]),
+                         -1), gate
 
     def _whole_qk_norm(self, qkv: torch.Tensor, qk_norms: tuple[_T, _T]) -> None:
         """q and k RMS-normalised over their whole projections (OLMo-2/3's, OLMoE's), in place

@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from pivotflow.engines.torch.feedforward import MLP, LoadBalance, SparseMoE
+from pivotflow.engines.torch.gated_deltanet import GatedDeltaNet
 from pivotflow.engines.torch.latent_attention import LatentAttention
 from pivotflow.engines.torch.layers import KVCacheHook, RMSNorm
 from pivotflow.engines.torch.model_config import ModelConfig
@@ -43,7 +44,10 @@ class Attention(nn.Module):
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=bias)
+        # Qwen3.5's gate: each head's q_proj rows are its query, then its gate (as many)
+        self.output_gate = cfg.attn_output_gate
+        q_rows = self.n_heads * self.head_dim * (2 if self.output_gate else 1)
+        self.q_proj = nn.Linear(cfg.hidden_size, q_rows, bias=bias)
         self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=cfg.o_proj_bias)
@@ -72,6 +76,27 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         b, t, _ = x.shape
         q, k = self.q_proj(x), self.k_proj(x)
+        gate = None
+        if self.output_gate:
+            q, gate = q.view(b, t, self.n_heads, 2 * self.head_dim).chunk(2, -1)
+            q, gate = q.reshape(b, t, -1), gate.reshape(b, t, -1)
+        out = self._attend(x, q, k, cos, sin, attn_mask, cache)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out)
+
+    def _attend(
+        self,
+        x: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        cache: KVCacheHook | None,
+    ) -> torch.Tensor:
+        """The heads' outputs [B, T, heads * head_dim] (o_proj's input) for projected q, k."""
+        b, t, _ = x.shape
         if self.whole_qk_norm and self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(b, t, self.n_heads, self.head_dim)
@@ -87,7 +112,7 @@ class Attention(nn.Module):
         if self.softcap or self.sinks is not None:  # (no fused kernel caps scores or sinks)
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
             out = eager_attention(q, k, v, attn_mask, self.scale, self.softcap, self.sinks)
-            return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+            return out.transpose(1, 2).reshape(b, t, -1)
         if rep > 1 and t == 1 and cache is not None:
             # One-token decode: fold each KV group's query heads onto the query axis so cached
             # keys/values are read in place, not copied `rep` times (same math as below).
@@ -95,7 +120,7 @@ class Attention(nn.Module):
                 q.reshape(b, self.n_kv, rep, self.head_dim), k, v, attn_mask=attn_mask,
                 scale=self.scale,
             )
-            return self.o_proj(out.reshape(b, t, -1))
+            return out.reshape(b, t, -1)
         if rep > 1:
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
@@ -103,7 +128,7 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, scale=self.scale)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        return out.transpose(1, 2).reshape(b, t, -1)
 
 
 class DecoderLayer(nn.Module):
@@ -120,8 +145,14 @@ class DecoderLayer(nn.Module):
         size, eps, offset = cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset
         if not self.post_norm:
             self.input_layernorm = RMSNorm(size, eps, offset)
-        self.self_attn: Attention | LatentAttention = (
-            LatentAttention(cfg, layer_idx) if cfg.latent_attention else Attention(cfg, layer_idx))
+        # (Qwen3.5's linear layers: ``linear_attn`` in place of ``self_attn``, as HF names it)
+        self.linear = cfg.is_linear(layer_idx)
+        if self.linear:
+            self.linear_attn = GatedDeltaNet(cfg)
+        else:
+            self.self_attn: Attention | LatentAttention = (
+                LatentAttention(cfg, layer_idx) if cfg.latent_attention
+                else Attention(cfg, layer_idx))
         self.post_attention_layernorm = RMSNorm(size, eps, offset)
         if self.sandwich:
             self.pre_feedforward_layernorm = RMSNorm(size, eps, offset)
@@ -138,7 +169,9 @@ class DecoderLayer(nn.Module):
         if self.post_norm:
             x = x + self.post_attention_layernorm(self.self_attn(x, cos, sin, attn_mask, cache))
             return x + self.post_feedforward_layernorm(self.mlp(x))
-        attn = self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache)
+        h = self.input_layernorm(x)
+        attn = (self.linear_attn(h) if self.linear
+                else self.self_attn(h, cos, sin, attn_mask, cache))
         x = x + (attn * self.residual if self.residual != 1.0 else attn)
         h = self.post_attention_layernorm(x)
         out = self.mlp(h, replay, balance) if isinstance(self.mlp, SparseMoE) else self.mlp(h)
@@ -248,11 +281,14 @@ class Decoder(nn.Module):
         checkpointing a layer runs again in the backward pass and adds them again, after the
         loss was taken: harmless)."""
         b, t = input_ids.shape
+        if cache is not None and self.config.linear_attention_layers:
+            raise ValueError("a hybrid model's linear layers keep a state, not keys and values: "
+                             "serve it through kv_cache.PackedDecoder")
         if positions is None:
             positions = torch.arange(t, device=input_ids.device).expand(b, t)
         x = self.model.embed_tokens(input_ids)
         cfg = self.config
-        if cfg.norm_offset:  # Gemma: embeddings times sqrt(hidden), rounded to their dtype
+        if cfg.embed_scaled:  # Gemma: embeddings times sqrt(hidden), rounded to their dtype
             x = x * embed_scale(cfg, x.dtype)
         elif cfg.embedding_multiplier != 1.0:  # (Granite's)
             x = x * cfg.embedding_multiplier

@@ -13,13 +13,18 @@ from pivotflow.errors import ModelConfigError
 
 ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3",
                  "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3", "qwen2_moe",
-                 "gemma2", "olmoe", "granite", "gpt_oss", "deepseek_v3", "deepseek_v2")
+                 "gemma2", "olmoe", "granite", "gpt_oss", "deepseek_v3", "deepseek_v2",
+                 "qwen3_5_text", "qwen3_5_moe_text")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
-                     "deepseek_v3", "deepseek_v2")
+                     "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text")
 # multi-head latent attention (DeepSeek-V2's and V3's, ``kv_lora_rank``)
 LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2")
-QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe")
+QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
+                         "qwen3_5_text", "qwen3_5_moe_text")
+# Qwen3.5's hybrid: gated DeltaNet (linear attention) on most layers, gated full attention on
+# the rest (``linear_attention_layers``)
+HYBRID_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text")
 # q and k normalised over their whole projections (all heads at once), not per head
 WHOLE_QK_NORM_ARCHITECTURES = ("olmo2", "olmo3", "olmoe")
 OPTIONAL_QK_NORM_ARCHITECTURES = ("glm4_moe",)  # (its use_qk_norm says)
@@ -29,8 +34,10 @@ OPTIONAL_QK_NORM_ARCHITECTURES = ("glm4_moe",)  # (its use_qk_norm says)
 SCORING_FUNCS = ("softmax", "sigmoid", "topk_softmax")
 # Gemma's and GLM-4's layer: norms on each sub-layer's input and output
 SANDWICH_NORM_ARCHITECTURES = ("gemma3_text", "glm4", "gemma2")
-# Gemma's norms scale by 1 + weight (weights start at 0), its embeddings by sqrt(hidden_size)
-OFFSET_NORM_ARCHITECTURES = ("gemma3_text", "gemma2")
+# norms that scale by 1 + weight (weights start at 0): Gemma's (whose embeddings also scale by
+# sqrt(hidden_size): EMBED_SCALED_ARCHITECTURES) and Qwen3.5's
+OFFSET_NORM_ARCHITECTURES = ("gemma3_text", "gemma2", "qwen3_5_text", "qwen3_5_moe_text")
+EMBED_SCALED_ARCHITECTURES = ("gemma3_text", "gemma2")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the MLP's gate (HF's hidden_act names)
 # q and k normalised over the whole projection (all heads at once), norms on each sub-layer's
 # output ("post-norm"): OLMo-2 and OLMo-3
@@ -157,6 +164,17 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     rope_interleave: bool = False
+    # Qwen3.5's gated DeltaNet (HF's names; ``linear_attention_layers`` empty: none), on the
+    # layers HF's layer_types marks "linear_attention": q and k of linear_num_key_heads x
+    # linear_key_head_dim and v of linear_num_value_heads x linear_value_head_dim, through a
+    # causal depthwise convolution of linear_conv_kernel_dim taps, read from and written to a
+    # per-sequence state (``gated_deltanet``). Its full-attention layers gate their output.
+    linear_attention_layers: tuple[int, ...] = ()
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
 
     def __post_init__(self) -> None:
         # Derived defaults; force_setattr because the struct is frozen.
@@ -176,8 +194,28 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def norm_offset(self) -> bool:
-        """Gemma's: every norm scales by 1 + weight, embeddings by sqrt(hidden_size)."""
+        """Gemma's and Qwen3.5's: every norm scales by 1 + weight."""
         return self.architecture in OFFSET_NORM_ARCHITECTURES
+
+    @property
+    def embed_scaled(self) -> bool:
+        """Gemma's: embeddings times sqrt(hidden_size)."""
+        return self.architecture in EMBED_SCALED_ARCHITECTURES
+
+    @property
+    def attn_output_gate(self) -> bool:
+        """Qwen3.5's full attention: q_proj also gives a gate per head and dimension, and the
+        attention's output times its sigmoid goes into o_proj."""
+        return self.architecture in HYBRID_ARCHITECTURES
+
+    def is_linear(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` is a gated DeltaNet (no KV cache: a state)."""
+        return layer in self.linear_attention_layers
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers that attend over cached keys and values (all but the linear ones)."""
+        return tuple(i for i in range(self.num_hidden_layers) if not self.is_linear(i))
 
     @property
     def attention_scale(self) -> float:
@@ -324,6 +362,7 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
             )
         self._validate_experts()
         self._validate_windows()
+        self._validate_linear()
         if self.hidden_act not in ACTIVATIONS:
             raise ModelConfigError(
                 f"hidden_act {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
@@ -383,6 +422,34 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         if self.sliding_rope_theta < 0:
             raise ModelConfigError(
                 f"sliding_rope_theta must be >= 0, got {self.sliding_rope_theta}")
+
+    def _validate_linear(self) -> None:
+        dims = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                "linear_value_head_dim", "linear_conv_kernel_dim")
+        if self.architecture not in HYBRID_ARCHITECTURES:
+            if self.linear_attention_layers or any(getattr(self, name) for name in dims):
+                raise ModelConfigError(
+                    f"linear attention (linear_attention_layers, {', '.join(dims)}) does not "
+                    f"fit architecture {self.architecture!r} (only "
+                    f"{', '.join(HYBRID_ARCHITECTURES)} has it)")
+            return
+        outside = [i for i in self.linear_attention_layers
+                   if not 0 <= i < self.num_hidden_layers]
+        if outside:
+            raise ModelConfigError(f"linear_attention_layers {outside} are not layers of a "
+                                   f"{self.num_hidden_layers}-layer model")
+        if not self.linear_attention_layers:
+            return
+        for name in dims:
+            if getattr(self, name) <= 0:
+                raise ModelConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ModelConfigError(
+                f"linear_num_value_heads {self.linear_num_value_heads} is not a multiple of "
+                f"linear_num_key_heads {self.linear_num_key_heads}")
+        if self.sliding_layers:
+            raise ModelConfigError("sliding windows do not fit a hybrid "
+                                   f"{self.architecture!r} model")
 
     def _validate_latent(self) -> None:
         dims = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
