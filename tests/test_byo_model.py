@@ -274,6 +274,9 @@ LORA_EXPORTS = {
              {"qkv_proj": 12, "gate_up_proj": 8}),
     "glm4": (["q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"],
              {"gate_up_proj": 8}),
+    # (Qwen3.5's gated DeltaNet projections named too: defaults.LORA_LINEAR_ATTENTION_TARGETS)
+    "qwen3_5_text": (["q_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
+                      "out_proj", "down_proj"], {}),
 }
 
 
@@ -286,8 +289,9 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     correction bias stays as it was, its rollouts' experts replayed), as DeepSeek-V3's does
     behind latent attention; Qwen3.5's holds a gated DeltaNet layer. The run holds
     pivotflow's layout, its rollouts' logprobs equal its trainer's, and the checkpoint it writes
-    is the family's own file again, trained, that resumes. A LoRA run on phi3 exports adapters
-    of the fused projections that PEFT merges to its policy."""
+    is the family's own file again, trained, that resumes. A LoRA run (phi3 and glm4: adapters
+    of the fused projections; Qwen3.5 with its DeltaNet projections named) exports adapters
+    that PEFT merges to its policy."""
     import torch
     import transformers
     from safetensors.torch import load_file
@@ -361,7 +365,9 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     if family in LORA_EXPORTS:  # LoRA on pivotflow's layout, exported onto the file's
         from test_lora_run import peft_merges_to_the_policy
 
-        lora = write_graph(tmp_path / "out", folder, prompts, train="lora_rank=4")
+        targets, ranks = LORA_EXPORTS[family]
+        named = f", lora_target_modules={targets}" if family == "qwen3_5_text" else ""
+        lora = write_graph(tmp_path / "out", folder, prompts, train=f"lora_rank=4{named}")
         from pivotflow import checkpoints
 
         done = run(lora, steps=2, out=tmp_path / "lora", console=False,
@@ -370,7 +376,6 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
         ckpt = checkpoints.latest(tmp_path / "lora")
         assert ckpt is not None
         adapter = json.loads((ckpt / "adapter" / "adapter_config.json").read_text())
-        targets, ranks = LORA_EXPORTS[family]
         assert adapter["target_modules"] == targets and adapter["rank_pattern"] == ranks
         peft_merges_to_the_policy(ckpt)
 

@@ -17,6 +17,7 @@ from pivotflow.defaults import (
     AGGREGATIONS,
     KL_ESTIMATORS,
     LORA_LATENT_TARGETS,
+    LORA_LINEAR_ATTENTION_TARGETS,
     LORA_TARGETS,
     LR_SCHEDULES,
     RATIO_LEVELS,
@@ -191,7 +192,7 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 problems.append(f"{knob}_rank needs train_dtype float32, got "
                                 f"{self.train_dtype!r} (the merged weights would round the "
                                 "adapters' update away: worker/lora.py)")
-        known = (*LORA_TARGETS, *LORA_LATENT_TARGETS)
+        known = (*LORA_TARGETS, *LORA_LATENT_TARGETS, *LORA_LINEAR_ATTENTION_TARGETS)
         unknown = [m for m in self.lora_target_modules if m not in known]
         if unknown or not self.lora_target_modules:
             problems.append(f"lora_target_modules must name some of {list(known)}, got "
