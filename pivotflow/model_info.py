@@ -89,6 +89,10 @@ def describe_model(path: Path) -> str:
               "qwen3_5_text": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
               "qwen3_5_moe_text": f"{mtp} multi-token-prediction layer(s) in the file, not "
                                   "loaded",
+              "qwen3_next": "DeltaNet projections fused and grouped by key head in the file "
+                            "(in_proj_qkvz, in_proj_ba), held split"
+                            + (f"; {mtp} multi-token-prediction layer(s), not loaded" if mtp
+                               else ""),
               "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration's text model held (as "
                              "Qwen3_5MoeForCausalLM), its vision tower and multi-token-prediction "
                              "layer not loaded",

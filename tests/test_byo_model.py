@@ -263,6 +263,17 @@ OTHER_LAYOUTS = {
                          ("model.layers.0.linear_attn.in_proj_z.weight",
                           "model.layers.1.mlp.gate.weight",
                           "model.layers.1.mlp.shared_expert_gate.weight")),
+    # Qwen3-Next: the same hybrid, its DeltaNet projections fused and grouped by key head in
+    # the file (in_proj_qkvz, in_proj_ba); a dense layer, then a sparse one
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
+                   {"head_dim": 32, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                    "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+                    "layer_types": ["linear_attention", "full_attention"], "num_experts": 4,
+                    "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                    "shared_expert_intermediate_size": 64, "decoder_sparse_step": 2},
+                   ("model.layers.0.linear_attn.in_proj_qkvz.weight",
+                    "model.layers.0.linear_attn.in_proj_ba.weight",
+                    "model.layers.1.mlp.experts.1.up_proj.weight")),
 }
 # a GLM-4.5 file's multi-token-prediction layer (layer 2 of a 2-layer decoder), as the Hub's
 # checkpoints hold one past their last layer
@@ -277,6 +288,10 @@ LORA_EXPORTS = {
     # (Qwen3.5's gated DeltaNet projections named too: defaults.LORA_LINEAR_ATTENTION_TARGETS)
     "qwen3_5_text": (["q_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
                       "out_proj", "down_proj"], {}),
+    # (Qwen3-Next's: onto its fused, grouped in_proj_qkvz and in_proj_ba, rank 8 each; not
+    # its MLPs: PEFT leaves a down_proj adapter unmerged where the model holds experts fused)
+    "qwen3_next": (["q_proj", "o_proj", "in_proj_qkvz", "in_proj_ba", "out_proj"],
+                   {"in_proj_qkvz": 8, "in_proj_ba": 8}),
 }
 
 
@@ -337,7 +352,10 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
                             "of 32 on 2 key heads of 32, a 4-tap convolution; the others' "
                             "attention output gated",
             "qwen3_5_moe_text": "the others' attention output gated\n  experts 4 (2 a token) on "
-                                "2 of 2 layers"}[family] in said.stderr
+                                "2 of 2 layers",
+            "qwen3_next": "experts 4 (2 a token) on 1 of 2 layers; a gated shared expert of "
+                          "64\n  tensors: DeltaNet projections fused and grouped by key "
+                          "head in the file (in_proj_qkvz, in_proj_ba), held split"}[family] in said.stderr
     prompts = write_prompts(tmp_path / "prompts.jsonl")
     # (GLM-4.5's sigmoid router: its rollouts' experts replayed, a balance loss of its kind)
     graph = write_graph(tmp_path, folder, prompts, *(
@@ -366,7 +384,10 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
         from test_lora_run import peft_merges_to_the_policy
 
         targets, ranks = LORA_EXPORTS[family]
-        named = f", lora_target_modules={targets}" if family == "qwen3_5_text" else ""
+        named = {"qwen3_5_text": targets, "qwen3_next": [
+            "q_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
+            "out_proj"]}.get(family)
+        named = f", lora_target_modules={named}" if named else ""
         lora = write_graph(tmp_path / "out", folder, prompts, train=f"lora_rank=4{named}")
         from pivotflow import checkpoints
 

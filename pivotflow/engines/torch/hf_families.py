@@ -43,7 +43,7 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         return _gemma_fields(raw, where)
     if kind == "qwen3_5_text":
         return _qwen3_5_fields(raw, layers, where)
-    if kind == "qwen3_5_moe_text":
+    if kind in ("qwen3_5_moe_text", "qwen3_next"):
         return {**_qwen3_5_fields(raw, layers, where), **_expert_fields(raw, where)}
     return {}
 
@@ -109,12 +109,18 @@ def _expert_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
         defaults.update(num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
                         shared_expert_intermediate_size=512)
         del keys["decoder_sparse_step"]
+    if raw.get("model_type") == "qwen3_next":  # (Qwen3NextConfig's)
+        keys["shared_expert_intermediate_size"] = "shared_expert_intermediate_size"
+        defaults.update(num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
+                        shared_expert_intermediate_size=512)
     out: dict[str, Any] = {}
     for field, key in keys.items():
         value = out[field] = raw.get(key, defaults[field])
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ModelConfigError(f"{where}: {key}={value!r} is not a non-negative integer")
-    out["norm_topk_prob"] = qwen3_5 or bool(raw.get("norm_topk_prob", False))
+    # (Qwen3NextConfig's default renormalises; Qwen3.5-MoE always does)
+    default_norm = raw.get("model_type") == "qwen3_next"
+    out["norm_topk_prob"] = qwen3_5 or bool(raw.get("norm_topk_prob", default_norm))
     only = raw.get("mlp_only_layers") or []
     if not isinstance(only, list) or not all(
         isinstance(i, int) and not isinstance(i, bool) for i in only
@@ -331,22 +337,26 @@ def _qwen3_5_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, A
 
 
 def qwen3_5_to_hf(cfg: ModelConfig) -> dict[str, Any]:
-    """Qwen3.5's own keys: its layer types and linear layers' widths (no token ids: as for
-    phi3, in hf_config); Qwen3.5-MoE's experts (every layer's, the router renormalising)."""
+    """Qwen3.5's and Qwen3-Next's own keys: layer types and linear layers' widths (no token
+    ids: as for phi3, in hf_config); the experts of Qwen3.5-MoE (every layer's, the router
+    renormalising, a shared expert) and of Qwen3-Next (its dense layers too)."""
+    out: dict[str, Any] = {
+        "attention_bias": cfg.attention_bias, "pad_token_id": None, "bos_token_id": None,
+        "eos_token_id": None, "partial_rotary_factor": cfg.partial_rotary_factor,
+        "layer_types": ["linear_attention" if cfg.is_linear(i) else "full_attention"
+                        for i in range(cfg.num_hidden_layers)],
+        **{key: getattr(cfg, key) for key in _QWEN3_5_LINEAR}}
+    if cfg.architecture == "qwen3_5_text":
+        return out
     if cfg.architecture == "qwen3_5_moe_text":
         check_every_layer_sparse(cfg)
         if not cfg.norm_topk_prob or not cfg.shared_expert_intermediate_size:
             raise ModelConfigError("a qwen3_5_moe_text checkpoint renormalises its router "
                                    "weights and has a shared expert")
-        experts = {"num_experts": cfg.num_experts,
-                   "num_experts_per_tok": cfg.num_experts_per_tok,
-                   "moe_intermediate_size": cfg.moe_intermediate_size,
-                   "shared_expert_intermediate_size": cfg.shared_expert_intermediate_size,
-                   "output_router_logits": False}
-    else:
-        experts = {}
-    return {**experts,"attention_bias": cfg.attention_bias, "pad_token_id": None, "bos_token_id": None,
-            "eos_token_id": None, "partial_rotary_factor": cfg.partial_rotary_factor,
-            "layer_types": ["linear_attention" if cfg.is_linear(i) else "full_attention"
-                            for i in range(cfg.num_hidden_layers)],
-            **{key: getattr(cfg, key) for key in _QWEN3_5_LINEAR}}
+    else:  # (qwen3_next)
+        out.update(norm_topk_prob=cfg.norm_topk_prob, decoder_sparse_step=cfg.decoder_sparse_step,
+                   mlp_only_layers=list(cfg.mlp_only_layers))
+    return {**out, "num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
+            "moe_intermediate_size": cfg.moe_intermediate_size,
+            "shared_expert_intermediate_size": cfg.shared_expert_intermediate_size,
+            "output_router_logits": False}

