@@ -1,6 +1,7 @@
 """``load_tokenizer(folder)``: read a Hugging Face tokenizer folder (or an old char one).
 
-Reads what transformers reads: tokenizer.json (the ``tokenizers`` serialization),
+Reads what transformers reads: tokenizer.json (the ``tokenizers`` serialization; or, where a
+folder has none, tiktoken's ``tiktoken.model``: ``tiktoken_folder``),
 tokenizer_config.json (special tokens, added tokens, chat templates, model_max_length),
 chat_template.jinja and additional_chat_templates/*.jinja (they win over the config's
 template, as in transformers), special_tokens_map.json; and generation_config.json, whose
@@ -20,6 +21,7 @@ from pivotflow.tokenizer.base import Tokenizer
 from pivotflow.tokenizer.char import CharTokenizer
 from pivotflow.tokenizer.chat_template import check_template
 from pivotflow.tokenizer.hf import NAMED_TOKENS, HFTokenizer
+from pivotflow.tokenizer.tiktoken_folder import TIKTOKEN_FILE, tiktoken_backend
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -35,20 +37,26 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     if not folder.is_dir():
         raise TokenizerError(f"{folder}: no such tokenizer folder")
     tok_file = folder / TOKENIZER_FILE
-    if not tok_file.is_file():
-        raise TokenizerError(
-            f"{tok_file}: missing (a tokenizer folder needs tokenizer.json; convert an old one "
-            "with AutoTokenizer.from_pretrained(...).save_pretrained(...))")
-    text = tok_file.read_text(encoding="utf-8")
-    data = _parse(tok_file, text)
-    if isinstance(data, dict) and data.get("type") == "char":
-        return CharTokenizer.from_dict(data, where=str(tok_file), name_or_path=str(folder))
-    try:
-        backend = tokenizers.Tokenizer.from_str(text)
-    except Exception as exc:  # the Rust side raises a bare Exception
-        raise TokenizerError(f"{tok_file}: not a tokenizers serialization "
-                             f"({_one_line(str(exc))})") from None
-    config = _optional_object(folder / CONFIG_FILE)
+    if not tok_file.is_file() and (folder / TIKTOKEN_FILE).is_file():
+        # (Kimi K2's and Moonlight's: tiktoken ranks, read as the equivalent BPE)
+        config = _optional_object(folder / CONFIG_FILE)
+        backend = tiktoken_backend(folder, config)
+    else:
+        if not tok_file.is_file():
+            raise TokenizerError(
+                f"{tok_file}: missing (a tokenizer folder needs tokenizer.json, or tiktoken's "
+                f"{TIKTOKEN_FILE}; convert an old one with AutoTokenizer.from_pretrained(...)"
+                ".save_pretrained(...))")
+        text = tok_file.read_text(encoding="utf-8")
+        data = _parse(tok_file, text)
+        if isinstance(data, dict) and data.get("type") == "char":
+            return CharTokenizer.from_dict(data, where=str(tok_file), name_or_path=str(folder))
+        try:
+            backend = tokenizers.Tokenizer.from_str(text)
+        except Exception as exc:  # the Rust side raises a bare Exception
+            raise TokenizerError(f"{tok_file}: not a tokenizers serialization "
+                                 f"({_one_line(str(exc))})") from None
+        config = _optional_object(folder / CONFIG_FILE)
     named = _named_tokens(folder, config)
     _add_config_tokens(backend, folder / CONFIG_FILE, config)
     _add_missing_named(backend, folder, named)
