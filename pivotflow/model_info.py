@@ -93,6 +93,8 @@ def describe_model(path: Path) -> str:
                             "(in_proj_qkvz, in_proj_ba), held split"
                             + (f"; {mtp} multi-token-prediction layer(s), not loaded" if mtp
                                else ""),
+              "kimi_k25": "Kimi K2.5's text model held (as DeepseekV3ForCausalLM), its vision "
+                          "tower and projector not loaded",
               "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration's text model held (as "
                              "Qwen3_5MoeForCausalLM), its vision tower and multi-token-prediction "
                              "layer not loaded",

@@ -18,6 +18,8 @@ These families store theirs otherwise:
   (gate), ``w3`` (up) and ``w2`` (down), which is all vLLM's and SGLang's loaders read.
 * GLM-4 fuses gate/up, names its four norms its own way, and rotates interleaved pairs of
   each head's dimensions, which pivotflow holds reordered (``_turn_heads``).
+* Kimi K2 names DeepSeek-V3's architecture ``kimi_k2`` (with remote code in ``auto_map``):
+  held, and written, as ``deepseek_v3``, as transformers reads it.
 * GLM-4.5 (``glm4_moe``) and DeepSeek-V3 (``deepseek_v3``) keep their multi-token-prediction
   layers (speculative decoding's draft, ``num_nextn_predict_layers``) as layers past the
   decoder's last: pivotflow leaves them out as it reads the folder, as transformers does, and
@@ -30,7 +32,8 @@ These families store theirs otherwise:
   The Hub's files hold those stacks in MXFP4, dequantized as they are read.
 * Gemma 3 4B and larger (``gemma3``, Gemma3ForConditionalGeneration), Mistral Small 3.1+
   and Magistral Small 1.2 (``mistral3``, Mistral3ForConditionalGeneration) and Qwen3.5
-  (``qwen3_5``, Qwen3_5ForConditionalGeneration) wrap the text decoder
+  (``qwen3_5``, Qwen3_5ForConditionalGeneration) and Kimi K2.5 (``kimi_k25``: Kimi K2's text
+  model, held as ``deepseek_v3``) wrap the text decoder
   (``language_model.model.*``, or ``model.language_model.*``; its config in ``text_config``)
   with a vision tower and projector: pivotflow holds the text model alone, as its own family
   (``gemma3_text``, ``mistral``, ``qwen3_5_text``: ``held_config``), and writes its causal
@@ -102,6 +105,8 @@ def family_of(config: dict[str, Any]) -> str | None:
     glm4_moe, deepseek_v3, gpt_oss, qwen3_5_text, qwen3_5_moe_text, qwen3_next, and the
     multimodal wrappers gemma3, mistral3, qwen3_5, qwen3_5_moe), or None."""
     kind = config.get("model_type")
+    if kind == "kimi_k2":  # (DeepSeek-V3's architecture under Kimi's name: held_config)
+        return "deepseek_v3"
     if kind is None:  # very old exports name only the class
         kind = next((_FAMILIES[a] for a in config.get("architectures") or [] if a in _FAMILIES),
                     None)
@@ -128,7 +133,7 @@ def _geometry(config: dict[str, Any], where: str) -> ModelConfig:
     applied in one place."""
     from pivotflow.engines.torch.hf_config import config_from_hf
 
-    return config_from_hf(config, where)
+    return config_from_hf(held_config(config, where), where)
 
 
 def _grouped_order(cfg: ModelConfig, fused: str) -> torch.Tensor | None:
@@ -178,7 +183,8 @@ _WRAPPERS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", _GEMMA3_TEXT_DEFAULTS),
     "mistral3": ("mistral", "MistralForCausalLM", {}),
     "qwen3_5": ("qwen3_5_text", "Qwen3_5ForCausalLM", {}),
-    "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", {})}
+    "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", {}),
+    "kimi_k25": ("deepseek_v3", "DeepseekV3ForCausalLM", {})}
 
 
 def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str, Any]:
@@ -192,6 +198,11 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
     if is_fp8_blocks(config):  # (held dequantized: fp8_blocks)
         config = _unquantized(config)
     family = family_of(config)
+    if config.get("model_type") == "kimi_k2":
+        # Kimi K2's own name for DeepSeek-V3's architecture (transformers reads it as
+        # deepseek_v3, its auto_map's remote code not needed): held, and written, as that
+        config = {k: v for k, v in config.items() if k != "auto_map"}
+        config.update(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"])
     if family == "deepseek_v3":
         # the router transformers runs, said as DeepSeek's own configs say it: vLLM reads
         # these keys (without them, a softmax router with no correction bias)
@@ -215,9 +226,13 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
     # The wrapper's dtype and tying, where it says them, are the text model's: transformers 5
     # writes and ties by the wrapper's key; the Hub's configs (transformers 4.50) leave it out
     # unless it differs from the default, and the text config's then decides, as it did there.
-    outer = {k: config[k] for k in ("dtype", "torch_dtype", "tie_word_embeddings")
-             if k in config}
-    return {**defaults, **text, **outer, "model_type": kind, "architectures": [causal_lm]}
+    # A quantization the wrapper names is its text model's too (refused by config_from_hf
+    # unless pivotflow dequantizes it: Kimi K2.5's INT4 is not).
+    keys: tuple[str, ...] = ("dtype", "torch_dtype", "tie_word_embeddings", "quantization_config")
+    outer = {k: config[k] for k in keys if k in config}
+    # (the text model's own family's reading next: Kimi K2.5's is DeepSeek-V3's router)
+    return held_config({**defaults, **text, **outer, "model_type": kind,
+                        "architectures": [causal_lm]}, where)
 
 
 def _unquantized(config: dict[str, Any]) -> dict[str, Any]:
@@ -249,8 +264,10 @@ def held_layout(
         return {_mixtral_name(name, to_disk=False): t for name, t in tensors.items()}
     if family is None:
         return tensors
-    if family in _WRAPPERS:
-        return _language_model(tensors)
+    if family in _WRAPPERS:  # (the text model's, then laid out as its own family's)
+        text = held_config(config, where)
+        inner = _language_model(tensors)
+        return held_layout(text, inner, where) if family_of(text) else inner
     if family in _MTP_APART:
         tensors = {name: t for name, t in tensors.items() if not name.startswith("mtp.")}
         if family not in _FUSED:

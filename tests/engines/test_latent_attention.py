@@ -257,3 +257,93 @@ def test_a_deepseek_reward_model_scores_as_transformers(tmp_path: Any,
     with torch.no_grad():
         torch.testing.assert_close(ours(ids)[0, -1], theirs(ids).logits[0], atol=1e-4,
                                    rtol=1e-5)
+
+
+def test_kimi_k2s_config_name_is_deepseek_v3_and_checkpoints_say_so(tmp_path: Any) -> None:
+    """Kimi K2 ships DeepSeek-V3's architecture as ``model_type`` kimi_k2 with remote code in
+    ``auto_map`` (transformers itself reads kimi_k2 as deepseek_v3): it runs as DeepSeek-V3,
+    and a checkpoint pivotflow writes is a DeepseekV3ForCausalLM transformers loads without the
+    remote code, to the same logits."""
+    import json
+    import sys
+    from pathlib import Path
+
+    import torch
+    import transformers
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hf_fixtures import DEEPSEEK_V3 as CASE
+    from hf_fixtures import PROMPTS, save_folder
+
+    from pivotflow.engines.torch.model import Decoder
+    from pivotflow.engines.torch.weights import load_model_folder, save_checkpoint
+
+    model = save_folder(CASE, tmp_path / "v3")
+    reference = load_model_folder(tmp_path / "v3")
+    config = json.loads((tmp_path / "v3" / "config.json").read_text())
+    config.update(model_type="kimi_k2", auto_map={
+        "AutoConfig": "configuration_deepseek.DeepseekV3Config",
+        "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"})
+    (tmp_path / "v3" / "config.json").write_text(json.dumps(config))
+    kimi = load_model_folder(tmp_path / "v3")
+    assert kimi.config == reference.config
+    assert kimi.hf_config["model_type"] == "deepseek_v3" and "auto_map" not in kimi.hf_config
+    save_checkpoint(tmp_path / "written", kimi.hf_config, kimi.tensors)
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "written").eval()
+    assert type(again).__name__ == "DeepseekV3ForCausalLM"
+    ids = torch.tensor([PROMPTS[2] * 4])
+    ours = Decoder(kimi.config)
+    ours.load_state_dict(kimi.tensors, strict=False)
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, model(ids).logits, atol=1e-5, rtol=0)
+        torch.testing.assert_close(ours.eval()(ids), model(ids).logits, atol=1e-5, rtol=0)
+
+
+def test_a_kimi_k25_folder_runs_its_text_model(tmp_path: Any) -> None:
+    """Kimi K2.5 wraps Kimi K2's text model (``text_config`` kimi_k2, its tensors under
+    ``language_model.``, as the Hub's files name them) with a vision tower: pivotflow holds the
+    text model as DeepSeek-V3 (its router said as DeepSeek-V3's, for vLLM), to that model's
+    logits; an INT4 quantization the wrapper names (K2.5's, compressed-tensors) is refused in
+    one line, not read as floats."""
+    import json
+    import sys
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hf_fixtures import DEEPSEEK_V3 as CASE
+    from hf_fixtures import PROMPTS, save_folder
+
+    from pivotflow.engines.torch.model import Decoder
+    from pivotflow.engines.torch.weights import load_model_folder
+
+    text_model = save_folder(CASE, tmp_path / "text")
+    text = json.loads((tmp_path / "text" / "config.json").read_text())
+    tensors = {("language_model." + n if n.startswith(("model.", "lm_head.")) else n): t
+               for n, t in load_file(tmp_path / "text" / "model.safetensors").items()}
+    tensors["vision_tower.encoder.blocks.0.norm0.weight"] = torch.ones(32)
+    tensors["mm_projector.proj.0.weight"] = torch.ones(64, 32)
+    (tmp_path / "k25").mkdir()
+    save_file(tensors, tmp_path / "k25" / "model.safetensors", metadata={"format": "pt"})
+    wrapper = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+               "text_config": {**text, "model_type": "kimi_k2"},
+               "vision_config": {"patch_size": 14, "hidden_size": 32}}
+    (tmp_path / "k25" / "config.json").write_text(json.dumps(wrapper))
+    folder = load_model_folder(tmp_path / "k25")
+    assert folder.hf_config["model_type"] == "deepseek_v3"
+    assert folder.hf_config["topk_method"] == "noaux_tc"  # (DeepSeek-V3's router, for vLLM)
+    assert folder.config == load_model_folder(tmp_path / "text").config
+    assert not any("vision" in n or "projector" in n for n in folder.tensors)
+    ids = torch.tensor([PROMPTS[2] * 4])
+    ours = Decoder(folder.config)
+    ours.load_state_dict(folder.tensors, strict=False)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.eval()(ids), text_model(ids).logits, atol=1e-5, rtol=0)
+    wrapper["quantization_config"] = {"quant_method": "compressed-tensors",
+                                      "format": "pack-quantized"}
+    (tmp_path / "k25" / "config.json").write_text(json.dumps(wrapper))
+    with pytest.raises(ModelConfigError) as err:
+        load_model_folder(tmp_path / "k25")
+    assert "quantization_config=" in str(err.value) and "\n" not in str(err.value)
