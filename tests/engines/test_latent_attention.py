@@ -204,8 +204,9 @@ def test_lora_adapts_the_latent_projections_when_named(tmp_path: Any) -> None:
 
 def test_the_engine_caches_the_latent_alone() -> None:
     """The embedded engine's slots hold each position's latent and rotary key (one head of
-    kv_lora_rank + qk_rope_head_dim) for every query head, not every head's key and value; the
-    trainer's module serves through no other cache."""
+    kv_lora_rank + qk_rope_head_dim) for every query head, not every head's key and value, and
+    no values beside them (the keys' latent part is the values); the trainer's module serves
+    through no other cache."""
     import torch
 
     from pivotflow.engines.torch import TorchEngine
@@ -219,6 +220,7 @@ def test_the_engine_caches_the_latent_alone() -> None:
     engine.load_weights(Decoder(cfg).state_dict(), 0)
     cache = engine._cache
     assert cache is not None and (cache.n_kv, cache.head_dim) == (1, 512 + 64)
+    assert cache.kv.shape[:2] == (2, 1)  # (2 layers, keys alone)
     with pytest.raises(EngineError, match="latent attention serves from the engine's latent"):
         Decoder(cfg)(torch.tensor([[1, 2]]), cache=cache)
 

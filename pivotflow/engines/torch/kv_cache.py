@@ -81,8 +81,10 @@ class SlotKVCache:
         self.states = (LinearStates(cfg, max_batch, device, dtype)
                        if cfg.linear_attention_layers else None)
         layers = max(1, len(self._cached))
-        self._blocks = (layers, 2, max_batch, self.n_kv)
-        numel = layers * 2 * max_batch * self.n_kv * max_len * self.head_dim
+        # Latent attention's values are its keys' latent part (PackedLatent): keys alone
+        self._kinds = 1 if cfg.latent_attention else 2
+        self._blocks = (layers, self._kinds, max_batch, self.n_kv)
+        numel = layers * self._kinds * max_batch * self.n_kv * max_len * self.head_dim
         # Rows past a slot's length are read and masked out: they must hold finite numbers.
         self._storage = torch.zeros(numel, device=device, dtype=dtype)
         self._bias_storage = torch.zeros(
@@ -93,7 +95,7 @@ class SlotKVCache:
         self._host_lens = [0] * max_batch  # lens on the host: sizes without a device sync
         # Block (key|value, slot, head) of one layer, in the order a decode step's new
         # keys/values arrive: [slot, key|value, head]; keys' blocks double as bias rows.
-        kind = torch.arange(2, device=device)[:, None] * max_batch
+        kind = torch.arange(self._kinds, device=device)[:, None] * max_batch
         rows = (kind[None] + torch.arange(max_batch, device=device)[:, None, None]) * self.n_kv
         self._block_ids = rows + torch.arange(self.n_kv, device=device)
         self._positions = torch.arange(max_len, device=device)
@@ -158,7 +160,8 @@ class SlotKVCache:
         pos = self.lens[:n].clone()
         self._rows = (self._block_rows[:n] + pos[:, None, None]).view(-1)
         # The new token's own position becomes visible (the keys' rows of _rows).
-        self._bias.view(-1).index_fill_(0, self._rows.view(n, 2, -1)[:, 0].reshape(-1), 0.0)
+        self._bias.view(-1).index_fill_(
+            0, self._rows.view(n, self._kinds, -1)[:, 0].reshape(-1), 0.0)
         self.lens[:n] += 1
         host[:n] = [length + 1 for length in host[:n]]
         self._sliding_bias = None
@@ -178,15 +181,19 @@ class SlotKVCache:
             raise EngineError("KV cache used by a forward pass without begin_prefill")
         rows, at = slice(self._start, self._start + self._count), self._cached[layer]
         self.kv[at, 0, rows, :, : self._width] = k
-        self.kv[at, 1, rows, :, : self._width] = v
+        if self._kinds == 1:  # (latent attention: the keys are the values)
+            v = k
+        else:
+            self.kv[at, 1, rows, :, : self._width] = v
         return k, v, self._sliding_mask if layer in self._sliding else self._mask
 
     def append(
         self, layer: int, kv: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Decode: store this layer's new keys/values ``kv`` [n, 2 * kv_heads, D] (keys first).
-        Returns keys and values [n * kv_heads, capacity, D] and the additive mask [n * kv_heads,
-        1, capacity]. Raises EngineError outside a decode step."""
+        """Decode: store this layer's new keys/values ``kv`` [n, 2 * kv_heads, D] (keys first;
+        latent attention: keys alone, [n, kv_heads, D]). Returns keys and values [n * kv_heads,
+        capacity, D] and the additive mask [n * kv_heads, 1, capacity]. Raises EngineError
+        outside a decode step."""
         if self._mode != "decode":
             raise EngineError("KV cache append without begin_decode")
         n, cap, d = self._count, self.capacity, self.head_dim
@@ -194,7 +201,7 @@ class SlotKVCache:
         # index_copy_ into a flat view writes each row at its own position in one kernel.
         buf.view(-1, d).index_copy_(0, self._rows, kv.reshape(-1, d))
         keys = buf[0, :n].view(n * self.n_kv, cap, d)  # views: running slots are dense
-        values = buf[1, :n].view(n * self.n_kv, cap, d)
+        values = buf[self._kinds - 1, :n].view(n * self.n_kv, cap, d)
         bias = self._bias[:n]
         if self._sliding_bias is not None and layer in self._sliding:
             bias = self._sliding_bias
@@ -238,8 +245,8 @@ class SlotKVCache:
         # go top down (and bottom up when shrinking) to never overwrite a layer not yet moved.
         order = range(self._blocks[0] - 1, -1, -1) if want > keep else range(self._blocks[0])
         for layer in order:
-            kept = self._scratch[: 2 * running * self.n_kv * keep * self.head_dim]
-            kept = kept.view(2, running, self.n_kv, keep, self.head_dim)
+            kept = self._scratch[: self._kinds * running * self.n_kv * keep * self.head_dim]
+            kept = kept.view(self._kinds, running, self.n_kv, keep, self.head_dim)
             kept.copy_(old[layer, :, :running, :, :keep])
             self.kv[layer, :, :running, :, :keep] = kept
         real = self._positions[:want][None, :] < self.lens[:running, None]
@@ -485,7 +492,9 @@ class PackedDecoder:
     ) -> torch.Tensor:
         """Roped queries+keys [n, heads + kv_heads, D], values [n, kv_heads, D] -> [n, heads*D]."""
         n, heads, kv_heads, d = qk.shape[0], self.heads, self.kv_heads, self.d
-        keys, values, mask = cache.append(layer, torch.cat((qk[:, heads:], v), 1))
+        # (latent attention: the cache keeps keys alone, its values the keys' latent part)
+        new = qk[:, heads:] if self._latent[layer] is not None else torch.cat((qk[:, heads:], v), 1)
+        keys, values, mask = cache.append(layer, new)
         # Each KV head's query heads are rows of one small matmul over its keys (no copies).
         q = qk[:, :heads].reshape(n * kv_heads, heads // kv_heads, d)
         if self.cfg.attn_logit_softcapping:  # (capped before the mask is added)

@@ -123,7 +123,8 @@ class PackedLatent:
         rope]) of normalised hidden states ``h`` [n, hidden]: each head's query as its latent
         query and rotary query, the position's latent and rotary key (rope not yet applied);
         its values are the latent itself (the rotary part rides along and is dropped by
-        ``output``)."""
+        ``output``). The slot cache keeps the keys alone and reads them as the values too:
+        their latent part is the same, and the rotary part of a mix of values is dropped."""
         n, heads, rank, nope = h.shape[0], self.heads, self.rank, self.nope
         q = mm.linear(h, *self.first)
         if self.q_b is not None:
