@@ -8,7 +8,8 @@ import torch
 from engine_fixtures import CONFIG, mixed_requests, req, tiny_weights
 
 from pivotflow.engines.torch import Decoder, ModelConfig
-from pivotflow.engines.torch.kv_cache import PackedDecoder, SlotKVCache
+from pivotflow.engines.torch.kv_cache import PackedDecoder
+from pivotflow.engines.torch.slot_cache import SlotKVCache
 from pivotflow.engines.torch.weights import build_model
 
 LLAMA = ModelConfig(

@@ -171,7 +171,7 @@ def test_a_resumed_prefix_is_prefilled_apart_from_short_prompts(make, monkeypatc
     carry, a migration): the prompts are not padded to the prefix's length (a real run spent
     1-2 s a boundary on that), and every output is the one it gets alone."""
     from pivotflow.batching import prefill_groups
-    from pivotflow.engines.torch.kv_cache import SlotKVCache
+    from pivotflow.engines.torch.slot_cache import SlotKVCache
 
     long = req("long", "the cat", temperature=1.0, max_tokens=50, seed=7)
     full = alone(make, long)

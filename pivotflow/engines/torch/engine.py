@@ -22,9 +22,10 @@ from pivotflow import defaults
 from pivotflow.batching import prefill_groups
 from pivotflow.engines.base import FinishReason, GenerationOutput, GenerationRequest
 from pivotflow.engines.torch.experts import RoutingRecorder
-from pivotflow.engines.torch.kv_cache import PackedDecoder, SlotKVCache
+from pivotflow.engines.torch.kv_cache import PackedDecoder
 from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.engines.torch.sampling import SlotResponses, SlotSampler, seed_key
+from pivotflow.engines.torch.slot_cache import SlotKVCache
 from pivotflow.engines.torch.weights import build_model, resolve_dtype
 from pivotflow.errors import EngineError, RequestError
 
