@@ -188,8 +188,8 @@ _WRAPPERS: dict[str, tuple[str, str, dict[str, Any]]] = {
 
 
 def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str, Any]:
-    """``config`` as it describes the tensors ``held_layout`` gives: GLM-4.5's and
-    DeepSeek-V3's with no multi-token-prediction layer (DeepSeek-V3's naming its router, as
+    """``config`` as it describes the tensors ``held_layout`` gives: GLM-4.5's,
+    DeepSeek-V3's, Qwen3.5's and Qwen3-Next's with no multi-token-prediction layer (DeepSeek-V3's naming its router, as
     vLLM reads it: ``DEEPSEEK_V3_ROUTER``), a block-wise FP8 one's unquantized, a
     multimodal wrapper's (``_WRAPPERS``) as its text model's own config (its causal LM's), so
     the store's folders, vLLM's and checkpoints say what they hold; every other config as it
@@ -214,6 +214,8 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
         config = {**config, "n_group": 1, "topk_group": 1}
     if family in _MTP_FAMILIES and config.get("num_nextn_predict_layers"):
         return {**config, "num_nextn_predict_layers": 0}
+    if family in _MTP_APART and config.get("mtp_num_hidden_layers"):
+        return {**config, "mtp_num_hidden_layers": 0}  # (Qwen3.5's and Qwen3-Next's)
     if family == "gpt_oss" and is_mxfp4(config):  # (held dequantized: mxfp4)
         return _unquantized(config)
     if family not in _WRAPPERS:

@@ -106,7 +106,7 @@ def _wrapper(root: Path) -> Any:
     multi-token-prediction tensor beside them as the Hub's files have."""
     from safetensors.torch import load_file, save_file
 
-    text = {**SIZES, **QWEN3_5_LINEAR, "num_hidden_layers": 4}
+    text = {**SIZES, **QWEN3_5_LINEAR, "num_hidden_layers": 4, "mtp_num_hidden_layers": 1}
     config = transformers.Qwen3_5Config(text_config=text, vision_config={
         "depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
         "out_hidden_size": 64, "patch_size": 14, "num_position_embeddings": 16})
@@ -131,6 +131,7 @@ def test_the_hubs_multimodal_folder_runs_its_text_model_and_writes_a_causal_lm(
     assert folder.hf_config["architectures"] == ["Qwen3_5ForCausalLM"]
     assert folder.config.linear_attention_layers == (0, 1, 2)
     assert not any("visual" in n or n.startswith("mtp.") for n in folder.tensors)
+    assert folder.hf_config["mtp_num_hidden_layers"] == 0  # (what the run holds: none)
     ids = torch.tensor([PROMPTS[2] * 10])
     ours = Decoder(folder.config)
     ours.load_state_dict(folder.tensors, strict=False)
