@@ -101,7 +101,8 @@ def describe_model(path: Path) -> str:
               "qwen3_5": "Qwen3_5ForConditionalGeneration's text model held (as "
                          "Qwen3_5ForCausalLM), its vision tower and multi-token-prediction "
                          "layer not loaded"}
-    mtp_only = ("glm4_moe", "deepseek_v3", "qwen3_5_text", "qwen3_5_moe_text")  # (a layout note when mtp is there)
+    # (a layout note only where the file has a multi-token-prediction layer)
+    mtp_only = ("glm4_moe", "deepseek_v3", "qwen3_5_text", "qwen3_5_moe_text")
     if (family := family_of(raw)) is not None and (family not in mtp_only or mtp):
         lines.append(f"  tensors: {layout[family]}")
     if is_fp8_blocks(raw):

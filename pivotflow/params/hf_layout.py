@@ -189,8 +189,9 @@ _WRAPPERS: dict[str, tuple[str, str, dict[str, Any]]] = {
 
 def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str, Any]:
     """``config`` as it describes the tensors ``held_layout`` gives: GLM-4.5's,
-    DeepSeek-V3's, Qwen3.5's and Qwen3-Next's with no multi-token-prediction layer (DeepSeek-V3's naming its router, as
-    vLLM reads it: ``DEEPSEEK_V3_ROUTER``), a block-wise FP8 one's unquantized, a
+    DeepSeek-V3's, Qwen3.5's and Qwen3-Next's with no multi-token-prediction layer
+    (DeepSeek-V3's naming its router, as vLLM reads it: ``DEEPSEEK_V3_ROUTER``; Kimi K2's
+    ``kimi_k2`` said as ``deepseek_v3``), a block-wise FP8 one's unquantized, a
     multimodal wrapper's (``_WRAPPERS``) as its text model's own config (its causal LM's), so
     the store's folders, vLLM's and checkpoints say what they hold; every other config as it
     is. Raises ModelConfigError naming ``where`` for a wrapper

@@ -11,9 +11,9 @@ SiLU of its own projection (``GatedRMSNorm``). Module and parameter names are tr
 
 A whole sequence runs in chunks (``gated_delta_chunked``: within a chunk the delta rule's
 recurrence is one triangular solve, between chunks the state carries over), one decoded token
-by ``gated_delta_step``; an engine keeps each sequence's state and its convolution's last inputs
-(``deltanet_serving.LinearStates``) instead of keys and values. Everything past the projections runs in
-float32, as transformers' and vLLM's kernels do.
+by ``gated_delta_step``; an engine keeps each sequence's state and its convolution's last
+inputs (``deltanet_serving.LinearStates``) instead of keys and values. Everything past the
+projections runs in float32, as transformers' and vLLM's kernels do.
 """
 
 from __future__ import annotations
@@ -118,8 +118,9 @@ def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
 
 
 class GatedDeltaNet(nn.Module):
-    """A Qwen3.5 linear-attention layer (``linear_attn``) for training and scoring: whole
-    right-padded sequences, no state kept (the engine's: ``deltanet_serving``)."""
+    """A Qwen3.5 (and Qwen3-Next, held split) linear-attention layer (``linear_attn``) for
+    training and scoring: whole right-padded sequences, no state kept (the engine's:
+    ``deltanet_serving``)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
