@@ -331,6 +331,27 @@ def save_folder(case: Case, root: Path, **save_kw: Any):  # type: ignore[no-unty
     return model
 
 
+def assert_wrapper_runs_its_text_model(theirs: Any, folder: Any, written: Path,
+                                        causal_lm: str, atol: float) -> None:
+    """A multimodal wrapper's folder as pivotflow holds it (``folder``: its text model) gives
+    the logits transformers' wrapper ``theirs`` gives on text, and, written as a folder, loads
+    in transformers as ``causal_lm`` to the same logits."""
+    transformers = pytest.importorskip("transformers")
+    from pivotflow.engines.torch.weights import build_model
+    from pivotflow.params.hf_folder import write_folder
+
+    ids = torch.tensor([PROMPTS[2] * 10])
+    ours = build_model(folder.config, folder.tensors)
+    with torch.no_grad():
+        reference = theirs(input_ids=ids).logits
+        torch.testing.assert_close(ours(ids), reference, atol=atol, rtol=0)
+    write_folder(written, folder.hf_config, folder.tensors)
+    again = transformers.AutoModelForCausalLM.from_pretrained(written).eval()
+    assert type(again).__name__ == causal_lm
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, reference, atol=atol, rtol=0)
+
+
 def hf_greedy(model, prompts: list[list[int]], n: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
     """transformers' greedy continuation of each prompt, one prompt at a time (no padding)."""
     out = []

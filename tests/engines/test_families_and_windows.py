@@ -47,6 +47,7 @@ from hf_fixtures import (
     YARN,
     YARN_ROPE,
     Case,
+    assert_wrapper_runs_its_text_model,
     hf_model,
     save_folder,
 )
@@ -493,25 +494,13 @@ def test_a_gemma3_4b_kind_of_folder_runs_its_text_model_and_writes_a_causal_lm(
     ``language_model.``, its config in ``text_config``. pivotflow holds the text model alone
     (the vision tower left out), decodes as transformers' wrapper does on text, and writes a
     Gemma3ForCausalLM that transformers loads to the same logits."""
-    from pivotflow.params.hf_folder import write_folder
-
-    transformers = pytest.importorskip("transformers")
     theirs = _gemma3_wrapper(tmp_path / "wrapper")
     folder = load_model_folder(tmp_path / "wrapper")
     assert folder.hf_config["architectures"] == ["Gemma3ForCausalLM"]
     assert folder.config == load_model_folder_of(GEMMA3, tmp_path / "text").config
     assert not any("vision" in n or "projector" in n for n in folder.tensors)
-    ids = torch.tensor([PROMPTS[2] * 10])
-    ours = Decoder(folder.config)
-    ours.load_state_dict(folder.tensors, strict=False)
-    with torch.no_grad():
-        reference = theirs(input_ids=ids).logits
-        torch.testing.assert_close(ours.eval()(ids), reference, atol=1e-5, rtol=0)
-    write_folder(tmp_path / "written", folder.hf_config, folder.tensors)
-    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "written").eval()
-    assert type(again).__name__ == "Gemma3ForCausalLM"
-    with torch.no_grad():
-        torch.testing.assert_close(again(ids).logits, reference, atol=1e-5, rtol=0)
+    assert_wrapper_runs_its_text_model(theirs, folder, tmp_path / "written", "Gemma3ForCausalLM",
+                                       atol=1e-5)
 
 
 def load_model_folder_of(case: Any, root: Path) -> Any:
@@ -579,8 +568,6 @@ def test_a_mistral_small_3_kind_of_folder_runs_its_text_model(tmp_path: Path) ->
     pivotflow holds the Mistral text model alone, with the logits transformers' wrapper gives
     on text, and writes a MistralForCausalLM; the wrapper's tying decides (transformers 5's
     rule: here tied, so the file has no head)."""
-    from pivotflow.params.hf_folder import write_folder
-
     transformers = pytest.importorskip("transformers")
     text = hf_model(MISTRAL_WINDOW)
     config = transformers.Mistral3Config(
@@ -594,16 +581,8 @@ def test_a_mistral_small_3_kind_of_folder_runs_its_text_model(tmp_path: Path) ->
     folder = load_model_folder(tmp_path / "wrapper")
     assert folder.hf_config["architectures"] == ["MistralForCausalLM"]
     assert folder.config.tie_word_embeddings and folder.config.sliding_window == 4
-    ids = torch.tensor([PROMPTS[2] * 10])
-    ours = build_model(folder.config, folder.tensors)
-    with torch.no_grad():
-        reference = theirs(input_ids=ids).logits
-        torch.testing.assert_close(ours(ids), reference, atol=1e-5, rtol=0)
-    write_folder(tmp_path / "written", folder.hf_config, folder.tensors)
-    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "written").eval()
-    assert type(again).__name__ == "MistralForCausalLM"
-    with torch.no_grad():
-        torch.testing.assert_close(again(ids).logits, reference, atol=1e-5, rtol=0)
+    assert_wrapper_runs_its_text_model(theirs, folder, tmp_path / "written", "MistralForCausalLM",
+                                       atol=1e-5)
 
 
 def test_a_wrappers_tying_is_its_own_where_it_says_it_else_its_text_models() -> None:

@@ -13,12 +13,20 @@ from typing import Any
 
 import pytest
 import torch
-from hf_fixtures import PROMPTS, QWEN3_5, QWEN3_5_LINEAR, SIZES, hf_greedy, hf_logprobs, save_folder
+from hf_fixtures import (
+    PROMPTS,
+    QWEN3_5,
+    QWEN3_5_LINEAR,
+    SIZES,
+    assert_wrapper_runs_its_text_model,
+    hf_greedy,
+    hf_logprobs,
+    save_folder,
+)
 
 from pivotflow.engines.base import GenerationRequest, SamplingParams
 from pivotflow.engines.torch import TorchEngine, config_from_hf, load_model_folder
 from pivotflow.engines.torch.gated_deltanet import gated_delta_chunked, gated_delta_step
-from pivotflow.engines.torch.model import Decoder
 from pivotflow.errors import ModelConfigError
 
 transformers = pytest.importorskip("transformers")
@@ -124,25 +132,14 @@ def _wrapper(root: Path) -> Any:
 
 def test_the_hubs_multimodal_folder_runs_its_text_model_and_writes_a_causal_lm(
         tmp_path: Path) -> None:
-    from pivotflow.params.hf_folder import write_folder
-
     theirs = _wrapper(tmp_path / "wrapper")
     folder = load_model_folder(tmp_path / "wrapper")
     assert folder.hf_config["architectures"] == ["Qwen3_5ForCausalLM"]
     assert folder.config.linear_attention_layers == (0, 1, 2)
     assert not any("visual" in n or n.startswith("mtp.") for n in folder.tensors)
     assert folder.hf_config["mtp_num_hidden_layers"] == 0  # (what the run holds: none)
-    ids = torch.tensor([PROMPTS[2] * 10])
-    ours = Decoder(folder.config)
-    ours.load_state_dict(folder.tensors, strict=False)
-    with torch.no_grad():
-        reference = theirs(input_ids=ids).logits
-        torch.testing.assert_close(ours.eval()(ids), reference, atol=1e-4, rtol=0)
-    write_folder(tmp_path / "written", folder.hf_config, folder.tensors)
-    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "written").eval()
-    assert type(again).__name__ == "Qwen3_5ForCausalLM"
-    with torch.no_grad():
-        torch.testing.assert_close(again(ids).logits, reference, atol=1e-4, rtol=0)
+    assert_wrapper_runs_its_text_model(theirs, folder, tmp_path / "written",
+                                       "Qwen3_5ForCausalLM", atol=1e-4)
 
 
 BASE = {**SIZES, **QWEN3_5_LINEAR, "num_hidden_layers": 4, "model_type": "qwen3_5_text"}
