@@ -311,7 +311,7 @@ def test_vllm_serves_gpt_oss_from_the_store_and_takes_its_updates(
     other families' greedy tokens are equal above), so this is a bound, not equality. The
     update is what this checks: vLLM 0.32 copies the file's fused expert stacks into place
     directly, which its in-place reload never saw (the experts kept their old weights), so
-    pivotflow sends gpt-oss's experts one at a time (``hf_layout._oss_engine``)."""
+    pivotflow sends gpt-oss's experts one at a time (``oss_layout.oss_engine``)."""
     from vllm_fixtures import perturbed
 
     from pivotflow.engines.torch.weights import build_model
