@@ -9,10 +9,10 @@ from typing import Any
 
 from pivotflow.errors import EngineError
 
-# the Hub's model types of the families with DeltaNet layers, and those vLLM serves through its
-# Qwen3.5 module (which imports the Qwen2-VL image processor)
-HYBRID_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next")
-_QWEN3_5_TYPES = HYBRID_TYPES[:4]
+# the Hub's model types vLLM serves through its Qwen3.5 module (which imports the Qwen2-VL
+# image processor), and every one with DeltaNet layers
+_QWEN3_5_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
+HYBRID_TYPES = (*_QWEN3_5_TYPES, "qwen3_next")
 MIN_CPU_HEAD_DIM = 64
 
 

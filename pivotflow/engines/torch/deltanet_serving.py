@@ -31,8 +31,7 @@ class LinearStates:
 
     def __init__(self, cfg: ModelConfig, max_batch: int, device: torch.device | str,
                  dtype: torch.dtype) -> None:
-        self.index = {layer: i for i, layer in enumerate(cfg.linear_attention_layers)}
-        n, heads = len(self.index), cfg.linear_num_value_heads
+        n, heads = len(cfg.linear_attention_layers), cfg.linear_num_value_heads
         channels = (2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim
                     + heads * cfg.linear_value_head_dim)
         self.conv = torch.zeros(n, max_batch, cfg.linear_conv_kernel_dim - 1, channels,
