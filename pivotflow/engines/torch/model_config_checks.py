@@ -1,0 +1,240 @@
+"""``ModelConfig.validate``'s checks: each raises ModelConfigError naming the first field
+that does not fit the others (a count that must be positive, layers outside the model, a
+family's own fields on another family), so a bad ``config.json`` fails in one line before a
+tensor is built.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pivotflow.engines.torch.model_config import (
+    ACTIVATIONS,
+    ARCHITECTURES,
+    HYBRID_ARCHITECTURES,
+    LATENT_ARCHITECTURES,
+    MOE_ARCHITECTURES,
+    NOPE_ARCHITECTURES,
+    OPTIONAL_QK_NORM_ARCHITECTURES,
+    QK_NORM_ARCHITECTURES,
+    ROPE_TYPES,
+    SCORING_FUNCS,
+)
+from pivotflow.errors import ModelConfigError
+
+if TYPE_CHECKING:
+    from pivotflow.engines.torch.model_config import ModelConfig
+
+
+def check(cfg: ModelConfig) -> None:
+    """Raise ModelConfigError naming ``cfg``'s first inconsistent field."""
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads", "num_key_value_heads", "head_dim",
+                 "max_position_embeddings"):  # fmt: skip
+        if getattr(cfg, name) <= 0:
+            raise ModelConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.num_labels < 0:
+        raise ModelConfigError(f"num_labels must be >= 0, got {cfg.num_labels}")
+    if cfg.architecture not in ARCHITECTURES:
+        raise ModelConfigError(
+            f"architecture {cfg.architecture!r} is not one of {', '.join(ARCHITECTURES)}"
+        )
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise ModelConfigError(
+            f"num_attention_heads {cfg.num_attention_heads} is not a multiple of "
+            f"num_key_value_heads {cfg.num_key_value_heads}"
+        )
+    _latent(cfg)  # (before head_dim's checks: its parts name what is wrong)
+    if cfg.head_dim % 2:
+        raise ModelConfigError(f"head_dim {cfg.head_dim} must be even for rotary embeddings")
+    if cfg.rotary_dim % 2 or not 0 < cfg.partial_rotary_factor <= 1:
+        raise ModelConfigError(
+            f"partial_rotary_factor {cfg.partial_rotary_factor} must rotate an even number "
+            f"of head_dim {cfg.head_dim}'s dimensions (got {cfg.rotary_dim})")
+    factors = {len(cfg.rope_short_factor), len(cfg.rope_long_factor)}
+    if cfg.rope_type == "longrope" and factors != {cfg.rotary_dim // 2}:
+        raise ModelConfigError(
+            f"longrope needs {cfg.rotary_dim // 2} short and long factors (one per rotary "
+            f"frequency), got {len(cfg.rope_short_factor)} and {len(cfg.rope_long_factor)}")
+    if (cfg.qk_norm != (cfg.architecture in QK_NORM_ARCHITECTURES)
+            and cfg.architecture not in OPTIONAL_QK_NORM_ARCHITECTURES):
+        raise ModelConfigError(
+            f"qk_norm={cfg.qk_norm} does not fit architecture {cfg.architecture!r} "
+            f"(only {', '.join(QK_NORM_ARCHITECTURES)} normalise q and k)"
+        )
+    _experts(cfg)
+    _windows(cfg)
+    _linear(cfg)
+    if cfg.hidden_act not in ACTIVATIONS:
+        raise ModelConfigError(
+            f"hidden_act {cfg.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
+    for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
+        if not getattr(cfg, name) > 0:
+            raise ModelConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.residual_multiplier != 1.0 and (cfg.post_norm or cfg.sandwich_norm
+                                            or cfg.num_experts):
+        raise ModelConfigError("residual_multiplier scales a dense pre-norm layer's "
+                               f"sub-layers only (Granite's), not {cfg.architecture!r}'s")
+    for name in ("attn_logit_softcapping", "final_logit_softcapping", "attention_multiplier"):
+        if getattr(cfg, name) < 0:
+            raise ModelConfigError(f"{name} must be >= 0 (0: none), got {getattr(cfg, name)}")
+    if cfg.query_pre_attn_scalar < 0:
+        raise ModelConfigError(
+            f"query_pre_attn_scalar must be >= 0, got {cfg.query_pre_attn_scalar}")
+    if cfg.rope_type not in ROPE_TYPES:
+        raise ModelConfigError(
+            f"rope_type {cfg.rope_type!r} is not one of {', '.join(ROPE_TYPES)}"
+        )
+    if cfg.rope_type != "default" and not cfg.rope_factor > 0:
+        raise ModelConfigError(f"rope_factor must be positive, got {cfg.rope_factor}")
+    if (
+        cfg.rope_type == "llama3"
+        and not cfg.rope_high_freq_factor > cfg.rope_low_freq_factor
+    ):
+        raise ModelConfigError(
+            f"rope_high_freq_factor {cfg.rope_high_freq_factor} must exceed "
+            f"rope_low_freq_factor {cfg.rope_low_freq_factor}"
+        )
+    if cfg.rope_type == "yarn" and not cfg.rope_beta_fast > cfg.rope_beta_slow > 0:
+        raise ModelConfigError(
+            f"rope_beta_fast {cfg.rope_beta_fast} must exceed rope_beta_slow "
+            f"{cfg.rope_beta_slow}, and both be positive"
+        )
+    if cfg.rope_attention_factor < 0:
+        raise ModelConfigError(
+            f"rope_attention_factor must be >= 0, got {cfg.rope_attention_factor}"
+        )
+
+
+def _windows(cfg: ModelConfig) -> None:
+    if cfg.sliding_layers and cfg.sliding_window <= 0:
+        raise ModelConfigError(f"sliding_layers {list(cfg.sliding_layers)} need a "
+                               f"sliding_window > 0, got {cfg.sliding_window}")
+    outside = [i for i in cfg.sliding_layers if not 0 <= i < cfg.num_hidden_layers]
+    if outside:
+        raise ModelConfigError(f"sliding_layers {outside} are not layers of a "
+                               f"{cfg.num_hidden_layers}-layer model")
+    outside = [i for i in cfg.nope_layers if not 0 <= i < cfg.num_hidden_layers]
+    if outside:
+        raise ModelConfigError(f"nope_layers {outside} are not layers of a "
+                               f"{cfg.num_hidden_layers}-layer model")
+    if cfg.nope_layers and cfg.architecture not in NOPE_ARCHITECTURES:
+        raise ModelConfigError(f"nope_layers do not fit architecture {cfg.architecture!r} "
+                               f"(only {', '.join(NOPE_ARCHITECTURES)} has NoPE layers)")
+    if cfg.sliding_rope_theta < 0:
+        raise ModelConfigError(
+            f"sliding_rope_theta must be >= 0, got {cfg.sliding_rope_theta}")
+
+def _linear(cfg: ModelConfig) -> None:
+    dims = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+            "linear_value_head_dim", "linear_conv_kernel_dim")
+    if cfg.architecture not in HYBRID_ARCHITECTURES:
+        if cfg.linear_attention_layers or any(getattr(cfg, name) for name in dims):
+            raise ModelConfigError(
+                f"linear attention (linear_attention_layers, {', '.join(dims)}) does not "
+                f"fit architecture {cfg.architecture!r} (only "
+                f"{', '.join(HYBRID_ARCHITECTURES)} has it)")
+        return
+    outside = [i for i in cfg.linear_attention_layers
+               if not 0 <= i < cfg.num_hidden_layers]
+    if outside:
+        raise ModelConfigError(f"linear_attention_layers {outside} are not layers of a "
+                               f"{cfg.num_hidden_layers}-layer model")
+    if not cfg.linear_attention_layers:
+        return
+    for name in dims:
+        if getattr(cfg, name) <= 0:
+            raise ModelConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.linear_num_value_heads % cfg.linear_num_key_heads:
+        raise ModelConfigError(
+            f"linear_num_value_heads {cfg.linear_num_value_heads} is not a multiple of "
+            f"linear_num_key_heads {cfg.linear_num_key_heads}")
+    if cfg.sliding_layers:
+        raise ModelConfigError("sliding windows do not fit a hybrid "
+                               f"{cfg.architecture!r} model")
+
+def _latent(cfg: ModelConfig) -> None:
+    dims = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+            "v_head_dim")
+    if cfg.architecture not in LATENT_ARCHITECTURES:
+        if any(getattr(cfg, name) for name in dims) or cfg.rope_interleave:
+            raise ModelConfigError(
+                f"latent attention ({', '.join(dims)}, rope_interleave) does not fit "
+                f"architecture {cfg.architecture!r} (only "
+                f"{', '.join(LATENT_ARCHITECTURES)} has it)")
+        return
+    for name in dims[1:]:
+        if getattr(cfg, name) <= 0:
+            raise ModelConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.q_lora_rank < 0:
+        raise ModelConfigError(f"q_lora_rank must be >= 0 (0: none), got {cfg.q_lora_rank}")
+    if cfg.head_dim != cfg.qk_nope_head_dim + cfg.qk_rope_head_dim:
+        raise ModelConfigError(
+            f"head_dim {cfg.head_dim} must be qk_nope_head_dim {cfg.qk_nope_head_dim} + "
+            f"qk_rope_head_dim {cfg.qk_rope_head_dim} in latent attention")
+    if cfg.num_key_value_heads != cfg.num_attention_heads:
+        raise ModelConfigError(
+            f"num_key_value_heads {cfg.num_key_value_heads} must be num_attention_heads "
+            f"{cfg.num_attention_heads} in latent attention (every head its own key)")
+    if cfg.v_head_dim > cfg.head_dim:
+        raise ModelConfigError(
+            f"v_head_dim {cfg.v_head_dim} wider than a key's {cfg.head_dim} is not "
+            "supported by the embedded engine")
+    if cfg.partial_rotary_factor != 1.0 or cfg.qk_rope_head_dim % 2:
+        raise ModelConfigError(
+            f"qk_rope_head_dim {cfg.qk_rope_head_dim} must be even and "
+            f"partial_rotary_factor 1.0 in latent attention")
+
+def _experts(cfg: ModelConfig) -> None:
+    if cfg.num_experts < 0:
+        raise ModelConfigError(f"num_experts must be >= 0, got {cfg.num_experts}")
+    if not cfg.num_experts:
+        return
+    if cfg.architecture not in MOE_ARCHITECTURES:
+        raise ModelConfigError(
+            f"num_experts={cfg.num_experts} does not fit architecture "
+            f"{cfg.architecture!r} (only {', '.join(MOE_ARCHITECTURES)} have experts)"
+        )
+    if not 1 <= cfg.num_experts_per_tok <= cfg.num_experts:
+        raise ModelConfigError(
+            f"num_experts_per_tok must be in [1, num_experts={cfg.num_experts}], got "
+            f"{cfg.num_experts_per_tok}"
+        )
+    for name in ("moe_intermediate_size", "decoder_sparse_step"):
+        if getattr(cfg, name) <= 0:
+            raise ModelConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
+    outside = [i for i in cfg.mlp_only_layers if not 0 <= i < cfg.num_hidden_layers]
+    if outside:
+        raise ModelConfigError(
+            f"mlp_only_layers {outside} are not layers of a "
+            f"{cfg.num_hidden_layers}-layer model"
+        )
+    _router(cfg)
+
+def _router(cfg: ModelConfig) -> None:
+    if cfg.scoring_func not in SCORING_FUNCS:
+        raise ModelConfigError(f"scoring_func {cfg.scoring_func!r} is not one of "
+                               f"{', '.join(SCORING_FUNCS)}")
+    for name in ("n_shared_experts", "shared_expert_intermediate_size"):
+        if getattr(cfg, name) < 0:
+            raise ModelConfigError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    if not cfg.routed_scaling_factor > 0:
+        raise ModelConfigError(
+            f"routed_scaling_factor must be positive, got {cfg.routed_scaling_factor}")
+    if cfg.n_group < 1 or cfg.num_experts % cfg.n_group:
+        raise ModelConfigError(f"n_group {cfg.n_group} does not divide num_experts "
+                               f"{cfg.num_experts} into groups")
+    if not 1 <= cfg.topk_group <= cfg.n_group:
+        raise ModelConfigError(
+            f"topk_group must be in [1, n_group={cfg.n_group}], got {cfg.topk_group}")
+    per_group = cfg.num_experts // cfg.n_group
+    v2 = cfg.architecture == "deepseek_v2"  # (a softmax router's groups: group_rank_top)
+    if cfg.n_group > 1 and not v2 and (cfg.scoring_func != "sigmoid" or per_group < 2):
+        raise ModelConfigError(
+            f"n_group={cfg.n_group} needs scoring_func 'sigmoid' and at least 2 experts "
+            f"a group (a group ranks by its two best), got {cfg.scoring_func!r} and "
+            f"{per_group}")
+    if cfg.num_experts_per_tok > cfg.topk_group * per_group:
+        raise ModelConfigError(
+            f"num_experts_per_tok {cfg.num_experts_per_tok} is more than the "
+            f"{cfg.topk_group * per_group} experts of topk_group={cfg.topk_group} groups")
