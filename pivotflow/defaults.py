@@ -26,9 +26,10 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 # DeepSeek's latent attention projections: LoRA adapts them when lora_target_modules names
 # them (not by default: every other family's PEFT export would name modules it has not)
 LORA_LATENT_TARGETS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
-# Qwen3.5's gated DeltaNet projections (PEFT's "all-linear" names them too): likewise when named
+# Qwen3.5's gated DeltaNet projections and Granite 4.0-H's Mamba2 ones (in_proj, out_proj;
+# PEFT's "all-linear" names them too): likewise when named
 LORA_LINEAR_ATTENTION_TARGETS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
-                                 "out_proj")
+                                 "out_proj", "in_proj")
 THREADS_PER_WORKER = 1  # torch threads in each worker process
 RESULTS_PER_FRAME = 0  # a worker's results per JobsDone frame (0: every one a step finished)
 ENGINE = "torch"  # the engine a generate worker runs

@@ -53,7 +53,12 @@ def describe_model(path: Path) -> str:
         q = f"a {cfg.q_lora_rank} latent" if cfg.q_lora_rank else "q_proj"
         lines.append(f"  latent attention: keys and values from a {cfg.kv_lora_rank} latent, "
                      f"queries from {q}; values {cfg.v_head_dim} wide")
-    if cfg.linear_attention_layers:
+    if cfg.linear_attention_layers and cfg.mamba:
+        lines.append(
+            f"  Mamba2 on {len(cfg.linear_attention_layers)} of {cfg.num_hidden_layers} layers: "
+            f"{cfg.mamba_n_heads} heads of {cfg.mamba_d_head}, state {cfg.mamba_d_state} in "
+            f"{cfg.mamba_n_groups} group(s), a {cfg.mamba_d_conv}-tap convolution")
+    elif cfg.linear_attention_layers:
         lines.append(
             f"  linear attention (gated DeltaNet) on {len(cfg.linear_attention_layers)} of "
             f"{cfg.num_hidden_layers} layers: {cfg.linear_num_value_heads} value heads of "
@@ -89,6 +94,9 @@ def describe_model(path: Path) -> str:
               "qwen3_5_text": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
               "qwen3_5_moe_text": f"{mtp} multi-token-prediction layer(s) in the file, not "
                                   "loaded",
+              "granitemoehybrid": "shared MLP's gate/up fused"
+                                  + (" and experts stacked" if raw.get("num_local_experts", 8)
+                                     else "") + " in the file, held split",
               "qwen3_next": "DeltaNet projections fused and grouped by key head in the file "
                             "(in_proj_qkvz, in_proj_ba), held split"
                             + (f"; {mtp} multi-token-prediction layer(s), not loaded" if mtp
@@ -131,4 +139,6 @@ def _router(cfg: ModelConfig) -> str:
         parts.append(f"{cfg.n_shared_experts} shared")
     if cfg.shared_expert_intermediate_size:
         parts.append(f"a gated shared expert of {cfg.shared_expert_intermediate_size}")
+    if cfg.shared_intermediate_size:
+        parts.append(f"a shared MLP of {cfg.shared_intermediate_size}")
     return f"; {', '.join(parts)}" if parts else ""

@@ -274,6 +274,21 @@ OTHER_LAYOUTS = {
                    ("model.layers.0.linear_attn.in_proj_qkvz.weight",
                     "model.layers.0.linear_attn.in_proj_ba.weight",
                     "model.layers.1.mlp.experts.1.up_proj.weight")),
+    # Granite 4.0-H-Micro's kind: a Mamba2 layer (its state kept per sequence by the engine),
+    # then attention without rope; each layer's MLP dense, its gate and up fused in the file;
+    # Granite's multipliers (its experts' layout: test_families_and_windows, where transformers
+    # loads the checkpoints pivotflow writes)
+    "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+                         {"layer_types": ["mamba", "attention"], "mamba_n_heads": 8,
+                          "mamba_d_head": 32, "mamba_n_groups": 1, "mamba_d_state": 32,
+                          "num_local_experts": 0, "shared_intermediate_size": 64,
+                          "position_embedding_type": "nope", "embedding_multiplier": 12.0,
+                          "residual_multiplier": 0.22, "attention_multiplier": 0.03,
+                          "logits_scaling": 6.0},
+                         ("model.layers.0.mamba.in_proj.weight", "model.layers.0.mamba.A_log",
+                          "model.layers.0.mamba.conv1d.weight",
+                          "model.layers.1.shared_mlp.output_linear.weight",
+                          "model.layers.1.shared_mlp.input_linear.weight")),
 }
 # a GLM-4.5 file's multi-token-prediction layer (layer 2 of a 2-layer decoder), as the Hub's
 # checkpoints hold one past their last layer
@@ -292,6 +307,10 @@ LORA_EXPORTS = {
     # its MLPs: PEFT leaves a down_proj adapter unmerged where the model holds experts fused)
     "qwen3_next": (["q_proj", "o_proj", "in_proj_qkvz", "in_proj_ba", "out_proj"],
                    {"in_proj_qkvz": 8, "in_proj_ba": 8}),
+    # (Granite 4.0's shared MLP: gate/up onto its fused input_linear, rank 8, down onto
+    # output_linear; Mamba2's in_proj and out_proj named too)
+    "granitemoehybrid": (["q_proj", "o_proj", "in_proj", "out_proj", "input_linear",
+                          "output_linear"], {"input_linear": 8}),
 }
 
 
@@ -353,6 +372,9 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
                             "attention output gated",
             "qwen3_5_moe_text": "the others' attention output gated\n  experts 4 (2 a token) on "
                                 "2 of 2 layers",
+            "granitemoehybrid": "Mamba2 on 1 of 2 layers: 8 heads of 32, state 32 in 1 "
+                                "group(s), a 4-tap convolution\n  tensors: shared MLP's "
+                                "gate/up fused in the file, held split",
             "qwen3_next": "experts 4 (2 a token) on 1 of 2 layers; a gated shared expert of "
                           "64\n  tensors: DeltaNet projections fused and grouped by key "
                           "head in the file (in_proj_qkvz, in_proj_ba), held split"}[family] in said.stderr
@@ -386,7 +408,9 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
         targets, ranks = LORA_EXPORTS[family]
         named = {"qwen3_5_text": targets, "qwen3_next": [
             "q_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
-            "out_proj"]}.get(family)
+            "out_proj"], "granitemoehybrid": [
+            "q_proj", "o_proj", "in_proj", "out_proj", "gate_proj", "up_proj", "down_proj"]
+        }.get(family)
         named = f", lora_target_modules={named}" if named else ""
         lora = write_graph(tmp_path / "out", folder, prompts, train=f"lora_rank=4{named}")
         from pivotflow import checkpoints

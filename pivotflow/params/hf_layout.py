@@ -30,6 +30,9 @@ These families store theirs otherwise:
   pivotflow holds each expert's projections as its own linears (``mlp.experts.E.gate_proj``),
   fuses them again for its folders, and sends vLLM one expert at a time (``oss_layout``).
   The Hub's files hold those stacks in MXFP4, dequantized as they are read.
+* Granite 4.0 (``granitemoehybrid``) fuses its shared MLP's gate and up
+  (``shared_mlp.input_linear``) and stacks its experts (``block_sparse_moe.input_linear``
+  [E, 2I, H]): held as a dense MLP, or shared and routed experts (``granite_layout``).
 * Gemma 3 4B and larger (``gemma3``, Gemma3ForConditionalGeneration), Mistral Small 3.1+
   and Magistral Small 1.2 (``mistral3``, Mistral3ForConditionalGeneration) and Qwen3.5
   (``qwen3_5``, Qwen3_5ForConditionalGeneration) and Kimi K2.5 (``kimi_k25``: Kimi K2's text
@@ -54,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 from pivotflow.errors import ModelConfigError
 from pivotflow.params.fp8_blocks import block_size, fp8_dequantized, is_fp8_blocks
+from pivotflow.params.granite_layout import granite_engine, granite_fused, granite_split
 from pivotflow.params.mxfp4 import is_mxfp4, mxfp4_dequantized
 from pivotflow.params.oss_layout import oss_engine, oss_fused, oss_split
 
@@ -63,6 +67,7 @@ if TYPE_CHECKING:
     from pivotflow.engines.torch.model_config import ModelConfig
 
 _QKV, _GATE_UP = "self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"
+_SHARED_IN = "shared_mlp.input_linear.weight"  # (Granite 4.0's shared MLP's gate and up)
 _SPLIT_QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
 _SPLIT_GATE_UP = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
 # Qwen3-Next's DeltaNet projections, fused and grouped by key head (``_grouped_order``), as
@@ -73,7 +78,14 @@ _SPLIT_BA = ("linear_attn.in_proj_b.weight", "linear_attn.in_proj_a.weight")
 # each family's fused projections: (the file's tensor, the parts pivotflow holds, in rows order)
 _FUSED = {"phi3": ((_QKV, _SPLIT_QKV), (_GATE_UP, _SPLIT_GATE_UP)),
           "glm4": ((_GATE_UP, _SPLIT_GATE_UP),),  # (GLM-4 keeps q, k and v apart)
-          "qwen3_next": ((_QKVZ, _SPLIT_QKVZ), (_BA, _SPLIT_BA))}
+          "qwen3_next": ((_QKVZ, _SPLIT_QKVZ), (_BA, _SPLIT_BA)),
+          # (adapters only: granite_layout lays the tensors out; a dense layer's shared MLP is
+          # held as its mlp, a sparse one's as its shared experts)
+          "granitemoehybrid": ((_SHARED_IN, _SPLIT_GATE_UP),
+                               (_SHARED_IN, ("mlp.shared_experts.gate_proj.weight",
+                                             "mlp.shared_experts.up_proj.weight")))}
+# Granite 4.0's shared MLP's down projection, held as a dense MLP's or as shared experts'
+_GRANITE_DOWN = re.compile(r"(.*\.)mlp\.(?:shared_experts\.)?down_proj\.(lora_[AB])")
 _FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
              "MixtralForCausalLM": "mixtral", "MixtralForSequenceClassification": "mixtral",
              "Glm4ForCausalLM": "glm4", "Glm4ForSequenceClassification": "glm4",
@@ -111,8 +123,8 @@ def family_of(config: dict[str, Any]) -> str | None:
     if kind is None:  # very old exports name only the class
         kind = next((_FAMILIES[a] for a in config.get("architectures") or [] if a in _FAMILIES),
                     None)
-    return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", *_MTP_FAMILIES,
-                            *_MTP_APART, *_WRAPPERS) else None
+    return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", "granitemoehybrid",
+                            *_MTP_FAMILIES, *_MTP_APART, *_WRAPPERS) else None
 
 
 def _mixtral_name(name: str, to_disk: bool) -> str:
@@ -168,6 +180,9 @@ def _part_rows(cfg: ModelConfig, fused: str) -> tuple[int, ...]:
     if fused == _QKV:
         q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
         return q, kv, kv
+    if fused == _SHARED_IN:  # (Granite 4.0's: a dense layer's MLP, or its shared experts)
+        width = cfg.shared_width or cfg.intermediate_size
+        return width, width
     return cfg.intermediate_size, cfg.intermediate_size
 
 
@@ -266,6 +281,8 @@ def held_layout(
     family = family_of(config)
     if family == "mixtral":
         return {_mixtral_name(name, to_disk=False): t for name, t in tensors.items()}
+    if family == "granitemoehybrid":
+        return granite_split(tensors, where)
     if family is None:
         return tensors
     if family in _WRAPPERS:  # (the text model's, then laid out as its own family's)
@@ -340,6 +357,8 @@ def engine_names(config: dict[str, Any],
         return {_mixtral_name(name, to_disk=True): t for name, t in tensors.items()}
     if family == "gpt_oss":
         return oss_engine(tensors)
+    if family == "granitemoehybrid":
+        return granite_engine(tensors)
     if family == "qwen3_next":  # (vLLM's Qwen3-Next loads its file's fused, grouped rows)
         return _fused(config, tensors)
     if family == "glm4":
@@ -356,6 +375,8 @@ def disk_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
     family = family_of(config)
     if family == "gpt_oss":
         return oss_fused(tensors)
+    if family == "granitemoehybrid":
+        return granite_fused(tensors)
     return _fused(config, engine_names(config, tensors))
 
 
@@ -473,6 +494,9 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
             if ranks.setdefault(key, len(present) * rank) != len(present) * rank:
                 raise ValueError(f"{key}: layers adapt different parts; PEFT's rank_pattern "
                                  "cannot say it")
+    if family == "granitemoehybrid":  # (its shared MLP's down projection: output_linear)
+        out = {(f"{m.group(1)}shared_mlp.output_linear.{m.group(2)}"
+                if (m := _GRANITE_DOWN.fullmatch(k)) else k): t for k, t in out.items()}
     return out, ranks, {k: alpha * r / rank for k, r in ranks.items()}
 
 
@@ -484,4 +508,6 @@ def fused_targets(config: dict[str, Any], targets: list[str]) -> list[str]:
         return list(targets)
     fused = {_module(p).split(".")[-1]: _module(f).split(".")[-1]
              for f, parts in _FUSED[family] for p in parts}
+    if family == "granitemoehybrid":
+        fused["down_proj"] = "output_linear"
     return list(dict.fromkeys(fused.get(t, t) for t in targets))

@@ -2,7 +2,7 @@
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
 Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, Phi-4-mini's partial
-rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, DeepSeek-V3's and V2's latent attention, Qwen3.5's gated DeltaNet, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
+rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, DeepSeek-V3's and V2's latent attention, Qwen3.5's gated DeltaNet, Granite 4.0-H's Mamba2, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
 Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
@@ -293,6 +293,30 @@ CASES += [
           "decoder_sparse_step": 2, "mlp_only_layers": [3]}),
 ]  # fmt: skip
 QWEN3_NEXT = CASES[34]
+# Granite 4.0: Granite 4.0-H's kind (Mamba2 on three of four layers: 8 heads of 16, 2 groups of
+# state 16; attention without rope; 8 experts, 2 a token, beside a shared MLP; Granite's
+# multipliers), Granite 4.0-H-Micro's (dense, rope, tied) and the dense Granite 4.0's (every
+# layer attention, rope)
+GRANITE4_MAMBA: dict[str, Any] = {
+    "mamba_n_heads": 8, "mamba_d_head": 16,
+    "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
+    "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.03,
+    "logits_scaling": 6.0, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+CASES += [
+    Case("granite-4.0-h", "GraniteMoeHybridConfig", False,
+         {**GRANITE4_MAMBA, "num_hidden_layers": 4,
+          "layer_types": ["mamba", "mamba", "attention", "mamba"], "num_local_experts": 8,
+          "num_experts_per_tok": 2, "intermediate_size": 48, "shared_intermediate_size": 96,
+          "position_embedding_type": "nope"}),
+    Case("granite-4.0-h-dense-rope-tied", "GraniteMoeHybridConfig", True,
+         {**GRANITE4_MAMBA, "num_hidden_layers": 3, "layer_types": ["mamba", "attention", "mamba"],
+          "num_local_experts": 0, "shared_intermediate_size": 96,
+          "position_embedding_type": "rope"}),
+    Case("granite-4.0-dense", "GraniteMoeHybridConfig", False,
+         {**GRANITE4_MAMBA, "layer_types": ["attention", "attention"], "num_local_experts": 0,
+          "shared_intermediate_size": 96, "position_embedding_type": "rope"}),
+]  # fmt: skip
+GRANITE4_H, GRANITE4_H_DENSE, GRANITE4_DENSE = CASES[35], CASES[36], CASES[37]
 CASE_IDS = [c.name for c in CASES]
 
 

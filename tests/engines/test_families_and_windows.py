@@ -25,6 +25,9 @@ from hf_fixtures import (
     GLM4_MOE,
     GPT_OSS,
     GRANITE,
+    GRANITE4_DENSE,
+    GRANITE4_H,
+    GRANITE4_H_DENSE,
     MISTRAL,
     MISTRAL_WINDOW,
     MIXTRAL,
@@ -86,7 +89,7 @@ def test_yarn_frequencies_and_attention_factor_equal_transformers(rope: dict[str
 ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_WINDOW, PHI3,
        PHI4_MINI, MIXTRAL, GLM4, GLM4_MOE, SMOLLM3, SMOLLM3_WINDOW, QWEN2_MOE, GEMMA2, OLMOE,
        GRANITE, GPT_OSS, DEEPSEEK_V3, DEEPSEEK_V3_PLAIN, DEEPSEEK_V2, DEEPSEEK_V2_LITE, QWEN3_5,
-       QWEN3_5_TIED, QWEN3_5_MOE, QWEN3_NEXT]
+       QWEN3_5_TIED, QWEN3_5_MOE, QWEN3_NEXT, GRANITE4_H, GRANITE4_H_DENSE, GRANITE4_DENSE]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -178,6 +181,15 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
     elif case is QWEN3_NEXT:
         assert written["model_type"] == "qwen3_next" and written["mlp_only_layers"] == [3]
         assert (written["decoder_sparse_step"], written["norm_topk_prob"]) == (2, True)
+    elif case in (GRANITE4_H, GRANITE4_H_DENSE, GRANITE4_DENSE):
+        # (the Hub's layer names, which vLLM reads; rope on every layer or none)
+        assert written["model_type"] == "granitemoehybrid" and written["logits_scaling"] == 6.0
+        assert written["layer_types"][:2] == {GRANITE4_H.name: ["mamba", "mamba"],
+                                              GRANITE4_H_DENSE.name: ["mamba", "attention"],
+                                              GRANITE4_DENSE.name: ["attention"] * 2}[case.name]
+        assert written["position_embedding_type"] == ("nope" if case is GRANITE4_H else "rope")
+        assert (written["num_local_experts"], written["shared_intermediate_size"]) == (
+            (8, 96) if case is GRANITE4_H else (0, 96))
     elif case is QWEN2_WINDOW:
         assert written["layer_types"] == ["full_attention", "sliding_attention"]
         assert written["use_sliding_window"] and written["sliding_window"] == 5
@@ -199,7 +211,7 @@ QWEN3_NEXT_DENSE = Case("qwen3-next-dense", "Qwen3NextConfig", False,
 
 @pytest.mark.parametrize("case", [OLMO2, OLMO3, MISTRAL_WINDOW, QWEN2_WINDOW, GEMMA3, PHI3_WINDOW,
                                   PHI4_MINI, GLM4, SMOLLM3_WINDOW, GEMMA2, GRANITE, GPT_OSS,
-                                  QWEN3_5, QWEN3_NEXT_DENSE],
+                                  QWEN3_5, QWEN3_NEXT_DENSE, GRANITE4_H_DENSE],
                          ids=lambda c: c.name)
 def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: Any) -> None:
     """Post-norm layers, whole-projection q/k norms and windows (4-6 positions, narrower than

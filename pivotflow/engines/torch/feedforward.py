@@ -270,8 +270,8 @@ class SparseMoE(nn.Module):
         self.experts = nn.ModuleList(
             MLP(cfg, cfg.moe_intermediate_size, expert=True) for _ in range(cfg.num_experts)
         )
-        self.shared_experts = (MLP(cfg, cfg.moe_intermediate_size * cfg.n_shared_experts)
-                               if cfg.n_shared_experts else None)
+        # (GLM-4.5's and DeepSeek's n_shared_experts experts' width; Granite 4.0's its own)
+        self.shared_experts = MLP(cfg, cfg.shared_width) if cfg.shared_width else None
         # Qwen2-MoE's shared expert, scaled by sigmoid(shared_expert_gate(x)) (its names)
         self.shared_expert = self.shared_expert_gate = None
         if cfg.shared_expert_intermediate_size:

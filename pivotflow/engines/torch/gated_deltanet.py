@@ -12,7 +12,7 @@ SiLU of its own projection (``GatedRMSNorm``). Module and parameter names are tr
 A whole sequence runs in chunks (``gated_delta_chunked``: within a chunk the delta rule's
 recurrence is one triangular solve, between chunks the state carries over), one decoded token
 by ``gated_delta_step``; an engine keeps each sequence's state and its convolution's last
-inputs (``deltanet_serving.LinearStates``) instead of keys and values. Everything past the
+inputs (``linear_states.LinearStates``) instead of keys and values. Everything past the
 projections runs in float32, as transformers' and vLLM's kernels do.
 """
 

@@ -45,6 +45,10 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         return _qwen3_5_fields(raw, layers, where)
     if kind in ("qwen3_5_moe_text", "qwen3_next"):
         return {**_qwen3_5_fields(raw, layers, where), **_expert_fields(raw, where)}
+    if kind == "granitemoehybrid":
+        from pivotflow.engines.torch.hf_granite import granite_fields
+
+        return granite_fields(raw, layers, where)
     return {}
 
 

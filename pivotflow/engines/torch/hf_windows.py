@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pivotflow.engines.torch.model_config import HYBRID_ARCHITECTURES as HYBRID
+from pivotflow.engines.torch.model_config import HYBRID_ARCHITECTURES, MAMBA_ARCHITECTURES
 from pivotflow.errors import ModelConfigError
 
 MISTRAL_DEFAULT_WINDOW = 4096  # transformers' MistralConfig, when config.json names none
@@ -98,8 +98,9 @@ def nope_layers(raw: dict[str, Any], layers: int, where: str) -> tuple[int, ...]
 
 def _layer_types(raw: dict[str, Any], layers: int, where: str) -> list[str]:
     types = raw.get("layer_types") or []
-    # (Qwen3.5's linear layers: hf_families reads them)
-    known = (*LAYER_TYPES, *(("linear_attention",) if raw.get("model_type") in HYBRID else ()))
+    # (Qwen3.5's linear layers, Granite 4.0-H's Mamba2 ones: hf_families reads them)
+    hybrid = raw.get("model_type") in HYBRID_ARCHITECTURES + MAMBA_ARCHITECTURES
+    known = (*LAYER_TYPES, *(("linear_attention",) if hybrid else ()))
     if not isinstance(types, list) or any(t not in known for t in types):
         raise ModelConfigError(f"{where}: layer_types={types!r} {_ENGINE} "
                                f"({', '.join(known)})")

@@ -18,6 +18,7 @@ from pivotflow.engines.torch.experts import PackedExperts, RoutingRecorder
 from pivotflow.engines.torch.feedforward import MLP, SparseMoE, activation
 from pivotflow.engines.torch.latent_attention import LatentAttention, PackedLatent
 from pivotflow.engines.torch.linear import Linears, pack_linears, pack_mlp
+from pivotflow.engines.torch.mamba2_serving import PackedMamba2
 from pivotflow.engines.torch.model import (
     Attention,
     Decoder,
@@ -65,11 +66,15 @@ class PackedDecoder:
         self._act = activation(cfg.hidden_act)
         # each layer's latent attention projections (DeepSeek-V3's), or None
         self._latent: list[PackedLatent | None] = []
-        # each layer's gated DeltaNet (Qwen3.5's linear layers), or None
-        self._linear: list[PackedDeltaNet | None] = []
+        # each layer's gated DeltaNet (Qwen3.5's linear layers) or Mamba2 (Granite 4.0-H's),
+        # or None
+        self._linear: list[PackedDeltaNet | PackedMamba2 | None] = []
         for i, layer in enumerate(cast(list[DecoderLayer], model.model.layers)):
-            linear = (PackedDeltaNet(layer.linear_attn, cfg.linear_attention_layers.index(i))
-                      if layer.linear else None)
+            linear: PackedDeltaNet | PackedMamba2 | None = None
+            if layer.linear:
+                index = cfg.linear_attention_layers.index(i)
+                linear = (PackedMamba2(layer.mamba, index) if cfg.mamba
+                          else PackedDeltaNet(layer.linear_attn, index))
             self._linear.append(linear)
             attn = None if linear else layer.self_attn
             if linear is not None:
@@ -170,7 +175,7 @@ class PackedDecoder:
                 norm1, norm2 = norm1 + 1, norm2 + 1
             h = torch.rms_norm(x, hidden, norm1, eps)
             latent, linear, gate = self._latent[i], self._linear[i], None
-            if linear is not None:  # (Qwen3.5's gated DeltaNet: a state, no keys or values)
+            if linear is not None:  # (a gated DeltaNet or Mamba2: a state, no keys or values)
                 out = self._linear_layer(linear, h, (b, t), cache)
             elif latent is not None:  # (DeepSeek-V3's: per-head q/k/v from its latents)
                 qk, v = latent.qkv(h, mm)
@@ -197,8 +202,9 @@ class PackedDecoder:
             x = (x + mm.linear(out, w_o, b_o) * cfg.residual_multiplier if scaled
                  else mm.linear_add(out, w_o, b_o, x))
             h = torch.rms_norm(x, hidden, norm2, eps)
-            if isinstance(ffn, PackedExperts):
-                x = ffn.add(h, x)
+            if isinstance(ffn, PackedExperts):  # (Granite 4.0's scaled as a dense MLP's)
+                x = (x + ffn.add(h, torch.zeros_like(x)) * cfg.residual_multiplier if scaled
+                     else ffn.add(h, x))
             else:
                 w_gate_up, w_down = cast(_Dense, ffn)
                 gated = mm.gated(h, w_gate_up, inter)
@@ -246,9 +252,9 @@ class PackedDecoder:
         h = mm.gated(norm(x, norm_mlp_in), w_gate_up, self.cfg.intermediate_size, self._act)
         return x + norm(mm.linear(h, w_down), norm_mlp)
 
-    def _linear_layer(self, linear: PackedDeltaNet, h: torch.Tensor, shape: tuple[int, int],
-                      cache: SlotKVCache) -> torch.Tensor:
-        """A gated DeltaNet layer's output (out_proj's input) for rows ``h``, its states in
+    def _linear_layer(self, linear: PackedDeltaNet | PackedMamba2, h: torch.Tensor,
+                      shape: tuple[int, int], cache: SlotKVCache) -> torch.Tensor:
+        """A linear layer's output (out_proj's input) for rows ``h``, its states in
         ``cache``: a prefill's prompts or a decode step's tokens."""
         assert cache.states is not None
         if cache.prefilling:

@@ -16,7 +16,8 @@ and gates its MLP with tanh-GELU; Gemma 2 is Gemma 3 without q/k norms, with sof
 scores and logits (``eager_attention``, ``LMHead``); GLM-4.5 (``glm4_moe``) is Llama's layer
 with half of each head rotating and, past its first dense layers, a sigmoid-routed mixture of
 experts with a shared expert; SmolLM3 leaves rope out of some layers; Granite scales
-embeddings, sub-layer outputs, scores and logits; gpt-oss adds a learned sink to each head's
+embeddings, sub-layer outputs, scores and logits (Granite 4.0-H: Mamba2 on most layers, no rope,
+a shared MLP beside its experts); gpt-oss adds a learned sink to each head's
 softmax and biased, clamped experts (``feedforward``); DeepSeek-V3 attends through latents
 (``LatentAttention``) and routes as GLM-4.5.
 """
@@ -32,6 +33,7 @@ from pivotflow.engines.torch.feedforward import MLP, LoadBalance, SparseMoE
 from pivotflow.engines.torch.gated_deltanet import GatedDeltaNet
 from pivotflow.engines.torch.latent_attention import LatentAttention
 from pivotflow.engines.torch.layers import KVCacheHook, RMSNorm
+from pivotflow.engines.torch.mamba2 import Mamba2
 from pivotflow.engines.torch.model_config import ModelConfig
 from pivotflow.engines.torch.rope import apply_rotary, layer_cos_sin
 
@@ -145,9 +147,12 @@ class DecoderLayer(nn.Module):
         size, eps, offset = cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset
         if not self.post_norm:
             self.input_layernorm = RMSNorm(size, eps, offset)
-        # (Qwen3.5's linear layers: ``linear_attn`` in place of ``self_attn``, as HF names it)
+        # (Qwen3.5's linear layers: ``linear_attn`` in place of ``self_attn``, Granite 4.0-H's
+        # ``mamba``, as HF names them)
         self.linear = cfg.is_linear(layer_idx)
-        if self.linear:
+        if self.linear and cfg.mamba:
+            self.mamba = Mamba2(cfg)
+        elif self.linear:
             self.linear_attn = GatedDeltaNet(cfg)
         else:
             self.self_attn: Attention | LatentAttention = (
@@ -160,6 +165,11 @@ class DecoderLayer(nn.Module):
         if self.post_norm or self.sandwich:
             self.post_feedforward_layernorm = RMSNorm(size, eps, offset)
 
+    @property
+    def mixer(self) -> GatedDeltaNet | Mamba2:
+        """A linear layer's state-keeping mixer (its gated DeltaNet or Mamba2)."""
+        return self.mamba if hasattr(self, "mamba") else self.linear_attn
+
     def forward(self, x, cos, sin, attn_mask, cache, replay=None, balance=None):  # type: ignore[no-untyped-def]
         if self.sandwich:  # Gemma, GLM-4: each sub-layer's input and output normalised
             attn = self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache)
@@ -170,7 +180,7 @@ class DecoderLayer(nn.Module):
             x = x + self.post_attention_layernorm(self.self_attn(x, cos, sin, attn_mask, cache))
             return x + self.post_feedforward_layernorm(self.mlp(x))
         h = self.input_layernorm(x)
-        attn = (self.linear_attn(h) if self.linear
+        attn = (self.mixer(h) if self.linear
                 else self.self_attn(h, cos, sin, attn_mask, cache))
         x = x + (attn * self.residual if self.residual != 1.0 else attn)
         h = self.post_attention_layernorm(x)

@@ -12,10 +12,11 @@ import msgspec
 ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3",
                  "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3", "qwen2_moe",
                  "gemma2", "olmoe", "granite", "gpt_oss", "deepseek_v3", "deepseek_v2",
-                 "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
+                 "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "granitemoehybrid")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
-                     "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next")
+                     "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
+                     "granitemoehybrid")
 # multi-head latent attention (DeepSeek-V2's and V3's, ``kv_lora_rank``)
 LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
@@ -23,6 +24,9 @@ QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", 
 # Qwen3.5's and Qwen3-Next's hybrid: gated DeltaNet (linear attention) on most layers, gated
 # full attention on the rest (``linear_attention_layers``)
 HYBRID_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
+# Granite 4.0's: Mamba2 layers (``mamba2``) on ``linear_attention_layers`` (Granite 4.0-H's
+# most layers; none in the dense Granite 4.0), attention on the rest
+MAMBA_ARCHITECTURES = ("granitemoehybrid",)
 # q and k normalised over their whole projections (all heads at once), not per head
 WHOLE_QK_NORM_ARCHITECTURES = ("olmo2", "olmo3", "olmoe")
 OPTIONAL_QK_NORM_ARCHITECTURES = ("glm4_moe",)  # (its use_qk_norm says)
@@ -41,7 +45,8 @@ ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the MLP's gate (HF's hidden_act n
 # q and k normalised over the whole projection (all heads at once), norms on each sub-layer's
 # output ("post-norm"): OLMo-2 and OLMo-3
 POST_NORM_ARCHITECTURES = ("olmo2", "olmo3")
-NOPE_ARCHITECTURES = ("smollm3",)  # (layers without rope)
+# (layers without rope: SmolLM3's some, Granite 4.0-H's all)
+NOPE_ARCHITECTURES = ("smollm3", "granitemoehybrid")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
@@ -174,6 +179,25 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
+    # Granite 4.0-H's Mamba2 layers (HF's names; on ``linear_attention_layers``, which HF's
+    # layer_types marks "mamba"): an input projection into a gate of mamba_expand * hidden_size,
+    # x (mamba_n_heads heads of mamba_d_head), B and C (mamba_n_groups groups of mamba_d_state,
+    # each shared by its heads) and a time step per head; x, B and C through a causal depthwise
+    # convolution of mamba_d_conv taps (biased when mamba_conv_bias); the time step softplus'd
+    # and clamped to time_step_limit; a per-head state [mamba_d_head, mamba_d_state] decayed by
+    # exp(dt * A) and written dt x B^T each token, read by C (``mamba2``)
+    mamba_n_heads: int = 0
+    mamba_d_head: int = 0
+    mamba_n_groups: int = 1
+    mamba_d_state: int = 0
+    mamba_d_conv: int = 0
+    mamba_expand: int = 2
+    mamba_conv_bias: bool = True
+    mamba_proj_bias: bool = False
+    time_step_limit: tuple[float, float] = (0.0, math.inf)
+    # Granite 4.0's shared MLP beside its experts: an ungated shared expert of this width
+    # (``mlp.shared_experts``); 0: n_shared_experts experts' width
+    shared_intermediate_size: int = 0
 
     def __post_init__(self) -> None:
         # Derived defaults; force_setattr because the struct is frozen.
@@ -208,8 +232,24 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         return self.architecture in HYBRID_ARCHITECTURES
 
     def is_linear(self, layer: int) -> bool:
-        """Whether decoder layer ``layer`` is a gated DeltaNet (no KV cache: a state)."""
+        """Whether decoder layer ``layer`` is a gated DeltaNet or a Mamba2 layer (no KV cache:
+        a state)."""
         return layer in self.linear_attention_layers
+
+    @property
+    def mamba(self) -> bool:
+        """Whether the linear layers are Mamba2's (Granite 4.0-H's), not gated DeltaNets."""
+        return self.architecture in MAMBA_ARCHITECTURES
+
+    @property
+    def mamba_d_inner(self) -> int:
+        """A Mamba2 layer's inner width: its heads', its gate's, out_proj's input."""
+        return self.mamba_n_heads * self.mamba_d_head
+
+    @property
+    def shared_width(self) -> int:
+        """The ungated shared expert's width (GLM-4.5's, DeepSeek's, Granite 4.0's; 0: none)."""
+        return self.shared_intermediate_size or self.moe_intermediate_size * self.n_shared_experts
 
     @property
     def attention_layers(self) -> tuple[int, ...]:

@@ -13,6 +13,7 @@ from pivotflow.engines.torch.model_config import (
     ARCHITECTURES,
     HYBRID_ARCHITECTURES,
     LATENT_ARCHITECTURES,
+    MAMBA_ARCHITECTURES,
     MOE_ARCHITECTURES,
     NOPE_ARCHITECTURES,
     OPTIONAL_QK_NORM_ARCHITECTURES,
@@ -71,8 +72,8 @@ def check(cfg: ModelConfig) -> None:
     for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
         if not getattr(cfg, name) > 0:
             raise ModelConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
-    if cfg.residual_multiplier != 1.0 and (cfg.post_norm or cfg.sandwich_norm
-                                            or cfg.num_experts):
+    if cfg.residual_multiplier != 1.0 and (cfg.post_norm or cfg.sandwich_norm or (
+            cfg.num_experts and cfg.architecture not in MAMBA_ARCHITECTURES)):
         raise ModelConfigError("residual_multiplier scales a dense pre-norm layer's "
                                f"sub-layers only (Granite's), not {cfg.architecture!r}'s")
     for name in ("attn_logit_softcapping", "final_logit_softcapping", "attention_multiplier"):
@@ -128,12 +129,14 @@ def _windows(cfg: ModelConfig) -> None:
 def _linear(cfg: ModelConfig) -> None:
     dims = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
             "linear_value_head_dim", "linear_conv_kernel_dim")
+    _mamba(cfg)
     if cfg.architecture not in HYBRID_ARCHITECTURES:
-        if cfg.linear_attention_layers or any(getattr(cfg, name) for name in dims):
+        if any(getattr(cfg, name) for name in dims) or (
+                cfg.linear_attention_layers and not cfg.mamba):
             raise ModelConfigError(
                 f"linear attention (linear_attention_layers, {', '.join(dims)}) does not "
                 f"fit architecture {cfg.architecture!r} (only "
-                f"{', '.join(HYBRID_ARCHITECTURES)} has it)")
+                f"{', '.join(HYBRID_ARCHITECTURES + MAMBA_ARCHITECTURES)} has it)")
         return
     outside = [i for i in cfg.linear_attention_layers
                if not 0 <= i < cfg.num_hidden_layers]
@@ -152,6 +155,46 @@ def _linear(cfg: ModelConfig) -> None:
     if cfg.sliding_layers:
         raise ModelConfigError("sliding windows do not fit a hybrid "
                                f"{cfg.architecture!r} model")
+
+_MAMBA_DIMS = ("mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state",
+               "mamba_d_conv", "mamba_expand")
+
+
+def _mamba(cfg: ModelConfig) -> None:
+    """Granite 4.0-H's Mamba2 layers' widths (and its shared MLP's, Granite 4.0's alone)."""
+    if not cfg.mamba:
+        if cfg.mamba_n_heads or cfg.shared_intermediate_size:
+            raise ModelConfigError(
+                f"Mamba2 layers (mamba_n_heads) and shared_intermediate_size do not fit "
+                f"architecture {cfg.architecture!r} (only {', '.join(MAMBA_ARCHITECTURES)})")
+        return
+    if cfg.shared_intermediate_size < 0:
+        raise ModelConfigError(
+            f"shared_intermediate_size must be >= 0, got {cfg.shared_intermediate_size}")
+    outside = [i for i in cfg.linear_attention_layers if not 0 <= i < cfg.num_hidden_layers]
+    if outside:
+        raise ModelConfigError(f"linear_attention_layers {outside} are not layers of a "
+                               f"{cfg.num_hidden_layers}-layer model")
+    if not cfg.linear_attention_layers:
+        return
+    for name in _MAMBA_DIMS:
+        if getattr(cfg, name) <= 0:
+            raise ModelConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.mamba_d_inner != cfg.mamba_expand * cfg.hidden_size:
+        raise ModelConfigError(
+            f"mamba_n_heads {cfg.mamba_n_heads} x mamba_d_head {cfg.mamba_d_head} must be "
+            f"mamba_expand {cfg.mamba_expand} x hidden_size {cfg.hidden_size}")
+    if cfg.mamba_n_heads % cfg.mamba_n_groups:
+        raise ModelConfigError(f"mamba_n_heads {cfg.mamba_n_heads} is not a multiple of "
+                               f"mamba_n_groups {cfg.mamba_n_groups}")
+    low, high = cfg.time_step_limit
+    if not 0 <= low < high:
+        raise ModelConfigError(f"time_step_limit {list(cfg.time_step_limit)} must be "
+                               "[low, high] with 0 <= low < high")
+    if cfg.sliding_layers:
+        raise ModelConfigError(f"sliding windows do not fit a hybrid {cfg.architecture!r} "
+                               "model")
+
 
 def _latent(cfg: ModelConfig) -> None:
     dims = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",

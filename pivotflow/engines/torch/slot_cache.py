@@ -3,8 +3,8 @@
 Each running sequence owns one slot: ``capacity`` positions of keys and values per layer and KV
 head, plus a length. The engine keeps running sequences in slots ``0..n-1`` (it moves the last
 one into a hole when a sequence leaves), so a decode step reads plain views of the buffer.
-Latent attention keeps keys alone (its values are the keys' latent part); a hybrid's gated
-DeltaNet layers keep a fixed-size state per slot instead (``LinearStates``, owned here and moved
+Latent attention keeps keys alone (its values are the keys' latent part); a hybrid's linear
+layers (gated DeltaNet, Mamba2) keep a fixed-size state per slot instead (``LinearStates``, owned here and moved
 with their slot). ``kv_cache.PackedDecoder`` is the forward pass that serves from it.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from pivotflow.engines.torch.deltanet_serving import LinearStates
+from pivotflow.engines.torch.linear_states import LinearStates
 from pivotflow.engines.torch.model import ModelConfig, attention_mask_of
 from pivotflow.errors import EngineError
 
