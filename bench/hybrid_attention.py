@@ -1,13 +1,18 @@
-"""Qwen3.5's hybrid (gated DeltaNet on three layers of four) on the embedded engine against the
-same model with attention on every layer: what a running sequence holds, prefill time and
-decode throughput, for the tree on ``sys.path`` (``PYTHONPATH=<tree> python ...``).
+"""Qwen3.5's hybrid (gated DeltaNet on three layers of four), or Granite 4.0-H's (Mamba2 on
+them: ``--family granite``), on the embedded engine against the same model with attention on
+every layer: what a running sequence holds, prefill time and decode throughput, for the tree
+on ``sys.path`` (``PYTHONPATH=<tree> python ...``).
 
-    python bench/hybrid_attention.py [--prompt-len 1024] [--new-tokens 32] [--repeats 2]
+    python bench/hybrid_attention.py [--family qwen3_5|granite] [--prompt-len 1024]
+        [--new-tokens 32] [--repeats 2]
 
 Model (random weights and prompt ids, float32, one thread): hidden 1024, MLP 2816, 8 layers;
 gated attention of 8 heads of 128 on 2 KV heads (a quarter of each head rotating), DeltaNet
 of 8 key and 8 value heads of 128 with a 4-tap convolution, layers 3 and 7 full in the hybrid
-(Qwen3.5's pattern), every layer full in ``all_attention``. ``bytes_per_sequence``: the slot's
+(Qwen3.5's pattern), every layer full in ``all_attention``. Granite: the same attention
+(no rope, as Granite 4.0-H's) and MLP; Mamba2 of 32 heads of 64 (expand 2), one group of
+state 128, a 4-tap convolution, on the same layers (Granite 4.0-H itself has attention on about
+one layer in ten). ``bytes_per_sequence``: the slot's
 keys and values at the prompt's length plus, in the hybrid, its fixed DeltaNet states.
 ``bound``: decode reads every weight and every cached byte each step, so the hybrid's speedup
 over all-attention is at most the ratio of bytes read per step (weights + the running
@@ -40,6 +45,12 @@ SHAPE: dict[str, Any] = dict(
     linear_num_value_heads=8, linear_key_head_dim=128, linear_value_head_dim=128,
     linear_conv_kernel_dim=4)
 HYBRID = (0, 1, 2, 4, 5, 6)
+GRANITE: dict[str, Any] = dict(
+    vocab_size=VOCAB, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+    num_attention_heads=8, num_key_value_heads=2, head_dim=128, max_position_embeddings=4096,
+    architecture="granitemoehybrid", attention_bias=False, tie_word_embeddings=False,
+    nope_layers=tuple(range(8)), mamba_n_heads=32, mamba_d_head=64, mamba_n_groups=1,
+    mamba_d_state=128, mamba_d_conv=4)
 
 
 def log(msg: str) -> None:
@@ -48,7 +59,7 @@ def log(msg: str) -> None:
 
 def bytes_per_sequence(engine: TorchEngine, length: int) -> int:
     """What one slot holds at ``length`` positions: keys and values of the attention layers,
-    and the DeltaNet layers' states."""
+    and the linear layers' states."""
     cache = engine._cache
     assert cache is not None
     per_position = cache.kv[:, :, 0].numel() // cache.capacity * cache.kv.element_size()
@@ -79,17 +90,19 @@ def timed(engine: TorchEngine, prompts: list[list[int]], new: int,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--family", choices=("qwen3_5", "granite"), default="qwen3_5")
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(1)
+    shape = GRANITE if args.family == "granite" else SHAPE
     out: dict[str, Any] = {"bench": "hybrid_attention", "prompt_len": args.prompt_len,
-                           "new_tokens": args.new_tokens}
+                           "new_tokens": args.new_tokens, "family": shape["architecture"]}
     for name, linear in (("hybrid", HYBRID), ("all_attention", ())):
         torch.manual_seed(0)
-        cfg = ModelConfig(**SHAPE, linear_attention_layers=linear)
+        cfg = ModelConfig(**shape, linear_attention_layers=linear)
         weights = {k: v.detach() for k, v in Decoder(cfg).state_dict().items()}
         params = sum(w.numel() for w in weights.values())
         got: dict[str, Any] = {"parameters": params, "prefill_s": {}, "tokens_per_s": {}}

@@ -72,7 +72,8 @@ HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "deepseek_v2": "DeepseekV2ForSequenceClassification",
                   "qwen3_5_text": "Qwen3_5TextForSequenceClassification",
                   "qwen3_next": "Qwen3NextForSequenceClassification"}
-# (transformers has no sequence classifier for glm4_moe, olmoe, granite or qwen3_5_moe_text: no
+# (transformers has no sequence classifier for glm4_moe, olmoe, granite, granitemoehybrid or
+# qwen3_5_moe_text: no
 # critic from them)
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
