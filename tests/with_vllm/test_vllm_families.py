@@ -1,5 +1,5 @@
 """Mistral, YaRN, OLMo-2, sliding windows, OLMo-3, Gemma 3 and Phi-3 (fused projections;
-partial rotary with LongRoPE), Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2 (soft-capping), OLMoE, Granite, DeepSeek-V3 and DeepSeek-V2 (latent attention), Qwen3-Next (gated DeltaNet), Qwen3.5 and Qwen3.5-MoE (where vLLM's Qwen3.5 module imports: it needs torchvision) on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
+partial rotary with LongRoPE), Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2 (soft-capping), OLMoE, Granite, Granite 4.0-H (Mamba2), DeepSeek-V3 and DeepSeek-V2 (latent attention), Qwen3-Next (gated DeltaNet), Qwen3.5 and Qwen3.5-MoE (where vLLM's Qwen3.5 module imports: it needs torchvision) on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
 random weights, loads the store's version as a worker does, and decodes greedily the embedded
 engine's 40 tokens, on a prompt past YaRN's original context too. The YaRN folder sets every
 knob where two implementations could part (an explicit ``attention_factor``, which replaces the
@@ -147,6 +147,15 @@ HYBRIDS = {"qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
            "qwen3.5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", _LINEAR),
            "qwen3.5-moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM",
                            {**_LINEAR, **_EXPERTS})}
+# Granite 4.0-H (its own test, below): Mamba2 on the first layer (8 heads of 32, 2 groups of
+# state 32), attention without rope on the second; 8 experts (2 a token) stacked in the file
+# beside a shared MLP whose gate and up are fused; Granite's multipliers
+GRANITE4_H = ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
+    "layer_types": ["mamba", "attention"], "mamba_n_heads": 8, "mamba_d_head": 32,
+    "mamba_n_groups": 2, "mamba_d_state": 32, "num_local_experts": 8, "num_experts_per_tok": 2,
+    "intermediate_size": 64, "shared_intermediate_size": 128, "position_embedding_type": "nope",
+    "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.03,
+    "logits_scaling": 6.0, "pad_token_id": EOS})
 # gpt-oss: attention sinks, every other layer's window (binding), YaRN as it ships it, 4
 # biased experts with the clamped gate (fused in the file, split in the store, one at a time
 # to vLLM); not in FAMILIES: vLLM's CPU build is not exact on it (below)
@@ -157,7 +166,8 @@ GPT_OSS = ("GptOssConfig", "GptOssForCausalLM", {
 def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
     import transformers
 
-    config_class, model_class, extra = FAMILIES.get(family) or HYBRIDS.get(family) or GPT_OSS
+    config_class, model_class, extra = (FAMILIES.get(family) or HYBRIDS.get(family)
+                                        or (GRANITE4_H if family == "granite-4.0-h" else GPT_OSS))
     vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
     config = getattr(transformers, config_class)(**{
         "vocab_size": vocab, "hidden_size": 128, "intermediate_size": 256,
@@ -340,6 +350,36 @@ def test_vllm_serves_gpt_oss_from_the_store_and_takes_its_updates(
         store.cleanup()
     assert max(first) < 0.1 and max(after) < 0.1, (first, after)
     assert max(stale) > 10 * max(after), (stale, after)  # (the update reached the experts)
+
+
+def test_vllm_serves_granite_4_h_from_the_store_and_takes_its_updates(
+    tmp_path: Path, folder: Path
+) -> None:
+    """Granite 4.0-H on vLLM's CPU build (its C++ Mamba2 kernel, its CPU experts), float32,
+    from the store: pivotflow sends the experts one at a time under block_sparse_moe's names
+    and the shared MLP's gate and up fused, as vLLM's loader takes them. Its greedy tokens
+    equal the embedded engine's on the first version and, after an update of every weight
+    (Mamba2's, the experts', the shared MLP's), on the next, and differ between them."""
+    from vllm_fixtures import perturbed
+
+    (tmp_path / "model").mkdir()
+    path = _folder(tmp_path / "model", folder, "granite-4.0-h")
+    with _vllm_on_store(tmp_path, path) as (engine, store, held):
+        assert held.config.architecture == "granitemoehybrid" and held.config.num_experts == 8
+        first = _greedy(engine)
+        updated = {**held.tensors, **perturbed(held.tensors, 1)}
+        store.publish("policy", 1, updated, held.hf_config)
+        assert engine.load_from_store(store, "policy", 1) == 1
+        after = _greedy(engine)
+
+    def ours(tensors: dict[str, torch.Tensor]) -> dict[str, list[int]]:
+        engine = TorchEngine(held.config, max_batch=8, eos_token_id=EOS)
+        engine.load_weights(tensors, 0)
+        return _greedy(engine)
+
+    assert sum(len(t) for t in first.values()) >= 100  # (some stop at eos)
+    assert first == ours(held.tensors) and after == ours(updated)
+    assert first != after
 
 
 def test_vllm_serves_deepseek_v3_from_the_store_and_takes_its_updates(
