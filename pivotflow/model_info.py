@@ -65,6 +65,10 @@ def describe_model(path: Path) -> str:
             f"{cfg.linear_value_head_dim} on {cfg.linear_num_key_heads} key heads of "
             f"{cfg.linear_key_head_dim}, a {cfg.linear_conv_kernel_dim}-tap convolution; the "
             "others' attention output gated")
+    if cfg.architecture == "nemotron_h":
+        lines.append(f"  one block a layer: {len(cfg.linear_attention_layers)} Mamba2, "
+                     f"{len(cfg.attention_layers)} attention, {len(cfg.mlp_blocks)} MLP "
+                     "(ungated, relu^2)")
     if cfg.attention_sinks:
         lines.append("  attention sinks: a learned logit per head")
     if cfg.attn_logit_softcapping or cfg.final_logit_softcapping:
@@ -94,6 +98,8 @@ def describe_model(path: Path) -> str:
               "qwen3_5_text": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
               "qwen3_5_moe_text": f"{mtp} multi-token-prediction layer(s) in the file, not "
                                   "loaded",
+              "nemotron_h": "backbone.* and each block's mixer in the file, held under the "
+                            "common names",
               "granitemoehybrid": "shared MLP's gate/up fused"
                                   + (" and experts stacked" if raw.get("num_local_experts", 8)
                                      else "") + " in the file, held split",

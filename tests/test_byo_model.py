@@ -289,6 +289,14 @@ OTHER_LAYOUTS = {
                           "model.layers.0.mamba.conv1d.weight",
                           "model.layers.1.shared_mlp.output_linear.weight",
                           "model.layers.1.shared_mlp.input_linear.weight")),
+    # Nemotron-H: one block a layer (Mamba2, an ungated relu^2 MLP, attention without rope,
+    # another MLP), its decoder named backbone and each block mixer in the file
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM",
+                   {"hybrid_override_pattern": "M-*-", "head_dim": 32, "mamba_num_heads": 8,
+                    "mamba_head_dim": 32, "n_groups": 2, "ssm_state_size": 32},
+                   ("backbone.layers.0.mixer.in_proj.weight", "backbone.layers.0.mixer.A_log",
+                    "backbone.layers.1.mixer.up_proj.weight",
+                    "backbone.layers.2.mixer.q_proj.weight", "backbone.embeddings.weight")),
 }
 # a GLM-4.5 file's multi-token-prediction layer (layer 2 of a 2-layer decoder), as the Hub's
 # checkpoints hold one past their last layer
@@ -311,6 +319,9 @@ LORA_EXPORTS = {
     # output_linear; Mamba2's in_proj and out_proj named too)
     "granitemoehybrid": (["q_proj", "o_proj", "in_proj", "out_proj", "input_linear",
                           "output_linear"], {"input_linear": 8}),
+    # (Nemotron-H's blocks under transformers' mixer names: nothing fused; not Mamba2's
+    # out_proj, which PEFT refuses on nemotron_h: its fused kernel reads the weight whole)
+    "nemotron_h": (["q_proj", "o_proj", "in_proj", "up_proj", "down_proj"], {}),
 }
 
 
@@ -375,6 +386,10 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
             "granitemoehybrid": "Mamba2 on 1 of 2 layers: 8 heads of 32, state 32 in 1 "
                                 "group(s), a 4-tap convolution\n  tensors: shared MLP's "
                                 "gate/up fused in the file, held split",
+            "nemotron_h": "Mamba2 on 1 of 4 layers: 8 heads of 32, state 32 in 2 group(s), a "
+                          "4-tap convolution\n  one block a layer: 1 Mamba2, 1 attention, 2 "
+                          "MLP (ungated, relu^2)\n  tensors: backbone.* and each block's mixer "
+                          "in the file, held under the common names",
             "qwen3_next": "experts 4 (2 a token) on 1 of 2 layers; a gated shared expert of "
                           "64\n  tensors: DeltaNet projections fused and grouped by key "
                           "head in the file (in_proj_qkvz, in_proj_ba), held split"}[family] in said.stderr
@@ -409,8 +424,8 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
         named = {"qwen3_5_text": targets, "qwen3_next": [
             "q_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
             "out_proj"], "granitemoehybrid": [
-            "q_proj", "o_proj", "in_proj", "out_proj", "gate_proj", "up_proj", "down_proj"]
-        }.get(family)
+            "q_proj", "o_proj", "in_proj", "out_proj", "gate_proj", "up_proj", "down_proj"],
+            "nemotron_h": LORA_EXPORTS["nemotron_h"][0]}.get(family)
         named = f", lora_target_modules={named}" if named else ""
         lora = write_graph(tmp_path / "out", folder, prompts, train=f"lora_rank=4{named}")
         from pivotflow import checkpoints

@@ -33,6 +33,8 @@ These families store theirs otherwise:
 * Granite 4.0 (``granitemoehybrid``) fuses its shared MLP's gate and up
   (``shared_mlp.input_linear``) and stacks its experts (``block_sparse_moe.input_linear``
   [E, 2I, H]): held as a dense MLP, or shared and routed experts (``granite_layout``).
+* Nemotron-H (``nemotron_h``) names its decoder ``backbone`` and each layer's one block
+  ``mixer`` behind one ``norm``: held under every other family's names (``nemotron_layout``).
 * Gemma 3 4B and larger (``gemma3``, Gemma3ForConditionalGeneration), Mistral Small 3.1+
   and Magistral Small 1.2 (``mistral3``, Mistral3ForConditionalGeneration) and Qwen3.5
   (``qwen3_5``, Qwen3_5ForConditionalGeneration) and Kimi K2.5 (``kimi_k25``: Kimi K2's text
@@ -59,6 +61,7 @@ from pivotflow.errors import ModelConfigError
 from pivotflow.params.fp8_blocks import block_size, fp8_dequantized, is_fp8_blocks
 from pivotflow.params.granite_layout import granite_engine, granite_fused, granite_split
 from pivotflow.params.mxfp4 import is_mxfp4, mxfp4_dequantized
+from pivotflow.params.nemotron_layout import nemotron_adapters, nemotron_disk, nemotron_split
 from pivotflow.params.oss_layout import oss_engine, oss_fused, oss_split
 
 if TYPE_CHECKING:
@@ -124,7 +127,7 @@ def family_of(config: dict[str, Any]) -> str | None:
         kind = next((_FAMILIES[a] for a in config.get("architectures") or [] if a in _FAMILIES),
                     None)
     return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", "granitemoehybrid",
-                            *_MTP_FAMILIES, *_MTP_APART, *_WRAPPERS) else None
+                            "nemotron_h", *_MTP_FAMILIES, *_MTP_APART, *_WRAPPERS) else None
 
 
 def _mixtral_name(name: str, to_disk: bool) -> str:
@@ -283,6 +286,8 @@ def held_layout(
         return {_mixtral_name(name, to_disk=False): t for name, t in tensors.items()}
     if family == "granitemoehybrid":
         return granite_split(tensors, where)
+    if family == "nemotron_h":
+        return nemotron_split(_geometry(config, where), tensors)
     if family is None:
         return tensors
     if family in _WRAPPERS:  # (the text model's, then laid out as its own family's)
@@ -359,6 +364,8 @@ def engine_names(config: dict[str, Any],
         return oss_engine(tensors)
     if family == "granitemoehybrid":
         return granite_engine(tensors)
+    if family == "nemotron_h":  # (vLLM's loader reads the file's names)
+        return nemotron_disk(tensors)
     if family == "qwen3_next":  # (vLLM's Qwen3-Next loads its file's fused, grouped rows)
         return _fused(config, tensors)
     if family == "glm4":
@@ -377,6 +384,8 @@ def disk_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
         return oss_fused(tensors)
     if family == "granitemoehybrid":
         return granite_fused(tensors)
+    if family == "nemotron_h":
+        return nemotron_disk(tensors)
     return _fused(config, engine_names(config, tensors))
 
 
@@ -462,6 +471,8 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
     (zero rows for a part not adapted), alpha n alpha, so its update is the parts' updates
     exactly, scale alpha / r included."""
     family = family_of(config)
+    if family == "nemotron_h":  # (renamed, nothing fused)
+        return nemotron_adapters(adapters), {}, {}
     if family not in _FUSED:
         return adapters, {}, {}
     import torch

@@ -2,7 +2,7 @@
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
 Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, Phi-4-mini's partial
-rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, DeepSeek-V3's and V2's latent attention, Qwen3.5's gated DeltaNet, Granite 4.0-H's Mamba2, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
+rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, DeepSeek-V3's and V2's latent attention, Qwen3.5's gated DeltaNet, Granite 4.0-H's Mamba2, Nemotron-H's one-block layers, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
 Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
@@ -317,6 +317,18 @@ CASES += [
           "shared_intermediate_size": 96, "position_embedding_type": "rope"}),
 ]  # fmt: skip
 GRANITE4_H, GRANITE4_H_DENSE, GRANITE4_DENSE = CASES[35], CASES[36], CASES[37]
+# Nemotron-H: one block a layer, Mamba2 (4 heads of 32, 2 groups of state 16), ungated relu^2
+# MLPs and attention without rope, in the Hub's pattern's kind of order, and attention first
+# (untied: transformers' NemotronH never ties its head)
+NEMOTRON_MAMBA: dict[str, Any] = {"head_dim": 32, "mamba_num_heads": 4, "mamba_head_dim": 32,
+                                  "n_groups": 2, "ssm_state_size": 16, "intermediate_size": 96}
+CASES += [
+    Case("nemotron-h", "NemotronHConfig", False,
+         {**NEMOTRON_MAMBA, "hybrid_override_pattern": "M-M*-M-"}),
+    Case("nemotron-h-attention-first", "NemotronHConfig", False,
+         {**NEMOTRON_MAMBA, "hybrid_override_pattern": "*-M-"}),
+]  # fmt: skip
+NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST = CASES[38], CASES[39]
 CASE_IDS = [c.name for c in CASES]
 
 

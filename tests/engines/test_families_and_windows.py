@@ -31,6 +31,8 @@ from hf_fixtures import (
     MISTRAL,
     MISTRAL_WINDOW,
     MIXTRAL,
+    NEMOTRON_H,
+    NEMOTRON_H_ATTENTION_FIRST,
     OLMO2,
     OLMO3,
     OLMOE,
@@ -89,7 +91,8 @@ def test_yarn_frequencies_and_attention_factor_equal_transformers(rope: dict[str
 ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_WINDOW, PHI3,
        PHI4_MINI, MIXTRAL, GLM4, GLM4_MOE, SMOLLM3, SMOLLM3_WINDOW, QWEN2_MOE, GEMMA2, OLMOE,
        GRANITE, GPT_OSS, DEEPSEEK_V3, DEEPSEEK_V3_PLAIN, DEEPSEEK_V2, DEEPSEEK_V2_LITE, QWEN3_5,
-       QWEN3_5_TIED, QWEN3_5_MOE, QWEN3_NEXT, GRANITE4_H, GRANITE4_H_DENSE, GRANITE4_DENSE]
+       QWEN3_5_TIED, QWEN3_5_MOE, QWEN3_NEXT, GRANITE4_H, GRANITE4_H_DENSE, GRANITE4_DENSE,
+       NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -190,6 +193,11 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert written["position_embedding_type"] == ("nope" if case is GRANITE4_H else "rope")
         assert (written["num_local_experts"], written["shared_intermediate_size"]) == (
             (8, 96) if case is GRANITE4_H else (0, 96))
+    elif case in (NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST):
+        # (the Hub's pattern, which vLLM reads, and NemotronHConfig's own keys)
+        assert written["model_type"] == "nemotron_h" and written["mlp_hidden_act"] == "relu2"
+        assert written["hybrid_override_pattern"] == case.extra["hybrid_override_pattern"]
+        assert (written["mamba_num_heads"], written["n_groups"]) == (4, 2)
     elif case is QWEN2_WINDOW:
         assert written["layer_types"] == ["full_attention", "sliding_attention"]
         assert written["use_sliding_window"] and written["sliding_window"] == 5
@@ -211,7 +219,7 @@ QWEN3_NEXT_DENSE = Case("qwen3-next-dense", "Qwen3NextConfig", False,
 
 @pytest.mark.parametrize("case", [OLMO2, OLMO3, MISTRAL_WINDOW, QWEN2_WINDOW, GEMMA3, PHI3_WINDOW,
                                   PHI4_MINI, GLM4, SMOLLM3_WINDOW, GEMMA2, GRANITE, GPT_OSS,
-                                  QWEN3_5, QWEN3_NEXT_DENSE, GRANITE4_H_DENSE],
+                                  QWEN3_5, QWEN3_NEXT_DENSE, GRANITE4_H_DENSE, NEMOTRON_H],
                          ids=lambda c: c.name)
 def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: Any) -> None:
     """Post-norm layers, whole-projection q/k norms and windows (4-6 positions, narrower than
@@ -236,8 +244,11 @@ def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: An
     post_norm = "model.layers.0.post_feedforward_layernorm.weight" in names
     assert post_norm == (case in (OLMO2, OLMO3, GEMMA3, GLM4, GEMMA2))
     assert (case in (OLMO2, OLMO3)) != any("input_layernorm" in n for n in names)
+    # (transformers' names: Nemotron-H's backbone is model in memory)
+    theirs = {n.replace("backbone.", "model."): p for n, p in theirs.items()}
     # (by the file's names: Phi-3's q/k/v and gate/up gradients fused as its parameters are)
     grads = disk_layout(folder.hf_config, {n: p.grad for n, p in ours.named_parameters()})
+    grads = {n.replace("backbone.", "model."): g for n, g in grads.items()}
     assert grads.keys() == theirs.keys() - ({"lm_head.weight"} if case.tied else set())
     for name, grad in grads.items():
         # float32's rounding scales with the tensor (a fused matmul sums in another order);

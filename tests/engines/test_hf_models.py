@@ -86,7 +86,8 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "Qwen3_5TextConfig": "qwen3_5_text",
                                 "Qwen3_5MoeTextConfig": "qwen3_5_moe_text",
                                 "Qwen3NextConfig": "qwen3_next",
-                                "GraniteMoeHybridConfig": "granitemoehybrid"}[case.config_class]  # fmt: skip
+                                "GraniteMoeHybridConfig": "granitemoehybrid",
+                                "NemotronHConfig": "nemotron_h"}[case.config_class]  # fmt: skip
     # (latent attention's heads: their no-rope and rope parts; 32 in every other case)
     assert cfg.head_dim == (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim or 32) and cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma3"))
     # Every weight transformers holds was loaded (transformers 5 holds a sparse layer's experts

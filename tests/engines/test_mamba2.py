@@ -1,4 +1,4 @@
-"""Granite 4.0-H's Mamba2 layers beyond the shared per-family tests (test_hf_models.py: greedy
+"""Granite 4.0-H's and Nemotron-H's Mamba2 layers beyond the shared per-family tests (test_hf_models.py: greedy
 and logprobs; test_families_and_windows.py: the trainer's forward, gradients and written
 config): the chunked scan against the token-by-token one across chunk edges, the trainer's
 layer against transformers' on its own, the engine's states over long prompts and sequences
@@ -17,6 +17,8 @@ import torch
 from hf_fixtures import (
     GRANITE4_H,
     GRANITE4_MAMBA,
+    NEMOTRON_H,
+    NEMOTRON_MAMBA,
     PROMPTS,
     SIZES,
     hf_greedy,
@@ -81,12 +83,14 @@ def test_the_layer_equals_transformers_mamba_layer_with_groups_and_a_clamped_ste
         torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
 
 
-def test_states_follow_long_prompts_and_sequences_joining_and_leaving(tmp_path: Path) -> None:
+@pytest.mark.parametrize("case", [GRANITE4_H, NEMOTRON_H], ids=lambda c: c.name)
+def test_states_follow_long_prompts_and_sequences_joining_and_leaving(tmp_path: Path,
+                                                                    case: Any) -> None:
     """Prompts of 70 and 100 tokens (past one chunk) among short ones, through an engine of 2
     slots: prompts wait, join a running batch and leave it at different lengths (the last slot
     moves into the hole, its states with it). Every greedy continuation equals transformers'
-    on its prompt alone."""
-    model = save_folder(GRANITE4_H, tmp_path)
+    on its prompt alone (Nemotron-H's layers one block each: its MLP blocks hold no cache)."""
+    model = save_folder(case, tmp_path)
     folder = load_model_folder(tmp_path)
     engine = TorchEngine(folder.config, max_batch=2, dtype="fp32")
     engine.load_weights(folder.tensors, version=0)
@@ -174,4 +178,48 @@ def test_a_bad_granite_config_is_a_one_line_error(change: dict[str, Any], messag
         assert text.startswith(f"c.json: {head}") and text.endswith(tail), text
     else:
         assert text.startswith("c.json: ") and text.endswith(message), text
+    assert "\n" not in text and len(text) < 400
+
+
+NEMOTRON = {**SIZES, **NEMOTRON_MAMBA, "model_type": "nemotron_h",
+            "hybrid_override_pattern": "M-M*-M-"}
+
+
+def test_nemotrons_spellings_read_alike() -> None:
+    """The Hub's configs give Nemotron-H's blocks as ``hybrid_override_pattern`` (M, *, -);
+    transformers 5 writes ``layers_block_type`` in its names and no num_hidden_layers."""
+    plain = config_from_hf(NEMOTRON, "c.json")
+    assert plain.linear_attention_layers == (0, 2, 5) and plain.mlp_blocks == (1, 4, 6)
+    assert plain.attention_layers == (3,) and plain.num_hidden_layers == 7
+    names = ["linear_attention", "mlp", "linear_attention", "full_attention", "mlp",
+             "linear_attention", "mlp"]
+    for change in ({"hybrid_override_pattern": None, "layers_block_type": names},
+                   {"hybrid_override_pattern": None,
+                    "layer_types": [{"linear_attention": "mamba", "full_attention": "attention"}
+                                    .get(n, n) for n in names]},
+                   {"num_hidden_layers": 52}):  # (the blocks decide, as transformers)
+        assert config_from_hf({**NEMOTRON, **change}, "c.json") == plain, change
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"hybrid_override_pattern": "M-E*"},
+     "mixture-of-experts blocks (E in 'M-E*') is not supported by the embedded engine on "
+     "nemotron_h (M, *, -)"),
+    ({"hybrid_override_pattern": "M-X"},
+     "layer types 'M-X' are not Nemotron-H's blocks (M, *, -, E; or mamba, attention, mlp, "
+     "moe)"),
+    ({"tie_word_embeddings": True},
+     "tie_word_embeddings=True is not supported by the embedded engine on nemotron_h (False)"),
+    ({"mamba_hidden_act": "gelu"},
+     "mamba_hidden_act='gelu' is not supported by the embedded engine on nemotron_h (silu)"),
+    ({"num_nextn_predict_layers": 1},
+     "num_nextn_predict_layers=1 is not supported by the embedded engine on nemotron_h (0)"),
+    ({"n_groups": 3}, "mamba_n_heads 4 is not a multiple of mamba_n_groups 3"),
+    ({"ssm_state_size": 0}, "ssm_state_size=0 is not an integer >= 1"),
+])
+def test_a_bad_nemotron_config_is_a_one_line_error(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(ModelConfigError) as err:
+        config_from_hf(json.loads(json.dumps({**NEMOTRON, **change})), "c.json")
+    text = str(err.value)
+    assert text.startswith("c.json: ") and text.endswith(message), text
     assert "\n" not in text and len(text) < 400

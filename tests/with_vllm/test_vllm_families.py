@@ -1,5 +1,5 @@
 """Mistral, YaRN, OLMo-2, sliding windows, OLMo-3, Gemma 3 and Phi-3 (fused projections;
-partial rotary with LongRoPE), Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2 (soft-capping), OLMoE, Granite, Granite 4.0-H (Mamba2), DeepSeek-V3 and DeepSeek-V2 (latent attention), Qwen3-Next (gated DeltaNet), Qwen3.5 and Qwen3.5-MoE (where vLLM's Qwen3.5 module imports: it needs torchvision) on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
+partial rotary with LongRoPE), Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2 (soft-capping), OLMoE, Granite, Granite 4.0-H and Nemotron-H (Mamba2), DeepSeek-V3 and DeepSeek-V2 (latent attention), Qwen3-Next (gated DeltaNet), Qwen3.5 and Qwen3.5-MoE (where vLLM's Qwen3.5 module imports: it needs torchvision) on vLLM (CPU build), against the embedded engine, in fp32: vLLM starts with
 random weights, loads the store's version as a worker does, and decodes greedily the embedded
 engine's 40 tokens, on a prompt past YaRN's original context too. The YaRN folder sets every
 knob where two implementations could part (an explicit ``attention_factor``, which replaces the
@@ -156,6 +156,12 @@ GRANITE4_H = ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
     "intermediate_size": 64, "shared_intermediate_size": 128, "position_embedding_type": "nope",
     "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.03,
     "logits_scaling": 6.0, "pad_token_id": EOS})
+# Nemotron-H (the same test): one block a layer, Mamba2 (8 heads of 32, 2 groups of state 32),
+# an ungated relu^2 MLP, attention without rope, another MLP; backbone and mixer names in the
+# file
+NEMOTRON_H = ("NemotronHConfig", "NemotronHForCausalLM", {
+    "hybrid_override_pattern": "M-*-", "mamba_num_heads": 8, "mamba_head_dim": 32,
+    "n_groups": 2, "ssm_state_size": 32, "pad_token_id": EOS})
 # gpt-oss: attention sinks, every other layer's window (binding), YaRN as it ships it, 4
 # biased experts with the clamped gate (fused in the file, split in the store, one at a time
 # to vLLM); not in FAMILIES: vLLM's CPU build is not exact on it (below)
@@ -166,8 +172,8 @@ GPT_OSS = ("GptOssConfig", "GptOssForCausalLM", {
 def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
     import transformers
 
-    config_class, model_class, extra = (FAMILIES.get(family) or HYBRIDS.get(family)
-                                        or (GRANITE4_H if family == "granite-4.0-h" else GPT_OSS))
+    config_class, model_class, extra = (FAMILIES.get(family) or HYBRIDS.get(family) or {
+        "granite-4.0-h": GRANITE4_H, "nemotron-h": NEMOTRON_H}.get(family) or GPT_OSS)
     vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
     config = getattr(transformers, config_class)(**{
         "vocab_size": vocab, "hidden_size": 128, "intermediate_size": 256,
@@ -352,20 +358,22 @@ def test_vllm_serves_gpt_oss_from_the_store_and_takes_its_updates(
     assert max(stale) > 10 * max(after), (stale, after)  # (the update reached the experts)
 
 
-def test_vllm_serves_granite_4_h_from_the_store_and_takes_its_updates(
-    tmp_path: Path, folder: Path
+@pytest.mark.parametrize("family", ["granite-4.0-h", "nemotron-h"])
+def test_vllm_serves_a_mamba2_hybrid_from_the_store_and_takes_its_updates(
+    tmp_path: Path, folder: Path, family: str
 ) -> None:
-    """Granite 4.0-H on vLLM's CPU build (its C++ Mamba2 kernel, its CPU experts), float32,
-    from the store: pivotflow sends the experts one at a time under block_sparse_moe's names
-    and the shared MLP's gate and up fused, as vLLM's loader takes them. Its greedy tokens
-    equal the embedded engine's on the first version and, after an update of every weight
-    (Mamba2's, the experts', the shared MLP's), on the next, and differ between them."""
+    """Granite 4.0-H and Nemotron-H on vLLM's CPU build (its C++ Mamba2 kernel; Granite's
+    experts on its CPU experts), float32, from the store: pivotflow sends Granite's experts one
+    at a time under block_sparse_moe's names and its shared MLP's gate and up fused,
+    Nemotron-H's blocks under backbone's and mixer's names, as vLLM's loaders take them. Their
+    greedy tokens equal the embedded engine's on the first version and, after an update of
+    every weight, on the next, and differ between them."""
     from vllm_fixtures import perturbed
 
     (tmp_path / "model").mkdir()
-    path = _folder(tmp_path / "model", folder, "granite-4.0-h")
+    path = _folder(tmp_path / "model", folder, family)
     with _vllm_on_store(tmp_path, path) as (engine, store, held):
-        assert held.config.architecture == "granitemoehybrid" and held.config.num_experts == 8
+        assert held.config.mamba and held.config.linear_attention_layers == (0,)
         first = _greedy(engine)
         updated = {**held.tensors, **perturbed(held.tensors, 1)}
         store.publish("policy", 1, updated, held.hf_config)

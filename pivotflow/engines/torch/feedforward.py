@@ -20,28 +20,36 @@ if TYPE_CHECKING:
 
 
 def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The MLP's gate by HF's ``hidden_act`` name: SiLU (SwiGLU), or Gemma's tanh-GELU (GeGLU)."""
+    """The MLP's gate by HF's ``hidden_act`` name: SiLU (SwiGLU), Gemma's tanh-GELU (GeGLU),
+    or Nemotron-H's squared ReLU (no gate: its whole activation)."""
     if name == "gelu_pytorch_tanh":
         return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu2":
+        return lambda x: F.relu(x).square()
     return F.silu
 
 
 class MLP(nn.Module):
     """Gated feed-forward (SwiGLU, or GeGLU for Gemma) of ``size`` hidden units (default: the
     config's intermediate_size); a gpt-oss expert (``expert`` on a config with a
-    ``swiglu_limit``) has biases and its clamped gate (``clamped_glu``)."""
+    ``swiglu_limit``) has biases and its clamped gate (``clamped_glu``); Nemotron-H's has no
+    gate (``up_proj``, relu(x)^2, ``down_proj``)."""
 
     def __init__(self, cfg: ModelConfig, size: int = 0, expert: bool = False) -> None:
         super().__init__()
         size = size or cfg.intermediate_size
         self.limit, self.alpha = (cfg.swiglu_limit, cfg.swiglu_alpha) if expert else (0.0, 0.0)
         bias = bool(self.limit)
-        self.gate_proj = nn.Linear(cfg.hidden_size, size, bias=bias)
+        self.gated = cfg.mlp_gated
+        if self.gated:
+            self.gate_proj = nn.Linear(cfg.hidden_size, size, bias=bias)
         self.up_proj = nn.Linear(cfg.hidden_size, size, bias=bias)
         self.down_proj = nn.Linear(size, cfg.hidden_size, bias=bias)
         self.act = activation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.gated:
+            return self.down_proj(self.act(self.up_proj(x)))
         if self.limit:
             return self.down_proj(clamped_glu(self.gate_proj(x), self.up_proj(x), self.limit,
                                               self.alpha))

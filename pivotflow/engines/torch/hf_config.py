@@ -3,7 +3,7 @@
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
 Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss,
-DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H; rope default, linear, llama3, yarn, Phi-3's longrope within its
+DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H, Nemotron-H; rope default, linear, llama3, yarn, Phi-3's longrope within its
 original context; sliding windows as each family says them, ``hf_windows``; each family's own
 keys, ``hf_families``; unquantized weights, block-wise FP8's and gpt-oss's MXFP4, dequantized
 as read) and names, in one line, the file and the first key it cannot run. Keys that change
@@ -27,6 +27,7 @@ from pivotflow.engines.torch.hf_families import (
     qwen3_5_to_hf,
 )
 from pivotflow.engines.torch.hf_granite import KIND, granite_layer_types, granite_to_hf
+from pivotflow.engines.torch.hf_nemotron import nemotron_blocks, nemotron_to_hf
 from pivotflow.engines.torch.hf_windows import split_layer_rope, window_fields, windows_to_hf
 from pivotflow.engines.torch.model_config import (
     ARCHITECTURES,
@@ -51,7 +52,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "qwen3_5_text": "Qwen3_5ForCausalLM",
               "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
               "qwen3_next": "Qwen3NextForCausalLM",
-              "granitemoehybrid": "GraniteMoeHybridForCausalLM"}  # fmt: skip
+              "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+              "nemotron_h": "NemotronHForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -132,7 +134,8 @@ def _model_type(raw: dict[str, Any], where: str) -> str:
 
 def _reject_unsupported(raw: dict[str, Any], where: str) -> None:
     """Raise for the first key whose value asks for math this decoder does not do."""
-    gemma = raw.get("model_type") in ("gemma3_text", "gemma2")  # (hidden_activation's gate)
+    # (Gemma's hidden_activation's gate; Nemotron-H's mlp_hidden_act, hf_nemotron's)
+    gemma = raw.get("model_type") in ("gemma3_text", "gemma2", "nemotron_h")
     # (Phi-3's and GLM-4's attention rotates part of each head)
     partial_ok = raw.get("model_type") in PARTIAL_ROTARY_FAMILIES
     checks = [  # (key, it asks for something else, what runs)
@@ -280,6 +283,8 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
     _reject_unsupported(raw, where)
     if kind == KIND:  # (Granite 4.0's layer names, and its dense MLP's width)
         raw = granite_layer_types(raw, _positive_int(raw, "num_hidden_layers", where), where)
+    if kind == "nemotron_h":  # (its blocks, and its own names for shared keys)
+        raw = nemotron_blocks(raw, where)
     full_layers, sliding_theta = split_layer_rope(raw, kind, where)
     if kind == "gpt_oss" and not (raw.get("rope_parameters") or raw.get("rope_scaling")):
         full_layers = {**full_layers, "rope_parameters": _GPT_OSS_ROPE}
@@ -450,6 +455,9 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         rope["partial_rotary_factor"] = cfg.partial_rotary_factor  # (0.25 is the default)
     elif cfg.architecture == KIND:
         out.update(granite_to_hf(cfg))
+    elif cfg.architecture == "nemotron_h":
+        del out["hidden_act"]  # (its mlp_hidden_act)
+        out.update(nemotron_to_hf(cfg))
     elif cfg.architecture == "glm4_moe":
         out.update(glm4_moe_to_hf(cfg))
         rope["partial_rotary_factor"] = cfg.partial_rotary_factor

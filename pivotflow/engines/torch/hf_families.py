@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pivotflow.engines.torch.hf_windows import nope_layers
-from pivotflow.engines.torch.model_config import ACTIVATIONS
+from pivotflow.engines.torch.model_config import GATED_ACTIVATIONS
 from pivotflow.errors import ModelConfigError
 from pivotflow.params.hf_layout import DEEPSEEK_V3_ROUTER
 
@@ -49,6 +49,10 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         from pivotflow.engines.torch.hf_granite import granite_fields
 
         return granite_fields(raw, layers, where)
+    if kind == "nemotron_h":
+        from pivotflow.engines.torch.hf_nemotron import nemotron_fields
+
+        return nemotron_fields(raw, where)
     return {}
 
 
@@ -86,9 +90,9 @@ def _gemma_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
     if raw.get("use_bidirectional_attention"):
         raise ModelConfigError(f"{where}: use_bidirectional_attention=True {ENGINE} (false)")
     act = raw.get("hidden_activation", "gelu_pytorch_tanh")
-    if act not in ACTIVATIONS:
+    if act not in GATED_ACTIVATIONS:
         raise ModelConfigError(f"{where}: hidden_activation={act!r} {ENGINE} "
-                               f"({', '.join(ACTIVATIONS)})")
+                               f"({', '.join(GATED_ACTIVATIONS)})")
     scalar = number(raw.get("query_pre_attn_scalar", 256), "query_pre_attn_scalar", where)
     return {**out, "hidden_act": act, "query_pre_attn_scalar": scalar}
 

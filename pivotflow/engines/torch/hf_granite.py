@@ -11,9 +11,9 @@ as Granite 3's. Defaults are GraniteMoeHybridConfig's where a key is absent.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
+from pivotflow.engines.torch.hf_mamba import NO_LIMIT, mamba_fields
 from pivotflow.errors import ModelConfigError
 
 if TYPE_CHECKING:
@@ -22,10 +22,13 @@ if TYPE_CHECKING:
 KIND = "granitemoehybrid"
 # its legacy layer names (the Hub's configs) -> transformers 5's
 _LAYER_NAMES = {"mamba": "linear_attention", "attention": "full_attention"}
-_MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
-                   "mamba_d_conv": 4, "mamba_expand": 2}
+# ModelConfig's Mamba2 fields: (Granite's key, GraniteMoeHybridConfig's default)
+GRANITE_MAMBA_KEYS: dict[str, tuple[str, Any]] = {
+    "mamba_n_heads": ("mamba_n_heads", 128), "mamba_n_groups": ("mamba_n_groups", 1),
+    "mamba_d_state": ("mamba_d_state", 256), "mamba_d_conv": ("mamba_d_conv", 4),
+    "mamba_expand": ("mamba_expand", 2), "mamba_d_head": ("mamba_d_head", "auto"),
+    "mamba_conv_bias": ("mamba_conv_bias", True), "mamba_proj_bias": ("mamba_proj_bias", False)}
 _NO_ROPE = (None, "nope")
-NO_LIMIT = (0.0, math.inf)  # (time_step_limit's default: the time step unclamped)
 
 
 def granite_layer_types(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
@@ -74,7 +77,7 @@ def granite_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, An
     if position in _NO_ROPE:
         out["nope_layers"] = tuple(range(layers))
     if out["linear_attention_layers"]:
-        out.update(_mamba_fields(raw, where))
+        out.update(mamba_fields(raw, GRANITE_MAMBA_KEYS, where))
     experts = _int(raw, "num_local_experts", 8, where)
     if experts:
         out.update(num_experts=experts, norm_topk_prob=True,
@@ -82,44 +85,6 @@ def granite_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, An
                    moe_intermediate_size=raw["intermediate_size"],
                    shared_intermediate_size=_int(raw, "shared_intermediate_size", 1024, where))
     return out
-
-
-def _mamba_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
-    out: dict[str, Any] = {key: _int(raw, key, default, where, 1)
-                           for key, default in _MAMBA_DEFAULTS.items()}
-    head = raw.get("mamba_d_head", "auto")
-    if head == "auto" or head is None:  # (GraniteMoeHybridConfig's: the inner width's share)
-        inner = out["mamba_expand"] * raw["hidden_size"]
-        if inner % out["mamba_n_heads"]:
-            raise ModelConfigError(f"{where}: mamba_n_heads={out['mamba_n_heads']} does not "
-                                   f"divide mamba_expand * hidden_size ({inner})")
-        head = inner // out["mamba_n_heads"]
-    out["mamba_d_head"] = _int({"mamba_d_head": head}, "mamba_d_head", 0, where, 1)
-    for key, default in (("mamba_conv_bias", True), ("mamba_proj_bias", False)):
-        value = raw.get(key, default)
-        if not isinstance(value, bool):
-            raise ModelConfigError(f"{where}: {key}={value!r} is not true or false")
-        out[key] = value
-    limit = raw.get("time_step_limit", NO_LIMIT)
-    if limit is None:  # (no limit)
-        limit = NO_LIMIT
-    if isinstance(limit, list | tuple):  # (inf as JSON has none: null, or transformers 5's
-        limit = [math.inf if v is None else _json_float(v) for v in limit]  # {"__float__"})
-    if (not isinstance(limit, list | tuple) or len(limit) != 2
-            or any(isinstance(v, bool) or not isinstance(v, int | float) for v in limit)):
-        raise ModelConfigError(f"{where}: time_step_limit={limit!r} is not [low, high]")
-    out["time_step_limit"] = (float(limit[0]), float(limit[1]))
-    return out
-
-
-def _json_float(value: Any) -> Any:
-    """transformers 5 writes a float JSON cannot (inf, nan) as ``{"__float__": "Infinity"}``."""
-    if isinstance(value, dict) and set(value) == {"__float__"}:
-        try:
-            return float(value["__float__"])
-        except (TypeError, ValueError):
-            return value
-    return value
 
 
 def granite_to_hf(cfg: ModelConfig) -> dict[str, Any]:
@@ -148,8 +113,7 @@ def granite_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     else:
         out.update(num_local_experts=0, shared_intermediate_size=cfg.intermediate_size)
     if cfg.linear_attention_layers:
-        out.update({key: getattr(cfg, key) for key in (*_MAMBA_DEFAULTS, "mamba_d_head",
-                                                       "mamba_conv_bias", "mamba_proj_bias")},
+        out.update({key: getattr(cfg, key) for key in GRANITE_MAMBA_KEYS},
                    mamba_chunk_size=256)
         if cfg.time_step_limit != NO_LIMIT:  # (absent is none: no inf in the JSON)
             out["time_step_limit"] = list(cfg.time_step_limit)

@@ -35,9 +35,11 @@ _T = torch.Tensor
 # PackedExperts.
 _Dense = tuple[_T, _T]
 # One layer for PackedDecoder: (norm weights, q/k/v bias, [out, in] weights q/k/v and o, o bias,
-# Qwen3's q/k norm weights, the feed-forward)
+# Qwen3's q/k norm weights, the feed-forward: None in Nemotron-H's mixer blocks; the norms and
+# weights of its MLP blocks' mixer half are unused)
 _Packed = tuple[
-    tuple[_T, _T], _T | None, tuple[_T, _T], _T | None, tuple[_T, _T] | None, _Dense | PackedExperts
+    tuple[_T, _T], _T | None, tuple[_T, _T], _T | None, tuple[_T, _T] | None,
+    _Dense | PackedExperts | None
 ]
 
 
@@ -58,7 +60,7 @@ class PackedDecoder:
         self.mm = Linears.for_weights(model.lm_head.weight)
         self.layers: list[_Packed] = []
         # each layer's attention sinks [heads] (gpt-oss's), or None
-        self._sinks = [None if layer.linear else layer.self_attn.sinks
+        self._sinks = [layer.self_attn.sinks if hasattr(layer, "self_attn") else None
                        for layer in cast(list[DecoderLayer], model.model.layers)]
         self.experts: list[PackedExperts] = []  # the sparse layers, in order
         # the norms of layers that normalise sub-layer outputs (_output_norm_layer), per layer
@@ -76,6 +78,12 @@ class PackedDecoder:
                 linear = (PackedMamba2(layer.mamba, index) if cfg.mamba
                           else PackedDeltaNet(layer.linear_attn, index))
             self._linear.append(linear)
+            if not layer.has_mixer:  # (Nemotron-H's MLP blocks: an MLP alone)
+                self._latent.append(None)
+                norm = layer.post_attention_layernorm.weight
+                self.layers.append(((norm, norm), None, (norm, norm), None, None,
+                                    self._feedforward(layer)))
+                continue
             attn = None if linear else layer.self_attn
             if linear is not None:
                 self._latent.append(None)
@@ -88,8 +96,9 @@ class PackedDecoder:
                 self._latent.append(None)
                 w_qkv, b_qkv = pack_linears([attn.q_proj, attn.k_proj, attn.v_proj])
             # (input, post-attention): what pre-norm layers read; the others read _out_norms
-            norms = (getattr(layer, "input_layernorm", layer.post_attention_layernorm).weight,
-                     layer.post_attention_layernorm.weight)
+            # (Nemotron-H's mixer blocks: no second norm, read as their first)
+            second = getattr(layer, "post_attention_layernorm", None) or layer.input_layernorm
+            norms = (getattr(layer, "input_layernorm", second).weight, second.weight)
             if cfg.post_norm or cfg.sandwich_norm:  # (input, attention out, MLP in, MLP out)
                 self._out_norms.append((
                     layer.input_layernorm.weight if cfg.sandwich_norm else None,
@@ -99,25 +108,30 @@ class PackedDecoder:
             qk_norms = None
             if attn is not None and attn.q_norm is not None and attn.k_norm is not None:
                 qk_norms = (attn.q_norm.weight, attn.k_norm.weight)
-            ffn: _Dense | PackedExperts
-            if isinstance(layer.mlp, SparseMoE):
-                shared = layer.mlp.shared_experts or layer.mlp.shared_expert
-                ffn = PackedExperts(layer.mlp, self.mm, len(self.experts),
-                                    None if shared is None else pack_mlp(shared))
-                self.experts.append(ffn)
-            else:
-                ffn = pack_mlp(cast(MLP, layer.mlp))
             out_proj = linear.module.out_proj if linear else attn.o_proj  # type: ignore[union-attr]
             self.layers.append((norms, b_qkv, (w_qkv, out_proj.weight), out_proj.bias, qk_norms,
-                                ffn))
+                                self._feedforward(layer)))
         # each rotary dimension's partner for _turned (rope.turn_partners)
         self._partner = turn_partners(cfg, self.d, model.lm_head.weight.device)
         # one rotary table per rope kind (ModelConfig.rope_kind: full; sliding; none)
         self._rope_kinds = [cfg.rope_kind(i) for i in range(cfg.num_hidden_layers)]
+        self._mixes = [cfg.has_mixer(i) for i in range(cfg.num_hidden_layers)]
         weight = model.lm_head.weight
         self._ropes = {k: packed_rope_table(cfg, k, max_len, self.d, (self.heads, self.kv_heads),
                                             weight.device, weight.dtype)
                        for k in dict.fromkeys(self._rope_kinds)}
+
+    def _feedforward(self, layer: DecoderLayer) -> _Dense | PackedExperts | None:
+        """A layer's MLP packed (a sparse one's experts stacked), None where it has none."""
+        if not layer.has_mlp:
+            return None
+        if isinstance(layer.mlp, SparseMoE):
+            shared = layer.mlp.shared_experts or layer.mlp.shared_expert
+            ffn = PackedExperts(layer.mlp, self.mm, len(self.experts),
+                                None if shared is None else pack_mlp(shared))
+            self.experts.append(ffn)
+            return ffn
+        return pack_mlp(cast(MLP, layer.mlp))
 
     def _turned(self, qk: torch.Tensor) -> torch.Tensor:
         """Each head's dimensions moved onto their rotate_half partners (signs in the table)."""
@@ -154,9 +168,9 @@ class PackedDecoder:
     ) -> torch.Tensor:
         """Hidden states [B * T, hidden] after the decoder layers, for token ids [B, T] with
         rotary tables [B or 1, T, 2, heads + kv_heads, D] per rope kind (``ropes[kind]``)."""
-        cfg, heads, kv_heads, d, mm = self.cfg, self.heads, self.kv_heads, self.d, self.mm
+        cfg, mm = self.cfg, self.mm
         hidden, eps, inter = (cfg.hidden_size,), cfg.rms_norm_eps, cfg.intermediate_size
-        (b, t), split, post = tokens.shape, (heads + kv_heads) * d, cfg.post_norm
+        (b, t), post = tokens.shape, cfg.post_norm
         x = self.model.model.embed_tokens.weight[tokens.view(-1)]
         if cfg.embed_scaled:
             x = x * embed_scale(cfg, x.dtype)
@@ -164,53 +178,72 @@ class PackedDecoder:
             x = x * cfg.embedding_multiplier
         scaled = cfg.residual_multiplier != 1.0  # (Granite's: sub-layer outputs scaled)
         offset = cfg.norm_offset
-        for i, (norms, b_qkv, weights, b_o, qk_norms, ffn) in enumerate(self.layers):
-            (norm1, norm2), (w_qkv, w_o) = norms, weights
+        for i, ((_, norm2), _, _, _, _, ffn) in enumerate(self.layers):
             rope = ropes[self._rope_kinds[i]]
             if post or cfg.sandwich_norm:
                 x = self._output_norm_layer(i, x, (b, t), rope, cache, attend)
                 continue
-            cos, sin = rope[:, :, 0], rope[:, :, 1]
-            if offset:  # (Qwen3.5's norms scale by 1 + weight)
-                norm1, norm2 = norm1 + 1, norm2 + 1
-            h = torch.rms_norm(x, hidden, norm1, eps)
-            latent, linear, gate = self._latent[i], self._linear[i], None
-            if linear is not None:  # (a gated DeltaNet or Mamba2: a state, no keys or values)
-                out = self._linear_layer(linear, h, (b, t), cache)
-            elif latent is not None:  # (DeepSeek-V3's: per-head q/k/v from its latents)
-                qk, v = latent.qkv(h, mm)
-                qk = qk.view(b, t, -1, d)
-                qk = torch.addcmul(qk * cos, self._turned(qk), sin).view(b * t, -1, d)
-                out = latent.output(attend(i, qk, v, cache))
-            else:
-                qkv = mm.linear(h, w_qkv, b_qkv)
-                if qk_norms is not None and cfg.whole_qk_norm:  # (OLMoE's: before the heads)
-                    self._whole_qk_norm(qkv, qk_norms)
-                if cfg.attn_output_gate:  # (Qwen3.5's: q and gate interleaved by head)
-                    qkv, gate = self._gate_split(qkv)
-                qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
-                if qk_norms is not None and not cfg.whole_qk_norm:
-                    # Qwen3: every head of q (of k) through one RMSNorm, before RoPE. Normalise
-                    # all heads at once, then scale q's and k's heads by their own weights.
-                    qk = torch.rms_norm(qk, (d,), None, eps)
-                    qk[:, :, :heads].mul_(qk_norms[0] + int(offset))
-                    qk[:, :, heads:].mul_(qk_norms[1] + int(offset))
-                qk = torch.addcmul(qk * cos, self._turned(qk), sin).view(b * t, -1, d)
-                out = attend(i, qk, qkv[:, split:].view(b * t, -1, d), cache)
-            if gate is not None:
-                out = out * torch.sigmoid(gate)
-            x = (x + mm.linear(out, w_o, b_o) * cfg.residual_multiplier if scaled
-                 else mm.linear_add(out, w_o, b_o, x))
-            h = torch.rms_norm(x, hidden, norm2, eps)
+            if self._mixes[i]:
+                x = self._mixer_half(i, x, (b, t), rope, cache, attend)
             if isinstance(ffn, PackedExperts):  # (Granite 4.0's scaled as a dense MLP's)
+                h = torch.rms_norm(x, hidden, norm2 + 1 if offset else norm2, eps)
                 x = (x + ffn.add(h, torch.zeros_like(x)) * cfg.residual_multiplier if scaled
                      else ffn.add(h, x))
-            else:
-                w_gate_up, w_down = cast(_Dense, ffn)
-                gated = mm.gated(h, w_gate_up, inter)
+            elif ffn is not None:
+                h = torch.rms_norm(x, hidden, norm2 + 1 if offset else norm2, eps)
+                w_gate_up, w_down = ffn
+                gated = (mm.gated(h, w_gate_up, inter) if cfg.mlp_gated
+                         else self._act(mm.linear(h, w_gate_up)))  # (Nemotron-H's: no gate)
                 x = (x + mm.linear(gated, w_down) * cfg.residual_multiplier if scaled
                      else mm.linear_add(gated, w_down, None, x))
         return x
+
+    def _mixer_half(
+        self,
+        i: int,
+        x: torch.Tensor,
+        shape: tuple[int, int],
+        rope: torch.Tensor,
+        cache: SlotKVCache,
+        attend: Callable[[int, torch.Tensor, torch.Tensor, SlotKVCache], torch.Tensor],
+    ) -> torch.Tensor:
+        """A pre-norm layer's first half on hidden states [B * T, hidden]: ``x`` plus its
+        attention's (or linear mixer's) output for its normed input."""
+        cfg, heads, kv_heads, d, mm, (b, t) = (self.cfg, self.heads, self.kv_heads, self.d,
+                                               self.mm, shape)
+        (norm1, _), b_qkv, (w_qkv, w_o), b_o, qk_norms, _ = self.layers[i]
+        eps, split, offset = cfg.rms_norm_eps, (heads + kv_heads) * d, cfg.norm_offset
+        cos, sin = rope[:, :, 0], rope[:, :, 1]
+        # (Qwen3.5's norms scale by 1 + weight)
+        h = torch.rms_norm(x, (cfg.hidden_size,), norm1 + 1 if offset else norm1, eps)
+        latent, linear, gate = self._latent[i], self._linear[i], None
+        if linear is not None:  # (a gated DeltaNet or Mamba2: a state, no keys or values)
+            out = self._linear_layer(linear, h, (b, t), cache)
+        elif latent is not None:  # (DeepSeek-V3's: per-head q/k/v from its latents)
+            qk, v = latent.qkv(h, mm)
+            qk = qk.view(b, t, -1, d)
+            qk = torch.addcmul(qk * cos, self._turned(qk), sin).view(b * t, -1, d)
+            out = latent.output(attend(i, qk, v, cache))
+        else:
+            qkv = mm.linear(h, w_qkv, b_qkv)
+            if qk_norms is not None and cfg.whole_qk_norm:  # (OLMoE's: before the heads)
+                self._whole_qk_norm(qkv, qk_norms)
+            if cfg.attn_output_gate:  # (Qwen3.5's: q and gate interleaved by head)
+                qkv, gate = self._gate_split(qkv)
+            qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
+            if qk_norms is not None and not cfg.whole_qk_norm:
+                # Qwen3: every head of q (of k) through one RMSNorm, before RoPE. Normalise
+                # all heads at once, then scale q's and k's heads by their own weights.
+                qk = torch.rms_norm(qk, (d,), None, eps)
+                qk[:, :, :heads].mul_(qk_norms[0] + int(offset))
+                qk[:, :, heads:].mul_(qk_norms[1] + int(offset))
+            qk = torch.addcmul(qk * cos, self._turned(qk), sin).view(b * t, -1, d)
+            out = attend(i, qk, qkv[:, split:].view(b * t, -1, d), cache)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        if cfg.residual_multiplier != 1.0:  # (Granite's: sub-layer outputs scaled)
+            return x + mm.linear(out, w_o, b_o) * cfg.residual_multiplier
+        return mm.linear_add(out, w_o, b_o, x)
 
     def _output_norm_layer(
         self,

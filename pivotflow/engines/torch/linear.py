@@ -106,5 +106,7 @@ def pack_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor |
 def pack_mlp(mlp: MLP) -> tuple[_T, _T]:
     """A SwiGLU MLP's weights for one gated matmul (``Linears.gated``): (packed [gate; up],
     down), the MLP's own parameters views of them."""
+    if not mlp.gated:  # (Nemotron-H's: up and down alone)
+        return mlp.up_proj.weight, mlp.down_proj.weight
     w_gate_up, _ = pack_linears([mlp.gate_proj, mlp.up_proj])
     return w_gate_up, mlp.down_proj.weight

@@ -145,7 +145,9 @@ class DecoderLayer(nn.Module):
         self.post_norm, self.sandwich = cfg.post_norm, cfg.sandwich_norm
         self.residual = cfg.residual_multiplier  # (Granite's: each sub-layer's output scaled)
         size, eps, offset = cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset
-        if not self.post_norm:
+        # (Nemotron-H's layers are one block: a mixer alone, or an MLP alone)
+        self.has_mixer, self.has_mlp = cfg.has_mixer(layer_idx), cfg.has_mlp(layer_idx)
+        if not self.post_norm and self.has_mixer:
             self.input_layernorm = RMSNorm(size, eps, offset)
         # (Qwen3.5's linear layers: ``linear_attn`` in place of ``self_attn``, Granite 4.0-H's
         # ``mamba``, as HF names them)
@@ -154,10 +156,12 @@ class DecoderLayer(nn.Module):
             self.mamba = Mamba2(cfg)
         elif self.linear:
             self.linear_attn = GatedDeltaNet(cfg)
-        else:
+        elif self.has_mixer:
             self.self_attn: Attention | LatentAttention = (
                 LatentAttention(cfg, layer_idx) if cfg.latent_attention
                 else Attention(cfg, layer_idx))
+        if not self.has_mlp:
+            return
         self.post_attention_layernorm = RMSNorm(size, eps, offset)
         if self.sandwich:
             self.pre_feedforward_layernorm = RMSNorm(size, eps, offset)
@@ -179,10 +183,13 @@ class DecoderLayer(nn.Module):
         if self.post_norm:
             x = x + self.post_attention_layernorm(self.self_attn(x, cos, sin, attn_mask, cache))
             return x + self.post_feedforward_layernorm(self.mlp(x))
-        h = self.input_layernorm(x)
-        attn = (self.mixer(h) if self.linear
-                else self.self_attn(h, cos, sin, attn_mask, cache))
-        x = x + (attn * self.residual if self.residual != 1.0 else attn)
+        if self.has_mixer:
+            h = self.input_layernorm(x)
+            attn = (self.mixer(h) if self.linear
+                    else self.self_attn(h, cos, sin, attn_mask, cache))
+            x = x + (attn * self.residual if self.residual != 1.0 else attn)
+        if not self.has_mlp:
+            return x
         h = self.post_attention_layernorm(x)
         out = self.mlp(h, replay, balance) if isinstance(self.mlp, SparseMoE) else self.mlp(h)
         return x + (out * self.residual if self.residual != 1.0 else out)
@@ -255,8 +262,8 @@ class Decoder(nn.Module):
 
     def _sigmoid_routed(self) -> list[SparseMoE]:
         """The sparse blocks whose router is a sigmoid one (those with a correction bias)."""
-        return [layer.mlp for layer in self.model.layers
-                if isinstance(layer.mlp, SparseMoE) and layer.mlp.correction_bias is not None]
+        blocks = [getattr(layer, "mlp", None) for layer in self.model.layers]
+        return [b for b in blocks if isinstance(b, SparseMoE) and b.correction_bias is not None]
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -317,7 +324,7 @@ class Decoder(nn.Module):
         for i, layer in enumerate(self.model.layers):
             (cos, sin), mask = rope[cfg.rope_kind(i)], masks[cfg.is_sliding(i)]
             replay = None
-            if routing is not None and isinstance(layer.mlp, SparseMoE):
+            if routing is not None and isinstance(getattr(layer, "mlp", None), SparseMoE):
                 replay, sparse = routing[:, :, sparse].long(), sparse + 1
             if recompute:
                 # Activation checkpointing: keep each layer's input only and run the layer again

@@ -12,7 +12,8 @@ import msgspec
 ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "olmo3",
                  "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3", "qwen2_moe",
                  "gemma2", "olmoe", "granite", "gpt_oss", "deepseek_v3", "deepseek_v2",
-                 "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "granitemoehybrid")
+                 "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "granitemoehybrid",
+                 "nemotron_h")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
@@ -26,7 +27,10 @@ QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", 
 HYBRID_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 # Granite 4.0's: Mamba2 layers (``mamba2``) on ``linear_attention_layers`` (Granite 4.0-H's
 # most layers; none in the dense Granite 4.0), attention on the rest
-MAMBA_ARCHITECTURES = ("granitemoehybrid",)
+MAMBA_ARCHITECTURES = ("granitemoehybrid", "nemotron_h")
+# Nemotron-H's: each layer one block (Mamba2, attention, or an MLP: ``mlp_blocks``), not a
+# mixer and an MLP; its MLPs ungated, relu(x)^2
+BLOCK_ARCHITECTURES = ("nemotron_h",)
 # q and k normalised over their whole projections (all heads at once), not per head
 WHOLE_QK_NORM_ARCHITECTURES = ("olmo2", "olmo3", "olmoe")
 OPTIONAL_QK_NORM_ARCHITECTURES = ("glm4_moe",)  # (its use_qk_norm says)
@@ -41,12 +45,14 @@ SANDWICH_NORM_ARCHITECTURES = ("gemma3_text", "glm4", "gemma2")
 OFFSET_NORM_ARCHITECTURES = ("gemma3_text", "gemma2", "qwen3_5_text", "qwen3_5_moe_text",
                              "qwen3_next")
 EMBED_SCALED_ARCHITECTURES = ("gemma3_text", "gemma2")
-ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the MLP's gate (HF's hidden_act names)
+# the MLP's gate (HF's hidden_act names); relu2 (relu(x)^2) is Nemotron-H's ungated MLP's
+GATED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+ACTIVATIONS = (*GATED_ACTIVATIONS, "relu2")
 # q and k normalised over the whole projection (all heads at once), norms on each sub-layer's
 # output ("post-norm"): OLMo-2 and OLMo-3
 POST_NORM_ARCHITECTURES = ("olmo2", "olmo3")
 # (layers without rope: SmolLM3's some, Granite 4.0-H's all)
-NOPE_ARCHITECTURES = ("smollm3", "granitemoehybrid")
+NOPE_ARCHITECTURES = ("smollm3", "granitemoehybrid", "nemotron_h")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
@@ -195,6 +201,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     mamba_conv_bias: bool = True
     mamba_proj_bias: bool = False
     time_step_limit: tuple[float, float] = (0.0, math.inf)
+    # Nemotron-H's layers that are an MLP alone (its "-" blocks); every other layer of a
+    # nemotron_h model is a mixer alone (Mamba2, "M", or attention, "*")
+    mlp_blocks: tuple[int, ...] = ()
     # Granite 4.0's shared MLP beside its experts: an ungated shared expert of this width
     # (``mlp.shared_experts``); 0: n_shared_experts experts' width
     shared_intermediate_size: int = 0
@@ -236,6 +245,20 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         a state)."""
         return layer in self.linear_attention_layers
 
+    def has_mixer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` has attention or a linear mixer (all but
+        Nemotron-H's MLP blocks)."""
+        return layer not in self.mlp_blocks
+
+    def has_mlp(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` has an MLP (all but Nemotron-H's mixer blocks)."""
+        return self.architecture not in BLOCK_ARCHITECTURES or layer in self.mlp_blocks
+
+    @property
+    def mlp_gated(self) -> bool:
+        """Whether the MLP gates its up projection (SwiGLU, GeGLU); Nemotron-H's does not."""
+        return self.hidden_act != "relu2"
+
     @property
     def mamba(self) -> bool:
         """Whether the linear layers are Mamba2's (Granite 4.0-H's), not gated DeltaNets."""
@@ -253,8 +276,10 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
-        """The layers that attend over cached keys and values (all but the linear ones)."""
-        return tuple(i for i in range(self.num_hidden_layers) if not self.is_linear(i))
+        """The layers that attend over cached keys and values (all but the linear ones and
+        Nemotron-H's MLP blocks)."""
+        return tuple(i for i in range(self.num_hidden_layers)
+                     if not self.is_linear(i) and self.has_mixer(i))
 
     @property
     def attention_scale(self) -> float:
@@ -343,6 +368,7 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         decides)."""
         return (
             self.num_experts > 0
+            and self.has_mlp(layer)
             and layer not in self.mlp_only_layers
             and (layer + 1) % self.decoder_sparse_step == 0
         )

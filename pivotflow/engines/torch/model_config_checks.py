@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from pivotflow.engines.torch.model_config import (
     ACTIVATIONS,
     ARCHITECTURES,
+    BLOCK_ARCHITECTURES,
     HYBRID_ARCHITECTURES,
     LATENT_ARCHITECTURES,
     MAMBA_ARCHITECTURES,
@@ -160,8 +161,32 @@ _MAMBA_DIMS = ("mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state
                "mamba_d_conv", "mamba_expand")
 
 
+def _blocks(cfg: ModelConfig) -> None:
+    """Nemotron-H's one-block layers: MLP blocks inside the model, none a linear layer; its
+    MLPs ungated (relu2), every other family's gated."""
+    nemotron = cfg.architecture in BLOCK_ARCHITECTURES
+    if cfg.mlp_blocks and not nemotron:
+        raise ModelConfigError(f"mlp_blocks do not fit architecture {cfg.architecture!r} (only "
+                               f"{', '.join(BLOCK_ARCHITECTURES)} has one-block layers)")
+    outside = [i for i in cfg.mlp_blocks if not 0 <= i < cfg.num_hidden_layers]
+    if outside:
+        raise ModelConfigError(f"mlp_blocks {outside} are not layers of a "
+                               f"{cfg.num_hidden_layers}-layer model")
+    both = sorted(set(cfg.mlp_blocks) & set(cfg.linear_attention_layers))
+    if both:
+        raise ModelConfigError(f"layers {both} are both MLP blocks and Mamba2 layers")
+    if nemotron != (cfg.hidden_act == "relu2"):
+        raise ModelConfigError(f"hidden_act {cfg.hidden_act!r} does not fit architecture "
+                               f"{cfg.architecture!r} (relu2 is Nemotron-H's, and only its)")
+
+
 def _mamba(cfg: ModelConfig) -> None:
-    """Granite 4.0-H's Mamba2 layers' widths (and its shared MLP's, Granite 4.0's alone)."""
+    """Granite 4.0-H's and Nemotron-H's Mamba2 layers' widths (and Granite 4.0's shared MLP's,
+    its alone)."""
+    _blocks(cfg)
+    if cfg.shared_intermediate_size and cfg.architecture != "granitemoehybrid":
+        raise ModelConfigError(f"shared_intermediate_size does not fit architecture "
+                               f"{cfg.architecture!r} (only granitemoehybrid)")
     if not cfg.mamba:
         if cfg.mamba_n_heads or cfg.shared_intermediate_size:
             raise ModelConfigError(
@@ -180,7 +205,8 @@ def _mamba(cfg: ModelConfig) -> None:
     for name in _MAMBA_DIMS:
         if getattr(cfg, name) <= 0:
             raise ModelConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
-    if cfg.mamba_d_inner != cfg.mamba_expand * cfg.hidden_size:
+    granite = cfg.architecture == "granitemoehybrid"  # (Nemotron-H's width is its heads')
+    if granite and cfg.mamba_d_inner != cfg.mamba_expand * cfg.hidden_size:
         raise ModelConfigError(
             f"mamba_n_heads {cfg.mamba_n_heads} x mamba_d_head {cfg.mamba_d_head} must be "
             f"mamba_expand {cfg.mamba_expand} x hidden_size {cfg.hidden_size}")
