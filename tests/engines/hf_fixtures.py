@@ -329,6 +329,17 @@ CASES += [
          {**NEMOTRON_MAMBA, "hybrid_override_pattern": "*-M-"}),
 ]  # fmt: skip
 NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST = CASES[38], CASES[39]
+# Nemotron 3's: its MLPs mixtures of 8 ungated experts (2 a token) beside a shared one, chosen by
+# a grouped sigmoid router (the best 1 of 2 groups) with a correction bias, weights
+# renormalised times 2.5; a dense MLP block among them
+CASES += [
+    Case("nemotron-h-moe", "NemotronHConfig", False,
+         {**NEMOTRON_MAMBA, "hybrid_override_pattern": "ME*-ME", "n_routed_experts": 8,
+          "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+          "moe_shared_expert_intermediate_size": 64, "n_group": 2, "topk_group": 1,
+          "routed_scaling_factor": 2.5, "norm_topk_prob": True}),
+]  # fmt: skip
+NEMOTRON_H_MOE = CASES[40]
 CASE_IDS = [c.name for c in CASES]
 
 

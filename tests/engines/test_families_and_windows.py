@@ -33,6 +33,7 @@ from hf_fixtures import (
     MIXTRAL,
     NEMOTRON_H,
     NEMOTRON_H_ATTENTION_FIRST,
+    NEMOTRON_H_MOE,
     OLMO2,
     OLMO3,
     OLMOE,
@@ -92,7 +93,7 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        PHI4_MINI, MIXTRAL, GLM4, GLM4_MOE, SMOLLM3, SMOLLM3_WINDOW, QWEN2_MOE, GEMMA2, OLMOE,
        GRANITE, GPT_OSS, DEEPSEEK_V3, DEEPSEEK_V3_PLAIN, DEEPSEEK_V2, DEEPSEEK_V2_LITE, QWEN3_5,
        QWEN3_5_TIED, QWEN3_5_MOE, QWEN3_NEXT, GRANITE4_H, GRANITE4_H_DENSE, GRANITE4_DENSE,
-       NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST]
+       NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -193,11 +194,14 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert written["position_embedding_type"] == ("nope" if case is GRANITE4_H else "rope")
         assert (written["num_local_experts"], written["shared_intermediate_size"]) == (
             (8, 96) if case is GRANITE4_H else (0, 96))
-    elif case in (NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST):
+    elif case in (NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE):
         # (the Hub's pattern, which vLLM reads, and NemotronHConfig's own keys)
         assert written["model_type"] == "nemotron_h" and written["mlp_hidden_act"] == "relu2"
         assert written["hybrid_override_pattern"] == case.extra["hybrid_override_pattern"]
         assert (written["mamba_num_heads"], written["n_groups"]) == (4, 2)
+        if case is NEMOTRON_H_MOE:
+            assert (written["n_routed_experts"], written["n_group"]) == (8, 2)
+            assert written["moe_shared_expert_intermediate_size"] == 64
     elif case is QWEN2_WINDOW:
         assert written["layer_types"] == ["full_attention", "sliding_attention"]
         assert written["use_sliding_window"] and written["sliding_window"] == 5

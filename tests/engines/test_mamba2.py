@@ -202,9 +202,10 @@ def test_nemotrons_spellings_read_alike() -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"hybrid_override_pattern": "M-E*"},
-     "mixture-of-experts blocks (E in 'M-E*') is not supported by the embedded engine on "
-     "nemotron_h (M, *, -)"),
+    ({"hybrid_override_pattern": "M-E*", "moe_latent_size": 32},
+     "moe_latent_size=32 is not supported by the embedded engine on nemotron_h (None)"),
+    ({"hybrid_override_pattern": "M-E*", "n_routed_experts": 0},
+     "n_routed_experts=0 is not an integer >= 1"),
     ({"hybrid_override_pattern": "M-X"},
      "layer types 'M-X' are not Nemotron-H's blocks (M, *, -, E; or mamba, attention, mlp, "
      "moe)"),

@@ -524,3 +524,26 @@ def test_a_hybrid_vllms_cpu_kernel_cannot_run_is_one_line(tmp_path: Path, folder
     assert str(err.value) == (f"{path / 'config.json'}: linear_value_head_dim 32 is below what "
                               "vLLM's CPU gated DeltaNet kernel runs (64 and up: 64 and 128 "
                               "measured)")
+
+
+def test_nemotron_h_experts_vllms_cpu_build_cannot_run_are_one_line(tmp_path: Path,
+                                                                   folder: Path) -> None:
+    """vLLM's CPU build builds gated experts only ("is_act_and_mul=False is supported only for
+    CUDA, XPU and ROCm for now", raised as its engine starts): pivotflow names it, and the
+    folder, before vLLM starts, whichever way the config says its blocks."""
+    from pivotflow.engines.vllm_engine import VllmEngine
+    from pivotflow.errors import EngineError
+
+    (tmp_path / "model").mkdir()
+    path = _folder(tmp_path / "model", folder, "nemotron-h")
+    config = json.loads((path / "config.json").read_text())
+    for blocks in ({"hybrid_override_pattern": "M-*E", "layers_block_type": None},
+                   {"layers_block_type": ["linear_attention", "mlp", "full_attention", "moe"]}):
+        (path / "config.json").write_text(json.dumps({**config, **blocks}))
+        with pytest.raises(EngineError) as err:
+            VllmEngine(None, model_path=str(path), dtype="float32", max_model_len=MAX_LEN,
+                       load_format="dummy", threads=1)
+        assert str(err.value) == (
+            f"{path / 'config.json'}: vLLM's CPU build cannot serve Nemotron-H's "
+            "mixture-of-experts blocks (its CPU experts are gated ones only; these are relu^2 "
+            "without a gate): serve it with engine='torch', or vLLM on a GPU")

@@ -84,14 +84,19 @@ class PackedExperts:
         self.shared = shared
         gate = block.shared_expert_gate
         self.shared_gate = None if gate is None else gate.weight
-        self.units, self.count = experts[0].gate_proj.weight.shape[0], len(experts)
+        self.units, self.count = experts[0].up_proj.weight.shape[0], len(experts)
+        # Nemotron-H's experts have no gate: ``gate_up`` is then their up rows alone, and
+        # ``act`` (relu(x)^2) their whole activation
+        self.gated, self.act = experts[0].gated, experts[0].act
         self.gate_up = torch.stack(
-            [torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in experts]
-        )
+            [torch.cat([e.gate_proj.weight, e.up_proj.weight]) if self.gated else e.up_proj.weight
+             for e in experts])
         self.down = torch.stack([e.down_proj.weight for e in experts])
         for i, e in enumerate(experts):  # the module's weights become views of the stacks
-            e.gate_proj.weight = nn.Parameter(self.gate_up[i, : self.units], requires_grad=False)
-            e.up_proj.weight = nn.Parameter(self.gate_up[i, self.units :], requires_grad=False)
+            if self.gated:
+                e.gate_proj.weight = nn.Parameter(self.gate_up[i, : self.units],
+                                                  requires_grad=False)
+            e.up_proj.weight = nn.Parameter(self.gate_up[i, -self.units:], requires_grad=False)
             e.down_proj.weight = nn.Parameter(self.down[i], requires_grad=False)
         # gpt-oss's experts: biases, stacked the same way, and a clamped gate
         self.limit, self.alpha = experts[0].limit, experts[0].alpha
@@ -116,7 +121,9 @@ class PackedExperts:
             self.recorder.write(self.sparse_index, chosen)
         if self.shared is not None:
             gate_up, down = self.shared
-            if self.shared_gate is None:
+            if not self.gated:  # (Nemotron-H's shared expert: up, relu(x)^2, down)
+                x = self.mm.linear_add(self.act(self.mm.linear(h, gate_up)), down, None, x)
+            elif self.shared_gate is None:
                 x = self.mm.linear_add(self.mm.gated(h, gate_up, down.shape[1]), down, None, x)
             else:
                 shared = self.mm.linear(self.mm.gated(h, gate_up, down.shape[1]), down)
@@ -130,5 +137,6 @@ class PackedExperts:
             act = clamped_glu(gate_up[:, : self.units], gate_up[:, self.units :], self.limit,
                               self.alpha)
             return self.mm.linear(act, self.down[expert], self.down_bias[expert])
-        act = self.mm.gated(rows, self.gate_up[expert], self.units)
+        act = (self.mm.gated(rows, self.gate_up[expert], self.units) if self.gated
+               else self.act(self.mm.linear(rows, self.gate_up[expert])))
         return self.mm.linear(act, self.down[expert])

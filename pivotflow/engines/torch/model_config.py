@@ -17,7 +17,7 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
-                     "granitemoehybrid")
+                     "granitemoehybrid", "nemotron_h")
 # multi-head latent attention (DeepSeek-V2's and V3's, ``kv_lora_rank``)
 LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
@@ -204,8 +204,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     # Nemotron-H's layers that are an MLP alone (its "-" blocks); every other layer of a
     # nemotron_h model is a mixer alone (Mamba2, "M", or attention, "*")
     mlp_blocks: tuple[int, ...] = ()
-    # Granite 4.0's shared MLP beside its experts: an ungated shared expert of this width
-    # (``mlp.shared_experts``); 0: n_shared_experts experts' width
+    # Granite 4.0's shared MLP beside its experts, Nemotron-H's shared expert: an ungated shared
+    # expert of this width (``mlp.shared_experts``); 0: n_shared_experts experts' width
     shared_intermediate_size: int = 0
 
     def __post_init__(self) -> None:

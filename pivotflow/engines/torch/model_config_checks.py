@@ -184,9 +184,6 @@ def _mamba(cfg: ModelConfig) -> None:
     """Granite 4.0-H's and Nemotron-H's Mamba2 layers' widths (and Granite 4.0's shared MLP's,
     its alone)."""
     _blocks(cfg)
-    if cfg.shared_intermediate_size and cfg.architecture != "granitemoehybrid":
-        raise ModelConfigError(f"shared_intermediate_size does not fit architecture "
-                               f"{cfg.architecture!r} (only granitemoehybrid)")
     if not cfg.mamba:
         if cfg.mamba_n_heads or cfg.shared_intermediate_size:
             raise ModelConfigError(
