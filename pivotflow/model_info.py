@@ -81,7 +81,8 @@ def describe_model(path: Path) -> str:
         lines.append(f"  experts {cfg.num_experts} ({cfg.num_experts_per_tok} a token) on "
                      f"{cfg.sparse_layers} of {cfg.num_hidden_layers} layers" + _router(cfg))
     raw = read_config(path)  # (as the file says it: a run holds what held_config gives)
-    mtp = raw.get("num_nextn_predict_layers") or raw.get("mtp_num_hidden_layers") or 0
+    mtp = (raw.get("num_nextn_predict_layers") or raw.get("mtp_num_hidden_layers")
+           or raw.get("num_mtp_modules") or 0)
     layout = {"phi3": "q/k/v and gate/up fused in the file, held split",
               "mixtral": "block_sparse_moe and w1/w2/w3 in the file, held as mlp.experts",
               "glm4": "gate/up fused and q/k turning in interleaved pairs in the file, held "
@@ -98,6 +99,9 @@ def describe_model(path: Path) -> str:
               "qwen3_5_text": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
               "qwen3_5_moe_text": f"{mtp} multi-token-prediction layer(s) in the file, not "
                                   "loaded",
+              "minimax_m2": "block_sparse_moe and w1/w2/w3 in the file, held as mlp.experts"
+                            + (f"; {mtp} multi-token-prediction layer(s), not loaded" if mtp
+                               else ""),
               "nemotron_h": "backbone.* and each block's mixer in the file, held under the "
                             "common names",
               "granitemoehybrid": "shared MLP's gate/up fused"

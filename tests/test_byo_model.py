@@ -289,6 +289,14 @@ OTHER_LAYOUTS = {
                           "model.layers.0.mamba.conv1d.weight",
                           "model.layers.1.shared_mlp.output_linear.weight",
                           "model.layers.1.shared_mlp.input_linear.weight")),
+    # MiniMax-M2: whole-projection q/k norms, half of each head rotating, 4 experts on every
+    # layer by a sigmoid router with a correction bias on the sparse block; Mixtral's names
+    "minimax_m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM",
+                   {"head_dim": 32, "rotary_dim": 16, "num_local_experts": 4,
+                    "num_experts_per_tok": 2},
+                   ("model.layers.0.block_sparse_moe.experts.1.w1.weight",
+                    "model.layers.1.block_sparse_moe.gate.weight",
+                    "model.layers.0.self_attn.q_norm.weight")),
     # Nemotron-H: one block a layer (Mamba2, an ungated relu^2 MLP, attention without rope,
     # another MLP), its decoder named backbone and each block mixer in the file
     "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM",
@@ -356,6 +364,7 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     policy.generation_config = GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)
     policy.save_pretrained(folder)
     mtp = family in ("glm4_moe", "deepseek_v3")
+    sigmoid = mtp or family == "minimax_m2"  # (a sigmoid router's correction bias, frozen)
     if mtp:
         from safetensors.torch import save_file
 
@@ -386,6 +395,9 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
             "granitemoehybrid": "Mamba2 on 1 of 2 layers: 8 heads of 32, state 32 in 1 "
                                 "group(s), a 4-tap convolution\n  tensors: shared MLP's "
                                 "gate/up fused in the file, held split",
+            "minimax_m2": "experts 4 (2 a token) on 2 of 2 layers; sigmoid router with a "
+                          "correction bias\n  tensors: block_sparse_moe and w1/w2/w3 in the "
+                          "file, held as mlp.experts",
             "nemotron_h": "Mamba2 on 1 of 4 layers: 8 heads of 32, state 32 in 2 group(s), a "
                           "4-tap convolution\n  one block a layer: 1 Mamba2, 1 attention, 2 "
                           "MLP (ungated, relu^2)\n  tensors: backbone.* and each block's mixer "
@@ -394,9 +406,10 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
                           "64\n  tensors: DeltaNet projections fused and grouped by key "
                           "head in the file (in_proj_qkvz, in_proj_ba), held split"}[family] in said.stderr
     prompts = write_prompts(tmp_path / "prompts.jsonl")
-    # (GLM-4.5's sigmoid router: its rollouts' experts replayed, a balance loss of its kind)
+    # (GLM-4.5's and MiniMax-M2's sigmoid routers: their rollouts' experts replayed, a balance
+    # loss of its kind)
     graph = write_graph(tmp_path, folder, prompts, *(
-        ("routing_replay=True", "router_aux_loss_coef=0.01") if mtp else ()))
+        ("routing_replay=True", "router_aux_loss_coef=0.01") if sigmoid else ()))
     s = run(graph, steps=2, out=tmp_path / "out", console=False, sets=["live=false"]).summary
     assert s["error"] is None and s["steps"] == 2 and s["ledger"]["groups_trained"] == 4
     assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
@@ -411,9 +424,11 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     assert after.keys() <= before.keys()
     for name in moved:
         assert not torch.equal(before[name], after[name]), name
-    if mtp:  # (a load statistic, not a weight: frozen)
-        bias = "model.layers.1.mlp.gate.e_score_correction_bias"
+    if sigmoid:  # (a load statistic, not a weight: frozen)
+        bias = ("model.layers.1.block_sparse_moe.e_score_correction_bias" if not mtp
+                else "model.layers.1.mlp.gate.e_score_correction_bias")
         assert torch.equal(before[bias], after[bias])
+    if mtp:
         assert json.loads((ckpt / "config.json").read_text())["num_nextn_predict_layers"] == 0
     again = run(graph, steps=3, out=tmp_path / "out", console=False, resume=str(tmp_path / "out"))
     assert again.summary["steps"] == 3 and again.summary["error"] is None

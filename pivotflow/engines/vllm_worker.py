@@ -21,6 +21,11 @@ experts for its CPU grouped GEMM only on the first load (``is_weight_update`` sk
 own ``process_weights_after_loading``), so after a reload the kernel reads the checkpoint layout
 as if packed: every token's output changes, even on a reload of the same weights (found on a
 Qwen3-MoE). ``_repack_cpu_experts`` runs that step again.
+
+The layerwise reload also reads every parameter's weight loader's ``__name__``, which a
+``functools.partial`` has none of: MiniMax-M2's q/k norms' loaders are partials, and its first
+load from the store failed with "'functools.partial' object has no attribute '__name__'"
+(vLLM 0.32). ``_name_partial_loaders`` gives each such loader its function's name first.
 """
 
 from __future__ import annotations
@@ -57,9 +62,21 @@ class StoreWeightLoader:
 
     def _pivotflow_reload(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
         with torch.no_grad():  # vLLM's loaders copy into parameters in place
+            _name_partial_loaders(self.model_runner.get_model())
             self.model_runner.reload_weights(weights_iterator=items, is_checkpoint_format=True)
             _repack_cpu_gemms(self.model_runner.get_model())
             _repack_cpu_experts(self.model_runner.get_model())
+
+
+def _name_partial_loaders(model: torch.nn.Module) -> None:
+    """Give each parameter's ``functools.partial`` weight loader its function's ``__name__``,
+    which vLLM's layerwise reload reads (a partial's attributes are its own to set)."""
+    import functools
+
+    for param in model.parameters():
+        loader = getattr(param, "weight_loader", None)
+        if isinstance(loader, functools.partial) and not hasattr(loader, "__name__"):
+            loader.__name__ = getattr(loader.func, "__name__", "partial")  # type: ignore[attr-defined]
 
 
 def _repack_cpu_gemms(model: torch.nn.Module) -> None:

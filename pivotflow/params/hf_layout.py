@@ -16,6 +16,9 @@ These families store theirs otherwise:
   layer (``mtp.*``), as Qwen3.5's, is left out as the folder is read.
 * Mixtral names its sparse layer ``block_sparse_moe`` and its experts' projections ``w1``
   (gate), ``w3`` (up) and ``w2`` (down), which is all vLLM's and SGLang's loaders read.
+  MiniMax-M2 (``minimax_m2``) names them so too, its router's correction bias on the block
+  (``block_sparse_moe.e_score_correction_bias``, held on the router as GLM-4.5's), and keeps
+  its multi-token-prediction modules past the decoder's last layer (left out).
 * GLM-4 fuses gate/up, names its four norms its own way, and rotates interleaved pairs of
   each head's dimensions, which pivotflow holds reordered (``_turn_heads``).
 * Kimi K2 names DeepSeek-V3's architecture ``kimi_k2`` (with remote code in ``auto_map``):
@@ -99,8 +102,10 @@ _FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
 # DeepSeek-V3's router as its own configs name it (transformers' DeepseekV3 runs it whatever
 # they say; config_from_hf refuses other values)
 DEEPSEEK_V3_ROUTER = {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "moe_layer_freq": 1}
-# the families whose files hold multi-token-prediction layers past the decoder's last
-_MTP_FAMILIES = ("glm4_moe", "deepseek_v3")
+# the families whose files hold multi-token-prediction layers past the decoder's last, and the
+# key that counts them
+_MTP_FAMILIES = {"glm4_moe": "num_nextn_predict_layers", "deepseek_v3": "num_nextn_predict_layers",
+                 "minimax_m2": "num_mtp_modules"}
 # the families whose files hold them apart, as ``mtp.*`` (Qwen3.5's)
 _MTP_APART = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 # Mixtral's names <-> pivotflow's (a layer's router; an expert's three projections)
@@ -141,6 +146,19 @@ def _mixtral_name(name: str, to_disk: bool) -> str:
         expert, proj = inner.rsplit(".", 1)[0], m.group(3)
         inner = f"{expert}.w{_PROJ_TO_W[proj]}" if to_disk else f"{expert}.{_W_TO_PROJ[proj]}_proj"
     return f"{m.group(1)}{'block_sparse_moe' if to_disk else 'mlp'}.{inner}.weight"
+
+
+_MINIMAX_BIAS = ("block_sparse_moe.e_score_correction_bias", "mlp.gate.e_score_correction_bias")
+
+
+def _minimax_name(name: str, to_disk: bool) -> str:
+    """A MiniMax-M2 tensor's name in the file (``to_disk``) or as pivotflow holds it: Mixtral's
+    names, and its router's correction bias on the sparse block there, on the router here."""
+    disk, held = _MINIMAX_BIAS
+    src, dst = (held, disk) if to_disk else (disk, held)
+    if name.endswith(src):
+        return name[: -len(src)] + dst
+    return _mixtral_name(name, to_disk)
 
 
 def _geometry(config: dict[str, Any], where: str) -> ModelConfig:
@@ -232,8 +250,11 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
         # (transformers' greedy choice ignores the groups; vLLM groups by n_group whatever
         # topk_method says)
         config = {**config, "n_group": 1, "topk_group": 1}
-    if family in _MTP_FAMILIES and config.get("num_nextn_predict_layers"):
-        return {**config, "num_nextn_predict_layers": 0}
+    if family == "minimax_m2":  # (transformers 5 and vLLM run it natively: no remote code)
+        config = _minimax_router(config)
+    if family in _MTP_FAMILIES and config.get(_MTP_FAMILIES[family]):
+        return {**config, _MTP_FAMILIES[family]: 0,
+                **({"use_mtp": False} if family == "minimax_m2" else {})}
     if family in _MTP_APART and config.get("mtp_num_hidden_layers"):
         return {**config, "mtp_num_hidden_layers": 0}  # (Qwen3.5's and Qwen3-Next's)
     if family == "gpt_oss" and is_mxfp4(config):  # (held dequantized: mxfp4)
@@ -255,6 +276,19 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
     # (the text model's own family's reading next: Kimi K2.5's is DeepSeek-V3's router)
     return held_config({**defaults, **text, **outer, "model_type": kind,
                         "architectures": [causal_lm]}, where)
+
+
+def _minimax_router(config: dict[str, Any]) -> dict[str, Any]:
+    """A MiniMax-M2 config without its remote code (``auto_map``: transformers 5 and vLLM run
+    it natively), with the keys vLLM's module reads that transformers writes none of: its
+    router (a sigmoid with a correction bias) and ``rotary_dim``."""
+    out = {k: v for k, v in config.items() if k != "auto_map"}
+    out.update(scoring_func="sigmoid", use_routing_bias=True)
+    if "rotary_dim" not in out:
+        rope = out.get("rope_parameters") or out.get("rope_scaling") or {}
+        partial = rope.get("partial_rotary_factor", out.get("partial_rotary_factor", 1.0))
+        out["rotary_dim"] = int(out.get("head_dim", 128) * partial)
+    return out
 
 
 def _unquantized(config: dict[str, Any]) -> dict[str, Any]:
@@ -284,6 +318,10 @@ def held_layout(
     family = family_of(config)
     if family == "mixtral":
         return {_mixtral_name(name, to_disk=False): t for name, t in tensors.items()}
+    if family == "minimax_m2":  # (Mixtral's names, its router's bias on the block; MTP past)
+        cfg = _geometry(config, where)
+        return {_minimax_name(name, to_disk=False): t for name, t in tensors.items()
+                if (m := _LAYER.match(name)) is None or int(m.group(1)) < cfg.num_hidden_layers}
     if family == "granitemoehybrid":
         return granite_split(tensors, where)
     if family == "nemotron_h":
@@ -360,6 +398,8 @@ def engine_names(config: dict[str, Any],
     family = family_of(config)
     if family == "mixtral":
         return {_mixtral_name(name, to_disk=True): t for name, t in tensors.items()}
+    if family == "minimax_m2":
+        return {_minimax_name(name, to_disk=True): t for name, t in tensors.items()}
     if family == "gpt_oss":
         return oss_engine(tensors)
     if family == "granitemoehybrid":

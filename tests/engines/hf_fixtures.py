@@ -2,7 +2,7 @@
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
 Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, Phi-4-mini's partial
-rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, DeepSeek-V3's and V2's latent attention, Qwen3.5's gated DeltaNet, Granite 4.0-H's Mamba2, Nemotron-H's one-block layers, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
+rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, DeepSeek-V3's and V2's latent attention, Qwen3.5's gated DeltaNet, Granite 4.0-H's Mamba2, Nemotron-H's one-block layers, MiniMax-M2's sigmoid router, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
 Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
@@ -340,6 +340,16 @@ CASES += [
           "routed_scaling_factor": 2.5, "norm_topk_prob": True}),
 ]  # fmt: skip
 NEMOTRON_H_MOE = CASES[40]
+# MiniMax-M2: q and k normalised over their whole projections, the first 16 of each head's 32
+# dimensions rotating (its legacy rotary_dim), 8 experts on every layer chosen by a sigmoid
+# router with a correction bias (2 a token, renormalised); Mixtral's names in the file
+CASES += [
+    Case("minimax-m2", "MiniMaxM2Config", False,
+         {"head_dim": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "rotary_dim": 16,
+          "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 48,
+          "bos_token_id": 1, "eos_token_id": 2, "rope_theta": 10000.0}),
+]  # fmt: skip
+MINIMAX_M2 = CASES[41]
 CASE_IDS = [c.name for c in CASES]
 
 

@@ -28,6 +28,7 @@ from hf_fixtures import (
     GRANITE4_DENSE,
     GRANITE4_H,
     GRANITE4_H_DENSE,
+    MINIMAX_M2,
     MISTRAL,
     MISTRAL_WINDOW,
     MIXTRAL,
@@ -93,7 +94,7 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        PHI4_MINI, MIXTRAL, GLM4, GLM4_MOE, SMOLLM3, SMOLLM3_WINDOW, QWEN2_MOE, GEMMA2, OLMOE,
        GRANITE, GPT_OSS, DEEPSEEK_V3, DEEPSEEK_V3_PLAIN, DEEPSEEK_V2, DEEPSEEK_V2_LITE, QWEN3_5,
        QWEN3_5_TIED, QWEN3_5_MOE, QWEN3_NEXT, GRANITE4_H, GRANITE4_H_DENSE, GRANITE4_DENSE,
-       NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE]
+       NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE, MINIMAX_M2]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -202,6 +203,11 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         if case is NEMOTRON_H_MOE:
             assert (written["n_routed_experts"], written["n_group"]) == (8, 2)
             assert written["moe_shared_expert_intermediate_size"] == 64
+    elif case is MINIMAX_M2:
+        # (the keys its remote code and vLLM read)
+        assert written["model_type"] == "minimax_m2" and written["rotary_dim"] == 16
+        assert (written["scoring_func"], written["use_routing_bias"]) == ("sigmoid", True)
+        assert written["num_local_experts"] == 8 and written["num_mtp_modules"] == 0
     elif case is QWEN2_WINDOW:
         assert written["layer_types"] == ["full_attention", "sliding_attention"]
         assert written["use_sliding_window"] and written["sliding_window"] == 5
@@ -674,3 +680,41 @@ def test_gpt_oss_as_the_hub_ships_it_in_mxfp4_loads_dequantized(tmp_path: Path) 
                        r"down_proj_scales' of shape \(4, 128, 2\) beside it") as exc:
         load_model_folder(tmp_path / "mxfp4")
     assert "\n" not in str(exc.value)
+
+
+def test_minimax_m2_as_the_hub_ships_it(tmp_path: Path) -> None:
+    """The Hub's MiniMax-M2 configs are written for its remote code (auto_map, rotary_dim,
+    scoring_func, use_routing_bias, attn_type_list) and its files hold multi-token-prediction
+    modules as layers past the decoder's last (num_mtp_modules): read as transformers runs
+    it, the modules left out, the remote code dropped, and what vLLM reads said; keys asking
+    for other math are one-line errors."""
+    from safetensors.torch import load_file, save_file
+
+    model = save_folder(MINIMAX_M2, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["model.layers.2.self_attn.q_proj.weight"] = torch.zeros(128, 64)  # (an MTP layer's)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    hub = {**config, "auto_map": {"AutoModelForCausalLM": "modeling_minimax_m2.X"},
+           "num_mtp_modules": 1, "use_mtp": True, "scoring_func": "sigmoid",
+           "use_routing_bias": True, "attn_type_list": [1, 1], "qk_norm_type": "per_layer"}
+    (tmp_path / "config.json").write_text(json.dumps(hub))
+    folder = load_model_folder(tmp_path)
+    assert not any(n.startswith("model.layers.2.") for n in folder.tensors)
+    assert "auto_map" not in folder.hf_config and folder.hf_config["num_mtp_modules"] == 0
+    assert (folder.hf_config["rotary_dim"], folder.hf_config["scoring_func"]) == (16, "sigmoid")
+    ours = build_model(folder.config, folder.tensors)
+    ids = torch.tensor([PROMPTS[2]])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), model(ids).logits, atol=1e-5, rtol=0)
+    for key, value, runs in (("use_routing_bias", False, "True"),
+                             ("qk_norm_type", "per_head", "'per_layer'"),
+                             ("scoring_func", "softmax", "'sigmoid'")):
+        with pytest.raises(ModelConfigError) as err:
+            config_from_hf({**hub, key: value}, "c.json")
+        assert str(err.value) == (f"c.json: {key}={value!r} is not supported by the embedded "
+                                  f"engine on minimax_m2 ({runs})")
+    with pytest.raises(ModelConfigError) as err:
+        config_from_hf({**hub, "attn_type_list": [0, 1]}, "c.json")
+    assert str(err.value) == ("c.json: attn_type_list=[0, 1] is not supported by the embedded "
+                              "engine on minimax_m2 (every layer 1: full attention)")

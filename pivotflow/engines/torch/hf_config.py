@@ -3,7 +3,7 @@
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
 Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss,
-DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H, Nemotron-H; rope default, linear, llama3, yarn, Phi-3's longrope within its
+DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H, Nemotron-H, MiniMax-M2; rope default, linear, llama3, yarn, Phi-3's longrope within its
 original context; sliding windows as each family says them, ``hf_windows``; each family's own
 keys, ``hf_families``; unquantized weights, block-wise FP8's and gpt-oss's MXFP4, dequantized
 as read) and names, in one line, the file and the first key it cannot run. Keys that change
@@ -27,6 +27,7 @@ from pivotflow.engines.torch.hf_families import (
     qwen3_5_to_hf,
 )
 from pivotflow.engines.torch.hf_granite import KIND, granite_layer_types, granite_to_hf
+from pivotflow.engines.torch.hf_minimax import minimax_keys, minimax_to_hf
 from pivotflow.engines.torch.hf_nemotron import nemotron_blocks, nemotron_to_hf
 from pivotflow.engines.torch.hf_windows import split_layer_rope, window_fields, windows_to_hf
 from pivotflow.engines.torch.model_config import (
@@ -53,7 +54,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
               "qwen3_next": "Qwen3NextForCausalLM",
               "granitemoehybrid": "GraniteMoeHybridForCausalLM",
-              "nemotron_h": "NemotronHForCausalLM"}  # fmt: skip
+              "nemotron_h": "NemotronHForCausalLM",
+              "minimax_m2": "MiniMaxM2ForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -86,13 +88,13 @@ _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layer
              "num_attention_heads", "max_position_embeddings")  # fmt: skip
 # (transformers' other families turn whole heads)
 PARTIAL_ROTARY_FAMILIES = ("phi3", "glm4", "glm4_moe", "qwen3_5_text", "qwen3_5_moe_text",
-                           "qwen3_next")
+                           "qwen3_next", "minimax_m2")
 # the share of each head that rotates where a config names none (Glm4Config's and Glm4MoeConfig's
 # half, Qwen3_5TextConfig's quarter; the others' whole head)
 _DEFAULT_PARTIAL = {"glm4": 0.5, "glm4_moe": 0.5, "qwen3_5_text": 0.25,
                     "qwen3_5_moe_text": 0.25, "qwen3_next": 0.25}
 # (SmolLM3Config's and GptOssConfig's; the others' is 10000)
-_DEFAULT_THETA = {"smollm3": 2000000.0, "gpt_oss": 150000.0}
+_DEFAULT_THETA = {"smollm3": 2000000.0, "gpt_oss": 150000.0, "minimax_m2": 5000000.0}
 # GptOssConfig's rope when a config names none
 _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                  "truncate": False, "original_max_position_embeddings": 4096}
@@ -285,6 +287,8 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         raw = granite_layer_types(raw, _positive_int(raw, "num_hidden_layers", where), where)
     if kind == "nemotron_h":  # (its blocks, and its own names for shared keys)
         raw = nemotron_blocks(raw, where)
+    if kind == "minimax_m2":  # (its head width and rotary_dim, its remote code's keys)
+        raw = minimax_keys(raw, where)
     full_layers, sliding_theta = split_layer_rope(raw, kind, where)
     if kind == "gpt_oss" and not (raw.get("rope_parameters") or raw.get("rope_scaling")):
         full_layers = {**full_layers, "rope_parameters": _GPT_OSS_ROPE}
@@ -458,6 +462,8 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
     elif cfg.architecture == "nemotron_h":
         del out["hidden_act"]  # (its mlp_hidden_act)
         out.update(nemotron_to_hf(cfg))
+    elif cfg.architecture == "minimax_m2":
+        out.update(minimax_to_hf(cfg))
     elif cfg.architecture == "glm4_moe":
         out.update(glm4_moe_to_hf(cfg))
         rope["partial_rotary_factor"] = cfg.partial_rotary_factor

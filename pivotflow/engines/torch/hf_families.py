@@ -53,6 +53,10 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         from pivotflow.engines.torch.hf_nemotron import nemotron_fields
 
         return nemotron_fields(raw, where)
+    if kind == "minimax_m2":
+        from pivotflow.engines.torch.hf_minimax import minimax_fields
+
+        return minimax_fields(raw, where)
     return {}
 
 

@@ -13,15 +13,15 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3", "qwen2_moe",
                  "gemma2", "olmoe", "granite", "gpt_oss", "deepseek_v3", "deepseek_v2",
                  "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "granitemoehybrid",
-                 "nemotron_h")
+                 "nemotron_h", "minimax_m2")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
-                     "granitemoehybrid", "nemotron_h")
+                     "granitemoehybrid", "nemotron_h", "minimax_m2")
 # multi-head latent attention (DeepSeek-V2's and V3's, ``kv_lora_rank``)
 LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
-                         "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
+                         "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "minimax_m2")
 # Qwen3.5's and Qwen3-Next's hybrid: gated DeltaNet (linear attention) on most layers, gated
 # full attention on the rest (``linear_attention_layers``)
 HYBRID_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
@@ -32,7 +32,7 @@ MAMBA_ARCHITECTURES = ("granitemoehybrid", "nemotron_h")
 # mixer and an MLP; its MLPs ungated, relu(x)^2
 BLOCK_ARCHITECTURES = ("nemotron_h",)
 # q and k normalised over their whole projections (all heads at once), not per head
-WHOLE_QK_NORM_ARCHITECTURES = ("olmo2", "olmo3", "olmoe")
+WHOLE_QK_NORM_ARCHITECTURES = ("olmo2", "olmo3", "olmoe", "minimax_m2")
 OPTIONAL_QK_NORM_ARCHITECTURES = ("glm4_moe",)  # (its use_qk_norm says)
 # how a router scores experts: a softmax over all (Qwen3-MoE, Mixtral), each by a sigmoid,
 # chosen with a load-balancing bias added (DeepSeek-V3's and GLM-4.5's, ``e_score_correction_bias``),
