@@ -63,8 +63,9 @@ def describe_model(path: Path) -> str:
             f"  linear attention (gated DeltaNet) on {len(cfg.linear_attention_layers)} of "
             f"{cfg.num_hidden_layers} layers: {cfg.linear_num_value_heads} value heads of "
             f"{cfg.linear_value_head_dim} on {cfg.linear_num_key_heads} key heads of "
-            f"{cfg.linear_key_head_dim}, a {cfg.linear_conv_kernel_dim}-tap convolution; the "
-            "others' attention output gated")
+            f"{cfg.linear_key_head_dim}, a {cfg.linear_conv_kernel_dim}-tap convolution"
+            + ("; the others' attention output gated" if cfg.attn_output_gate else "")
+            + ("; writes at up to twice the rate" if cfg.linear_allow_neg_eigval else ""))
     if cfg.architecture == "nemotron_h":
         lines.append(f"  one block a layer: {len(cfg.linear_attention_layers)} Mamba2, "
                      f"{len(cfg.attention_layers)} attention, {len(cfg.mlp_blocks)} MLP "
@@ -99,6 +100,8 @@ def describe_model(path: Path) -> str:
               "qwen3_5_text": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
               "qwen3_5_moe_text": f"{mtp} multi-token-prediction layer(s) in the file, not "
                                   "loaded",
+              "olmo_hybrid": "DeltaNet projections and convolutions apart in the file, held "
+                             "stacked as Qwen3.5's",
               "minimax_m2": "block_sparse_moe and w1/w2/w3 in the file, held as mlp.experts"
                             + (f"; {mtp} multi-token-prediction layer(s), not loaded" if mtp
                                else ""),

@@ -289,6 +289,17 @@ OTHER_LAYOUTS = {
                           "model.layers.0.mamba.conv1d.weight",
                           "model.layers.1.shared_mlp.output_linear.weight",
                           "model.layers.1.shared_mlp.input_linear.weight")),
+    # OLMo Hybrid: a gated DeltaNet layer writing at up to twice the rate (its projections and
+    # convolutions apart in the file), then OLMo-3's post-norm attention without rope
+    "olmo_hybrid": ("OlmoHybridConfig", "OlmoHybridForCausalLM",
+                    {"head_dim": 32, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                     "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+                     "layer_types": ["linear_attention", "full_attention"],
+                     "rope_parameters": {"rope_type": "default", "rope_theta": None}},
+                    ("model.layers.0.linear_attn.q_proj.weight",
+                     "model.layers.0.linear_attn.q_conv1d.weight",
+                     "model.layers.0.linear_attn.g_proj.weight",
+                     "model.layers.1.self_attn.q_norm.weight")),
     # MiniMax-M2: whole-projection q/k norms, half of each head rotating, 4 experts on every
     # layer by a sigmoid router with a correction bias on the sparse block; Mixtral's names
     "minimax_m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM",
@@ -327,6 +338,9 @@ LORA_EXPORTS = {
     # output_linear; Mamba2's in_proj and out_proj named too)
     "granitemoehybrid": (["q_proj", "o_proj", "in_proj", "out_proj", "input_linear",
                           "output_linear"], {"input_linear": 8}),
+    # (OLMo Hybrid's DeltaNet: q/k/v apart, the rest under its names)
+    "olmo_hybrid": (["q_proj", "k_proj", "v_proj", "o_proj", "a_proj", "b_proj", "g_proj",
+                     "down_proj"], {}),
     # (Nemotron-H's blocks under transformers' mixer names: nothing fused; not Mamba2's
     # out_proj, which PEFT refuses on nemotron_h: its fused kernel reads the weight whole)
     "nemotron_h": (["q_proj", "o_proj", "in_proj", "up_proj", "down_proj"], {}),
@@ -395,6 +409,10 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
             "granitemoehybrid": "Mamba2 on 1 of 2 layers: 8 heads of 32, state 32 in 1 "
                                 "group(s), a 4-tap convolution\n  tensors: shared MLP's "
                                 "gate/up fused in the file, held split",
+            "olmo_hybrid": "linear attention (gated DeltaNet) on 1 of 2 layers: 4 value heads of "
+                           "32 on 2 key heads of 32, a 4-tap convolution; writes at up to "
+                           "twice the rate\n  tensors: DeltaNet projections and convolutions "
+                           "apart in the file, held stacked as Qwen3.5's",
             "minimax_m2": "experts 4 (2 a token) on 2 of 2 layers; sigmoid router with a "
                           "correction bias\n  tensors: block_sparse_moe and w1/w2/w3 in the "
                           "file, held as mlp.experts",
@@ -440,7 +458,9 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
             "q_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
             "out_proj"], "granitemoehybrid": [
             "q_proj", "o_proj", "in_proj", "out_proj", "gate_proj", "up_proj", "down_proj"],
-            "nemotron_h": LORA_EXPORTS["nemotron_h"][0]}.get(family)
+            "nemotron_h": LORA_EXPORTS["nemotron_h"][0],
+            "olmo_hybrid": ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_a",
+                            "in_proj_b", "in_proj_z", "out_proj", "down_proj"]}.get(family)
         named = f", lora_target_modules={named}" if named else ""
         lora = write_graph(tmp_path / "out", folder, prompts, train=f"lora_rank=4{named}")
         from pivotflow import checkpoints

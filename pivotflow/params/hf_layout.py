@@ -36,6 +36,8 @@ These families store theirs otherwise:
 * Granite 4.0 (``granitemoehybrid``) fuses its shared MLP's gate and up
   (``shared_mlp.input_linear``) and stacks its experts (``block_sparse_moe.input_linear``
   [E, 2I, H]): held as a dense MLP, or shared and routed experts (``granite_layout``).
+* OLMo Hybrid (``olmo_hybrid``) keeps its DeltaNet projections and convolutions apart and
+  names them, and its norms, its own way: held as Qwen3.5's (``olmo_hybrid_layout``).
 * Nemotron-H (``nemotron_h``) names its decoder ``backbone`` and each layer's one block
   ``mixer`` behind one ``norm``: held under every other family's names (``nemotron_layout``).
 * Gemma 3 4B and larger (``gemma3``, Gemma3ForConditionalGeneration), Mistral Small 3.1+
@@ -65,6 +67,12 @@ from pivotflow.params.fp8_blocks import block_size, fp8_dequantized, is_fp8_bloc
 from pivotflow.params.granite_layout import granite_engine, granite_fused, granite_split
 from pivotflow.params.mxfp4 import is_mxfp4, mxfp4_dequantized
 from pivotflow.params.nemotron_layout import nemotron_adapters, nemotron_disk, nemotron_split
+from pivotflow.params.olmo_hybrid_layout import TARGETS as OLMO_HYBRID_TARGETS
+from pivotflow.params.olmo_hybrid_layout import (
+    olmo_hybrid_adapters,
+    olmo_hybrid_disk,
+    olmo_hybrid_split,
+)
 from pivotflow.params.oss_layout import oss_engine, oss_fused, oss_split
 
 if TYPE_CHECKING:
@@ -132,7 +140,8 @@ def family_of(config: dict[str, Any]) -> str | None:
         kind = next((_FAMILIES[a] for a in config.get("architectures") or [] if a in _FAMILIES),
                     None)
     return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", "granitemoehybrid",
-                            "nemotron_h", *_MTP_FAMILIES, *_MTP_APART, *_WRAPPERS) else None
+                            "nemotron_h", "olmo_hybrid", *_MTP_FAMILIES, *_MTP_APART,
+                            *_WRAPPERS) else None
 
 
 def _mixtral_name(name: str, to_disk: bool) -> str:
@@ -326,6 +335,8 @@ def held_layout(
         return granite_split(tensors, where)
     if family == "nemotron_h":
         return nemotron_split(_geometry(config, where), tensors)
+    if family == "olmo_hybrid":
+        return olmo_hybrid_split(tensors)
     if family is None:
         return tensors
     if family in _WRAPPERS:  # (the text model's, then laid out as its own family's)
@@ -406,6 +417,8 @@ def engine_names(config: dict[str, Any],
         return granite_engine(tensors)
     if family == "nemotron_h":  # (vLLM's loader reads the file's names)
         return nemotron_disk(tensors)
+    if family == "olmo_hybrid":
+        return olmo_hybrid_disk(_geometry(config, "engine export"), tensors)
     if family == "qwen3_next":  # (vLLM's Qwen3-Next loads its file's fused, grouped rows)
         return _fused(config, tensors)
     if family == "glm4":
@@ -426,6 +439,8 @@ def disk_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
         return granite_fused(tensors)
     if family == "nemotron_h":
         return nemotron_disk(tensors)
+    if family == "olmo_hybrid":
+        return olmo_hybrid_disk(_geometry(config, "disk layout"), tensors)
     return _fused(config, engine_names(config, tensors))
 
 
@@ -513,6 +528,8 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
     family = family_of(config)
     if family == "nemotron_h":  # (renamed, nothing fused)
         return nemotron_adapters(adapters), {}, {}
+    if family == "olmo_hybrid":  # (its DeltaNet's q/k/v apart, the rest renamed)
+        return olmo_hybrid_adapters(_geometry(config, "adapter export"), adapters), {}, {}
     if family not in _FUSED:
         return adapters, {}, {}
     import torch
@@ -555,6 +572,8 @@ def fused_targets(config: dict[str, Any], targets: list[str]) -> list[str]:
     """LoRA's target module names as the family's file names them: a split projection's as
     its fused one's (phi3, glm4), in order, once each; others as they are."""
     family = family_of(config)
+    if family == "olmo_hybrid":
+        return list(dict.fromkeys(n for t in targets for n in OLMO_HYBRID_TARGETS.get(t, (t,))))
     if family not in _FUSED:
         return list(targets)
     fused = {_module(p).split(".")[-1]: _module(f).split(".")[-1]

@@ -2,7 +2,7 @@
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
 Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, Phi-4-mini's partial
-rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, DeepSeek-V3's and V2's latent attention, Qwen3.5's gated DeltaNet, Granite 4.0-H's Mamba2, Nemotron-H's one-block layers, MiniMax-M2's sigmoid router, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
+rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, DeepSeek-V3's and V2's latent attention, Qwen3.5's gated DeltaNet, Granite 4.0-H's Mamba2, Nemotron-H's one-block layers, MiniMax-M2's sigmoid router, OLMo Hybrid, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
 Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
@@ -350,6 +350,22 @@ CASES += [
           "bos_token_id": 1, "eos_token_id": 2, "rope_theta": 10000.0}),
 ]  # fmt: skip
 MINIMAX_M2 = CASES[41]
+# OLMo Hybrid: Qwen3.5's DeltaNet widths (two value heads per key head) writing at up to twice
+# the rate, in Llama's pre-norm layer, OLMo-3's post-norm attention (whole-projection q/k norms)
+# on every fourth layer; without rope (the released checkpoints' null rope_theta) and with it
+OLMO_HYBRID_LINEAR: dict[str, Any] = {
+    key: QWEN3_5_LINEAR[key] for key in ("linear_num_key_heads", "linear_num_value_heads",
+                                         "linear_key_head_dim", "linear_value_head_dim")}
+CASES += [
+    Case("olmo-hybrid", "OlmoHybridConfig", False,
+         {**OLMO_HYBRID_LINEAR, "num_hidden_layers": 4, "pad_token_id": 0, "eos_token_id": 1,
+          "rope_parameters": {"rope_type": "default", "rope_theta": None}}),
+    Case("olmo-hybrid-rope", "OlmoHybridConfig", False,
+         {**OLMO_HYBRID_LINEAR, "num_hidden_layers": 4, "pad_token_id": 0, "eos_token_id": 1,
+          "layer_types": ["full_attention", "linear_attention", "linear_attention",
+                          "full_attention"]}),
+]  # fmt: skip
+OLMO_HYBRID, OLMO_HYBRID_ROPE = CASES[42], CASES[43]
 CASE_IDS = [c.name for c in CASES]
 
 

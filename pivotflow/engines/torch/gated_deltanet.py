@@ -139,7 +139,8 @@ class GatedDeltaNet(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(self.v_heads))
         # transformers' initialisation (log of uniform(0.01, 16)); a loaded model overwrites it
         self.A_log = nn.Parameter(torch.empty(self.v_heads).uniform_(0.01, 16).log())
-        self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
+        self.norm = GatedRMSNorm(self.dv, cfg.linear_norm_eps)
+        self.beta_scale = 2.0 if cfg.linear_allow_neg_eigval else 1.0  # (OLMo Hybrid's)
         self.out_proj = nn.Linear(value_dim, size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -174,6 +175,7 @@ class GatedDeltaNet(nn.Module):
                        b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each value head's log decay ``g`` and write rate ``beta`` [..., v_heads] (float32)
         from the projections ``a`` and ``b``: g = -exp(A_log) * softplus(a + dt_bias),
-        beta = sigmoid(b)."""
+        beta = sigmoid(b) (OLMo Hybrid's: twice that)."""
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-        return g, b.sigmoid().float()
+        beta = b.sigmoid().float()
+        return g, beta * self.beta_scale if self.beta_scale != 1.0 else beta

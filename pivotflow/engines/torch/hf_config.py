@@ -3,7 +3,7 @@
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
 Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss,
-DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H, Nemotron-H, MiniMax-M2; rope default, linear, llama3, yarn, Phi-3's longrope within its
+DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H, Nemotron-H, MiniMax-M2, OLMo Hybrid; rope default, linear, llama3, yarn, Phi-3's longrope within its
 original context; sliding windows as each family says them, ``hf_windows``; each family's own
 keys, ``hf_families``; unquantized weights, block-wise FP8's and gpt-oss's MXFP4, dequantized
 as read) and names, in one line, the file and the first key it cannot run. Keys that change
@@ -29,6 +29,7 @@ from pivotflow.engines.torch.hf_families import (
 from pivotflow.engines.torch.hf_granite import KIND, granite_layer_types, granite_to_hf
 from pivotflow.engines.torch.hf_minimax import minimax_keys, minimax_to_hf
 from pivotflow.engines.torch.hf_nemotron import nemotron_blocks, nemotron_to_hf
+from pivotflow.engines.torch.hf_olmo_hybrid import olmo_hybrid_keys, olmo_hybrid_to_hf
 from pivotflow.engines.torch.hf_windows import split_layer_rope, window_fields, windows_to_hf
 from pivotflow.engines.torch.model_config import (
     ARCHITECTURES,
@@ -55,7 +56,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "qwen3_next": "Qwen3NextForCausalLM",
               "granitemoehybrid": "GraniteMoeHybridForCausalLM",
               "nemotron_h": "NemotronHForCausalLM",
-              "minimax_m2": "MiniMaxM2ForCausalLM"}  # fmt: skip
+              "minimax_m2": "MiniMaxM2ForCausalLM",
+              "olmo_hybrid": "OlmoHybridForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -289,6 +291,8 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         raw = nemotron_blocks(raw, where)
     if kind == "minimax_m2":  # (its head width and rotary_dim, its remote code's keys)
         raw = minimax_keys(raw, where)
+    if kind == "olmo_hybrid":  # (its null rope_theta: no rope)
+        raw = olmo_hybrid_keys(raw)
     full_layers, sliding_theta = split_layer_rope(raw, kind, where)
     if kind == "gpt_oss" and not (raw.get("rope_parameters") or raw.get("rope_scaling")):
         full_layers = {**full_layers, "rope_parameters": _GPT_OSS_ROPE}
@@ -464,6 +468,8 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         out.update(nemotron_to_hf(cfg))
     elif cfg.architecture == "minimax_m2":
         out.update(minimax_to_hf(cfg))
+    elif cfg.architecture == "olmo_hybrid":
+        out.update(olmo_hybrid_to_hf(cfg, rope))
     elif cfg.architecture == "glm4_moe":
         out.update(glm4_moe_to_hf(cfg))
         rope["partial_rotary_factor"] = cfg.partial_rotary_factor

@@ -57,6 +57,10 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         from pivotflow.engines.torch.hf_minimax import minimax_fields
 
         return minimax_fields(raw, where)
+    if kind == "olmo_hybrid":
+        from pivotflow.engines.torch.hf_olmo_hybrid import olmo_hybrid_fields
+
+        return olmo_hybrid_fields(raw, layers, where)
     return {}
 
 

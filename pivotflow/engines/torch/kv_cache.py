@@ -64,7 +64,8 @@ class PackedDecoder:
                        for layer in cast(list[DecoderLayer], model.model.layers)]
         self.experts: list[PackedExperts] = []  # the sparse layers, in order
         # the norms of layers that normalise sub-layer outputs (_output_norm_layer), per layer
-        self._out_norms: list[tuple[_T | None, _T, _T | None, _T]] = []
+        self._out_norms: list[tuple[_T | None, _T, _T | None, _T] | None] = []
+        self._post: list[bool] = []  # (per layer: whether it reads _out_norms)
         self._act = activation(cfg.hidden_act)
         # each layer's latent attention projections (DeepSeek-V3's), or None
         self._latent: list[PackedLatent | None] = []
@@ -80,6 +81,8 @@ class PackedDecoder:
             self._linear.append(linear)
             if not layer.has_mixer:  # (Nemotron-H's MLP blocks: an MLP alone)
                 self._latent.append(None)
+                self._post.append(False)
+                self._out_norms.append(None)
                 norm = layer.post_attention_layernorm.weight
                 self.layers.append(((norm, norm), None, (norm, norm), None, None,
                                     self._feedforward(layer)))
@@ -99,12 +102,15 @@ class PackedDecoder:
             # (Nemotron-H's mixer blocks: no second norm, read as their first)
             second = getattr(layer, "post_attention_layernorm", None) or layer.input_layernorm
             norms = (getattr(layer, "input_layernorm", second).weight, second.weight)
-            if cfg.post_norm or cfg.sandwich_norm:  # (input, attention out, MLP in, MLP out)
+            self._post.append(cfg.is_post_norm(i) or cfg.sandwich_norm)
+            if self._post[-1]:  # (input, attention out, MLP in, MLP out)
                 self._out_norms.append((
                     layer.input_layernorm.weight if cfg.sandwich_norm else None,
                     layer.post_attention_layernorm.weight,
                     layer.pre_feedforward_layernorm.weight if cfg.sandwich_norm else None,
                     layer.post_feedforward_layernorm.weight))  # fmt: skip
+            else:
+                self._out_norms.append(None)
             qk_norms = None
             if attn is not None and attn.q_norm is not None and attn.k_norm is not None:
                 qk_norms = (attn.q_norm.weight, attn.k_norm.weight)
@@ -170,7 +176,7 @@ class PackedDecoder:
         rotary tables [B or 1, T, 2, heads + kv_heads, D] per rope kind (``ropes[kind]``)."""
         cfg, mm = self.cfg, self.mm
         hidden, eps, inter = (cfg.hidden_size,), cfg.rms_norm_eps, cfg.intermediate_size
-        (b, t), post = tokens.shape, cfg.post_norm
+        b, t = tokens.shape
         x = self.model.model.embed_tokens.weight[tokens.view(-1)]
         if cfg.embed_scaled:
             x = x * embed_scale(cfg, x.dtype)
@@ -180,7 +186,7 @@ class PackedDecoder:
         offset = cfg.norm_offset
         for i, ((_, norm2), _, _, _, _, ffn) in enumerate(self.layers):
             rope = ropes[self._rope_kinds[i]]
-            if post or cfg.sandwich_norm:
+            if self._post[i]:
                 x = self._output_norm_layer(i, x, (b, t), rope, cache, attend)
                 continue
             if self._mixes[i]:
@@ -260,7 +266,9 @@ class PackedDecoder:
         (sandwich): the inputs normalised too; Gemma's q and k per head, every norm scaling by
         1 + weight, the MLP gated by tanh-GELU (``self._act``)."""
         _, b_qkv, (w_qkv, w_o), b_o, qk_norms, ffn = self.layers[i]
-        norm_in, norm_attn, norm_mlp_in, norm_mlp = self._out_norms[i]
+        norms = self._out_norms[i]
+        assert norms is not None
+        norm_in, norm_attn, norm_mlp_in, norm_mlp = norms
         heads, kv_heads, d, mm, (b, t) = self.heads, self.kv_heads, self.d, self.mm, shape
         hidden, eps, split = (self.cfg.hidden_size,), self.cfg.rms_norm_eps, (heads + kv_heads) * d
         offset = self.cfg.norm_offset

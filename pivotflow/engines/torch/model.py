@@ -142,7 +142,7 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
-        self.post_norm, self.sandwich = cfg.post_norm, cfg.sandwich_norm
+        self.post_norm, self.sandwich = cfg.is_post_norm(layer_idx), cfg.sandwich_norm
         self.residual = cfg.residual_multiplier  # (Granite's: each sub-layer's output scaled)
         size, eps, offset = cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset
         # (Nemotron-H's layers are one block: a mixer alone, or an MLP alone)

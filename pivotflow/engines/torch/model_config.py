@@ -13,7 +13,7 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3", "qwen2_moe",
                  "gemma2", "olmoe", "granite", "gpt_oss", "deepseek_v3", "deepseek_v2",
                  "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "granitemoehybrid",
-                 "nemotron_h", "minimax_m2")
+                 "nemotron_h", "minimax_m2", "olmo_hybrid")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
@@ -21,10 +21,12 @@ MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "
 # multi-head latent attention (DeepSeek-V2's and V3's, ``kv_lora_rank``)
 LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
-                         "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "minimax_m2")
-# Qwen3.5's and Qwen3-Next's hybrid: gated DeltaNet (linear attention) on most layers, gated
-# full attention on the rest (``linear_attention_layers``)
-HYBRID_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
+                         "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "minimax_m2",
+                         "olmo_hybrid")
+# Qwen3.5's, Qwen3-Next's and OLMo Hybrid's: gated DeltaNet (linear attention) on most layers,
+# full attention on the rest (``linear_attention_layers``); Qwen's gated (GATED_ATTENTION)
+HYBRID_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid")
+GATED_ATTENTION_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 # Granite 4.0's: Mamba2 layers (``mamba2``) on ``linear_attention_layers`` (Granite 4.0-H's
 # most layers; none in the dense Granite 4.0), attention on the rest
 MAMBA_ARCHITECTURES = ("granitemoehybrid", "nemotron_h")
@@ -32,7 +34,7 @@ MAMBA_ARCHITECTURES = ("granitemoehybrid", "nemotron_h")
 # mixer and an MLP; its MLPs ungated, relu(x)^2
 BLOCK_ARCHITECTURES = ("nemotron_h",)
 # q and k normalised over their whole projections (all heads at once), not per head
-WHOLE_QK_NORM_ARCHITECTURES = ("olmo2", "olmo3", "olmoe", "minimax_m2")
+WHOLE_QK_NORM_ARCHITECTURES = ("olmo2", "olmo3", "olmoe", "minimax_m2", "olmo_hybrid")
 OPTIONAL_QK_NORM_ARCHITECTURES = ("glm4_moe",)  # (its use_qk_norm says)
 # how a router scores experts: a softmax over all (Qwen3-MoE, Mixtral), each by a sigmoid,
 # chosen with a load-balancing bias added (DeepSeek-V3's and GLM-4.5's, ``e_score_correction_bias``),
@@ -52,7 +54,7 @@ ACTIVATIONS = (*GATED_ACTIVATIONS, "relu2")
 # output ("post-norm"): OLMo-2 and OLMo-3
 POST_NORM_ARCHITECTURES = ("olmo2", "olmo3")
 # (layers without rope: SmolLM3's some, Granite 4.0-H's all)
-NOPE_ARCHITECTURES = ("smollm3", "granitemoehybrid", "nemotron_h")
+NOPE_ARCHITECTURES = ("smollm3", "granitemoehybrid", "nemotron_h", "olmo_hybrid")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
@@ -185,6 +187,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
+    # OLMo Hybrid's delta rule writes at up to twice the rate (beta = 2 sigmoid(b): the state's
+    # update may have negative eigenvalues)
+    linear_allow_neg_eigval: bool = False
     # Granite 4.0-H's Mamba2 layers (HF's names; on ``linear_attention_layers``, which HF's
     # layer_types marks "mamba"): an input projection into a gate of mamba_expand * hidden_size,
     # x (mamba_n_heads heads of mamba_d_head), B and C (mamba_n_groups groups of mamba_d_state,
@@ -238,7 +243,20 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     def attn_output_gate(self) -> bool:
         """Qwen3.5's full attention: q_proj also gives a gate per head and dimension, and the
         attention's output times its sigmoid goes into o_proj."""
-        return self.architecture in HYBRID_ARCHITECTURES
+        return self.architecture in GATED_ATTENTION_ARCHITECTURES
+
+    @property
+    def linear_norm_eps(self) -> float:
+        """The gated DeltaNet's output norm's epsilon: OLMo Hybrid's 1e-5 (fla's), the others'
+        rms_norm_eps."""
+        return 1e-5 if self.architecture == "olmo_hybrid" else self.rms_norm_eps
+
+    def is_post_norm(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` normalises its sub-layers' outputs (OLMo-2's and
+        OLMo-3's layers; OLMo Hybrid's attention layers, its DeltaNet ones pre-norm)."""
+        if self.architecture == "olmo_hybrid":
+            return not self.is_linear(layer)
+        return self.post_norm
 
     def is_linear(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` is a gated DeltaNet or a Mamba2 layer (no KV cache:
