@@ -444,3 +444,28 @@ def hf_logprobs(model, prompt: list[int], response: list[int]) -> torch.Tensor: 
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+
+
+def bf16_logprob_errors(case: Case, root: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the embedded engine's, transformers' own) bf16 sampled tokens' logprob errors against
+    the float32 model's exact ones, pooled over three seeds' samples of every prompt, for
+    ``case``'s model saved in ``root``."""
+    import copy
+
+    from pivotflow.engines.base import GenerationRequest, SamplingParams
+    from pivotflow.engines.torch import TorchEngine, load_model_folder
+
+    model = save_folder(case, root)
+    folder = load_model_folder(root)
+    theirs = copy.deepcopy(model).to(torch.bfloat16)
+    ours_err, theirs_err = [], []
+    for seed in range(3):
+        engine = TorchEngine(folder.config, max_batch=8, dtype="bf16")
+        engine.load_weights(folder.tensors, version=0)
+        outs = engine.generate([GenerationRequest(f"p{i}", p, SamplingParams(
+            temperature=1.0, max_tokens=16, seed=10 * seed + i)) for i, p in enumerate(PROMPTS)])
+        for out, prompt in zip(outs, PROMPTS, strict=True):
+            exact = hf_logprobs(model, prompt, out.token_ids)
+            ours_err.append((torch.tensor(out.logprobs) - exact).abs())
+            theirs_err.append((hf_logprobs(theirs, prompt, out.token_ids) - exact).abs())
+    return torch.cat(ours_err), torch.cat(theirs_err)

@@ -6,7 +6,6 @@ multimodal wrapper the Hub ships, and the one-line errors."""
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,8 @@ from hf_fixtures import (
     QWEN3_5_LINEAR,
     SIZES,
     assert_wrapper_runs_its_text_model,
+    bf16_logprob_errors,
     hf_greedy,
-    hf_logprobs,
     save_folder,
 )
 
@@ -89,20 +88,7 @@ def test_bf16_is_as_close_to_float32_as_transformers_own_bf16(tmp_path: Path) ->
     delta-rule state in float32, as transformers' and vLLM's) is held to that, pooled over
     three seeds' sampled tokens. Measured: engine mean 0.079, max 0.60; transformers' 0.073,
     0.56."""
-    model = save_folder(QWEN3_5, tmp_path)
-    folder = load_model_folder(tmp_path)
-    theirs = copy.deepcopy(model).to(torch.bfloat16)
-    ours_err, theirs_err = [], []
-    for seed in range(3):
-        engine = TorchEngine(folder.config, max_batch=8, dtype="bf16")
-        engine.load_weights(folder.tensors, version=0)
-        outs = engine.generate([GenerationRequest(f"p{i}", p, SamplingParams(
-            temperature=1.0, max_tokens=16, seed=10 * seed + i)) for i, p in enumerate(PROMPTS)])
-        for out, prompt in zip(outs, PROMPTS, strict=True):
-            exact = hf_logprobs(model, prompt, out.token_ids)
-            ours_err.append((torch.tensor(out.logprobs) - exact).abs())
-            theirs_err.append((hf_logprobs(theirs, prompt, out.token_ids) - exact).abs())
-    ours, reference = torch.cat(ours_err), torch.cat(theirs_err)
+    ours, reference = bf16_logprob_errors(QWEN3_5, tmp_path)
     assert float(reference.mean()) > 0.03  # (bf16 does matter here)
     assert float(ours.mean()) <= 1.25 * float(reference.mean())
     assert float(ours.max()) <= 1.25 * float(reference.max())

@@ -377,26 +377,10 @@ def test_vllm_serves_a_mamba2_hybrid_from_the_store_and_takes_its_updates(
     Nemotron-H's blocks under backbone's and mixer's names, as vLLM's loaders take them. Their
     greedy tokens equal the embedded engine's on the first version and, after an update of
     every weight, on the next, and differ between them."""
-    from vllm_fixtures import perturbed
-
-    (tmp_path / "model").mkdir()
-    path = _folder(tmp_path / "model", folder, family)
-    with _vllm_on_store(tmp_path, path) as (engine, store, held):
-        assert held.config.mamba and held.config.linear_attention_layers == (0,)
-        first = _greedy(engine)
-        updated = {**held.tensors, **perturbed(held.tensors, 1)}
-        store.publish("policy", 1, updated, held.hf_config)
-        assert engine.load_from_store(store, "policy", 1) == 1
-        after = _greedy(engine)
-
-    def ours(tensors: dict[str, torch.Tensor]) -> dict[str, list[int]]:
-        engine = TorchEngine(held.config, max_batch=8, eos_token_id=EOS)
-        engine.load_weights(tensors, 0)
-        return _greedy(engine)
-
+    held, (first, after), expected = _greedy_before_and_after_an_update(tmp_path, folder, family)
+    assert held.config.mamba and held.config.linear_attention_layers == (0,)
     assert sum(len(t) for t in first.values()) >= 100  # (some stop at eos)
-    assert first == ours(held.tensors) and after == ours(updated)
-    assert first != after
+    assert (first, after) == expected and first != after
 
 
 def test_vllm_serves_deepseek_v3_from_the_store_and_takes_its_updates(
@@ -407,10 +391,22 @@ def test_vllm_serves_deepseek_v3_from_the_store_and_takes_its_updates(
     load (its MLA layer's own post-load step), so an in-place reload that skipped that step
     would serve the new latent projections with the old absorbed ones. Its greedy tokens equal
     the embedded engine's on the first version and on the next, and differ between them."""
+    _, (first, after), expected = _greedy_before_and_after_an_update(tmp_path, folder,
+                                                                      "deepseek-v3")
+    assert (first, after) == expected and first != after
+
+
+Greedy = dict[str, list[int]]
+
+
+def _greedy_before_and_after_an_update(tmp_path: Path, folder: Path, family: str) -> tuple[
+        Any, tuple[Greedy, Greedy], tuple[Greedy, Greedy]]:
+    """(the folder as held, vLLM's greedy tokens from the store's first version and after an
+    update of every weight, the embedded engine's on each) for ``family``'s folder."""
     from vllm_fixtures import perturbed
 
     (tmp_path / "model").mkdir()
-    path = _folder(tmp_path / "model", folder, "deepseek-v3")
+    path = _folder(tmp_path / "model", folder, family)
     with _vllm_on_store(tmp_path, path) as (engine, store, held):
         first = _greedy(engine)
         updated = {**held.tensors, **perturbed(held.tensors, 1)}
@@ -418,13 +414,12 @@ def test_vllm_serves_deepseek_v3_from_the_store_and_takes_its_updates(
         assert engine.load_from_store(store, "policy", 1) == 1
         after = _greedy(engine)
 
-    def ours(tensors: dict[str, torch.Tensor]) -> dict[str, list[int]]:
+    def ours(tensors: dict[str, torch.Tensor]) -> Greedy:
         engine = TorchEngine(held.config, max_batch=8, eos_token_id=EOS)
         engine.load_weights(tensors, 0)
         return _greedy(engine)
 
-    assert first == ours(held.tensors) and after == ours(updated)
-    assert first != after
+    return held, (first, after), (ours(held.tensors), ours(updated))
 
 
 def test_a_latent_width_vllms_cpu_kernel_cannot_run_is_one_line(tmp_path: Path) -> None:

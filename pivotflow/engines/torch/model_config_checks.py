@@ -139,16 +139,8 @@ def _linear(cfg: ModelConfig) -> None:
                 f"fit architecture {cfg.architecture!r} (only "
                 f"{', '.join(HYBRID_ARCHITECTURES + MAMBA_ARCHITECTURES)} has it)")
         return
-    outside = [i for i in cfg.linear_attention_layers
-               if not 0 <= i < cfg.num_hidden_layers]
-    if outside:
-        raise ModelConfigError(f"linear_attention_layers {outside} are not layers of a "
-                               f"{cfg.num_hidden_layers}-layer model")
-    if not cfg.linear_attention_layers:
+    if not _has_linear_layers(cfg, dims):
         return
-    for name in dims:
-        if getattr(cfg, name) <= 0:
-            raise ModelConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
     if cfg.linear_num_value_heads % cfg.linear_num_key_heads:
         raise ModelConfigError(
             f"linear_num_value_heads {cfg.linear_num_value_heads} is not a multiple of "
@@ -156,6 +148,21 @@ def _linear(cfg: ModelConfig) -> None:
     if cfg.sliding_layers:
         raise ModelConfigError("sliding windows do not fit a hybrid "
                                f"{cfg.architecture!r} model")
+
+def _has_linear_layers(cfg: ModelConfig, dims: tuple[str, ...]) -> bool:
+    """Whether ``cfg`` has linear layers (each inside the model, its widths ``dims`` each
+    positive: raises naming the first that is not)."""
+    outside = [i for i in cfg.linear_attention_layers if not 0 <= i < cfg.num_hidden_layers]
+    if outside:
+        raise ModelConfigError(f"linear_attention_layers {outside} are not layers of a "
+                               f"{cfg.num_hidden_layers}-layer model")
+    if not cfg.linear_attention_layers:
+        return False
+    for name in dims:
+        if getattr(cfg, name) <= 0:
+            raise ModelConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
+    return True
+
 
 _MAMBA_DIMS = ("mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state",
                "mamba_d_conv", "mamba_expand")
@@ -193,15 +200,8 @@ def _mamba(cfg: ModelConfig) -> None:
     if cfg.shared_intermediate_size < 0:
         raise ModelConfigError(
             f"shared_intermediate_size must be >= 0, got {cfg.shared_intermediate_size}")
-    outside = [i for i in cfg.linear_attention_layers if not 0 <= i < cfg.num_hidden_layers]
-    if outside:
-        raise ModelConfigError(f"linear_attention_layers {outside} are not layers of a "
-                               f"{cfg.num_hidden_layers}-layer model")
-    if not cfg.linear_attention_layers:
+    if not _has_linear_layers(cfg, _MAMBA_DIMS):
         return
-    for name in _MAMBA_DIMS:
-        if getattr(cfg, name) <= 0:
-            raise ModelConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
     granite = cfg.architecture == "granitemoehybrid"  # (Nemotron-H's width is its heads')
     if granite and cfg.mamba_d_inner != cfg.mamba_expand * cfg.hidden_size:
         raise ModelConfigError(
