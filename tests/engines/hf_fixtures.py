@@ -2,7 +2,7 @@
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
 Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, Phi-4-mini's partial
-rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, DeepSeek-V3's and V2's latent attention, Qwen3.5's gated DeltaNet, Granite 4.0-H's Mamba2, Nemotron-H's one-block layers, MiniMax-M2's sigmoid router, OLMo Hybrid, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
+rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, DeepSeek-V3's and V2's latent attention, Qwen3.5's gated DeltaNet, Granite 4.0-H's Mamba2, Nemotron-H's one-block layers, MiniMax-M2's sigmoid router, OLMo Hybrid, EXAONE 4.0, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
 Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
@@ -366,6 +366,19 @@ CASES += [
                           "full_attention"]}),
 ]  # fmt: skip
 OLMO_HYBRID, OLMO_HYBRID_ROPE = CASES[42], CASES[43]
+# EXAONE 4.0: OLMo-2's post-norm layer with q and k normalised per head; 32B's kind (three
+# sliding layers of four, a window of 4 that binds, its full layers turning no position) and
+# 1.2B's (no window, every layer full and turning)
+CASES += [
+    Case("exaone4", "Exaone4Config", False,
+         {"num_hidden_layers": 4, "sliding_window": 4, "sliding_window_pattern": 4,
+          "num_key_value_heads": 1, "bos_token_id": 1, "eos_token_id": 2}),
+    Case("exaone4-no-window", "Exaone4Config", True,
+         {"num_hidden_layers": 2, "sliding_window": None,
+          "layer_types": ["full_attention", "full_attention"], "bos_token_id": 1,
+          "eos_token_id": 2}),
+]  # fmt: skip
+EXAONE4, EXAONE4_NO_WINDOW = CASES[44], CASES[45]
 CASE_IDS = [c.name for c in CASES]
 
 

@@ -19,6 +19,8 @@ from hf_fixtures import (
     DEEPSEEK_V2_LITE,
     DEEPSEEK_V3,
     DEEPSEEK_V3_PLAIN,
+    EXAONE4,
+    EXAONE4_NO_WINDOW,
     GEMMA2,
     GEMMA3,
     GLM4,
@@ -97,7 +99,7 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        GRANITE, GPT_OSS, DEEPSEEK_V3, DEEPSEEK_V3_PLAIN, DEEPSEEK_V2, DEEPSEEK_V2_LITE, QWEN3_5,
        QWEN3_5_TIED, QWEN3_5_MOE, QWEN3_NEXT, GRANITE4_H, GRANITE4_H_DENSE, GRANITE4_DENSE,
        NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE, MINIMAX_M2, OLMO_HYBRID,
-       OLMO_HYBRID_ROPE]
+       OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -206,6 +208,11 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         if case is NEMOTRON_H_MOE:
             assert (written["n_routed_experts"], written["n_group"]) == (8, 2)
             assert written["moe_shared_expert_intermediate_size"] == 64
+    elif case in (EXAONE4, EXAONE4_NO_WINDOW):
+        assert written["model_type"] == "exaone4"
+        assert written["layer_types"] == (["sliding_attention"] * 3 + ["full_attention"]
+                                          if case is EXAONE4 else ["full_attention"] * 2)
+        assert written["sliding_window"] == (4 if case is EXAONE4 else None)
     elif case in (OLMO_HYBRID, OLMO_HYBRID_ROPE):
         assert written["model_type"] == "olmo_hybrid" and written["linear_allow_neg_eigval"]
         assert written["layer_types"][0] == ("linear_attention" if case is OLMO_HYBRID
@@ -236,7 +243,8 @@ QWEN3_NEXT_DENSE = Case("qwen3-next-dense", "Qwen3NextConfig", False,
                         {**QWEN3_NEXT.extra, "mlp_only_layers": [0, 1, 2, 3]})
 
 
-@pytest.mark.parametrize("case", [OLMO2, OLMO3, MISTRAL_WINDOW, QWEN2_WINDOW, GEMMA3, PHI3_WINDOW,
+@pytest.mark.parametrize("case", [OLMO2, OLMO3, EXAONE4, MISTRAL_WINDOW, QWEN2_WINDOW, GEMMA3,
+                                  PHI3_WINDOW,
                                   PHI4_MINI, GLM4, SMOLLM3_WINDOW, GEMMA2, GRANITE, GPT_OSS,
                                   QWEN3_5, QWEN3_NEXT_DENSE, GRANITE4_H_DENSE, NEMOTRON_H],
                          ids=lambda c: c.name)
@@ -261,8 +269,8 @@ def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: An
     theirs = dict(model.named_parameters())
     names = [n for n, _ in ours.named_parameters()]
     post_norm = "model.layers.0.post_feedforward_layernorm.weight" in names
-    assert post_norm == (case in (OLMO2, OLMO3, GEMMA3, GLM4, GEMMA2))
-    assert (case in (OLMO2, OLMO3)) != any("input_layernorm" in n for n in names)
+    assert post_norm == (case in (OLMO2, OLMO3, EXAONE4, GEMMA3, GLM4, GEMMA2))
+    assert (case in (OLMO2, OLMO3, EXAONE4)) != any("input_layernorm" in n for n in names)
     # (transformers' names: Nemotron-H's backbone is model in memory)
     theirs = {n.replace("backbone.", "model."): p for n, p in theirs.items()}
     # (by the file's names: Phi-3's q/k/v and gate/up gradients fused as its parameters are)
@@ -726,3 +734,21 @@ def test_minimax_m2_as_the_hub_ships_it(tmp_path: Path) -> None:
         config_from_hf({**hub, "attn_type_list": [0, 1]}, "c.json")
     assert str(err.value) == ("c.json: attn_type_list=[0, 1] is not supported by the embedded "
                               "engine on minimax_m2 (every layer 1: full attention)")
+
+
+def test_exaone4s_window_patterns_read_alike() -> None:
+    """EXAONE 4.0's sliding layers from its layer_types, an int pattern (every Nth layer full)
+    or a string one ("LLLG"), its full layers then turning no position; without a window,
+    every layer full and turning; another pattern a one-line error."""
+    base = {**SIZES, "model_type": "exaone4", "num_hidden_layers": 8, "sliding_window": 4}
+    types = ["sliding_attention"] * 3 + ["full_attention"]
+    plain = config_from_hf({**base, "layer_types": types * 2}, "c.json")
+    assert plain.sliding_layers == (0, 1, 2, 4, 5, 6) and plain.nope_layers == (3, 7)
+    for pattern in (4, "LLLG"):
+        assert config_from_hf({**base, "sliding_window_pattern": pattern}, "c.json") == plain
+    none = config_from_hf({**base, "sliding_window": None}, "c.json")
+    assert not none.sliding_layers and not none.nope_layers
+    with pytest.raises(ModelConfigError) as err:
+        config_from_hf({**base, "sliding_window_pattern": "LLXG"}, "c.json")
+    assert str(err.value) == ("c.json: sliding_window_pattern='LLXG' is not a positive integer "
+                              "or a string of L and G")

@@ -89,9 +89,10 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "GraniteMoeHybridConfig": "granitemoehybrid",
                                 "NemotronHConfig": "nemotron_h",
                                 "MiniMaxM2Config": "minimax_m2",
-                                "OlmoHybridConfig": "olmo_hybrid"}[case.config_class]  # fmt: skip
+                                "OlmoHybridConfig": "olmo_hybrid",
+                                "Exaone4Config": "exaone4"}[case.config_class]  # fmt: skip
     # (latent attention's heads: their no-rope and rope parts; 32 in every other case)
-    assert cfg.head_dim == (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim or 32) and cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma3", "minimax"))
+    assert cfg.head_dim == (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim or 32) and cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma3", "minimax", "exaone"))
     # Every weight transformers holds was loaded (transformers 5 holds a sparse layer's experts
     # as one fused tensor where the file, and we, have one per expert: count the numbers;
     # GLM-4.5's router bias is a buffer there, a frozen parameter here).

@@ -103,6 +103,11 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
             # OLMoE: whole-projection q/k norms, 8 experts on every layer, 2 a token
             "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {
                 "num_experts": 8, "num_experts_per_tok": 2, "pad_token_id": EOS}),
+            # EXAONE 4.0: post-norm layers with per-head q/k norms, three sliding layers of
+            # four (a window that binds), its full layers turning no position
+            "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", {
+                "num_hidden_layers": 4, "sliding_window": 6, "sliding_window_pattern": 4,
+                "pad_token_id": EOS}),
             # Granite: its four multipliers, none of them 1
             "granite": ("GraniteConfig", "GraniteForCausalLM", {
                 "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
@@ -227,6 +232,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
                                 "deepseek-v2": "deepseek_v2"}.get(
         family, family.split("-")[0])
     assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text",
+                                                   "exaone4",
                                                    "phi3-window", "mixtral-window",
                                                    "gemma2-window"))
     ours = TorchEngine(cfg, max_batch=8, eos_token_id=EOS)

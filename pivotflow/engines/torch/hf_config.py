@@ -3,7 +3,7 @@
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
 Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss,
-DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H, Nemotron-H, MiniMax-M2, OLMo Hybrid; rope default, linear, llama3, yarn, Phi-3's longrope within its
+DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H, Nemotron-H, MiniMax-M2, OLMo Hybrid, EXAONE 4.0; rope default, linear, llama3, yarn, Phi-3's longrope within its
 original context; sliding windows as each family says them, ``hf_windows``; each family's own
 keys, ``hf_families``; unquantized weights, block-wise FP8's and gpt-oss's MXFP4, dequantized
 as read) and names, in one line, the file and the first key it cannot run. Keys that change
@@ -57,7 +57,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "granitemoehybrid": "GraniteMoeHybridForCausalLM",
               "nemotron_h": "NemotronHForCausalLM",
               "minimax_m2": "MiniMaxM2ForCausalLM",
-              "olmo_hybrid": "OlmoHybridForCausalLM"}  # fmt: skip
+              "olmo_hybrid": "OlmoHybridForCausalLM",
+              "exaone4": "Exaone4ForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -77,7 +78,8 @@ HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "deepseek_v3": "DeepseekV3ForSequenceClassification",
                   "deepseek_v2": "DeepseekV2ForSequenceClassification",
                   "qwen3_5_text": "Qwen3_5TextForSequenceClassification",
-                  "qwen3_next": "Qwen3NextForSequenceClassification"}
+                  "qwen3_next": "Qwen3NextForSequenceClassification",
+                  "exaone4": "Exaone4ForSequenceClassification"}
 # (transformers has no sequence classifier for glm4_moe, olmoe, granite, granitemoehybrid or
 # qwen3_5_moe_text: no
 # critic from them)
@@ -293,6 +295,8 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         raw = minimax_keys(raw, where)
     if kind == "olmo_hybrid":  # (its null rope_theta: no rope)
         raw = olmo_hybrid_keys(raw)
+    if kind == "exaone4":  # (Exaone4Config's norm epsilon)
+        raw = {**raw, "rms_norm_eps": raw.get("rms_norm_eps", 1e-5)}
     full_layers, sliding_theta = split_layer_rope(raw, kind, where)
     if kind == "gpt_oss" and not (raw.get("rope_parameters") or raw.get("rope_scaling")):
         full_layers = {**full_layers, "rope_parameters": _GPT_OSS_ROPE}
@@ -470,6 +474,13 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         out.update(minimax_to_hf(cfg))
     elif cfg.architecture == "olmo_hybrid":
         out.update(olmo_hybrid_to_hf(cfg, rope))
+    elif cfg.architecture == "exaone4":
+        # (with a window its full layers are NoPE, without one every layer turns: no other)
+        full = {i for i in range(cfg.num_hidden_layers) if not cfg.is_sliding(i)}
+        if set(cfg.nope_layers) != (full if cfg.sliding_layers else set()):
+            raise ModelConfigError("an exaone4 checkpoint turns no position on its full layers "
+                                   "when it has a window, and on every layer when it has none")
+        out.update(pad_token_id=None, bos_token_id=None, eos_token_id=None)
     elif cfg.architecture == "glm4_moe":
         out.update(glm4_moe_to_hf(cfg))
         rope["partial_rotary_factor"] = cfg.partial_rotary_factor

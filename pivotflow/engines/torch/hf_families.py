@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pivotflow.engines.torch.hf_windows import nope_layers
+from pivotflow.engines.torch.hf_windows import exaone4_sliding, nope_layers
 from pivotflow.engines.torch.model_config import GATED_ACTIVATIONS
 from pivotflow.errors import ModelConfigError
 from pivotflow.params.hf_layout import DEEPSEEK_V3_ROUTER
@@ -57,6 +57,10 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         from pivotflow.engines.torch.hf_minimax import minimax_fields
 
         return minimax_fields(raw, where)
+    if kind == "exaone4":  # (with a window, its full layers turn no position: NoPE)
+        window = raw.get("sliding_window", 4096) is not None
+        sliding = exaone4_sliding(raw, raw.get("layer_types") or [], layers, where)
+        return {"nope_layers": tuple(i for i in range(layers) if window and i not in sliding)}
     if kind == "olmo_hybrid":
         from pivotflow.engines.torch.hf_olmo_hybrid import olmo_hybrid_fields
 

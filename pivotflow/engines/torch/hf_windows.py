@@ -64,6 +64,9 @@ def window_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         nope = nope_layers(raw, layers, where)
         sliding = ([i for i, t in enumerate(types) if t == "sliding_attention"] if types
                    else list(nope) if raw.get("use_sliding_window") else [])
+    elif kind == "exaone4":  # (its layer_types, else its pattern: every Nth full, or "LLLG")
+        window, sliding = raw.get("sliding_window", 4096), exaone4_sliding(raw, types, layers,
+                                                                           where)
     elif kind in ("olmo3", "gemma3_text", "gemma2", "gpt_oss"):
         window = raw.get("sliding_window", 128 if kind == "gpt_oss" else DEFAULT_WINDOW)
         every = ({"olmo3": 4, "gemma2": 2, "gpt_oss": 2}.get(kind)
@@ -77,6 +80,24 @@ def window_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
     if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
         raise ModelConfigError(f"{where}: sliding_window={window!r} is not a positive integer")
     return {"sliding_window": window, "sliding_layers": tuple(sliding)} if sliding else {}
+
+
+def exaone4_sliding(raw: dict[str, Any], types: list[str], layers: int,
+                    where: str) -> list[int]:
+    """EXAONE 4.0's sliding layers: ``layer_types``'; else ``sliding_window_pattern``'s, every
+    layer but each Nth (an int, Exaone4Config's 4) or its string's L (local) letters repeated
+    ("LLLG"); none without a window."""
+    if raw.get("sliding_window", 4096) is None:
+        return []
+    if types:
+        return [i for i, t in enumerate(types) if t == "sliding_attention"]
+    pattern = raw.get("sliding_window_pattern", 4)
+    if isinstance(pattern, str) and pattern and set(pattern) <= {"L", "G"}:
+        return [i for i in range(layers) if pattern[i % len(pattern)] == "L"]
+    if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern <= 0:
+        raise ModelConfigError(f"{where}: sliding_window_pattern={pattern!r} is not a positive "
+                               "integer or a string of L and G")
+    return [i for i in range(layers) if (i + 1) % pattern]
 
 
 def nope_layers(raw: dict[str, Any], layers: int, where: str) -> tuple[int, ...]:
@@ -145,7 +166,7 @@ def windows_to_hf(cfg: Any, rope: dict[str, Any]) -> dict[str, Any]:
     if kind == "smollm3":  # (layer_types say which; use_sliding_window that they do)
         return {"layer_types": types, "use_sliding_window": bool(sliding),
                 "sliding_window": cfg.sliding_window or None}
-    if kind in ("olmo3", "gemma3_text", "gemma2", "gpt_oss"):
+    if kind in ("olmo3", "gemma3_text", "gemma2", "gpt_oss", "exaone4"):
         out: dict[str, Any] = {"layer_types": types, "sliding_window": cfg.sliding_window or None}
         if cfg.sliding_rope_theta:
             out["rope_parameters"] = {"full_attention": rope, "sliding_attention": {

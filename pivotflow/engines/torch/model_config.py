@@ -13,7 +13,7 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3", "qwen2_moe",
                  "gemma2", "olmoe", "granite", "gpt_oss", "deepseek_v3", "deepseek_v2",
                  "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "granitemoehybrid",
-                 "nemotron_h", "minimax_m2", "olmo_hybrid")
+                 "nemotron_h", "minimax_m2", "olmo_hybrid", "exaone4")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
@@ -22,7 +22,7 @@ MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "
 LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
                          "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "minimax_m2",
-                         "olmo_hybrid")
+                         "olmo_hybrid", "exaone4")
 # Qwen3.5's, Qwen3-Next's and OLMo Hybrid's: gated DeltaNet (linear attention) on most layers,
 # full attention on the rest (``linear_attention_layers``); Qwen's gated (GATED_ATTENTION)
 HYBRID_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid")
@@ -50,11 +50,11 @@ EMBED_SCALED_ARCHITECTURES = ("gemma3_text", "gemma2")
 # the MLP's gate (HF's hidden_act names); relu2 (relu(x)^2) is Nemotron-H's ungated MLP's
 GATED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 ACTIVATIONS = (*GATED_ACTIVATIONS, "relu2")
-# q and k normalised over the whole projection (all heads at once), norms on each sub-layer's
-# output ("post-norm"): OLMo-2 and OLMo-3
-POST_NORM_ARCHITECTURES = ("olmo2", "olmo3")
+# norms on each sub-layer's output ("post-norm"): OLMo-2's and OLMo-3's (q and k normalised
+# over the whole projection), EXAONE 4.0's (q and k per head)
+POST_NORM_ARCHITECTURES = ("olmo2", "olmo3", "exaone4")
 # (layers without rope: SmolLM3's some, Granite 4.0-H's all)
-NOPE_ARCHITECTURES = ("smollm3", "granitemoehybrid", "nemotron_h", "olmo_hybrid")
+NOPE_ARCHITECTURES = ("smollm3", "granitemoehybrid", "nemotron_h", "olmo_hybrid", "exaone4")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
