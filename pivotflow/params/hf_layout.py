@@ -20,7 +20,8 @@ These families store theirs otherwise:
   (``block_sparse_moe.e_score_correction_bias``, held on the router as GLM-4.5's), and keeps
   its multi-token-prediction modules past the decoder's last layer (left out).
 * GLM-4 fuses gate/up, names its four norms its own way, and rotates interleaved pairs of
-  each head's dimensions, which pivotflow holds reordered (``_turn_heads``).
+  each head's dimensions, which pivotflow holds reordered (``_turn_heads``); ERNIE 4.5
+  (``ernie4_5``) rotates interleaved pairs too, held so.
 * Kimi K2 names DeepSeek-V3's architecture ``kimi_k2`` (with remote code in ``auto_map``):
   held, and written, as ``deepseek_v3``, as transformers reads it.
 * GLM-4.5 (``glm4_moe``) and DeepSeek-V3 (``deepseek_v3``) keep their multi-token-prediction
@@ -140,8 +141,8 @@ def family_of(config: dict[str, Any]) -> str | None:
         kind = next((_FAMILIES[a] for a in config.get("architectures") or [] if a in _FAMILIES),
                     None)
     return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", "granitemoehybrid",
-                            "nemotron_h", "olmo_hybrid", *_MTP_FAMILIES, *_MTP_APART,
-                            *_WRAPPERS) else None
+                            "nemotron_h", "olmo_hybrid", "ernie4_5", *_MTP_FAMILIES,
+                            *_MTP_APART, *_WRAPPERS) else None
 
 
 def _mixtral_name(name: str, to_disk: bool) -> str:
@@ -337,6 +338,8 @@ def held_layout(
         return nemotron_split(_geometry(config, where), tensors)
     if family == "olmo_hybrid":
         return olmo_hybrid_split(tensors)
+    if family == "ernie4_5":  # (its rotary pairs interleaved, as GLM-4's)
+        return _turn_heads(_geometry(config, where), tensors, where, to_disk=False)
     if family is None:
         return tensors
     if family in _WRAPPERS:  # (the text model's, then laid out as its own family's)
@@ -419,6 +422,9 @@ def engine_names(config: dict[str, Any],
         return nemotron_disk(tensors)
     if family == "olmo_hybrid":
         return olmo_hybrid_disk(_geometry(config, "engine export"), tensors)
+    if family == "ernie4_5":
+        return _turn_heads(_geometry(config, "engine export"), tensors, "engine export",
+                           to_disk=True)
     if family == "qwen3_next":  # (vLLM's Qwen3-Next loads its file's fused, grouped rows)
         return _fused(config, tensors)
     if family == "glm4":
@@ -437,10 +443,7 @@ def disk_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
         return oss_fused(tensors)
     if family == "granitemoehybrid":
         return granite_fused(tensors)
-    if family == "nemotron_h":
-        return nemotron_disk(tensors)
-    if family == "olmo_hybrid":
-        return olmo_hybrid_disk(_geometry(config, "disk layout"), tensors)
+    # (Nemotron-H's, OLMo Hybrid's and ERNIE 4.5's: what engine_names gives)
     return _fused(config, engine_names(config, tensors))
 
 
@@ -530,16 +533,14 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
         return nemotron_adapters(adapters), {}, {}
     if family == "olmo_hybrid":  # (its DeltaNet's q/k/v apart, the rest renamed)
         return olmo_hybrid_adapters(_geometry(config, "adapter export"), adapters), {}, {}
+    if family == "ernie4_5":  # (q's and k's B rows in its interleaved order)
+        return _turned_adapters(_geometry(config, "adapter export"), adapters), {}, {}
     if family not in _FUSED:
         return adapters, {}, {}
     import torch
 
     cfg = _geometry(config, "adapter export")
-    out = dict(adapters)
-    if family == "glm4":  # its q/k rows in its own order: B's rows are those rows
-        out.update({k: _turned_rows(cfg, t, k, "adapter export", to_disk=True)
-                    for k, t in adapters.items()
-                    if k.endswith((".q_proj.lora_B", ".k_proj.lora_B"))})
+    out = _turned_adapters(cfg, adapters) if family == "glm4" else dict(adapters)
     ranks: dict[str, int] = {}
     for fused, parts in _FUSED[family]:
         rows = _part_rows(cfg, fused)
@@ -566,6 +567,14 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
         out = {(f"{m.group(1)}shared_mlp.output_linear.{m.group(2)}"
                 if (m := _GRANITE_DOWN.fullmatch(k)) else k): t for k, t in out.items()}
     return out, ranks, {k: alpha * r / rank for k, r in ranks.items()}
+
+
+def _turned_adapters(cfg: ModelConfig, adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """LoRA adapters with q's and k's B rows in the family's own rotary order (GLM-4's and
+    ERNIE 4.5's interleaved pairs: ``_turn_heads``): B's rows are those rows."""
+    return {k: _turned_rows(cfg, t, k, "adapter export", to_disk=True)
+            if k.endswith((".q_proj.lora_B", ".k_proj.lora_B")) else t
+            for k, t in adapters.items()}
 
 
 def fused_targets(config: dict[str, Any], targets: list[str]) -> list[str]:

@@ -2,7 +2,7 @@
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
 Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, Phi-4-mini's partial
-rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, DeepSeek-V3's and V2's latent attention, Qwen3.5's gated DeltaNet, Granite 4.0-H's Mamba2, Nemotron-H's one-block layers, MiniMax-M2's sigmoid router, OLMo Hybrid, EXAONE 4.0, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
+rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, DeepSeek-V3's and V2's latent attention, Qwen3.5's gated DeltaNet, Granite 4.0-H's Mamba2, Nemotron-H's one-block layers, MiniMax-M2's sigmoid router, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5's interleaved rope, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
 Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
@@ -379,6 +379,13 @@ CASES += [
           "eos_token_id": 2}),
 ]  # fmt: skip
 EXAONE4, EXAONE4_NO_WINDOW = CASES[44], CASES[45]
+# ERNIE 4.5 (0.3B's kind): Llama's layer, each head's rotary pairs interleaved (held turned, as
+# GLM-4's), tied
+CASES += [
+    Case("ernie4.5", "Ernie4_5Config", True,
+         {"head_dim": 32, "num_key_value_heads": 1, "bos_token_id": 1, "eos_token_id": 2}),
+]  # fmt: skip
+ERNIE4_5 = CASES[46]
 CASE_IDS = [c.name for c in CASES]
 
 

@@ -19,6 +19,7 @@ from hf_fixtures import (
     DEEPSEEK_V2_LITE,
     DEEPSEEK_V3,
     DEEPSEEK_V3_PLAIN,
+    ERNIE4_5,
     EXAONE4,
     EXAONE4_NO_WINDOW,
     GEMMA2,
@@ -99,7 +100,7 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        GRANITE, GPT_OSS, DEEPSEEK_V3, DEEPSEEK_V3_PLAIN, DEEPSEEK_V2, DEEPSEEK_V2_LITE, QWEN3_5,
        QWEN3_5_TIED, QWEN3_5_MOE, QWEN3_NEXT, GRANITE4_H, GRANITE4_H_DENSE, GRANITE4_DENSE,
        NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE, MINIMAX_M2, OLMO_HYBRID,
-       OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW]
+       OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW, ERNIE4_5]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -208,6 +209,8 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         if case is NEMOTRON_H_MOE:
             assert (written["n_routed_experts"], written["n_group"]) == (8, 2)
             assert written["moe_shared_expert_intermediate_size"] == 64
+    elif case is ERNIE4_5:
+        assert written["model_type"] == "ernie4_5" and written["use_bias"] is False
     elif case in (EXAONE4, EXAONE4_NO_WINDOW):
         assert written["model_type"] == "exaone4"
         assert written["layer_types"] == (["sliding_attention"] * 3 + ["full_attention"]
@@ -244,7 +247,7 @@ QWEN3_NEXT_DENSE = Case("qwen3-next-dense", "Qwen3NextConfig", False,
 
 
 @pytest.mark.parametrize("case", [OLMO2, OLMO3, EXAONE4, MISTRAL_WINDOW, QWEN2_WINDOW, GEMMA3,
-                                  PHI3_WINDOW,
+                                  PHI3_WINDOW, ERNIE4_5,
                                   PHI4_MINI, GLM4, SMOLLM3_WINDOW, GEMMA2, GRANITE, GPT_OSS,
                                   QWEN3_5, QWEN3_NEXT_DENSE, GRANITE4_H_DENSE, NEMOTRON_H],
                          ids=lambda c: c.name)
@@ -752,3 +755,12 @@ def test_exaone4s_window_patterns_read_alike() -> None:
         config_from_hf({**base, "sliding_window_pattern": "LLXG"}, "c.json")
     assert str(err.value) == ("c.json: sliding_window_pattern='LLXG' is not a positive integer "
                               "or a string of L and G")
+
+
+def test_an_ernie4_5_with_biases_is_a_one_line_error() -> None:
+    """ERNIE 4.5's use_bias puts biases on every projection, its MLP's included, which the
+    embedded engine does not run."""
+    with pytest.raises(ModelConfigError) as err:
+        config_from_hf({**SIZES, "model_type": "ernie4_5", "use_bias": True}, "c.json")
+    assert str(err.value) == ("c.json: use_bias=True is not supported by the embedded engine "
+                              "on ernie4_5 (false)")

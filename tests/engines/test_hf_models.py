@@ -90,7 +90,8 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "NemotronHConfig": "nemotron_h",
                                 "MiniMaxM2Config": "minimax_m2",
                                 "OlmoHybridConfig": "olmo_hybrid",
-                                "Exaone4Config": "exaone4"}[case.config_class]  # fmt: skip
+                                "Exaone4Config": "exaone4",
+                                "Ernie4_5Config": "ernie4_5"}[case.config_class]  # fmt: skip
     # (latent attention's heads: their no-rope and rope parts; 32 in every other case)
     assert cfg.head_dim == (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim or 32) and cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma3", "minimax", "exaone"))
     # Every weight transformers holds was loaded (transformers 5 holds a sparse layer's experts

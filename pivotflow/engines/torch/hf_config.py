@@ -3,7 +3,7 @@
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
 Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss,
-DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H, Nemotron-H, MiniMax-M2, OLMo Hybrid, EXAONE 4.0; rope default, linear, llama3, yarn, Phi-3's longrope within its
+DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H, Nemotron-H, MiniMax-M2, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5; rope default, linear, llama3, yarn, Phi-3's longrope within its
 original context; sliding windows as each family says them, ``hf_windows``; each family's own
 keys, ``hf_families``; unquantized weights, block-wise FP8's and gpt-oss's MXFP4, dequantized
 as read) and names, in one line, the file and the first key it cannot run. Keys that change
@@ -58,7 +58,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "nemotron_h": "NemotronHForCausalLM",
               "minimax_m2": "MiniMaxM2ForCausalLM",
               "olmo_hybrid": "OlmoHybridForCausalLM",
-              "exaone4": "Exaone4ForCausalLM"}  # fmt: skip
+              "exaone4": "Exaone4ForCausalLM",
+              "ernie4_5": "Ernie4_5ForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -98,7 +99,8 @@ PARTIAL_ROTARY_FAMILIES = ("phi3", "glm4", "glm4_moe", "qwen3_5_text", "qwen3_5_
 _DEFAULT_PARTIAL = {"glm4": 0.5, "glm4_moe": 0.5, "qwen3_5_text": 0.25,
                     "qwen3_5_moe_text": 0.25, "qwen3_next": 0.25}
 # (SmolLM3Config's and GptOssConfig's; the others' is 10000)
-_DEFAULT_THETA = {"smollm3": 2000000.0, "gpt_oss": 150000.0, "minimax_m2": 5000000.0}
+_DEFAULT_THETA = {"smollm3": 2000000.0, "gpt_oss": 150000.0, "minimax_m2": 5000000.0,
+                  "ernie4_5": 500000.0}
 # GptOssConfig's rope when a config names none
 _GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                  "truncate": False, "original_max_position_embeddings": 4096}
@@ -297,6 +299,12 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         raw = olmo_hybrid_keys(raw)
     if kind == "exaone4":  # (Exaone4Config's norm epsilon)
         raw = {**raw, "rms_norm_eps": raw.get("rms_norm_eps", 1e-5)}
+    if kind == "ernie4_5":  # (Ernie4_5Config's defaults: heads of 128, its epsilon)
+        if raw.get("use_bias"):
+            raise ModelConfigError(f"{where}: use_bias={raw['use_bias']!r} {ENGINE} on "
+                                   "ernie4_5 (false)")
+        raw = {**raw, "head_dim": raw.get("head_dim") or 128,
+               "rms_norm_eps": raw.get("rms_norm_eps", 1e-5)}
     full_layers, sliding_theta = split_layer_rope(raw, kind, where)
     if kind == "gpt_oss" and not (raw.get("rope_parameters") or raw.get("rope_scaling")):
         full_layers = {**full_layers, "rope_parameters": _GPT_OSS_ROPE}
@@ -329,7 +337,8 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         rms_norm_eps=number(raw.get("rms_norm_eps", 1e-6), "rms_norm_eps", where),
         # (transformers' default: tied for Gemma 2 and 3 and SmolLM3, untied for the rest)
         tie_word_embeddings=bool(raw.get("tie_word_embeddings",
-                                         kind in ("gemma3_text", "gemma2", "smollm3"))),
+                                         kind in ("gemma3_text", "gemma2", "smollm3",
+                                                  "ernie4_5"))),
         # Qwen2 always has q/k/v biases; Mistral, Mixtral and Phi-3 never; Llama and Qwen3
         # when the config says so.
         attention_bias={"qwen2": True, "mistral": False, "phi3": False, "mixtral": False,
@@ -474,6 +483,8 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         out.update(minimax_to_hf(cfg))
     elif cfg.architecture == "olmo_hybrid":
         out.update(olmo_hybrid_to_hf(cfg, rope))
+    elif cfg.architecture == "ernie4_5":  # (its rotary pairs interleaved: hf_layout's turn)
+        out.update(use_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None)
     elif cfg.architecture == "exaone4":
         # (with a window its full layers are NoPE, without one every layer turns: no other)
         full = {i for i in range(cfg.num_hidden_layers) if not cfg.is_sliding(i)}

@@ -13,7 +13,7 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3", "qwen2_moe",
                  "gemma2", "olmoe", "granite", "gpt_oss", "deepseek_v3", "deepseek_v2",
                  "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "granitemoehybrid",
-                 "nemotron_h", "minimax_m2", "olmo_hybrid", "exaone4")
+                 "nemotron_h", "minimax_m2", "olmo_hybrid", "exaone4", "ernie4_5")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
