@@ -58,7 +58,7 @@ def describe_model(path: Path) -> str:
             f"  Mamba2 on {len(cfg.linear_attention_layers)} of {cfg.num_hidden_layers} layers: "
             f"{cfg.mamba_n_heads} heads of {cfg.mamba_d_head}, state {cfg.mamba_d_state} in "
             f"{cfg.mamba_n_groups} group(s), a {cfg.mamba_d_conv}-tap convolution")
-    elif cfg.linear_attention_layers:
+    elif cfg.linear_attention_layers and not cfg.short_conv:
         lines.append(
             f"  linear attention (gated DeltaNet) on {len(cfg.linear_attention_layers)} of "
             f"{cfg.num_hidden_layers} layers: {cfg.linear_num_value_heads} value heads of "
@@ -66,6 +66,9 @@ def describe_model(path: Path) -> str:
             f"{cfg.linear_key_head_dim}, a {cfg.linear_conv_kernel_dim}-tap convolution"
             + ("; the others' attention output gated" if cfg.attn_output_gate else "")
             + ("; writes at up to twice the rate" if cfg.linear_allow_neg_eigval else ""))
+    if cfg.short_conv and cfg.linear_attention_layers:
+        lines.append(f"  gated short convolutions on {len(cfg.linear_attention_layers)} of "
+                     f"{cfg.num_hidden_layers} layers: {cfg.linear_conv_kernel_dim} taps")
     if cfg.architecture == "nemotron_h":
         lines.append(f"  one block a layer: {len(cfg.linear_attention_layers)} Mamba2, "
                      f"{len(cfg.attention_layers)} attention, {len(cfg.mlp_blocks)} MLP "
@@ -100,6 +103,9 @@ def describe_model(path: Path) -> str:
               "qwen3_5_text": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
               "qwen3_5_moe_text": f"{mtp} multi-token-prediction layer(s) in the file, not "
                                   "loaded",
+              "lfm2": "norms, attention output and MLP under LFM2's names in the file, held "
+                      "under the common ones",
+              "ernie4_5": "rotary pairs interleaved in the file, q/k rows held reordered",
               "olmo_hybrid": "DeltaNet projections and convolutions apart in the file, held "
                              "stacked as Qwen3.5's",
               "minimax_m2": "block_sparse_moe and w1/w2/w3 in the file, held as mlp.experts"

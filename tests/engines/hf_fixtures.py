@@ -2,7 +2,7 @@
 feature the embedded engine claims (Qwen2, Llama 3 with rope scaling, Qwen3 with q/k norms and a
 head_dim that is not hidden/heads, Qwen3-MoE with a dense layer among its sparse ones, Mistral,
 Qwen3 with YaRN, OLMo-2, Gemma 3, Phi-3 with its fused projections, Phi-4-mini's partial
-rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, DeepSeek-V3's and V2's latent attention, Qwen3.5's gated DeltaNet, Granite 4.0-H's Mamba2, Nemotron-H's one-block layers, MiniMax-M2's sigmoid router, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5's interleaved rope, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
+rotary and LongRoPE, Mixtral, GLM-4, GLM-4.5, SmolLM3's NoPE layers, Qwen2-MoE's gated shared expert, Gemma 2's soft-capping, OLMoE, Granite's multipliers, gpt-oss's sinks and experts, DeepSeek-V3's and V2's latent attention, Qwen3.5's gated DeltaNet, Granite 4.0-H's Mamba2, Nemotron-H's one-block layers, MiniMax-M2's sigmoid router, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5's interleaved rope, LFM2's short convolutions, sliding windows that bind (Mistral v0.1's, Qwen2's, OLMo-3's,
 Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
@@ -386,6 +386,15 @@ CASES += [
          {"head_dim": 32, "num_key_value_heads": 1, "bos_token_id": 1, "eos_token_id": 2}),
 ]  # fmt: skip
 ERNIE4_5 = CASES[46]
+# LFM2: gated short convolutions (3 taps) on two layers of three, attention with per-head q/k
+# norms on the other; its MLP's width derived from intermediate_size (2/3, rounded up to 32)
+CASES += [
+    Case("lfm2", "Lfm2Config", True,
+         {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"],
+          "intermediate_size": 144, "block_multiple_of": 32, "bos_token_id": 1,
+          "eos_token_id": 2}),
+]  # fmt: skip
+LFM2 = CASES[47]
 CASE_IDS = [c.name for c in CASES]
 
 

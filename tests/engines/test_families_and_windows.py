@@ -31,6 +31,7 @@ from hf_fixtures import (
     GRANITE4_DENSE,
     GRANITE4_H,
     GRANITE4_H_DENSE,
+    LFM2,
     MINIMAX_M2,
     MISTRAL,
     MISTRAL_WINDOW,
@@ -100,7 +101,7 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        GRANITE, GPT_OSS, DEEPSEEK_V3, DEEPSEEK_V3_PLAIN, DEEPSEEK_V2, DEEPSEEK_V2_LITE, QWEN3_5,
        QWEN3_5_TIED, QWEN3_5_MOE, QWEN3_NEXT, GRANITE4_H, GRANITE4_H_DENSE, GRANITE4_DENSE,
        NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE, MINIMAX_M2, OLMO_HYBRID,
-       OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW, ERNIE4_5]
+       OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW, ERNIE4_5, LFM2]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -209,6 +210,10 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         if case is NEMOTRON_H_MOE:
             assert (written["n_routed_experts"], written["n_group"]) == (8, 2)
             assert written["moe_shared_expert_intermediate_size"] == 64
+    elif case is LFM2:  # (its MLP's real width, said as it is)
+        assert written["model_type"] == "lfm2" and written["intermediate_size"] == 96
+        assert written["block_auto_adjust_ff_dim"] is False
+        assert written["layer_types"] == ["conv", "full_attention", "conv"]
     elif case is ERNIE4_5:
         assert written["model_type"] == "ernie4_5" and written["use_bias"] is False
     elif case in (EXAONE4, EXAONE4_NO_WINDOW):
@@ -247,7 +252,7 @@ QWEN3_NEXT_DENSE = Case("qwen3-next-dense", "Qwen3NextConfig", False,
 
 
 @pytest.mark.parametrize("case", [OLMO2, OLMO3, EXAONE4, MISTRAL_WINDOW, QWEN2_WINDOW, GEMMA3,
-                                  PHI3_WINDOW, ERNIE4_5,
+                                  PHI3_WINDOW, ERNIE4_5, LFM2,
                                   PHI4_MINI, GLM4, SMOLLM3_WINDOW, GEMMA2, GRANITE, GPT_OSS,
                                   QWEN3_5, QWEN3_NEXT_DENSE, GRANITE4_H_DENSE, NEMOTRON_H],
                          ids=lambda c: c.name)

@@ -5,6 +5,8 @@ families; an MoE's bf16 routing flips are tests/engines/test_moe.py's)."""
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -91,9 +93,11 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "MiniMaxM2Config": "minimax_m2",
                                 "OlmoHybridConfig": "olmo_hybrid",
                                 "Exaone4Config": "exaone4",
-                                "Ernie4_5Config": "ernie4_5"}[case.config_class]  # fmt: skip
+                                "Ernie4_5Config": "ernie4_5",
+                                "Lfm2Config": "lfm2"}[case.config_class]  # fmt: skip
     # (latent attention's heads: their no-rope and rope parts; 32 in every other case)
-    assert cfg.head_dim == (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim or 32) and cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma3", "minimax", "exaone"))
+    assert cfg.head_dim == (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim or 32) and cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma3", "minimax", "exaone",
+                                                "lfm2"))
     # Every weight transformers holds was loaded (transformers 5 holds a sparse layer's experts
     # as one fused tensor where the file, and we, have one per expert: count the numbers;
     # GLM-4.5's router bias is a buffer there, a frozen parameter here).
@@ -182,3 +186,33 @@ def test_sharded_checkpoint_loads(tmp_path: Path) -> None:
         [GenerationRequest("a", PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=8))]
     )
     assert out[0].token_ids == hf_greedy(model, PROMPTS[:1], 8)[0]
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_pivotflow_model_describes_every_family(tmp_path: Path, case: Case) -> None:
+    """``pivotflow model``'s description of each family's folder: its family and size, and a
+    line on how its file lays tensors out where it differs from pivotflow's."""
+    from hf_folders import save_tokenizer_hf
+
+    from pivotflow.model_info import describe_model
+    from pivotflow.params.hf_layout import family_of
+
+    save_folder(case, tmp_path)
+    save_tokenizer_hf(_tokenizer(), tmp_path)  # (a folder a run reads has one)
+    said = describe_model(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert said.startswith(f"{tmp_path}: {config['model_type']}, ")
+    # (a family whose file differs only by multi-token-prediction layers says so where it has
+    # some; one laid out as pivotflow holds it says nothing)
+    mtp_only = ("glm4_moe", "deepseek_v3", "qwen3_5_text", "qwen3_5_moe_text")
+    if family_of(config) is None:
+        assert "\n  tensors: " not in said
+    elif family_of(config) not in mtp_only:
+        assert "\n  tensors: " in said
+
+
+@functools.cache
+def _tokenizer():  # type: ignore[no-untyped-def]
+    from hf_folders import train_bpe
+
+    return train_bpe(vocab_size=260)

@@ -171,6 +171,11 @@ GRANITE4_H = ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
 # sigmoid router with a correction bias; Mixtral's names in the file
 MINIMAX_M2 = ("MiniMaxM2Config", "MiniMaxM2ForCausalLM", {
     "rotary_dim": 16, "num_local_experts": 8, "num_experts_per_tok": 2, "pad_token_id": EOS})
+# LFM2 (its own test: vLLM's CPU build decodes it otherwise than transformers): gated short
+# convolutions on two layers of three, attention with per-head q/k norms on the other
+LFM2 = ("Lfm2Config", "Lfm2ForCausalLM", {
+    "num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"],
+    "block_multiple_of": 64, "pad_token_id": EOS})
 # Nemotron-H (the same test): one block a layer, Mamba2 (8 heads of 32, 2 groups of state 32),
 # an ungated relu^2 MLP, attention without rope, another MLP; backbone and mixer names in the
 # file
@@ -189,7 +194,8 @@ def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
 
     config_class, model_class, extra = (FAMILIES.get(family) or HYBRIDS.get(family) or {
         "granite-4.0-h": GRANITE4_H, "nemotron-h": NEMOTRON_H,
-        "minimax-m2": MINIMAX_M2, "olmo-hybrid": OLMO_HYBRID}.get(family) or GPT_OSS)
+        "minimax-m2": MINIMAX_M2, "olmo-hybrid": OLMO_HYBRID, "lfm2": LFM2}.get(family)
+        or GPT_OSS)
     vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
     config = getattr(transformers, config_class)(**{
         "vocab_size": vocab, "hidden_size": 128, "intermediate_size": 256,
@@ -567,6 +573,7 @@ def test_nemotron_h_experts_vllms_cpu_build_cannot_run_are_one_line(tmp_path: Pa
                    "MiniMax-M2's has none)"),
     ("olmo-hybrid", "OLMo Hybrid (its DeltaNet runs on triton kernels, which the CPU build has "
                     "none of)")])
+
 def test_a_family_vllms_cpu_build_cannot_run_is_one_line(tmp_path: Path, folder: Path,
                                                          family: str, why: str) -> None:
     """vLLM's CPU router runs a sigmoid router only as grouped top k, and its MiniMax-M2 module
@@ -584,3 +591,26 @@ def test_a_family_vllms_cpu_build_cannot_run_is_one_line(tmp_path: Path, folder:
                    load_format="dummy", threads=1)
     assert str(err.value) == (f"{path / 'config.json'}: vLLM's CPU build cannot serve {why}: "
                               "serve it with engine='torch', or vLLM on a GPU")
+
+
+def test_lfm2_on_vllm_is_one_line(tmp_path: Path, folder: Path) -> None:
+    """vLLM's LFM2 module ties its head whatever the config says, and its CPU build's short
+    convolutions decode otherwise than transformers (measured: greedy tokens part after a
+    few, in float32 and bf16, where pivotflow's engine equals transformers'): each named in
+    one line, with the folder, before vLLM starts."""
+    from pivotflow.engines.vllm_engine import VllmEngine
+    from pivotflow.errors import EngineError
+
+    (tmp_path / "model").mkdir()
+    path = _folder(tmp_path / "model", folder, "lfm2")
+    config = json.loads((path / "config.json").read_text())
+    for tied, why in ((False, "vLLM's LFM2 module ties its head to the embeddings, and this "
+                              "model's head is its own: serve it with engine='torch'"),
+                      (True, "vLLM's CPU build decodes LFM2's short convolutions otherwise "
+                             "than transformers (its tokens part after a few): serve it with "
+                             "engine='torch', or vLLM on a GPU")):
+        (path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": tied}))
+        with pytest.raises(EngineError) as err:
+            VllmEngine(None, model_path=str(path), dtype="float32", max_model_len=MAX_LEN,
+                       load_format="dummy", threads=1)
+        assert str(err.value) == f"{path / 'config.json'}: {why}"

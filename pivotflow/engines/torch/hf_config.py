@@ -3,7 +3,7 @@
 ``config_from_hf`` accepts what the embedded decoder computes exactly as transformers does
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
 Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss,
-DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H, Nemotron-H, MiniMax-M2, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5; rope default, linear, llama3, yarn, Phi-3's longrope within its
+DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H, Nemotron-H, MiniMax-M2, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5, LFM2; rope default, linear, llama3, yarn, Phi-3's longrope within its
 original context; sliding windows as each family says them, ``hf_windows``; each family's own
 keys, ``hf_families``; unquantized weights, block-wise FP8's and gpt-oss's MXFP4, dequantized
 as read) and names, in one line, the file and the first key it cannot run. Keys that change
@@ -27,6 +27,7 @@ from pivotflow.engines.torch.hf_families import (
     qwen3_5_to_hf,
 )
 from pivotflow.engines.torch.hf_granite import KIND, granite_layer_types, granite_to_hf
+from pivotflow.engines.torch.hf_lfm2 import lfm2_keys, lfm2_to_hf
 from pivotflow.engines.torch.hf_minimax import minimax_keys, minimax_to_hf
 from pivotflow.engines.torch.hf_nemotron import nemotron_blocks, nemotron_to_hf
 from pivotflow.engines.torch.hf_olmo_hybrid import olmo_hybrid_keys, olmo_hybrid_to_hf
@@ -59,7 +60,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "minimax_m2": "MiniMaxM2ForCausalLM",
               "olmo_hybrid": "OlmoHybridForCausalLM",
               "exaone4": "Exaone4ForCausalLM",
-              "ernie4_5": "Ernie4_5ForCausalLM"}  # fmt: skip
+              "ernie4_5": "Ernie4_5ForCausalLM",
+              "lfm2": "Lfm2ForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -299,6 +301,8 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         raw = olmo_hybrid_keys(raw)
     if kind == "exaone4":  # (Exaone4Config's norm epsilon)
         raw = {**raw, "rms_norm_eps": raw.get("rms_norm_eps", 1e-5)}
+    if kind == "lfm2":  # (its epsilon's and tying's names, its MLP's real width)
+        raw = lfm2_keys(raw, where)
     if kind == "ernie4_5":  # (Ernie4_5Config's defaults: heads of 128, its epsilon)
         if raw.get("use_bias"):
             raise ModelConfigError(f"{where}: use_bias={raw['use_bias']!r} {ENGINE} on "
@@ -483,6 +487,8 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         out.update(minimax_to_hf(cfg))
     elif cfg.architecture == "olmo_hybrid":
         out.update(olmo_hybrid_to_hf(cfg, rope))
+    elif cfg.architecture == "lfm2":
+        out.update(lfm2_to_hf(cfg))
     elif cfg.architecture == "ernie4_5":  # (its rotary pairs interleaved: hf_layout's turn)
         out.update(use_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None)
     elif cfg.architecture == "exaone4":

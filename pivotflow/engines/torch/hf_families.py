@@ -61,6 +61,10 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         window = raw.get("sliding_window", 4096) is not None
         sliding = exaone4_sliding(raw, raw.get("layer_types") or [], layers, where)
         return {"nope_layers": tuple(i for i in range(layers) if window and i not in sliding)}
+    if kind == "lfm2":
+        from pivotflow.engines.torch.hf_lfm2 import lfm2_fields
+
+        return lfm2_fields(raw, where)
     if kind == "olmo_hybrid":
         from pivotflow.engines.torch.hf_olmo_hybrid import olmo_hybrid_fields
 

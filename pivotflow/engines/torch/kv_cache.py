@@ -28,6 +28,7 @@ from pivotflow.engines.torch.model import (
     soft_cap,
 )
 from pivotflow.engines.torch.rope import packed_rope_table, turn_partners
+from pivotflow.engines.torch.short_conv import PackedShortConv
 from pivotflow.engines.torch.slot_cache import SlotKVCache
 
 _T = torch.Tensor
@@ -71,12 +72,13 @@ class PackedDecoder:
         self._latent: list[PackedLatent | None] = []
         # each layer's gated DeltaNet (Qwen3.5's linear layers) or Mamba2 (Granite 4.0-H's),
         # or None
-        self._linear: list[PackedDeltaNet | PackedMamba2 | None] = []
+        self._linear: list[PackedDeltaNet | PackedMamba2 | PackedShortConv | None] = []
         for i, layer in enumerate(cast(list[DecoderLayer], model.model.layers)):
-            linear: PackedDeltaNet | PackedMamba2 | None = None
+            linear: PackedDeltaNet | PackedMamba2 | PackedShortConv | None = None
             if layer.linear:
                 index = cfg.linear_attention_layers.index(i)
-                linear = (PackedMamba2(layer.mamba, index) if cfg.mamba
+                linear = (PackedShortConv(layer.conv, index) if cfg.short_conv
+                          else PackedMamba2(layer.mamba, index) if cfg.mamba
                           else PackedDeltaNet(layer.linear_attn, index))
             self._linear.append(linear)
             if not layer.has_mixer:  # (Nemotron-H's MLP blocks: an MLP alone)
@@ -293,7 +295,7 @@ class PackedDecoder:
         h = mm.gated(norm(x, norm_mlp_in), w_gate_up, self.cfg.intermediate_size, self._act)
         return x + norm(mm.linear(h, w_down), norm_mlp)
 
-    def _linear_layer(self, linear: PackedDeltaNet | PackedMamba2, h: torch.Tensor,
+    def _linear_layer(self, linear: PackedDeltaNet | PackedMamba2 | PackedShortConv, h: torch.Tensor,
                       shape: tuple[int, int], cache: SlotKVCache) -> torch.Tensor:
         """A linear layer's output (out_proj's input) for rows ``h``, its states in
         ``cache``: a prefill's prompts or a decode step's tokens."""

@@ -25,7 +25,10 @@ class LinearStates:
     def __init__(self, cfg: ModelConfig, max_batch: int, device: torch.device | str,
                  dtype: torch.dtype) -> None:
         n = len(cfg.linear_attention_layers)
-        if cfg.mamba:
+        state: tuple[int, ...]
+        if cfg.short_conv:  # (LFM2's: the convolution's inputs alone, no recurrence)
+            channels, taps, state = cfg.hidden_size, cfg.linear_conv_kernel_dim, (0,)
+        elif cfg.mamba:
             groups = cfg.mamba_n_groups * cfg.mamba_d_state
             channels, taps = cfg.mamba_d_inner + 2 * groups, cfg.mamba_d_conv
             state = (cfg.mamba_n_heads, cfg.mamba_d_head, cfg.mamba_d_state)
@@ -45,10 +48,11 @@ class LinearStates:
 
 
 def conv_prefill(mixed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 lengths: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+                 lengths: torch.Tensor, kept: torch.Tensor, silu: bool = True) -> torch.Tensor:
     """The causal depthwise convolution (``weight`` [channels, 1, taps], ``bias``) and SiLU
-    over right-padded prompts ``mixed`` [B, T, channels]; each prompt's last taps - 1 inputs
-    (zeros before its first) written to ``kept`` [B, taps - 1, channels]."""
+    (``silu``: LFM2's has none) over right-padded prompts ``mixed`` [B, T, channels]; each
+    prompt's last taps - 1 inputs (zeros before its first) written to ``kept``
+    [B, taps - 1, channels]."""
     b, t, _ = mixed.shape
     taps = weight.shape[-1]
     # left-padded by taps - 1 zeros: a causal convolution, as taps shifted multiply-adds over
@@ -63,11 +67,11 @@ def conv_prefill(mixed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         conv += bias
     ends = lengths[:, None] + torch.arange(taps - 1, device=mixed.device)
     kept.copy_(padded.gather(1, ends[..., None].expand(b, taps - 1, padded.shape[-1])))
-    return F.silu(conv)
+    return F.silu(conv) if silu else conv
 
 
 def conv_step(mixed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-              kept: torch.Tensor) -> torch.Tensor:
+              kept: torch.Tensor, silu: bool = True) -> torch.Tensor:
     """One token's convolution and SiLU for each of n sequences (``mixed`` [n, channels]),
     their last inputs ``kept`` [n, taps - 1, channels] moved on by it. float32 sums, rounded
     to ``mixed``'s dtype."""
@@ -76,4 +80,4 @@ def conv_step(mixed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     out = (window.float() * weight.squeeze(1).t().float()).sum(1)
     if bias is not None:
         out += bias.float()
-    return F.silu(out).to(mixed.dtype)
+    return (F.silu(out) if silu else out).to(mixed.dtype)

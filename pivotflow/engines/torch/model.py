@@ -36,6 +36,7 @@ from pivotflow.engines.torch.layers import KVCacheHook, RMSNorm
 from pivotflow.engines.torch.mamba2 import Mamba2
 from pivotflow.engines.torch.model_config import ModelConfig
 from pivotflow.engines.torch.rope import apply_rotary, layer_cos_sin
+from pivotflow.engines.torch.short_conv import ShortConv
 
 
 class Attention(nn.Module):
@@ -152,7 +153,9 @@ class DecoderLayer(nn.Module):
         # (Qwen3.5's linear layers: ``linear_attn`` in place of ``self_attn``, Granite 4.0-H's
         # ``mamba``, as HF names them)
         self.linear = cfg.is_linear(layer_idx)
-        if self.linear and cfg.mamba:
+        if self.linear and cfg.short_conv:
+            self.conv = ShortConv(cfg)
+        elif self.linear and cfg.mamba:
             self.mamba = Mamba2(cfg)
         elif self.linear:
             self.linear_attn = GatedDeltaNet(cfg)
@@ -170,9 +173,13 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = RMSNorm(size, eps, offset)
 
     @property
-    def mixer(self) -> GatedDeltaNet | Mamba2:
-        """A linear layer's state-keeping mixer (its gated DeltaNet or Mamba2)."""
-        return self.mamba if hasattr(self, "mamba") else self.linear_attn
+    def mixer(self) -> GatedDeltaNet | Mamba2 | ShortConv:
+        """A linear layer's state-keeping mixer (its gated DeltaNet, Mamba2 or short
+        convolution)."""
+        for name in ("mamba", "conv"):
+            if hasattr(self, name):
+                return getattr(self, name)  # type: ignore[no-any-return]
+        return self.linear_attn
 
     def forward(self, x, cos, sin, attn_mask, cache, replay=None, balance=None):  # type: ignore[no-untyped-def]
         if self.sandwich:  # Gemma, GLM-4: each sub-layer's input and output normalised

@@ -13,7 +13,7 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3", "qwen2_moe",
                  "gemma2", "olmoe", "granite", "gpt_oss", "deepseek_v3", "deepseek_v2",
                  "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "granitemoehybrid",
-                 "nemotron_h", "minimax_m2", "olmo_hybrid", "exaone4", "ernie4_5")
+                 "nemotron_h", "minimax_m2", "olmo_hybrid", "exaone4", "ernie4_5", "lfm2")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
@@ -22,7 +22,7 @@ MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "
 LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
                          "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "minimax_m2",
-                         "olmo_hybrid", "exaone4")
+                         "olmo_hybrid", "exaone4", "lfm2")
 # Qwen3.5's, Qwen3-Next's and OLMo Hybrid's: gated DeltaNet (linear attention) on most layers,
 # full attention on the rest (``linear_attention_layers``); Qwen's gated (GATED_ATTENTION)
 HYBRID_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid")
@@ -187,6 +187,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
+    # LFM2's short convolutions (on ``linear_attention_layers``; linear_conv_kernel_dim taps,
+    # its conv_L_cache): biased projections and convolution when conv_bias
+    conv_bias: bool = False
     # OLMo Hybrid's delta rule writes at up to twice the rate (beta = 2 sigmoid(b): the state's
     # update may have negative eigenvalues)
     linear_allow_neg_eigval: bool = False
@@ -276,6 +279,11 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     def mlp_gated(self) -> bool:
         """Whether the MLP gates its up projection (SwiGLU, GeGLU); Nemotron-H's does not."""
         return self.hidden_act != "relu2"
+
+    @property
+    def short_conv(self) -> bool:
+        """Whether the linear layers are LFM2's gated short convolutions."""
+        return self.architecture == "lfm2"
 
     @property
     def mamba(self) -> bool:

@@ -131,6 +131,13 @@ def _linear(cfg: ModelConfig) -> None:
     dims = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
             "linear_value_head_dim", "linear_conv_kernel_dim")
     _mamba(cfg)
+    if cfg.conv_bias and not cfg.short_conv:
+        raise ModelConfigError(f"conv_bias does not fit architecture {cfg.architecture!r} (only "
+                               "lfm2's short convolutions)")
+    if cfg.short_conv:  # (a convolution's taps alone)
+        if _has_linear_layers(cfg, ("linear_conv_kernel_dim",)) and cfg.sliding_layers:
+            raise ModelConfigError("sliding windows do not fit a hybrid 'lfm2' model")
+        return
     if cfg.architecture not in HYBRID_ARCHITECTURES:
         if any(getattr(cfg, name) for name in dims) or (
                 cfg.linear_attention_layers and not cfg.mamba):
