@@ -20,7 +20,7 @@ These families store theirs otherwise:
   (``block_sparse_moe.e_score_correction_bias``, held on the router as GLM-4.5's), and keeps
   its multi-token-prediction modules past the decoder's last layer (left out).
 * GLM-4 fuses gate/up, names its four norms its own way, and rotates interleaved pairs of
-  each head's dimensions, which pivotflow holds reordered (``_turn_heads``); ERNIE 4.5
+  each head's dimensions, which pivotflow holds reordered (``turn_heads``); ERNIE 4.5
   (``ernie4_5``) rotates interleaved pairs too, held so.
 * Kimi K2 names DeepSeek-V3's architecture ``kimi_k2`` (with remote code in ``auto_map``):
   held, and written, as ``deepseek_v3``, as transformers reads it.
@@ -78,6 +78,15 @@ from pivotflow.params.olmo_hybrid_layout import (
     olmo_hybrid_split,
 )
 from pivotflow.params.oss_layout import oss_engine, oss_fused, oss_split
+from pivotflow.params.renamed_layout import (
+    GLM_NORMS,
+    GLM_NORMS_BACK,
+    minimax_name,
+    mixtral_name,
+    renamed_norms,
+    turn_heads,
+    turned_adapters,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -120,11 +129,6 @@ _MTP_FAMILIES = {"glm4_moe": "num_nextn_predict_layers", "deepseek_v3": "num_nex
                  "minimax_m2": "num_mtp_modules"}
 # the families whose files hold them apart, as ``mtp.*`` (Qwen3.5's)
 _MTP_APART = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
-# Mixtral's names <-> pivotflow's (a layer's router; an expert's three projections)
-_MIXTRAL_DISK = re.compile(r"(.*\.)block_sparse_moe\.(gate|experts\.\d+\.w([123]))\.weight")
-_MIXTRAL_HELD = re.compile(r"(.*\.)mlp\.(gate|experts\.\d+\.(gate|down|up)_proj)\.weight")
-_W_TO_PROJ = {"1": "gate", "2": "down", "3": "up"}
-_PROJ_TO_W = {v: k for k, v in _W_TO_PROJ.items()}
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")  # (a layer's tensors: its number)
 
 
@@ -146,32 +150,6 @@ def family_of(config: dict[str, Any]) -> str | None:
     return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", "granitemoehybrid",
                             "nemotron_h", "olmo_hybrid", "ernie4_5", "lfm2", *_MTP_FAMILIES,
                             *_MTP_APART, *_WRAPPERS) else None
-
-
-def _mixtral_name(name: str, to_disk: bool) -> str:
-    """A Mixtral tensor's name in the file (``to_disk``) or as pivotflow holds it; any other
-    tensor's as it is."""
-    m = (_MIXTRAL_HELD if to_disk else _MIXTRAL_DISK).fullmatch(name)
-    if m is None:
-        return name
-    inner = m.group(2)  # the router ("gate"), or "experts.E." and a projection
-    if inner != "gate":
-        expert, proj = inner.rsplit(".", 1)[0], m.group(3)
-        inner = f"{expert}.w{_PROJ_TO_W[proj]}" if to_disk else f"{expert}.{_W_TO_PROJ[proj]}_proj"
-    return f"{m.group(1)}{'block_sparse_moe' if to_disk else 'mlp'}.{inner}.weight"
-
-
-_MINIMAX_BIAS = ("block_sparse_moe.e_score_correction_bias", "mlp.gate.e_score_correction_bias")
-
-
-def _minimax_name(name: str, to_disk: bool) -> str:
-    """A MiniMax-M2 tensor's name in the file (``to_disk``) or as pivotflow holds it: Mixtral's
-    names, and its router's correction bias on the sparse block there, on the router here."""
-    disk, held = _MINIMAX_BIAS
-    src, dst = (held, disk) if to_disk else (disk, held)
-    if name.endswith(src):
-        return name[: -len(src)] + dst
-    return _mixtral_name(name, to_disk)
 
 
 def _geometry(config: dict[str, Any], where: str) -> ModelConfig:
@@ -323,7 +301,7 @@ def held_layout(
     config: dict[str, Any], tensors: dict[str, torch.Tensor], where: str
 ) -> dict[str, torch.Tensor]:
     """``tensors`` as pivotflow holds them: fused projections split into views (phi3, glm4),
-    Mixtral's and GLM-4's names renamed, GLM-4's q/k rows reordered (``_turn_heads``),
+    Mixtral's and GLM-4's names renamed, GLM-4's q/k rows reordered (``turn_heads``),
     GLM-4.5's multi-token-prediction layers left out, a Gemma 3 wrapper's text model alone
     (``_language_model``), gpt-oss's MXFP4 experts dequantized (``mxfp4``), a
     block-wise FP8 folder's weights dequantized (``fp8_blocks``),
@@ -333,10 +311,10 @@ def held_layout(
         tensors = fp8_dequantized(tensors, block_size(config, where), where)
     family = family_of(config)
     if family == "mixtral":
-        return {_mixtral_name(name, to_disk=False): t for name, t in tensors.items()}
+        return {mixtral_name(name, to_disk=False): t for name, t in tensors.items()}
     if family == "minimax_m2":  # (Mixtral's names, its router's bias on the block; MTP past)
         cfg = _geometry(config, where)
-        return {_minimax_name(name, to_disk=False): t for name, t in tensors.items()
+        return {minimax_name(name, to_disk=False): t for name, t in tensors.items()
                 if (m := _LAYER.match(name)) is None or int(m.group(1)) < cfg.num_hidden_layers}
     if family == "granitemoehybrid":
         return granite_split(tensors, where)
@@ -347,7 +325,7 @@ def held_layout(
     if family == "lfm2":
         return lfm2_names(tensors, to_disk=False)
     if family == "ernie4_5":  # (its rotary pairs interleaved, as GLM-4's)
-        return _turn_heads(_geometry(config, where), tensors, where, to_disk=False)
+        return turn_heads(_geometry(config, where), tensors, where, to_disk=False)
     if family is None:
         return tensors
     if family in _WRAPPERS:  # (the text model's, then laid out as its own family's)
@@ -367,7 +345,7 @@ def held_layout(
                 if (m := _LAYER.match(name)) is None or int(m.group(1)) < cfg.num_hidden_layers}
     held = _split(cfg, _FUSED[family], tensors, where)
     if family == "glm4":
-        return _turn_heads(cfg, _renamed_norms(held, _GLM_NORMS), where, to_disk=False)
+        return turn_heads(cfg, renamed_norms(held, GLM_NORMS), where, to_disk=False)
     return held
 
 
@@ -419,9 +397,9 @@ def engine_names(config: dict[str, Any],
     nothing fused: vLLM and SGLang stack split projections themselves."""
     family = family_of(config)
     if family == "mixtral":
-        return {_mixtral_name(name, to_disk=True): t for name, t in tensors.items()}
+        return {mixtral_name(name, to_disk=True): t for name, t in tensors.items()}
     if family == "minimax_m2":
-        return {_minimax_name(name, to_disk=True): t for name, t in tensors.items()}
+        return {minimax_name(name, to_disk=True): t for name, t in tensors.items()}
     if family == "gpt_oss":
         return oss_engine(tensors)
     if family == "granitemoehybrid":
@@ -431,16 +409,16 @@ def engine_names(config: dict[str, Any],
     if family == "olmo_hybrid":
         return olmo_hybrid_disk(_geometry(config, "engine export"), tensors)
     if family == "ernie4_5":
-        return _turn_heads(_geometry(config, "engine export"), tensors, "engine export",
+        return turn_heads(_geometry(config, "engine export"), tensors, "engine export",
                            to_disk=True)
     if family == "lfm2":
         return lfm2_names(tensors, to_disk=True)
     if family == "qwen3_next":  # (vLLM's Qwen3-Next loads its file's fused, grouped rows)
         return _fused(config, tensors)
     if family == "glm4":
-        turned = _turn_heads(_geometry(config, "engine export"), tensors, "engine export",
+        turned = turn_heads(_geometry(config, "engine export"), tensors, "engine export",
                              to_disk=True)
-        return _renamed_norms(turned, _GLM_NORMS_BACK)
+        return renamed_norms(turned, GLM_NORMS_BACK)
     return tensors
 
 
@@ -480,56 +458,6 @@ def _fused(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str
     return out
 
 
-# GLM-4's norms by pivotflow's names (its second norm is the MLP's input norm, and it has one
-# after each sub-layer as Gemma has)
-_GLM_NORMS = {"post_self_attn_layernorm": "post_attention_layernorm",
-              "post_attention_layernorm": "pre_feedforward_layernorm",
-              "post_mlp_layernorm": "post_feedforward_layernorm"}
-_GLM_NORMS_BACK = {held: disk for disk, held in _GLM_NORMS.items()}
-_NORM = re.compile(r"(.*\.)(\w+_layernorm)\.weight")
-
-
-def _renamed_norms(tensors: dict[str, torch.Tensor],
-                   names: dict[str, str]) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, t in tensors.items():
-        m = _NORM.fullmatch(name)
-        out[f"{m.group(1)}{names[m.group(2)]}.weight"
-            if m is not None and m.group(2) in names else name] = t
-    return out
-
-
-def _turn_heads(cfg: ModelConfig, tensors: dict[str, torch.Tensor], where: str,
-                to_disk: bool) -> dict[str, torch.Tensor]:
-    """GLM-4 rotates interleaved pairs (dimensions 2i, 2i+1 of a head's rotary part) where
-    pivotflow's rope rotates halves (i, i + r/2): each head's q and k rows (weights, biases)
-    reorder the rotary part evens first, odds after, and back (``to_disk``). q.k is the same
-    sum either way, so the model computes what transformers' does."""
-    out = dict(tensors)
-    for name, t in tensors.items():
-        if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias",
-                          "self_attn.k_proj.weight", "self_attn.k_proj.bias")):
-            out[name] = _turned_rows(cfg, t, name, where, to_disk)
-    return out
-
-
-def _turned_rows(cfg: ModelConfig, t: torch.Tensor, name: str, where: str,
-                 to_disk: bool) -> torch.Tensor:
-    """``t``'s rows (heads of head_dim) with each head's rotary part reordered
-    (``_turn_heads``)."""
-    import torch
-
-    d, r = cfg.head_dim, cfg.rotary_dim
-    if t.shape[0] % d:
-        raise ModelConfigError(f"{where}: tensor {name!r} has {t.shape[0]} rows, not heads "
-                               f"of head_dim {d}")
-    order = torch.cat((torch.arange(0, r, 2), torch.arange(1, r, 2), torch.arange(r, d)))
-    if to_disk:
-        order = torch.argsort(order)
-    by_head = t.reshape(t.shape[0] // d, d, *t.shape[1:])
-    return by_head.index_select(1, order.to(t.device)).reshape(t.shape)
-
-
 def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], rank: int,
                    alpha: float) -> tuple[dict[str, torch.Tensor], dict[str, int], dict[str, float]]:
     """LoRA adapters of split projections (``<layer>.lora_A`` [r, in], ``.lora_B`` [out, r])
@@ -546,13 +474,13 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
     if family == "lfm2":  # (renamed, nothing fused)
         return lfm2_names(adapters, to_disk=True), {}, {}
     if family == "ernie4_5":  # (q's and k's B rows in its interleaved order)
-        return _turned_adapters(_geometry(config, "adapter export"), adapters), {}, {}
+        return turned_adapters(_geometry(config, "adapter export"), adapters), {}, {}
     if family not in _FUSED:
         return adapters, {}, {}
     import torch
 
     cfg = _geometry(config, "adapter export")
-    out = _turned_adapters(cfg, adapters) if family == "glm4" else dict(adapters)
+    out = turned_adapters(cfg, adapters) if family == "glm4" else dict(adapters)
     ranks: dict[str, int] = {}
     for fused, parts in _FUSED[family]:
         rows = _part_rows(cfg, fused)
@@ -579,14 +507,6 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
         out = {(f"{m.group(1)}shared_mlp.output_linear.{m.group(2)}"
                 if (m := _GRANITE_DOWN.fullmatch(k)) else k): t for k, t in out.items()}
     return out, ranks, {k: alpha * r / rank for k, r in ranks.items()}
-
-
-def _turned_adapters(cfg: ModelConfig, adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """LoRA adapters with q's and k's B rows in the family's own rotary order (GLM-4's and
-    ERNIE 4.5's interleaved pairs: ``_turn_heads``): B's rows are those rows."""
-    return {k: _turned_rows(cfg, t, k, "adapter export", to_disk=True)
-            if k.endswith((".q_proj.lora_B", ".k_proj.lora_B")) else t
-            for k, t in adapters.items()}
 
 
 def fused_targets(config: dict[str, Any], targets: list[str]) -> list[str]:
