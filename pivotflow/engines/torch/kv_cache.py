@@ -70,8 +70,8 @@ class PackedDecoder:
         self._act = activation(cfg.hidden_act)
         # each layer's latent attention projections (DeepSeek-V3's), or None
         self._latent: list[PackedLatent | None] = []
-        # each layer's gated DeltaNet (Qwen3.5's linear layers) or Mamba2 (Granite 4.0-H's),
-        # or None
+        # each layer's gated DeltaNet (Qwen3.5's linear layers), Mamba2 (Granite 4.0-H's) or
+        # short convolution (LFM2's), or None
         self._linear: list[PackedDeltaNet | PackedMamba2 | PackedShortConv | None] = []
         for i, layer in enumerate(cast(list[DecoderLayer], model.model.layers)):
             linear: PackedDeltaNet | PackedMamba2 | PackedShortConv | None = None
