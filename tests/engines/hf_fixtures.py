@@ -498,3 +498,24 @@ def bf16_logprob_errors(case: Case, root: Path) -> tuple[torch.Tensor, torch.Ten
             ours_err.append((torch.tensor(out.logprobs) - exact).abs())
             theirs_err.append((hf_logprobs(theirs, prompt, out.token_ids) - exact).abs())
     return torch.cat(ours_err), torch.cat(theirs_err)
+
+
+def assert_states_follow_long_prompts(case: Case, root: Path) -> None:
+    """Prompts of 70 and 100 tokens (past one chunk of a linear layer's scan) among short ones,
+    through an engine of 2 slots: prompts wait, join a running batch and leave it at different
+    lengths (the last slot moves into the hole, its states with it). Every greedy continuation
+    equals transformers' on its prompt alone."""
+    from pivotflow.engines.base import GenerationRequest, SamplingParams
+    from pivotflow.engines.torch import TorchEngine, load_model_folder
+
+    model = save_folder(case, root)
+    folder = load_model_folder(root)
+    engine = TorchEngine(folder.config, max_batch=2, dtype="fp32")
+    engine.load_weights(folder.tensors, version=0)
+    prompts = [PROMPTS[2] * 10, PROMPTS[0], [(7 * i) % 300 for i in range(100)], PROMPTS[4]]
+    lengths = [12, 5, 9, 14]
+    outs = engine.generate([GenerationRequest(f"p{i}", p, SamplingParams(
+        temperature=0.0, max_tokens=n)) for i, (p, n) in enumerate(zip(prompts, lengths,
+                                                                          strict=True))])
+    for out, prompt, n in zip(outs, prompts, lengths, strict=True):
+        assert out.token_ids == hf_greedy(model, [prompt], n)[0]

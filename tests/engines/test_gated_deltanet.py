@@ -13,18 +13,15 @@ from typing import Any
 import pytest
 import torch
 from hf_fixtures import (
-    PROMPTS,
     QWEN3_5,
     QWEN3_5_LINEAR,
     SIZES,
+    assert_states_follow_long_prompts,
     assert_wrapper_runs_its_text_model,
     bf16_logprob_errors,
-    hf_greedy,
-    save_folder,
 )
 
-from pivotflow.engines.base import GenerationRequest, SamplingParams
-from pivotflow.engines.torch import TorchEngine, config_from_hf, load_model_folder
+from pivotflow.engines.torch import config_from_hf, load_model_folder
 from pivotflow.engines.torch.gated_deltanet import gated_delta_chunked, gated_delta_step
 from pivotflow.errors import ModelConfigError
 
@@ -68,17 +65,7 @@ def test_states_follow_long_prompts_and_sequences_joining_and_leaving(tmp_path: 
     slots: prompts wait, join a running batch (a prefill into slot 1 while slot 0 decodes) and
     leave it at different lengths (the last slot moves into the hole, its states with it).
     Every greedy continuation equals transformers' on its prompt alone."""
-    model = save_folder(QWEN3_5, tmp_path)
-    folder = load_model_folder(tmp_path)
-    engine = TorchEngine(folder.config, max_batch=2, dtype="fp32")
-    engine.load_weights(folder.tensors, version=0)
-    prompts = [PROMPTS[2] * 10, PROMPTS[0], [(7 * i) % 300 for i in range(100)], PROMPTS[4]]
-    lengths = [12, 5, 9, 14]
-    outs = engine.generate([GenerationRequest(f"p{i}", p, SamplingParams(
-        temperature=0.0, max_tokens=n)) for i, (p, n) in enumerate(zip(prompts, lengths,
-                                                                          strict=True))])
-    for out, prompt, n in zip(outs, prompts, lengths, strict=True):
-        assert out.token_ids == hf_greedy(model, [prompt], n)[0]
+    assert_states_follow_long_prompts(QWEN3_5, tmp_path)
 
 
 def test_bf16_is_as_close_to_float32_as_transformers_own_bf16(tmp_path: Path) -> None:

@@ -18,15 +18,12 @@ from hf_fixtures import (
     GRANITE4_MAMBA,
     NEMOTRON_H,
     NEMOTRON_MAMBA,
-    PROMPTS,
     SIZES,
+    assert_states_follow_long_prompts,
     bf16_logprob_errors,
-    hf_greedy,
-    save_folder,
 )
 
-from pivotflow.engines.base import GenerationRequest, SamplingParams
-from pivotflow.engines.torch import TorchEngine, config_from_hf, load_model_folder
+from pivotflow.engines.torch import config_from_hf
 from pivotflow.engines.torch.mamba2 import Mamba2, ssd_chunked, ssd_step
 from pivotflow.errors import ModelConfigError
 
@@ -89,17 +86,7 @@ def test_states_follow_long_prompts_and_sequences_joining_and_leaving(tmp_path: 
     slots: prompts wait, join a running batch and leave it at different lengths (the last slot
     moves into the hole, its states with it). Every greedy continuation equals transformers'
     on its prompt alone (Nemotron-H's layers one block each: its MLP blocks hold no cache)."""
-    model = save_folder(case, tmp_path)
-    folder = load_model_folder(tmp_path)
-    engine = TorchEngine(folder.config, max_batch=2, dtype="fp32")
-    engine.load_weights(folder.tensors, version=0)
-    prompts = [PROMPTS[2] * 10, PROMPTS[0], [(7 * i) % 300 for i in range(100)], PROMPTS[4]]
-    lengths = [12, 5, 9, 14]
-    outs = engine.generate([GenerationRequest(f"p{i}", p, SamplingParams(
-        temperature=0.0, max_tokens=n)) for i, (p, n) in enumerate(zip(prompts, lengths,
-                                                                          strict=True))])
-    for out, prompt, n in zip(outs, prompts, lengths, strict=True):
-        assert out.token_ids == hf_greedy(model, [prompt], n)[0]
+    assert_states_follow_long_prompts(case, tmp_path)
 
 
 def test_bf16_is_as_close_to_float32_as_transformers_own_bf16(tmp_path: Path) -> None:

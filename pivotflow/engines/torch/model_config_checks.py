@@ -108,18 +108,20 @@ def check(cfg: ModelConfig) -> None:
         )
 
 
+def _inside(cfg: ModelConfig, field: str) -> None:
+    """Raise naming ``field`` (a tuple of layer numbers) where one is not a layer of ``cfg``."""
+    outside = [i for i in getattr(cfg, field) if not 0 <= i < cfg.num_hidden_layers]
+    if outside:
+        raise ModelConfigError(f"{field} {outside} are not layers of a "
+                               f"{cfg.num_hidden_layers}-layer model")
+
+
 def _windows(cfg: ModelConfig) -> None:
     if cfg.sliding_layers and cfg.sliding_window <= 0:
         raise ModelConfigError(f"sliding_layers {list(cfg.sliding_layers)} need a "
                                f"sliding_window > 0, got {cfg.sliding_window}")
-    outside = [i for i in cfg.sliding_layers if not 0 <= i < cfg.num_hidden_layers]
-    if outside:
-        raise ModelConfigError(f"sliding_layers {outside} are not layers of a "
-                               f"{cfg.num_hidden_layers}-layer model")
-    outside = [i for i in cfg.nope_layers if not 0 <= i < cfg.num_hidden_layers]
-    if outside:
-        raise ModelConfigError(f"nope_layers {outside} are not layers of a "
-                               f"{cfg.num_hidden_layers}-layer model")
+    _inside(cfg, "sliding_layers")
+    _inside(cfg, "nope_layers")
     if cfg.nope_layers and cfg.architecture not in NOPE_ARCHITECTURES:
         raise ModelConfigError(f"nope_layers do not fit architecture {cfg.architecture!r} "
                                f"(only {', '.join(NOPE_ARCHITECTURES)} has NoPE layers)")
@@ -159,10 +161,7 @@ def _linear(cfg: ModelConfig) -> None:
 def _has_linear_layers(cfg: ModelConfig, dims: tuple[str, ...]) -> bool:
     """Whether ``cfg`` has linear layers (each inside the model, its widths ``dims`` each
     positive: raises naming the first that is not)."""
-    outside = [i for i in cfg.linear_attention_layers if not 0 <= i < cfg.num_hidden_layers]
-    if outside:
-        raise ModelConfigError(f"linear_attention_layers {outside} are not layers of a "
-                               f"{cfg.num_hidden_layers}-layer model")
+    _inside(cfg, "linear_attention_layers")
     if not cfg.linear_attention_layers:
         return False
     for name in dims:
@@ -182,10 +181,7 @@ def _blocks(cfg: ModelConfig) -> None:
     if cfg.mlp_blocks and not nemotron:
         raise ModelConfigError(f"mlp_blocks do not fit architecture {cfg.architecture!r} (only "
                                f"{', '.join(BLOCK_ARCHITECTURES)} has one-block layers)")
-    outside = [i for i in cfg.mlp_blocks if not 0 <= i < cfg.num_hidden_layers]
-    if outside:
-        raise ModelConfigError(f"mlp_blocks {outside} are not layers of a "
-                               f"{cfg.num_hidden_layers}-layer model")
+    _inside(cfg, "mlp_blocks")
     both = sorted(set(cfg.mlp_blocks) & set(cfg.linear_attention_layers))
     if both:
         raise ModelConfigError(f"layers {both} are both MLP blocks and Mamba2 layers")
@@ -276,12 +272,7 @@ def _experts(cfg: ModelConfig) -> None:
     for name in ("moe_intermediate_size", "decoder_sparse_step"):
         if getattr(cfg, name) <= 0:
             raise ModelConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
-    outside = [i for i in cfg.mlp_only_layers if not 0 <= i < cfg.num_hidden_layers]
-    if outside:
-        raise ModelConfigError(
-            f"mlp_only_layers {outside} are not layers of a "
-            f"{cfg.num_hidden_layers}-layer model"
-        )
+    _inside(cfg, "mlp_only_layers")
     _router(cfg)
 
 def _router(cfg: ModelConfig) -> None:
