@@ -7,6 +7,7 @@ Phi-3's, Mixtral's); tied and untied), and a reference greedy decode."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -519,3 +520,21 @@ def assert_states_follow_long_prompts(case: Case, root: Path) -> None:
                                                                           strict=True))])
     for out, prompt, n in zip(outs, prompts, lengths, strict=True):
         assert out.token_ids == hf_greedy(model, [prompt], n)[0]
+
+
+def assert_config_error(raw: dict[str, Any], message: str) -> None:
+    """``config_from_hf`` on ``raw`` (through JSON, as read from a file named c.json) raises
+    one short line: "c.json: " then ``message``, where a "[...]" in ``message`` stands for the
+    offending list, which the error names."""
+    from pivotflow.engines.torch import config_from_hf
+    from pivotflow.errors import ModelConfigError
+
+    with pytest.raises(ModelConfigError) as err:
+        config_from_hf(json.loads(json.dumps(raw)), "c.json")
+    text = str(err.value)
+    if "[...]" in message:  # (the list itself is in the message: compare around it)
+        head, tail = message.split("[...]")
+        assert text.startswith(f"c.json: {head}") and text.endswith(tail), text
+    else:
+        assert text.startswith("c.json: ") and text.endswith(message), text
+    assert "\n" not in text and len(text) < 400
