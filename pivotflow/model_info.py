@@ -19,8 +19,8 @@ def describe_model(path: Path) -> str:
     from pivotflow.engines.torch.weights import load_model_folder
     from pivotflow.errors import CheckpointError
     from pivotflow.params.fp8_blocks import is_fp8_blocks
+    from pivotflow.params.held_config import family_of
     from pivotflow.params.hf_folder import read_config
-    from pivotflow.params.hf_layout import family_of
     from pivotflow.params.mxfp4 import is_mxfp4
     from pivotflow.run_models import tokenizer_of
 

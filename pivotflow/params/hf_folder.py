@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pivotflow.errors import CheckpointError
-from pivotflow.params.hf_layout import disk_layout, held_config, held_layout
+from pivotflow.params.held_config import held_config
+from pivotflow.params.hf_layout import disk_layout, held_layout
 
 if TYPE_CHECKING:
     import torch

@@ -569,7 +569,7 @@ def test_the_hubs_sparse_gemma3_text_config_reads_as_transformers_fills_it() -> 
     """The Hub's Gemma 3 4B+ configs (written by transformers 4.50) name five text keys and
     leave the rest to Gemma3TextConfig's defaults (8 heads on 4 of 256, 262208 tokens...)."""
     transformers = pytest.importorskip("transformers")
-    from pivotflow.params.hf_layout import held_config
+    from pivotflow.params.held_config import held_config
 
     sparse = {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
               "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
@@ -643,7 +643,7 @@ def test_a_mistral_small_3_kind_of_folder_runs_its_text_model(tmp_path: Path) ->
 
 
 def test_a_wrappers_tying_is_its_own_where_it_says_it_else_its_text_models() -> None:
-    from pivotflow.params.hf_layout import held_config
+    from pivotflow.params.held_config import held_config
 
     text = {"model_type": "mistral", **SIZES, "head_dim": 32}
     hub = {"model_type": "mistral3", "text_config": text}  # (4.50's: no tying key at all)

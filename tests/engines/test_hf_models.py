@@ -195,7 +195,7 @@ def test_pivotflow_model_describes_every_family(tmp_path: Path, case: Case) -> N
     from hf_folders import save_tokenizer_hf
 
     from pivotflow.model_info import describe_model
-    from pivotflow.params.hf_layout import family_of
+    from pivotflow.params.held_config import family_of
 
     save_folder(case, tmp_path)
     save_tokenizer_hf(_tokenizer(), tmp_path)  # (a folder a run reads has one)

@@ -153,7 +153,7 @@ def test_what_vllm_is_told_routes_as_transformers_does() -> None:
     """vLLM's DeepSeek reads router keys transformers ignores: a config without DeepSeek-V3's
     (as transformers writes one) is held saying them, and a DeepSeek-V2 greedy router's
     groups, which transformers ignores and vLLM would apply, are held as one group."""
-    from pivotflow.params.hf_layout import held_config
+    from pivotflow.params.held_config import held_config
 
     bare = {k: v for k, v in DEEPSEEK_V3.items()
             if k not in ("topk_method", "scoring_func", "moe_layer_freq")}

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pivotflow.engines.torch.hf_windows import exaone4_sliding, nope_layers
 from pivotflow.engines.torch.model_config import GATED_ACTIVATIONS
 from pivotflow.errors import ModelConfigError
-from pivotflow.params.hf_layout import DEEPSEEK_V3_ROUTER
+from pivotflow.params.held_config import DEEPSEEK_V3_ROUTER
 
 if TYPE_CHECKING:
     from pivotflow.engines.torch.model_config import ModelConfig

@@ -22,8 +22,9 @@ from safetensors.torch import save_file
 from pivotflow.engines.torch.hf_config import config_from_hf, config_to_hf, resolve_dtype
 from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.errors import CheckpointError, ModelConfigError
+from pivotflow.params.held_config import config_where, held_config
 from pivotflow.params.hf_folder import read_json, read_weights
-from pivotflow.params.hf_layout import config_where, disk_layout, held_config, held_layout
+from pivotflow.params.hf_layout import disk_layout, held_layout
 
 __all__ = [
     "ModelFolder",

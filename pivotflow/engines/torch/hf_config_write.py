@@ -1,0 +1,220 @@
+"""ModelConfig -> the Hugging Face ``config.json`` transformers rebuilds it from
+(``config_to_hf``), and the classes each family's config names (``HF_CLASSES``, and
+``HF_CLASSIFIERS`` for reward models). Each family writes the keys its own config class reads;
+the per-family writers with more than a few keys live beside their readers (``hf_families``,
+``hf_granite``, ``hf_nemotron``...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pivotflow.engines.torch.hf_families import (
+    GRANITE_KEYS,
+    check_every_layer_sparse,
+    deepseek_to_hf,
+    glm4_moe_to_hf,
+    qwen3_5_to_hf,
+)
+from pivotflow.engines.torch.hf_granite import KIND, granite_to_hf
+from pivotflow.engines.torch.hf_lfm2 import lfm2_to_hf
+from pivotflow.engines.torch.hf_minimax import minimax_to_hf
+from pivotflow.engines.torch.hf_nemotron import nemotron_to_hf
+from pivotflow.engines.torch.hf_olmo_hybrid import olmo_hybrid_to_hf
+from pivotflow.engines.torch.hf_rope import rope_to_hf
+from pivotflow.engines.torch.hf_windows import windows_to_hf
+from pivotflow.engines.torch.model_config import ModelConfig
+from pivotflow.errors import ModelConfigError
+
+# the config keys every family writes (and reads as required: hf_config)
+REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "max_position_embeddings")  # fmt: skip
+HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
+              "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
+              "qwen3_moe": "Qwen3MoeForCausalLM", "olmo2": "Olmo2ForCausalLM",
+              "olmo3": "Olmo3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+              "phi3": "Phi3ForCausalLM", "mixtral": "MixtralForCausalLM",
+              "glm4": "Glm4ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
+              "smollm3": "SmolLM3ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+              "gemma2": "Gemma2ForCausalLM", "olmoe": "OlmoeForCausalLM",
+              "granite": "GraniteForCausalLM", "gpt_oss": "GptOssForCausalLM",
+              "deepseek_v3": "DeepseekV3ForCausalLM",
+              "deepseek_v2": "DeepseekV2ForCausalLM",
+              "qwen3_5_text": "Qwen3_5ForCausalLM",
+              "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+              "qwen3_next": "Qwen3NextForCausalLM",
+              "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+              "nemotron_h": "NemotronHForCausalLM",
+              "minimax_m2": "MiniMaxM2ForCausalLM",
+              "olmo_hybrid": "OlmoHybridForCausalLM",
+              "exaone4": "Exaone4ForCausalLM",
+              "ernie4_5": "Ernie4_5ForCausalLM",
+              "lfm2": "Lfm2ForCausalLM"}  # fmt: skip
+# the same decoders with a ``score`` head over the last token (reward models)
+HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
+                  "llama": "LlamaForSequenceClassification",
+                  "mistral": "MistralForSequenceClassification",
+                  "qwen3": "Qwen3ForSequenceClassification",
+                  "qwen3_moe": "Qwen3MoeForSequenceClassification",
+                  "olmo2": "Olmo2ForSequenceClassification",
+                  "olmo3": "Olmo3ForSequenceClassification",
+                  "gemma3_text": "Gemma3TextForSequenceClassification",
+                  "phi3": "Phi3ForSequenceClassification",
+                  "mixtral": "MixtralForSequenceClassification",
+                  "glm4": "Glm4ForSequenceClassification",
+                  "smollm3": "SmolLM3ForSequenceClassification",
+                  "qwen2_moe": "Qwen2MoeForSequenceClassification",
+                  "gemma2": "Gemma2ForSequenceClassification",
+                  "gpt_oss": "GptOssForSequenceClassification",
+                  "deepseek_v3": "DeepseekV3ForSequenceClassification",
+                  "deepseek_v2": "DeepseekV2ForSequenceClassification",
+                  "qwen3_5_text": "Qwen3_5TextForSequenceClassification",
+                  "qwen3_next": "Qwen3NextForSequenceClassification",
+                  "exaone4": "Exaone4ForSequenceClassification"}
+# (transformers has no sequence classifier for glm4_moe, olmoe, granite, granitemoehybrid or
+# qwen3_5_moe_text: no critic from them)
+
+
+def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
+    """The ``config.json`` transformers needs to rebuild ``cfg``."""
+    cfg.validate()
+    if cfg.architecture == "qwen2" and not cfg.attention_bias:
+        raise ModelConfigError(
+            "a qwen2 checkpoint always has q/k/v biases; use architecture='llama' for a model "
+            "with attention_bias=False"
+        )
+    if cfg.architecture == "mistral" and cfg.attention_bias:
+        raise ModelConfigError(
+            "a mistral checkpoint has no attention biases; use architecture='llama' for a model "
+            "with attention_bias=True"
+        )
+    dtype_name = str(dtype).removeprefix("torch.")
+    rope = rope_to_hf(cfg)
+    classes = HF_CLASSIFIERS if cfg.num_labels else HF_CLASSES
+    out: dict[str, Any] = {
+        "architectures": [classes[cfg.architecture]],
+        "model_type": cfg.architecture,
+        **{
+            f: getattr(cfg, f)
+            for f in (
+                *REQUIRED,
+                "num_key_value_heads",
+                "head_dim",
+                "rms_norm_eps",
+                "tie_word_embeddings",
+            )
+        },  # fmt: skip
+        "hidden_act": cfg.hidden_act,
+        # transformers 4.x reads rope_theta, 5.x reads rope_parameters: write both.
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": rope,
+        "torch_dtype": dtype_name,
+        "dtype": dtype_name,
+        "use_cache": True,
+    }
+    if cfg.num_labels:
+        out.update(num_labels=cfg.num_labels,
+                   id2label={str(i): f"LABEL_{i}" for i in range(cfg.num_labels)},
+                   label2id={f"LABEL_{i}": i for i in range(cfg.num_labels)})
+    if cfg.architecture in ("llama", "olmo2", "olmo3", "granite"):
+        out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
+        if cfg.architecture == "granite":
+            out.update({key: getattr(cfg, key) for key in GRANITE_KEYS},
+                       attention_multiplier=cfg.attention_scale)
+    elif cfg.architecture in ("gemma3_text", "gemma2"):
+        del out["hidden_act"]
+        out.update(attention_bias=cfg.attention_bias, hidden_activation=cfg.hidden_act,
+                   query_pre_attn_scalar=(int(cfg.query_pre_attn_scalar)  # (an int there)
+                                          if cfg.query_pre_attn_scalar.is_integer()
+                                          else cfg.query_pre_attn_scalar),
+                   final_logit_softcapping=cfg.final_logit_softcapping or None,
+                   attn_logit_softcapping=cfg.attn_logit_softcapping or None,
+                   use_bidirectional_attention=False)
+    elif cfg.architecture == "mistral":
+        out.update(sliding_window=None)  # none, explicitly: transformers' default is 4096
+    elif cfg.architecture == "gpt_oss":  # (no token ids: as for phi3, below)
+        check_every_layer_sparse(cfg)
+        out.update(attention_bias=cfg.attention_bias, num_local_experts=cfg.num_experts,
+                   num_experts_per_tok=cfg.num_experts_per_tok, swiglu_alpha=cfg.swiglu_alpha,
+                   swiglu_limit=cfg.swiglu_limit, output_router_logits=False,
+                   pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    elif cfg.architecture == "olmoe":
+        check_every_layer_sparse(cfg)
+        out.update(attention_bias=cfg.attention_bias, clip_qkv=None, num_experts=cfg.num_experts,
+                   num_experts_per_tok=cfg.num_experts_per_tok, norm_topk_prob=cfg.norm_topk_prob,
+                   output_router_logits=False)
+    elif cfg.architecture == "mixtral":
+        if cfg.num_experts and not cfg.norm_topk_prob:
+            raise ModelConfigError("a mixtral checkpoint renormalises its router weights; use "
+                                   "architecture='qwen3_moe' for another layout")
+        check_every_layer_sparse(cfg)
+        out.update(sliding_window=None, num_local_experts=cfg.num_experts,
+                   num_experts_per_tok=cfg.num_experts_per_tok, router_jitter_noise=0.0,
+                   output_router_logits=False)
+    elif cfg.architecture == "smollm3":  # (no token ids: as for phi3, below)
+        out.update(attention_bias=cfg.attention_bias, mlp_bias=False, pad_token_id=None,
+                   bos_token_id=None, eos_token_id=None,
+                   no_rope_layers=[int(i not in cfg.nope_layers)
+                                   for i in range(cfg.num_hidden_layers)])
+    elif cfg.architecture in ("deepseek_v3", "deepseek_v2"):
+        out.update(deepseek_to_hf(cfg))
+    elif cfg.architecture in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"):
+        out.update(qwen3_5_to_hf(cfg))
+        rope["partial_rotary_factor"] = cfg.partial_rotary_factor  # (0.25 is the default)
+    elif cfg.architecture == KIND:
+        out.update(granite_to_hf(cfg))
+    elif cfg.architecture == "nemotron_h":
+        del out["hidden_act"]  # (its mlp_hidden_act)
+        out.update(nemotron_to_hf(cfg))
+    elif cfg.architecture == "minimax_m2":
+        out.update(minimax_to_hf(cfg))
+    elif cfg.architecture == "olmo_hybrid":
+        out.update(olmo_hybrid_to_hf(cfg, rope))
+    elif cfg.architecture == "lfm2":
+        out.update(lfm2_to_hf(cfg))
+    elif cfg.architecture == "ernie4_5":  # (its rotary pairs interleaved: hf_layout's turn)
+        out.update(use_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    elif cfg.architecture == "exaone4":
+        # (with a window its full layers are NoPE, without one every layer turns: no other)
+        full = {i for i in range(cfg.num_hidden_layers) if not cfg.is_sliding(i)}
+        if set(cfg.nope_layers) != (full if cfg.sliding_layers else set()):
+            raise ModelConfigError("an exaone4 checkpoint turns no position on its full layers "
+                                   "when it has a window, and on every layer when it has none")
+        out.update(pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    elif cfg.architecture == "glm4_moe":
+        out.update(glm4_moe_to_hf(cfg))
+        rope["partial_rotary_factor"] = cfg.partial_rotary_factor
+    elif cfg.architecture == "glm4":  # (no token ids: as for phi3, below)
+        out.update(attention_bias=cfg.attention_bias,
+                   partial_rotary_factor=cfg.partial_rotary_factor, pad_token_id=None,
+                   bos_token_id=None, eos_token_id=None)
+        rope["partial_rotary_factor"] = cfg.partial_rotary_factor  # (1.0 is no default here)
+    elif cfg.architecture == "phi3":
+        # Phi3Config's default ids (pad and eos 32000) would not fit a smaller vocabulary, and
+        # transformers refuses an embedding whose padding row is outside it; a model's own ids
+        # travel in its config dict and generation_config.json, not in ModelConfig.
+        out.update(sliding_window=None, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+                   original_max_position_embeddings=cfg.context_limit,
+                   partial_rotary_factor=cfg.partial_rotary_factor)
+    else:
+        out.update(use_sliding_window=False, sliding_window=None)
+    out.update(windows_to_hf(cfg, rope))
+    if cfg.architecture in ("qwen3", "qwen3_moe"):
+        out.update(attention_bias=cfg.attention_bias)
+    if cfg.architecture == "qwen2_moe":
+        out.update(qkv_bias=cfg.attention_bias,
+                   shared_expert_intermediate_size=cfg.shared_expert_intermediate_size)
+    if cfg.architecture in ("qwen3_moe", "qwen2_moe"):
+        out.update(
+            num_experts=cfg.num_experts,
+            num_experts_per_tok=cfg.num_experts_per_tok,
+            moe_intermediate_size=cfg.moe_intermediate_size,
+            norm_topk_prob=cfg.norm_topk_prob,
+            decoder_sparse_step=cfg.decoder_sparse_step,
+            mlp_only_layers=list(cfg.mlp_only_layers),
+            # No load-balancing loss in training (see model.SparseMoE), and none asked for.
+            output_router_logits=False,
+        )
+    return out
