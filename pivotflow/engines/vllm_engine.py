@@ -66,6 +66,7 @@ from typing import Any
 import torch
 
 from pivotflow.engines.base import FinishReason, GenerationOutput, GenerationRequest
+from pivotflow.engines.vllm_cpu_experts import check_cpu_experts
 from pivotflow.engines.vllm_hybrid import check_hybrid
 from pivotflow.engines.vllm_latent import check_cpu_width, cpu_engine_kwargs
 from pivotflow.engines.vllm_worker import WORKER_EXTENSION
@@ -119,6 +120,8 @@ class VllmEngine:
         dtype = kw.get("dtype")
         check_hybrid(raw, self.model_path / "config.json", None if dtype is None else str(dtype),
                      self.on_cpu)
+        if self.on_cpu:
+            check_cpu_experts(raw, self.model_path / "config.json")
         kw.setdefault("skip_tokenizer_init", not self._has_tokenizer())
         kw.setdefault("enable_sleep_mode", not self.on_cpu)
         kw.setdefault("seed", 0)

