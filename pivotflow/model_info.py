@@ -125,6 +125,14 @@ def describe_model(path: Path) -> str:
               "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration's text model held (as "
                              "Qwen3_5MoeForCausalLM), its vision tower and multi-token-prediction "
                              "layer not loaded",
+              **{kind: f"{cls}ForConditionalGeneration's text model held (as {lm}, its "
+                       "multimodal rope as the plain rope it is on text), its vision tower not "
+                       "loaded" + (", its experts stacked in the file held one at a time"
+                                   if kind == "qwen3_vl_moe" else "")
+                 for kind, cls, lm in (("qwen2_vl", "Qwen2VL", "Qwen2ForCausalLM"),
+                                       ("qwen2_5_vl", "Qwen2_5_VL", "Qwen2ForCausalLM"),
+                                       ("qwen3_vl", "Qwen3VL", "Qwen3ForCausalLM"),
+                                       ("qwen3_vl_moe", "Qwen3VLMoe", "Qwen3MoeForCausalLM"))},
               "qwen3_5": "Qwen3_5ForConditionalGeneration's text model held (as "
                          "Qwen3_5ForCausalLM), its vision tower and multi-token-prediction "
                          "layer not loaded"}

@@ -50,7 +50,11 @@ These families store theirs otherwise:
   with a vision tower and projector: pivotflow holds the text model alone, as its own family
   (``gemma3_text``, ``mistral``, ``qwen3_5_text``: ``held_config``), and writes its causal
   LM's folders (Gemma3ForCausalLM, MistralForCausalLM, Qwen3_5ForCausalLM). Qwen3.5's
-  multi-token-prediction layer (``mtp.*``) is left out as the folder is read.
+  multi-token-prediction layer (``mtp.*``) is left out as the folder is read. Qwen's
+  vision-language models (``qwen2_vl``, ``qwen2_5_vl``: their decoder as a causal LM's,
+  ``model.layers...``, beside ``visual.*``; ``qwen3_vl``, ``qwen3_vl_moe``:
+  ``model.language_model.*``) are held as Qwen2's, Qwen3's and Qwen3-MoE's, Qwen3-VL-MoE's
+  fused expert stacks split (``qwen_vl_layout``).
 
 ``held_layout`` turns a folder's tensors into pivotflow's as it is read; ``disk_layout`` turns
 them back as one is written, so every folder pivotflow writes loads in transformers and vLLM as
@@ -85,6 +89,7 @@ from pivotflow.params.olmo_hybrid_layout import (
     olmo_hybrid_split,
 )
 from pivotflow.params.oss_layout import oss_engine, oss_fused, oss_split
+from pivotflow.params.qwen_vl_layout import qwen_vl_experts
 from pivotflow.params.renamed_layout import (
     GLM_NORMS,
     GLM_NORMS_BACK,
@@ -207,6 +212,8 @@ def held_layout(
         return tensors
     if family in WRAPPERS:  # (the text model's, then laid out as its own family's)
         text = held_config(config, where)
+        if family == "qwen3_vl_moe":  # (its experts stacked, as Qwen3-MoE's are not)
+            tensors = qwen_vl_experts(_geometry(text, where), tensors, where)
         inner = _language_model(tensors)
         return held_layout(text, inner, where) if family_of(text) else inner
     if family in MTP_APART:
@@ -227,19 +234,25 @@ def held_layout(
 
 
 _GEMMA3_TEXT = re.compile(r"(?:language_model\.|model\.language_model\.)(model\.)?(.*)")
+# a decoder's own tensors where a wrapper's file keeps them as a causal LM's (Qwen2-VL's and
+# Qwen2.5-VL's, their vision tower beside as ``visual.*``)
+_DECODER = re.compile(r"model\.(?:embed_tokens|layers|norm)\..*")
 
 
 def _language_model(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A multimodal wrapper's text model under a causal LM's names: ``language_model.model.X``
     (the Hub's files, and transformers' save_pretrained) or ``model.language_model.X``
-    (transformers 5 in memory) as ``model.X``, ``language_model.lm_head.weight`` or
-    ``lm_head.weight`` as ``lm_head.weight``; the vision tower and projector left out."""
+    (transformers 5 in memory; Qwen3-VL's files) as ``model.X``, ``model.X`` of a decoder
+    (Qwen2.5-VL's files) as it is, ``language_model.lm_head.weight`` or ``lm_head.weight`` as
+    ``lm_head.weight``; the vision tower and projector left out."""
     out = {}
     for name, t in tensors.items():
         if name == "lm_head.weight" or name == "language_model.lm_head.weight":
             out["lm_head.weight"] = t
         elif (m := _GEMMA3_TEXT.fullmatch(name)) is not None:
             out[f"model.{m.group(2)}"] = t
+        elif _DECODER.fullmatch(name) is not None:
+            out[name] = t
     return out
 
 
