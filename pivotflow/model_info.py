@@ -106,6 +106,8 @@ def describe_model(path: Path) -> str:
               "lfm2": "norms, attention output and MLP under LFM2's names in the file, held "
                       "under the common ones",
               "ernie4_5": "rotary pairs interleaved in the file, q/k rows held reordered",
+              "hunyuan_v1_dense": "q/k norms as query_layernorm/key_layernorm in the file, held "
+                                  "as q_norm/k_norm",
               "olmo_hybrid": "DeltaNet projections and convolutions apart in the file, held "
                              "stacked as Qwen3.5's",
               "minimax_m2": "block_sparse_moe and w1/w2/w3 in the file, held as mlp.experts"

@@ -214,5 +214,6 @@ def family_of(config: dict[str, Any]) -> str | None:
         kind = next((_FAMILIES[a] for a in config.get("architectures") or [] if a in _FAMILIES),
                     None)
     return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", "granitemoehybrid",
-                            "nemotron_h", "olmo_hybrid", "ernie4_5", "lfm2", *MTP_FAMILIES,
+                            "nemotron_h", "olmo_hybrid", "ernie4_5", "lfm2", "hunyuan_v1_dense",
+                            *MTP_FAMILIES,
                             *MTP_APART, *WRAPPERS) else None

@@ -69,6 +69,23 @@ def renamed_norms(tensors: dict[str, torch.Tensor],
     return out
 
 
+# Hunyuan's q/k norms by pivotflow's names (its norms run after rope: ModelConfig's
+# qk_norm_after_rope)
+HUNYUAN_NAMES = {"self_attn.query_layernorm.weight": "self_attn.q_norm.weight",
+                 "self_attn.key_layernorm.weight": "self_attn.k_norm.weight"}
+HUNYUAN_NAMES_BACK = {held: disk for disk, held in HUNYUAN_NAMES.items()}
+
+
+def renamed_ends(tensors: dict[str, torch.Tensor],
+                 names: dict[str, str]) -> dict[str, torch.Tensor]:
+    """``tensors`` with each name ending in one of ``names``' keys ending in its value."""
+    out = {}
+    for name, t in tensors.items():
+        end = next((e for e in names if name.endswith(f".{e}")), None)
+        out[name if end is None else name[: -len(end)] + names[end]] = t
+    return out
+
+
 def turn_heads(cfg: ModelConfig, tensors: dict[str, torch.Tensor], where: str,
                 to_disk: bool) -> dict[str, torch.Tensor]:
     """GLM-4 rotates interleaved pairs (dimensions 2i, 2i+1 of a head's rotary part) where

@@ -396,6 +396,23 @@ CASES += [
           "eos_token_id": 2}),
 ]  # fmt: skip
 LFM2 = CASES[47]
+# Seed-OSS (36B's kind): Llama's layer with q/k/v biases and none on o_proj; its dropout (0.1 in
+# its config) off, as in every RL trainer's forward here
+CASES += [
+    Case("seed-oss", "SeedOssConfig", False,
+         {"head_dim": 32, "num_key_value_heads": 1, "attention_dropout": 0.1,
+          "residual_dropout": 0.1, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+]  # fmt: skip
+SEED_OSS = CASES[48]
+# Hunyuan dense (7B's kind): Llama's layer with q and k normalised per head after rope; its
+# rope NTK-stretched by a fixed alpha (as its configs say it: "dynamic" with an alpha), tied
+CASES += [
+    Case("hunyuan-dense", "HunYuanDenseV1Config", True,
+         {"head_dim": 32, "num_key_value_heads": 1, "bos_token_id": 1, "eos_token_id": 2,
+          "rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
+                              "rope_theta": 10000.0}}),
+]  # fmt: skip
+HUNYUAN = CASES[49]
 CASE_IDS = [c.name for c in CASES]
 
 

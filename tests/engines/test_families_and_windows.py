@@ -31,6 +31,7 @@ from hf_fixtures import (
     GRANITE4_DENSE,
     GRANITE4_H,
     GRANITE4_H_DENSE,
+    HUNYUAN,
     LFM2,
     MINIMAX_M2,
     MISTRAL,
@@ -54,6 +55,7 @@ from hf_fixtures import (
     QWEN3_5_MOE,
     QWEN3_5_TIED,
     QWEN3_NEXT,
+    SEED_OSS,
     SIZES,
     SMOLLM3,
     SMOLLM3_WINDOW,
@@ -101,7 +103,8 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        GRANITE, GPT_OSS, DEEPSEEK_V3, DEEPSEEK_V3_PLAIN, DEEPSEEK_V2, DEEPSEEK_V2_LITE, QWEN3_5,
        QWEN3_5_TIED, QWEN3_5_MOE, QWEN3_NEXT, GRANITE4_H, GRANITE4_H_DENSE, GRANITE4_DENSE,
        NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE, MINIMAX_M2, OLMO_HYBRID,
-       OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW, ERNIE4_5, LFM2]
+       OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW, ERNIE4_5, LFM2, SEED_OSS,
+       HUNYUAN]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -214,6 +217,14 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert written["model_type"] == "lfm2" and written["intermediate_size"] == 96
         assert written["block_auto_adjust_ff_dim"] is False
         assert written["layer_types"] == ["conv", "full_attention", "conv"]
+    elif case is HUNYUAN:  # (its alpha rope said as the plain rope it computes)
+        assert written["model_type"] == "hunyuan_v1_dense"
+        assert written["rope_parameters"]["rope_type"] == "default"
+        assert written["rope_parameters"]["rope_theta"] == pytest.approx(1e4 * 1000 ** (32 / 30))
+    elif case is SEED_OSS:  # (q/k/v biased, o_proj not, as SeedOssForCausalLM reads it)
+        assert written["model_type"] == "seed_oss" and written["attention_bias"] is True
+        assert written["attention_out_bias"] is False
+        assert "self_attn.o_proj.bias" not in " ".join(folder.tensors)
     elif case is ERNIE4_5:
         assert written["model_type"] == "ernie4_5" and written["use_bias"] is False
     elif case in (EXAONE4, EXAONE4_NO_WINDOW):
@@ -252,7 +263,7 @@ QWEN3_NEXT_DENSE = Case("qwen3-next-dense", "Qwen3NextConfig", False,
 
 
 @pytest.mark.parametrize("case", [OLMO2, OLMO3, EXAONE4, MISTRAL_WINDOW, QWEN2_WINDOW, GEMMA3,
-                                  PHI3_WINDOW, ERNIE4_5, LFM2,
+                                  PHI3_WINDOW, ERNIE4_5, LFM2, SEED_OSS, HUNYUAN,
                                   PHI4_MINI, GLM4, SMOLLM3_WINDOW, GEMMA2, GRANITE, GPT_OSS,
                                   QWEN3_5, QWEN3_NEXT_DENSE, GRANITE4_H_DENSE, NEMOTRON_H],
                          ids=lambda c: c.name)
@@ -769,3 +780,28 @@ def test_an_ernie4_5_with_biases_is_a_one_line_error() -> None:
         config_from_hf({**SIZES, "model_type": "ernie4_5", "use_bias": True}, "c.json")
     assert str(err.value) == ("c.json: use_bias=True is not supported by the embedded engine "
                               "on ernie4_5 (false)")
+
+
+def test_seed_oss_o_proj_bias_is_a_one_line_error() -> None:
+    with pytest.raises(ModelConfigError, match=r"^c\.json: attention_out_bias=True is not "
+                       r"supported by the embedded engine on seed_oss \(false\)$"):
+        config_from_hf({**SIZES, "model_type": "seed_oss", "attention_out_bias": True}, "c.json")
+
+
+@pytest.mark.parametrize(("key", "value", "runs"), [("use_cla", True, "false"),
+                                                     ("use_rotary_pos_emb", False, "true")])
+def test_hunyuans_shared_layer_kv_and_no_rope_are_one_line_errors(key: str, value: bool,
+                                                                   runs: str) -> None:
+    with pytest.raises(ModelConfigError, match=rf"^c\.json: {key}={value} is not supported by "
+                       rf"the embedded engine on hunyuan_v1_dense \({runs}\)$"):
+        config_from_hf({**SIZES, "model_type": "hunyuan_v1_dense", key: value}, "c.json")
+
+
+def test_hunyuans_length_dependent_dynamic_rope_is_a_one_line_error() -> None:
+    """"dynamic" with an alpha is a fixed stretch of the base; without one, transformers
+    rescales by the sequence's length, which no engine here follows."""
+    raw = {**SIZES, "model_type": "hunyuan_v1_dense",
+           "rope_scaling": {"type": "dynamic", "factor": 2.0}}
+    with pytest.raises(ModelConfigError, match=r"^c\.json: rope_scaling\.type='dynamic' is not "
+                       r"supported by the embedded engine \("):
+        config_from_hf(raw, "c.json")

@@ -102,6 +102,15 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
                 "num_experts": 8, "num_experts_per_tok": 2, "pad_token_id": EOS}),
             # ERNIE 4.5: Llama's layer with each head's rotary pairs interleaved (held turned)
             "ernie4.5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", {"pad_token_id": EOS}),
+            # Seed-OSS: q/k/v biased, o_proj not (vLLM serves it through its transformers
+            # backend)
+            "seed-oss": ("SeedOssConfig", "SeedOssForCausalLM", {"pad_token_id": EOS}),
+            # Hunyuan dense: q/k normalised per head after rope; its rope stretched by alpha
+            # (transformers backend too)
+            "hunyuan-dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {
+                "pad_token_id": EOS, "rope_parameters": {
+                    "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
+                    "rope_theta": 10000.0}}),
             # EXAONE 4.0: post-norm layers with per-head q/k norms, three sliding layers of
             # four (a window that binds), its full layers turning no position
             "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", {
@@ -223,7 +232,8 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     path = _folder(tmp_path / "model", folder, family)
     cfg, weights = load_checkpoint(path)
     assert cfg.architecture == {"gemma3-text": "gemma3_text", "glm4-moe": "glm4_moe",
-                                "ernie4.5": "ernie4_5",
+                                "ernie4.5": "ernie4_5", "seed-oss": "seed_oss",
+                                "hunyuan-dense": "hunyuan_v1_dense",
                                 "qwen2-moe": "qwen2_moe", "deepseek-v3": "deepseek_v3",
                                 "deepseek-v2": "deepseek_v2"}.get(
         family, family.split("-")[0])

@@ -5,7 +5,7 @@ back: ``hf_config_write``; rope: ``hf_rope``).
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
 Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss,
 DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H, Nemotron-H,
-MiniMax-M2, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5, LFM2; rope default, linear, llama3, yarn,
+MiniMax-M2, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5, LFM2, Seed-OSS, Hunyuan (dense); rope default, linear, llama3, yarn,
 Phi-3's longrope within its original context; sliding windows as each family says them,
 ``hf_windows``; each family's own keys, ``hf_families``; unquantized weights, block-wise FP8's and gpt-oss's MXFP4, dequantized
 as read) and names, in one line, the file and the first key it cannot run. Keys that change
@@ -26,11 +26,13 @@ from pivotflow.engines.torch.hf_config_write import (
 )
 from pivotflow.engines.torch.hf_families import ENGINE, family_fields, number
 from pivotflow.engines.torch.hf_granite import KIND, granite_layer_types
+from pivotflow.engines.torch.hf_hunyuan import hunyuan_keys
 from pivotflow.engines.torch.hf_lfm2 import lfm2_keys
 from pivotflow.engines.torch.hf_minimax import minimax_keys
 from pivotflow.engines.torch.hf_nemotron import nemotron_blocks
 from pivotflow.engines.torch.hf_olmo_hybrid import olmo_hybrid_keys
 from pivotflow.engines.torch.hf_rope import PARTIAL_ROTARY_FAMILIES, rope_fields, rope_key
+from pivotflow.engines.torch.hf_seed_oss import seed_oss_keys
 from pivotflow.engines.torch.hf_windows import split_layer_rope, window_fields
 from pivotflow.engines.torch.model_config import ARCHITECTURES, ModelConfig
 from pivotflow.errors import ModelConfigError
@@ -143,6 +145,10 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         raw = {**raw, "rms_norm_eps": raw.get("rms_norm_eps", 1e-5)}
     if kind == "lfm2":  # (its epsilon's and tying's names, its MLP's real width)
         raw = lfm2_keys(raw, where)
+    if kind == "hunyuan_v1_dense":  # (its epsilon, its alpha rope as plain rope's base)
+        raw = hunyuan_keys(raw, where)
+    if kind == "seed_oss":  # (SeedOssConfig's heads of 128; its o_proj unbiased: seed_oss_keys)
+        raw = seed_oss_keys(raw, where)
     if kind == "ernie4_5":  # (Ernie4_5Config's defaults: heads of 128, its epsilon)
         if raw.get("use_bias"):
             raise ModelConfigError(f"{where}: use_bias={raw['use_bias']!r} {ENGINE} on "
@@ -187,7 +193,7 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         # when the config says so.
         attention_bias={"qwen2": True, "mistral": False, "phi3": False, "mixtral": False,
                         "qwen2_moe": bool(raw.get("qkv_bias", True))}.get(
-            kind, bool(raw.get("attention_bias", kind in ("glm4", "gpt_oss")))),  # (default on)
+            kind, bool(raw.get("attention_bias", kind in ("glm4", "gpt_oss", "seed_oss")))),
         architecture=kind,
         num_labels=_num_labels(raw, where),
         **family_fields(raw, kind, fields["num_hidden_layers"], where),

@@ -51,7 +51,9 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "olmo_hybrid": "OlmoHybridForCausalLM",
               "exaone4": "Exaone4ForCausalLM",
               "ernie4_5": "Ernie4_5ForCausalLM",
-              "lfm2": "Lfm2ForCausalLM"}  # fmt: skip
+              "lfm2": "Lfm2ForCausalLM",
+              "seed_oss": "SeedOssForCausalLM",
+              "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -72,7 +74,9 @@ HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "deepseek_v2": "DeepseekV2ForSequenceClassification",
                   "qwen3_5_text": "Qwen3_5TextForSequenceClassification",
                   "qwen3_next": "Qwen3NextForSequenceClassification",
-                  "exaone4": "Exaone4ForSequenceClassification"}
+                  "exaone4": "Exaone4ForSequenceClassification",
+                  "seed_oss": "SeedOssForSequenceClassification",
+                  "hunyuan_v1_dense": "HunYuanDenseV1ForSequenceClassification"}
 # (transformers has no sequence classifier for glm4_moe, olmoe, granite, granitemoehybrid or
 # qwen3_5_moe_text: no critic from them)
 
@@ -174,6 +178,12 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         out.update(olmo_hybrid_to_hf(cfg, rope))
     elif cfg.architecture == "lfm2":
         out.update(lfm2_to_hf(cfg))
+    elif cfg.architecture == "seed_oss":  # (no token ids: SeedOssConfig's are a 155k vocab's)
+        out.update(attention_bias=cfg.attention_bias, attention_out_bias=False, mlp_bias=False,
+                   pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    elif cfg.architecture == "hunyuan_v1_dense":  # (its rope as plain rope: hf_hunyuan)
+        out.update(attention_bias=cfg.attention_bias, mlp_bias=False, use_cla=False,
+                   pad_token_id=None, bos_token_id=None, eos_token_id=None, eod_token_id=None)
     elif cfg.architecture == "ernie4_5":  # (its rotary pairs interleaved: hf_layout's turn)
         out.update(use_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None)
     elif cfg.architecture == "exaone4":

@@ -239,13 +239,15 @@ class PackedDecoder:
             if cfg.attn_output_gate:  # (Qwen3.5's: q and gate interleaved by head)
                 qkv, gate = self._gate_split(qkv)
             qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
-            if qk_norms is not None and not cfg.whole_qk_norm:
-                # Qwen3: every head of q (of k) through one RMSNorm, before RoPE. Normalise
-                # all heads at once, then scale q's and k's heads by their own weights.
-                qk = torch.rms_norm(qk, (d,), None, eps)
-                qk[:, :, :heads].mul_(qk_norms[0] + int(offset))
-                qk[:, :, heads:].mul_(qk_norms[1] + int(offset))
-            qk = torch.addcmul(qk * cos, self._turned(qk), sin).view(b * t, -1, d)
+            per_head = None if cfg.whole_qk_norm else qk_norms
+            if per_head is not None and not cfg.qk_norm_after_rope:  # (Qwen3's: before RoPE)
+                qk = self._head_norms(qk, per_head)
+            qk = torch.addcmul(qk * cos, self._turned(qk), sin)
+            if per_head is not None and cfg.qk_norm_after_rope:
+                # (Hunyuan's: after it, q's scaled by the score scale there, which a rope
+                # table before a norm cannot carry)
+                qk = self._head_norms(qk, per_head, cfg.attention_scale)
+            qk = qk.view(b * t, -1, d)
             out = attend(i, qk, qkv[:, split:].view(b * t, -1, d), cache)
         if gate is not None:
             out = out * torch.sigmoid(gate)
@@ -285,9 +287,7 @@ class PackedDecoder:
             self._whole_qk_norm(qkv, qk_norms)
         qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
         if qk_norms is not None and not self.cfg.whole_qk_norm:  # each head, by 1 + weight
-            qk = torch.rms_norm(qk, (d,), None, eps)
-            qk[:, :, :heads].mul_(qk_norms[0] + int(offset))
-            qk[:, :, heads:].mul_(qk_norms[1] + int(offset))
+            qk = self._head_norms(qk, qk_norms)
         qk = torch.addcmul(qk * rope[:, :, 0], self._turned(qk), rope[:, :, 1])
         out = attend(i, qk.view(b * t, -1, d), qkv[:, split:].view(b * t, -1, d), cache)
         x = x + norm(mm.linear(out, w_o, b_o), norm_attn)
@@ -313,6 +313,19 @@ class PackedDecoder:
         gate = q_gate[:, :, 1].reshape(rows, heads * d)
         return torch.cat((q_gate[:, :, 0].reshape(rows, heads * d), qkv[:, 2 * heads * d:]),
                          -1), gate
+
+    def _head_norms(self, qk: torch.Tensor, qk_norms: tuple[_T, _T],
+                    q_scale: float = 1.0) -> torch.Tensor:
+        """Every head of q (of k) in ``qk`` [B, T, heads + kv heads, D] through its one
+        RMSNorm: all heads normalised at once, then q's and k's scaled by their own weights
+        (by 1 + weight where the family's norms are offset), q's also by ``q_scale`` (the
+        score scale, where the rope table cannot carry it: ``packed_rope_table``)."""
+        heads, offset = self.heads, int(self.cfg.norm_offset)
+        qk = torch.rms_norm(qk, (self.d,), None, self.cfg.rms_norm_eps)
+        qk[:, :, :heads].mul_((qk_norms[0] + offset) * q_scale if q_scale != 1.0
+                              else qk_norms[0] + offset)
+        qk[:, :, heads:].mul_(qk_norms[1] + offset)
+        return qk
 
     def _whole_qk_norm(self, qkv: torch.Tensor, qk_norms: tuple[_T, _T]) -> None:
         """q and k RMS-normalised over their whole projections (OLMo-2/3's, OLMoE's), in place

@@ -59,6 +59,7 @@ class Attention(nn.Module):
         # Qwen3 and Gemma: one RMSNorm over head_dim, shared by all heads of q (of k); OLMo: one
         # over the whole projection, applied before it is cut into heads
         self.whole_qk_norm = cfg.whole_qk_norm
+        self.norm_after_rope = cfg.qk_norm_after_rope
         if cfg.qk_norm:
             q_width, k_width = ((self.n_heads * self.head_dim, self.n_kv * self.head_dim)
                                 if self.whole_qk_norm else (self.head_dim, self.head_dim))
@@ -104,11 +105,15 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(b, t, self.n_heads, self.head_dim)
         k = k.view(b, t, self.n_kv, self.head_dim)
-        if not self.whole_qk_norm and self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        per_head = (None if self.whole_qk_norm or self.q_norm is None or self.k_norm is None
+                    else (self.q_norm, self.k_norm))
+        if per_head is not None and not self.norm_after_rope:
+            q, k = per_head[0](q), per_head[1](k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if per_head is not None and self.norm_after_rope:  # (Hunyuan's: rotated, normalised)
+            q, k = per_head[0](q), per_head[1](k)
         if cache is not None:
             k, v, attn_mask = cache.update(self.layer_idx, k, v)
         rep = self.n_heads // self.n_kv

@@ -13,7 +13,8 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "gemma3_text", "phi3", "mixtral", "glm4", "glm4_moe", "smollm3", "qwen2_moe",
                  "gemma2", "olmoe", "granite", "gpt_oss", "deepseek_v3", "deepseek_v2",
                  "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "granitemoehybrid",
-                 "nemotron_h", "minimax_m2", "olmo_hybrid", "exaone4", "ernie4_5", "lfm2")
+                 "nemotron_h", "minimax_m2", "olmo_hybrid", "exaone4", "ernie4_5", "lfm2",
+                 "seed_oss", "hunyuan_v1_dense")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
@@ -22,7 +23,7 @@ MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "
 LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
                          "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "minimax_m2",
-                         "olmo_hybrid", "exaone4", "lfm2")
+                         "olmo_hybrid", "exaone4", "lfm2", "hunyuan_v1_dense")
 # Qwen3.5's, Qwen3-Next's and OLMo Hybrid's: gated DeltaNet (linear attention) on most layers,
 # full attention on the rest (``linear_attention_layers``); Qwen's gated (GATED_ATTENTION)
 HYBRID_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid")
@@ -36,6 +37,8 @@ BLOCK_ARCHITECTURES = ("nemotron_h",)
 # q and k normalised over their whole projections (all heads at once), not per head
 WHOLE_QK_NORM_ARCHITECTURES = ("olmo2", "olmo3", "olmoe", "minimax_m2", "olmo_hybrid")
 OPTIONAL_QK_NORM_ARCHITECTURES = ("glm4_moe",)  # (its use_qk_norm says)
+# q and k normalised per head after rope, not before (Hunyuan's)
+QK_NORM_AFTER_ROPE_ARCHITECTURES = ("hunyuan_v1_dense",)
 # how a router scores experts: a softmax over all (Qwen3-MoE, Mixtral), each by a sigmoid,
 # chosen with a load-balancing bias added (DeepSeek-V3's and GLM-4.5's, ``e_score_correction_bias``),
 # or the top k logits chosen and a softmax over those alone (gpt-oss's)
@@ -355,6 +358,11 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         return self.architecture in WHOLE_QK_NORM_ARCHITECTURES
 
     @property
+    def qk_norm_after_rope(self) -> bool:
+        """Hunyuan's q/k norms: per head, on the rotated q and k (the others' before rope)."""
+        return self.architecture in QK_NORM_AFTER_ROPE_ARCHITECTURES
+
+    @property
     def post_norm(self) -> bool:
         """OLMo-2's and OLMo-3's layer: norms on the attention's and the MLP's outputs (and q/k
         normalised over the whole projection), none on their inputs."""
@@ -362,10 +370,10 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def o_proj_bias(self) -> bool:
-        """Whether o_proj has a bias: Qwen2, Qwen2-MoE, GLM-4 and GLM-4.5 never; Llama, Mistral
-        and Qwen3 when attention_bias."""
+        """Whether o_proj has a bias: Qwen2, Qwen2-MoE, GLM-4, GLM-4.5 and Seed-OSS never (its
+        ``attention_out_bias`` true is refused); Llama, Mistral and Qwen3 when attention_bias."""
         return self.attention_bias and self.architecture not in ("qwen2", "glm4", "glm4_moe",
-                                                                 "qwen2_moe")
+                                                                 "qwen2_moe", "seed_oss")
 
     @property
     def rotary_dim(self) -> int:

@@ -170,7 +170,9 @@ def packed_rope_table(cfg: ModelConfig, kind: str, max_len: int, d: int,
                       heads: tuple[int, int], device: torch.device | str,
                       dtype: torch.dtype) -> torch.Tensor:
     """[max_len, cos|sin, query heads + key heads, d] for a rope kind (``heads``: their
-    counts); query rows carry the score scale (1/sqrt(D), or Gemma's query_pre_attn_scalar's)."""
+    counts); query rows carry the score scale (1/sqrt(D), or Gemma's query_pre_attn_scalar's),
+    but where q is normalised after rope (Hunyuan's), which would undo it: its norm carries it
+    there (``PackedDecoder._head_norms``)."""
     positions = torch.arange(max_len, device=device)[None]
     cos, sin = layer_cos_sin(cfg, kind, positions, torch.float32)
     cos, sin = cos[0, 0], sin[0, 0]
@@ -187,5 +189,6 @@ def packed_rope_table(cfg: ModelConfig, kind: str, max_len: int, d: int,
         cos = torch.cat((ones, cos) if last else (cos, ones), -1)
         sin = torch.cat((zeros, sin) if last else (sin, zeros), -1)
     rope = torch.stack((cos, sin), 1)[:, :, None].repeat(1, 1, sum(heads), 1)
-    rope[:, :, : heads[0]] *= cfg.attention_scale
+    if not cfg.qk_norm_after_rope:
+        rope[:, :, : heads[0]] *= cfg.attention_scale
     return rope.to(dtype)
