@@ -108,6 +108,9 @@ def describe_model(path: Path) -> str:
               "ernie4_5": "rotary pairs interleaved in the file, q/k rows held reordered",
               "hunyuan_v1_dense": "q/k norms as query_layernorm/key_layernorm in the file, held "
                                   "as q_norm/k_norm",
+              "hunyuan_v1_moe": "q/k norms, router and shared MLP as query_layernorm/"
+                                "key_layernorm, gate.wg and shared_mlp in the file, held as "
+                                "q_norm/k_norm, gate and shared_experts",
               "olmo_hybrid": "DeltaNet projections and convolutions apart in the file, held "
                              "stacked as Qwen3.5's",
               "minimax_m2": "block_sparse_moe and w1/w2/w3 in the file, held as mlp.experts"

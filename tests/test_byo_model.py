@@ -323,6 +323,14 @@ OTHER_LAYOUTS = {
                    ("backbone.layers.0.mixer.in_proj.weight", "backbone.layers.0.mixer.A_log",
                     "backbone.layers.1.mixer.up_proj.weight",
                     "backbone.layers.2.mixer.q_proj.weight", "backbone.embeddings.weight")),
+    # Hunyuan-MoE: q/k normalised per head after rope (query_layernorm/key_layernorm in the
+    # file), a shared MLP (shared_mlp) beside 4 experts on every layer, its router gate.wg
+    "hunyuan_v1_moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM",
+                       {"head_dim": 32, "num_experts": 4, "moe_topk": 2},
+                       ("model.layers.0.self_attn.query_layernorm.weight",
+                        "model.layers.1.mlp.gate.wg.weight",
+                        "model.layers.0.mlp.shared_mlp.up_proj.weight",
+                        "model.layers.1.mlp.experts.3.down_proj.weight")),
 }
 # a GLM-4.5 file's multi-token-prediction layer (layer 2 of a 2-layer decoder), as the Hub's
 # checkpoints hold one past their last layer
@@ -353,6 +361,8 @@ LORA_EXPORTS = {
     # (Nemotron-H's blocks under transformers' mixer names: nothing fused; not Mamba2's
     # out_proj, which PEFT refuses on nemotron_h: its fused kernel reads the weight whole)
     "nemotron_h": (["q_proj", "o_proj", "in_proj", "up_proj", "down_proj"], {}),
+    # (Hunyuan-MoE's attention: PEFT maps any down_proj target onto experts it holds fused)
+    "hunyuan_v1_moe": (["q_proj", "k_proj", "v_proj", "o_proj"], {}),
 }
 
 
@@ -432,6 +442,10 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
                           "4-tap convolution\n  one block a layer: 1 Mamba2, 1 attention, 2 "
                           "MLP (ungated, relu^2)\n  tensors: backbone.* and each block's mixer "
                           "in the file, held under the common names",
+            "hunyuan_v1_moe": "experts 4 (2 a token) on 2 of 2 layers; 1 shared\n  tensors: q/k "
+                              "norms, router and shared MLP as query_layernorm/key_layernorm, "
+                              "gate.wg and shared_mlp in the file, held as q_norm/k_norm, gate "
+                              "and shared_experts",
             "qwen3_next": "experts 4 (2 a token) on 1 of 2 layers; a gated shared expert of "
                           "64\n  tensors: DeltaNet projections fused and grouped by key "
                           "head in the file (in_proj_qkvz, in_proj_ba), held split"}[family] in said.stderr
@@ -471,6 +485,7 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
             "out_proj"], "granitemoehybrid": [
             "q_proj", "o_proj", "in_proj", "out_proj", "gate_proj", "up_proj", "down_proj"],
             "nemotron_h": LORA_EXPORTS["nemotron_h"][0],
+            "hunyuan_v1_moe": LORA_EXPORTS["hunyuan_v1_moe"][0],
             "lfm2": ["q_proj", "o_proj", "in_proj", "out_proj", "gate_proj", "up_proj",
                      "down_proj"],
             "olmo_hybrid": ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_a",

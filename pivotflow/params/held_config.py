@@ -215,5 +215,6 @@ def family_of(config: dict[str, Any]) -> str | None:
                     None)
     return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", "granitemoehybrid",
                             "nemotron_h", "olmo_hybrid", "ernie4_5", "lfm2", "hunyuan_v1_dense",
+                            "hunyuan_v1_moe",
                             *MTP_FAMILIES,
                             *MTP_APART, *WRAPPERS) else None

@@ -42,8 +42,9 @@ These families store theirs otherwise:
 * LFM2 (``lfm2``) names its norms, attention output and MLP its own way (``lfm2_layout``).
 * Nemotron-H (``nemotron_h``) names its decoder ``backbone`` and each layer's one block
   ``mixer`` behind one ``norm``: held under every other family's names (``nemotron_layout``).
-* Hunyuan's dense models (``hunyuan_v1_dense``) name their q/k norms ``query_layernorm`` and
-  ``key_layernorm`` (held as ``q_norm``/``k_norm``).
+* Hunyuan (``hunyuan_v1_dense``, ``hunyuan_v1_moe``) names its q/k norms ``query_layernorm``
+  and ``key_layernorm``, Hunyuan-MoE's router ``mlp.gate.wg`` and its shared MLP
+  ``mlp.shared_mlp`` (held as ``q_norm``/``k_norm``, ``mlp.gate``, ``mlp.shared_experts``).
 * Gemma 3 4B and larger (``gemma3``, Gemma3ForConditionalGeneration), Mistral Small 3.1+
   and Magistral Small 1.2 (``mistral3``, Mistral3ForConditionalGeneration) and Qwen3.5
   (``qwen3_5``, Qwen3_5ForConditionalGeneration) and Kimi K2.5 (``kimi_k25``: Kimi K2's text
@@ -99,7 +100,7 @@ from pivotflow.params.renamed_layout import (
     HUNYUAN_NAMES_BACK,
     minimax_name,
     mixtral_name,
-    renamed_ends,
+    renamed_modules,
     renamed_norms,
     turn_heads,
     turned_adapters,
@@ -211,8 +212,8 @@ def held_layout(
         return olmo_hybrid_split(tensors)
     if family == "lfm2":
         return lfm2_names(tensors, to_disk=False)
-    if family == "hunyuan_v1_dense":
-        return renamed_ends(tensors, HUNYUAN_NAMES)
+    if family in ("hunyuan_v1_dense", "hunyuan_v1_moe"):
+        return renamed_modules(tensors, HUNYUAN_NAMES)
     if family == "ernie4_5":  # (its rotary pairs interleaved, as GLM-4's)
         return turn_heads(_geometry(config, where), tensors, where, to_disk=False)
     if family is None:
@@ -310,8 +311,8 @@ def engine_names(config: dict[str, Any],
                            to_disk=True)
     if family == "lfm2":
         return lfm2_names(tensors, to_disk=True)
-    if family == "hunyuan_v1_dense":
-        return renamed_ends(tensors, HUNYUAN_NAMES_BACK)
+    if family in ("hunyuan_v1_dense", "hunyuan_v1_moe"):
+        return renamed_modules(tensors, HUNYUAN_NAMES_BACK)
     if family == "qwen3_next":  # (vLLM's Qwen3-Next loads its file's fused, grouped rows)
         return _fused(config, tensors)
     if family == "glm4":
@@ -372,6 +373,8 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
         return olmo_hybrid_adapters(_geometry(config, "adapter export"), adapters), {}, {}
     if family == "lfm2":  # (renamed, nothing fused)
         return lfm2_names(adapters, to_disk=True), {}, {}
+    if family in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # (Hunyuan-MoE's shared MLP renamed)
+        return renamed_modules(adapters, HUNYUAN_NAMES_BACK), {}, {}
     if family == "ernie4_5":  # (q's and k's B rows in its interleaved order)
         return turned_adapters(_geometry(config, "adapter export"), adapters), {}, {}
     if family not in _FUSED:

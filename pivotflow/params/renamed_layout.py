@@ -69,20 +69,22 @@ def renamed_norms(tensors: dict[str, torch.Tensor],
     return out
 
 
-# Hunyuan's q/k norms by pivotflow's names (its norms run after rope: ModelConfig's
-# qk_norm_after_rope)
-HUNYUAN_NAMES = {"self_attn.query_layernorm.weight": "self_attn.q_norm.weight",
-                 "self_attn.key_layernorm.weight": "self_attn.k_norm.weight"}
+# Hunyuan's modules by pivotflow's names: its q/k norms (which run after rope: ModelConfig's
+# qk_norm_after_rope), Hunyuan-MoE's router and shared MLP
+HUNYUAN_NAMES = {"self_attn.query_layernorm": "self_attn.q_norm",
+                 "self_attn.key_layernorm": "self_attn.k_norm", "mlp.gate.wg": "mlp.gate",
+                 "mlp.shared_mlp": "mlp.shared_experts"}
 HUNYUAN_NAMES_BACK = {held: disk for disk, held in HUNYUAN_NAMES.items()}
 
 
-def renamed_ends(tensors: dict[str, torch.Tensor],
-                 names: dict[str, str]) -> dict[str, torch.Tensor]:
-    """``tensors`` with each name ending in one of ``names``' keys ending in its value."""
+def renamed_modules(tensors: dict[str, torch.Tensor],
+                    names: dict[str, str]) -> dict[str, torch.Tensor]:
+    """``tensors`` (weights, or LoRA adapters) with a module of ``names``' keys in their
+    name renamed to its value (``.mlp.gate.wg.`` -> ``.mlp.gate.``)."""
     out = {}
     for name, t in tensors.items():
-        end = next((e for e in names if name.endswith(f".{e}")), None)
-        out[name if end is None else name[: -len(end)] + names[end]] = t
+        module = next((m for m in names if f".{m}." in name), None)
+        out[name if module is None else name.replace(f".{module}.", f".{names[module]}.", 1)] = t
     return out
 
 

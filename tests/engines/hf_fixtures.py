@@ -413,6 +413,16 @@ CASES += [
                               "rope_theta": 10000.0}}),
 ]  # fmt: skip
 HUNYUAN = CASES[49]
+# Hunyuan-MoE (A13B's kind): that attention, and on every layer a shared MLP beside 4 experts
+# as wide, the top 2 a token (the Hub's per-layer list), untied
+CASES += [
+    Case("hunyuan-moe", "HunYuanMoEV1Config", False,
+         {"head_dim": 32, "num_key_value_heads": 1, "num_experts": 4, "moe_topk": [2, 2],
+          "intermediate_size": 96, "bos_token_id": 1, "eos_token_id": 2,
+          "rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
+                              "rope_theta": 10000.0}}),
+]  # fmt: skip
+HUNYUAN_MOE = CASES[50]
 CASE_IDS = [c.name for c in CASES]
 
 

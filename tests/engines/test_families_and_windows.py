@@ -32,6 +32,7 @@ from hf_fixtures import (
     GRANITE4_H,
     GRANITE4_H_DENSE,
     HUNYUAN,
+    HUNYUAN_MOE,
     LFM2,
     MINIMAX_M2,
     MISTRAL,
@@ -104,7 +105,7 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        QWEN3_5_TIED, QWEN3_5_MOE, QWEN3_NEXT, GRANITE4_H, GRANITE4_H_DENSE, GRANITE4_DENSE,
        NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE, MINIMAX_M2, OLMO_HYBRID,
        OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW, ERNIE4_5, LFM2, SEED_OSS,
-       HUNYUAN]
+       HUNYUAN, HUNYUAN_MOE]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -217,8 +218,11 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert written["model_type"] == "lfm2" and written["intermediate_size"] == 96
         assert written["block_auto_adjust_ff_dim"] is False
         assert written["layer_types"] == ["conv", "full_attention", "conv"]
-    elif case is HUNYUAN:  # (its alpha rope said as the plain rope it computes)
-        assert written["model_type"] == "hunyuan_v1_dense"
+    elif case in (HUNYUAN, HUNYUAN_MOE):  # (its alpha rope said as the plain rope it computes)
+        assert written["model_type"] == ("hunyuan_v1_moe" if case is HUNYUAN_MOE
+                                         else "hunyuan_v1_dense")
+        if case is HUNYUAN_MOE:
+            assert (written["num_experts"], written["moe_topk"]) == (4, 2)
         assert written["rope_parameters"]["rope_type"] == "default"
         assert written["rope_parameters"]["rope_theta"] == pytest.approx(1e4 * 1000 ** (32 / 30))
     elif case is SEED_OSS:  # (q/k/v biased, o_proj not, as SeedOssForCausalLM reads it)
@@ -804,4 +808,12 @@ def test_hunyuans_length_dependent_dynamic_rope_is_a_one_line_error() -> None:
            "rope_scaling": {"type": "dynamic", "factor": 2.0}}
     with pytest.raises(ModelConfigError, match=r"^c\.json: rope_scaling\.type='dynamic' is not "
                        r"supported by the embedded engine \("):
+        config_from_hf(raw, "c.json")
+
+
+def test_hunyuan_moe_layers_of_different_expert_counts_are_a_one_line_error() -> None:
+    raw = {**SIZES, "model_type": "hunyuan_v1_moe", "num_experts": 4, "moe_topk": [2, 1]}
+    with pytest.raises(ModelConfigError, match=r"^c\.json: moe_topk=\[2, 1\] is not supported by "
+                       r"the embedded engine \(one positive integer, or the same one for every "
+                       r"layer\)$"):
         config_from_hf(raw, "c.json")

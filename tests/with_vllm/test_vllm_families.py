@@ -111,6 +111,9 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
                 "pad_token_id": EOS, "rope_parameters": {
                     "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
                     "rope_theta": 10000.0}}),
+            # Hunyuan-MoE: that attention, a shared MLP beside 8 experts as wide, 2 a token
+            "hunyuan-moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM", {
+                "pad_token_id": EOS, "num_experts": 8, "moe_topk": 2}),
             # EXAONE 4.0: post-norm layers with per-head q/k norms, three sliding layers of
             # four (a window that binds), its full layers turning no position
             "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", {
@@ -234,6 +237,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     assert cfg.architecture == {"gemma3-text": "gemma3_text", "glm4-moe": "glm4_moe",
                                 "ernie4.5": "ernie4_5", "seed-oss": "seed_oss",
                                 "hunyuan-dense": "hunyuan_v1_dense",
+                                "hunyuan-moe": "hunyuan_v1_moe",
                                 "qwen2-moe": "qwen2_moe", "deepseek-v3": "deepseek_v3",
                                 "deepseek-v2": "deepseek_v2"}.get(
         family, family.split("-")[0])

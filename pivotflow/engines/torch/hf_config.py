@@ -5,7 +5,8 @@ back: ``hf_config_write``; rope: ``hf_rope``).
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
 Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss,
 DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H, Nemotron-H,
-MiniMax-M2, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5, LFM2, Seed-OSS, Hunyuan (dense); rope default, linear, llama3, yarn,
+MiniMax-M2, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5, LFM2, Seed-OSS, Hunyuan and Hunyuan-MoE;
+rope default, linear, llama3, yarn,
 Phi-3's longrope within its original context; sliding windows as each family says them,
 ``hf_windows``; each family's own keys, ``hf_families``; unquantized weights, block-wise FP8's and gpt-oss's MXFP4, dequantized
 as read) and names, in one line, the file and the first key it cannot run. Keys that change
@@ -145,7 +146,7 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         raw = {**raw, "rms_norm_eps": raw.get("rms_norm_eps", 1e-5)}
     if kind == "lfm2":  # (its epsilon's and tying's names, its MLP's real width)
         raw = lfm2_keys(raw, where)
-    if kind == "hunyuan_v1_dense":  # (its epsilon, its alpha rope as plain rope's base)
+    if kind in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # (its epsilon; alpha rope as a base)
         raw = hunyuan_keys(raw, where)
     if kind == "seed_oss":  # (SeedOssConfig's heads of 128; its o_proj unbiased: seed_oss_keys)
         raw = seed_oss_keys(raw, where)

@@ -19,6 +19,7 @@ from pivotflow.engines.torch.hf_families import (
     qwen3_5_to_hf,
 )
 from pivotflow.engines.torch.hf_granite import KIND, granite_to_hf
+from pivotflow.engines.torch.hf_hunyuan import hunyuan_moe_to_hf
 from pivotflow.engines.torch.hf_lfm2 import lfm2_to_hf
 from pivotflow.engines.torch.hf_minimax import minimax_to_hf
 from pivotflow.engines.torch.hf_nemotron import nemotron_to_hf
@@ -53,7 +54,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "ernie4_5": "Ernie4_5ForCausalLM",
               "lfm2": "Lfm2ForCausalLM",
               "seed_oss": "SeedOssForCausalLM",
-              "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM"}  # fmt: skip
+              "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
+              "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -76,7 +78,8 @@ HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "qwen3_next": "Qwen3NextForSequenceClassification",
                   "exaone4": "Exaone4ForSequenceClassification",
                   "seed_oss": "SeedOssForSequenceClassification",
-                  "hunyuan_v1_dense": "HunYuanDenseV1ForSequenceClassification"}
+                  "hunyuan_v1_dense": "HunYuanDenseV1ForSequenceClassification",
+                  "hunyuan_v1_moe": "HunYuanMoEV1ForSequenceClassification"}
 # (transformers has no sequence classifier for glm4_moe, olmoe, granite, granitemoehybrid or
 # qwen3_5_moe_text: no critic from them)
 
@@ -181,9 +184,10 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
     elif cfg.architecture == "seed_oss":  # (no token ids: SeedOssConfig's are a 155k vocab's)
         out.update(attention_bias=cfg.attention_bias, attention_out_bias=False, mlp_bias=False,
                    pad_token_id=None, bos_token_id=None, eos_token_id=None)
-    elif cfg.architecture == "hunyuan_v1_dense":  # (its rope as plain rope: hf_hunyuan)
+    elif cfg.architecture in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # (rope: hf_hunyuan)
         out.update(attention_bias=cfg.attention_bias, mlp_bias=False, use_cla=False,
-                   pad_token_id=None, bos_token_id=None, eos_token_id=None, eod_token_id=None)
+                   pad_token_id=None, bos_token_id=None, eos_token_id=None, eod_token_id=None,
+                   sep_token_id=None, **hunyuan_moe_to_hf(cfg))
     elif cfg.architecture == "ernie4_5":  # (its rotary pairs interleaved: hf_layout's turn)
         out.update(use_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None)
     elif cfg.architecture == "exaone4":

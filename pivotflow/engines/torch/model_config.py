@@ -14,16 +14,16 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "gemma2", "olmoe", "granite", "gpt_oss", "deepseek_v3", "deepseek_v2",
                  "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "granitemoehybrid",
                  "nemotron_h", "minimax_m2", "olmo_hybrid", "exaone4", "ernie4_5", "lfm2",
-                 "seed_oss", "hunyuan_v1_dense")
+                 "seed_oss", "hunyuan_v1_dense", "hunyuan_v1_moe")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
-                     "granitemoehybrid", "nemotron_h", "minimax_m2")
+                     "granitemoehybrid", "nemotron_h", "minimax_m2", "hunyuan_v1_moe")
 # multi-head latent attention (DeepSeek-V2's and V3's, ``kv_lora_rank``)
 LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
                          "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "minimax_m2",
-                         "olmo_hybrid", "exaone4", "lfm2", "hunyuan_v1_dense")
+                         "olmo_hybrid", "exaone4", "lfm2", "hunyuan_v1_dense", "hunyuan_v1_moe")
 # Qwen3.5's, Qwen3-Next's and OLMo Hybrid's: gated DeltaNet (linear attention) on most layers,
 # full attention on the rest (``linear_attention_layers``); Qwen's gated (GATED_ATTENTION)
 HYBRID_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid")
@@ -38,7 +38,7 @@ BLOCK_ARCHITECTURES = ("nemotron_h",)
 WHOLE_QK_NORM_ARCHITECTURES = ("olmo2", "olmo3", "olmoe", "minimax_m2", "olmo_hybrid")
 OPTIONAL_QK_NORM_ARCHITECTURES = ("glm4_moe",)  # (its use_qk_norm says)
 # q and k normalised per head after rope, not before (Hunyuan's)
-QK_NORM_AFTER_ROPE_ARCHITECTURES = ("hunyuan_v1_dense",)
+QK_NORM_AFTER_ROPE_ARCHITECTURES = ("hunyuan_v1_dense", "hunyuan_v1_moe")
 # how a router scores experts: a softmax over all (Qwen3-MoE, Mixtral), each by a sigmoid,
 # chosen with a load-balancing bias added (DeepSeek-V3's and GLM-4.5's, ``e_score_correction_bias``),
 # or the top k logits chosen and a softmax over those alone (gpt-oss's)
