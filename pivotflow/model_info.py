@@ -137,7 +137,9 @@ def describe_model(path: Path) -> str:
                  for kind, cls, lm in (("qwen2_vl", "Qwen2VL", "Qwen2ForCausalLM"),
                                        ("qwen2_5_vl", "Qwen2_5_VL", "Qwen2ForCausalLM"),
                                        ("qwen3_vl", "Qwen3VL", "Qwen3ForCausalLM"),
-                                       ("qwen3_vl_moe", "Qwen3VLMoe", "Qwen3MoeForCausalLM"))},
+                                       ("qwen3_vl_moe", "Qwen3VLMoe", "Qwen3MoeForCausalLM"),
+                                       ("glm4v", "Glm4v", "Glm4ForCausalLM"),
+                                       ("glm4v_moe", "Glm4vMoe", "Glm4MoeForCausalLM"))},
               "qwen3_5": "Qwen3_5ForConditionalGeneration's text model held (as "
                          "Qwen3_5ForCausalLM), its vision tower and multi-token-prediction "
                          "layer not loaded"}

@@ -18,6 +18,7 @@ from typing import Any
 from pivotflow.errors import ModelConfigError
 from pivotflow.params.fp8_blocks import is_fp8_blocks
 from pivotflow.params.mxfp4 import is_mxfp4
+from pivotflow.params.vl_text import VL_WRAPPERS, flat_text_config, vl_text_config
 
 _FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
              "MixtralForCausalLM": "mixtral", "MixtralForSequenceClassification": "mixtral",
@@ -29,7 +30,9 @@ _FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
              "Qwen2VLForConditionalGeneration": "qwen2_vl",
              "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
              "Qwen3VLForConditionalGeneration": "qwen3_vl",
-             "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe"}
+             "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe",
+             "Glm4vForConditionalGeneration": "glm4v",
+             "Glm4vMoeForConditionalGeneration": "glm4v_moe"}
 # DeepSeek-V3's router as its own configs name it (transformers' DeepseekV3 runs it whatever
 # they say; config_from_hf refuses other values)
 DEEPSEEK_V3_ROUTER = {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "moe_layer_freq": 1}
@@ -48,25 +51,6 @@ _GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediat
                          "num_hidden_layers": 26, "num_attention_heads": 8,
                          "num_key_value_heads": 4, "head_dim": 256,
                          "max_position_embeddings": 131072}
-# Qwen2VLTextConfig's (and Qwen2_5_VLTextConfig's), Qwen3VLTextConfig's and
-# Qwen3VLMoeTextConfig's defaults, where they differ from the plain family's config that
-# reads the held text model (Qwen2Config's, Qwen3Config's, Qwen3MoeConfig's)
-_QWEN2_VL_TEXT_DEFAULTS = {"vocab_size": 152064, "hidden_size": 8192,
-                           "intermediate_size": 29568, "num_hidden_layers": 80,
-                           "num_attention_heads": 64, "num_key_value_heads": 8,
-                           "max_position_embeddings": 32768, "rms_norm_eps": 1e-5,
-                           "rope_theta": 1000000.0, "max_window_layers": 80}
-_QWEN3_VL_TEXT_DEFAULTS = {"vocab_size": 151936, "hidden_size": 4096,
-                           "intermediate_size": 22016, "num_hidden_layers": 32,
-                           "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
-                           "max_position_embeddings": 128000, "rms_norm_eps": 1e-6,
-                           "rope_theta": 500000.0}
-_QWEN3_VL_MOE_TEXT_DEFAULTS = {**_QWEN3_VL_TEXT_DEFAULTS, "hidden_size": 2048,
-                               "intermediate_size": 5632, "num_hidden_layers": 24,
-                               "num_attention_heads": 16, "num_key_value_heads": 16,
-                               "num_experts": 60, "num_experts_per_tok": 4,
-                               "moe_intermediate_size": 1408, "decoder_sparse_step": 1,
-                               "mlp_only_layers": []}
 # the multimodal wrappers whose text model pivotflow runs: (its model_type, its causal LM's
 # class, defaults for keys the Hub's text_config leaves out)
 WRAPPERS: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -75,19 +59,7 @@ WRAPPERS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen3_5": ("qwen3_5_text", "Qwen3_5ForCausalLM", {}),
     "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", {}),
     "kimi_k25": ("deepseek_v3", "DeepseekV3ForCausalLM", {}),
-    "qwen2_vl": ("qwen2", "Qwen2ForCausalLM", _QWEN2_VL_TEXT_DEFAULTS),
-    "qwen2_5_vl": ("qwen2", "Qwen2ForCausalLM", _QWEN2_VL_TEXT_DEFAULTS),
-    "qwen3_vl": ("qwen3", "Qwen3ForCausalLM", _QWEN3_VL_TEXT_DEFAULTS),
-    "qwen3_vl_moe": ("qwen3_moe", "Qwen3MoeForCausalLM", _QWEN3_VL_MOE_TEXT_DEFAULTS)}
-# Qwen's vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE): their text
-# model is Qwen2's, Qwen3's or Qwen3-MoE's but for its multimodal rope, which on text turns
-# every section by the same position, and so is plain rope
-QWEN_VL = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
-# the keys of a Qwen-VL wrapper's own, beside its text model's (Qwen2-VL's and Qwen2.5-VL's
-# Hub configs keep the text model's keys at the top, with no text_config)
-_QWEN_VL_OUTER = ("architectures", "model_type", "vision_config", "text_config", "auto_map",
-                  "image_token_id", "video_token_id", "vision_start_token_id",
-                  "vision_end_token_id", "vision_token_id")
+    **VL_WRAPPERS}
 
 
 def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str, Any]:
@@ -131,8 +103,8 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
     if family not in WRAPPERS:
         return config
     text = config.get("text_config")
-    if text is None and family in ("qwen2_vl", "qwen2_5_vl"):  # (the Hub's: flat)
-        text = {k: v for k, v in config.items() if k not in _QWEN_VL_OUTER}
+    if text is None and family in VL_WRAPPERS:  # (Qwen2.5-VL's Hub configs: flat)
+        text = flat_text_config(config)
     if not isinstance(text, dict):
         raise ModelConfigError(f"{where}: a {family} config needs its text model's config as "
                                f"an object 'text_config', got {type(text).__name__}")
@@ -144,38 +116,14 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
     # unless pivotflow dequantizes it: Kimi K2.5's INT4 is not).
     keys: tuple[str, ...] = ("dtype", "torch_dtype", "tie_word_embeddings", "quantization_config")
     outer = {k: config[k] for k in keys if k in config}
-    if family in QWEN_VL:
+    if family in VL_WRAPPERS:
         # (their wrapper's tying alone decides, false where it says nothing, in
         # transformers 5 as in 4.57: Qwen3-VL-MoE's text config's own default is true)
         outer["tie_word_embeddings"] = config.get("tie_word_embeddings", False)
-        text = _qwen_vl_text(family, text)
+        text = vl_text_config(family, text)
     # (the text model's own family's reading next: Kimi K2.5's is DeepSeek-V3's router)
     return held_config({**defaults, **text, **outer, "model_type": kind,
                         "architectures": [causal_lm]}, where)
-
-
-def _qwen_vl_text(family: str, text: dict[str, Any]) -> dict[str, Any]:
-    """A Qwen-VL text config as its plain family's: its rope without the multimodal sections
-    (``mrope_section``: vLLM would otherwise serve multimodal positions, which its plain
-    classes have not), its theta kept; Qwen2-VL's heads as wide as its attention makes them
-    (hidden / heads, whatever ``head_dim`` says); Qwen3-VL-MoE's router renormalising its top
-    k (it always does: Qwen3-MoE's does where ``norm_topk_prob``) and its expert count under
-    Qwen3-MoE's name."""
-    out = dict(text)
-    for key in ("rope_scaling", "rope_parameters"):
-        rope = out.get(key)
-        if isinstance(rope, dict):
-            rope = {k: v for k, v in rope.items()
-                    if k not in ("mrope_section", "mrope_interleaved")
-                    and not (k in ("type", "rope_type") and v == "mrope")}
-            out[key] = rope or None
-    if family in ("qwen2_vl", "qwen2_5_vl"):
-        out.pop("head_dim", None)
-    if family == "qwen3_vl_moe":
-        if "num_local_experts" in out:  # (transformers 5 writes it under Mixtral's name)
-            out.setdefault("num_experts", out.pop("num_local_experts"))
-        out["norm_topk_prob"] = True
-    return out
 
 
 def _minimax_router(config: dict[str, Any]) -> dict[str, Any]:

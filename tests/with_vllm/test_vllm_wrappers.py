@@ -1,8 +1,9 @@
 """Multimodal wrappers on vLLM (CPU build), as a rollout worker serves them: the store holds
 the wrapper's text model under its causal LM's config (``held_config``), vLLM starts from that
 config (no vision tower) and decodes the store's version greedily as the embedded engine does:
-Gemma 3 4B+'s kind (Gemma3ForConditionalGeneration) and Qwen3-VL-MoE's (its multimodal rope
-served as plain rope, its stacked experts one at a time, its router renormalising).
+Gemma 3 4B+'s kind (Gemma3ForConditionalGeneration), Qwen3-VL-MoE's (its multimodal rope
+served as plain rope, its stacked experts one at a time, its router renormalising) and
+GLM-4.5V's (as GLM-4.5).
 """
 
 from __future__ import annotations
@@ -33,8 +34,6 @@ def test_vllm_serves_a_gemma3_4b_kind_of_folder_as_its_text_model(
     the embedded engine does."""
     import transformers
 
-    from pivotflow.engines.torch.weights import load_model_folder
-
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     config = transformers.Gemma3Config(
         text_config={"vocab_size": vocab, "hidden_size": 128, "intermediate_size": 256,
@@ -49,7 +48,16 @@ def test_vllm_serves_a_gemma3_4b_kind_of_folder_as_its_text_model(
     (tmp_path / "model").mkdir()
     path = save_sharpened(transformers.Gemma3ForConditionalGeneration(config),
                           tmp_path / "model", folder)
+    _assert_vllm_serves_the_text_model(tmp_path, path, "Gemma3ForCausalLM")
+
+
+def _assert_vllm_serves_the_text_model(tmp_path: Path, path: Path, causal_lm: str) -> None:
+    """The wrapper folder ``path`` is held as ``causal_lm``, and vLLM decodes the store's
+    version of it greedily as the embedded engine does."""
+    from pivotflow.engines.torch.weights import load_model_folder
+
     held = load_model_folder(path)
+    assert held.hf_config["architectures"] == [causal_lm]
     ours = TorchEngine(held.config, max_batch=8, eos_token_id=EOS)
     ours.load_weights(held.tensors, 0)
     expected = greedy(ours)
@@ -67,7 +75,6 @@ def test_vllm_serves_a_qwen3_vl_moe_folder_as_its_text_model(
     import transformers
     from safetensors.torch import load_file, save_file
 
-    from pivotflow.engines.torch.weights import load_model_folder
 
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     config = transformers.Qwen3VLMoeConfig(
@@ -91,10 +98,35 @@ def test_vllm_serves_a_qwen3_vl_moe_folder_as_its_text_model(
         tensors = load_file(str(shard))
         save_file({n: t.transpose(1, 2).contiguous() if n.endswith("_proj") and t.dim() == 3
                    else t for n, t in tensors.items()}, str(shard), metadata={"format": "pt"})
-    held = load_model_folder(path)
-    assert held.hf_config["architectures"] == ["Qwen3MoeForCausalLM"]
-    ours = TorchEngine(held.config, max_batch=8, eos_token_id=EOS)
-    ours.load_weights(held.tensors, 0)
-    expected = greedy(ours)
-    assert sum(len(t) for t in expected.values()) >= 100
-    assert vllm_greedy(tmp_path, path) == expected
+    _assert_vllm_serves_the_text_model(tmp_path, path, "Qwen3MoeForCausalLM")
+
+
+def test_vllm_serves_a_glm4_5v_folder_as_its_text_model(tmp_path: Path, folder: Path) -> None:
+    """A Glm4vMoeForConditionalGeneration folder (GLM-4.5V's and GLM-4.6V's kind): vLLM serves
+    the held Glm4MoeForCausalLM (half of each head turning in interleaved pairs, a dense layer
+    then experts behind a sigmoid router with a correction bias) and decodes as the embedded
+    engine does."""
+    import transformers
+
+
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    config = transformers.Glm4vMoeConfig(
+        text_config={"vocab_size": vocab, "hidden_size": 128, "intermediate_size": 256,
+                     "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+                     "head_dim": 32, "max_position_embeddings": MAX_LEN,
+                     "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                     "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1,
+                     "rope_parameters": {"rope_type": "default", "mrope_section": [2, 2, 4],
+                                         "partial_rotary_factor": 0.5, "rope_theta": 1e4},
+                     "eos_token_id": EOS, "bos_token_id": EOS, "pad_token_id": EOS},
+        vision_config={"depth": 1, "hidden_size": 32, "intermediate_size": 48, "num_heads": 2,
+                       "out_hidden_size": 128, "patch_size": 14, "spatial_merge_size": 2,
+                       "temporal_patch_size": 2},
+        image_token_id=vocab - 1, video_token_id=vocab - 2, image_start_token_id=vocab - 3,
+        image_end_token_id=vocab - 4, video_start_token_id=vocab - 5,
+        video_end_token_id=vocab - 6)
+    torch.manual_seed(0)
+    (tmp_path / "model").mkdir()
+    path = save_sharpened(transformers.Glm4vMoeForConditionalGeneration(config),
+                          tmp_path / "model", folder)
+    _assert_vllm_serves_the_text_model(tmp_path, path, "Glm4MoeForCausalLM")

@@ -1,9 +1,9 @@
-"""Qwen's vision-language folders (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE: the models
-most vision RL starts from) run their text model: pivotflow holds it as Qwen2's, Qwen3's or
-Qwen3-MoE's, with the logits transformers' own wrapper gives on text, greedy tokens the
-wrapper's, and writes the plain causal LM's folder; the Hub's older layouts (Qwen2.5-VL's flat
-config, Qwen3-VL-MoE's input-major expert stacks) read alike, and a stack of a shape that says
-neither way is a one-line error."""
+"""Vision-language folders (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, GLM-4.1V, GLM-4.5V:
+the models most vision RL starts from) run their text model: pivotflow holds it as Qwen2's,
+Qwen3's, Qwen3-MoE's, GLM-4's or GLM-4.5's, with the logits transformers' own wrapper gives on
+text, greedy tokens the wrapper's, and writes the plain causal LM's folder; the Hub's older
+layouts (Qwen2.5-VL's flat config, Qwen3-VL-MoE's input-major expert stacks) read alike, and a
+stack of a shape that says neither way is a one-line error."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ _QWEN3_ROPE = {"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interl
                "rope_theta": 5e6}
 _QWEN3_VISION = dict(depth=1, hidden_size=32, intermediate_size=48, num_heads=2,
                      out_hidden_size=64, deepstack_visual_indexes=[0], num_position_embeddings=64)
+_GLM_VISION = dict(depth=1, hidden_size=32, intermediate_size=48, num_heads=2,
+                   out_hidden_size=64, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
 # (family, its wrapper's config class, text config, vision config, the held causal LM)
 KINDS: dict[str, tuple[str, dict[str, Any], dict[str, Any], str]] = {
     "qwen2_vl": ("Qwen2VLConfig", {**TEXT, "rope_parameters": _QWEN2_ROPE},
@@ -46,6 +48,18 @@ KINDS: dict[str, tuple[str, dict[str, Any], dict[str, Any], str]] = {
                                           "moe_intermediate_size": 24, "num_experts": 4,
                                           "num_experts_per_tok": 2}, _QWEN3_VISION,
                      "Qwen3MoeForCausalLM"),
+    # (GLM-4.1V: every dimension of its heads turning, in interleaved pairs; GLM-4.5V: half,
+    # a dense layer then a sparse one with a sigmoid router's correction bias)
+    "glm4v": ("Glm4vConfig", {**TEXT, "head_dim": None, "rope_parameters": {
+        "rope_type": "default", "mrope_section": [2, 3, 3], "partial_rotary_factor": 1.0,
+        "rope_theta": 1e4}}, _GLM_VISION, "Glm4ForCausalLM"),
+    "glm4v_moe": ("Glm4vMoeConfig", {**TEXT, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                                     "moe_intermediate_size": 24, "first_k_dense_replace": 1,
+                                     "rope_parameters": {"rope_type": "default",
+                                                         "mrope_section": [1, 1, 2],
+                                                         "partial_rotary_factor": 0.5,
+                                                         "rope_theta": 1e4}},
+                  _GLM_VISION, "Glm4MoeForCausalLM"),
 }
 
 
@@ -65,6 +79,9 @@ def _wrapper(kind: str, root: Path, tied: bool = False) -> Any:
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             else:
                 p.normal_(0.0, 0.1)
+        for name, b in model.named_buffers():  # (GLM-4.5V's router bias: so that it counts)
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.1)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     model.save_pretrained(root)
@@ -72,7 +89,7 @@ def _wrapper(kind: str, root: Path, tied: bool = False) -> Any:
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_a_qwen_vl_folder_runs_its_text_model_as_transformers_wrapper_does(
+def test_a_vision_language_folder_runs_its_text_model_as_transformers_wrapper_does(
         tmp_path: Path, kind: str) -> None:
     theirs = _wrapper(kind, tmp_path / "wrapper")
     folder = load_model_folder(tmp_path / "wrapper")
@@ -81,8 +98,9 @@ def test_a_qwen_vl_folder_runs_its_text_model_as_transformers_wrapper_does(
     assert "mrope_section" not in json.dumps(folder.hf_config)  # (plain rope, as vLLM reads)
     assert not any("visual" in n for n in folder.tensors)
     assert not folder.config.tie_word_embeddings
-    if kind == "qwen3_vl_moe":
+    if kind in ("qwen3_vl_moe", "glm4v_moe"):
         assert folder.config.num_experts == 4 and folder.config.norm_topk_prob
+    if kind == "qwen3_vl_moe":
         assert folder.tensors["model.layers.1.mlp.experts.3.up_proj.weight"].shape == (24, 64)
     assert_wrapper_runs_its_text_model(theirs, folder, tmp_path / "written", causal_lm,
                                        atol=1e-5)
