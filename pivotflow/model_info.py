@@ -140,6 +140,12 @@ def describe_model(path: Path) -> str:
                                        ("qwen3_vl_moe", "Qwen3VLMoe", "Qwen3MoeForCausalLM"),
                                        ("glm4v", "Glm4v", "Glm4ForCausalLM"),
                                        ("glm4v_moe", "Glm4vMoe", "Glm4MoeForCausalLM"))},
+              **{kind: f"{cls}ForConditionalGeneration's text model held (as "
+                       f"{folder.hf_config['architectures'][0]}), its vision tower and "
+                       "projector not loaded"
+                 for kind, cls in (("internvl", "InternVL"), ("llava", "Llava"),
+                                   ("llava_next", "LlavaNext"),
+                                   ("llava_onevision", "LlavaOnevision"))},
               "qwen3_5": "Qwen3_5ForConditionalGeneration's text model held (as "
                          "Qwen3_5ForCausalLM), its vision tower and multi-token-prediction "
                          "layer not loaded"}

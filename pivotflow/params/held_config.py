@@ -32,7 +32,11 @@ _FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
              "Qwen3VLForConditionalGeneration": "qwen3_vl",
              "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe",
              "Glm4vForConditionalGeneration": "glm4v",
-             "Glm4vMoeForConditionalGeneration": "glm4v_moe"}
+             "Glm4vMoeForConditionalGeneration": "glm4v_moe",
+             "InternVLForConditionalGeneration": "internvl",
+             "LlavaForConditionalGeneration": "llava",
+             "LlavaNextForConditionalGeneration": "llava_next",
+             "LlavaOnevisionForConditionalGeneration": "llava_onevision"}
 # DeepSeek-V3's router as its own configs name it (transformers' DeepseekV3 runs it whatever
 # they say; config_from_hf refuses other values)
 DEEPSEEK_V3_ROUTER = {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "moe_layer_freq": 1}
@@ -52,8 +56,11 @@ _GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediat
                          "num_key_value_heads": 4, "head_dim": 256,
                          "max_position_embeddings": 131072}
 # the multimodal wrappers whose text model pivotflow runs: (its model_type, its causal LM's
-# class, defaults for keys the Hub's text_config leaves out)
-WRAPPERS: dict[str, tuple[str, str, dict[str, Any]]] = {
+# class, defaults for keys the Hub's text_config leaves out); None: the family its
+# text_config names (InternVL's and LLaVA's: Qwen2, Qwen3, Qwen3-MoE, Llama, gpt-oss...)
+WRAPPERS: dict[str, tuple[str | None, str | None, dict[str, Any]]] = {
+    "internvl": (None, None, {}), "llava": (None, None, {}), "llava_next": (None, None, {}),
+    "llava_onevision": (None, None, {}),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", _GEMMA3_TEXT_DEFAULTS),
     "mistral3": ("mistral", "MistralForCausalLM", {}),
     "qwen3_5": ("qwen3_5_text", "Qwen3_5ForCausalLM", {}),
@@ -109,6 +116,8 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
         raise ModelConfigError(f"{where}: a {family} config needs its text model's config as "
                                f"an object 'text_config', got {type(text).__name__}")
     kind, causal_lm, defaults = WRAPPERS[family]
+    if kind is None:  # (the text model's own family: its class, if pivotflow runs it)
+        kind, causal_lm = _named_text_model(family, text, where)
     # The wrapper's dtype and tying, where it says them, are the text model's: transformers 5
     # writes and ties by the wrapper's key; the Hub's configs (transformers 4.50) leave it out
     # unless it differs from the default, and the text config's then decides, as it did there.
@@ -124,6 +133,19 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
     # (the text model's own family's reading next: Kimi K2.5's is DeepSeek-V3's router)
     return held_config({**defaults, **text, **outer, "model_type": kind,
                         "architectures": [causal_lm]}, where)
+
+
+def _named_text_model(family: str, text: dict[str, Any], where: str) -> tuple[str, str]:
+    """(model_type, causal LM class) of the family a wrapper's ``text`` config names. Raises
+    ModelConfigError naming ``where`` for one the embedded engine does not run."""
+    from pivotflow.engines.torch.hf_config_write import HF_CLASSES
+
+    kind = text.get("model_type")
+    if kind not in HF_CLASSES:
+        raise ModelConfigError(f"{where} text_config: model_type={kind!r} is not supported by "
+                               f"the embedded engine as {family}'s text model "
+                               f"({', '.join(HF_CLASSES)})")
+    return str(kind), HF_CLASSES[kind]
 
 
 def _minimax_router(config: dict[str, Any]) -> dict[str, Any]:

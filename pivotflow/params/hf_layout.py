@@ -58,7 +58,8 @@ These families store theirs otherwise:
   ``model.layers...``, beside ``visual.*``; ``qwen3_vl``, ``qwen3_vl_moe``:
   ``model.language_model.*``) are held as Qwen2's, Qwen3's and Qwen3-MoE's, Qwen3-VL-MoE's
   fused expert stacks split (``qwen_vl_layout``); GLM-4.1V's (``glm4v``) and GLM-4.5V's
-  (``glm4v_moe``) as GLM-4's and GLM-4.5's, then laid out as those are (``vl_text``).
+  (``glm4v_moe``) as GLM-4's and GLM-4.5's, then laid out as those are (``vl_text``);
+  InternVL's and LLaVA's as the family their ``text_config`` names.
 
 ``held_layout`` turns a folder's tensors into pivotflow's as it is read; ``disk_layout`` turns
 them back as one is written, so every folder pivotflow writes loads in transformers and vLLM as

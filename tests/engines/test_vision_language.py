@@ -206,3 +206,56 @@ def test_pivotflow_model_says_a_qwen_vl_folder_runs_its_text_model(tmp_path: Pat
     assert ("\n  tensors: Qwen3VLMoeForConditionalGeneration's text model held (as "
             "Qwen3MoeForCausalLM, its multimodal rope as the plain rope it is on text), its "
             "vision tower not loaded, its experts stacked in the file held one at a time") in said
+
+
+# InternVL's and LLaVA's wrappers: whatever text model their text_config names (InternVL3.5's
+# Qwen3, Qwen3-MoE or gpt-oss; LLaVA's Qwen2, Llama, Mistral...)
+_SIGLIP = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+               image_size=28, patch_size=14)
+NAMED: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "internvl-qwen3": ("InternVLConfig", {**TEXT, "model_type": "qwen3"}, _SIGLIP),
+    "internvl-qwen3-moe": ("InternVLConfig", {**TEXT, "model_type": "qwen3_moe",
+                                              "num_experts": 4, "num_experts_per_tok": 2,
+                                              "moe_intermediate_size": 24,
+                                              "norm_topk_prob": True}, _SIGLIP),
+    "llava-qwen2": ("LlavaConfig", {**TEXT, "model_type": "qwen2"},
+                    {**_SIGLIP, "model_type": "clip_vision_model", "projection_dim": 32}),
+}
+
+
+@pytest.mark.parametrize("name", list(NAMED))
+def test_a_wrapper_runs_the_text_model_its_text_config_names(tmp_path: Path, name: str) -> None:
+    config_class, text, vision = NAMED[name]
+    config = getattr(transformers, config_class)(text_config=text, vision_config=vision)
+    torch.manual_seed(0)
+    theirs = getattr(transformers, config_class.replace("Config", "ForConditionalGeneration"))(
+        config).eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.15)
+    theirs.save_pretrained(tmp_path / "wrapper")
+    folder = load_model_folder(tmp_path / "wrapper")
+    causal_lm = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                 "qwen2": "Qwen2ForCausalLM"}[text["model_type"]]
+    assert folder.hf_config["architectures"] == [causal_lm]
+    assert not any(n.startswith(("vision", "multi_modal")) for n in folder.tensors)
+    assert_wrapper_runs_its_text_model(theirs, folder, tmp_path / "written", causal_lm,
+                                       atol=1e-5)
+    from hf_folders import save_tokenizer_hf, train_bpe
+
+    from pivotflow.model_info import describe_model
+
+    save_tokenizer_hf(train_bpe(vocab_size=260), tmp_path / "wrapper")
+    assert (f"\n  tensors: {config_class.removesuffix('Config')}ForConditionalGeneration's text "
+            f"model held (as {causal_lm}), its vision tower and projector not loaded"
+            ) in describe_model(tmp_path / "wrapper")
+
+
+def test_a_wrappers_text_model_of_a_family_pivotflow_does_not_run_is_one_line() -> None:
+    from pivotflow.params.held_config import held_config
+
+    wrapper = {"model_type": "llava", "text_config": {**TEXT, "model_type": "cohere2"}}
+    with pytest.raises(ModelConfigError, match=r"^c\.json text_config: model_type='cohere2' is "
+                       r"not supported by the embedded engine as llava's text model \(qwen2, "):
+        held_config(wrapper, "c.json")
