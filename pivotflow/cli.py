@@ -48,8 +48,14 @@ def _cmd_inspect(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_model(args: argparse.Namespace, console: Console) -> int:
-    from pivotflow.model_info import describe_model
+    from pivotflow.errors import CheckpointError
+    from pivotflow.model_info import describe_families, describe_model
 
+    if args.families:
+        console.print(describe_families(), highlight=False, soft_wrap=True, markup=False)
+        return 0
+    if args.folder is None:
+        raise CheckpointError("pivotflow model needs a model FOLDER (or --families)")
     console.print(describe_model(args.folder), highlight=False, soft_wrap=True, markup=False)
     return 0
 
@@ -83,7 +89,9 @@ def build_parser(*, with_sim: bool = True) -> argparse.ArgumentParser:
     i.set_defaults(func=_cmd_inspect)
     m = sub.add_parser("model", help="read a Hugging Face model folder as a run would and say "
                        "what pivotflow runs")
-    m.add_argument("folder", type=Path)
+    m.add_argument("folder", type=Path, nargs="?")
+    m.add_argument("--families", action="store_true",
+                   help="list the model_types pivotflow runs (decoders and multimodal wrappers)")
     m.set_defaults(func=_cmd_model)
     if with_sim:
         from pivotflow.sim.cli import add_sim_parser

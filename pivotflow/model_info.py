@@ -106,6 +106,10 @@ def describe_model(path: Path) -> str:
               "lfm2": "norms, attention output and MLP under LFM2's names in the file, held "
                       "under the common ones",
               "ernie4_5": "rotary pairs interleaved in the file, q/k rows held reordered",
+              "ernie4_5_moe": "rotary pairs interleaved in the file, q/k rows held reordered; "
+                              "its router's correction bias as moe_statics, held on the router"
+                              + (f"; {mtp} multi-token-prediction layer(s), not loaded" if mtp
+                                 else ""),
               "hunyuan_v1_dense": "q/k norms as query_layernorm/key_layernorm in the file, held "
                                   "as q_norm/k_norm",
               "hunyuan_v1_moe": "q/k norms, router and shared MLP as query_layernorm/"
@@ -163,11 +167,32 @@ def describe_model(path: Path) -> str:
     return "\n".join(lines)
 
 
+def describe_families() -> str:
+    """The model_types a folder's config.json may name: the decoders the embedded engine (and
+    the trainer) runs, and the multimodal wrappers whose text model it runs."""
+    import textwrap
+
+    from pivotflow.engines.torch.model_config import ARCHITECTURES
+    from pivotflow.params.held_config import WRAPPERS
+
+    fixed = [f"{name} -> {kind}" for name, (kind, _, _) in WRAPPERS.items() if kind]
+    named = [name for name, (kind, _, _) in WRAPPERS.items() if not kind]
+    return "\n".join([
+        f"decoders ({len(ARCHITECTURES)}):",
+        textwrap.indent(textwrap.fill(", ".join(ARCHITECTURES), 76), "  "),
+        f"multimodal wrappers, run as their text model ({len(WRAPPERS)}):",
+        textwrap.indent(textwrap.fill(", ".join(fixed), 76), "  "),
+        textwrap.indent(textwrap.fill(", ".join(named) + " -> the decoder their text_config "
+                                      "names", 76), "  ")])
+
+
 def _router(cfg: ModelConfig) -> str:
     """A sigmoid router's differences from the plain top k, shared experts included."""
     parts = []
     if cfg.scoring_func == "sigmoid":
         parts.append("sigmoid router with a correction bias")
+    elif cfg.router_bias:
+        parts.append("softmax router with a correction bias")
     if cfg.scoring_func == "topk_softmax":
         parts.append(f"a softmax over the chosen logits, biased experts with a gate clamped at "
                      f"{cfg.swiglu_limit:g}")

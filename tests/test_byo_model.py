@@ -323,6 +323,15 @@ OTHER_LAYOUTS = {
                    ("backbone.layers.0.mixer.in_proj.weight", "backbone.layers.0.mixer.A_log",
                     "backbone.layers.1.mixer.up_proj.weight",
                     "backbone.layers.2.mixer.q_proj.weight", "backbone.embeddings.weight")),
+    # ERNIE 4.5 MoE: interleaved rotary pairs (held turned), a dense layer then 4 experts
+    # chosen by a softmax plus a correction bias kept on moe_statics in the file (frozen)
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM",
+                     {"head_dim": 32, "moe_num_experts": 4, "moe_k": 2,
+                      "moe_intermediate_size": 64, "moe_num_shared_experts": 1,
+                      "moe_layer_start_index": 1},
+                     ("model.layers.0.self_attn.q_proj.weight",
+                      "model.layers.1.mlp.gate.weight",
+                      "model.layers.1.mlp.shared_experts.up_proj.weight")),
     # Hunyuan-MoE: q/k normalised per head after rope (query_layernorm/key_layernorm in the
     # file), a shared MLP (shared_mlp) beside 4 experts on every layer, its router gate.wg
     "hunyuan_v1_moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM",
@@ -397,7 +406,8 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     policy.generation_config = GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)
     policy.save_pretrained(folder)
     mtp = family in ("glm4_moe", "deepseek_v3")
-    sigmoid = mtp or family == "minimax_m2"  # (a sigmoid router's correction bias, frozen)
+    # (a router's correction bias, frozen: the sigmoid ones' and ERNIE 4.5 MoE's)
+    sigmoid = mtp or family in ("minimax_m2", "ernie4_5_moe")
     if mtp:
         from safetensors.torch import save_file
 
@@ -442,6 +452,10 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
                           "4-tap convolution\n  one block a layer: 1 Mamba2, 1 attention, 2 "
                           "MLP (ungated, relu^2)\n  tensors: backbone.* and each block's mixer "
                           "in the file, held under the common names",
+            "ernie4_5_moe": "experts 4 (2 a token) on 1 of 2 layers; softmax router with a "
+                            "correction bias, 1 shared\n  tensors: rotary pairs interleaved in "
+                            "the file, q/k rows held reordered; its router's correction bias as "
+                            "moe_statics, held on the router",
             "hunyuan_v1_moe": "experts 4 (2 a token) on 2 of 2 layers; 1 shared\n  tensors: q/k "
                               "norms, router and shared MLP as query_layernorm/key_layernorm, "
                               "gate.wg and shared_mlp in the file, held as q_norm/k_norm, gate "
@@ -469,8 +483,9 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     for name in moved:
         assert not torch.equal(before[name], after[name]), name
     if sigmoid:  # (a load statistic, not a weight: frozen)
-        bias = ("model.layers.1.block_sparse_moe.e_score_correction_bias" if not mtp
-                else "model.layers.1.mlp.gate.e_score_correction_bias")
+        bias = {"minimax_m2": "model.layers.1.block_sparse_moe.e_score_correction_bias",
+                "ernie4_5_moe": "model.layers.1.mlp.moe_statics.e_score_correction_bias"}.get(
+            family, "model.layers.1.mlp.gate.e_score_correction_bias")
         assert torch.equal(before[bias], after[bias])
     if mtp:
         assert json.loads((ckpt / "config.json").read_text())["num_nextn_predict_layers"] == 0
@@ -620,6 +635,15 @@ def test_pivotflow_model_says_what_a_folder_runs_as_and_names_what_it_cannot(
     assert_one_line_error(cli("model", str(tmp_path / "none")), "no such model folder")
     bare = copy_model(qwen, tmp_path / "bare", skip=("tokenizer.json", "tokenizer_config.json"))
     assert_one_line_error(cli("model", str(bare)), "no tokenizer files")
+    # a family it does not run names where the list is, not the whole list
+    (broken / "config.json").write_text(json.dumps({**config, "model_type": "gemma3n"}))
+    assert_one_line_error(cli("model", str(broken)), "model_type='gemma3n' is not supported",
+                          "`pivotflow model --families` lists the")
+    families = cli("model", "--families")
+    assert families.returncode == 0, families.stderr[-2000:]
+    assert "decoders (" in families.stderr and "seed_oss" in families.stderr
+    assert "qwen3_vl_moe -> qwen3_moe" in families.stderr
+    assert_one_line_error(cli("model"), "pivotflow model needs a model FOLDER (or --families)")
 
 
 @pytest.mark.parametrize(("row", "says"), [

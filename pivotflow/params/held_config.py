@@ -103,6 +103,8 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
     if family in MTP_FAMILIES and config.get(MTP_FAMILIES[family]):
         return {**config, MTP_FAMILIES[family]: 0,
                 **({"use_mtp": False} if family == "minimax_m2" else {})}
+    if family == "ernie4_5_moe" and config.get("num_nextn_predict_layers"):
+        return {**config, "num_nextn_predict_layers": 0}  # (its mtp_* tensors: hf_layout)
     if family in MTP_APART and config.get("mtp_num_hidden_layers"):
         return {**config, "mtp_num_hidden_layers": 0}  # (Qwen3.5's and Qwen3-Next's)
     if family == "gpt_oss" and is_mxfp4(config):  # (held dequantized: mxfp4)
@@ -185,6 +187,6 @@ def family_of(config: dict[str, Any]) -> str | None:
                     None)
     return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", "granitemoehybrid",
                             "nemotron_h", "olmo_hybrid", "ernie4_5", "lfm2", "hunyuan_v1_dense",
-                            "hunyuan_v1_moe",
+                            "hunyuan_v1_moe", "ernie4_5_moe",
                             *MTP_FAMILIES,
                             *MTP_APART, *WRAPPERS) else None

@@ -21,7 +21,10 @@ These families store theirs otherwise:
   its multi-token-prediction modules past the decoder's last layer (left out).
 * GLM-4 fuses gate/up, names its four norms its own way, and rotates interleaved pairs of
   each head's dimensions, which pivotflow holds reordered (``turn_heads``); ERNIE 4.5
-  (``ernie4_5``) rotates interleaved pairs too, held so.
+  (``ernie4_5``, ``ernie4_5_moe``) rotates interleaved pairs too, held so; ERNIE 4.5 MoE
+  keeps its router's correction bias as ``mlp.moe_statics.e_score_correction_bias`` [1, E]
+  (held on the router, [E], as GLM-4.5's) and its multi-token-prediction layer as ``mtp_*``
+  tensors (left out).
 * Kimi K2 names DeepSeek-V3's architecture ``kimi_k2`` (with remote code in ``auto_map``):
   held, and written, as ``deepseek_v3``, as transformers reads it.
 * GLM-4.5 (``glm4_moe``) and DeepSeek-V3 (``deepseek_v3``) keep their multi-token-prediction
@@ -100,6 +103,7 @@ from pivotflow.params.renamed_layout import (
     GLM_NORMS_BACK,
     HUNYUAN_NAMES,
     HUNYUAN_NAMES_BACK,
+    ernie_statics,
     minimax_name,
     mixtral_name,
     renamed_modules,
@@ -134,6 +138,8 @@ _FUSED = {"phi3": ((_QKV, _SPLIT_QKV), (_GATE_UP, _SPLIT_GATE_UP)),
 # Granite 4.0's shared MLP's down projection, held as a dense MLP's or as shared experts'
 _GRANITE_DOWN = re.compile(r"(.*\.)mlp\.(?:shared_experts\.)?down_proj\.(lora_[AB])")
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")  # (a layer's tensors: its number)
+# ERNIE 4.5 MoE's multi-token-prediction tensors (``model.mtp_block.0...``, ``mtp_emb_norm``...)
+_ERNIE_MTP = re.compile(r"(?:model\.)?mtp_")
 
 
 def _module(tensor: str) -> str:
@@ -218,6 +224,10 @@ def held_layout(
         return renamed_modules(tensors, HUNYUAN_NAMES)
     if family == "ernie4_5":  # (its rotary pairs interleaved, as GLM-4's)
         return turn_heads(_geometry(config, where), tensors, where, to_disk=False)
+    if family == "ernie4_5_moe":  # (and its router's bias on moe_statics; MTP left out)
+        decoder = {n: t for n, t in tensors.items() if not _ERNIE_MTP.match(n)}
+        return turn_heads(_geometry(config, where), ernie_statics(decoder, to_disk=False),
+                          where, to_disk=False)
     if family is None:
         return tensors
     if family in WRAPPERS:  # (the text model's, then laid out as its own family's)
@@ -308,9 +318,10 @@ def engine_names(config: dict[str, Any],
         return nemotron_disk(tensors)
     if family == "olmo_hybrid":
         return olmo_hybrid_disk(_geometry(config, "engine export"), tensors)
-    if family == "ernie4_5":
-        return turn_heads(_geometry(config, "engine export"), tensors, "engine export",
-                           to_disk=True)
+    if family in ("ernie4_5", "ernie4_5_moe"):
+        turned = turn_heads(_geometry(config, "engine export"), tensors, "engine export",
+                            to_disk=True)
+        return ernie_statics(turned, to_disk=True) if family == "ernie4_5_moe" else turned
     if family == "lfm2":
         return lfm2_names(tensors, to_disk=True)
     if family in ("hunyuan_v1_dense", "hunyuan_v1_moe"):
@@ -377,7 +388,7 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
         return lfm2_names(adapters, to_disk=True), {}, {}
     if family in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # (Hunyuan-MoE's shared MLP renamed)
         return renamed_modules(adapters, HUNYUAN_NAMES_BACK), {}, {}
-    if family == "ernie4_5":  # (q's and k's B rows in its interleaved order)
+    if family in ("ernie4_5", "ernie4_5_moe"):  # (q's and k's B rows in its interleaved order)
         return turned_adapters(_geometry(config, "adapter export"), adapters), {}, {}
     if family not in _FUSED:
         return adapters, {}, {}

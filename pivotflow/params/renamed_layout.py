@@ -88,6 +88,22 @@ def renamed_modules(tensors: dict[str, torch.Tensor],
     return out
 
 
+_ERNIE_STATICS = ("mlp.moe_statics.e_score_correction_bias", "mlp.gate.e_score_correction_bias")
+
+
+def ernie_statics(tensors: dict[str, torch.Tensor], to_disk: bool) -> dict[str, torch.Tensor]:
+    """ERNIE 4.5 MoE's router correction bias as its file keeps it (``to_disk``:
+    ``moe_statics``, [1, E]) or as pivotflow holds it (on the router, [E]); the rest as is."""
+    disk, held = _ERNIE_STATICS
+    src, dst = (held, disk) if to_disk else (disk, held)
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith(src):
+            name, t = name[: -len(src)] + dst, t.reshape(1, -1) if to_disk else t.reshape(-1)
+        out[name] = t
+    return out
+
+
 def turn_heads(cfg: ModelConfig, tensors: dict[str, torch.Tensor], where: str,
                 to_disk: bool) -> dict[str, torch.Tensor]:
     """GLM-4 rotates interleaved pairs (dimensions 2i, 2i+1 of a head's rotary part) where

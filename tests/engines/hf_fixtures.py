@@ -423,6 +423,16 @@ CASES += [
                               "rope_theta": 10000.0}}),
 ]  # fmt: skip
 HUNYUAN_MOE = CASES[50]
+# ERNIE 4.5 MoE (21B-A3B's kind): its interleaved rotary pairs, a dense first layer then 4
+# experts (2 a token, one shared) chosen by softmax plus a correction bias, tied
+CASES += [
+    Case("ernie4.5-moe", "Ernie4_5_MoeConfig", True,
+         {"head_dim": 32, "num_key_value_heads": 1, "num_hidden_layers": 3,
+          "moe_num_experts": 4, "moe_k": 2, "moe_intermediate_size": 48,
+          "moe_num_shared_experts": 1, "moe_layer_start_index": 1, "bos_token_id": 1,
+          "eos_token_id": 2}),
+]  # fmt: skip
+ERNIE4_5_MOE = CASES[51]
 CASE_IDS = [c.name for c in CASES]
 
 

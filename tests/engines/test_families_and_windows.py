@@ -20,6 +20,7 @@ from hf_fixtures import (
     DEEPSEEK_V3,
     DEEPSEEK_V3_PLAIN,
     ERNIE4_5,
+    ERNIE4_5_MOE,
     EXAONE4,
     EXAONE4_NO_WINDOW,
     GEMMA2,
@@ -105,7 +106,7 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        QWEN3_5_TIED, QWEN3_5_MOE, QWEN3_NEXT, GRANITE4_H, GRANITE4_H_DENSE, GRANITE4_DENSE,
        NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE, MINIMAX_M2, OLMO_HYBRID,
        OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW, ERNIE4_5, LFM2, SEED_OSS,
-       HUNYUAN, HUNYUAN_MOE]
+       HUNYUAN, HUNYUAN_MOE, ERNIE4_5_MOE]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -231,6 +232,10 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert "self_attn.o_proj.bias" not in " ".join(folder.tensors)
     elif case is ERNIE4_5:
         assert written["model_type"] == "ernie4_5" and written["use_bias"] is False
+    elif case is ERNIE4_5_MOE:  # (its layers said by start, end and interval, as it reads)
+        assert written["model_type"] == "ernie4_5_moe"
+        assert (written["moe_layer_start_index"], written["moe_layer_end_index"],
+                written["moe_layer_interval"], written["moe_k"]) == (1, 2, 1, 2)
     elif case in (EXAONE4, EXAONE4_NO_WINDOW):
         assert written["model_type"] == "exaone4"
         assert written["layer_types"] == (["sliding_attention"] * 3 + ["full_attention"]

@@ -194,6 +194,11 @@ NEMOTRON_H = ("NemotronHConfig", "NemotronHForCausalLM", {
 # gpt-oss: attention sinks, every other layer's window (binding), YaRN as it ships it, 4
 # biased experts with the clamped gate (fused in the file, split in the store, one at a time
 # to vLLM); not in FAMILIES: vLLM's CPU build is not exact on it (below)
+# ERNIE 4.5 MoE: a dense first layer, then 8 experts (2 a token, one shared) chosen by a
+# softmax plus a correction bias (which vLLM's CPU router drops: refused)
+ERNIE4_5_MOE = ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", {
+    "pad_token_id": EOS, "head_dim": 32, "moe_num_experts": 8, "moe_k": 2,
+    "moe_intermediate_size": 64, "moe_num_shared_experts": 1, "moe_layer_start_index": 1})
 GPT_OSS = ("GptOssConfig", "GptOssForCausalLM", {
     "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 6, "pad_token_id": EOS})
 
@@ -203,7 +208,8 @@ def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
 
     config_class, model_class, extra = (FAMILIES.get(family) or HYBRIDS.get(family) or {
         "granite-4.0-h": GRANITE4_H, "nemotron-h": NEMOTRON_H,
-        "minimax-m2": MINIMAX_M2, "olmo-hybrid": OLMO_HYBRID, "lfm2": LFM2}.get(family)
+        "minimax-m2": MINIMAX_M2, "olmo-hybrid": OLMO_HYBRID, "lfm2": LFM2,
+        "ernie4.5-moe": ERNIE4_5_MOE}.get(family)
         or GPT_OSS)
     vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
     config = getattr(transformers, config_class)(**{
@@ -236,6 +242,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     cfg, weights = load_checkpoint(path)
     assert cfg.architecture == {"gemma3-text": "gemma3_text", "glm4-moe": "glm4_moe",
                                 "ernie4.5": "ernie4_5", "seed-oss": "seed_oss",
+
                                 "hunyuan-dense": "hunyuan_v1_dense",
                                 "hunyuan-moe": "hunyuan_v1_moe",
                                 "qwen2-moe": "qwen2_moe", "deepseek-v3": "deepseek_v3",
@@ -504,7 +511,9 @@ def test_nemotron_h_experts_vllms_cpu_build_cannot_run_are_one_line(tmp_path: Pa
     ("minimax-m2", "MiniMax-M2 (its CPU router runs a sigmoid router only in groups, and "
                    "MiniMax-M2's has none)"),
     ("olmo-hybrid", "OLMo Hybrid (its DeltaNet runs on triton kernels, which the CPU build has "
-                    "none of)")])
+                    "none of)"),
+    ("ernie4.5-moe", "ERNIE 4.5 MoE (its CPU router drops an ungrouped router's correction "
+                     "bias, which ERNIE's chooses with)")])
 
 def test_a_family_vllms_cpu_build_cannot_run_is_one_line(tmp_path: Path, folder: Path,
                                                          family: str, why: str) -> None:

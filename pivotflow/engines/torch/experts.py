@@ -114,7 +114,7 @@ class PackedExperts:
 
     def add(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``x`` [n, H] plus the layer's output for its normed input ``h`` [n, H], in place."""
-        logits = (router_logits(self.gate, h, self.routing) if self.routing.scoring == "sigmoid"
+        logits = (router_logits(self.gate, h, self.routing) if self.routing.biased
                   else self.mm.linear(h, self.gate.weight, self.gate.bias))  # (sigmoid: fp32)
         weights, chosen = route(logits, self.routing, self.correction_bias)
         if self.recorder is not None:

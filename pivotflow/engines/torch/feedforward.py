@@ -78,12 +78,13 @@ class Routing(NamedTuple):
     topk_group: int = 1
     scale: float = 1.0
     group_rank_top: int = 2  # (a group ranks by the sum of its this many best scores)
+    biased: bool = False  # (its logits in float32, its choice by a correction bias too)
 
     @staticmethod
     def of(cfg: ModelConfig) -> Routing:
         return Routing(cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.scoring_func,
                        cfg.n_group, cfg.topk_group, cfg.routed_scaling_factor,
-                       cfg.group_rank_top)
+                       cfg.group_rank_top, cfg.router_bias)
 
     def scores(self, router_logits: torch.Tensor) -> torch.Tensor:
         """Every expert's score [n, E], in float32 (gpt-oss's: its logits, which choose; the
@@ -127,10 +128,10 @@ class Routing(NamedTuple):
 
 
 def router_logits(gate: nn.Linear, x: torch.Tensor, routing: Routing) -> torch.Tensor:
-    """The router's logits [n, E] for ``x`` [n, H]: a sigmoid router's in float32 (under
-    autocast too), as transformers' and vLLM's GLM-4.5 compute them, a softmax router's in
-    ``x``'s dtype."""
-    if routing.scoring == "sigmoid":
+    """The router's logits [n, E] for ``x`` [n, H]: a biased router's (every sigmoid one's,
+    ERNIE 4.5 MoE's) in float32 (under autocast too), as transformers' and vLLM's GLM-4.5
+    compute them, another's in ``x``'s dtype."""
+    if routing.biased:
         with torch.autocast(x.device.type, enabled=False):
             return F.linear(x.float(), gate.weight.float())
     return gate(x)
@@ -272,7 +273,7 @@ class SparseMoE(nn.Module):
         self.routing = Routing.of(cfg)
         # (gpt-oss's router has a bias: ``router.bias`` in its file)
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=cfg.architecture == "gpt_oss")
-        if cfg.scoring_func == "sigmoid":  # (as the file names it: the router's own tensor)
+        if cfg.router_bias:  # (as the file names it: the router's own tensor)
             self.gate.e_score_correction_bias = nn.Parameter(
                 torch.zeros(cfg.num_experts), requires_grad=False)
         self.experts = nn.ModuleList(

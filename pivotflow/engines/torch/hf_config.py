@@ -5,7 +5,7 @@ back: ``hf_config_write``; rope: ``hf_rope``).
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
 Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss,
 DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H, Nemotron-H,
-MiniMax-M2, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5, LFM2, Seed-OSS, Hunyuan and Hunyuan-MoE;
+MiniMax-M2, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5 and its MoE, LFM2, Seed-OSS, Hunyuan and Hunyuan-MoE;
 rope default, linear, llama3, yarn,
 Phi-3's longrope within its original context; sliding windows as each family says them,
 ``hf_windows``; each family's own keys, ``hf_families``; unquantized weights, block-wise FP8's and gpt-oss's MXFP4, dequantized
@@ -25,6 +25,7 @@ from pivotflow.engines.torch.hf_config_write import (
     REQUIRED,
     config_to_hf,
 )
+from pivotflow.engines.torch.hf_ernie import ernie_keys
 from pivotflow.engines.torch.hf_families import ENGINE, family_fields, number
 from pivotflow.engines.torch.hf_granite import KIND, granite_layer_types
 from pivotflow.engines.torch.hf_hunyuan import hunyuan_keys
@@ -80,7 +81,8 @@ def _model_type(raw: dict[str, Any], where: str) -> str:
                      if cls in archs), None)
     if kind not in ARCHITECTURES:
         raise ModelConfigError(
-            f"{where}: model_type={kind!r} {ENGINE} ({', '.join(ARCHITECTURES)})"
+            f"{where}: model_type={kind!r} {ENGINE} (`pivotflow model --families` lists the "
+            f"{len(ARCHITECTURES)} decoders and the multimodal wrappers it runs)"
         )
     return str(kind)
 
@@ -150,12 +152,8 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         raw = hunyuan_keys(raw, where)
     if kind == "seed_oss":  # (SeedOssConfig's heads of 128; its o_proj unbiased: seed_oss_keys)
         raw = seed_oss_keys(raw, where)
-    if kind == "ernie4_5":  # (Ernie4_5Config's defaults: heads of 128, its epsilon)
-        if raw.get("use_bias"):
-            raise ModelConfigError(f"{where}: use_bias={raw['use_bias']!r} {ENGINE} on "
-                                   "ernie4_5 (false)")
-        raw = {**raw, "head_dim": raw.get("head_dim") or 128,
-               "rms_norm_eps": raw.get("rms_norm_eps", 1e-5)}
+    if kind in ("ernie4_5", "ernie4_5_moe"):  # (Ernie4_5Config's heads of 128, its epsilon)
+        raw = ernie_keys(raw, where)
     full_layers, sliding_theta = split_layer_rope(raw, kind, where)
     if kind == "gpt_oss" and not (raw.get("rope_parameters") or raw.get("rope_scaling")):
         full_layers = {**full_layers, "rope_parameters": _GPT_OSS_ROPE}
@@ -189,7 +187,7 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         # (transformers' default: tied for Gemma 2 and 3 and SmolLM3, untied for the rest)
         tie_word_embeddings=bool(raw.get("tie_word_embeddings",
                                          kind in ("gemma3_text", "gemma2", "smollm3",
-                                                  "ernie4_5"))),
+                                                  "ernie4_5", "ernie4_5_moe"))),
         # Qwen2 always has q/k/v biases; Mistral, Mixtral and Phi-3 never; Llama and Qwen3
         # when the config says so.
         attention_bias={"qwen2": True, "mistral": False, "phi3": False, "mixtral": False,

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from pivotflow.engines.torch.hf_ernie import ernie_moe_to_hf
 from pivotflow.engines.torch.hf_families import (
     GRANITE_KEYS,
     check_every_layer_sparse,
@@ -55,7 +56,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "lfm2": "Lfm2ForCausalLM",
               "seed_oss": "SeedOssForCausalLM",
               "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
-              "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM"}  # fmt: skip
+              "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
+              "ernie4_5_moe": "Ernie4_5_MoeForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -188,8 +190,9 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         out.update(attention_bias=cfg.attention_bias, mlp_bias=False, use_cla=False,
                    pad_token_id=None, bos_token_id=None, eos_token_id=None, eod_token_id=None,
                    sep_token_id=None, **hunyuan_moe_to_hf(cfg))
-    elif cfg.architecture == "ernie4_5":  # (its rotary pairs interleaved: hf_layout's turn)
-        out.update(use_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    elif cfg.architecture in ("ernie4_5", "ernie4_5_moe"):  # (rotary pairs: hf_layout's turn)
+        out.update(pad_token_id=None, bos_token_id=None, eos_token_id=None,
+                   **ernie_moe_to_hf(cfg))
     elif cfg.architecture == "exaone4":
         # (with a window its full layers are NoPE, without one every layer turns: no other)
         full = {i for i in range(cfg.num_hidden_layers) if not cfg.is_sliding(i)}

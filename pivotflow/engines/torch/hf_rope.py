@@ -25,7 +25,7 @@ _DEFAULT_PARTIAL = {"glm4": 0.5, "glm4_moe": 0.5, "qwen3_5_text": 0.25,
                     "qwen3_5_moe_text": 0.25, "qwen3_next": 0.25}
 # (SmolLM3Config's, GptOssConfig's, MiniMaxM2Config's, Ernie4_5Config's; the others' is 10000)
 DEFAULT_THETA = {"smollm3": 2000000.0, "gpt_oss": 150000.0, "minimax_m2": 5000000.0,
-                 "ernie4_5": 500000.0}
+                 "ernie4_5": 500000.0, "ernie4_5_moe": 500000.0}
 
 
 def rope_key(raw: dict[str, Any]) -> str:

@@ -14,11 +14,12 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "gemma2", "olmoe", "granite", "gpt_oss", "deepseek_v3", "deepseek_v2",
                  "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "granitemoehybrid",
                  "nemotron_h", "minimax_m2", "olmo_hybrid", "exaone4", "ernie4_5", "lfm2",
-                 "seed_oss", "hunyuan_v1_dense", "hunyuan_v1_moe")
+                 "seed_oss", "hunyuan_v1_dense", "hunyuan_v1_moe", "ernie4_5_moe")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
-                     "granitemoehybrid", "nemotron_h", "minimax_m2", "hunyuan_v1_moe")
+                     "granitemoehybrid", "nemotron_h", "minimax_m2", "hunyuan_v1_moe",
+                     "ernie4_5_moe")
 # multi-head latent attention (DeepSeek-V2's and V3's, ``kv_lora_rank``)
 LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
@@ -356,6 +357,14 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         """OLMo-2's, OLMo-3's and OLMoE's q/k norms: over the whole projection (each one
         weight per q or k unit), before it is cut into heads; the others' are per head."""
         return self.architecture in WHOLE_QK_NORM_ARCHITECTURES
+
+    @property
+    def router_bias(self) -> bool:
+        """Whether a sparse layer's router chooses with a correction bias
+        (``e_score_correction_bias``: a load statistic that chooses, never weighs; frozen) and
+        computes its logits in float32: every sigmoid router's (DeepSeek-V3's, GLM-4.5's...)
+        and ERNIE 4.5 MoE's softmax one."""
+        return self.scoring_func == "sigmoid" or self.architecture == "ernie4_5_moe"
 
     @property
     def qk_norm_after_rope(self) -> bool:
