@@ -99,7 +99,8 @@ def describe_model(path: Path) -> str:
               "gemma3": "Gemma3ForConditionalGeneration's text model held (as "
                         "Gemma3ForCausalLM), its vision tower and projector not loaded",
               "mistral3": "Mistral3ForConditionalGeneration's text model held (as "
-                          "MistralForCausalLM), its vision tower and projector not loaded",
+                          f"{folder.hf_config['architectures'][0]}), its vision tower and "
+                          "projector not loaded",
               "qwen3_5_text": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
               "qwen3_5_moe_text": f"{mtp} multi-token-prediction layer(s) in the file, not "
                                   "loaded",

@@ -62,7 +62,7 @@ WRAPPERS: dict[str, tuple[str | None, str | None, dict[str, Any]]] = {
     "internvl": (None, None, {}), "llava": (None, None, {}), "llava_next": (None, None, {}),
     "llava_onevision": (None, None, {}),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", _GEMMA3_TEXT_DEFAULTS),
-    "mistral3": ("mistral", "MistralForCausalLM", {}),
+    "mistral3": (None, None, {}),  # (Mistral Small 3.1's mistral, Ministral 3's ministral3)
     "qwen3_5": ("qwen3_5_text", "Qwen3_5ForCausalLM", {}),
     "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", {}),
     "kimi_k25": ("deepseek_v3", "DeepseekV3ForCausalLM", {}),
@@ -97,6 +97,10 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
         config = {**config, "n_group": 1, "topk_group": 1}
     if family == "minimax_m2":  # (transformers 5 and vLLM run it natively: no remote code)
         config = _minimax_router(config)
+    if config.get("model_type") == "ministral3":  # (vLLM's own key for its query scaling)
+        from pivotflow.engines.torch.hf_ministral import ministral_vllm_keys
+
+        config = ministral_vllm_keys(config)
     if family == "lfm2":  # (vLLM reads these widths, which the Hub's configs say)
         config = {"conv_dim": config.get("hidden_size"), "block_dim": config.get("hidden_size"),
                   **config}
@@ -142,7 +146,7 @@ def _named_text_model(family: str, text: dict[str, Any], where: str) -> tuple[st
     ModelConfigError naming ``where`` for one the embedded engine does not run."""
     from pivotflow.engines.torch.hf_config_write import HF_CLASSES
 
-    kind = text.get("model_type")
+    kind = text.get("model_type") or ("mistral" if family == "mistral3" else None)
     if kind not in HF_CLASSES:
         raise ModelConfigError(f"{where} text_config: model_type={kind!r} is not supported by "
                                f"the embedded engine as {family}'s text model "

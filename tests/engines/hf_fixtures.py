@@ -433,6 +433,17 @@ CASES += [
           "eos_token_id": 2}),
 ]  # fmt: skip
 ERNIE4_5_MOE = CASES[51]
+# Ministral 3: Mistral's layer, YaRN from an original context of 8 (so the test's positions pass
+# it), and past it queries scaled by 1 + 0.1 log(1 + floor(p / 8)) after rope
+MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                   "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
+                   "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}
+CASES += [
+    Case("ministral3", "Ministral3Config", False,
+         {"head_dim": 32, "rope_parameters": MINISTRAL3_ROPE, "pad_token_id": 0,
+          "bos_token_id": 1, "eos_token_id": 2}),
+]  # fmt: skip
+MINISTRAL3 = CASES[52]
 CASE_IDS = [c.name for c in CASES]
 
 

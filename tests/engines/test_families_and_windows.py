@@ -36,6 +36,7 @@ from hf_fixtures import (
     HUNYUAN_MOE,
     LFM2,
     MINIMAX_M2,
+    MINISTRAL3,
     MISTRAL,
     MISTRAL_WINDOW,
     MIXTRAL,
@@ -106,7 +107,7 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        QWEN3_5_TIED, QWEN3_5_MOE, QWEN3_NEXT, GRANITE4_H, GRANITE4_H_DENSE, GRANITE4_DENSE,
        NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE, MINIMAX_M2, OLMO_HYBRID,
        OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW, ERNIE4_5, LFM2, SEED_OSS,
-       HUNYUAN, HUNYUAN_MOE, ERNIE4_5_MOE]
+       HUNYUAN, HUNYUAN_MOE, ERNIE4_5_MOE, MINISTRAL3]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -232,6 +233,10 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert "self_attn.o_proj.bias" not in " ".join(folder.tensors)
     elif case is ERNIE4_5:
         assert written["model_type"] == "ernie4_5" and written["use_bias"] is False
+    elif case is MINISTRAL3:  # (its query scaling in its rope, as it reads it)
+        assert written["model_type"] == "ministral3"
+        assert written["rope_parameters"]["llama_4_scaling_beta"] == 0.1
+        assert written["rope_parameters"]["original_max_position_embeddings"] == 8
     elif case is ERNIE4_5_MOE:  # (its layers said by start, end and interval, as it reads)
         assert written["model_type"] == "ernie4_5_moe"
         assert (written["moe_layer_start_index"], written["moe_layer_end_index"],
@@ -272,7 +277,7 @@ QWEN3_NEXT_DENSE = Case("qwen3-next-dense", "Qwen3NextConfig", False,
 
 
 @pytest.mark.parametrize("case", [OLMO2, OLMO3, EXAONE4, MISTRAL_WINDOW, QWEN2_WINDOW, GEMMA3,
-                                  PHI3_WINDOW, ERNIE4_5, LFM2, SEED_OSS, HUNYUAN,
+                                  PHI3_WINDOW, ERNIE4_5, LFM2, SEED_OSS, HUNYUAN, MINISTRAL3,
                                   PHI4_MINI, GLM4, SMOLLM3_WINDOW, GEMMA2, GRANITE, GPT_OSS,
                                   QWEN3_5, QWEN3_NEXT_DENSE, GRANITE4_H_DENSE, NEMOTRON_H],
                          ids=lambda c: c.name)

@@ -98,6 +98,7 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "HunYuanDenseV1Config": "hunyuan_v1_dense",
                                 "HunYuanMoEV1Config": "hunyuan_v1_moe",
                                 "Ernie4_5_MoeConfig": "ernie4_5_moe",
+                                "Ministral3Config": "ministral3",
                                 "Lfm2Config": "lfm2"}[case.config_class]  # fmt: skip
     # (latent attention's heads: their no-rope and rope parts; 32 in every other case)
     assert cfg.head_dim == (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim or 32)

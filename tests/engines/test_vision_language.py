@@ -218,6 +218,14 @@ NAMED: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
                                               "num_experts": 4, "num_experts_per_tok": 2,
                                               "moe_intermediate_size": 24,
                                               "norm_topk_prob": True}, _SIGLIP),
+    # (Ministral 3's folders: Mistral3ForConditionalGeneration around a ministral3 text model)
+    "mistral3-ministral3": ("Mistral3Config", {
+        **TEXT, "model_type": "ministral3", "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+            "original_max_position_embeddings": 8, "llama_4_scaling_beta": 0.1}},
+        {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64,
+         "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
+         "head_dim": 16}),
     "llava-qwen2": ("LlavaConfig", {**TEXT, "model_type": "qwen2"},
                     {**_SIGLIP, "model_type": "clip_vision_model", "projection_dim": 32}),
 }
@@ -237,7 +245,8 @@ def test_a_wrapper_runs_the_text_model_its_text_config_names(tmp_path: Path, nam
     theirs.save_pretrained(tmp_path / "wrapper")
     folder = load_model_folder(tmp_path / "wrapper")
     causal_lm = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                 "qwen2": "Qwen2ForCausalLM"}[text["model_type"]]
+                 "qwen2": "Qwen2ForCausalLM",
+                 "ministral3": "Ministral3ForCausalLM"}[text["model_type"]]
     assert folder.hf_config["architectures"] == [causal_lm]
     assert not any(n.startswith(("vision", "multi_modal")) for n in folder.tensors)
     assert_wrapper_runs_its_text_model(theirs, folder, tmp_path / "written", causal_lm,

@@ -105,6 +105,14 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
             # Seed-OSS: q/k/v biased, o_proj not (vLLM serves it through its transformers
             # backend)
             "seed-oss": ("SeedOssConfig", "SeedOssForCausalLM", {"pad_token_id": EOS}),
+            # Ministral 3: YaRN from an original context of 16, and past it queries scaled by
+            # position (vLLM reads the scaling from the key held_config adds)
+            "ministral3": ("Ministral3Config", "Ministral3ForCausalLM", {
+                "pad_token_id": EOS, "rope_parameters": {
+                    "rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0,
+                    "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                    "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                    "llama_4_scaling_beta": 0.1}}),
             # Hunyuan dense: q/k normalised per head after rope; its rope stretched by alpha
             # (transformers backend too)
             "hunyuan-dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {

@@ -5,7 +5,7 @@ back: ``hf_config_write``; rope: ``hf_rope``).
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
 Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss,
 DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H, Nemotron-H,
-MiniMax-M2, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5 and its MoE, LFM2, Seed-OSS, Hunyuan and Hunyuan-MoE;
+MiniMax-M2, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5 and its MoE, LFM2, Seed-OSS, Ministral 3, Hunyuan and Hunyuan-MoE;
 rope default, linear, llama3, yarn,
 Phi-3's longrope within its original context; sliding windows as each family says them,
 ``hf_windows``; each family's own keys, ``hf_families``; unquantized weights, block-wise FP8's and gpt-oss's MXFP4, dequantized
@@ -31,6 +31,7 @@ from pivotflow.engines.torch.hf_granite import KIND, granite_layer_types
 from pivotflow.engines.torch.hf_hunyuan import hunyuan_keys
 from pivotflow.engines.torch.hf_lfm2 import lfm2_keys
 from pivotflow.engines.torch.hf_minimax import minimax_keys
+from pivotflow.engines.torch.hf_ministral import ministral_keys
 from pivotflow.engines.torch.hf_nemotron import nemotron_blocks
 from pivotflow.engines.torch.hf_olmo_hybrid import olmo_hybrid_keys
 from pivotflow.engines.torch.hf_rope import PARTIAL_ROTARY_FAMILIES, rope_fields, rope_key
@@ -152,6 +153,8 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         raw = hunyuan_keys(raw, where)
     if kind == "seed_oss":  # (SeedOssConfig's heads of 128; its o_proj unbiased: seed_oss_keys)
         raw = seed_oss_keys(raw, where)
+    if kind == "ministral3":  # (Ministral3Config's defaults: its rope, heads of 128)
+        raw = ministral_keys(raw)
     if kind in ("ernie4_5", "ernie4_5_moe"):  # (Ernie4_5Config's heads of 128, its epsilon)
         raw = ernie_keys(raw, where)
     full_layers, sliding_theta = split_layer_rope(raw, kind, where)
@@ -191,6 +194,7 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         # Qwen2 always has q/k/v biases; Mistral, Mixtral and Phi-3 never; Llama and Qwen3
         # when the config says so.
         attention_bias={"qwen2": True, "mistral": False, "phi3": False, "mixtral": False,
+                        "ministral3": False,
                         "qwen2_moe": bool(raw.get("qkv_bias", True))}.get(
             kind, bool(raw.get("attention_bias", kind in ("glm4", "gpt_oss", "seed_oss")))),
         architecture=kind,

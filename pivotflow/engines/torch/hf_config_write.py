@@ -23,6 +23,7 @@ from pivotflow.engines.torch.hf_granite import KIND, granite_to_hf
 from pivotflow.engines.torch.hf_hunyuan import hunyuan_moe_to_hf
 from pivotflow.engines.torch.hf_lfm2 import lfm2_to_hf
 from pivotflow.engines.torch.hf_minimax import minimax_to_hf
+from pivotflow.engines.torch.hf_ministral import ministral_to_hf
 from pivotflow.engines.torch.hf_nemotron import nemotron_to_hf
 from pivotflow.engines.torch.hf_olmo_hybrid import olmo_hybrid_to_hf
 from pivotflow.engines.torch.hf_rope import rope_to_hf
@@ -57,7 +58,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "seed_oss": "SeedOssForCausalLM",
               "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
               "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
-              "ernie4_5_moe": "Ernie4_5_MoeForCausalLM"}  # fmt: skip
+              "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
+              "ministral3": "Ministral3ForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -81,7 +83,8 @@ HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "exaone4": "Exaone4ForSequenceClassification",
                   "seed_oss": "SeedOssForSequenceClassification",
                   "hunyuan_v1_dense": "HunYuanDenseV1ForSequenceClassification",
-                  "hunyuan_v1_moe": "HunYuanMoEV1ForSequenceClassification"}
+                  "hunyuan_v1_moe": "HunYuanMoEV1ForSequenceClassification",
+                  "ministral3": "Ministral3ForSequenceClassification"}
 # (transformers has no sequence classifier for glm4_moe, olmoe, granite, granitemoehybrid or
 # qwen3_5_moe_text: no critic from them)
 
@@ -141,6 +144,8 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
                    final_logit_softcapping=cfg.final_logit_softcapping or None,
                    attn_logit_softcapping=cfg.attn_logit_softcapping or None,
                    use_bidirectional_attention=False)
+    elif cfg.architecture == "ministral3":
+        out.update(ministral_to_hf(cfg, rope))
     elif cfg.architecture == "mistral":
         out.update(sliding_window=None)  # none, explicitly: transformers' default is 4096
     elif cfg.architecture == "gpt_oss":  # (no token ids: as for phi3, below)

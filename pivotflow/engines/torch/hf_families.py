@@ -61,6 +61,10 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         window = raw.get("sliding_window", 4096) is not None
         sliding = exaone4_sliding(raw, raw.get("layer_types") or [], layers, where)
         return {"nope_layers": tuple(i for i in range(layers) if window and i not in sliding)}
+    if kind == "ministral3":
+        from pivotflow.engines.torch.hf_ministral import ministral_fields
+
+        return ministral_fields(raw, where)
     if kind == "ernie4_5_moe":
         from pivotflow.engines.torch.hf_ernie import ernie_moe_fields
 

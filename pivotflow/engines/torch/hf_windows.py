@@ -44,7 +44,7 @@ _ENGINE = "is not supported by the embedded engine"
 def window_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> dict[str, Any]:
     """``sliding_window`` and ``sliding_layers`` for ModelConfig (empty: every layer full)."""
     types = _layer_types(raw, layers, where)
-    if kind in ("mistral", "phi3", "mixtral"):
+    if kind in ("mistral", "phi3", "mixtral", "ministral3"):
         default = MISTRAL_DEFAULT_WINDOW if kind == "mistral" else None
         window, sliding = raw.get("sliding_window", default), list(range(layers))
     elif kind in ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe"):
@@ -175,7 +175,7 @@ def windows_to_hf(cfg: Any, rope: dict[str, Any]) -> dict[str, Any]:
     if not sliding:
         return {}
     unwindowed = ("llama", "olmo2", "glm4", "glm4_moe", "granite")
-    if kind in unwindowed or (kind in ("mistral", "phi3", "mixtral", "qwen3_moe")
+    if kind in unwindowed or (kind in ("mistral", "phi3", "mixtral", "qwen3_moe", "ministral3")
                               and not everywhere):
         raise ModelConfigError(
             f"a {kind} checkpoint cannot say sliding_layers {sorted(sliding)} of {n} layers "

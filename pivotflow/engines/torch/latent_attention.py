@@ -58,6 +58,7 @@ class LatentAttention(nn.Module):
         sin: torch.Tensor,
         attn_mask: torch.Tensor | None,
         cache: KVCacheHook | None,
+        q_scale: torch.Tensor | None = None,  # (Ministral 3's, never with latent attention)
     ) -> torch.Tensor:
         b, t, _ = x.shape
         h, d, nope = self.n_heads, self.head_dim, self.nope

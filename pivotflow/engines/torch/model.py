@@ -35,7 +35,7 @@ from pivotflow.engines.torch.latent_attention import LatentAttention
 from pivotflow.engines.torch.layers import KVCacheHook, RMSNorm
 from pivotflow.engines.torch.mamba2 import Mamba2
 from pivotflow.engines.torch.model_config import ModelConfig
-from pivotflow.engines.torch.rope import apply_rotary, layer_cos_sin
+from pivotflow.engines.torch.rope import apply_rotary, layer_cos_sin, query_scale
 from pivotflow.engines.torch.short_conv import ShortConv
 
 
@@ -77,14 +77,17 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         attn_mask: torch.Tensor | None,
         cache: KVCacheHook | None,
+        q_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """``q_scale`` [B, 1, T, 1]: each position's query scale after rope (Ministral 3's:
+        ``rope.query_scale``)."""
         b, t, _ = x.shape
         q, k = self.q_proj(x), self.k_proj(x)
         gate = None
         if self.output_gate:
             q, gate = q.view(b, t, self.n_heads, 2 * self.head_dim).chunk(2, -1)
             q, gate = q.reshape(b, t, -1), gate.reshape(b, t, -1)
-        out = self._attend(x, q, k, cos, sin, attn_mask, cache)
+        out = self._attend(x, q, k, cos, sin, attn_mask, cache, q_scale)
         if gate is not None:
             out = out * torch.sigmoid(gate)
         return self.o_proj(out)
@@ -98,6 +101,7 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         attn_mask: torch.Tensor | None,
         cache: KVCacheHook | None,
+        q_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The heads' outputs [B, T, heads * head_dim] (o_proj's input) for projected q, k."""
         b, t, _ = x.shape
@@ -112,6 +116,8 @@ class Attention(nn.Module):
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if q_scale is not None:
+            q = q * q_scale.to(q.dtype)
         if per_head is not None and self.norm_after_rope:  # (Hunyuan's: rotated, normalised)
             q, k = per_head[0](q), per_head[1](k)
         if cache is not None:
@@ -186,7 +192,8 @@ class DecoderLayer(nn.Module):
                 return getattr(self, name)  # type: ignore[no-any-return]
         return self.linear_attn
 
-    def forward(self, x, cos, sin, attn_mask, cache, replay=None, balance=None):  # type: ignore[no-untyped-def]
+    def forward(self, x, cos, sin, attn_mask, cache, replay=None, balance=None,  # type: ignore[no-untyped-def]
+                q_scale=None):
         if self.sandwich:  # Gemma, GLM-4: each sub-layer's input and output normalised
             attn = self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache)
             x = x + self.post_attention_layernorm(attn)
@@ -197,8 +204,8 @@ class DecoderLayer(nn.Module):
             return x + self.post_feedforward_layernorm(self.mlp(x))
         if self.has_mixer:
             h = self.input_layernorm(x)
-            attn = (self.mixer(h) if self.linear
-                    else self.self_attn(h, cos, sin, attn_mask, cache))
+            attn = (self.mixer(h) if self.linear  # (q_scale: Ministral 3's, a pre-norm layer)
+                    else self.self_attn(h, cos, sin, attn_mask, cache, q_scale))
             x = x + (attn * self.residual if self.residual != 1.0 else attn)
         if not self.has_mlp:
             return x
@@ -331,6 +338,8 @@ class Decoder(nn.Module):
         if cache is None:  # (a cache gives its own: KVCacheHook.update)
             masks = {k: attention_mask_of(t, attention_mask, cfg.sliding_window if k else 0,
                                           x.device) for k in kinds}  # fmt: skip
+        scale = query_scale(cfg, positions)  # (Ministral 3's, by position; else None)
+        q_scale = None if scale is None else scale[:, None, :, None]
         recompute = self.gradient_checkpointing and cache is None and torch.is_grad_enabled()
         sparse = 0
         for i, layer in enumerate(self.model.layers):
@@ -342,10 +351,10 @@ class Decoder(nn.Module):
                 # Activation checkpointing: keep each layer's input only and run the layer again
                 # in the backward pass (about one more forward of the stack, for the memory of
                 # every layer's intermediates; bench/train_memory.py measures both).
-                x = checkpoint(layer, x, cos, sin, mask, None, replay, balance,
+                x = checkpoint(layer, x, cos, sin, mask, None, replay, balance, q_scale,
                                use_reentrant=False)
             else:
-                x = layer(x, cos, sin, mask, cache, replay, balance)
+                x = layer(x, cos, sin, mask, cache, replay, balance, q_scale)
         return self.model.norm(x)
 
 

@@ -14,7 +14,8 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "gemma2", "olmoe", "granite", "gpt_oss", "deepseek_v3", "deepseek_v2",
                  "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "granitemoehybrid",
                  "nemotron_h", "minimax_m2", "olmo_hybrid", "exaone4", "ernie4_5", "lfm2",
-                 "seed_oss", "hunyuan_v1_dense", "hunyuan_v1_moe", "ernie4_5_moe")
+                 "seed_oss", "hunyuan_v1_dense", "hunyuan_v1_moe", "ernie4_5_moe",
+                 "ministral3")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
@@ -96,6 +97,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     rope_mscale: float = 0.0
     rope_mscale_all_dim: float = 0.0
     rope_truncate: bool = True  # round the blended band's ends outward to whole dimensions
+    # Ministral 3's (Llama 4's) query scale by position: q times 1 + beta log(1 + floor(p / L)),
+    # L the original context (rope_original_max_position_embeddings); 0: none
+    llama4_scaling_beta: float = 0.0
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = True
     attention_bias: bool = True  # Qwen2 always has q/k/v biases; Llama/Qwen3 per config.

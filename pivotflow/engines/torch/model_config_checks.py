@@ -46,6 +46,9 @@ def check(cfg: ModelConfig) -> None:
             f"num_attention_heads {cfg.num_attention_heads} is not a multiple of "
             f"num_key_value_heads {cfg.num_key_value_heads}"
         )
+    if cfg.llama4_scaling_beta and cfg.architecture != "ministral3":
+        raise ModelConfigError(f"llama4_scaling_beta does not fit architecture "
+                               f"{cfg.architecture!r} (Ministral 3's query scaling)")
     _latent(cfg)  # (before head_dim's checks: its parts name what is wrong)
     if cfg.head_dim % 2:
         raise ModelConfigError(f"head_dim {cfg.head_dim} must be even for rotary embeddings")

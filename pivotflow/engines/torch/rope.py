@@ -105,6 +105,17 @@ def layer_rope(cfg: ModelConfig, kind: str,
     return rope_inv_freq(cfg, device), rope_attention_factor(cfg)
 
 
+def query_scale(cfg: ModelConfig, positions: torch.Tensor) -> torch.Tensor | None:
+    """Ministral 3's (Llama 4's) query scale at integer ``positions`` (float32, their shape):
+    1 + beta * log(1 + floor(p / L)), L the original context: 1 within it, growing past it,
+    as transformers' Ministral3Attention scales q after rope; None without one."""
+    if not cfg.llama4_scaling_beta:
+        return None
+    original = cfg.rope_original_max_position_embeddings or cfg.max_position_embeddings
+    blocks = torch.div(positions, original, rounding_mode="floor").to(torch.float32)
+    return 1 + cfg.llama4_scaling_beta * torch.log1p(blocks)
+
+
 def layer_cos_sin(cfg: ModelConfig, kind: str, positions: torch.Tensor,
                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``rotary_cos_sin`` of a rope kind (``layer_rope``); a NoPE layer's ("none") turns
@@ -191,4 +202,7 @@ def packed_rope_table(cfg: ModelConfig, kind: str, max_len: int, d: int,
     rope = torch.stack((cos, sin), 1)[:, :, None].repeat(1, 1, sum(heads), 1)
     if not cfg.qk_norm_after_rope:
         rope[:, :, : heads[0]] *= cfg.attention_scale
+    scale = query_scale(cfg, positions[0])  # (Ministral 3's: q rows by position too)
+    if scale is not None:
+        rope[:, :, : heads[0]] *= scale.to(rope.device)[:, None, None, None]
     return rope.to(dtype)
