@@ -92,6 +92,8 @@ def describe_model(path: Path) -> str:
               "glm4": "gate/up fused and q/k turning in interleaved pairs in the file, held "
                       "split and reordered",
               "glm4_moe": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
+              "glm4_moe_lite": f"{mtp} multi-token-prediction layer(s) in the file, not "
+                               "loaded",
               "deepseek_v3": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
               "gpt_oss": "router and experts fused in the file"
                          + (" in MXFP4, dequantized to bfloat16" if is_mxfp4(raw) else "")
@@ -155,7 +157,7 @@ def describe_model(path: Path) -> str:
                          "Qwen3_5ForCausalLM), its vision tower and multi-token-prediction "
                          "layer not loaded"}
     # (a layout note only where the file has a multi-token-prediction layer)
-    mtp_only = ("glm4_moe", "deepseek_v3", "qwen3_5_text", "qwen3_5_moe_text")
+    mtp_only = ("glm4_moe", "deepseek_v3", "qwen3_5_text", "qwen3_5_moe_text", "glm4_moe_lite")
     if (family := family_of(raw)) is not None and (family not in mtp_only or mtp):
         lines.append(f"  tensors: {layout[family]}")
     if is_fp8_blocks(raw):

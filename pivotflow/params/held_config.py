@@ -43,7 +43,7 @@ DEEPSEEK_V3_ROUTER = {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "moe
 # the families whose files hold multi-token-prediction layers past the decoder's last, and the
 # key that counts them
 MTP_FAMILIES = {"glm4_moe": "num_nextn_predict_layers", "deepseek_v3": "num_nextn_predict_layers",
-                 "minimax_m2": "num_mtp_modules"}
+                "glm4_moe_lite": "num_nextn_predict_layers", "minimax_m2": "num_mtp_modules"}
 # the families whose files hold them apart, as ``mtp.*`` (Qwen3.5's)
 MTP_APART = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 
@@ -97,6 +97,10 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
         config = {**config, "n_group": 1, "topk_group": 1}
     if family == "minimax_m2":  # (transformers 5 and vLLM run it natively: no remote code)
         config = _minimax_router(config)
+    if family == "glm4_moe_lite":  # (vLLM's key for its dense layers)
+        from pivotflow.engines.torch.hf_glm_lite import glm_lite_vllm_keys
+
+        config = glm_lite_vllm_keys(config)
     if config.get("model_type") == "ministral3":  # (vLLM's own key for its query scaling)
         from pivotflow.engines.torch.hf_ministral import ministral_vllm_keys
 

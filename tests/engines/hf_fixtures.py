@@ -444,6 +444,18 @@ CASES += [
           "bos_token_id": 1, "eos_token_id": 2}),
 ]  # fmt: skip
 MINISTRAL3 = CASES[52]
+# GLM-4.7-Flash's kind (glm4_moe_lite): DeepSeek-V3's latent attention in GLM-4.5's layer, its
+# dense and sparse layers said per layer (mlp_layer_types)
+CASES += [
+    Case("glm4.7-flash", "Glm4MoeLiteConfig", False,
+         {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
+          "num_hidden_layers": 3, "mlp_layer_types": ["dense", "sparse", "sparse"],
+          "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+          "n_shared_experts": 1, "routed_scaling_factor": 1.8, "q_lora_rank": 48,
+          "kv_lora_rank": 32, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
+          "v_head_dim": 24, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+]  # fmt: skip
+GLM4_7_FLASH = CASES[53]
 CASE_IDS = [c.name for c in CASES]
 
 

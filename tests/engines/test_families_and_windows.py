@@ -26,6 +26,7 @@ from hf_fixtures import (
     GEMMA2,
     GEMMA3,
     GLM4,
+    GLM4_7_FLASH,
     GLM4_MOE,
     GPT_OSS,
     GRANITE,
@@ -107,7 +108,7 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        QWEN3_5_TIED, QWEN3_5_MOE, QWEN3_NEXT, GRANITE4_H, GRANITE4_H_DENSE, GRANITE4_DENSE,
        NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE, MINIMAX_M2, OLMO_HYBRID,
        OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW, ERNIE4_5, LFM2, SEED_OSS,
-       HUNYUAN, HUNYUAN_MOE, ERNIE4_5_MOE, MINISTRAL3]
+       HUNYUAN, HUNYUAN_MOE, ERNIE4_5_MOE, MINISTRAL3, GLM4_7_FLASH]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -233,6 +234,10 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert "self_attn.o_proj.bias" not in " ".join(folder.tensors)
     elif case is ERNIE4_5:
         assert written["model_type"] == "ernie4_5" and written["use_bias"] is False
+    elif case is GLM4_7_FLASH:  # (its layers per layer, and vLLM's first-k)
+        assert written["model_type"] == "glm4_moe_lite"
+        assert written["mlp_layer_types"] == ["dense", "sparse", "sparse"]
+        assert written["first_k_dense_replace"] == 1
     elif case is MINISTRAL3:  # (its query scaling in its rope, as it reads it)
         assert written["model_type"] == "ministral3"
         assert written["rope_parameters"]["llama_4_scaling_beta"] == 0.1

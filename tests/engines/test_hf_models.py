@@ -99,6 +99,7 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "HunYuanMoEV1Config": "hunyuan_v1_moe",
                                 "Ernie4_5_MoeConfig": "ernie4_5_moe",
                                 "Ministral3Config": "ministral3",
+                                "Glm4MoeLiteConfig": "glm4_moe_lite",
                                 "Lfm2Config": "lfm2"}[case.config_class]  # fmt: skip
     # (latent attention's heads: their no-rope and rope parts; 32 in every other case)
     assert cfg.head_dim == (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim or 32)
@@ -210,7 +211,7 @@ def test_pivotflow_model_describes_every_family(tmp_path: Path, case: Case) -> N
     assert said.startswith(f"{tmp_path}: {config['model_type']}, ")
     # (a family whose file differs only by multi-token-prediction layers says so where it has
     # some; one laid out as pivotflow holds it says nothing)
-    mtp_only = ("glm4_moe", "deepseek_v3", "qwen3_5_text", "qwen3_5_moe_text")
+    mtp_only = ("glm4_moe", "deepseek_v3", "qwen3_5_text", "qwen3_5_moe_text", "glm4_moe_lite")
     if family_of(config) is None:
         assert "\n  tensors: " not in said
     elif family_of(config) not in mtp_only:

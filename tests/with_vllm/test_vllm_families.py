@@ -135,6 +135,14 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
             # width alone, 512 + 64), queries through a latent, values narrower than keys,
             # interleaved rotary pairs, YaRN with DeepSeek's mscale terms; then GLM-4.5's
             # experts
+            # GLM-4.7-Flash's kind: V3's latent attention in GLM-4.5's layer, its dense and
+            # sparse layers said per layer (vLLM reads first_k_dense_replace: held_config's)
+            "glm4.7-flash": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM", {
+                "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 512,
+                "qk_nope_head_dim": 32, "qk_rope_head_dim": 64, "v_head_dim": 32,
+                "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                "routed_scaling_factor": 1.8, "mlp_layer_types": ["dense", "sparse"],
+                "pad_token_id": EOS}),
             "deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {
                 "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 512,
                 "qk_nope_head_dim": 32, "qk_rope_head_dim": 64, "v_head_dim": 32,
@@ -224,7 +232,8 @@ def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
         "vocab_size": vocab, "hidden_size": 128, "intermediate_size": 256,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "max_position_embeddings": MAX_LEN, "eos_token_id": EOS, "bos_token_id": EOS,
-        **({} if config_class in ("Phi3Config", "Glm4Config") else {"head_dim": 32}),
+        **({} if config_class in ("Phi3Config", "Glm4Config", "Glm4MoeLiteConfig")
+           else {"head_dim": 32}),
         **extra})  # fmt: skip
     torch.manual_seed(0)
     return save_sharpened(getattr(transformers, model_class)(config), root, tokenizer_from)
@@ -252,6 +261,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
                                 "ernie4.5": "ernie4_5", "seed-oss": "seed_oss",
 
                                 "hunyuan-dense": "hunyuan_v1_dense",
+                                "glm4.7-flash": "glm4_moe_lite",
                                 "hunyuan-moe": "hunyuan_v1_moe",
                                 "qwen2-moe": "qwen2_moe", "deepseek-v3": "deepseek_v3",
                                 "deepseek-v2": "deepseek_v2"}.get(

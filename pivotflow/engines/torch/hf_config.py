@@ -5,7 +5,7 @@ back: ``hf_config_write``; rope: ``hf_rope``).
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
 Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss,
 DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H, Nemotron-H,
-MiniMax-M2, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5 and its MoE, LFM2, Seed-OSS, Ministral 3, Hunyuan and Hunyuan-MoE;
+MiniMax-M2, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5 and its MoE, LFM2, Seed-OSS, Ministral 3, GLM-4.7-Flash, Hunyuan and Hunyuan-MoE;
 rope default, linear, llama3, yarn,
 Phi-3's longrope within its original context; sliding windows as each family says them,
 ``hf_windows``; each family's own keys, ``hf_families``; unquantized weights, block-wise FP8's and gpt-oss's MXFP4, dequantized
@@ -27,6 +27,7 @@ from pivotflow.engines.torch.hf_config_write import (
 )
 from pivotflow.engines.torch.hf_ernie import ernie_keys
 from pivotflow.engines.torch.hf_families import ENGINE, family_fields, number
+from pivotflow.engines.torch.hf_glm_lite import glm_lite_keys
 from pivotflow.engines.torch.hf_granite import KIND, granite_layer_types
 from pivotflow.engines.torch.hf_hunyuan import hunyuan_keys
 from pivotflow.engines.torch.hf_lfm2 import lfm2_keys
@@ -153,6 +154,8 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         raw = hunyuan_keys(raw, where)
     if kind == "seed_oss":  # (SeedOssConfig's heads of 128; its o_proj unbiased: seed_oss_keys)
         raw = seed_oss_keys(raw, where)
+    if kind == "glm4_moe_lite":  # (Glm4MoeLiteConfig's defaults)
+        raw = glm_lite_keys(raw)
     if kind == "ministral3":  # (Ministral3Config's defaults: its rope, heads of 128)
         raw = ministral_keys(raw)
     if kind in ("ernie4_5", "ernie4_5_moe"):  # (Ernie4_5Config's heads of 128, its epsilon)
@@ -175,7 +178,7 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
             fields[key] = _positive_int(raw, key, where)
     if kind == "glm4":  # (Glm4Config's head_dim is 128, not hidden / heads)
         fields.setdefault("head_dim", 128)
-    if kind in ("deepseek_v3", "deepseek_v2"):  # (transformers writes the rotary part's width)
+    if kind in ("deepseek_v3", "deepseek_v2", "glm4_moe_lite"):  # (the rotary part's width)
         fields.pop("head_dim", None)
     fields.setdefault("num_key_value_heads", heads)  # transformers' default: no GQA
     if "head_dim" not in fields and fields["hidden_size"] % heads:

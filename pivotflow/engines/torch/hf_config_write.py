@@ -19,6 +19,7 @@ from pivotflow.engines.torch.hf_families import (
     glm4_moe_to_hf,
     qwen3_5_to_hf,
 )
+from pivotflow.engines.torch.hf_glm_lite import glm_lite_to_hf
 from pivotflow.engines.torch.hf_granite import KIND, granite_to_hf
 from pivotflow.engines.torch.hf_hunyuan import hunyuan_moe_to_hf
 from pivotflow.engines.torch.hf_lfm2 import lfm2_to_hf
@@ -59,7 +60,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
               "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
               "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
-              "ministral3": "Ministral3ForCausalLM"}  # fmt: skip
+              "ministral3": "Ministral3ForCausalLM",
+              "glm4_moe_lite": "Glm4MoeLiteForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -172,6 +174,8 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
                    bos_token_id=None, eos_token_id=None,
                    no_rope_layers=[int(i not in cfg.nope_layers)
                                    for i in range(cfg.num_hidden_layers)])
+    elif cfg.architecture == "glm4_moe_lite":
+        out.update(glm_lite_to_hf(cfg))
     elif cfg.architecture in ("deepseek_v3", "deepseek_v2"):
         out.update(deepseek_to_hf(cfg))
     elif cfg.architecture in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"):

@@ -30,7 +30,7 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
     if kind in ("mixtral", "olmoe", "gpt_oss"):
         return _mixtral_fields(raw, where)
     if kind == "glm4_moe":
-        return _glm4_moe_fields(raw, layers, where)
+        return glm4_moe_fields(raw, layers, where)
     if kind == "deepseek_v3":
         return _deepseek_v3_fields(raw, layers, where)
     if kind == "deepseek_v2":
@@ -61,6 +61,10 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         window = raw.get("sliding_window", 4096) is not None
         sliding = exaone4_sliding(raw, raw.get("layer_types") or [], layers, where)
         return {"nope_layers": tuple(i for i in range(layers) if window and i not in sliding)}
+    if kind == "glm4_moe_lite":
+        from pivotflow.engines.torch.hf_glm_lite import glm_lite_fields
+
+        return glm_lite_fields(raw, layers, where)
     if kind == "ministral3":
         from pivotflow.engines.torch.hf_ministral import ministral_fields
 
@@ -208,13 +212,13 @@ def _deepseek_v3_fields(raw: dict[str, Any], layers: int, where: str) -> dict[st
     one-line error, not another model."""
     _runs_only("deepseek_v3", where, [(key, raw.get(key, runs), (runs,)) for key, runs in (
         ("scoring_func", "sigmoid"), ("topk_method", "noaux_tc"), ("moe_layer_freq", 1))])
-    out = _glm4_moe_fields({"n_routed_experts": 256, "moe_intermediate_size": 2048,
+    out = glm4_moe_fields({"n_routed_experts": 256, "moe_intermediate_size": 2048,
                             "n_group": 8, "topk_group": 4, "first_k_dense_replace": 3,
                             "routed_scaling_factor": 2.5, **raw}, layers, where)
     interleave = raw.get("rope_interleave", True)
     if not isinstance(interleave, bool):
         raise ModelConfigError(f"{where}: rope_interleave={interleave!r} is not true or false")
-    return {**out, **_latent_fields(raw, where), "rope_interleave": interleave}
+    return {**out, **latent_fields(raw, where), "rope_interleave": interleave}
 
 
 def _deepseek_v2_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
@@ -235,10 +239,10 @@ def _deepseek_v2_fields(raw: dict[str, Any], layers: int, where: str) -> dict[st
                 "first_k_dense_replace": 0, "routed_scaling_factor": 1.0}
     given = {k: v for k, v in raw.items() if v is not None}
     grouped = {"n_group": given.get("n_group", 1), "topk_group": given.get("topk_group", 1)}
-    out = _glm4_moe_fields({**defaults, **given, "norm_topk_prob": False, **(
+    out = glm4_moe_fields({**defaults, **given, "norm_topk_prob": False, **(
         grouped if method == "group_limited_greedy" else {"n_group": 1, "topk_group": 1})},
         layers, where)
-    return {**out, **_latent_fields({"q_lora_rank": 1536, **raw}, where),
+    return {**out, **latent_fields({"q_lora_rank": 1536, **raw}, where),
             "scoring_func": "softmax", "rope_interleave": True}
 
 
@@ -251,7 +255,7 @@ def _runs_only(kind: str, where: str, checks: list[tuple[str, Any, tuple[Any, ..
                                    f"({', '.join(map(repr, runs))})")
 
 
-def _latent_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
+def latent_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
     """DeepSeek's latent attention keys (DeepseekV3Config's defaults), and head_dim: a head's
     query and key width, the no-rope part and the rope part."""
     out: dict[str, Any] = {"qk_norm": False}
@@ -284,7 +288,7 @@ def deepseek_to_hf(cfg: ModelConfig) -> dict[str, Any]:
             **DEEPSEEK_V3_ROUTER}
 
 
-def _glm4_moe_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
+def glm4_moe_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
     """GLM-4.5's experts, router and q/k norms as ModelConfig's, with Glm4MoeConfig's defaults
     where a key is absent: its first ``first_k_dense_replace`` layers dense, the rest sparse,
     each with ``n_shared_experts`` shared; a sigmoid router. Its multi-token-prediction layers
@@ -318,7 +322,7 @@ def glm4_moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     pivotflow holds none)."""
     dense = len(cfg.mlp_only_layers)
     if cfg.mlp_only_layers != tuple(range(dense)) or cfg.decoder_sparse_step != 1:
-        raise ModelConfigError("a glm4_moe checkpoint has its dense layers first "
+        raise ModelConfigError(f"a {cfg.architecture} checkpoint has its dense layers first "
                                "(first_k_dense_replace) and every later layer sparse")
     return {"attention_bias": cfg.attention_bias, "use_qk_norm": cfg.qk_norm,
             "partial_rotary_factor": cfg.partial_rotary_factor,
