@@ -146,7 +146,8 @@ def describe_model(path: Path) -> str:
                                        ("qwen3_vl", "Qwen3VL", "Qwen3ForCausalLM"),
                                        ("qwen3_vl_moe", "Qwen3VLMoe", "Qwen3MoeForCausalLM"),
                                        ("glm4v", "Glm4v", "Glm4ForCausalLM"),
-                                       ("glm4v_moe", "Glm4vMoe", "Glm4MoeForCausalLM"))},
+                                       ("glm4v_moe", "Glm4vMoe", "Glm4MoeForCausalLM"),
+                                       ("glm46v", "Glm46V", folder.hf_config["architectures"][0]))},
               **{kind: f"{cls}ForConditionalGeneration's text model held (as "
                        f"{folder.hf_config['architectures'][0]}), its vision tower and "
                        "projector not loaded"

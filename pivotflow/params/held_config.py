@@ -33,6 +33,7 @@ _FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
              "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe",
              "Glm4vForConditionalGeneration": "glm4v",
              "Glm4vMoeForConditionalGeneration": "glm4v_moe",
+             "Glm46VForConditionalGeneration": "glm46v",
              "InternVLForConditionalGeneration": "internvl",
              "LlavaForConditionalGeneration": "llava",
              "LlavaNextForConditionalGeneration": "llava_next",
@@ -125,6 +126,8 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
     if not isinstance(text, dict):
         raise ModelConfigError(f"{where}: a {family} config needs its text model's config as "
                                f"an object 'text_config', got {type(text).__name__}")
+    if family == "glm46v":  # (GLM-4.6V-Flash's GLM-4.1V text model, GLM-4.6V's GLM-4.5V one)
+        family = "glm4v_moe" if text.get("model_type") == "glm4v_moe_text" else "glm4v"
     kind, causal_lm, defaults = WRAPPERS[family]
     if kind is None:  # (the text model's own family: its class, if pivotflow runs it)
         kind, causal_lm = _named_text_model(family, text, where)

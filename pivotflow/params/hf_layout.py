@@ -232,7 +232,7 @@ def held_layout(
         return tensors
     if family in WRAPPERS:  # (the text model's, then laid out as its own family's)
         text = held_config(config, where)
-        if family == "qwen3_vl_moe":  # (its experts stacked, as Qwen3-MoE's are not)
+        if family in ("qwen3_vl_moe", "glm46v"):  # (experts stacked, as its text family's not)
             tensors = qwen_vl_experts(_geometry(text, where), tensors, where)
         inner = _language_model(tensors)
         return held_layout(text, inner, where) if family_of(text) else inner

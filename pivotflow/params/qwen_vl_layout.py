@@ -1,5 +1,6 @@
 """Qwen3-VL-MoE's experts as pivotflow holds them: each expert's gate, up and down
-projections its own linears (``mlp.experts.E.gate_proj.weight`` [I, H]...), as Qwen3-MoE's.
+projections its own linears (``mlp.experts.E.gate_proj.weight`` [I, H]...), as Qwen3-MoE's
+(and GLM-4.6V's, whose wrapper transformers 5 saves with its GLM-4.5V experts stacked too).
 
 Its files stack a layer's experts fused, under names with no ``.weight``:
 ``mlp.experts.gate_up_proj`` (gate's rows, then up's) and ``mlp.experts.down_proj``. The Hub's

@@ -55,7 +55,9 @@ VL_WRAPPERS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen3_vl": ("qwen3", "Qwen3ForCausalLM", _QWEN3_VL_TEXT_DEFAULTS),
     "qwen3_vl_moe": ("qwen3_moe", "Qwen3MoeForCausalLM", _QWEN3_VL_MOE_TEXT_DEFAULTS),
     "glm4v": ("glm4", "Glm4ForCausalLM", _GLM4V_TEXT_DEFAULTS),
-    "glm4v_moe": ("glm4_moe", "Glm4MoeForCausalLM", _GLM4V_MOE_TEXT_DEFAULTS)}
+    "glm4v_moe": ("glm4_moe", "Glm4MoeForCausalLM", _GLM4V_MOE_TEXT_DEFAULTS),
+    # (GLM-4.6V's: either text model above, as its text_config names it: held_config)
+    "glm46v": ("glm4", "Glm4ForCausalLM", _GLM4V_TEXT_DEFAULTS)}
 # the keys of a wrapper's own, beside its text model's (Qwen2-VL's and Qwen2.5-VL's Hub
 # configs keep the text model's keys at the top, with no text_config)
 _OUTER = ("architectures", "model_type", "vision_config", "text_config", "auto_map",

@@ -60,6 +60,18 @@ KINDS: dict[str, tuple[str, dict[str, Any], dict[str, Any], str]] = {
                                                          "partial_rotary_factor": 0.5,
                                                          "rope_theta": 1e4}},
                   _GLM_VISION, "Glm4MoeForCausalLM"),
+    # (GLM-4.6V's wrapper: GLM-4.6V-Flash's GLM-4.1V text model, GLM-4.6V's GLM-4.5V one)
+    "glm46v": ("Glm46VConfig", {
+        **TEXT, "model_type": "glm4v_text", "head_dim": None, "rope_parameters": {
+            "rope_type": "default", "mrope_section": [2, 3, 3], "partial_rotary_factor": 1.0,
+            "rope_theta": 1e4}}, _GLM_VISION, "Glm4ForCausalLM"),
+    # (its experts saved stacked by transformers 5, as Qwen3-VL-MoE's)
+    "glm46v-moe": ("Glm46VConfig", {
+        **TEXT, "model_type": "glm4v_moe_text", "n_routed_experts": 4,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 24, "first_k_dense_replace": 1,
+        "rope_parameters": {"rope_type": "default", "mrope_section": [1, 1, 2],
+                            "partial_rotary_factor": 0.5, "rope_theta": 1e4}},
+        _GLM_VISION, "Glm4MoeForCausalLM"),
 }
 
 
@@ -98,7 +110,7 @@ def test_a_vision_language_folder_runs_its_text_model_as_transformers_wrapper_do
     assert "mrope_section" not in json.dumps(folder.hf_config)  # (plain rope, as vLLM reads)
     assert not any("visual" in n for n in folder.tensors)
     assert not folder.config.tie_word_embeddings
-    if kind in ("qwen3_vl_moe", "glm4v_moe"):
+    if kind in ("qwen3_vl_moe", "glm4v_moe", "glm46v-moe"):
         assert folder.config.num_experts == 4 and folder.config.norm_topk_prob
     if kind == "qwen3_vl_moe":
         assert folder.tensors["model.layers.1.mlp.experts.3.up_proj.weight"].shape == (24, 64)
