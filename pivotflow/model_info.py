@@ -106,6 +106,8 @@ def describe_model(path: Path) -> str:
               "qwen3_5_text": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
               "qwen3_5_moe_text": f"{mtp} multi-token-prediction layer(s) in the file, not "
                                   "loaded",
+              "lfm2_moe": "norms, attention output, MLP and experts under LFM2's names in the "
+                          "file, held under the common ones",
               "lfm2": "norms, attention output and MLP under LFM2's names in the file, held "
                       "under the common ones",
               "ernie4_5": "rotary pairs interleaved in the file, q/k rows held reordered",

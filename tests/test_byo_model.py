@@ -332,6 +332,13 @@ OTHER_LAYOUTS = {
                      ("model.layers.0.self_attn.q_proj.weight",
                       "model.layers.1.mlp.gate.weight",
                       "model.layers.1.mlp.shared_experts.up_proj.weight")),
+    # LFM2-MoE: LFM2's layers, a dense first MLP, then 4 experts under LFM2's names by a
+    # sigmoid router with its correction bias on the block (frozen)
+    "lfm2_moe": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM",
+                 {"layer_types": ["conv", "full_attention"], "moe_intermediate_size": 64,
+                  "num_dense_layers": 1, "num_experts": 4, "num_experts_per_tok": 2},
+                 ("model.layers.0.conv.in_proj.weight", "model.layers.1.feed_forward.gate.weight",
+                  "model.layers.1.feed_forward.experts.2.w1.weight")),
     # Hunyuan-MoE: q/k normalised per head after rope (query_layernorm/key_layernorm in the
     # file), a shared MLP (shared_mlp) beside 4 experts on every layer, its router gate.wg
     "hunyuan_v1_moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM",
@@ -407,7 +414,7 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     policy.save_pretrained(folder)
     mtp = family in ("glm4_moe", "deepseek_v3")
     # (a router's correction bias, frozen: the sigmoid ones' and ERNIE 4.5 MoE's)
-    sigmoid = mtp or family in ("minimax_m2", "ernie4_5_moe")
+    sigmoid = mtp or family in ("minimax_m2", "ernie4_5_moe", "lfm2_moe")
     if mtp:
         from safetensors.torch import save_file
 
@@ -456,6 +463,9 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
                             "correction bias, 1 shared\n  tensors: rotary pairs interleaved in "
                             "the file, q/k rows held reordered; its router's correction bias as "
                             "moe_statics, held on the router",
+            "lfm2_moe": "experts 4 (2 a token) on 1 of 2 layers; sigmoid router with a "
+                        "correction bias\n  tensors: norms, attention output, MLP and experts "
+                        "under LFM2's names in the file, held under the common ones",
             "hunyuan_v1_moe": "experts 4 (2 a token) on 2 of 2 layers; 1 shared\n  tensors: q/k "
                               "norms, router and shared MLP as query_layernorm/key_layernorm, "
                               "gate.wg and shared_mlp in the file, held as q_norm/k_norm, gate "
@@ -484,7 +494,8 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
         assert not torch.equal(before[name], after[name]), name
     if sigmoid:  # (a load statistic, not a weight: frozen)
         bias = {"minimax_m2": "model.layers.1.block_sparse_moe.e_score_correction_bias",
-                "ernie4_5_moe": "model.layers.1.mlp.moe_statics.e_score_correction_bias"}.get(
+                "ernie4_5_moe": "model.layers.1.mlp.moe_statics.e_score_correction_bias",
+                "lfm2_moe": "model.layers.1.feed_forward.expert_bias"}.get(
             family, "model.layers.1.mlp.gate.e_score_correction_bias")
         assert torch.equal(before[bias], after[bias])
     if mtp:

@@ -25,7 +25,7 @@ def check_hybrid(raw: dict[str, Any], path: Path, dtype: str | None, on_cpu: boo
     kind = raw.get("model_type")
     if kind == "nemotron_h" and on_cpu:
         _check_nemotron_experts(raw, path)
-    if kind == "lfm2":
+    if kind in ("lfm2", "lfm2_moe"):
         _check_lfm2(raw, path, on_cpu)
     if kind == "olmo_hybrid" and on_cpu:
         # (its module builds its DeltaNet on fla's triton kernels; as it was built, on CPU:

@@ -106,7 +106,7 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
         from pivotflow.engines.torch.hf_ministral import ministral_vllm_keys
 
         config = ministral_vllm_keys(config)
-    if family == "lfm2":  # (vLLM reads these widths, which the Hub's configs say)
+    if family in ("lfm2", "lfm2_moe"):  # (vLLM reads these widths, the Hub's configs say)
         config = {"conv_dim": config.get("hidden_size"), "block_dim": config.get("hidden_size"),
                   **config}
     if family in MTP_FAMILIES and config.get(MTP_FAMILIES[family]):
@@ -197,7 +197,8 @@ def family_of(config: dict[str, Any]) -> str | None:
         kind = next((_FAMILIES[a] for a in config.get("architectures") or [] if a in _FAMILIES),
                     None)
     return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", "granitemoehybrid",
-                            "nemotron_h", "olmo_hybrid", "ernie4_5", "lfm2", "hunyuan_v1_dense",
+                            "nemotron_h", "olmo_hybrid", "ernie4_5", "lfm2", "lfm2_moe",
+                            "hunyuan_v1_dense",
                             "hunyuan_v1_moe", "ernie4_5_moe",
                             *MTP_FAMILIES,
                             *MTP_APART, *WRAPPERS) else None

@@ -218,7 +218,7 @@ def held_layout(
         return nemotron_split(_geometry(config, where), tensors)
     if family == "olmo_hybrid":
         return olmo_hybrid_split(tensors)
-    if family == "lfm2":
+    if family in ("lfm2", "lfm2_moe"):
         return lfm2_names(tensors, to_disk=False)
     if family in ("hunyuan_v1_dense", "hunyuan_v1_moe"):
         return renamed_modules(tensors, HUNYUAN_NAMES)
@@ -322,7 +322,7 @@ def engine_names(config: dict[str, Any],
         turned = turn_heads(_geometry(config, "engine export"), tensors, "engine export",
                             to_disk=True)
         return ernie_statics(turned, to_disk=True) if family == "ernie4_5_moe" else turned
-    if family == "lfm2":
+    if family in ("lfm2", "lfm2_moe"):
         return lfm2_names(tensors, to_disk=True)
     if family in ("hunyuan_v1_dense", "hunyuan_v1_moe"):
         return renamed_modules(tensors, HUNYUAN_NAMES_BACK)
@@ -384,7 +384,7 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
         return nemotron_adapters(adapters), {}, {}
     if family == "olmo_hybrid":  # (its DeltaNet's q/k/v apart, the rest renamed)
         return olmo_hybrid_adapters(_geometry(config, "adapter export"), adapters), {}, {}
-    if family == "lfm2":  # (renamed, nothing fused)
+    if family in ("lfm2", "lfm2_moe"):  # (renamed, nothing fused)
         return lfm2_names(adapters, to_disk=True), {}, {}
     if family in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # (Hunyuan-MoE's shared MLP renamed)
         return renamed_modules(adapters, HUNYUAN_NAMES_BACK), {}, {}
@@ -430,7 +430,7 @@ def fused_targets(config: dict[str, Any], targets: list[str]) -> list[str]:
     family = family_of(config)
     if family == "olmo_hybrid":
         return list(dict.fromkeys(n for t in targets for n in OLMO_HYBRID_TARGETS.get(t, (t,))))
-    if family == "lfm2":
+    if family in ("lfm2", "lfm2_moe"):
         return list(dict.fromkeys(LFM2_TARGETS.get(t, t) for t in targets))
     if family not in _FUSED:
         return list(targets)

@@ -456,6 +456,16 @@ CASES += [
           "v_head_dim": 24, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
 ]  # fmt: skip
 GLM4_7_FLASH = CASES[53]
+# LFM2-MoE (8B-A1B's kind): LFM2's layers, a dense first MLP, then 4 experts (2 a token) by a
+# sigmoid router choosing with a bias on the block, weights times 1.5
+CASES += [
+    Case("lfm2-moe", "Lfm2MoeConfig", True,
+         {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"],
+          "intermediate_size": 96, "moe_intermediate_size": 32, "num_dense_layers": 1,
+          "num_experts": 4, "num_experts_per_tok": 2, "routed_scaling_factor": 1.5,
+          "bos_token_id": 1, "eos_token_id": 2}),
+]  # fmt: skip
+LFM2_MOE = CASES[54]
 CASE_IDS = [c.name for c in CASES]
 
 
@@ -478,7 +488,7 @@ def hf_model(case: Case, seed: int = 0):  # type: ignore[no-untyped-def]
             else:  # biases
                 p.normal_(0.0, 0.1)
         for name, b in model.named_buffers():  # GLM-4.5's router bias: held as a buffer there
-            if name.endswith("e_score_correction_bias"):
+            if name.endswith(("e_score_correction_bias", "expert_bias")):  # (LFM2-MoE's)
                 b.normal_(0.0, 0.1)
     # The greedy reference decodes a fixed number of tokens: no eos, no suppression.
     model.generation_config.eos_token_id = None

@@ -36,6 +36,7 @@ from hf_fixtures import (
     HUNYUAN,
     HUNYUAN_MOE,
     LFM2,
+    LFM2_MOE,
     MINIMAX_M2,
     MINISTRAL3,
     MISTRAL,
@@ -108,7 +109,8 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        QWEN3_5_TIED, QWEN3_5_MOE, QWEN3_NEXT, GRANITE4_H, GRANITE4_H_DENSE, GRANITE4_DENSE,
        NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE, MINIMAX_M2, OLMO_HYBRID,
        OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW, ERNIE4_5, LFM2, SEED_OSS,
-       HUNYUAN, HUNYUAN_MOE, ERNIE4_5_MOE, MINISTRAL3, GLM4_7_FLASH]
+       HUNYUAN, HUNYUAN_MOE, ERNIE4_5_MOE, MINISTRAL3, GLM4_7_FLASH,
+       LFM2_MOE]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -234,6 +236,9 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert "self_attn.o_proj.bias" not in " ".join(folder.tensors)
     elif case is ERNIE4_5:
         assert written["model_type"] == "ernie4_5" and written["use_bias"] is False
+    elif case is LFM2_MOE:  # (its experts' keys, its dense layers first)
+        assert written["model_type"] == "lfm2_moe" and written["num_dense_layers"] == 1
+        assert (written["num_experts"], written["use_expert_bias"]) == (4, True)
     elif case is GLM4_7_FLASH:  # (its layers per layer, and vLLM's first-k)
         assert written["model_type"] == "glm4_moe_lite"
         assert written["mlp_layer_types"] == ["dense", "sparse", "sparse"]

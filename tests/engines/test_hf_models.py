@@ -100,6 +100,7 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "Ernie4_5_MoeConfig": "ernie4_5_moe",
                                 "Ministral3Config": "ministral3",
                                 "Glm4MoeLiteConfig": "glm4_moe_lite",
+                                "Lfm2MoeConfig": "lfm2_moe",
                                 "Lfm2Config": "lfm2"}[case.config_class]  # fmt: skip
     # (latent attention's heads: their no-rope and rope parts; 32 in every other case)
     assert cfg.head_dim == (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim or 32)
@@ -107,9 +108,10 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                                        "exaone", "lfm2", "hunyuan"))
     # Every weight transformers holds was loaded (transformers 5 holds a sparse layer's experts
     # as one fused tensor where the file, and we, have one per expert: count the numbers;
-    # GLM-4.5's router bias is a buffer there, a frozen parameter here).
+    # GLM-4.5's and LFM2-MoE's router bias is a buffer there, a frozen parameter here).
     theirs = {n: p for n, p in model.named_parameters() if n != "lm_head.weight" or not case.tied}
-    theirs.update((n, b) for n, b in model.named_buffers() if n.endswith("correction_bias"))
+    theirs.update((n, b) for n, b in model.named_buffers()
+                  if n.endswith(("correction_bias", "expert_bias")))  # (LFM2-MoE's, on its block)
     assert sum(folder.tensors[n].numel() for n in expected_shapes(cfg)) == sum(
         p.numel() for p in theirs.values()
     )

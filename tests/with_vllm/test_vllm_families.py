@@ -573,3 +573,11 @@ def test_lfm2_on_vllm_is_one_line(tmp_path: Path, folder: Path) -> None:
             VllmEngine(None, model_path=str(path), dtype="float32", max_model_len=MAX_LEN,
                        load_format="dummy", threads=1)
         assert str(err.value) == f"{path / 'config.json'}: {why}"
+    # (LFM2-MoE: the same layers, the same refusal, named before vLLM starts)
+    moe = {**config, "model_type": "lfm2_moe", "architectures": ["Lfm2MoeForCausalLM"],
+           "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+           "num_dense_layers": 1, "tie_word_embeddings": True}
+    (path / "config.json").write_text(json.dumps(moe))
+    with pytest.raises(EngineError, match="decodes LFM2's short convolutions otherwise"):
+        VllmEngine(None, model_path=str(path), dtype="float32", max_model_len=MAX_LEN,
+                   load_format="dummy", threads=1)

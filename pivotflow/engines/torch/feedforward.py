@@ -79,12 +79,13 @@ class Routing(NamedTuple):
     scale: float = 1.0
     group_rank_top: int = 2  # (a group ranks by the sum of its this many best scores)
     biased: bool = False  # (its logits in float32, its choice by a correction bias too)
+    norm_eps: float = 1e-20  # (a sigmoid router's, added to the sum it renormalises by)
 
     @staticmethod
     def of(cfg: ModelConfig) -> Routing:
         return Routing(cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.scoring_func,
                        cfg.n_group, cfg.topk_group, cfg.routed_scaling_factor,
-                       cfg.group_rank_top, cfg.router_bias)
+                       cfg.group_rank_top, cfg.router_bias, cfg.router_norm_eps)
 
     def scores(self, router_logits: torch.Tensor) -> torch.Tensor:
         """Every expert's score [n, E], in float32 (gpt-oss's: its logits, which choose; the
@@ -121,7 +122,7 @@ class Routing(NamedTuple):
         if self.normalize:
             total = weights.sum(dim=-1, keepdim=True)
             # (a sigmoid router's scores may all be ~0: transformers' epsilon, as GLM-4.5's)
-            weights = weights / (total + 1e-20 if self.scoring == "sigmoid" else total)
+            weights = weights / (total + self.norm_eps if self.scoring == "sigmoid" else total)
         if self.scale != 1.0:
             weights = weights * self.scale
         return weights.to(dtype)

@@ -5,7 +5,8 @@ back: ``hf_config_write``; rope: ``hf_rope``).
 (Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, Qwen3-MoE, OLMo-2, OLMo-3, Gemma 3's text model,
 Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss,
 DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H, Nemotron-H,
-MiniMax-M2, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5 and its MoE, LFM2, Seed-OSS, Ministral 3, GLM-4.7-Flash, Hunyuan and Hunyuan-MoE;
+MiniMax-M2, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5 and its MoE, LFM2, Seed-OSS, Ministral 3, GLM-4.7-Flash,
+LFM2-MoE, Hunyuan and Hunyuan-MoE;
 rope default, linear, llama3, yarn,
 Phi-3's longrope within its original context; sliding windows as each family says them,
 ``hf_windows``; each family's own keys, ``hf_families``; unquantized weights, block-wise FP8's and gpt-oss's MXFP4, dequantized
@@ -148,7 +149,7 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         raw = olmo_hybrid_keys(raw)
     if kind == "exaone4":  # (Exaone4Config's norm epsilon)
         raw = {**raw, "rms_norm_eps": raw.get("rms_norm_eps", 1e-5)}
-    if kind == "lfm2":  # (its epsilon's and tying's names, its MLP's real width)
+    if kind in ("lfm2", "lfm2_moe"):  # (its epsilon's and tying's names, its MLP's width)
         raw = lfm2_keys(raw, where)
     if kind in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # (its epsilon; alpha rope as a base)
         raw = hunyuan_keys(raw, where)
@@ -193,7 +194,7 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         # (transformers' default: tied for Gemma 2 and 3 and SmolLM3, untied for the rest)
         tie_word_embeddings=bool(raw.get("tie_word_embeddings",
                                          kind in ("gemma3_text", "gemma2", "smollm3",
-                                                  "ernie4_5", "ernie4_5_moe"))),
+                                                  "ernie4_5", "ernie4_5_moe", "lfm2_moe"))),
         # Qwen2 always has q/k/v biases; Mistral, Mixtral and Phi-3 never; Llama and Qwen3
         # when the config says so.
         attention_bias={"qwen2": True, "mistral": False, "phi3": False, "mixtral": False,

@@ -61,7 +61,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
               "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
               "ministral3": "Ministral3ForCausalLM",
-              "glm4_moe_lite": "Glm4MoeLiteForCausalLM"}  # fmt: skip
+              "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
+              "lfm2_moe": "Lfm2MoeForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -190,7 +191,7 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         out.update(minimax_to_hf(cfg))
     elif cfg.architecture == "olmo_hybrid":
         out.update(olmo_hybrid_to_hf(cfg, rope))
-    elif cfg.architecture == "lfm2":
+    elif cfg.architecture in ("lfm2", "lfm2_moe"):
         out.update(lfm2_to_hf(cfg))
     elif cfg.architecture == "seed_oss":  # (no token ids: SeedOssConfig's are a 155k vocab's)
         out.update(attention_bias=cfg.attention_bias, attention_out_bias=False, mlp_bias=False,

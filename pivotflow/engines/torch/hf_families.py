@@ -77,7 +77,7 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         from pivotflow.engines.torch.hf_hunyuan import hunyuan_moe_fields
 
         return hunyuan_moe_fields(raw, where)
-    if kind == "lfm2":
+    if kind in ("lfm2", "lfm2_moe"):
         from pivotflow.engines.torch.hf_lfm2 import lfm2_fields
 
         return lfm2_fields(raw, where)

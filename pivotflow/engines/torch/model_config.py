@@ -15,17 +15,18 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "granitemoehybrid",
                  "nemotron_h", "minimax_m2", "olmo_hybrid", "exaone4", "ernie4_5", "lfm2",
                  "seed_oss", "hunyuan_v1_dense", "hunyuan_v1_moe", "ernie4_5_moe",
-                 "ministral3", "glm4_moe_lite")
+                 "ministral3", "glm4_moe_lite", "lfm2_moe")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
                      "granitemoehybrid", "nemotron_h", "minimax_m2", "hunyuan_v1_moe",
-                     "ernie4_5_moe", "glm4_moe_lite")
+                     "ernie4_5_moe", "glm4_moe_lite", "lfm2_moe")
 # multi-head latent attention (DeepSeek-V2's and V3's, ``kv_lora_rank``)
 LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2", "glm4_moe_lite")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
                          "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "minimax_m2",
-                         "olmo_hybrid", "exaone4", "lfm2", "hunyuan_v1_dense", "hunyuan_v1_moe")
+                         "olmo_hybrid", "exaone4", "lfm2", "hunyuan_v1_dense", "hunyuan_v1_moe",
+                         "lfm2_moe")
 # Qwen3.5's, Qwen3-Next's and OLMo Hybrid's: gated DeltaNet (linear attention) on most layers,
 # full attention on the rest (``linear_attention_layers``); Qwen's gated (GATED_ATTENTION)
 HYBRID_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid")
@@ -290,8 +291,14 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def short_conv(self) -> bool:
-        """Whether the linear layers are LFM2's gated short convolutions."""
-        return self.architecture == "lfm2"
+        """Whether the linear layers are LFM2's gated short convolutions (LFM2-MoE's too)."""
+        return self.architecture in ("lfm2", "lfm2_moe")
+
+    @property
+    def router_norm_eps(self) -> float:
+        """What a sigmoid router adds to its chosen scores' sum as it renormalises them:
+        transformers' 1e-20 (GLM-4.5's, DeepSeek-V3's), LFM2-MoE's 1e-6."""
+        return 1e-6 if self.architecture == "lfm2_moe" else 1e-20
 
     @property
     def mamba(self) -> bool:
