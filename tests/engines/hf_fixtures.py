@@ -466,6 +466,17 @@ CASES += [
           "bos_token_id": 1, "eos_token_id": 2}),
 ]  # fmt: skip
 LFM2_MOE = CASES[54]
+# dots.llm1: Qwen3's attention in DeepSeek-V3's layer (a dense first MLP, then 4 experts by a
+# sigmoid router with a bias, unrenormalised, times 2, one shared), its layers from
+# max_window_layers on within a window of 4 that binds
+CASES += [
+    Case("dots1", "Dots1Config", False,
+         {"num_hidden_layers": 3, "n_routed_experts": 4, "num_experts_per_tok": 2,
+          "n_shared_experts": 1, "moe_intermediate_size": 32, "first_k_dense_replace": 1,
+          "routed_scaling_factor": 2.0, "sliding_window": 4, "max_window_layers": 1,
+          "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+]  # fmt: skip
+DOTS1 = CASES[55]
 CASE_IDS = [c.name for c in CASES]
 
 

@@ -19,6 +19,7 @@ from hf_fixtures import (
     DEEPSEEK_V2_LITE,
     DEEPSEEK_V3,
     DEEPSEEK_V3_PLAIN,
+    DOTS1,
     ERNIE4_5,
     ERNIE4_5_MOE,
     EXAONE4,
@@ -110,7 +111,7 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE, MINIMAX_M2, OLMO_HYBRID,
        OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW, ERNIE4_5, LFM2, SEED_OSS,
        HUNYUAN, HUNYUAN_MOE, ERNIE4_5_MOE, MINISTRAL3, GLM4_7_FLASH,
-       LFM2_MOE]
+       LFM2_MOE, DOTS1]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -236,6 +237,10 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert "self_attn.o_proj.bias" not in " ".join(folder.tensors)
     elif case is ERNIE4_5:
         assert written["model_type"] == "ernie4_5" and written["use_bias"] is False
+    elif case is DOTS1:  # (its windows per layer, its experts by DeepSeek's names)
+        assert written["model_type"] == "dots1" and written["first_k_dense_replace"] == 1
+        assert written["layer_types"] == ["full_attention"] + ["sliding_attention"] * 2
+        assert written["sliding_window"] == 4 and written["norm_topk_prob"] is False
     elif case is LFM2_MOE:  # (its experts' keys, its dense layers first)
         assert written["model_type"] == "lfm2_moe" and written["num_dense_layers"] == 1
         assert (written["num_experts"], written["use_expert_bias"]) == (4, True)

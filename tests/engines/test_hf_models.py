@@ -100,12 +100,12 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "Ernie4_5_MoeConfig": "ernie4_5_moe",
                                 "Ministral3Config": "ministral3",
                                 "Glm4MoeLiteConfig": "glm4_moe_lite",
-                                "Lfm2MoeConfig": "lfm2_moe",
+                                "Lfm2MoeConfig": "lfm2_moe", "Dots1Config": "dots1",
                                 "Lfm2Config": "lfm2"}[case.config_class]  # fmt: skip
     # (latent attention's heads: their no-rope and rope parts; 32 in every other case)
     assert cfg.head_dim == (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim or 32)
     assert cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma3", "minimax",
-                                                       "exaone", "lfm2", "hunyuan"))
+                                                       "exaone", "lfm2", "hunyuan", "dots1"))
     # Every weight transformers holds was loaded (transformers 5 holds a sparse layer's experts
     # as one fused tensor where the file, and we, have one per expert: count the numbers;
     # GLM-4.5's and LFM2-MoE's router bias is a buffer there, a frozen parameter here).

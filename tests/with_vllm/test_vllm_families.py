@@ -135,6 +135,13 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
             # width alone, 512 + 64), queries through a latent, values narrower than keys,
             # interleaved rotary pairs, YaRN with DeepSeek's mscale terms; then GLM-4.5's
             # experts
+            # dots.llm1: Qwen3's attention, DeepSeek-V3's experts (a dense first layer), its
+            # second layer within a window of 6
+            "dots1": ("Dots1Config", "Dots1ForCausalLM", {
+                "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+                "moe_intermediate_size": 64, "first_k_dense_replace": 1,
+                "routed_scaling_factor": 2.0, "sliding_window": 6, "max_window_layers": 1,
+                "pad_token_id": EOS}),
             # GLM-4.7-Flash's kind: V3's latent attention in GLM-4.5's layer, its dense and
             # sparse layers said per layer (vLLM reads first_k_dense_replace: held_config's)
             "glm4.7-flash": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM", {
@@ -267,7 +274,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
                                 "deepseek-v2": "deepseek_v2"}.get(
         family, family.split("-")[0])
     assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text",
-                                                   "exaone4",
+                                                   "exaone4", "dots1",
                                                    "phi3-window", "mixtral-window",
                                                    "gemma2-window"))
     ours = TorchEngine(cfg, max_batch=8, eos_token_id=EOS)

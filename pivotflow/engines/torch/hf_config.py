@@ -6,7 +6,7 @@ back: ``hf_config_write``; rope: ``hf_rope``).
 Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss,
 DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H, Nemotron-H,
 MiniMax-M2, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5 and its MoE, LFM2, Seed-OSS, Ministral 3, GLM-4.7-Flash,
-LFM2-MoE, Hunyuan and Hunyuan-MoE;
+LFM2-MoE, dots.llm1, Hunyuan and Hunyuan-MoE;
 rope default, linear, llama3, yarn,
 Phi-3's longrope within its original context; sliding windows as each family says them,
 ``hf_windows``; each family's own keys, ``hf_families``; unquantized weights, block-wise FP8's and gpt-oss's MXFP4, dequantized
@@ -155,6 +155,8 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
         raw = hunyuan_keys(raw, where)
     if kind == "seed_oss":  # (SeedOssConfig's heads of 128; its o_proj unbiased: seed_oss_keys)
         raw = seed_oss_keys(raw, where)
+    if kind == "dots1":  # (Dots1Config's epsilon)
+        raw = {**raw, "rms_norm_eps": raw.get("rms_norm_eps", 1e-6)}
     if kind == "glm4_moe_lite":  # (Glm4MoeLiteConfig's defaults)
         raw = glm_lite_keys(raw)
     if kind == "ministral3":  # (Ministral3Config's defaults: its rope, heads of 128)

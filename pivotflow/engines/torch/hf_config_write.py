@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from pivotflow.engines.torch.hf_dots import dots_to_hf
 from pivotflow.engines.torch.hf_ernie import ernie_moe_to_hf
 from pivotflow.engines.torch.hf_families import (
     GRANITE_KEYS,
@@ -62,7 +63,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
               "ministral3": "Ministral3ForCausalLM",
               "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
-              "lfm2_moe": "Lfm2MoeForCausalLM"}  # fmt: skip
+              "lfm2_moe": "Lfm2MoeForCausalLM",
+              "dots1": "Dots1ForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -175,6 +177,8 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
                    bos_token_id=None, eos_token_id=None,
                    no_rope_layers=[int(i not in cfg.nope_layers)
                                    for i in range(cfg.num_hidden_layers)])
+    elif cfg.architecture == "dots1":
+        out.update(dots_to_hf(cfg))
     elif cfg.architecture == "glm4_moe_lite":
         out.update(glm_lite_to_hf(cfg))
     elif cfg.architecture in ("deepseek_v3", "deepseek_v2"):

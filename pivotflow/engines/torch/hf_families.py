@@ -61,6 +61,10 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         window = raw.get("sliding_window", 4096) is not None
         sliding = exaone4_sliding(raw, raw.get("layer_types") or [], layers, where)
         return {"nope_layers": tuple(i for i in range(layers) if window and i not in sliding)}
+    if kind == "dots1":
+        from pivotflow.engines.torch.hf_dots import dots_fields
+
+        return dots_fields(raw, layers, where)
     if kind == "glm4_moe_lite":
         from pivotflow.engines.torch.hf_glm_lite import glm_lite_fields
 
