@@ -1,0 +1,307 @@
+"""Folders as the Hub ships them (Gemma 3 4B+'s and Mistral Small 3.1's multimodal wrappers,
+a Gemma 2 reward model, gpt-oss in MXFP4, MiniMax-M2 with its remote code's keys, EXAONE 4.0's
+window patterns) read as transformers reads them, and each family's own one-line config
+errors (OLMoE's q/k clipping, ERNIE 4.5's biases, Seed-OSS's o_proj bias, Hunyuan's shared
+layer KV, length-dependent rope and uneven expert counts)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hf_fixtures import (
+    GEMMA2,
+    GEMMA3,
+    GPT_OSS,
+    MINIMAX_M2,
+    MISTRAL_WINDOW,
+    PROMPTS,
+    SIZES,
+    assert_wrapper_runs_its_text_model,
+    hf_model,
+    save_folder,
+)
+
+from pivotflow.engines.torch import config_from_hf, load_model_folder
+from pivotflow.engines.torch.weights import build_model
+from pivotflow.errors import ModelConfigError
+
+transformers = pytest.importorskip("transformers")
+
+
+def _gemma3_wrapper(root: Path) -> Any:
+    """A Gemma 3 4B+'s kind of folder (Gemma3ForConditionalGeneration: the text model of the
+    GEMMA3 case, a one-layer vision tower and its projector), saved by transformers."""
+    transformers = pytest.importorskip("transformers")
+    text = hf_model(GEMMA3)
+    config = transformers.Gemma3Config(
+        text_config=text.config.to_dict(), mm_tokens_per_image=4, image_token_index=299,
+        boi_token_index=297, eoi_token_index=298,
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "image_size": 28, "patch_size": 14})
+    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    model.model.language_model.load_state_dict(text.model.state_dict())
+    model.save_pretrained(root)
+    return model
+
+
+def test_a_gemma3_4b_kind_of_folder_runs_its_text_model_and_writes_a_causal_lm(
+        tmp_path: Path) -> None:
+    """Gemma 3 4B and larger ship as Gemma3ForConditionalGeneration: the text model under
+    ``language_model.``, its config in ``text_config``. pivotflow holds the text model alone
+    (the vision tower left out), decodes as transformers' wrapper does on text, and writes a
+    Gemma3ForCausalLM that transformers loads to the same logits."""
+    theirs = _gemma3_wrapper(tmp_path / "wrapper")
+    folder = load_model_folder(tmp_path / "wrapper")
+    assert folder.hf_config["architectures"] == ["Gemma3ForCausalLM"]
+    assert folder.config == load_model_folder_of(GEMMA3, tmp_path / "text").config
+    assert not any("vision" in n or "projector" in n for n in folder.tensors)
+    assert_wrapper_runs_its_text_model(theirs, folder, tmp_path / "written", "Gemma3ForCausalLM",
+                                       atol=1e-5)
+
+
+def load_model_folder_of(case: Any, root: Path) -> Any:
+    save_folder(case, root)
+    return load_model_folder(root)
+
+
+def test_the_hubs_sparse_gemma3_text_config_reads_as_transformers_fills_it() -> None:
+    """The Hub's Gemma 3 4B+ configs (written by transformers 4.50) name five text keys and
+    leave the rest to Gemma3TextConfig's defaults (8 heads on 4 of 256, 262208 tokens...)."""
+    transformers = pytest.importorskip("transformers")
+    from pivotflow.params.held_config import held_config
+
+    sparse = {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+              "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+              "sliding_window": 1024}  # (gemma-3-4b-it's text_config, whole)
+    wrapper = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+               "text_config": sparse, "torch_dtype": "bfloat16"}
+    filled = transformers.Gemma3Config(text_config=dict(sparse)).text_config.to_dict()
+    ours = config_from_hf(held_config(wrapper), "c.json")
+    assert ours == config_from_hf(filled, "c.json")
+    assert (ours.num_attention_heads, ours.head_dim, ours.vocab_size) == (8, 256, 262208)
+    assert ours.rope_type == "linear" and len(ours.sliding_layers) == 29  # 5 of 6 slide
+    assert held_config(wrapper)["torch_dtype"] == "bfloat16"
+
+
+def test_a_gemma3_config_without_its_text_config_is_one_line(tmp_path: Path) -> None:
+    _gemma3_wrapper(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    del raw["text_config"]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ModelConfigError, match=r"config\.json: a gemma3 config needs its text "
+                       r"model's config as an object 'text_config', got NoneType$") as exc:
+        load_model_folder(tmp_path)
+    assert "\n" not in str(exc.value)
+
+
+def test_a_gemma2_reward_model_scores_as_transformers_without_the_logit_cap(
+        tmp_path: Path) -> None:
+    """Gemma 2 reward models (Skywork-Reward-Gemma-2-27B's kind: Gemma2ForSequenceClassification)
+    read the last token's hidden state through their ``score`` head, never soft-capped (the
+    cap is the causal LM head's); its attention's cap holds."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.Gemma2Config(**{**SIZES, **GEMMA2.extra}, num_labels=1, pad_token_id=0)
+    theirs = transformers.Gemma2ForSequenceClassification(config).eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.15)
+        theirs.score.weight.mul_(20.0)  # (a score far past the cap of 3, had it been applied)
+    theirs.save_pretrained(tmp_path)
+    folder = load_model_folder(tmp_path)
+    assert (folder.config.architecture, folder.config.num_labels) == ("gemma2", 1)
+    ours = build_model(folder.config, folder.tensors)
+    ids = torch.tensor([PROMPTS[2] * 3])
+    with torch.no_grad():
+        expected = theirs(ids).logits[0]
+        torch.testing.assert_close(ours(ids)[0, -1], expected, atol=1e-4, rtol=1e-5)
+    assert float(expected.abs().max()) > 3.0
+
+
+def test_a_mistral_small_3_kind_of_folder_runs_its_text_model(tmp_path: Path) -> None:
+    """Mistral Small 3.1+ and Magistral Small 1.2 ship as Mistral3ForConditionalGeneration:
+    pivotflow holds the Mistral text model alone, with the logits transformers' wrapper gives
+    on text, and writes a MistralForCausalLM; the wrapper's tying decides (transformers 5's
+    rule: here tied, so the file has no head)."""
+    transformers = pytest.importorskip("transformers")
+    text = hf_model(MISTRAL_WINDOW)
+    config = transformers.Mistral3Config(
+        text_config=text.config.to_dict(), image_token_index=299,
+        vision_config={"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64,
+                       "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28,
+                       "patch_size": 14, "head_dim": 16})
+    theirs = transformers.Mistral3ForConditionalGeneration(config).eval()
+    theirs.model.language_model.load_state_dict(text.model.state_dict())
+    theirs.save_pretrained(tmp_path / "wrapper")
+    folder = load_model_folder(tmp_path / "wrapper")
+    assert folder.hf_config["architectures"] == ["MistralForCausalLM"]
+    assert folder.config.tie_word_embeddings and folder.config.sliding_window == 4
+    assert_wrapper_runs_its_text_model(theirs, folder, tmp_path / "written", "MistralForCausalLM",
+                                       atol=1e-5)
+
+
+def test_a_wrappers_tying_is_its_own_where_it_says_it_else_its_text_models() -> None:
+    from pivotflow.params.held_config import held_config
+
+    text = {"model_type": "mistral", **SIZES, "head_dim": 32}
+    hub = {"model_type": "mistral3", "text_config": text}  # (4.50's: no tying key at all)
+    assert not config_from_hf(held_config(hub), "c.json").tie_word_embeddings  # Mistral's
+    tied_text = {**hub, "text_config": {**text, "tie_word_embeddings": True}}
+    assert config_from_hf(held_config(tied_text), "c.json").tie_word_embeddings
+    untied = {**tied_text, "tie_word_embeddings": False}  # (transformers 5 writes this one)
+    assert not config_from_hf(held_config(untied), "c.json").tie_word_embeddings
+
+
+def test_olmoes_qkv_clipping_is_a_one_line_error() -> None:
+    raw = {**SIZES, "model_type": "olmoe", "num_experts": 4, "num_experts_per_tok": 2,
+           "clip_qkv": 8.0}
+    with pytest.raises(ModelConfigError, match=r"^c\.json: clip_qkv=8\.0 is not supported by the "
+                       r"embedded engine \(null\)$"):
+        config_from_hf(raw, "c.json")
+
+
+def test_gpt_oss_as_the_hub_ships_it_in_mxfp4_loads_dequantized(tmp_path: Path) -> None:
+    """gpt-oss's Hub files hold its experts in MXFP4 (``*_blocks`` of 4-bit codes and
+    ``*_scales``, ``quantization_config`` mxfp4): read, they are the bf16 stacks transformers'
+    own dequantizer gives, and the folder runs as the bf16 one does; what pivotflow holds and
+    writes says no quantization."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    save_folder(GPT_OSS, tmp_path / "bf16")
+    tensors = load_file(str(tmp_path / "bf16" / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    quantized = dict(tensors)
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        e, inner, out = tensors[name].shape  # (the file's bf16 stack: [E, in, out])
+        blocks = torch.randint(0, 256, (e, out, inner // 32, 16), dtype=torch.uint8, generator=g)
+        scales = torch.randint(120, 130, (e, out, inner // 32), dtype=torch.uint8, generator=g)
+        del quantized[name]
+        quantized[f"{name}_blocks"], quantized[f"{name}_scales"] = blocks, scales
+        tensors[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.bfloat16).float()
+    for root, weights, quant in ((tmp_path / "ref", tensors, None),
+                                 (tmp_path / "mxfp4", quantized, {"quant_method": "mxfp4"})):
+        root.mkdir()
+        save_file(weights, str(root / "model.safetensors"))
+        config = json.loads((tmp_path / "bf16" / "config.json").read_text())
+        (root / "config.json").write_text(json.dumps(
+            {**config, **({"quantization_config": quant} if quant else {})}))
+    ref, ours = load_model_folder(tmp_path / "ref"), load_model_folder(tmp_path / "mxfp4")
+    assert ours.config == ref.config and "quantization_config" not in ours.hf_config
+    assert ours.tensors.keys() == ref.tensors.keys()
+    for name, t in ref.tensors.items():
+        assert torch.equal(ours.tensors[name].float(), t.float()), name
+    ids = torch.tensor([PROMPTS[2] * 3])
+    with torch.no_grad():
+        torch.testing.assert_close(build_model(ours.config, ours.tensors)(ids),
+                                   build_model(ref.config, ref.tensors)(ids))
+    del quantized["model.layers.1.mlp.experts.down_proj_scales"]
+    save_file(quantized, str(tmp_path / "mxfp4" / "model.safetensors"))
+    with pytest.raises(ModelConfigError, match=r"tensor 'model\.layers\.1\.mlp\.experts\."
+                       r"down_proj_blocks' has no 'model\.layers\.1\.mlp\.experts\."
+                       r"down_proj_scales' of shape \(4, 128, 2\) beside it") as exc:
+        load_model_folder(tmp_path / "mxfp4")
+    assert "\n" not in str(exc.value)
+
+
+def test_minimax_m2_as_the_hub_ships_it(tmp_path: Path) -> None:
+    """The Hub's MiniMax-M2 configs are written for its remote code (auto_map, rotary_dim,
+    scoring_func, use_routing_bias, attn_type_list) and its files hold multi-token-prediction
+    modules as layers past the decoder's last (num_mtp_modules): read as transformers runs
+    it, the modules left out, the remote code dropped, and what vLLM reads said; keys asking
+    for other math are one-line errors."""
+    from safetensors.torch import load_file, save_file
+
+    model = save_folder(MINIMAX_M2, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["model.layers.2.self_attn.q_proj.weight"] = torch.zeros(128, 64)  # (an MTP layer's)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    hub = {**config, "auto_map": {"AutoModelForCausalLM": "modeling_minimax_m2.X"},
+           "num_mtp_modules": 1, "use_mtp": True, "scoring_func": "sigmoid",
+           "use_routing_bias": True, "attn_type_list": [1, 1], "qk_norm_type": "per_layer"}
+    (tmp_path / "config.json").write_text(json.dumps(hub))
+    folder = load_model_folder(tmp_path)
+    assert not any(n.startswith("model.layers.2.") for n in folder.tensors)
+    assert "auto_map" not in folder.hf_config and folder.hf_config["num_mtp_modules"] == 0
+    assert (folder.hf_config["rotary_dim"], folder.hf_config["scoring_func"]) == (16, "sigmoid")
+    ours = build_model(folder.config, folder.tensors)
+    ids = torch.tensor([PROMPTS[2]])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), model(ids).logits, atol=1e-5, rtol=0)
+    for key, value, runs in (("use_routing_bias", False, "True"),
+                             ("qk_norm_type", "per_head", "'per_layer'"),
+                             ("scoring_func", "softmax", "'sigmoid'")):
+        with pytest.raises(ModelConfigError) as err:
+            config_from_hf({**hub, key: value}, "c.json")
+        assert str(err.value) == (f"c.json: {key}={value!r} is not supported by the embedded "
+                                  f"engine on minimax_m2 ({runs})")
+    with pytest.raises(ModelConfigError) as err:
+        config_from_hf({**hub, "attn_type_list": [0, 1]}, "c.json")
+    assert str(err.value) == ("c.json: attn_type_list=[0, 1] is not supported by the embedded "
+                              "engine on minimax_m2 (every layer 1: full attention)")
+
+
+def test_exaone4s_window_patterns_read_alike() -> None:
+    """EXAONE 4.0's sliding layers from its layer_types, an int pattern (every Nth layer full)
+    or a string one ("LLLG"), its full layers then turning no position; without a window,
+    every layer full and turning; another pattern a one-line error."""
+    base = {**SIZES, "model_type": "exaone4", "num_hidden_layers": 8, "sliding_window": 4}
+    types = ["sliding_attention"] * 3 + ["full_attention"]
+    plain = config_from_hf({**base, "layer_types": types * 2}, "c.json")
+    assert plain.sliding_layers == (0, 1, 2, 4, 5, 6) and plain.nope_layers == (3, 7)
+    for pattern in (4, "LLLG"):
+        assert config_from_hf({**base, "sliding_window_pattern": pattern}, "c.json") == plain
+    none = config_from_hf({**base, "sliding_window": None}, "c.json")
+    assert not none.sliding_layers and not none.nope_layers
+    with pytest.raises(ModelConfigError) as err:
+        config_from_hf({**base, "sliding_window_pattern": "LLXG"}, "c.json")
+    assert str(err.value) == ("c.json: sliding_window_pattern='LLXG' is not a positive integer "
+                              "or a string of L and G")
+
+
+def test_an_ernie4_5_with_biases_is_a_one_line_error() -> None:
+    """ERNIE 4.5's use_bias puts biases on every projection, its MLP's included, which the
+    embedded engine does not run."""
+    with pytest.raises(ModelConfigError) as err:
+        config_from_hf({**SIZES, "model_type": "ernie4_5", "use_bias": True}, "c.json")
+    assert str(err.value) == ("c.json: use_bias=True is not supported by the embedded engine "
+                              "on ernie4_5 (false)")
+
+
+def test_seed_oss_o_proj_bias_is_a_one_line_error() -> None:
+    with pytest.raises(ModelConfigError, match=r"^c\.json: attention_out_bias=True is not "
+                       r"supported by the embedded engine on seed_oss \(false\)$"):
+        config_from_hf({**SIZES, "model_type": "seed_oss", "attention_out_bias": True}, "c.json")
+
+
+@pytest.mark.parametrize(("key", "value", "runs"), [("use_cla", True, "false"),
+                                                     ("use_rotary_pos_emb", False, "true")])
+def test_hunyuans_shared_layer_kv_and_no_rope_are_one_line_errors(key: str, value: bool,
+                                                                   runs: str) -> None:
+    with pytest.raises(ModelConfigError, match=rf"^c\.json: {key}={value} is not supported by "
+                       rf"the embedded engine on hunyuan_v1_dense \({runs}\)$"):
+        config_from_hf({**SIZES, "model_type": "hunyuan_v1_dense", key: value}, "c.json")
+
+
+def test_hunyuans_length_dependent_dynamic_rope_is_a_one_line_error() -> None:
+    """"dynamic" with an alpha is a fixed stretch of the base; without one, transformers
+    rescales by the sequence's length, which no engine here follows."""
+    raw = {**SIZES, "model_type": "hunyuan_v1_dense",
+           "rope_scaling": {"type": "dynamic", "factor": 2.0}}
+    with pytest.raises(ModelConfigError, match=r"^c\.json: rope_scaling\.type='dynamic' is not "
+                       r"supported by the embedded engine \("):
+        config_from_hf(raw, "c.json")
+
+
+def test_hunyuan_moe_layers_of_different_expert_counts_are_a_one_line_error() -> None:
+    raw = {**SIZES, "model_type": "hunyuan_v1_moe", "num_experts": 4, "moe_topk": [2, 1]}
+    with pytest.raises(ModelConfigError, match=r"^c\.json: moe_topk=\[2, 1\] is not supported by "
+                       r"the embedded engine \(one positive integer, or the same one for every "
+                       r"layer\)$"):
+        config_from_hf(raw, "c.json")
