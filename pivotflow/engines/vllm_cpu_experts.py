@@ -15,22 +15,42 @@ other experts than the model does (measured: greedy tokens part after one or two
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pivotflow.errors import EngineError, ModelConfigError
+
+if TYPE_CHECKING:
+    from pivotflow.engines.torch.model_config import ModelConfig
 
 CPU_EXPERT_ALIGNMENT = 32  # (vLLM's CPUUnquantizedExperts.output_alignment)
 
 
-def check_cpu_experts(raw: dict[str, Any], path: Path) -> None:
-    """Raise EngineError naming ``path`` where ``raw``'s experts are a width vLLM's CPU build
-    pads (not a multiple of CPU_EXPERT_ALIGNMENT). A config pivotflow cannot read is left to
-    vLLM."""
+def pivotflow_reading(raw: dict[str, Any], path: Path) -> ModelConfig | None:
+    """``raw`` (a served folder's config.json) as pivotflow reads it, once for every check
+    below; None for a config pivotflow cannot read (left to vLLM)."""
     from pivotflow.engines.torch.hf_config import config_from_hf
 
     try:
-        cfg = config_from_hf(raw, str(path))
+        return config_from_hf(raw, str(path))
     except ModelConfigError:
+        return None
+
+
+def routes_to_experts(raw: dict[str, Any], cfg: ModelConfig | None) -> bool:
+    """Whether the served model routes to experts: as pivotflow reads it (``cfg``), else by the
+    keys that count them (Qwen3-MoE's Hub configs, transformers 5 and Mixtral, GLM-4.5, ERNIE
+    4.5 MoE's)."""
+    if cfg is not None:
+        return cfg.num_experts > 0
+    return bool(raw.get("num_experts") or raw.get("num_local_experts")
+                or raw.get("n_routed_experts") or raw.get("moe_num_experts"))
+
+
+def check_cpu_experts(cfg: ModelConfig | None, path: Path) -> None:
+    """Raise EngineError naming ``path`` where ``cfg``'s experts are a width vLLM's CPU build
+    pads (not a multiple of CPU_EXPERT_ALIGNMENT) or its router one the CPU build misroutes.
+    A config pivotflow cannot read (None) is left to vLLM."""
+    if cfg is None:
         return
     if cfg.architecture == "ernie4_5_moe":
         raise EngineError(f"{path}: vLLM's CPU build cannot serve ERNIE 4.5 MoE (its CPU router "

@@ -66,29 +66,20 @@ from typing import Any
 import torch
 
 from pivotflow.engines.base import FinishReason, GenerationOutput, GenerationRequest
-from pivotflow.engines.vllm_cpu_experts import check_cpu_experts
+from pivotflow.engines.vllm_cpu_experts import (
+    check_cpu_experts,
+    pivotflow_reading,
+    routes_to_experts,
+)
 from pivotflow.engines.vllm_hybrid import check_hybrid
 from pivotflow.engines.vllm_latent import check_cpu_width, cpu_engine_kwargs
 from pivotflow.engines.vllm_worker import WORKER_EXTENSION
-from pivotflow.errors import EngineError, PivotflowError, RequestError
+from pivotflow.errors import EngineError, RequestError
 from pivotflow.params.hf_layout import engine_names
 
 _REASONS: dict[str | None, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 _CPU_KV_CACHE_BYTES = 256 << 20
-
-
-def _has_experts(raw: dict[str, Any]) -> bool:
-    """Whether the config's model routes to experts: as pivotflow reads it, else by the keys
-    that count them (Qwen3-MoE's Hub configs, transformers 5 and Mixtral, GLM-4.5, ERNIE 4.5
-    MoE's)."""
-    from pivotflow.engines.torch.hf_config import config_from_hf
-
-    try:
-        return config_from_hf(raw, "config.json").num_experts > 0
-    except PivotflowError:
-        return bool(raw.get("num_experts") or raw.get("num_local_experts")
-                    or raw.get("n_routed_experts") or raw.get("moe_num_experts"))
 
 
 def _import_vllm() -> Any:
@@ -133,8 +124,10 @@ class VllmEngine:
         dtype = kw.get("dtype")
         check_hybrid(raw, self.model_path / "config.json", None if dtype is None else str(dtype),
                      self.on_cpu)
+        cfg = None  # (pivotflow's reading of the served config: read once, for the CPU's needs)
         if self.on_cpu:
-            check_cpu_experts(raw, self.model_path / "config.json")
+            cfg = pivotflow_reading(raw, self.model_path / "config.json")
+            check_cpu_experts(cfg, self.model_path / "config.json")
         kw.setdefault("skip_tokenizer_init", not self._has_tokenizer())
         kw.setdefault("enable_sleep_mode", not self.on_cpu)
         kw.setdefault("seed", 0)
@@ -149,7 +142,7 @@ class VllmEngine:
             # process's first engine is an MoE, and an in-process engine reuses the groups an
             # earlier one made (a worker whose dense role shifted to an MoE policy: "expert
             # parallel group is not initialized"), so an MoE gets a process of its own.
-            own_process = kw.get("tensor_parallel_size", 1) > 1 or _has_experts(raw)
+            own_process = kw.get("tensor_parallel_size", 1) > 1 or routes_to_experts(raw, cfg)
             kw.setdefault("distributed_executor_backend", "mp" if own_process else "uni")
             kw.setdefault("gpu_memory_utilization", 0.1)
             kw.setdefault("enforce_eager", True)
