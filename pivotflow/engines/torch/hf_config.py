@@ -16,6 +16,7 @@ nothing the decoder computes (token ids, initializer_range, use_cache...) are ig
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -124,6 +125,28 @@ def with_context(raw: dict[str, Any], context: int, where: str) -> dict[str, Any
     return out
 
 
+def _granite_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    return granite_layer_types(raw, _positive_int(raw, "num_hidden_layers", where), where)
+
+
+# a family's config said as config_from_hf reads every family's: its own names for shared
+# keys, its config class's defaults where they differ, its checks (raw, where -> raw)
+_OWN_KEYS: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
+    KIND: _granite_keys,  # (Granite 4.0's layer names, and its dense MLP's width)
+    "nemotron_h": nemotron_blocks,  # (its blocks, and its own names for shared keys)
+    "minimax_m2": minimax_keys,  # (its head width and rotary_dim, its remote code's keys)
+    "olmo_hybrid": lambda raw, _: olmo_hybrid_keys(raw),  # (its null rope_theta: no rope)
+    # (Exaone4Config's norm epsilon)
+    "exaone4": lambda raw, _: {**raw, "rms_norm_eps": raw.get("rms_norm_eps", 1e-5)},
+    "lfm2": lfm2_keys, "lfm2_moe": lfm2_keys,  # (its epsilon's and tying's names, MLP width)
+    "hunyuan_v1_dense": hunyuan_keys, "hunyuan_v1_moe": hunyuan_keys,  # (alpha rope: a base)
+    "seed_oss": seed_oss_keys,  # (heads of 128; its o_proj unbiased)
+    "glm4_moe_lite": lambda raw, _: glm_lite_keys(raw),  # (Glm4MoeLiteConfig's defaults)
+    "ministral3": lambda raw, _: ministral_keys(raw),  # (its rope, heads of 128)
+    "ernie4_5": ernie_keys, "ernie4_5_moe": ernie_keys,  # (heads of 128, its epsilon)
+}
+
+
 def _positive_int(raw: dict[str, Any], key: str, where: str) -> int:
     if key not in raw:
         raise ModelConfigError(f"{where}: required key {key!r} is missing")
@@ -139,30 +162,8 @@ def config_from_hf(raw: dict[str, Any], where: str) -> ModelConfig:
     does not have (another rope or layer type, a biased MLP, another activation...)."""
     kind = _model_type(raw, where)
     _reject_unsupported(raw, where)
-    if kind == KIND:  # (Granite 4.0's layer names, and its dense MLP's width)
-        raw = granite_layer_types(raw, _positive_int(raw, "num_hidden_layers", where), where)
-    if kind == "nemotron_h":  # (its blocks, and its own names for shared keys)
-        raw = nemotron_blocks(raw, where)
-    if kind == "minimax_m2":  # (its head width and rotary_dim, its remote code's keys)
-        raw = minimax_keys(raw, where)
-    if kind == "olmo_hybrid":  # (its null rope_theta: no rope)
-        raw = olmo_hybrid_keys(raw)
-    if kind == "exaone4":  # (Exaone4Config's norm epsilon)
-        raw = {**raw, "rms_norm_eps": raw.get("rms_norm_eps", 1e-5)}
-    if kind in ("lfm2", "lfm2_moe"):  # (its epsilon's and tying's names, its MLP's width)
-        raw = lfm2_keys(raw, where)
-    if kind in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # (its epsilon; alpha rope as a base)
-        raw = hunyuan_keys(raw, where)
-    if kind == "seed_oss":  # (SeedOssConfig's heads of 128; its o_proj unbiased: seed_oss_keys)
-        raw = seed_oss_keys(raw, where)
-    if kind == "dots1":  # (Dots1Config's epsilon)
-        raw = {**raw, "rms_norm_eps": raw.get("rms_norm_eps", 1e-6)}
-    if kind == "glm4_moe_lite":  # (Glm4MoeLiteConfig's defaults)
-        raw = glm_lite_keys(raw)
-    if kind == "ministral3":  # (Ministral3Config's defaults: its rope, heads of 128)
-        raw = ministral_keys(raw)
-    if kind in ("ernie4_5", "ernie4_5_moe"):  # (Ernie4_5Config's heads of 128, its epsilon)
-        raw = ernie_keys(raw, where)
+    if kind in _OWN_KEYS:
+        raw = _OWN_KEYS[kind](raw, where)
     full_layers, sliding_theta = split_layer_rope(raw, kind, where)
     if kind == "gpt_oss" and not (raw.get("rope_parameters") or raw.get("rope_scaling")):
         full_layers = {**full_layers, "rope_parameters": _GPT_OSS_ROPE}

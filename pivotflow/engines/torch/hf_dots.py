@@ -17,8 +17,7 @@ from pivotflow.errors import ModelConfigError
 
 # Dots1Config's defaults (its expert counts have none: a config names them)
 _DEFAULTS = {"first_k_dense_replace": 0, "norm_topk_prob": False, "n_group": 1,
-             "topk_group": 1, "routed_scaling_factor": 1.0, "moe_intermediate_size": 1408,
-             "rms_norm_eps": 1e-6}
+             "topk_group": 1, "routed_scaling_factor": 1.0, "moe_intermediate_size": 1408}
 
 
 def dots_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
