@@ -95,6 +95,8 @@ def describe_model(path: Path) -> str:
               "glm4_moe_lite": f"{mtp} multi-token-prediction layer(s) in the file, not "
                                "loaded",
               "deepseek_v3": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
+              "mistral4": "experts stacked in the file (gate_up_proj, down_proj), held one "
+                          "at a time",
               "gpt_oss": "router and experts fused in the file"
                          + (" in MXFP4, dequantized to bfloat16" if is_mxfp4(raw) else "")
                          + ", held one expert at a time",

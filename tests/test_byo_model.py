@@ -347,6 +347,21 @@ OTHER_LAYOUTS = {
                         "model.layers.1.mlp.gate.wg.weight",
                         "model.layers.0.mlp.shared_mlp.up_proj.weight",
                         "model.layers.1.mlp.experts.3.down_proj.weight")),
+    # Mistral 4: DeepSeek-V3's latent attention and layer, a softmax router over 2 groups,
+    # Llama 4's query scaling past 16 positions; its experts stacked in the file, output-major
+    # (the gate/up stack square here: [4, 128, 128]); transformers' auto classes map no causal
+    # LM for it (the Hub holds it inside Mistral3ForConditionalGeneration)
+    "mistral4": ("Mistral4Config", "Mistral4ForCausalLM",
+                 {"num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 32,
+                  "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 24,
+                  "n_routed_experts": 4,
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 64, "n_group": 2,
+                  "topk_group": 1, "first_k_dense_replace": 1, "rope_parameters": {
+                      "type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                      "original_max_position_embeddings": 16, "mscale": 1.0,
+                      "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}},
+                 ("model.layers.0.self_attn.kv_b_proj.weight",
+                  "model.layers.1.mlp.experts.gate_up_proj", "model.layers.1.mlp.gate.weight")),
 }
 # a GLM-4.5 file's multi-token-prediction layer (layer 2 of a 2-layer decoder), as the Hub's
 # checkpoints hold one past their last layer
@@ -470,6 +485,9 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
                               "norms, router and shared MLP as query_layernorm/key_layernorm, "
                               "gate.wg and shared_mlp in the file, held as q_norm/k_norm, gate "
                               "and shared_experts",
+            "mistral4": "experts 4 (2 a token) on 1 of 2 layers; from the best 1 of 2 groups, "
+                        "1 shared\n  tensors: experts stacked in the file (gate_up_proj, "
+                        "down_proj), held one at a time",
             "qwen3_next": "experts 4 (2 a token) on 1 of 2 layers; a gated shared expert of "
                           "64\n  tensors: DeltaNet projections fused and grouped by key "
                           "head in the file (in_proj_qkvz, in_proj_ba), held split"}[family] in said.stderr
@@ -485,7 +503,9 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
             if "train_rollout_logprob_gap" in r]
     assert gaps and max(gaps) < 1e-4, gaps
     ckpt = tmp_path / "out" / "checkpoints" / "policy"
-    theirs, info = AutoModelForCausalLM.from_pretrained(ckpt, output_loading_info=True)
+    loader = (transformers.Mistral4ForCausalLM if family == "mistral4"  # (no auto class)
+              else AutoModelForCausalLM)
+    theirs, info = loader.from_pretrained(ckpt, output_loading_info=True)
     assert type(theirs).__name__ == model_class and not info["missing_keys"]
     before, after = load_file(folder / "model.safetensors"), load_file(ckpt / "model.safetensors")
     assert before.keys() - after.keys() == (set(MTP_LAYER) if mtp else set())

@@ -72,7 +72,7 @@ from pivotflow.engines.vllm_cpu_experts import (
     routes_to_experts,
 )
 from pivotflow.engines.vllm_hybrid import check_hybrid
-from pivotflow.engines.vllm_latent import check_cpu_width, cpu_engine_kwargs
+from pivotflow.engines.vllm_latent import check_cpu_width, cpu_engine_kwargs, vllm_overrides
 from pivotflow.engines.vllm_worker import WORKER_EXTENSION
 from pivotflow.errors import EngineError, RequestError
 from pivotflow.params.hf_layout import engine_names
@@ -124,6 +124,9 @@ class VllmEngine:
         dtype = kw.get("dtype")
         check_hybrid(raw, self.model_path / "config.json", None if dtype is None else str(dtype),
                      self.on_cpu)
+        served_as = vllm_overrides(raw, self.model_path / "config.json")
+        if served_as:  # (a family vLLM runs under another's module: Mistral 4's)
+            kw["hf_overrides"] = {**served_as, **kw.get("hf_overrides", {})}
         cfg = None  # (pivotflow's reading of the served config: read once, for the CPU's needs)
         if self.on_cpu:
             cfg = pivotflow_reading(raw, self.model_path / "config.json")
@@ -150,7 +153,10 @@ class VllmEngine:
                 dtype = kw.get("dtype")
                 for key, value in cpu_engine_kwargs(raw, self.model_path,
                                                     None if dtype is None else str(dtype)).items():
-                    kw.setdefault(key, value)
+                    if key == "hf_overrides":  # (beside what vllm_overrides said)
+                        kw[key] = {**kw.get(key, {}), **value}
+                    else:
+                        kw.setdefault(key, value)
             if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
                 kw.setdefault("kv_cache_memory_bytes", _CPU_KV_CACHE_BYTES)
         self._llm_kwargs = {"model": str(self.model_path), **kw}

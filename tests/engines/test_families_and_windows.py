@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from hf_fixtures import (
+    ARCEE,
     DEEPSEEK_V2,
     DEEPSEEK_V2_LITE,
     DEEPSEEK_V3,
@@ -40,6 +41,7 @@ from hf_fixtures import (
     MINIMAX_M2,
     MINISTRAL3,
     MISTRAL,
+    MISTRAL4,
     MISTRAL_WINDOW,
     MIXTRAL,
     NEMOTRON_H,
@@ -64,9 +66,11 @@ from hf_fixtures import (
     SIZES,
     SMOLLM3,
     SMOLLM3_WINDOW,
+    SOLAR_OPEN,
     YARN,
     YARN_ROPE,
     Case,
+    causal_lm_class,
     save_folder,
 )
 
@@ -108,7 +112,7 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE, MINIMAX_M2, OLMO_HYBRID,
        OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW, ERNIE4_5, LFM2, SEED_OSS,
        HUNYUAN, HUNYUAN_MOE, ERNIE4_5_MOE, MINISTRAL3, GLM4_7_FLASH,
-       LFM2_MOE, DOTS1]
+       LFM2_MOE, DOTS1, MISTRAL4, SOLAR_OPEN, ARCEE]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -238,6 +242,18 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert written["model_type"] == "dots1" and written["first_k_dense_replace"] == 1
         assert written["layer_types"] == ["full_attention"] + ["sliding_attention"] * 2
         assert written["sliding_window"] == 4 and written["norm_topk_prob"] is False
+    elif case is SOLAR_OPEN:  # (every layer sparse: no dense count; o_proj unbiased)
+        assert written["model_type"] == "solar_open" and written["attention_bias"] is True
+        assert "first_k_dense_replace" not in written and written["n_group"] == 2
+        assert "model.layers.0.self_attn.o_proj.bias" not in folder.tensors
+    elif case is ARCEE:  # (its ungated MLP: no gate_proj)
+        assert written["model_type"] == "arcee" and written["hidden_act"] == "relu2"
+        assert "model.layers.0.mlp.gate_proj.weight" not in folder.tensors
+    elif case is MISTRAL4:  # (its query width, its rotary share and query scaling)
+        assert written["model_type"] == "mistral4" and written["head_dim"] == 48
+        rope = written["rope_parameters"]
+        assert rope["partial_rotary_factor"] == 16 / 48 and rope["llama_4_scaling_beta"] == 0.1
+        assert written["n_group"] == 2 and written["routed_scaling_factor"] == 1.5
     elif case is LFM2_MOE:  # (its experts' keys, its dense layers first)
         assert written["model_type"] == "lfm2_moe" and written["num_dense_layers"] == 1
         assert (written["num_experts"], written["use_expert_bias"]) == (4, True)
@@ -275,7 +291,7 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
     else:
         assert written["rope_parameters"]["rope_type"] == "yarn"
         assert written["rope_parameters"]["original_max_position_embeddings"] == 32
-    rebuilt = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours").eval()
+    rebuilt = causal_lm_class(model.config).from_pretrained(tmp_path / "ours").eval()
     assert load_model_folder(tmp_path / "ours").config == folder.config
     with torch.no_grad():
         torch.testing.assert_close(rebuilt(ids).logits, reference, atol=atol, rtol=0)

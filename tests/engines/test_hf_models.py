@@ -101,6 +101,8 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "Ministral3Config": "ministral3",
                                 "Glm4MoeLiteConfig": "glm4_moe_lite",
                                 "Lfm2MoeConfig": "lfm2_moe", "Dots1Config": "dots1",
+                                "Mistral4Config": "mistral4",
+                                "SolarOpenConfig": "solar_open", "ArceeConfig": "arcee",
                                 "Lfm2Config": "lfm2"}[case.config_class]  # fmt: skip
     # (latent attention's heads: their no-rope and rope parts; 32 in every other case)
     assert cfg.head_dim == (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim or 32)

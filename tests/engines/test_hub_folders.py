@@ -2,7 +2,8 @@
 a Gemma 2 reward model, gpt-oss in MXFP4, MiniMax-M2 with its remote code's keys, EXAONE 4.0's
 window patterns) read as transformers reads them, and each family's own one-line config
 errors (OLMoE's q/k clipping, ERNIE 4.5's biases, Seed-OSS's o_proj bias, Hunyuan's shared
-layer KV, length-dependent rope and uneven expert counts)."""
+layer KV, length-dependent rope and uneven expert counts, Mistral 4's query width and rotary
+share, and its grouped routing on vLLM)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from hf_fixtures import (
     GEMMA3,
     GPT_OSS,
     MINIMAX_M2,
+    MISTRAL4,
     MISTRAL_WINDOW,
     PROMPTS,
     SIZES,
@@ -272,6 +274,67 @@ def test_an_ernie4_5_with_biases_is_a_one_line_error() -> None:
         config_from_hf({**SIZES, "model_type": "ernie4_5", "use_bias": True}, "c.json")
     assert str(err.value) == ("c.json: use_bias=True is not supported by the embedded engine "
                               "on ernie4_5 (false)")
+
+
+def test_a_mistral_small_4_kind_of_folder_runs_its_text_model(tmp_path: Path) -> None:
+    """Mistral Small 4 ships as Mistral3ForConditionalGeneration around a mistral4 text model
+    (transformers' auto classes map no causal LM of its own): pivotflow holds the text model,
+    its experts stacked in the file held one at a time, with the logits transformers' wrapper
+    gives on text, and writes a Mistral4ForCausalLM (loaded by that class)."""
+    text = hf_model(MISTRAL4)
+    config = transformers.Mistral3Config(
+        text_config=text.config.to_dict(), image_token_index=299,
+        vision_config={"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64,
+                       "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28,
+                       "patch_size": 14, "head_dim": 16})
+    theirs = transformers.Mistral3ForConditionalGeneration(config).eval()
+    theirs.model.language_model.load_state_dict(text.model.state_dict())
+    theirs.lm_head.load_state_dict(text.lm_head.state_dict())
+    theirs.save_pretrained(tmp_path / "wrapper")
+    folder = load_model_folder(tmp_path / "wrapper")
+    assert folder.hf_config["architectures"] == ["Mistral4ForCausalLM"]
+    assert folder.config.architecture == "mistral4" and folder.config.llama4_scaling_beta == 0.1
+    assert "model.layers.1.mlp.experts.7.up_proj.weight" in folder.tensors
+    ids = torch.tensor([PROMPTS[2] * 10])
+    with torch.no_grad():
+        reference = theirs(input_ids=ids).logits
+        torch.testing.assert_close(build_model(folder.config, folder.tensors)(ids), reference,
+                                   atol=1e-5, rtol=0)
+    from pivotflow.params.hf_folder import write_folder
+
+    write_folder(tmp_path / "written", folder.hf_config, folder.tensors)
+    again = transformers.Mistral4ForCausalLM.from_pretrained(tmp_path / "written").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, reference, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    ({"head_dim": 64}, r"head_dim=64 is not qk_nope_head_dim \+ qk_rope_head_dim = 48 "
+                       r"\(mistral4's query width\)"),
+    ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}},
+     r"rope_parameters\.partial_rotary_factor=0\.5 is not supported by the embedded engine on "
+     r"mistral4 \(qk_rope_head_dim / head_dim = 0\.3333333333333333\)")])
+def test_mistral4s_query_width_and_rotary_share_are_checked(extra: dict[str, Any],
+                                                           says: str) -> None:
+    raw = {**SIZES, **MISTRAL4.extra, "model_type": "mistral4", **extra}
+    with pytest.raises(ModelConfigError, match=rf"^c\.json: {says}$"):
+        config_from_hf(raw, "c.json")
+
+
+def test_mistral4s_grouped_routing_is_refused_before_vllm_starts(tmp_path: Path) -> None:
+    """vLLM runs Mistral 4 as DeepSeek-V3, whose softmax router ranks groups by their best
+    expert where transformers ranks by the two best: one line, not another model."""
+    from pivotflow.engines.vllm_latent import vllm_overrides
+    from pivotflow.errors import EngineError
+
+    raw = {**SIZES, **MISTRAL4.extra, "model_type": "mistral4"}
+    with pytest.raises(EngineError, match=r"^m/config\.json: n_group=2 is not served by vLLM on "
+                       r"mistral4 \(1: vLLM ranks groups otherwise than transformers\)$"):
+        vllm_overrides(raw, Path("m/config.json"))
+    said = vllm_overrides({**raw, "n_group": 1, "topk_group": 1}, Path("m/config.json"))
+    assert said["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert said["llama_4_scaling"] == {"original_max_position_embeddings": 8, "beta": 0.1}
+    assert "partial_rotary_factor" not in said["rope_parameters"]
 
 
 def test_seed_oss_o_proj_bias_is_a_one_line_error() -> None:

@@ -195,7 +195,7 @@ def test_a_square_expert_stack_is_refused_rather_than_read_one_way() -> None:
     """Experts half as wide as the model fuse gate and up into a square [E, H, H]: input-major
     and output-major look alike there, so pivotflow says so instead of guessing."""
     from pivotflow.engines.torch.hf_config import config_from_hf
-    from pivotflow.params.qwen_vl_layout import qwen_vl_experts
+    from pivotflow.params.stacked_experts import split_stacks
 
     cfg = config_from_hf({**TEXT, "model_type": "qwen3_moe", "num_experts": 4,
                           "num_experts_per_tok": 2, "moe_intermediate_size": 32}, "c.json")
@@ -203,7 +203,7 @@ def test_a_square_expert_stack_is_refused_rather_than_read_one_way() -> None:
     with pytest.raises(ModelConfigError, match=r"^f: tensor 'model\.layers\.0\.mlp\.experts\."
                        r"gate_up_proj' has shape \[4, 64, 64\], .* \(square: which way it lies "
                        r"cannot be told\)$"):
-        qwen_vl_experts(cfg, {"model.layers.0.mlp.experts.gate_up_proj": stack}, "f")
+        split_stacks(cfg, {"model.layers.0.mlp.experts.gate_up_proj": stack}, "f")
 
 
 def test_pivotflow_model_says_a_qwen_vl_folder_runs_its_text_model(tmp_path: Path) -> None:

@@ -160,6 +160,26 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
                                     "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                     "original_max_position_embeddings": 32,
                                     "rope_theta": 10000.0}}),
+            # Mistral 4: DeepSeek-V3's layer with a softmax router (no correction bias), Llama
+            # 4's query scaling past 32 positions (binding on the 67-token prompt); its experts
+            # stacked in the file; vLLM runs it as DeepSeek-V3 (vllm_latent.vllm_overrides)
+            "mistral4": ("Mistral4Config", "Mistral4ForCausalLM", {
+                "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 512,
+                "qk_nope_head_dim": 32, "qk_rope_head_dim": 64, "v_head_dim": 32,
+                "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                "routed_scaling_factor": 1.5, "first_k_dense_replace": 1, "pad_token_id": EOS,
+                "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0,
+                                    "mscale_all_dim": 1.0, "original_max_position_embeddings": 32,
+                                    "rope_theta": 10000.0, "llama_4_scaling_beta": 0.1}}),
+            # Solar Open: Llama's attention (q/k/v biased), GLM-4.5's experts on every layer
+            # (from the best of 2 groups, one shared); Arcee: Llama's layer with an ungated
+            # relu(x)^2 MLP, YaRN binding on the 67-token prompt
+            "solar-open": ("SolarOpenConfig", "SolarOpenForCausalLM", {
+                "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.0,
+                "attention_bias": True, "pad_token_id": EOS}),
+            "arcee": ("ArceeConfig", "ArceeForCausalLM", {"pad_token_id": EOS,
+                                                          "rope_parameters": YARN}),
             # DeepSeek-V2: the same attention with plain RoPE (Moonlight's kind: vLLM's CPU
             # rotary kernel misreads it; pivotflow tells vLLM YaRN of factor 1, the same rope),
             # a softmax router from the 2 of 4 groups whose best expert scores highest,
@@ -239,7 +259,8 @@ def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
         "vocab_size": vocab, "hidden_size": 128, "intermediate_size": 256,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "max_position_embeddings": MAX_LEN, "eos_token_id": EOS, "bos_token_id": EOS,
-        **({} if config_class in ("Phi3Config", "Glm4Config", "Glm4MoeLiteConfig")
+        **({} if config_class in ("Phi3Config", "Glm4Config", "Glm4MoeLiteConfig",
+                                  "Mistral4Config")
            else {"head_dim": 32}),
         **extra})  # fmt: skip
     torch.manual_seed(0)
@@ -268,6 +289,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
                                 "ernie4.5": "ernie4_5", "seed-oss": "seed_oss",
 
                                 "hunyuan-dense": "hunyuan_v1_dense",
+                                "solar-open": "solar_open",
                                 "glm4.7-flash": "glm4_moe_lite",
                                 "hunyuan-moe": "hunyuan_v1_moe",
                                 "qwen2-moe": "qwen2_moe", "deepseek-v3": "deepseek_v3",

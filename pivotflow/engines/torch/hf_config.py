@@ -35,10 +35,12 @@ from pivotflow.engines.torch.hf_hunyuan import hunyuan_keys
 from pivotflow.engines.torch.hf_lfm2 import lfm2_keys
 from pivotflow.engines.torch.hf_minimax import minimax_keys
 from pivotflow.engines.torch.hf_ministral import ministral_keys
+from pivotflow.engines.torch.hf_mistral4 import mistral4_keys
 from pivotflow.engines.torch.hf_nemotron import nemotron_blocks
 from pivotflow.engines.torch.hf_olmo_hybrid import olmo_hybrid_keys
 from pivotflow.engines.torch.hf_rope import PARTIAL_ROTARY_FAMILIES, rope_fields, rope_key
 from pivotflow.engines.torch.hf_seed_oss import seed_oss_keys
+from pivotflow.engines.torch.hf_solar_open import solar_open_keys
 from pivotflow.engines.torch.hf_windows import split_layer_rope, window_fields
 from pivotflow.engines.torch.model_config import ARCHITECTURES, ModelConfig
 from pivotflow.errors import ModelConfigError
@@ -93,8 +95,9 @@ def _model_type(raw: dict[str, Any], where: str) -> str:
 
 def _reject_unsupported(raw: dict[str, Any], where: str) -> None:
     """Raise for the first key whose value asks for math this decoder does not do."""
-    # (Gemma's hidden_activation's gate; Nemotron-H's mlp_hidden_act, hf_nemotron's)
-    gemma = raw.get("model_type") in ("gemma3_text", "gemma2", "nemotron_h")
+    # (Gemma's hidden_activation's gate; Nemotron-H's mlp_hidden_act, hf_nemotron's; Arcee's
+    # relu2, hf_families')
+    gemma = raw.get("model_type") in ("gemma3_text", "gemma2", "nemotron_h", "arcee")
     # (Phi-3's and GLM-4's attention rotates part of each head)
     partial_ok = raw.get("model_type") in PARTIAL_ROTARY_FAMILIES
     checks = [  # (key, it asks for something else, what runs)
@@ -136,13 +139,16 @@ _OWN_KEYS: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
     "nemotron_h": nemotron_blocks,  # (its blocks, and its own names for shared keys)
     "minimax_m2": minimax_keys,  # (its head width and rotary_dim, its remote code's keys)
     "olmo_hybrid": lambda raw, _: olmo_hybrid_keys(raw),  # (its null rope_theta: no rope)
-    # (Exaone4Config's norm epsilon)
+    # (Exaone4Config's and ArceeConfig's norm epsilon)
     "exaone4": lambda raw, _: {**raw, "rms_norm_eps": raw.get("rms_norm_eps", 1e-5)},
+    "arcee": lambda raw, _: {**raw, "rms_norm_eps": raw.get("rms_norm_eps", 1e-5)},
     "lfm2": lfm2_keys, "lfm2_moe": lfm2_keys,  # (its epsilon's and tying's names, MLP width)
     "hunyuan_v1_dense": hunyuan_keys, "hunyuan_v1_moe": hunyuan_keys,  # (alpha rope: a base)
     "seed_oss": seed_oss_keys,  # (heads of 128; its o_proj unbiased)
     "glm4_moe_lite": lambda raw, _: glm_lite_keys(raw),  # (Glm4MoeLiteConfig's defaults)
     "ministral3": lambda raw, _: ministral_keys(raw),  # (its rope, heads of 128)
+    "solar_open": solar_open_keys,  # (SolarOpenConfig's defaults)
+    "mistral4": mistral4_keys,  # (Mistral4Config's defaults, its head_dim the query's width)
     "ernie4_5": ernie_keys, "ernie4_5_moe": ernie_keys,  # (heads of 128, its epsilon)
 }
 

@@ -26,9 +26,11 @@ from pivotflow.engines.torch.hf_hunyuan import hunyuan_moe_to_hf
 from pivotflow.engines.torch.hf_lfm2 import lfm2_to_hf
 from pivotflow.engines.torch.hf_minimax import minimax_to_hf
 from pivotflow.engines.torch.hf_ministral import ministral_to_hf
+from pivotflow.engines.torch.hf_mistral4 import mistral4_to_hf
 from pivotflow.engines.torch.hf_nemotron import nemotron_to_hf
 from pivotflow.engines.torch.hf_olmo_hybrid import olmo_hybrid_to_hf
 from pivotflow.engines.torch.hf_rope import rope_to_hf
+from pivotflow.engines.torch.hf_solar_open import solar_open_to_hf
 from pivotflow.engines.torch.hf_windows import windows_to_hf
 from pivotflow.engines.torch.model_config import ModelConfig
 from pivotflow.errors import ModelConfigError
@@ -61,7 +63,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
               "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
               "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
-              "ministral3": "Ministral3ForCausalLM",
+              "ministral3": "Ministral3ForCausalLM", "mistral4": "Mistral4ForCausalLM",
+              "solar_open": "SolarOpenForCausalLM", "arcee": "ArceeForCausalLM",
               "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
               "lfm2_moe": "Lfm2MoeForCausalLM",
               "dots1": "Dots1ForCausalLM"}  # fmt: skip
@@ -151,6 +154,13 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
                    use_bidirectional_attention=False)
     elif cfg.architecture == "ministral3":
         out.update(ministral_to_hf(cfg, rope))
+    elif cfg.architecture == "mistral4":
+        out.update(mistral4_to_hf(cfg, rope))
+    elif cfg.architecture == "solar_open":
+        out.update(solar_open_to_hf(cfg))
+    elif cfg.architecture == "arcee":  # (no token ids: ArceeConfig's are a 128k vocab's)
+        out.update(attention_bias=cfg.attention_bias, mlp_bias=False, pad_token_id=None,
+                   bos_token_id=None, eos_token_id=None)
     elif cfg.architecture == "mistral":
         out.update(sliding_window=None)  # none, explicitly: transformers' default is 4096
     elif cfg.architecture == "gpt_oss":  # (no token ids: as for phi3, below)

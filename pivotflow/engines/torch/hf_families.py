@@ -69,6 +69,19 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         from pivotflow.engines.torch.hf_glm_lite import glm_lite_fields
 
         return glm_lite_fields(raw, layers, where)
+    if kind == "arcee":  # (Llama's layer, its MLP ungated: relu(x)^2, as Nemotron's)
+        act = raw.get("hidden_act", "relu2")
+        if act != "relu2":
+            raise ModelConfigError(f"{where}: hidden_act={act!r} {ENGINE} on arcee (relu2)")
+        return {"hidden_act": act}
+    if kind == "solar_open":
+        from pivotflow.engines.torch.hf_solar_open import solar_open_fields
+
+        return solar_open_fields(raw, layers, where)
+    if kind == "mistral4":
+        from pivotflow.engines.torch.hf_mistral4 import mistral4_fields
+
+        return mistral4_fields(raw, layers, where)
     if kind == "ministral3":
         from pivotflow.engines.torch.hf_ministral import ministral_fields
 

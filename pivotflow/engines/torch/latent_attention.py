@@ -58,7 +58,7 @@ class LatentAttention(nn.Module):
         sin: torch.Tensor,
         attn_mask: torch.Tensor | None,
         cache: KVCacheHook | None,
-        q_scale: torch.Tensor | None = None,  # (Ministral 3's, never with latent attention)
+        q_scale: torch.Tensor | None = None,  # (Mistral 4's [B, 1, T, 1], by position)
     ) -> torch.Tensor:
         b, t, _ = x.shape
         h, d, nope = self.n_heads, self.head_dim, self.nope
@@ -73,6 +73,8 @@ class LatentAttention(nn.Module):
         q = torch.cat((q[..., :nope], turn(q[..., nope:], cos, sin)), -1)
         k_rot = turn(k_rot.view(b, 1, t, d - nope), cos, sin).expand(b, h, t, d - nope)
         k = torch.cat((kv[..., :nope], k_rot), -1)
+        if q_scale is not None:  # (on the whole query, after rope: rope.query_scale)
+            q = q * q_scale.to(q.dtype)
         v = kv[..., nope:]
         if cache is not None:
             raise EngineError("latent attention serves from the engine's latent cache "

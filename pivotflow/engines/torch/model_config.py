@@ -15,14 +15,16 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "granitemoehybrid",
                  "nemotron_h", "minimax_m2", "olmo_hybrid", "exaone4", "ernie4_5", "lfm2",
                  "seed_oss", "hunyuan_v1_dense", "hunyuan_v1_moe", "ernie4_5_moe",
-                 "ministral3", "glm4_moe_lite", "lfm2_moe", "dots1")
+                 "ministral3", "glm4_moe_lite", "lfm2_moe", "dots1", "mistral4",
+                 "solar_open", "arcee")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
                      "granitemoehybrid", "nemotron_h", "minimax_m2", "hunyuan_v1_moe",
-                     "ernie4_5_moe", "glm4_moe_lite", "lfm2_moe", "dots1")
+                     "ernie4_5_moe", "glm4_moe_lite", "lfm2_moe", "dots1", "mistral4",
+                     "solar_open")
 # multi-head latent attention (DeepSeek-V2's and V3's, ``kv_lora_rank``)
-LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2", "glm4_moe_lite")
+LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2", "glm4_moe_lite", "mistral4")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
                          "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "minimax_m2",
                          "olmo_hybrid", "exaone4", "lfm2", "hunyuan_v1_dense", "hunyuan_v1_moe",
@@ -53,7 +55,8 @@ SANDWICH_NORM_ARCHITECTURES = ("gemma3_text", "glm4", "gemma2")
 OFFSET_NORM_ARCHITECTURES = ("gemma3_text", "gemma2", "qwen3_5_text", "qwen3_5_moe_text",
                              "qwen3_next")
 EMBED_SCALED_ARCHITECTURES = ("gemma3_text", "gemma2")
-# the MLP's gate (HF's hidden_act names); relu2 (relu(x)^2) is Nemotron-H's ungated MLP's
+# the MLP's gate (HF's hidden_act names); relu2 (relu(x)^2) is Nemotron-H's and Arcee's
+# ungated MLPs'
 GATED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 ACTIVATIONS = (*GATED_ACTIVATIONS, "relu2")
 # norms on each sub-layer's output ("post-norm"): OLMo-2's and OLMo-3's (q and k normalised
@@ -390,10 +393,12 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def o_proj_bias(self) -> bool:
-        """Whether o_proj has a bias: Qwen2, Qwen2-MoE, GLM-4, GLM-4.5 and Seed-OSS never (its
+        """Whether o_proj has a bias: Qwen2, Qwen2-MoE, GLM-4, GLM-4.5, Solar Open and Seed-OSS
+        never (Seed-OSS's
         ``attention_out_bias`` true is refused); Llama, Mistral and Qwen3 when attention_bias."""
         return self.attention_bias and self.architecture not in ("qwen2", "glm4", "glm4_moe",
-                                                                 "qwen2_moe", "seed_oss")
+                                                                 "qwen2_moe", "seed_oss",
+                                                                 "solar_open")
 
     @property
     def rotary_dim(self) -> int:

@@ -46,9 +46,10 @@ def check(cfg: ModelConfig) -> None:
             f"num_attention_heads {cfg.num_attention_heads} is not a multiple of "
             f"num_key_value_heads {cfg.num_key_value_heads}"
         )
-    if cfg.llama4_scaling_beta and cfg.architecture != "ministral3":
+    if cfg.llama4_scaling_beta and cfg.architecture not in ("ministral3", "mistral4"):
         raise ModelConfigError(f"llama4_scaling_beta does not fit architecture "
-                               f"{cfg.architecture!r} (Ministral 3's query scaling)")
+                               f"{cfg.architecture!r} (Ministral 3's and Mistral 4's query "
+                               "scaling)")
     _latent(cfg)  # (before head_dim's checks: its parts name what is wrong)
     if cfg.head_dim % 2:
         raise ModelConfigError(f"head_dim {cfg.head_dim} must be even for rotary embeddings")
@@ -179,7 +180,7 @@ _MAMBA_DIMS = ("mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state
 
 def _blocks(cfg: ModelConfig) -> None:
     """Nemotron-H's one-block layers: MLP blocks inside the model, none a linear layer; its
-    MLPs ungated (relu2), every other family's gated."""
+    MLPs ungated (relu2), as Arcee's, every other family's gated."""
     nemotron = cfg.architecture in BLOCK_ARCHITECTURES
     if cfg.mlp_blocks and not nemotron:
         raise ModelConfigError(f"mlp_blocks do not fit architecture {cfg.architecture!r} (only "
@@ -188,9 +189,10 @@ def _blocks(cfg: ModelConfig) -> None:
     both = sorted(set(cfg.mlp_blocks) & set(cfg.linear_attention_layers))
     if both:
         raise ModelConfigError(f"layers {both} are both MLP blocks and Mamba2 layers")
-    if nemotron != (cfg.hidden_act == "relu2"):
+    if (nemotron or cfg.architecture == "arcee") != (cfg.hidden_act == "relu2"):
         raise ModelConfigError(f"hidden_act {cfg.hidden_act!r} does not fit architecture "
-                               f"{cfg.architecture!r} (relu2 is Nemotron-H's, and only its)")
+                               f"{cfg.architecture!r} (relu2 is Nemotron-H's and Arcee's, and "
+                               "only theirs)")
 
 
 def _mamba(cfg: ModelConfig) -> None:
@@ -295,8 +297,10 @@ def _router(cfg: ModelConfig) -> None:
         raise ModelConfigError(
             f"topk_group must be in [1, n_group={cfg.n_group}], got {cfg.topk_group}")
     per_group = cfg.num_experts // cfg.n_group
-    v2 = cfg.architecture == "deepseek_v2"  # (a softmax router's groups: group_rank_top)
-    if cfg.n_group > 1 and not v2 and (cfg.scoring_func != "sigmoid" or per_group < 2):
+    # (a softmax router's groups: DeepSeek-V2's rank by their best, Mistral 4's by two)
+    softmax_groups = cfg.architecture in ("deepseek_v2", "mistral4")
+    if cfg.n_group > 1 and not softmax_groups and (cfg.scoring_func != "sigmoid"
+                                                   or per_group < 2):
         raise ModelConfigError(
             f"n_group={cfg.n_group} needs scoring_func 'sigmoid' and at least 2 experts "
             f"a group (a group ranks by its two best), got {cfg.scoring_func!r} and "
