@@ -125,13 +125,9 @@ def test_a_gemma2_reward_model_scores_as_transformers_without_the_logit_cap(
     assert float(expected.abs().max()) > 3.0
 
 
-def test_a_mistral_small_3_kind_of_folder_runs_its_text_model(tmp_path: Path) -> None:
-    """Mistral Small 3.1+ and Magistral Small 1.2 ship as Mistral3ForConditionalGeneration:
-    pivotflow holds the Mistral text model alone, with the logits transformers' wrapper gives
-    on text, and writes a MistralForCausalLM; the wrapper's tying decides (transformers 5's
-    rule: here tied, so the file has no head)."""
-    transformers = pytest.importorskip("transformers")
-    text = hf_model(MISTRAL_WINDOW)
+def _mistral3_wrapper(text: Any, root: Path) -> Any:
+    """A Mistral3ForConditionalGeneration around the transformers text model ``text`` (a
+    one-layer Pixtral vision tower beside), saved into ``root``."""
     config = transformers.Mistral3Config(
         text_config=text.config.to_dict(), image_token_index=299,
         vision_config={"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64,
@@ -139,7 +135,16 @@ def test_a_mistral_small_3_kind_of_folder_runs_its_text_model(tmp_path: Path) ->
                        "patch_size": 14, "head_dim": 16})
     theirs = transformers.Mistral3ForConditionalGeneration(config).eval()
     theirs.model.language_model.load_state_dict(text.model.state_dict())
-    theirs.save_pretrained(tmp_path / "wrapper")
+    theirs.save_pretrained(root)
+    return theirs
+
+
+def test_a_mistral_small_3_kind_of_folder_runs_its_text_model(tmp_path: Path) -> None:
+    """Mistral Small 3.1+ and Magistral Small 1.2 ship as Mistral3ForConditionalGeneration:
+    pivotflow holds the Mistral text model alone, with the logits transformers' wrapper gives
+    on text, and writes a MistralForCausalLM; the wrapper's tying decides (transformers 5's
+    rule: here tied, so the file has no head)."""
+    theirs = _mistral3_wrapper(hf_model(MISTRAL_WINDOW), tmp_path / "wrapper")
     folder = load_model_folder(tmp_path / "wrapper")
     assert folder.hf_config["architectures"] == ["MistralForCausalLM"]
     assert folder.config.tie_word_embeddings and folder.config.sliding_window == 4
@@ -282,14 +287,8 @@ def test_a_mistral_small_4_kind_of_folder_runs_its_text_model(tmp_path: Path) ->
     its experts stacked in the file held one at a time, with the logits transformers' wrapper
     gives on text, and writes a Mistral4ForCausalLM (loaded by that class)."""
     text = hf_model(MISTRAL4)
-    config = transformers.Mistral3Config(
-        text_config=text.config.to_dict(), image_token_index=299,
-        vision_config={"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64,
-                       "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28,
-                       "patch_size": 14, "head_dim": 16})
-    theirs = transformers.Mistral3ForConditionalGeneration(config).eval()
-    theirs.model.language_model.load_state_dict(text.model.state_dict())
-    theirs.lm_head.load_state_dict(text.lm_head.state_dict())
+    theirs = _mistral3_wrapper(text, tmp_path / "wrapper")
+    theirs.lm_head.load_state_dict(text.lm_head.state_dict())  # (untied: the text model's)
     theirs.save_pretrained(tmp_path / "wrapper")
     folder = load_model_folder(tmp_path / "wrapper")
     assert folder.hf_config["architectures"] == ["Mistral4ForCausalLM"]
