@@ -66,6 +66,8 @@ def describe_model(path: Path) -> str:
             f"{cfg.linear_key_head_dim}, a {cfg.linear_conv_kernel_dim}-tap convolution"
             + ("; the others' attention output gated" if cfg.attn_output_gate else "")
             + ("; writes at up to twice the rate" if cfg.linear_allow_neg_eigval else ""))
+    if cfg.attn_output_gate and not cfg.linear_attention_layers:  # (AFMoE's)
+        lines.append("  attention output gated (a sigmoid of its own projection)")
     if cfg.short_conv and cfg.linear_attention_layers:
         lines.append(f"  gated short convolutions on {len(cfg.linear_attention_layers)} of "
                      f"{cfg.num_hidden_layers} layers: {cfg.linear_conv_kernel_dim} taps")
@@ -95,6 +97,8 @@ def describe_model(path: Path) -> str:
               "glm4_moe_lite": f"{mtp} multi-token-prediction layer(s) in the file, not "
                                "loaded",
               "deepseek_v3": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
+              "afmoe": "attention's gate_proj, router and MLP norms under AFMoE's names in "
+                       "the file, held inside q_proj and under the common ones",
               "mistral4": "experts stacked in the file (gate_up_proj, down_proj), held one "
                           "at a time",
               "gpt_oss": "router and experts fused in the file"

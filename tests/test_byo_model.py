@@ -347,6 +347,16 @@ OTHER_LAYOUTS = {
                         "model.layers.1.mlp.gate.wg.weight",
                         "model.layers.0.mlp.shared_mlp.up_proj.weight",
                         "model.layers.1.mlp.experts.3.down_proj.weight")),
+    # AFMoE (Arcee Trinity): Gemma's sandwich layer, attention gated by a projection of its own
+    # (held inside q_proj), rope on the sliding layers only; a dense layer, then 4 experts by a
+    # sigmoid router with its correction bias on the block (frozen); its own names for the
+    # router and MLP norms
+    "afmoe": ("AfmoeConfig", "AfmoeForCausalLM",
+              {"head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
+               "num_shared_experts": 1, "moe_intermediate_size": 64, "num_dense_layers": 1,
+               "global_attn_every_n_layers": 2, "sliding_window": 8},
+              ("model.layers.0.self_attn.gate_proj.weight", "model.layers.1.mlp.router.gate.weight",
+               "model.layers.1.pre_mlp_layernorm.weight")),
     # Mistral 4: DeepSeek-V3's latent attention and layer, a softmax router over 2 groups,
     # Llama 4's query scaling past 16 positions; its experts stacked in the file, output-major
     # (the gate/up stack square here: [4, 128, 128]); transformers' auto classes map no causal
@@ -394,6 +404,10 @@ LORA_EXPORTS = {
     "nemotron_h": (["q_proj", "o_proj", "in_proj", "up_proj", "down_proj"], {}),
     # (Hunyuan-MoE's attention: PEFT maps any down_proj target onto experts it holds fused)
     "hunyuan_v1_moe": (["q_proj", "k_proj", "v_proj", "o_proj"], {}),
+    # (AFMoE's k, v and o: PEFT reads any gate_proj target as its fused experts', so an adapter
+    # of the held q_proj, which exports as q_proj's and self_attn.gate_proj's, does not load
+    # there: test_hub_folders checks that export)
+    "afmoe": (["k_proj", "v_proj", "o_proj"], {}),
 }
 
 
@@ -429,7 +443,7 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     policy.save_pretrained(folder)
     mtp = family in ("glm4_moe", "deepseek_v3")
     # (a router's correction bias, frozen: the sigmoid ones' and ERNIE 4.5 MoE's)
-    sigmoid = mtp or family in ("minimax_m2", "ernie4_5_moe", "lfm2_moe")
+    sigmoid = mtp or family in ("minimax_m2", "ernie4_5_moe", "lfm2_moe", "afmoe")
     if mtp:
         from safetensors.torch import save_file
 
@@ -485,6 +499,11 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
                               "norms, router and shared MLP as query_layernorm/key_layernorm, "
                               "gate.wg and shared_mlp in the file, held as q_norm/k_norm, gate "
                               "and shared_experts",
+            "afmoe": "attention output gated (a sigmoid of its own projection)\n  sliding "
+                     "window 8 on 1 of 2 layers\n  experts 4 (2 a token) on 1 of 2 layers; "
+                     "sigmoid router with a correction bias, 1 shared\n  tensors: attention's "
+                     "gate_proj, router and MLP norms under AFMoE's names in the file, held "
+                     "inside q_proj and under the common ones",
             "mistral4": "experts 4 (2 a token) on 1 of 2 layers; from the best 1 of 2 groups, "
                         "1 shared\n  tensors: experts stacked in the file (gate_up_proj, "
                         "down_proj), held one at a time",
@@ -515,7 +534,8 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     if sigmoid:  # (a load statistic, not a weight: frozen)
         bias = {"minimax_m2": "model.layers.1.block_sparse_moe.e_score_correction_bias",
                 "ernie4_5_moe": "model.layers.1.mlp.moe_statics.e_score_correction_bias",
-                "lfm2_moe": "model.layers.1.feed_forward.expert_bias"}.get(
+                "lfm2_moe": "model.layers.1.feed_forward.expert_bias",
+                "afmoe": "model.layers.1.mlp.expert_bias"}.get(
             family, "model.layers.1.mlp.gate.e_score_correction_bias")
         assert torch.equal(before[bias], after[bias])
     if mtp:
@@ -532,6 +552,7 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
             "q_proj", "o_proj", "in_proj", "out_proj", "gate_proj", "up_proj", "down_proj"],
             "nemotron_h": LORA_EXPORTS["nemotron_h"][0],
             "hunyuan_v1_moe": LORA_EXPORTS["hunyuan_v1_moe"][0],
+            "afmoe": LORA_EXPORTS["afmoe"][0],
             "lfm2": ["q_proj", "o_proj", "in_proj", "out_proj", "gate_proj", "up_proj",
                      "down_proj"],
             "olmo_hybrid": ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_a",

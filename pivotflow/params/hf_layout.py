@@ -77,6 +77,8 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from pivotflow.errors import ModelConfigError
+from pivotflow.params.afmoe_layout import TARGETS as AFMOE_TARGETS
+from pivotflow.params.afmoe_layout import afmoe_disk, afmoe_held
 from pivotflow.params.fp8_blocks import block_size, fp8_dequantized, is_fp8_blocks
 from pivotflow.params.granite_layout import granite_engine, granite_fused, granite_split
 from pivotflow.params.held_config import (
@@ -222,6 +224,8 @@ def held_layout(
         return lfm2_names(tensors, to_disk=False)
     if family in ("hunyuan_v1_dense", "hunyuan_v1_moe"):
         return renamed_modules(tensors, HUNYUAN_NAMES)
+    if family == "afmoe":  # (its attention's gate inside q_proj, its router's names)
+        return afmoe_held(_geometry(config, where), tensors, where)
     if family == "mistral4":  # (its module's own expert stacks: stacked_experts)
         return split_stacks(_geometry(config, where), tensors, where, either_way=False)
     if family == "ernie4_5":  # (its rotary pairs interleaved, as GLM-4's)
@@ -328,6 +332,8 @@ def engine_names(config: dict[str, Any],
         return lfm2_names(tensors, to_disk=True)
     if family in ("hunyuan_v1_dense", "hunyuan_v1_moe"):
         return renamed_modules(tensors, HUNYUAN_NAMES_BACK)
+    if family == "afmoe":
+        return afmoe_disk(_geometry(config, "engine export"), tensors)
     if family == "qwen3_next":  # (vLLM's Qwen3-Next loads its file's fused, grouped rows)
         return _fused(config, tensors)
     if family == "glm4":
@@ -390,6 +396,8 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
         return olmo_hybrid_adapters(_geometry(config, "adapter export"), adapters), {}, {}
     if family in ("lfm2", "lfm2_moe"):  # (renamed, nothing fused)
         return lfm2_names(adapters, to_disk=True), {}, {}
+    if family == "afmoe":  # (q_proj's adapter as the file's q_proj's and gate_proj's)
+        return afmoe_disk(_geometry(config, "adapter export"), adapters), {}, {}
     if family in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # (Hunyuan-MoE's shared MLP renamed)
         return renamed_modules(adapters, HUNYUAN_NAMES_BACK), {}, {}
     if family in ("ernie4_5", "ernie4_5_moe"):  # (q's and k's B rows in its interleaved order)
@@ -436,6 +444,8 @@ def fused_targets(config: dict[str, Any], targets: list[str]) -> list[str]:
         return list(dict.fromkeys(n for t in targets for n in OLMO_HYBRID_TARGETS.get(t, (t,))))
     if family in ("lfm2", "lfm2_moe"):
         return list(dict.fromkeys(LFM2_TARGETS.get(t, t) for t in targets))
+    if family == "afmoe":
+        return list(dict.fromkeys(n for t in targets for n in AFMOE_TARGETS.get(t, (t,))))
     if family not in _FUSED:
         return list(targets)
     fused = {_module(p).split(".")[-1]: _module(f).split(".")[-1]

@@ -503,6 +503,19 @@ CASES += [
           "eos_token_id": 2}),
 ]  # fmt: skip
 SOLAR_OPEN, ARCEE = CASES[57], CASES[58]
+# AFMoE (Arcee Trinity): Gemma's sandwich layer, attention with per-head q/k norms and a
+# sigmoid output gate of its own projection, rope on the sliding layers only (a window of 4 on
+# every other layer, binding), a dense first MLP, then 4 experts (2 a token) by a sigmoid
+# router with a bias on the block, renormalised, times 1.5, beside a shared one; mup's
+# embedding scale
+CASES += [
+    Case("afmoe", "AfmoeConfig", False,
+         {"num_hidden_layers": 4, "head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
+          "num_shared_experts": 1, "moe_intermediate_size": 32, "num_dense_layers": 1,
+          "route_scale": 1.5, "global_attn_every_n_layers": 2, "sliding_window": 4,
+          "mup_enabled": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+]  # fmt: skip
+AFMOE = CASES[59]
 CASE_IDS = [c.name for c in CASES]
 
 

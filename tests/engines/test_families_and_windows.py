@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from hf_fixtures import (
+    AFMOE,
     ARCEE,
     DEEPSEEK_V2,
     DEEPSEEK_V2_LITE,
@@ -112,7 +113,7 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE, MINIMAX_M2, OLMO_HYBRID,
        OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW, ERNIE4_5, LFM2, SEED_OSS,
        HUNYUAN, HUNYUAN_MOE, ERNIE4_5_MOE, MINISTRAL3, GLM4_7_FLASH,
-       LFM2_MOE, DOTS1, MISTRAL4, SOLAR_OPEN, ARCEE]
+       LFM2_MOE, DOTS1, MISTRAL4, SOLAR_OPEN, ARCEE, AFMOE]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -242,6 +243,14 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert written["model_type"] == "dots1" and written["first_k_dense_replace"] == 1
         assert written["layer_types"] == ["full_attention"] + ["sliding_attention"] * 2
         assert written["sliding_window"] == 4 and written["norm_topk_prob"] is False
+    elif case is AFMOE:  # (its gate apart, its router's and norms' names, its windows)
+        assert written["model_type"] == "afmoe" and written["mup_enabled"] is True
+        assert written["layer_types"] == ["sliding_attention", "full_attention"] * 2
+        assert (written["num_dense_layers"], written["route_scale"]) == (1, 1.5)
+        disk = disk_layout(written, folder.tensors)
+        assert {"model.layers.0.self_attn.gate_proj.weight", "model.layers.1.mlp.router.gate.weight",
+                "model.layers.1.mlp.expert_bias",
+                "model.layers.1.pre_mlp_layernorm.weight"} <= disk.keys()
     elif case is SOLAR_OPEN:  # (every layer sparse: no dense count; o_proj unbiased)
         assert written["model_type"] == "solar_open" and written["attention_bias"] is True
         assert "first_k_dense_replace" not in written and written["n_group"] == 2

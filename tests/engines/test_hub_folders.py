@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from hf_fixtures import (
+    AFMOE,
     GEMMA2,
     GEMMA3,
     GPT_OSS,
@@ -334,6 +335,28 @@ def test_mistral4s_grouped_routing_is_refused_before_vllm_starts(tmp_path: Path)
     assert said["architectures"] == ["DeepseekV3ForCausalLM"]
     assert said["llama_4_scaling"] == {"original_max_position_embeddings": 8, "beta": 0.1}
     assert "partial_rotary_factor" not in said["rope_parameters"]
+
+
+def test_an_afmoe_q_proj_adapter_exports_as_its_query_and_gate_adapters_exactly() -> None:
+    """AFMoE's attention gate is held inside q_proj (each head's query rows, then its gate
+    rows); a LoRA adapter of the held q_proj exports as adapters of the file's q_proj and
+    self_attn.gate_proj whose updates are the held update's rows."""
+    from pivotflow.params.hf_layout import fused_adapters, fused_targets
+
+    config = {**SIZES, **AFMOE.extra, "model_type": "afmoe"}
+    heads, d, rank = SIZES["num_attention_heads"], AFMOE.extra["head_dim"], 4
+    a, b = torch.randn(rank, SIZES["hidden_size"]), torch.randn(2 * heads * d, rank)
+    prefix = "base_model.model.model.layers.0.self_attn."
+    out, ranks, alphas = fused_adapters(config, {f"{prefix}q_proj.lora_A": a,
+                                                 f"{prefix}q_proj.lora_B": b}, rank, 8.0)
+    assert (ranks, alphas) == ({}, {})
+    held = (b @ a).view(heads, 2, d, -1)
+    for part, i in (("q_proj", 0), ("gate_proj", 1)):
+        assert torch.equal(out[f"{prefix}{part}.lora_A"], a)
+        torch.testing.assert_close(out[f"{prefix}{part}.lora_B"] @ a,
+                                   held[:, i].reshape(heads * d, -1))
+    assert fused_targets(config, ["q_proj", "o_proj"]) == ["q_proj", "self_attn.gate_proj",
+                                                           "o_proj"]
 
 
 def test_seed_oss_o_proj_bias_is_a_one_line_error() -> None:

@@ -180,6 +180,15 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
                 "attention_bias": True, "pad_token_id": EOS}),
             "arcee": ("ArceeConfig", "ArceeForCausalLM", {"pad_token_id": EOS,
                                                           "rope_parameters": YARN}),
+            # AFMoE (Arcee Trinity): the sandwich layer, gated attention with rope on its
+            # sliding first layer (a window of 6) and none on the full second, whose MLP is 8
+            # experts by a sigmoid router with a bias, times 1.5, beside a shared one; mup's
+            # embedding scale (vLLM reads the released configs' router keys: held_config's)
+            "afmoe": ("AfmoeConfig", "AfmoeForCausalLM", {
+                "num_experts": 8, "num_experts_per_tok": 2, "num_shared_experts": 1,
+                "moe_intermediate_size": 64, "num_dense_layers": 1,
+                "global_attn_every_n_layers": 2, "sliding_window": 6, "route_scale": 1.5,
+                "mup_enabled": True, "pad_token_id": EOS}),
             # DeepSeek-V2: the same attention with plain RoPE (Moonlight's kind: vLLM's CPU
             # rotary kernel misreads it; pivotflow tells vLLM YaRN of factor 1, the same rope),
             # a softmax router from the 2 of 4 groups whose best expert scores highest,
@@ -296,7 +305,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
                                 "deepseek-v2": "deepseek_v2"}.get(
         family, family.split("-")[0])
     assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text",
-                                                   "exaone4", "dots1",
+                                                   "exaone4", "dots1", "afmoe",
                                                    "phi3-window", "mixtral-window",
                                                    "gemma2-window"))
     ours = TorchEngine(cfg, max_batch=8, eos_token_id=EOS)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from pivotflow.engines.torch.hf_afmoe import afmoe_keys
 from pivotflow.engines.torch.hf_config_write import (
     HF_CLASSES,
     HF_CLASSIFIERS,
@@ -148,6 +149,7 @@ _OWN_KEYS: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
     "glm4_moe_lite": lambda raw, _: glm_lite_keys(raw),  # (Glm4MoeLiteConfig's defaults)
     "ministral3": lambda raw, _: ministral_keys(raw),  # (its rope, heads of 128)
     "solar_open": solar_open_keys,  # (SolarOpenConfig's defaults)
+    "afmoe": afmoe_keys,  # (AfmoeConfig's defaults, the released configs' router keys)
     "mistral4": mistral4_keys,  # (Mistral4Config's defaults, its head_dim the query's width)
     "ernie4_5": ernie_keys, "ernie4_5_moe": ernie_keys,  # (heads of 128, its epsilon)
 }

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from pivotflow.engines.torch.hf_afmoe import afmoe_to_hf
 from pivotflow.engines.torch.hf_dots import dots_to_hf
 from pivotflow.engines.torch.hf_ernie import ernie_moe_to_hf
 from pivotflow.engines.torch.hf_families import (
@@ -65,6 +66,7 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
               "ministral3": "Ministral3ForCausalLM", "mistral4": "Mistral4ForCausalLM",
               "solar_open": "SolarOpenForCausalLM", "arcee": "ArceeForCausalLM",
+              "afmoe": "AfmoeForCausalLM",
               "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
               "lfm2_moe": "Lfm2MoeForCausalLM",
               "dots1": "Dots1ForCausalLM"}  # fmt: skip
@@ -156,6 +158,8 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         out.update(ministral_to_hf(cfg, rope))
     elif cfg.architecture == "mistral4":
         out.update(mistral4_to_hf(cfg, rope))
+    elif cfg.architecture == "afmoe":
+        out.update(afmoe_to_hf(cfg))
     elif cfg.architecture == "solar_open":
         out.update(solar_open_to_hf(cfg))
     elif cfg.architecture == "arcee":  # (no token ids: ArceeConfig's are a 128k vocab's)

@@ -74,6 +74,10 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         if act != "relu2":
             raise ModelConfigError(f"{where}: hidden_act={act!r} {ENGINE} on arcee (relu2)")
         return {"hidden_act": act}
+    if kind == "afmoe":
+        from pivotflow.engines.torch.hf_afmoe import afmoe_fields
+
+        return afmoe_fields(raw, layers, where)
     if kind == "solar_open":
         from pivotflow.engines.torch.hf_solar_open import solar_open_fields
 

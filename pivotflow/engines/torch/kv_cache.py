@@ -266,9 +266,10 @@ class PackedDecoder:
     ) -> torch.Tensor:
         """Layer ``i`` of the families that normalise each sub-layer's output before its
         residual add, on hidden states [B * T, hidden]. OLMo-2/3 (post-norm): nothing on the
-        inputs, q and k RMS-normalised over their whole projections. Gemma 3 and GLM-4
+        inputs, q and k RMS-normalised over their whole projections. Gemma 3, GLM-4 and AFMoE
         (sandwich): the inputs normalised too; Gemma's q and k per head, every norm scaling by
-        1 + weight, the MLP gated by tanh-GELU (``self._act``)."""
+        1 + weight, the MLP gated by tanh-GELU (``self._act``); AFMoE's attention output gated
+        (its gate inside q_proj, as Qwen3.5's) and its sparse layers' experts."""
         _, b_qkv, (w_qkv, w_o), b_o, qk_norms, ffn = self.layers[i]
         norms = self._out_norms[i]
         assert norms is not None
@@ -282,15 +283,21 @@ class PackedDecoder:
                 return h
             return torch.rms_norm(h, hidden, weight + 1 if offset else weight, eps)
 
-        qkv = mm.linear(norm(x, norm_in), w_qkv, b_qkv)
+        qkv, gate = mm.linear(norm(x, norm_in), w_qkv, b_qkv), None
         if qk_norms is not None and self.cfg.whole_qk_norm:  # (OLMo's: before the heads)
             self._whole_qk_norm(qkv, qk_norms)
+        if self.cfg.attn_output_gate:  # (AFMoE's)
+            qkv, gate = self._gate_split(qkv)
         qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
         if qk_norms is not None and not self.cfg.whole_qk_norm:  # each head, by 1 + weight
             qk = self._head_norms(qk, qk_norms)
         qk = torch.addcmul(qk * rope[:, :, 0], self._turned(qk), rope[:, :, 1])
         out = attend(i, qk.view(b * t, -1, d), qkv[:, split:].view(b * t, -1, d), cache)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
         x = x + norm(mm.linear(out, w_o, b_o), norm_attn)
+        if isinstance(ffn, PackedExperts):  # (AFMoE's sparse layers)
+            return x + norm(ffn.add(norm(x, norm_mlp_in), torch.zeros_like(x)), norm_mlp)
         w_gate_up, w_down = cast(_Dense, ffn)
         h = mm.gated(norm(x, norm_mlp_in), w_gate_up, self.cfg.intermediate_size, self._act)
         return x + norm(mm.linear(h, w_down), norm_mlp)

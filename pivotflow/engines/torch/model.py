@@ -194,10 +194,11 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, attn_mask, cache, replay=None, balance=None,  # type: ignore[no-untyped-def]
                 q_scale=None):
-        if self.sandwich:  # Gemma, GLM-4: each sub-layer's input and output normalised
+        if self.sandwich:  # Gemma, GLM-4, AFMoE: each sub-layer's input and output normalised
             attn = self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache)
             x = x + self.post_attention_layernorm(attn)
-            h = self.mlp(self.pre_feedforward_layernorm(x))
+            h = self.pre_feedforward_layernorm(x)
+            h = self.mlp(h, replay, balance) if isinstance(self.mlp, SparseMoE) else self.mlp(h)
             return x + self.post_feedforward_layernorm(h)
         if self.post_norm:
             x = x + self.post_attention_layernorm(self.self_attn(x, cos, sin, attn_mask, cache))

@@ -16,23 +16,23 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "nemotron_h", "minimax_m2", "olmo_hybrid", "exaone4", "ernie4_5", "lfm2",
                  "seed_oss", "hunyuan_v1_dense", "hunyuan_v1_moe", "ernie4_5_moe",
                  "ministral3", "glm4_moe_lite", "lfm2_moe", "dots1", "mistral4",
-                 "solar_open", "arcee")
+                 "solar_open", "arcee", "afmoe")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
                      "granitemoehybrid", "nemotron_h", "minimax_m2", "hunyuan_v1_moe",
                      "ernie4_5_moe", "glm4_moe_lite", "lfm2_moe", "dots1", "mistral4",
-                     "solar_open")
+                     "solar_open", "afmoe")
 # multi-head latent attention (DeepSeek-V2's and V3's, ``kv_lora_rank``)
 LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2", "glm4_moe_lite", "mistral4")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
                          "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "minimax_m2",
                          "olmo_hybrid", "exaone4", "lfm2", "hunyuan_v1_dense", "hunyuan_v1_moe",
-                         "lfm2_moe", "dots1")
+                         "lfm2_moe", "dots1", "afmoe")
 # Qwen3.5's, Qwen3-Next's and OLMo Hybrid's: gated DeltaNet (linear attention) on most layers,
 # full attention on the rest (``linear_attention_layers``); Qwen's gated (GATED_ATTENTION)
 HYBRID_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid")
-GATED_ATTENTION_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
+GATED_ATTENTION_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "afmoe")
 # Granite 4.0's: Mamba2 layers (``mamba2``) on ``linear_attention_layers`` (Granite 4.0-H's
 # most layers; none in the dense Granite 4.0), attention on the rest
 MAMBA_ARCHITECTURES = ("granitemoehybrid", "nemotron_h")
@@ -48,8 +48,8 @@ QK_NORM_AFTER_ROPE_ARCHITECTURES = ("hunyuan_v1_dense", "hunyuan_v1_moe")
 # chosen with a load-balancing bias added (DeepSeek-V3's and GLM-4.5's, ``e_score_correction_bias``),
 # or the top k logits chosen and a softmax over those alone (gpt-oss's)
 SCORING_FUNCS = ("softmax", "sigmoid", "topk_softmax")
-# Gemma's and GLM-4's layer: norms on each sub-layer's input and output
-SANDWICH_NORM_ARCHITECTURES = ("gemma3_text", "glm4", "gemma2")
+# Gemma's, GLM-4's and AFMoE's layer: norms on each sub-layer's input and output
+SANDWICH_NORM_ARCHITECTURES = ("gemma3_text", "glm4", "gemma2", "afmoe")
 # norms that scale by 1 + weight (weights start at 0): Gemma's (whose embeddings also scale by
 # sqrt(hidden_size): EMBED_SCALED_ARCHITECTURES) and Qwen3.5's
 OFFSET_NORM_ARCHITECTURES = ("gemma3_text", "gemma2", "qwen3_5_text", "qwen3_5_moe_text",
@@ -62,8 +62,9 @@ ACTIVATIONS = (*GATED_ACTIVATIONS, "relu2")
 # norms on each sub-layer's output ("post-norm"): OLMo-2's and OLMo-3's (q and k normalised
 # over the whole projection), EXAONE 4.0's (q and k per head)
 POST_NORM_ARCHITECTURES = ("olmo2", "olmo3", "exaone4")
-# (layers without rope: SmolLM3's some, Granite 4.0-H's all)
-NOPE_ARCHITECTURES = ("smollm3", "granitemoehybrid", "nemotron_h", "olmo_hybrid", "exaone4")
+# (layers without rope: SmolLM3's some, Granite 4.0-H's all, AFMoE's full ones)
+NOPE_ARCHITECTURES = ("smollm3", "granitemoehybrid", "nemotron_h", "olmo_hybrid", "exaone4",
+                      "afmoe")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
@@ -241,7 +242,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def sandwich_norm(self) -> bool:
-        """Gemma's and GLM-4's layer: four norms (each sub-layer's input and output)."""
+        """Gemma's, GLM-4's and AFMoE's layer: four norms (each sub-layer's input and
+        output)."""
         return self.architecture in SANDWICH_NORM_ARCHITECTURES
 
     @property
@@ -256,8 +258,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def attn_output_gate(self) -> bool:
-        """Qwen3.5's full attention: q_proj also gives a gate per head and dimension, and the
-        attention's output times its sigmoid goes into o_proj."""
+        """Qwen3.5's full attention (and AFMoE's, its gate held inside q_proj): q_proj also
+        gives a gate per head and dimension, and the attention's output times its sigmoid goes
+        into o_proj."""
         return self.architecture in GATED_ATTENTION_ARCHITECTURES
 
     @property
