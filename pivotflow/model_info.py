@@ -99,6 +99,8 @@ def describe_model(path: Path) -> str:
               "deepseek_v3": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
               "afmoe": "attention's gate_proj, router and MLP norms under AFMoE's names in "
                        "the file, held inside q_proj and under the common ones",
+              "apertus": "norms as attention_layernorm/feedforward_layernorm in the file, held "
+                         "as input_layernorm/post_attention_layernorm",
               "mistral4": "experts stacked in the file (gate_up_proj, down_proj), held one "
                           "at a time",
               "gpt_oss": "router and experts fused in the file"

@@ -357,6 +357,11 @@ OTHER_LAYOUTS = {
                "global_attn_every_n_layers": 2, "sliding_window": 8},
               ("model.layers.0.self_attn.gate_proj.weight", "model.layers.1.mlp.router.gate.weight",
                "model.layers.1.pre_mlp_layernorm.weight")),
+    # Apertus: its norms under names of its own, an ungated MLP through xIELU whose two learned
+    # scalars a layer train (its constants, buffers in transformers, stay as they were)
+    "apertus": ("ApertusConfig", "ApertusForCausalLM", {"head_dim": 32},
+                ("model.layers.0.attention_layernorm.weight", "model.layers.1.mlp.act_fn.alpha_p",
+                 "model.layers.1.mlp.act_fn.alpha_n")),
     # Mistral 4: DeepSeek-V3's latent attention and layer, a softmax router over 2 groups,
     # Llama 4's query scaling past 16 positions; its experts stacked in the file, output-major
     # (the gate/up stack square here: [4, 128, 128]); transformers' auto classes map no causal
@@ -499,6 +504,8 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
                               "norms, router and shared MLP as query_layernorm/key_layernorm, "
                               "gate.wg and shared_mlp in the file, held as q_norm/k_norm, gate "
                               "and shared_experts",
+            "apertus": "tensors: norms as attention_layernorm/feedforward_layernorm in the "
+                       "file, held as input_layernorm/post_attention_layernorm",
             "afmoe": "attention output gated (a sigmoid of its own projection)\n  sliding "
                      "window 8 on 1 of 2 layers\n  experts 4 (2 a token) on 1 of 2 layers; "
                      "sigmoid router with a correction bias, 1 shared\n  tensors: attention's "
@@ -538,6 +545,9 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
                 "afmoe": "model.layers.1.mlp.expert_bias"}.get(
             family, "model.layers.1.mlp.gate.e_score_correction_bias")
         assert torch.equal(before[bias], after[bias])
+    if family == "apertus":  # (xIELU's constants: not weights)
+        for name in ("model.layers.1.mlp.act_fn.beta", "model.layers.1.mlp.act_fn.eps"):
+            assert torch.equal(before[name], after[name])
     if mtp:
         assert json.loads((ckpt / "config.json").read_text())["num_nextn_predict_layers"] == 0
     again = run(graph, steps=3, out=tmp_path / "out", console=False, resume=str(tmp_path / "out"))

@@ -100,6 +100,8 @@ from pivotflow.params.olmo_hybrid_layout import (
 )
 from pivotflow.params.oss_layout import oss_engine, oss_fused, oss_split
 from pivotflow.params.renamed_layout import (
+    APERTUS_NORMS,
+    APERTUS_NORMS_BACK,
     GLM_NORMS,
     GLM_NORMS_BACK,
     HUNYUAN_NAMES,
@@ -226,6 +228,8 @@ def held_layout(
         return renamed_modules(tensors, HUNYUAN_NAMES)
     if family == "afmoe":  # (its attention's gate inside q_proj, its router's names)
         return afmoe_held(_geometry(config, where), tensors, where)
+    if family == "apertus":  # (its norms' names)
+        return renamed_norms(tensors, APERTUS_NORMS)
     if family == "mistral4":  # (its module's own expert stacks: stacked_experts)
         return split_stacks(_geometry(config, where), tensors, where, either_way=False)
     if family == "ernie4_5":  # (its rotary pairs interleaved, as GLM-4's)
@@ -334,6 +338,8 @@ def engine_names(config: dict[str, Any],
         return renamed_modules(tensors, HUNYUAN_NAMES_BACK)
     if family == "afmoe":
         return afmoe_disk(_geometry(config, "engine export"), tensors)
+    if family == "apertus":
+        return renamed_norms(tensors, APERTUS_NORMS_BACK)
     if family == "qwen3_next":  # (vLLM's Qwen3-Next loads its file's fused, grouped rows)
         return _fused(config, tensors)
     if family == "glm4":

@@ -56,6 +56,10 @@ GLM_NORMS = {"post_self_attn_layernorm": "post_attention_layernorm",
               "post_attention_layernorm": "pre_feedforward_layernorm",
               "post_mlp_layernorm": "post_feedforward_layernorm"}
 GLM_NORMS_BACK = {held: disk for disk, held in GLM_NORMS.items()}
+# Apertus's norms
+APERTUS_NORMS = {"attention_layernorm": "input_layernorm",
+                 "feedforward_layernorm": "post_attention_layernorm"}
+APERTUS_NORMS_BACK = {held: disk for disk, held in APERTUS_NORMS.items()}
 _NORM = re.compile(r"(.*\.)(\w+_layernorm)\.weight")
 
 

@@ -516,6 +516,14 @@ CASES += [
           "mup_enabled": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
 ]  # fmt: skip
 AFMOE = CASES[59]
+# Apertus: Llama's layer with per-head q/k norms, its own norm names, an ungated MLP through
+# xIELU (two learned scalars a layer, random here), Llama 3's rope binding past 16 positions
+CASES += [
+    Case("apertus", "ApertusConfig", False,
+         {"head_dim": 32, "rope_parameters": LLAMA3_ROPE, "pad_token_id": 0, "bos_token_id": 1,
+          "eos_token_id": 2}),
+]  # fmt: skip
+APERTUS = CASES[60]
 CASE_IDS = [c.name for c in CASES]
 
 

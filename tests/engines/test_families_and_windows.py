@@ -15,6 +15,7 @@ import pytest
 import torch
 from hf_fixtures import (
     AFMOE,
+    APERTUS,
     ARCEE,
     DEEPSEEK_V2,
     DEEPSEEK_V2_LITE,
@@ -113,7 +114,7 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE, MINIMAX_M2, OLMO_HYBRID,
        OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW, ERNIE4_5, LFM2, SEED_OSS,
        HUNYUAN, HUNYUAN_MOE, ERNIE4_5_MOE, MINISTRAL3, GLM4_7_FLASH,
-       LFM2_MOE, DOTS1, MISTRAL4, SOLAR_OPEN, ARCEE, AFMOE]
+       LFM2_MOE, DOTS1, MISTRAL4, SOLAR_OPEN, ARCEE, AFMOE, APERTUS]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -243,6 +244,11 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert written["model_type"] == "dots1" and written["first_k_dense_replace"] == 1
         assert written["layer_types"] == ["full_attention"] + ["sliding_attention"] * 2
         assert written["sliding_window"] == 4 and written["norm_topk_prob"] is False
+    elif case is APERTUS:  # (xIELU's scalars and constants, its norms by its names)
+        assert written["model_type"] == "apertus" and written["hidden_act"] == "xielu"
+        disk = disk_layout(written, folder.tensors)
+        assert {"model.layers.1.mlp.act_fn.alpha_p", "model.layers.1.mlp.act_fn.eps",
+                "model.layers.1.attention_layernorm.weight"} <= disk.keys()
     elif case is AFMOE:  # (its gate apart, its router's and norms' names, its windows)
         assert written["model_type"] == "afmoe" and written["mup_enabled"] is True
         assert written["layer_types"] == ["sliding_attention", "full_attention"] * 2

@@ -103,19 +103,21 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "Lfm2MoeConfig": "lfm2_moe", "Dots1Config": "dots1",
                                 "Mistral4Config": "mistral4",
                                 "SolarOpenConfig": "solar_open", "ArceeConfig": "arcee",
-                                "AfmoeConfig": "afmoe",
+                                "AfmoeConfig": "afmoe", "ApertusConfig": "apertus",
                                 "Lfm2Config": "lfm2"}[case.config_class]  # fmt: skip
     # (latent attention's heads: their no-rope and rope parts; 32 in every other case)
     assert cfg.head_dim == (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim or 32)
     assert cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma3", "minimax",
                                                        "exaone", "lfm2", "hunyuan", "dots1",
-                                                       "afmoe"))
+                                                       "afmoe", "apertus"))
     # Every weight transformers holds was loaded (transformers 5 holds a sparse layer's experts
     # as one fused tensor where the file, and we, have one per expert: count the numbers;
-    # GLM-4.5's and LFM2-MoE's router bias is a buffer there, a frozen parameter here).
+    # GLM-4.5's and LFM2-MoE's router bias is a buffer there, a frozen parameter here, as
+    # Apertus's xIELU constants are).
     theirs = {n: p for n, p in model.named_parameters() if n != "lm_head.weight" or not case.tied}
     theirs.update((n, b) for n, b in model.named_buffers()
-                  if n.endswith(("correction_bias", "expert_bias")))  # (LFM2-MoE's, on its block)
+                  if n.endswith(("correction_bias", "expert_bias",  # (LFM2-MoE's, on its block)
+                                 "act_fn.beta", "act_fn.eps")))
     assert sum(folder.tensors[n].numel() for n in expected_shapes(cfg)) == sum(
         p.numel() for p in theirs.values()
     )

@@ -26,14 +26,37 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
         return lambda x: F.gelu(x, approximate="tanh")
     if name == "relu2":
         return lambda x: F.relu(x).square()
+    if name == "xielu":
+        raise ValueError("xielu has learned scalars in each layer: feedforward.XIELU")
     return F.silu
+
+
+class XIELU(nn.Module):
+    """Apertus's activation, xIELU (arXiv:2411.13010), with its layer's learned scalars as
+    transformers names them (``mlp.act_fn.alpha_p`` [1], ``alpha_n`` [1]) and its constants
+    (``beta``, ``eps``: 0-d, held frozen): x > 0 gives a x^2 + beta x, a = softplus(alpha_p);
+    otherwise (expm1(min(x, eps)) - x) b + beta x, b = beta + softplus(alpha_n)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alpha_p = nn.Parameter(torch.zeros(1))
+        self.alpha_n = nn.Parameter(torch.zeros(1))
+        self.beta = nn.Parameter(torch.tensor(0.5), requires_grad=False)
+        self.eps = nn.Parameter(torch.tensor(-1e-6), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha_p = F.softplus(self.alpha_p)
+        alpha_n = self.beta + F.softplus(self.alpha_n)
+        return torch.where(x > 0, alpha_p * x * x + self.beta * x,
+                           (torch.expm1(torch.minimum(x, self.eps)) - x) * alpha_n + self.beta * x)
 
 
 class MLP(nn.Module):
     """Gated feed-forward (SwiGLU, or GeGLU for Gemma) of ``size`` hidden units (default: the
     config's intermediate_size); a gpt-oss expert (``expert`` on a config with a
-    ``swiglu_limit``) has biases and its clamped gate (``clamped_glu``); Nemotron-H's has no
-    gate (``up_proj``, relu(x)^2, ``down_proj``)."""
+    ``swiglu_limit``) has biases and its clamped gate (``clamped_glu``); Nemotron-H's and
+    Arcee's have no gate (``up_proj``, relu(x)^2, ``down_proj``), nor Apertus's, whose
+    activation has learned scalars of its own (``act_fn``: ``XIELU``)."""
 
     def __init__(self, cfg: ModelConfig, size: int = 0, expert: bool = False) -> None:
         super().__init__()
@@ -45,7 +68,14 @@ class MLP(nn.Module):
             self.gate_proj = nn.Linear(cfg.hidden_size, size, bias=bias)
         self.up_proj = nn.Linear(cfg.hidden_size, size, bias=bias)
         self.down_proj = nn.Linear(size, cfg.hidden_size, bias=bias)
-        self.act = activation(cfg.hidden_act)
+        # (Apertus's xIELU: a module of the layer's, ``act_fn`` as HF names it, called through
+        # a method, so it is registered once)
+        self.act: Callable[[torch.Tensor], torch.Tensor]
+        if cfg.hidden_act == "xielu":
+            self.act_fn = XIELU()
+            self.act = self._learned_act
+        else:
+            self.act = activation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.gated:
@@ -54,6 +84,9 @@ class MLP(nn.Module):
             return self.down_proj(clamped_glu(self.gate_proj(x), self.up_proj(x), self.limit,
                                               self.alpha))
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+    def _learned_act(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act_fn(x)  # type: ignore[no-any-return]
 
 
 def clamped_glu(gate: torch.Tensor, up: torch.Tensor, limit: float,

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from pivotflow.engines.torch.hf_afmoe import afmoe_keys
+from pivotflow.engines.torch.hf_apertus import apertus_keys
 from pivotflow.engines.torch.hf_config_write import (
     HF_CLASSES,
     HF_CLASSIFIERS,
@@ -97,8 +98,8 @@ def _model_type(raw: dict[str, Any], where: str) -> str:
 def _reject_unsupported(raw: dict[str, Any], where: str) -> None:
     """Raise for the first key whose value asks for math this decoder does not do."""
     # (Gemma's hidden_activation's gate; Nemotron-H's mlp_hidden_act, hf_nemotron's; Arcee's
-    # relu2, hf_families')
-    gemma = raw.get("model_type") in ("gemma3_text", "gemma2", "nemotron_h", "arcee")
+    # relu2, hf_families'; Apertus's xielu, hf_apertus')
+    gemma = raw.get("model_type") in ("gemma3_text", "gemma2", "nemotron_h", "arcee", "apertus")
     # (Phi-3's and GLM-4's attention rotates part of each head)
     partial_ok = raw.get("model_type") in PARTIAL_ROTARY_FAMILIES
     checks = [  # (key, it asks for something else, what runs)
@@ -149,7 +150,8 @@ _OWN_KEYS: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
     "glm4_moe_lite": lambda raw, _: glm_lite_keys(raw),  # (Glm4MoeLiteConfig's defaults)
     "ministral3": lambda raw, _: ministral_keys(raw),  # (its rope, heads of 128)
     "solar_open": solar_open_keys,  # (SolarOpenConfig's defaults)
-    "afmoe": afmoe_keys,  # (AfmoeConfig's defaults, the released configs' router keys)
+    "afmoe": afmoe_keys,
+    "apertus": apertus_keys,  # (its xIELU, its epsilon and rope)  # (AfmoeConfig's defaults, the released configs' router keys)
     "mistral4": mistral4_keys,  # (Mistral4Config's defaults, its head_dim the query's width)
     "ernie4_5": ernie_keys, "ernie4_5_moe": ernie_keys,  # (heads of 128, its epsilon)
 }

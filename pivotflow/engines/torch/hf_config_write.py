@@ -66,7 +66,7 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
               "ministral3": "Ministral3ForCausalLM", "mistral4": "Mistral4ForCausalLM",
               "solar_open": "SolarOpenForCausalLM", "arcee": "ArceeForCausalLM",
-              "afmoe": "AfmoeForCausalLM",
+              "afmoe": "AfmoeForCausalLM", "apertus": "ApertusForCausalLM",
               "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
               "lfm2_moe": "Lfm2MoeForCausalLM",
               "dots1": "Dots1ForCausalLM"}  # fmt: skip
@@ -162,7 +162,7 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         out.update(afmoe_to_hf(cfg))
     elif cfg.architecture == "solar_open":
         out.update(solar_open_to_hf(cfg))
-    elif cfg.architecture == "arcee":  # (no token ids: ArceeConfig's are a 128k vocab's)
+    elif cfg.architecture in ("arcee", "apertus"):  # (no token ids: theirs are a big vocab's)
         out.update(attention_bias=cfg.attention_bias, mlp_bias=False, pad_token_id=None,
                    bos_token_id=None, eos_token_id=None)
     elif cfg.architecture == "mistral":

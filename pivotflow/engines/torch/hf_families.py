@@ -74,6 +74,8 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         if act != "relu2":
             raise ModelConfigError(f"{where}: hidden_act={act!r} {ENGINE} on arcee (relu2)")
         return {"hidden_act": act}
+    if kind == "apertus":  # (checked by hf_apertus)
+        return {"hidden_act": "xielu"}
     if kind == "afmoe":
         from pivotflow.engines.torch.hf_afmoe import afmoe_fields
 

@@ -67,7 +67,11 @@ class PackedDecoder:
         # the norms of layers that normalise sub-layer outputs (_output_norm_layer), per layer
         self._out_norms: list[tuple[_T | None, _T, _T | None, _T] | None] = []
         self._post: list[bool] = []  # (per layer: whether it reads _out_norms)
-        self._act = activation(cfg.hidden_act)
+        # the MLP's activation; Apertus's (xIELU) each layer's own, with its learned scalars
+        self._act = activation("silu" if cfg.hidden_act == "xielu" else cfg.hidden_act)
+        self._mlp_acts = [cast(MLP, layer.mlp).act_fn if cfg.hidden_act == "xielu"
+                          and isinstance(getattr(layer, "mlp", None), MLP) else self._act
+                          for layer in cast(list[DecoderLayer], model.model.layers)]
         # each layer's latent attention projections (DeepSeek-V3's), or None
         self._latent: list[PackedLatent | None] = []
         # each layer's gated DeltaNet (Qwen3.5's linear layers), Mamba2 (Granite 4.0-H's) or
@@ -201,7 +205,7 @@ class PackedDecoder:
                 h = torch.rms_norm(x, hidden, norm2 + 1 if offset else norm2, eps)
                 w_gate_up, w_down = ffn
                 gated = (mm.gated(h, w_gate_up, inter) if cfg.mlp_gated
-                         else self._act(mm.linear(h, w_gate_up)))  # (Nemotron-H's: no gate)
+                         else self._mlp_acts[i](mm.linear(h, w_gate_up)))  # (Nemotron-H's: no gate)
                 x = (x + mm.linear(gated, w_down) * cfg.residual_multiplier if scaled
                      else mm.linear_add(gated, w_down, None, x))
         return x

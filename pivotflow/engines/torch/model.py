@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from pivotflow.engines.torch.feedforward import MLP, LoadBalance, SparseMoE
+from pivotflow.engines.torch.feedforward import MLP, XIELU, LoadBalance, SparseMoE
 from pivotflow.engines.torch.gated_deltanet import GatedDeltaNet
 from pivotflow.engines.torch.latent_attention import LatentAttention
 from pivotflow.engines.torch.layers import KVCacheHook, RMSNorm
@@ -266,11 +266,16 @@ class Decoder(nn.Module):
 
     def requires_grad_(self, requires_grad: bool = True) -> Decoder:
         """As nn.Module's, but a sigmoid router's correction bias stays frozen: a load
-        statistic (GLM-4.5's), not a weight; no loss has a gradient for it."""
+        statistic (GLM-4.5's), not a weight; no loss has a gradient for it. So do xIELU's
+        constants (Apertus's beta and eps: buffers in transformers)."""
         super().requires_grad_(requires_grad)
         for block in self._sigmoid_routed():
             assert block.correction_bias is not None
             block.correction_bias.requires_grad_(False)
+        for module in self.modules():
+            if isinstance(module, XIELU):
+                module.beta.requires_grad_(False)
+                module.eps.requires_grad_(False)
         return self
 
     def keep_sigmoid_routers_float32(self) -> None:

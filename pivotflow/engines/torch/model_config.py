@@ -16,7 +16,7 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "nemotron_h", "minimax_m2", "olmo_hybrid", "exaone4", "ernie4_5", "lfm2",
                  "seed_oss", "hunyuan_v1_dense", "hunyuan_v1_moe", "ernie4_5_moe",
                  "ministral3", "glm4_moe_lite", "lfm2_moe", "dots1", "mistral4",
-                 "solar_open", "arcee", "afmoe")
+                 "solar_open", "arcee", "afmoe", "apertus")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
@@ -28,7 +28,7 @@ LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2", "glm4_moe_lite", "mistral4
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
                          "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "minimax_m2",
                          "olmo_hybrid", "exaone4", "lfm2", "hunyuan_v1_dense", "hunyuan_v1_moe",
-                         "lfm2_moe", "dots1", "afmoe")
+                         "lfm2_moe", "dots1", "afmoe", "apertus")
 # Qwen3.5's, Qwen3-Next's and OLMo Hybrid's: gated DeltaNet (linear attention) on most layers,
 # full attention on the rest (``linear_attention_layers``); Qwen's gated (GATED_ATTENTION)
 HYBRID_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid")
@@ -58,7 +58,8 @@ EMBED_SCALED_ARCHITECTURES = ("gemma3_text", "gemma2")
 # the MLP's gate (HF's hidden_act names); relu2 (relu(x)^2) is Nemotron-H's and Arcee's
 # ungated MLPs'
 GATED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
-ACTIVATIONS = (*GATED_ACTIVATIONS, "relu2")
+# (and Apertus's xIELU, ungated, with learned scalars in each layer: feedforward.XIELU)
+ACTIVATIONS = (*GATED_ACTIVATIONS, "relu2", "xielu")
 # norms on each sub-layer's output ("post-norm"): OLMo-2's and OLMo-3's (q and k normalised
 # over the whole projection), EXAONE 4.0's (q and k per head)
 POST_NORM_ARCHITECTURES = ("olmo2", "olmo3", "exaone4")
@@ -292,8 +293,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def mlp_gated(self) -> bool:
-        """Whether the MLP gates its up projection (SwiGLU, GeGLU); Nemotron-H's does not."""
-        return self.hidden_act != "relu2"
+        """Whether the MLP gates its up projection (SwiGLU, GeGLU); Nemotron-H's, Arcee's and
+        Apertus's do not."""
+        return self.hidden_act not in ("relu2", "xielu")
 
     @property
     def short_conv(self) -> bool:

@@ -189,6 +189,9 @@ def _blocks(cfg: ModelConfig) -> None:
     both = sorted(set(cfg.mlp_blocks) & set(cfg.linear_attention_layers))
     if both:
         raise ModelConfigError(f"layers {both} are both MLP blocks and Mamba2 layers")
+    if (cfg.architecture == "apertus") != (cfg.hidden_act == "xielu"):
+        raise ModelConfigError(f"hidden_act {cfg.hidden_act!r} does not fit architecture "
+                               f"{cfg.architecture!r} (xielu is Apertus's, and only its)")
     if (nemotron or cfg.architecture == "arcee") != (cfg.hidden_act == "relu2"):
         raise ModelConfigError(f"hidden_act {cfg.hidden_act!r} does not fit architecture "
                                f"{cfg.architecture!r} (relu2 is Nemotron-H's and Arcee's, and "
