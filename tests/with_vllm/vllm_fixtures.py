@@ -61,11 +61,10 @@ def save_sharpened(model: Any, path: Path, tokenizer_from: Path) -> Path:
         for name, p in model.named_parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.15)
-            elif name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # (Apertus's xIELU's)
-                # (values bfloat16 holds exactly: vLLM 0.32 keeps xIELU's scalars in bfloat16
-                # whatever the model's dtype, which rounds other values; greedy parted on
-                # one prompt of four in float32 until then)
-                p.copy_((p + torch.randn_like(p)).bfloat16().float())
+            elif name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):
+                # (Apertus's xIELU's scalars off their initial values, so that an engine that
+                # kept its own shows)
+                p.add_(torch.randn_like(p))
         for name, b in model.named_buffers():  # GLM-4.5's router bias, so that it counts
             if name.endswith("e_score_correction_bias"):
                 b.normal_(0.0, 0.1)
