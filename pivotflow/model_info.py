@@ -99,6 +99,9 @@ def describe_model(path: Path) -> str:
               "deepseek_v3": f"{mtp} multi-token-prediction layer(s) in the file, not loaded",
               "afmoe": "attention's gate_proj, router and MLP norms under AFMoE's names in "
                        "the file, held inside q_proj and under the common ones",
+              "hy_v3": "router, its correction bias and shared MLP as mlp.router.gate, "
+                       "mlp.expert_bias and mlp.shared_mlp in the file, held as mlp.gate (the "
+                       "bias on it) and mlp.shared_experts",
               "apertus": "norms as attention_layernorm/feedforward_layernorm in the file, held "
                          "as input_layernorm/post_attention_layernorm",
               "mistral4": "experts stacked in the file (gate_up_proj, down_proj), held one "

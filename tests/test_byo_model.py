@@ -357,6 +357,13 @@ OTHER_LAYOUTS = {
                "global_attn_every_n_layers": 2, "sliding_window": 8},
               ("model.layers.0.self_attn.gate_proj.weight", "model.layers.1.mlp.router.gate.weight",
                "model.layers.1.pre_mlp_layernorm.weight")),
+    # HY V3: per-head q/k norms, a dense layer then 4 experts by a sigmoid router with its
+    # correction bias on the block (frozen), a shared MLP; its own names for those
+    "hy_v3": ("HYV3Config", "HYV3ForCausalLM",
+              {"head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
+               "moe_intermediate_size": 64},
+              ("model.layers.1.mlp.router.gate.weight", "model.layers.1.mlp.shared_mlp.up_proj.weight",
+               "model.layers.1.mlp.experts.2.down_proj.weight")),
     # Apertus: its norms under names of its own, an ungated MLP through xIELU whose two learned
     # scalars a layer train (its constants, buffers in transformers, stay as they were)
     "apertus": ("ApertusConfig", "ApertusForCausalLM", {"head_dim": 32},
@@ -409,6 +416,9 @@ LORA_EXPORTS = {
     "nemotron_h": (["q_proj", "o_proj", "in_proj", "up_proj", "down_proj"], {}),
     # (Hunyuan-MoE's attention: PEFT maps any down_proj target onto experts it holds fused)
     "hunyuan_v1_moe": (["q_proj", "k_proj", "v_proj", "o_proj"], {}),
+    # (HY V3's attention and shared MLP, its name in the file: not its experts, which PEFT
+    # maps a gate_proj target onto, held fused there)
+    "hy_v3": (["q_proj", "k_proj", "v_proj", "o_proj"], {}),
     # (AFMoE's k, v and o: PEFT reads any gate_proj target as its fused experts', so an adapter
     # of the held q_proj, which exports as q_proj's and self_attn.gate_proj's, does not load
     # there: test_hub_folders checks that export)
@@ -448,7 +458,7 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     policy.save_pretrained(folder)
     mtp = family in ("glm4_moe", "deepseek_v3")
     # (a router's correction bias, frozen: the sigmoid ones' and ERNIE 4.5 MoE's)
-    sigmoid = mtp or family in ("minimax_m2", "ernie4_5_moe", "lfm2_moe", "afmoe")
+    sigmoid = mtp or family in ("minimax_m2", "ernie4_5_moe", "lfm2_moe", "afmoe", "hy_v3")
     if mtp:
         from safetensors.torch import save_file
 
@@ -504,6 +514,11 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
                               "norms, router and shared MLP as query_layernorm/key_layernorm, "
                               "gate.wg and shared_mlp in the file, held as q_norm/k_norm, gate "
                               "and shared_experts",
+            "hy_v3": "experts 4 (2 a token) on 1 of 2 layers; sigmoid router with a "
+                     "correction bias, weights times 2.826, 1 shared\n  tensors: router, its "
+                     "correction bias and shared MLP as mlp.router.gate, mlp.expert_bias and "
+                     "mlp.shared_mlp in the file, held as mlp.gate (the bias on it) and "
+                     "mlp.shared_experts",
             "apertus": "tensors: norms as attention_layernorm/feedforward_layernorm in the "
                        "file, held as input_layernorm/post_attention_layernorm",
             "afmoe": "attention output gated (a sigmoid of its own projection)\n  sliding "
@@ -542,7 +557,8 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
         bias = {"minimax_m2": "model.layers.1.block_sparse_moe.e_score_correction_bias",
                 "ernie4_5_moe": "model.layers.1.mlp.moe_statics.e_score_correction_bias",
                 "lfm2_moe": "model.layers.1.feed_forward.expert_bias",
-                "afmoe": "model.layers.1.mlp.expert_bias"}.get(
+                "afmoe": "model.layers.1.mlp.expert_bias",
+                "hy_v3": "model.layers.1.mlp.expert_bias"}.get(
             family, "model.layers.1.mlp.gate.e_score_correction_bias")
         assert torch.equal(before[bias], after[bias])
     if family == "apertus":  # (xIELU's constants: not weights)
@@ -562,7 +578,7 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
             "q_proj", "o_proj", "in_proj", "out_proj", "gate_proj", "up_proj", "down_proj"],
             "nemotron_h": LORA_EXPORTS["nemotron_h"][0],
             "hunyuan_v1_moe": LORA_EXPORTS["hunyuan_v1_moe"][0],
-            "afmoe": LORA_EXPORTS["afmoe"][0],
+            "afmoe": LORA_EXPORTS["afmoe"][0], "hy_v3": LORA_EXPORTS["hy_v3"][0],
             "lfm2": ["q_proj", "o_proj", "in_proj", "out_proj", "gate_proj", "up_proj",
                      "down_proj"],
             "olmo_hybrid": ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_a",

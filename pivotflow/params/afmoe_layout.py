@@ -17,6 +17,7 @@ import re
 from typing import TYPE_CHECKING
 
 from pivotflow.errors import ModelConfigError
+from pivotflow.params.renamed_layout import ROUTER_ON_BLOCK, block_router_name
 
 if TYPE_CHECKING:
     import torch
@@ -24,25 +25,13 @@ if TYPE_CHECKING:
     from pivotflow.engines.torch.model_config import ModelConfig
 
 # (the file's name -> pivotflow's, on a module's path)
-_NAMES = {".mlp.router.gate.": ".mlp.gate.", ".pre_mlp_layernorm.": ".pre_feedforward_layernorm.",
+_NAMES = {**ROUTER_ON_BLOCK, ".pre_mlp_layernorm.": ".pre_feedforward_layernorm.",
           ".post_mlp_layernorm.": ".post_feedforward_layernorm."}
-_BIAS = (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias")
 _GATE = re.compile(r"(.*\.self_attn\.)gate_proj\.weight")
 _Q = re.compile(r"(.*\.self_attn\.)q_proj\.(weight|lora_B)")
 # LoRA's target names, pivotflow's -> the file's (the gate by its path: PEFT reads a bare
 # "gate_proj" as the MLP's too, which transformers holds fused with up_proj in its experts)
 TARGETS = {"q_proj": ("q_proj", "self_attn.gate_proj")}
-
-
-def _renamed(name: str, to_disk: bool) -> str:
-    src, dst = (_BIAS[1], _BIAS[0]) if to_disk else _BIAS
-    if name.endswith(src):  # (before the router's name: the held bias is under it)
-        return name[: -len(src)] + dst
-    for disk, held in _NAMES.items():
-        src, dst = (held, disk) if to_disk else (disk, held)
-        if src in name:
-            return name.replace(src, dst, 1)
-    return name
 
 
 def afmoe_held(cfg: ModelConfig, tensors: dict[str, torch.Tensor],
@@ -52,7 +41,7 @@ def afmoe_held(cfg: ModelConfig, tensors: dict[str, torch.Tensor],
     tensor for a q or gate projection of another shape, or one without the other."""
     import torch
 
-    out = {_renamed(name, to_disk=False): t for name, t in tensors.items()
+    out = {block_router_name(name, _NAMES, to_disk=False): t for name, t in tensors.items()
            if _GATE.fullmatch(name) is None}
     heads, d = cfg.num_attention_heads, cfg.head_dim
     for name, gate in tensors.items():
@@ -78,7 +67,7 @@ def afmoe_disk(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, 
     out: dict[str, torch.Tensor] = {}
     heads, d = cfg.num_attention_heads, cfg.head_dim
     for name, t in tensors.items():
-        renamed = _renamed(name, to_disk=True)
+        renamed = block_router_name(name, _NAMES, to_disk=True)
         m = _Q.fullmatch(name)
         if m is None:
             q_a = re.fullmatch(r"(.*\.self_attn\.)q_proj\.lora_A", name)

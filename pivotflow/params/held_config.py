@@ -106,6 +106,10 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
         from pivotflow.engines.torch.hf_ministral import ministral_vllm_keys
 
         config = ministral_vllm_keys(config)
+    if family == "hy_v3":  # (vLLM's keys, the released configs')
+        from pivotflow.engines.torch.hf_hy_v3 import hy_v3_vllm_keys
+
+        config = hy_v3_vllm_keys(config)
     if family == "afmoe":  # (vLLM's router keys, the released configs')
         from pivotflow.engines.torch.hf_afmoe import afmoe_vllm_keys
 
@@ -203,6 +207,6 @@ def family_of(config: dict[str, Any]) -> str | None:
     return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", "granitemoehybrid",
                             "nemotron_h", "olmo_hybrid", "ernie4_5", "ernie4_5_moe", "lfm2",
                             "lfm2_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "mistral4", "afmoe",
-                            "apertus",
+                            "apertus", "hy_v3",
                             *MTP_FAMILIES,
                             *MTP_APART, *WRAPPERS) else None

@@ -106,6 +106,8 @@ from pivotflow.params.renamed_layout import (
     GLM_NORMS_BACK,
     HUNYUAN_NAMES,
     HUNYUAN_NAMES_BACK,
+    HY_V3_NAMES,
+    block_router_name,
     ernie_statics,
     minimax_name,
     mixtral_name,
@@ -230,6 +232,8 @@ def held_layout(
         return afmoe_held(_geometry(config, where), tensors, where)
     if family == "apertus":  # (its norms' names)
         return renamed_norms(tensors, APERTUS_NORMS)
+    if family == "hy_v3":  # (its router's, its bias's and its shared MLP's names)
+        return {block_router_name(n, HY_V3_NAMES, to_disk=False): t for n, t in tensors.items()}
     if family == "mistral4":  # (its module's own expert stacks: stacked_experts)
         return split_stacks(_geometry(config, where), tensors, where, either_way=False)
     if family == "ernie4_5":  # (its rotary pairs interleaved, as GLM-4's)
@@ -340,6 +344,8 @@ def engine_names(config: dict[str, Any],
         return afmoe_disk(_geometry(config, "engine export"), tensors)
     if family == "apertus":
         return renamed_norms(tensors, APERTUS_NORMS_BACK)
+    if family == "hy_v3":
+        return {block_router_name(n, HY_V3_NAMES, to_disk=True): t for n, t in tensors.items()}
     if family == "qwen3_next":  # (vLLM's Qwen3-Next loads its file's fused, grouped rows)
         return _fused(config, tensors)
     if family == "glm4":
@@ -402,6 +408,9 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
         return olmo_hybrid_adapters(_geometry(config, "adapter export"), adapters), {}, {}
     if family in ("lfm2", "lfm2_moe"):  # (renamed, nothing fused)
         return lfm2_names(adapters, to_disk=True), {}, {}
+    if family == "hy_v3":  # (its shared MLP's and router's names)
+        return {block_router_name(n, HY_V3_NAMES, to_disk=True): t
+                for n, t in adapters.items()}, {}, {}
     if family == "afmoe":  # (q_proj's adapter as the file's q_proj's and gate_proj's)
         return afmoe_disk(_geometry(config, "adapter export"), adapters), {}, {}
     if family in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # (Hunyuan-MoE's shared MLP renamed)

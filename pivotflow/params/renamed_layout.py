@@ -81,6 +81,30 @@ HUNYUAN_NAMES = {"self_attn.query_layernorm": "self_attn.q_norm",
 HUNYUAN_NAMES_BACK = {held: disk for disk, held in HUNYUAN_NAMES.items()}
 
 
+# the router's name and its correction bias on the sparse block where AFMoE's and HY V3's files
+# keep them (``mlp.router.gate``, ``mlp.expert_bias``), and pivotflow's
+ROUTER_ON_BLOCK = {".mlp.router.gate.": ".mlp.gate."}
+BLOCK_BIAS = (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias")
+
+
+# HY V3's (its shared MLP's too)
+HY_V3_NAMES = {**ROUTER_ON_BLOCK, ".mlp.shared_mlp.": ".mlp.shared_experts."}
+
+
+def block_router_name(name: str, names: dict[str, str], to_disk: bool) -> str:
+    """A tensor's (or LoRA adapter's) name in the file (``to_disk``) or as pivotflow holds it,
+    for a family whose correction bias is on its sparse block (``BLOCK_BIAS``) and whose
+    modules ``names`` renames (the file's path part -> pivotflow's, dots around both)."""
+    src, dst = (BLOCK_BIAS[1], BLOCK_BIAS[0]) if to_disk else BLOCK_BIAS
+    if name.endswith(src):  # (before the router's name: the held bias is under it)
+        return name[: -len(src)] + dst
+    for disk, held in names.items():
+        src, dst = (held, disk) if to_disk else (disk, held)
+        if src in name:
+            return name.replace(src, dst, 1)
+    return name
+
+
 def renamed_modules(tensors: dict[str, torch.Tensor],
                     names: dict[str, str]) -> dict[str, torch.Tensor]:
     """``tensors`` (weights, or LoRA adapters) with a module of ``names``' keys in their

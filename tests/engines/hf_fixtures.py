@@ -524,6 +524,17 @@ CASES += [
           "eos_token_id": 2}),
 ]  # fmt: skip
 APERTUS = CASES[60]
+# HY V3: per-head q/k norms before rope, a dense first layer, then 4 experts (2 a token) by a
+# sigmoid router with a bias on the block, renormalised, times 2, beside a shared one; its
+# router, bias and shared MLP under its own names in the file
+CASES += [
+    Case("hy-v3", "HYV3Config", False,
+         {"num_hidden_layers": 3, "head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
+          "num_shared_experts": 1, "moe_intermediate_size": 32, "router_scaling_factor": 2.0,
+          "mlp_layer_types": ["dense", "sparse", "sparse"], "pad_token_id": 0,
+          "bos_token_id": 1, "eos_token_id": 2}),
+]  # fmt: skip
+HY_V3 = CASES[61]
 CASE_IDS = [c.name for c in CASES]
 
 

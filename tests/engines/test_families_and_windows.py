@@ -38,6 +38,7 @@ from hf_fixtures import (
     GRANITE4_H_DENSE,
     HUNYUAN,
     HUNYUAN_MOE,
+    HY_V3,
     LFM2,
     LFM2_MOE,
     MINIMAX_M2,
@@ -114,7 +115,7 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE, MINIMAX_M2, OLMO_HYBRID,
        OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW, ERNIE4_5, LFM2, SEED_OSS,
        HUNYUAN, HUNYUAN_MOE, ERNIE4_5_MOE, MINISTRAL3, GLM4_7_FLASH,
-       LFM2_MOE, DOTS1, MISTRAL4, SOLAR_OPEN, ARCEE, AFMOE, APERTUS]
+       LFM2_MOE, DOTS1, MISTRAL4, SOLAR_OPEN, ARCEE, AFMOE, APERTUS, HY_V3]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -244,6 +245,12 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert written["model_type"] == "dots1" and written["first_k_dense_replace"] == 1
         assert written["layer_types"] == ["full_attention"] + ["sliding_attention"] * 2
         assert written["sliding_window"] == 4 and written["norm_topk_prob"] is False
+    elif case is HY_V3:  # (its layers' kinds, vLLM's keys, its names in the file)
+        assert written["model_type"] == "hy_v3" and written["mlp_layer_types"][0] == "dense"
+        assert (written["first_k_dense_replace"], written["expert_hidden_dim"]) == (1, 32)
+        disk = disk_layout(written, folder.tensors)
+        assert {"model.layers.1.mlp.router.gate.weight", "model.layers.1.mlp.expert_bias",
+                "model.layers.1.mlp.shared_mlp.up_proj.weight"} <= disk.keys()
     elif case is APERTUS:  # (xIELU's scalars and constants, its norms by its names)
         assert written["model_type"] == "apertus" and written["hidden_act"] == "xielu"
         disk = disk_layout(written, folder.tensors)

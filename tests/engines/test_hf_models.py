@@ -104,12 +104,13 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "Mistral4Config": "mistral4",
                                 "SolarOpenConfig": "solar_open", "ArceeConfig": "arcee",
                                 "AfmoeConfig": "afmoe", "ApertusConfig": "apertus",
+                                "HYV3Config": "hy_v3",
                                 "Lfm2Config": "lfm2"}[case.config_class]  # fmt: skip
     # (latent attention's heads: their no-rope and rope parts; 32 in every other case)
     assert cfg.head_dim == (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim or 32)
     assert cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma3", "minimax",
                                                        "exaone", "lfm2", "hunyuan", "dots1",
-                                                       "afmoe", "apertus"))
+                                                       "afmoe", "apertus", "hy_v3"))
     # Every weight transformers holds was loaded (transformers 5 holds a sparse layer's experts
     # as one fused tensor where the file, and we, have one per expert: count the numbers;
     # GLM-4.5's and LFM2-MoE's router bias is a buffer there, a frozen parameter here, as

@@ -189,6 +189,13 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
                 "moe_intermediate_size": 64, "num_dense_layers": 1,
                 "global_attn_every_n_layers": 2, "sliding_window": 6, "route_scale": 1.5,
                 "mup_enabled": True, "pad_token_id": EOS}),
+            # HY V3: per-head q/k norms, a dense first layer, then 8 experts by a sigmoid router
+            # with a bias on the block, times 2, beside a shared one (vLLM reads the released
+            # configs' keys: held_config's)
+            "hy-v3": ("HYV3Config", "HYV3ForCausalLM", {
+                "num_experts": 8, "num_experts_per_tok": 2, "num_shared_experts": 1,
+                "moe_intermediate_size": 64, "router_scaling_factor": 2.0,
+                "pad_token_id": EOS}),
             # DeepSeek-V2: the same attention with plain RoPE (Moonlight's kind: vLLM's CPU
             # rotary kernel misreads it; pivotflow tells vLLM YaRN of factor 1, the same rope),
             # a softmax router from the 2 of 4 groups whose best expert scores highest,
@@ -305,7 +312,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
                                 "ernie4.5": "ernie4_5", "seed-oss": "seed_oss",
 
                                 "hunyuan-dense": "hunyuan_v1_dense",
-                                "solar-open": "solar_open",
+                                "solar-open": "solar_open", "hy-v3": "hy_v3",
                                 "glm4.7-flash": "glm4_moe_lite",
                                 "hunyuan-moe": "hunyuan_v1_moe",
                                 "qwen2-moe": "qwen2_moe", "deepseek-v3": "deepseek_v3",

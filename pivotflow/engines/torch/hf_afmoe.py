@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pivotflow.engines.torch.hf_families import ENGINE, number
+from pivotflow.engines.torch.hf_families import ENGINE, expert_counts, number
 from pivotflow.engines.torch.model_config import ModelConfig
 from pivotflow.errors import ModelConfigError
 
@@ -57,14 +57,7 @@ def afmoe_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]
     """ModelConfig's fields for an afmoe config (after ``afmoe_keys``; its windows read by
     ``hf_windows``): experts, router, dense layers, NoPE on the full layers, the embeddings'
     scale."""
-    out: dict[str, Any] = {}
-    for field, key in (("num_experts", "num_experts"),
-                       ("num_experts_per_tok", "num_experts_per_tok"),
-                       ("moe_intermediate_size", "moe_intermediate_size"),
-                       ("n_shared_experts", "num_shared_experts")):
-        value = out[field] = raw[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ModelConfigError(f"{where}: {key}={value!r} is not a non-negative integer")
+    out = expert_counts(raw, where)
     dense = raw["num_dense_layers"]
     if isinstance(dense, bool) or not isinstance(dense, int) or not 0 <= dense <= layers:
         raise ModelConfigError(f"{where}: num_dense_layers={dense!r} is not a number of layers "

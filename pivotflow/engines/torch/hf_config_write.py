@@ -24,6 +24,7 @@ from pivotflow.engines.torch.hf_families import (
 from pivotflow.engines.torch.hf_glm_lite import glm_lite_to_hf
 from pivotflow.engines.torch.hf_granite import KIND, granite_to_hf
 from pivotflow.engines.torch.hf_hunyuan import hunyuan_moe_to_hf
+from pivotflow.engines.torch.hf_hy_v3 import hy_v3_to_hf
 from pivotflow.engines.torch.hf_lfm2 import lfm2_to_hf
 from pivotflow.engines.torch.hf_minimax import minimax_to_hf
 from pivotflow.engines.torch.hf_ministral import ministral_to_hf
@@ -67,6 +68,7 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "ministral3": "Ministral3ForCausalLM", "mistral4": "Mistral4ForCausalLM",
               "solar_open": "SolarOpenForCausalLM", "arcee": "ArceeForCausalLM",
               "afmoe": "AfmoeForCausalLM", "apertus": "ApertusForCausalLM",
+              "hy_v3": "HYV3ForCausalLM",
               "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
               "lfm2_moe": "Lfm2MoeForCausalLM",
               "dots1": "Dots1ForCausalLM"}  # fmt: skip
@@ -158,6 +160,8 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         out.update(ministral_to_hf(cfg, rope))
     elif cfg.architecture == "mistral4":
         out.update(mistral4_to_hf(cfg, rope))
+    elif cfg.architecture == "hy_v3":
+        out.update(hy_v3_to_hf(cfg))
     elif cfg.architecture == "afmoe":
         out.update(afmoe_to_hf(cfg))
     elif cfg.architecture == "solar_open":

@@ -74,6 +74,10 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         if act != "relu2":
             raise ModelConfigError(f"{where}: hidden_act={act!r} {ENGINE} on arcee (relu2)")
         return {"hidden_act": act}
+    if kind == "hy_v3":
+        from pivotflow.engines.torch.hf_hy_v3 import hy_v3_fields
+
+        return hy_v3_fields(raw, layers, where)
     if kind == "apertus":  # (checked by hf_apertus)
         return {"hidden_act": "xielu"}
     if kind == "afmoe":
@@ -109,6 +113,22 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
 
         return olmo_hybrid_fields(raw, layers, where)
     return {}
+
+
+def expert_counts(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """ModelConfig's expert counts and widths from the keys AFMoE's and HY V3's configs name
+    them by (``num_experts``, ``num_experts_per_tok``, ``moe_intermediate_size``,
+    ``num_shared_experts``). Raises ModelConfigError naming ``where`` and the key for one that
+    is not a non-negative integer."""
+    out: dict[str, Any] = {}
+    for field, key in (("num_experts", "num_experts"),
+                       ("num_experts_per_tok", "num_experts_per_tok"),
+                       ("moe_intermediate_size", "moe_intermediate_size"),
+                       ("n_shared_experts", "num_shared_experts")):
+        value = out[field] = raw[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ModelConfigError(f"{where}: {key}={value!r} is not a non-negative integer")
+    return out
 
 
 def number(value: Any, key: str, where: str) -> float:

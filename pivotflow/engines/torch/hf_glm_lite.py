@@ -39,7 +39,8 @@ def glm_lite_keys(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _dense_layers(raw: dict[str, Any], layers: int, where: str) -> tuple[int, ...]:
+def dense_layers(raw: dict[str, Any], layers: int, where: str) -> tuple[int, ...]:
+    """The dense layers ``mlp_layer_types`` names (GLM-4.7-Flash's, HY V3's), else the first."""
     types = raw.get("mlp_layer_types")
     if types is None:
         return (0,) if layers else ()
@@ -58,7 +59,7 @@ def glm_lite_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, A
     if not isinstance(interleave, bool):
         raise ModelConfigError(f"{where}: rope_interleave={interleave!r} is not true or false")
     return {**out, **latent_fields(merged, where), "rope_interleave": interleave,
-            "mlp_only_layers": _dense_layers(merged, layers, where),
+            "mlp_only_layers": dense_layers(merged, layers, where),
             "routed_scaling_factor": number(merged["routed_scaling_factor"],
                                             "routed_scaling_factor", where)}
 
