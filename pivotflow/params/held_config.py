@@ -13,6 +13,8 @@ checkpoints say what they hold.
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from typing import Any
 
 from pivotflow.errors import ModelConfigError
@@ -87,36 +89,15 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
         # deepseek_v3, its auto_map's remote code not needed): held, and written, as that
         config = {k: v for k, v in config.items() if k != "auto_map"}
         config.update(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"])
-    if family == "deepseek_v3":
-        # the router transformers runs, said as DeepSeek's own configs say it: vLLM reads
-        # these keys (without them, a softmax router with no correction bias)
-        config = {**config, **DEEPSEEK_V3_ROUTER}
+    # (by family: an old export names only its class; else by model_type: Ministral 3's)
+    added = _VLLM_KEYS.get(family or "") or _VLLM_KEYS.get(str(config.get("model_type")))
+    if added is not None:  # (the keys vLLM reads that transformers writes none of)
+        config = _function(added)(config)
     v2 = config.get("model_type") == "deepseek_v2"
     if v2 and (config.get("topk_method") or "greedy") == "greedy":
         # (transformers' greedy choice ignores the groups; vLLM groups by n_group whatever
         # topk_method says)
         config = {**config, "n_group": 1, "topk_group": 1}
-    if family == "minimax_m2":  # (transformers 5 and vLLM run it natively: no remote code)
-        config = _minimax_router(config)
-    if family == "glm4_moe_lite":  # (vLLM's key for its dense layers)
-        from pivotflow.engines.torch.hf_glm_lite import glm_lite_vllm_keys
-
-        config = glm_lite_vllm_keys(config)
-    if config.get("model_type") == "ministral3":  # (vLLM's own key for its query scaling)
-        from pivotflow.engines.torch.hf_ministral import ministral_vllm_keys
-
-        config = ministral_vllm_keys(config)
-    if family == "hy_v3":  # (vLLM's keys, the released configs')
-        from pivotflow.engines.torch.hf_hy_v3 import hy_v3_vllm_keys
-
-        config = hy_v3_vllm_keys(config)
-    if family == "afmoe":  # (vLLM's router keys, the released configs')
-        from pivotflow.engines.torch.hf_afmoe import afmoe_vllm_keys
-
-        config = afmoe_vllm_keys(config)
-    if family in ("lfm2", "lfm2_moe"):  # (vLLM reads these widths, the Hub's configs say)
-        config = {"conv_dim": config.get("hidden_size"), "block_dim": config.get("hidden_size"),
-                  **config}
     if family in MTP_FAMILIES and config.get(MTP_FAMILIES[family]):
         return {**config, MTP_FAMILIES[family]: 0,
                 **({"use_mtp": False} if family == "minimax_m2" else {})}
@@ -180,6 +161,40 @@ def _minimax_router(config: dict[str, Any]) -> dict[str, Any]:
         partial = rope.get("partial_rotary_factor", out.get("partial_rotary_factor", 1.0))
         out["rotary_dim"] = int(out.get("head_dim", 128) * partial)
     return out
+
+
+def _deepseek_v3_router(config: dict[str, Any]) -> dict[str, Any]:
+    """The router transformers runs, said as DeepSeek's own configs say it: vLLM reads these
+    keys (without them, a softmax router with no correction bias)."""
+    return {**config, **DEEPSEEK_V3_ROUTER}
+
+
+def _lfm2_widths(config: dict[str, Any]) -> dict[str, Any]:
+    """LFM2's widths as the Hub's configs say them, which vLLM reads."""
+    return {"conv_dim": config.get("hidden_size"), "block_dim": config.get("hidden_size"),
+            **config}
+
+
+# The keys vLLM reads that transformers writes none of, added to a config by its model_type:
+# a function of this module's, or "module.function" of pivotflow.engines.torch's family
+# modules (imported when used: they import this module).
+_VLLM_KEYS: dict[str, Callable[[dict[str, Any]], dict[str, Any]] | str] = {
+    "deepseek_v3": _deepseek_v3_router,
+    "minimax_m2": _minimax_router,  # (transformers 5 and vLLM run it natively: no remote code)
+    "lfm2": _lfm2_widths, "lfm2_moe": _lfm2_widths,
+    "glm4_moe_lite": "hf_glm_lite.glm_lite_vllm_keys",  # (its dense layers' count)
+    "ministral3": "hf_ministral.ministral_vllm_keys",  # (its query scaling, by its own key)
+    "hy_v3": "hf_hy_v3.hy_v3_vllm_keys",  # (the released configs' keys)
+    "afmoe": "hf_afmoe.afmoe_vllm_keys",  # (the released configs' router keys)
+}
+
+
+def _function(added: Callable[[dict[str, Any]], dict[str, Any]] | str
+              ) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    if callable(added):
+        return added
+    module, name = added.split(".")
+    return getattr(importlib.import_module(f"pivotflow.engines.torch.{module}"), name)  # type: ignore[no-any-return]
 
 
 def _unquantized(config: dict[str, Any]) -> dict[str, Any]:
