@@ -535,6 +535,20 @@ CASES += [
           "bos_token_id": 1, "eos_token_id": 2}),
 ]  # fmt: skip
 HY_V3 = CASES[61]
+# Granite SWA: Granite's multipliers, a learned sink per head, a window of 4 on all but every
+# fourth layer (binding), a base per layer: the full layers NoPE, the sliding ones at 1e4 and,
+# without NoPE, full layers at 5e5 (two bases)
+_GRANITE_SWA = {"num_hidden_layers": 4, "head_dim": 32, "sliding_window": 4,
+                "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+                "attention_multiplier": 0.03, "logits_scaling": 6.0, "pad_token_id": 0,
+                "bos_token_id": 1, "eos_token_id": 2}
+CASES += [
+    Case("granite-swa", "GraniteSWAConfig", True,
+         {**_GRANITE_SWA, "layer_rope_theta": [0, 10000.0, 10000.0, 10000.0]}),
+    Case("granite-swa-two-bases", "GraniteSWAConfig", False,
+         {**_GRANITE_SWA, "layer_rope_theta": [500000.0, 10000.0, 10000.0, 10000.0]}),
+]  # fmt: skip
+GRANITE_SWA, GRANITE_SWA_TWO_BASES = CASES[62], CASES[63]
 CASE_IDS = [c.name for c in CASES]
 
 

@@ -36,6 +36,8 @@ from hf_fixtures import (
     GRANITE4_DENSE,
     GRANITE4_H,
     GRANITE4_H_DENSE,
+    GRANITE_SWA,
+    GRANITE_SWA_TWO_BASES,
     HUNYUAN,
     HUNYUAN_MOE,
     HY_V3,
@@ -115,7 +117,8 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        NEMOTRON_H, NEMOTRON_H_ATTENTION_FIRST, NEMOTRON_H_MOE, MINIMAX_M2, OLMO_HYBRID,
        OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW, ERNIE4_5, LFM2, SEED_OSS,
        HUNYUAN, HUNYUAN_MOE, ERNIE4_5_MOE, MINISTRAL3, GLM4_7_FLASH,
-       LFM2_MOE, DOTS1, MISTRAL4, SOLAR_OPEN, ARCEE, AFMOE, APERTUS, HY_V3]
+       LFM2_MOE, DOTS1, MISTRAL4, SOLAR_OPEN, ARCEE, AFMOE, APERTUS, HY_V3, GRANITE_SWA,
+       GRANITE_SWA_TWO_BASES]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -245,6 +248,11 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert written["model_type"] == "dots1" and written["first_k_dense_replace"] == 1
         assert written["layer_types"] == ["full_attention"] + ["sliding_attention"] * 2
         assert written["sliding_window"] == 4 and written["norm_topk_prob"] is False
+    elif case in (GRANITE_SWA, GRANITE_SWA_TWO_BASES):  # (its bases per layer, its windows)
+        assert written["model_type"] == "granite_swa" and written["sliding_window"] == 4
+        assert written["layer_types"] == ["full_attention"] + ["sliding_attention"] * 3
+        assert written["layer_rope_theta"] == case.extra["layer_rope_theta"]
+        assert "model.layers.0.self_attn.sinks" in folder.tensors
     elif case is HY_V3:  # (its layers' kinds, vLLM's keys, its names in the file)
         assert written["model_type"] == "hy_v3" and written["mlp_layer_types"][0] == "dense"
         assert (written["first_k_dense_replace"], written["expert_hidden_dim"]) == (1, 32)
@@ -329,7 +337,8 @@ QWEN3_NEXT_DENSE = Case("qwen3-next-dense", "Qwen3NextConfig", False,
 @pytest.mark.parametrize("case", [OLMO2, OLMO3, EXAONE4, MISTRAL_WINDOW, QWEN2_WINDOW, GEMMA3,
                                   PHI3_WINDOW, ERNIE4_5, LFM2, SEED_OSS, HUNYUAN, MINISTRAL3,
                                   PHI4_MINI, GLM4, SMOLLM3_WINDOW, GEMMA2, GRANITE, GPT_OSS,
-                                  QWEN3_5, QWEN3_NEXT_DENSE, GRANITE4_H_DENSE, NEMOTRON_H],
+                                  QWEN3_5, QWEN3_NEXT_DENSE, GRANITE4_H_DENSE, NEMOTRON_H,
+                                  GRANITE_SWA_TWO_BASES, ARCEE, APERTUS],
                          ids=lambda c: c.name)
 def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: Any) -> None:
     """Post-norm layers, whole-projection q/k norms and windows (4-6 positions, narrower than
@@ -356,8 +365,10 @@ def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: An
     assert (case in (OLMO2, OLMO3, EXAONE4)) != any("input_layernorm" in n for n in names)
     # (transformers' names: Nemotron-H's backbone is model in memory)
     theirs = {n.replace("backbone.", "model."): p for n, p in theirs.items()}
-    # (by the file's names: Phi-3's q/k/v and gate/up gradients fused as its parameters are)
-    grads = disk_layout(folder.hf_config, {n: p.grad for n, p in ours.named_parameters()})
+    # (by the file's names: Phi-3's q/k/v and gate/up gradients fused as its parameters are;
+    # frozen ones left out: Apertus's xIELU constants, buffers in transformers)
+    grads = disk_layout(folder.hf_config, {n: p.grad for n, p in ours.named_parameters()
+                                           if p.requires_grad})
     grads = {n.replace("backbone.", "model."): g for n, g in grads.items()}
     assert grads.keys() == theirs.keys() - ({"lm_head.weight"} if case.tied else set())
     for name, grad in grads.items():

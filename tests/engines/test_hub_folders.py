@@ -359,6 +359,21 @@ def test_an_afmoe_q_proj_adapter_exports_as_its_query_and_gate_adapters_exactly(
                                                            "o_proj"]
 
 
+@pytest.mark.parametrize(("thetas", "rope", "says"), [
+    ([1e4, 1e4, 2e4, 3e4], {}, r"layer_rope_theta=\[10000\.0, 10000\.0, 20000\.0, 30000\.0\] is "
+     r"not supported by the embedded engine \(one base for the full layers, one for the "
+     r"sliding ones, 0 for NoPE\)"),
+    ([5e5, 1e4, 1e4, 1e4], {"rope_type": "linear", "factor": 2.0},
+     r"layer_rope_theta with two bases and rope_parameters 'linear' is not supported by the "
+     r"embedded engine \(plain rope on the sliding layers\)")])
+def test_granite_swa_bases_pivotflow_cannot_hold_are_one_line_errors(
+        thetas: list[float], rope: dict[str, Any], says: str) -> None:
+    raw = {**SIZES, "num_hidden_layers": 4, "model_type": "granite_swa",
+           "layer_rope_theta": thetas, **({"rope_parameters": rope} if rope else {})}
+    with pytest.raises(ModelConfigError, match=rf"^c\.json: {says}$"):
+        config_from_hf(raw, "c.json")
+
+
 def test_seed_oss_o_proj_bias_is_a_one_line_error() -> None:
     with pytest.raises(ModelConfigError, match=r"^c\.json: attention_out_bias=True is not "
                        r"supported by the embedded engine on seed_oss \(false\)$"):

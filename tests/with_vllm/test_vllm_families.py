@@ -196,6 +196,13 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
                 "num_experts": 8, "num_experts_per_tok": 2, "num_shared_experts": 1,
                 "moe_intermediate_size": 64, "router_scaling_factor": 2.0,
                 "pad_token_id": EOS}),
+            # Granite SWA: Granite's multipliers, a learned sink per head, a window of 6 on all
+            # but the first of four layers, which turns no position
+            "granite-swa": ("GraniteSWAConfig", "GraniteSWAForCausalLM", {
+                "num_hidden_layers": 4, "sliding_window": 6, "embedding_multiplier": 12.0,
+                "residual_multiplier": 0.22, "attention_multiplier": 0.03,
+                "logits_scaling": 6.0, "layer_rope_theta": [0, 1e4, 1e4, 1e4],
+                "pad_token_id": EOS}),
             # DeepSeek-V2: the same attention with plain RoPE (Moonlight's kind: vLLM's CPU
             # rotary kernel misreads it; pivotflow tells vLLM YaRN of factor 1, the same rope),
             # a softmax router from the 2 of 4 groups whose best expert scores highest,
@@ -313,13 +320,14 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
 
                                 "hunyuan-dense": "hunyuan_v1_dense",
                                 "solar-open": "solar_open", "hy-v3": "hy_v3",
+                                "granite-swa": "granite_swa",
                                 "glm4.7-flash": "glm4_moe_lite",
                                 "hunyuan-moe": "hunyuan_v1_moe",
                                 "qwen2-moe": "qwen2_moe", "deepseek-v3": "deepseek_v3",
                                 "deepseek-v2": "deepseek_v2"}.get(
         family, family.split("-")[0])
     assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text",
-                                                   "exaone4", "dots1", "afmoe",
+                                                   "exaone4", "dots1", "afmoe", "granite-swa",
                                                    "phi3-window", "mixtral-window",
                                                    "gemma2-window"))
     ours = TorchEngine(cfg, max_batch=8, eos_token_id=EOS)

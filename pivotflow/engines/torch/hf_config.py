@@ -33,6 +33,7 @@ from pivotflow.engines.torch.hf_ernie import ernie_keys
 from pivotflow.engines.torch.hf_families import ENGINE, family_fields, number
 from pivotflow.engines.torch.hf_glm_lite import glm_lite_keys
 from pivotflow.engines.torch.hf_granite import KIND, granite_layer_types
+from pivotflow.engines.torch.hf_granite_swa import granite_swa_keys
 from pivotflow.engines.torch.hf_hunyuan import hunyuan_keys
 from pivotflow.engines.torch.hf_hy_v3 import hy_v3_keys
 from pivotflow.engines.torch.hf_lfm2 import lfm2_keys
@@ -153,7 +154,8 @@ _OWN_KEYS: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
     "solar_open": solar_open_keys,  # (SolarOpenConfig's defaults)
     "afmoe": afmoe_keys,
     "apertus": apertus_keys,  # (its xIELU, its epsilon and rope)
-    "hy_v3": hy_v3_keys,  # (HYV3Config's defaults)  # (AfmoeConfig's defaults, the released configs' router keys)
+    "hy_v3": hy_v3_keys,  # (HYV3Config's defaults)
+    "granite_swa": granite_swa_keys,  # (its defaults, its full layers' rope base)  # (AfmoeConfig's defaults, the released configs' router keys)
     "mistral4": mistral4_keys,  # (Mistral4Config's defaults, its head_dim the query's width)
     "ernie4_5": ernie_keys, "ernie4_5_moe": ernie_keys,  # (heads of 128, its epsilon)
 }

@@ -23,6 +23,7 @@ from pivotflow.engines.torch.hf_families import (
 )
 from pivotflow.engines.torch.hf_glm_lite import glm_lite_to_hf
 from pivotflow.engines.torch.hf_granite import KIND, granite_to_hf
+from pivotflow.engines.torch.hf_granite_swa import granite_swa_to_hf
 from pivotflow.engines.torch.hf_hunyuan import hunyuan_moe_to_hf
 from pivotflow.engines.torch.hf_hy_v3 import hy_v3_to_hf
 from pivotflow.engines.torch.hf_lfm2 import lfm2_to_hf
@@ -68,7 +69,7 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "ministral3": "Ministral3ForCausalLM", "mistral4": "Mistral4ForCausalLM",
               "solar_open": "SolarOpenForCausalLM", "arcee": "ArceeForCausalLM",
               "afmoe": "AfmoeForCausalLM", "apertus": "ApertusForCausalLM",
-              "hy_v3": "HYV3ForCausalLM",
+              "hy_v3": "HYV3ForCausalLM", "granite_swa": "GraniteSWAForCausalLM",
               "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
               "lfm2_moe": "Lfm2MoeForCausalLM",
               "dots1": "Dots1ForCausalLM"}  # fmt: skip
@@ -142,11 +143,14 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         out.update(num_labels=cfg.num_labels,
                    id2label={str(i): f"LABEL_{i}" for i in range(cfg.num_labels)},
                    label2id={f"LABEL_{i}": i for i in range(cfg.num_labels)})
-    if cfg.architecture in ("llama", "olmo2", "olmo3", "granite"):
+    if cfg.architecture in ("llama", "olmo2", "olmo3", "granite", "granite_swa"):
         out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
-        if cfg.architecture == "granite":
+        if cfg.architecture in ("granite", "granite_swa"):
             out.update({key: getattr(cfg, key) for key in GRANITE_KEYS},
                        attention_multiplier=cfg.attention_scale)
+        if cfg.architecture == "granite_swa":  # (no token ids: its are a 100k vocab's)
+            out.update(granite_swa_to_hf(cfg), pad_token_id=None, bos_token_id=None,
+                       eos_token_id=None)
     elif cfg.architecture in ("gemma3_text", "gemma2"):
         del out["hidden_act"]
         out.update(attention_bias=cfg.attention_bias, hidden_activation=cfg.hidden_act,

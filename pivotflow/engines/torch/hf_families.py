@@ -39,6 +39,10 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         return {"nope_layers": nope_layers(raw, layers, where)}
     if kind == "granite":
         return _granite_fields(raw, where)
+    if kind == "granite_swa":  # (Granite's multipliers, its bases per layer)
+        from pivotflow.engines.torch.hf_granite_swa import granite_swa_fields
+
+        return {**_granite_fields(raw, where), **granite_swa_fields(raw, where)}
     if kind in ("gemma3_text", "gemma2"):
         return _gemma_fields(raw, where)
     if kind == "qwen3_5_text":

@@ -64,6 +64,10 @@ def window_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         nope = nope_layers(raw, layers, where)
         sliding = ([i for i, t in enumerate(types) if t == "sliding_attention"] if types
                    else list(nope) if raw.get("use_sliding_window") else [])
+    elif kind == "granite_swa":  # (its layer_types, else all but every fourth from the first)
+        from pivotflow.engines.torch.hf_granite_swa import granite_swa_sliding
+
+        window, sliding = raw.get("sliding_window", 128), granite_swa_sliding(types, layers)
     elif kind == "afmoe":  # (its layer_types, else all but every Nth)
         from pivotflow.engines.torch.hf_afmoe import afmoe_sliding
 
@@ -174,9 +178,10 @@ def windows_to_hf(cfg: Any, rope: dict[str, Any]) -> dict[str, Any]:
     if kind == "smollm3":  # (layer_types say which; use_sliding_window that they do)
         return {"layer_types": types, "use_sliding_window": bool(sliding),
                 "sliding_window": cfg.sliding_window or None}
-    if kind in ("olmo3", "gemma3_text", "gemma2", "gpt_oss", "exaone4", "dots1", "afmoe"):
+    if kind in ("olmo3", "gemma3_text", "gemma2", "gpt_oss", "exaone4", "dots1", "afmoe",
+                "granite_swa"):
         out: dict[str, Any] = {"layer_types": types, "sliding_window": cfg.sliding_window or None}
-        if cfg.sliding_rope_theta:
+        if cfg.sliding_rope_theta and kind != "granite_swa":  # (its: layer_rope_theta)
             out["rope_parameters"] = {"full_attention": rope, "sliding_attention": {
                 "rope_type": "default", "rope_theta": cfg.sliding_rope_theta}}
         return out

@@ -16,7 +16,7 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "nemotron_h", "minimax_m2", "olmo_hybrid", "exaone4", "ernie4_5", "lfm2",
                  "seed_oss", "hunyuan_v1_dense", "hunyuan_v1_moe", "ernie4_5_moe",
                  "ministral3", "glm4_moe_lite", "lfm2_moe", "dots1", "mistral4",
-                 "solar_open", "arcee", "afmoe", "apertus", "hy_v3")
+                 "solar_open", "arcee", "afmoe", "apertus", "hy_v3", "granite_swa")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
@@ -65,7 +65,7 @@ ACTIVATIONS = (*GATED_ACTIVATIONS, "relu2", "xielu")
 POST_NORM_ARCHITECTURES = ("olmo2", "olmo3", "exaone4")
 # (layers without rope: SmolLM3's some, Granite 4.0-H's all, AFMoE's full ones)
 NOPE_ARCHITECTURES = ("smollm3", "granitemoehybrid", "nemotron_h", "olmo_hybrid", "exaone4",
-                      "afmoe")
+                      "afmoe", "granite_swa")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
@@ -368,8 +368,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def attention_sinks(self) -> bool:
-        """gpt-oss's attention: a learned sink logit per head (``self_attn.sinks``)."""
-        return self.architecture == "gpt_oss"
+        """gpt-oss's and Granite SWA's attention: a learned sink logit per head
+        (``self_attn.sinks``)."""
+        return self.architecture in ("gpt_oss", "granite_swa")
 
     @property
     def whole_qk_norm(self) -> bool:
