@@ -211,8 +211,8 @@ def config_where(config: dict[str, Any], where: str) -> str:
 
 def family_of(config: dict[str, Any]) -> str | None:
     """The family whose on-disk layout differs from pivotflow's (phi3, mixtral, glm4,
-    glm4_moe, deepseek_v3, gpt_oss, qwen3_5_text, qwen3_5_moe_text, qwen3_next..., and the
-    multimodal wrappers: ``WRAPPERS``), or None."""
+    glm4_moe, deepseek_v3, gpt_oss, qwen3_5_text, qwen3_5_moe_text, qwen3_next, mistral4,
+    afmoe, apertus, hy_v3..., and the multimodal wrappers: ``WRAPPERS``), or None."""
     kind = config.get("model_type")
     if kind == "kimi_k2":  # (DeepSeek-V3's architecture under Kimi's name: held_config)
         return "deepseek_v3"
@@ -221,7 +221,6 @@ def family_of(config: dict[str, Any]) -> str | None:
                     None)
     return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", "granitemoehybrid",
                             "nemotron_h", "olmo_hybrid", "ernie4_5", "ernie4_5_moe", "lfm2",
-                            "lfm2_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "mistral4", "afmoe",
-                            "apertus", "hy_v3",
-                            *MTP_FAMILIES,
-                            *MTP_APART, *WRAPPERS) else None
+                            "lfm2_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "mistral4",
+                            "afmoe", "apertus", "hy_v3", *MTP_FAMILIES, *MTP_APART,
+                            *WRAPPERS) else None
