@@ -7,6 +7,7 @@ the per-family writers with more than a few keys live beside their readers (``hf
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -143,131 +144,158 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         out.update(num_labels=cfg.num_labels,
                    id2label={str(i): f"LABEL_{i}" for i in range(cfg.num_labels)},
                    label2id={f"LABEL_{i}": i for i in range(cfg.num_labels)})
-    if cfg.architecture in ("llama", "olmo2", "olmo3", "granite", "granite_swa"):
-        out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
-        if cfg.architecture in ("granite", "granite_swa"):
-            out.update({key: getattr(cfg, key) for key in GRANITE_KEYS},
-                       attention_multiplier=cfg.attention_scale)
-        if cfg.architecture == "granite_swa":  # (no token ids: its are a 100k vocab's)
-            out.update(granite_swa_to_hf(cfg), pad_token_id=None, bos_token_id=None,
-                       eos_token_id=None)
-    elif cfg.architecture in ("gemma3_text", "gemma2"):
-        del out["hidden_act"]
-        out.update(attention_bias=cfg.attention_bias, hidden_activation=cfg.hidden_act,
-                   query_pre_attn_scalar=(int(cfg.query_pre_attn_scalar)  # (an int there)
-                                          if cfg.query_pre_attn_scalar.is_integer()
-                                          else cfg.query_pre_attn_scalar),
-                   final_logit_softcapping=cfg.final_logit_softcapping or None,
-                   attn_logit_softcapping=cfg.attn_logit_softcapping or None,
-                   use_bidirectional_attention=False)
-    elif cfg.architecture == "ministral3":
-        out.update(ministral_to_hf(cfg, rope))
-    elif cfg.architecture == "mistral4":
-        out.update(mistral4_to_hf(cfg, rope))
-    elif cfg.architecture == "hy_v3":
-        out.update(hy_v3_to_hf(cfg))
-    elif cfg.architecture == "afmoe":
-        out.update(afmoe_to_hf(cfg))
-    elif cfg.architecture == "solar_open":
-        out.update(solar_open_to_hf(cfg))
-    elif cfg.architecture in ("arcee", "apertus"):  # (no token ids: theirs are a big vocab's)
-        out.update(attention_bias=cfg.attention_bias, mlp_bias=False, pad_token_id=None,
-                   bos_token_id=None, eos_token_id=None)
-    elif cfg.architecture == "mistral":
-        out.update(sliding_window=None)  # none, explicitly: transformers' default is 4096
-    elif cfg.architecture == "gpt_oss":  # (no token ids: as for phi3, below)
-        check_every_layer_sparse(cfg)
-        out.update(attention_bias=cfg.attention_bias, num_local_experts=cfg.num_experts,
-                   num_experts_per_tok=cfg.num_experts_per_tok, swiglu_alpha=cfg.swiglu_alpha,
-                   swiglu_limit=cfg.swiglu_limit, output_router_logits=False,
-                   pad_token_id=None, bos_token_id=None, eos_token_id=None)
-    elif cfg.architecture == "olmoe":
-        check_every_layer_sparse(cfg)
-        out.update(attention_bias=cfg.attention_bias, clip_qkv=None, num_experts=cfg.num_experts,
-                   num_experts_per_tok=cfg.num_experts_per_tok, norm_topk_prob=cfg.norm_topk_prob,
-                   output_router_logits=False)
-    elif cfg.architecture == "mixtral":
-        if cfg.num_experts and not cfg.norm_topk_prob:
-            raise ModelConfigError("a mixtral checkpoint renormalises its router weights; use "
-                                   "architecture='qwen3_moe' for another layout")
-        check_every_layer_sparse(cfg)
-        out.update(sliding_window=None, num_local_experts=cfg.num_experts,
-                   num_experts_per_tok=cfg.num_experts_per_tok, router_jitter_noise=0.0,
-                   output_router_logits=False)
-    elif cfg.architecture == "smollm3":  # (no token ids: as for phi3, below)
-        out.update(attention_bias=cfg.attention_bias, mlp_bias=False, pad_token_id=None,
-                   bos_token_id=None, eos_token_id=None,
-                   no_rope_layers=[int(i not in cfg.nope_layers)
-                                   for i in range(cfg.num_hidden_layers)])
-    elif cfg.architecture == "dots1":
-        out.update(dots_to_hf(cfg))
-    elif cfg.architecture == "glm4_moe_lite":
-        out.update(glm_lite_to_hf(cfg))
-    elif cfg.architecture in ("deepseek_v3", "deepseek_v2"):
-        out.update(deepseek_to_hf(cfg))
-    elif cfg.architecture in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"):
-        out.update(qwen3_5_to_hf(cfg))
-        rope["partial_rotary_factor"] = cfg.partial_rotary_factor  # (0.25 is the default)
-    elif cfg.architecture == KIND:
-        out.update(granite_to_hf(cfg))
-    elif cfg.architecture == "nemotron_h":
-        del out["hidden_act"]  # (its mlp_hidden_act)
-        out.update(nemotron_to_hf(cfg))
-    elif cfg.architecture == "minimax_m2":
-        out.update(minimax_to_hf(cfg))
-    elif cfg.architecture == "olmo_hybrid":
-        out.update(olmo_hybrid_to_hf(cfg, rope))
-    elif cfg.architecture in ("lfm2", "lfm2_moe"):
-        out.update(lfm2_to_hf(cfg))
-    elif cfg.architecture == "seed_oss":  # (no token ids: SeedOssConfig's are a 155k vocab's)
-        out.update(attention_bias=cfg.attention_bias, attention_out_bias=False, mlp_bias=False,
-                   pad_token_id=None, bos_token_id=None, eos_token_id=None)
-    elif cfg.architecture in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # (rope: hf_hunyuan)
-        out.update(attention_bias=cfg.attention_bias, mlp_bias=False, use_cla=False,
-                   pad_token_id=None, bos_token_id=None, eos_token_id=None, eod_token_id=None,
-                   sep_token_id=None, **hunyuan_moe_to_hf(cfg))
-    elif cfg.architecture in ("ernie4_5", "ernie4_5_moe"):  # (rotary pairs: hf_layout's turn)
-        out.update(pad_token_id=None, bos_token_id=None, eos_token_id=None,
-                   **ernie_moe_to_hf(cfg))
-    elif cfg.architecture == "exaone4":
-        # (with a window its full layers are NoPE, without one every layer turns: no other)
-        full = {i for i in range(cfg.num_hidden_layers) if not cfg.is_sliding(i)}
-        if set(cfg.nope_layers) != (full if cfg.sliding_layers else set()):
-            raise ModelConfigError("an exaone4 checkpoint turns no position on its full layers "
-                                   "when it has a window, and on every layer when it has none")
-        out.update(pad_token_id=None, bos_token_id=None, eos_token_id=None)
-    elif cfg.architecture == "glm4_moe":
-        out.update(glm4_moe_to_hf(cfg))
-        rope["partial_rotary_factor"] = cfg.partial_rotary_factor
-    elif cfg.architecture == "glm4":  # (no token ids: as for phi3, below)
-        out.update(attention_bias=cfg.attention_bias,
-                   partial_rotary_factor=cfg.partial_rotary_factor, pad_token_id=None,
-                   bos_token_id=None, eos_token_id=None)
-        rope["partial_rotary_factor"] = cfg.partial_rotary_factor  # (1.0 is no default here)
-    elif cfg.architecture == "phi3":
-        # Phi3Config's default ids (pad and eos 32000) would not fit a smaller vocabulary, and
-        # transformers refuses an embedding whose padding row is outside it; a model's own ids
-        # travel in its config dict and generation_config.json, not in ModelConfig.
-        out.update(sliding_window=None, pad_token_id=None, bos_token_id=None, eos_token_id=None,
-                   original_max_position_embeddings=cfg.context_limit,
-                   partial_rotary_factor=cfg.partial_rotary_factor)
-    else:
-        out.update(use_sliding_window=False, sliding_window=None)
+    out.update(_OWN_KEYS.get(cfg.architecture, _qwen_keys)(cfg, rope))
     out.update(windows_to_hf(cfg, rope))
+    return {k: v for k, v in out.items() if v is not _DROP}
+
+
+# Each family's own keys for ``cfg`` (a writer may add keys to ``rope``, the written
+# ``rope_parameters``). Token ids are left out where a family's defaults would not fit a
+# smaller vocabulary (transformers refuses an embedding whose padding row is outside it); a
+# model's own ids travel in its config dict and generation_config.json, not in ModelConfig.
+_Writer = Callable[[ModelConfig, dict[str, Any]], dict[str, Any]]
+_NO_IDS = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+_DROP = object()  # (a key the family's config does not have: Gemma's and Nemotron-H's hidden_act)
+
+
+def _llama_keys(cfg: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]:
+    """Llama's, OLMo-2's, OLMo-3's, Granite's and Granite SWA's (its multipliers, its bases
+    per layer)."""
+    out: dict[str, Any] = {"attention_bias": cfg.attention_bias, "mlp_bias": False}
+    if cfg.architecture in ("granite", "granite_swa"):
+        out.update({key: getattr(cfg, key) for key in GRANITE_KEYS},
+                   attention_multiplier=cfg.attention_scale)
+    if cfg.architecture == "granite_swa":
+        out.update(granite_swa_to_hf(cfg), **_NO_IDS)
+    return out
+
+
+def _gemma_keys(cfg: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 2's and 3's: their gate's name, query scalar and soft-capping (``hidden_act`` is
+    not theirs)."""
+    return {"attention_bias": cfg.attention_bias, "hidden_activation": cfg.hidden_act,
+            "hidden_act": _DROP,
+            "query_pre_attn_scalar": (int(cfg.query_pre_attn_scalar)  # (an int there)
+                                      if cfg.query_pre_attn_scalar.is_integer()
+                                      else cfg.query_pre_attn_scalar),
+            "final_logit_softcapping": cfg.final_logit_softcapping or None,
+            "attn_logit_softcapping": cfg.attn_logit_softcapping or None,
+            "use_bidirectional_attention": False}
+
+
+def _gpt_oss_keys(cfg: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]:
+    check_every_layer_sparse(cfg)
+    return {"attention_bias": cfg.attention_bias, "num_local_experts": cfg.num_experts,
+            "num_experts_per_tok": cfg.num_experts_per_tok, "swiglu_alpha": cfg.swiglu_alpha,
+            "swiglu_limit": cfg.swiglu_limit, "output_router_logits": False, **_NO_IDS}
+
+
+def _olmoe_keys(cfg: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]:
+    check_every_layer_sparse(cfg)
+    return {"attention_bias": cfg.attention_bias, "clip_qkv": None,
+            "num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
+            "norm_topk_prob": cfg.norm_topk_prob, "output_router_logits": False}
+
+
+def _mixtral_keys(cfg: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]:
+    if cfg.num_experts and not cfg.norm_topk_prob:
+        raise ModelConfigError("a mixtral checkpoint renormalises its router weights; use "
+                               "architecture='qwen3_moe' for another layout")
+    check_every_layer_sparse(cfg)
+    return {"sliding_window": None, "num_local_experts": cfg.num_experts,
+            "num_experts_per_tok": cfg.num_experts_per_tok, "router_jitter_noise": 0.0,
+            "output_router_logits": False}
+
+
+def _smollm3_keys(cfg: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]:
+    return {"attention_bias": cfg.attention_bias, "mlp_bias": False, **_NO_IDS,
+            "no_rope_layers": [int(i not in cfg.nope_layers)
+                               for i in range(cfg.num_hidden_layers)]}
+
+
+def _exaone4_keys(cfg: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]:
+    """EXAONE 4.0's: with a window its full layers are NoPE, without one every layer turns (no
+    other pattern)."""
+    full = {i for i in range(cfg.num_hidden_layers) if not cfg.is_sliding(i)}
+    if set(cfg.nope_layers) != (full if cfg.sliding_layers else set()):
+        raise ModelConfigError("an exaone4 checkpoint turns no position on its full layers "
+                               "when it has a window, and on every layer when it has none")
+    return dict(_NO_IDS)
+
+
+def _glm4_keys(cfg: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]:
+    rope["partial_rotary_factor"] = cfg.partial_rotary_factor  # (1.0 is no default here)
+    return {"attention_bias": cfg.attention_bias,
+            "partial_rotary_factor": cfg.partial_rotary_factor, **_NO_IDS}
+
+
+def _glm4_moe_keys(cfg: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]:
+    rope["partial_rotary_factor"] = cfg.partial_rotary_factor
+    return glm4_moe_to_hf(cfg)
+
+
+def _qwen3_5_keys(cfg: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]:
+    rope["partial_rotary_factor"] = cfg.partial_rotary_factor  # (0.25 is the default)
+    return qwen3_5_to_hf(cfg)
+
+
+def _phi3_keys(cfg: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]:
+    return {"sliding_window": None, **_NO_IDS,
+            "original_max_position_embeddings": cfg.context_limit,
+            "partial_rotary_factor": cfg.partial_rotary_factor}
+
+
+def _qwen_keys(cfg: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]:
+    """Qwen2's, Qwen3's, Qwen3-MoE's and Qwen2-MoE's: no window unless ``windows_to_hf``
+    says one, their biases' keys, their experts'."""
+    out: dict[str, Any] = {"use_sliding_window": False, "sliding_window": None}
     if cfg.architecture in ("qwen3", "qwen3_moe"):
         out.update(attention_bias=cfg.attention_bias)
     if cfg.architecture == "qwen2_moe":
         out.update(qkv_bias=cfg.attention_bias,
                    shared_expert_intermediate_size=cfg.shared_expert_intermediate_size)
     if cfg.architecture in ("qwen3_moe", "qwen2_moe"):
-        out.update(
-            num_experts=cfg.num_experts,
-            num_experts_per_tok=cfg.num_experts_per_tok,
-            moe_intermediate_size=cfg.moe_intermediate_size,
-            norm_topk_prob=cfg.norm_topk_prob,
-            decoder_sparse_step=cfg.decoder_sparse_step,
-            mlp_only_layers=list(cfg.mlp_only_layers),
-            # No load-balancing loss in training (see model.SparseMoE), and none asked for.
-            output_router_logits=False,
-        )
+        out.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
+                   moe_intermediate_size=cfg.moe_intermediate_size,
+                   norm_topk_prob=cfg.norm_topk_prob, decoder_sparse_step=cfg.decoder_sparse_step,
+                   mlp_only_layers=list(cfg.mlp_only_layers),
+                   # No load-balancing loss in training (see model.SparseMoE), none asked for.
+                   output_router_logits=False)
     return out
+
+
+def _keys(writer: Callable[[ModelConfig], dict[str, Any]]) -> _Writer:
+    """A writer of ``cfg`` alone (its rope untouched)."""
+    return lambda cfg, _rope: writer(cfg)
+
+
+_OWN_KEYS: dict[str, _Writer] = {
+    **dict.fromkeys(("llama", "olmo2", "olmo3", "granite", "granite_swa"), _llama_keys),
+    **dict.fromkeys(("gemma3_text", "gemma2"), _gemma_keys),
+    "ministral3": ministral_to_hf, "mistral4": mistral4_to_hf,
+    "mistral": lambda cfg, _: {"sliding_window": None},  # (explicitly: its default is 4096)
+    "gpt_oss": _gpt_oss_keys, "olmoe": _olmoe_keys, "mixtral": _mixtral_keys,
+    "smollm3": _smollm3_keys, "exaone4": _exaone4_keys, "glm4": _glm4_keys,
+    "glm4_moe": _glm4_moe_keys, "phi3": _phi3_keys,
+    **dict.fromkeys(("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"), _qwen3_5_keys),
+    "olmo_hybrid": olmo_hybrid_to_hf,
+    "hy_v3": _keys(hy_v3_to_hf), "afmoe": _keys(afmoe_to_hf),
+    "solar_open": _keys(solar_open_to_hf), "dots1": _keys(dots_to_hf),
+    "glm4_moe_lite": _keys(glm_lite_to_hf),
+    **dict.fromkeys(("deepseek_v3", "deepseek_v2"), _keys(deepseek_to_hf)),
+    KIND: _keys(granite_to_hf), "minimax_m2": _keys(minimax_to_hf),
+    "nemotron_h": lambda cfg, _: {**nemotron_to_hf(cfg), "hidden_act": _DROP},  # (its own key)
+    **dict.fromkeys(("lfm2", "lfm2_moe"), _keys(lfm2_to_hf)),
+    # (no token ids: theirs are a big vocabulary's)
+    **dict.fromkeys(("arcee", "apertus"), lambda cfg, _: {
+        "attention_bias": cfg.attention_bias, "mlp_bias": False, **_NO_IDS}),
+    "seed_oss": lambda cfg, _: {"attention_bias": cfg.attention_bias,
+                                "attention_out_bias": False, "mlp_bias": False, **_NO_IDS},
+    # (rope: hf_hunyuan)
+    **dict.fromkeys(("hunyuan_v1_dense", "hunyuan_v1_moe"), lambda cfg, _: {
+        "attention_bias": cfg.attention_bias, "mlp_bias": False, "use_cla": False, **_NO_IDS,
+        "eod_token_id": None, "sep_token_id": None, **hunyuan_moe_to_hf(cfg)}),
+    # (rotary pairs: hf_layout's turn)
+    **dict.fromkeys(("ernie4_5", "ernie4_5_moe"), lambda cfg, _: {
+        **_NO_IDS, **ernie_moe_to_hf(cfg)}),
+}
