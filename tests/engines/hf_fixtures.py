@@ -587,6 +587,16 @@ def hf_model(case: Case, seed: int = 0):  # type: ignore[no-untyped-def]
 _UNMAPPED = {"Mistral4Config": "Mistral4ForCausalLM"}
 
 
+def sharpened(model: Any) -> Any:
+    """``model`` (a transformers model, in eval mode) with its matrices drawn wider than HF's
+    init, so greedy paths and scores are not decided by near-ties."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.15)
+    return model.eval()
+
+
 def causal_lm_class(config: Any) -> Any:
     """The transformers class that builds (``from_config``) or loads (``from_pretrained``)
     ``config``'s causal LM: AutoModelForCausalLM, or its own where the auto class has none."""

@@ -15,6 +15,7 @@ import pytest
 import torch
 from hf_fixtures import (
     AFMOE,
+    ARCEE,
     GEMMA2,
     GEMMA3,
     GPT_OSS,
@@ -26,6 +27,7 @@ from hf_fixtures import (
     assert_wrapper_runs_its_text_model,
     hf_model,
     save_folder,
+    sharpened,
 )
 
 from pivotflow.engines.torch import config_from_hf, load_model_folder
@@ -138,6 +140,21 @@ def _mistral3_wrapper(text: Any, root: Path) -> Any:
     theirs.model.language_model.load_state_dict(text.model.state_dict())
     theirs.save_pretrained(root)
     return theirs
+
+
+def test_an_arcee_reward_model_scores_as_transformers(tmp_path: Path) -> None:
+    """ArceeForSequenceClassification (a reward model or PPO critic of AFM's kind): the last
+    token's score through its ungated relu^2 MLPs, as transformers gives it."""
+    config = transformers.ArceeConfig(**{**SIZES, **ARCEE.extra}, num_labels=1)
+    torch.manual_seed(0)
+    theirs = sharpened(transformers.ArceeForSequenceClassification(config))
+    theirs.save_pretrained(tmp_path)
+    folder = load_model_folder(tmp_path)
+    assert (folder.config.architecture, folder.config.num_labels) == ("arcee", 1)
+    ids = torch.tensor([PROMPTS[2] * 3])
+    with torch.no_grad():
+        torch.testing.assert_close(build_model(folder.config, folder.tensors)(ids)[0, -1],
+                                   theirs(ids).logits[0], atol=1e-4, rtol=1e-5)
 
 
 def test_a_mistral_small_3_kind_of_folder_runs_its_text_model(tmp_path: Path) -> None:

@@ -225,32 +225,31 @@ def test_the_engine_caches_the_latent_alone() -> None:
         Decoder(cfg)(torch.tensor([[1, 2]]), cache=cache)
 
 
-@pytest.mark.parametrize("config_class", ["DeepseekV3Config", "DeepseekV2Config"])
+@pytest.mark.parametrize("config_class", ["DeepseekV3Config", "DeepseekV2Config",
+                                          "Mistral4Config"])
 def test_a_deepseek_reward_model_scores_as_transformers(tmp_path: Any,
                                                        config_class: str) -> None:
     """A DeepSeek sequence classifier (a reward model or a PPO critic of the family:
-    DeepseekV3ForSequenceClassification, DeepseekV2's) reads the last token's hidden state
-    through its ``score`` head, behind latent attention and the experts, as transformers."""
+    DeepseekV3ForSequenceClassification, DeepseekV2's, Mistral 4's) reads the last token's
+    hidden state through its ``score`` head, behind latent attention and the experts, as
+    transformers."""
     import sys
     from pathlib import Path
 
     import torch
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from hf_fixtures import DEEPSEEK_V2, DEEPSEEK_V3, PROMPTS, SIZES
+    from hf_fixtures import DEEPSEEK_V2, DEEPSEEK_V3, MISTRAL4, PROMPTS, SIZES, sharpened
 
     from pivotflow.engines.torch.weights import build_model, load_model_folder
 
     transformers = pytest.importorskip("transformers")
-    case = DEEPSEEK_V3 if config_class == "DeepseekV3Config" else DEEPSEEK_V2
+    case = {"DeepseekV3Config": DEEPSEEK_V3, "DeepseekV2Config": DEEPSEEK_V2,
+            "Mistral4Config": MISTRAL4}[config_class]
     config = getattr(transformers, config_class)(**{**SIZES, **case.extra}, num_labels=1)
     torch.manual_seed(0)
     classifier = config_class.replace("Config", "ForSequenceClassification")
-    theirs = getattr(transformers, classifier)(config).eval()
-    with torch.no_grad():
-        for p in theirs.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.15)
+    theirs = sharpened(getattr(transformers, classifier)(config))
     theirs.save_pretrained(tmp_path)
     folder = load_model_folder(tmp_path)
     assert folder.config.num_labels == 1 and folder.config.latent_attention

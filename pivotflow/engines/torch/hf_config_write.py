@@ -98,9 +98,11 @@ HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "seed_oss": "SeedOssForSequenceClassification",
                   "hunyuan_v1_dense": "HunYuanDenseV1ForSequenceClassification",
                   "hunyuan_v1_moe": "HunYuanMoEV1ForSequenceClassification",
-                  "ministral3": "Ministral3ForSequenceClassification"}
-# (transformers has no sequence classifier for glm4_moe, olmoe, granite, granitemoehybrid or
-# qwen3_5_moe_text: no critic from them)
+                  "ministral3": "Ministral3ForSequenceClassification",
+                  "mistral4": "Mistral4ForSequenceClassification",
+                  "arcee": "ArceeForSequenceClassification"}
+# (transformers has no sequence classifier for glm4_moe, olmoe, granite, granitemoehybrid,
+# qwen3_5_moe_text, apertus, afmoe, hy_v3, solar_open or granite_swa: no critic from them)
 
 
 def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
