@@ -28,8 +28,9 @@ _DEFAULTS = {"head_dim": 128, "rms_norm_eps": 1e-5, "num_experts": 192,
 
 
 def hy_v3_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
-    """``raw`` with HYV3Config's defaults where it names none (null: the default)."""
-    return {**_DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
+    """``raw`` with HYV3Config's defaults where it names none (a null head_dim derived, as
+    transformers' attention derives it)."""
+    return {**_DEFAULTS, **raw}
 
 
 def hy_v3_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:

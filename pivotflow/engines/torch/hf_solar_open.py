@@ -22,9 +22,9 @@ _DEFAULTS = {"head_dim": 128, "rms_norm_eps": 1e-5, "n_routed_experts": 128,
 
 
 def solar_open_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
-    """``raw`` with SolarOpenConfig's defaults where it names none (null: the default, as
-    for head_dim in transformers)."""
-    return {**_DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
+    """``raw`` with SolarOpenConfig's defaults where it names none (a null head_dim derived,
+    as transformers' attention derives it)."""
+    return {**_DEFAULTS, **raw}
 
 
 def solar_open_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
