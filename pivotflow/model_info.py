@@ -66,8 +66,8 @@ def describe_model(path: Path) -> str:
             f"{cfg.linear_key_head_dim}, a {cfg.linear_conv_kernel_dim}-tap convolution"
             + ("; the others' attention output gated" if cfg.attn_output_gate else "")
             + ("; writes at up to twice the rate" if cfg.linear_allow_neg_eigval else ""))
-    if cfg.attn_output_gate and not cfg.linear_attention_layers:  # (AFMoE's)
-        lines.append("  attention output gated (a sigmoid of its own projection)")
+    if cfg.attn_output_gate and not cfg.linear_attention_layers:  # (AFMoE's, MiniCPM5's)
+        lines.append("  attention output gated by a sigmoid")
     if cfg.short_conv and cfg.linear_attention_layers:
         lines.append(f"  gated short convolutions on {len(cfg.linear_attention_layers)} of "
                      f"{cfg.num_hidden_layers} layers: {cfg.linear_conv_kernel_dim} taps")

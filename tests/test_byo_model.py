@@ -364,6 +364,14 @@ OTHER_LAYOUTS = {
                "moe_intermediate_size": 64},
               ("model.layers.1.mlp.router.gate.weight", "model.layers.1.mlp.shared_mlp.up_proj.weight",
                "model.layers.1.mlp.experts.2.down_proj.weight")),
+    # MiniCPM5-MoE: attention gated by a sigmoid (q and gate by head in q_proj, as Qwen3.5's),
+    # a dense layer, then 4 experts by a grouped sigmoid router with its correction bias
+    # (frozen), a shared one
+    "minicpm5_moe": ("MiniCPM5MoeConfig", "MiniCPM5MoeForCausalLM",
+                     {"head_dim": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                      "moe_intermediate_size": 64, "n_group": 2, "topk_group": 1},
+                     ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.gate.weight",
+                      "model.layers.1.mlp.shared_experts.up_proj.weight")),
     # Apertus: its norms under names of its own, an ungated MLP through xIELU whose two learned
     # scalars a layer train (its constants, buffers in transformers, stay as they were)
     "apertus": ("ApertusConfig", "ApertusForCausalLM", {"head_dim": 32},
@@ -458,7 +466,8 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     policy.save_pretrained(folder)
     mtp = family in ("glm4_moe", "deepseek_v3")
     # (a router's correction bias, frozen: the sigmoid ones' and ERNIE 4.5 MoE's)
-    sigmoid = mtp or family in ("minimax_m2", "ernie4_5_moe", "lfm2_moe", "afmoe", "hy_v3")
+    sigmoid = mtp or family in ("minimax_m2", "ernie4_5_moe", "lfm2_moe", "afmoe", "hy_v3",
+                                "minicpm5_moe")
     if mtp:
         from safetensors.torch import save_file
 
@@ -519,9 +528,12 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
                      "correction bias and shared MLP as mlp.router.gate, mlp.expert_bias and "
                      "mlp.shared_mlp in the file, held as mlp.gate (the bias on it) and "
                      "mlp.shared_experts",
+            "minicpm5_moe": "attention output gated by a sigmoid\n  experts 4 (2 a token) on "
+                            "1 of 2 layers; sigmoid router with a correction bias, from the "
+                            "best 1 of 2 groups, weights times 3.66, 1 shared",
             "apertus": "tensors: norms as attention_layernorm/feedforward_layernorm in the "
                        "file, held as input_layernorm/post_attention_layernorm",
-            "afmoe": "attention output gated (a sigmoid of its own projection)\n  sliding "
+            "afmoe": "attention output gated by a sigmoid\n  sliding "
                      "window 8 on 1 of 2 layers\n  experts 4 (2 a token) on 1 of 2 layers; "
                      "sigmoid router with a correction bias, 1 shared\n  tensors: attention's "
                      "gate_proj, router and MLP norms under AFMoE's names in the file, held "

@@ -549,6 +549,17 @@ CASES += [
          {**_GRANITE_SWA, "layer_rope_theta": [500000.0, 10000.0, 10000.0, 10000.0]}),
 ]  # fmt: skip
 GRANITE_SWA, GRANITE_SWA_TWO_BASES = CASES[62], CASES[63]
+# MiniCPM5-MoE: Llama's attention gated by a sigmoid (q and gate by head in q_proj, as
+# Qwen3.5's), a dense first layer, then 8 experts (2 a token) by a sigmoid router with a bias,
+# from the best of 2 groups, renormalised, times 2, beside a shared one
+CASES += [
+    Case("minicpm5-moe", "MiniCPM5MoeConfig", False,
+         {"num_hidden_layers": 3, "head_dim": 32, "n_routed_experts": 8,
+          "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_group": 2, "topk_group": 1,
+          "routed_scaling_factor": 2.0, "mlp_layer_types": ["dense", "sparse", "sparse"],
+          "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+]  # fmt: skip
+MINICPM5_MOE = CASES[64]
 CASE_IDS = [c.name for c in CASES]
 
 

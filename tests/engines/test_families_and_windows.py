@@ -43,6 +43,7 @@ from hf_fixtures import (
     HY_V3,
     LFM2,
     LFM2_MOE,
+    MINICPM5_MOE,
     MINIMAX_M2,
     MINISTRAL3,
     MISTRAL,
@@ -118,7 +119,7 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW, ERNIE4_5, LFM2, SEED_OSS,
        HUNYUAN, HUNYUAN_MOE, ERNIE4_5_MOE, MINISTRAL3, GLM4_7_FLASH,
        LFM2_MOE, DOTS1, MISTRAL4, SOLAR_OPEN, ARCEE, AFMOE, APERTUS, HY_V3, GRANITE_SWA,
-       GRANITE_SWA_TWO_BASES]
+       GRANITE_SWA_TWO_BASES, MINICPM5_MOE]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -253,6 +254,10 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert written["layer_types"] == ["full_attention"] + ["sliding_attention"] * 3
         assert written["layer_rope_theta"] == case.extra["layer_rope_theta"]
         assert "model.layers.0.self_attn.sinks" in folder.tensors
+    elif case is MINICPM5_MOE:  # (its layers' kinds, its gated q_proj as the file holds it)
+        assert written["model_type"] == "minicpm5_moe" and written["n_group"] == 2
+        assert written["mlp_layer_types"] == ["dense", "sparse", "sparse"]
+        assert folder.tensors["model.layers.0.self_attn.q_proj.weight"].shape[0] == 2 * 2 * 32
     elif case is HY_V3:  # (its layers' kinds, vLLM's keys, its names in the file)
         assert written["model_type"] == "hy_v3" and written["mlp_layer_types"][0] == "dense"
         assert (written["first_k_dense_replace"], written["expert_hidden_dim"]) == (1, 32)

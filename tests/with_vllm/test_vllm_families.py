@@ -518,6 +518,26 @@ def test_qwen3_5_without_torchvision_is_one_line(tmp_path: Path, folder: Path) -
     assert "torchvision" in text and "\n" not in text and len(text) < 400
 
 
+def test_minicpm5_moe_vllm_does_not_know_is_one_line(tmp_path: Path) -> None:
+    """vLLM 0.32 has no MiniCPM5-MoE module and its transformers (5.19) no config class for
+    it: serving one is an EngineError of one line naming the folder and the cause."""
+    from pivotflow.engines.vllm_engine import VllmEngine
+    from pivotflow.errors import EngineError
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "minicpm5_moe", "architectures": ["MiniCPM5MoeForCausalLM"],
+        "vocab_size": 320, "hidden_size": 128, "intermediate_size": 256,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 32, "max_position_embeddings": MAX_LEN, "n_routed_experts": 8,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 64}))
+    with pytest.raises(EngineError) as err:
+        VllmEngine(None, model_path=str(tmp_path), dtype="float32", max_model_len=MAX_LEN,
+                   load_format="dummy", threads=1)
+    text = str(err.value)
+    assert text.startswith(f"vLLM could not start on {tmp_path}: ")
+    assert "minicpm5_moe" in text and "\n" not in text and len(text) < 600
+
+
 @pytest.mark.parametrize("family", list(HYBRIDS))
 def test_vllm_serves_a_hybrid_in_bf16_as_close_to_float32_as_transformers_own_bf16(
         tmp_path: Path, folder: Path, family: str) -> None:

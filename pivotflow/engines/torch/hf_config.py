@@ -37,6 +37,7 @@ from pivotflow.engines.torch.hf_granite_swa import granite_swa_keys
 from pivotflow.engines.torch.hf_hunyuan import hunyuan_keys
 from pivotflow.engines.torch.hf_hy_v3 import hy_v3_keys
 from pivotflow.engines.torch.hf_lfm2 import lfm2_keys
+from pivotflow.engines.torch.hf_minicpm5 import minicpm5_keys
 from pivotflow.engines.torch.hf_minimax import minimax_keys
 from pivotflow.engines.torch.hf_ministral import ministral_keys
 from pivotflow.engines.torch.hf_mistral4 import mistral4_keys
@@ -155,7 +156,8 @@ _OWN_KEYS: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
     "afmoe": afmoe_keys,
     "apertus": apertus_keys,  # (its xIELU, its epsilon and rope)
     "hy_v3": hy_v3_keys,  # (HYV3Config's defaults)
-    "granite_swa": granite_swa_keys,  # (its defaults, its full layers' rope base)  # (AfmoeConfig's defaults, the released configs' router keys)
+    "granite_swa": granite_swa_keys,
+    "minicpm5_moe": minicpm5_keys,  # (its defaults, its dense layers' old name)  # (its defaults, its full layers' rope base)  # (AfmoeConfig's defaults, the released configs' router keys)
     "mistral4": mistral4_keys,  # (Mistral4Config's defaults, its head_dim the query's width)
     "ernie4_5": ernie_keys, "ernie4_5_moe": ernie_keys,  # (heads of 128, its epsilon)
 }

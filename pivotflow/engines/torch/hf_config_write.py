@@ -28,6 +28,7 @@ from pivotflow.engines.torch.hf_granite_swa import granite_swa_to_hf
 from pivotflow.engines.torch.hf_hunyuan import hunyuan_moe_to_hf
 from pivotflow.engines.torch.hf_hy_v3 import hy_v3_to_hf
 from pivotflow.engines.torch.hf_lfm2 import lfm2_to_hf
+from pivotflow.engines.torch.hf_minicpm5 import minicpm5_to_hf
 from pivotflow.engines.torch.hf_minimax import minimax_to_hf
 from pivotflow.engines.torch.hf_ministral import ministral_to_hf
 from pivotflow.engines.torch.hf_mistral4 import mistral4_to_hf
@@ -71,6 +72,7 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "solar_open": "SolarOpenForCausalLM", "arcee": "ArceeForCausalLM",
               "afmoe": "AfmoeForCausalLM", "apertus": "ApertusForCausalLM",
               "hy_v3": "HYV3ForCausalLM", "granite_swa": "GraniteSWAForCausalLM",
+              "minicpm5_moe": "MiniCPM5MoeForCausalLM",
               "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
               "lfm2_moe": "Lfm2MoeForCausalLM",
               "dots1": "Dots1ForCausalLM"}  # fmt: skip
@@ -283,6 +285,7 @@ _OWN_KEYS: dict[str, _Writer] = {
     "olmo_hybrid": olmo_hybrid_to_hf,
     "hy_v3": _keys(hy_v3_to_hf), "afmoe": _keys(afmoe_to_hf),
     "solar_open": _keys(solar_open_to_hf), "dots1": _keys(dots_to_hf),
+    "minicpm5_moe": _keys(minicpm5_to_hf),
     "glm4_moe_lite": _keys(glm_lite_to_hf),
     **dict.fromkeys(("deepseek_v3", "deepseek_v2"), _keys(deepseek_to_hf)),
     KIND: _keys(granite_to_hf), "minimax_m2": _keys(minimax_to_hf),

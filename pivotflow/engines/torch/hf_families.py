@@ -78,6 +78,10 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         if act != "relu2":
             raise ModelConfigError(f"{where}: hidden_act={act!r} {ENGINE} on arcee (relu2)")
         return {"hidden_act": act}
+    if kind == "minicpm5_moe":
+        from pivotflow.engines.torch.hf_minicpm5 import minicpm5_fields
+
+        return minicpm5_fields(raw, layers, where)
     if kind == "hy_v3":
         from pivotflow.engines.torch.hf_hy_v3 import hy_v3_fields
 

@@ -24,10 +24,11 @@ PARTIAL_ROTARY_FAMILIES = ("phi3", "glm4", "glm4_moe", "qwen3_5_text", "qwen3_5_
 _DEFAULT_PARTIAL = {"glm4": 0.5, "glm4_moe": 0.5, "qwen3_5_text": 0.25,
                     "qwen3_5_moe_text": 0.25, "qwen3_next": 0.25}
 # (SmolLM3Config's, GptOssConfig's, MiniMaxM2Config's, Ernie4_5Config's, SolarOpenConfig's,
-# ApertusConfig's, HYV3Config's; the others' is 10000)
+# ApertusConfig's, HYV3Config's, MiniCPM5MoeConfig's; the others' is 10000)
 DEFAULT_THETA = {"smollm3": 2000000.0, "gpt_oss": 150000.0, "minimax_m2": 5000000.0,
                  "ernie4_5": 500000.0, "ernie4_5_moe": 500000.0, "solar_open": 1000000.0,
-                 "apertus": 12000000.0, "hy_v3": 11158840.0}
+                 "apertus": 12000000.0, "hy_v3": 11158840.0,
+                 "minicpm5_moe": 5000000.0}
 
 
 def rope_key(raw: dict[str, Any]) -> str:

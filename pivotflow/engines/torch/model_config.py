@@ -16,13 +16,14 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "nemotron_h", "minimax_m2", "olmo_hybrid", "exaone4", "ernie4_5", "lfm2",
                  "seed_oss", "hunyuan_v1_dense", "hunyuan_v1_moe", "ernie4_5_moe",
                  "ministral3", "glm4_moe_lite", "lfm2_moe", "dots1", "mistral4",
-                 "solar_open", "arcee", "afmoe", "apertus", "hy_v3", "granite_swa")
+                 "solar_open", "arcee", "afmoe", "apertus", "hy_v3", "granite_swa",
+                 "minicpm5_moe")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
                      "granitemoehybrid", "nemotron_h", "minimax_m2", "hunyuan_v1_moe",
                      "ernie4_5_moe", "glm4_moe_lite", "lfm2_moe", "dots1", "mistral4",
-                     "solar_open", "afmoe", "hy_v3")
+                     "solar_open", "afmoe", "hy_v3", "minicpm5_moe")
 # multi-head latent attention (DeepSeek-V2's and V3's, ``kv_lora_rank``)
 LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2", "glm4_moe_lite", "mistral4")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
@@ -32,7 +33,8 @@ QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", 
 # Qwen3.5's, Qwen3-Next's and OLMo Hybrid's: gated DeltaNet (linear attention) on most layers,
 # full attention on the rest (``linear_attention_layers``); Qwen's gated (GATED_ATTENTION)
 HYBRID_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid")
-GATED_ATTENTION_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "afmoe")
+GATED_ATTENTION_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "afmoe",
+                                 "minicpm5_moe")
 # Granite 4.0's: Mamba2 layers (``mamba2``) on ``linear_attention_layers`` (Granite 4.0-H's
 # most layers; none in the dense Granite 4.0), attention on the rest
 MAMBA_ARCHITECTURES = ("granitemoehybrid", "nemotron_h")
