@@ -127,15 +127,24 @@ def expert_counts(raw: dict[str, Any], where: str) -> dict[str, Any]:
     """ModelConfig's expert counts and widths from the keys AFMoE's and HY V3's configs name
     them by (``num_experts``, ``num_experts_per_tok``, ``moe_intermediate_size``,
     ``num_shared_experts``). Raises ModelConfigError naming ``where`` and the key for one that
-    is not a non-negative integer."""
-    out: dict[str, Any] = {}
-    for field, key in (("num_experts", "num_experts"),
-                       ("num_experts_per_tok", "num_experts_per_tok"),
-                       ("moe_intermediate_size", "moe_intermediate_size"),
-                       ("n_shared_experts", "num_shared_experts")):
-        value = out[field] = raw[key]
+    is not a non-negative integer (or is missing)."""
+    return counts(raw, where, (("num_experts", "num_experts", None),
+                               ("num_experts_per_tok", "num_experts_per_tok", None),
+                               ("moe_intermediate_size", "moe_intermediate_size", None),
+                               ("n_shared_experts", "num_shared_experts", None)))
+
+
+def counts(raw: dict[str, Any], where: str,
+           specs: tuple[tuple[str, str, int | None], ...]) -> dict[str, int]:
+    """ModelConfig's ``field`` for each (field, key, default) of ``specs``: ``raw[key]``, or
+    the default where it is absent. Raises ModelConfigError naming ``where`` and the key for
+    one that is not a non-negative integer."""
+    out: dict[str, int] = {}
+    for field, key, default in specs:
+        value = raw.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ModelConfigError(f"{where}: {key}={value!r} is not a non-negative integer")
+        out[field] = value
     return out
 
 
@@ -345,15 +354,11 @@ def glm4_moe_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, A
     each with ``n_shared_experts`` shared; a sigmoid router. Its multi-token-prediction layers
     (``num_nextn_predict_layers``) are not part of the decoder: their tensors are left out as
     the folder is read (``hf_layout``), as transformers leaves them."""
-    out: dict[str, Any] = {}
-    for field, key, default in (("num_experts", "n_routed_experts", 128),
-                                ("num_experts_per_tok", "num_experts_per_tok", 8),
-                                ("moe_intermediate_size", "moe_intermediate_size", 1408),
-                                ("n_shared_experts", "n_shared_experts", 1),
-                                ("n_group", "n_group", 1), ("topk_group", "topk_group", 1)):
-        value = out[field] = raw.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ModelConfigError(f"{where}: {key}={value!r} is not a non-negative integer")
+    out: dict[str, Any] = counts(raw, where, (
+        ("num_experts", "n_routed_experts", 128), ("num_experts_per_tok", "num_experts_per_tok", 8),
+        ("moe_intermediate_size", "moe_intermediate_size", 1408),
+        ("n_shared_experts", "n_shared_experts", 1), ("n_group", "n_group", 1),
+        ("topk_group", "topk_group", 1)))
     dense = raw.get("first_k_dense_replace", 1)
     if isinstance(dense, bool) or not isinstance(dense, int) or not 0 <= dense <= layers:
         raise ModelConfigError(f"{where}: first_k_dense_replace={dense!r} is not a number of "

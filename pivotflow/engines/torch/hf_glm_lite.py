@@ -85,5 +85,10 @@ def glm_lite_vllm_keys(config: dict[str, Any]) -> dict[str, Any]:
     types = config.get("mlp_layer_types")
     if not isinstance(types, list):
         return {"first_k_dense_replace": 1, **config}
-    leading = next((i for i, t in enumerate(types) if t != "dense"), len(types))
-    return {**config, "first_k_dense_replace": leading}
+    return {**config, "first_k_dense_replace": leading_dense(types)}
+
+
+def leading_dense(types: list[str]) -> int:
+    """How many of ``mlp_layer_types``' layers are dense before the first sparse one (what
+    vLLM's ``first_k_dense_replace`` can say)."""
+    return next((i for i, t in enumerate(types) if t != "dense"), len(types))

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from pivotflow.engines.torch.hf_families import ENGINE, number
+from pivotflow.engines.torch.hf_rope import rope_key
 from pivotflow.engines.torch.model_config import ModelConfig
 from pivotflow.errors import ModelConfigError
 
@@ -55,7 +56,7 @@ def granite_swa_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
     base = full if full is not None else sliding
     if base is None:
         return out
-    key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+    key = rope_key(raw)
     return {**out, key: {**(raw.get(key) or {}), "rope_theta": base}, "rope_theta": base}
 
 
@@ -67,7 +68,7 @@ def granite_swa_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
     full, sliding, nope = _bases(raw, where)
     out: dict[str, Any] = {"nope_layers": nope}
     if full is not None and sliding is not None and full != sliding:
-        key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+        key = rope_key(raw)
         rope = raw.get(key) or {}
         kind = rope.get("rope_type", rope.get("type", "default"))
         if kind != "default":

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from pivotflow.engines.torch.hf_families import ENGINE, number
+from pivotflow.engines.torch.hf_rope import rope_key
 from pivotflow.engines.torch.model_config import ModelConfig
 from pivotflow.errors import ModelConfigError
 
@@ -32,7 +33,7 @@ def hunyuan_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
             raise ModelConfigError(f"{where}: {key}={raw[key]!r} {ENGINE} on "
                                    f"{raw.get('model_type')} ({str(runs).lower()})")
     out = {**raw, "rms_norm_eps": raw.get("rms_norm_eps", 1e-5)}
-    key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+    key = rope_key(raw)
     rope = raw.get(key)
     if not isinstance(rope, dict) or rope.get("alpha") is None or rope.get(
             "rope_type", rope.get("type")) != "dynamic":

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from pivotflow.engines.torch.hf_families import expert_counts, number
-from pivotflow.engines.torch.hf_glm_lite import dense_layers
+from pivotflow.engines.torch.hf_glm_lite import dense_layers, leading_dense
 from pivotflow.engines.torch.model_config import ModelConfig
 
 # HYV3Config's defaults
@@ -62,7 +62,6 @@ def hy_v3_vllm_keys(config: dict[str, Any]) -> dict[str, Any]:
     transformers' HYV3Config writes none): its experts' width, the router renormalising, q/k
     norms, and its leading dense layers (vLLM can say no other)."""
     types = config.get("mlp_layer_types")
-    leading = (next((i for i, t in enumerate(types) if t != "dense"), len(types))
-               if isinstance(types, list) else 1)
+    leading = leading_dense(types) if isinstance(types, list) else 1
     return {"expert_hidden_dim": config.get("moe_intermediate_size", 1536), "route_norm": True,
             "qk_norm": True, **config, "first_k_dense_replace": leading}

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from pivotflow.engines.torch.hf_families import number
+from pivotflow.engines.torch.hf_rope import rope_key
 from pivotflow.engines.torch.model_config import ModelConfig
 from pivotflow.errors import ModelConfigError
 
@@ -24,7 +25,7 @@ _DEFAULT_ROPE = {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
 
 
 def _rope(raw: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+    key = rope_key(raw)
     return key, raw.get(key) or {}
 
 
@@ -40,8 +41,9 @@ def ministral_keys(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def ministral_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
-    """ModelConfig's ``llama4_scaling_beta``. Raises ModelConfigError naming ``where`` for a
-    beta without the original context it divides positions by (a yarn or llama3 rope's)."""
+    """ModelConfig's ``llama4_scaling_beta`` (Ministral 3's, Mistral 4's). Raises
+    ModelConfigError naming ``where`` for a beta without the original context it divides
+    positions by (a yarn or llama3 rope's)."""
     key, rope = _rope(raw)
     beta = rope.get("llama_4_scaling_beta")
     if beta is None:
@@ -55,20 +57,33 @@ def ministral_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
 def ministral_to_hf(cfg: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]:
     """Ministral3Config's keys for ``cfg``; its scaling beta goes into ``rope`` (the written
     ``rope_parameters``)."""
+    query_scaling_to_hf(cfg, rope)
+    return {"sliding_window": cfg.sliding_window or None, "pad_token_id": None,
+            "bos_token_id": None, "eos_token_id": None}
+
+
+def query_scaling_to_hf(cfg: ModelConfig, rope: dict[str, Any]) -> None:
+    """``cfg``'s Llama 4 query scaling (Ministral 3's, Mistral 4's) into ``rope``, the written
+    ``rope_parameters``: its beta and the original context it scales past."""
     if cfg.llama4_scaling_beta:
         rope["llama_4_scaling_beta"] = cfg.llama4_scaling_beta
         rope.setdefault("original_max_position_embeddings",
                         cfg.rope_original_max_position_embeddings or cfg.max_position_embeddings)
-    return {"sliding_window": cfg.sliding_window or None, "pad_token_id": None,
-            "bos_token_id": None, "eos_token_id": None}
+
+
+def vllm_scaling(rope: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's own key for a rope's Llama 4 query scaling (it reads none of transformers'
+    rope keys for it), or nothing without a beta and its original context."""
+    beta, original = rope.get("llama_4_scaling_beta"), rope.get("original_max_position_embeddings")
+    if beta is None or original is None:
+        return {}
+    return {"llama_4_scaling": {"original_max_position_embeddings": original, "beta": beta}}
 
 
 def ministral_vllm_keys(config: dict[str, Any]) -> dict[str, Any]:
     """A Ministral 3 config with the key vLLM's Mistral module reads its scaling from (it reads
     none of transformers' rope keys for it: without this, no scaling past the context)."""
     _, rope = _rope(ministral_keys(config))
-    beta, original = rope.get("llama_4_scaling_beta"), rope.get("original_max_position_embeddings")
-    if beta is None or original is None or "llama_4_scaling" in config:
+    if "llama_4_scaling" in config:
         return config
-    return {**config, "llama_4_scaling": {"original_max_position_embeddings": original,
-                                          "beta": beta}}
+    return {**config, **vllm_scaling(rope)}

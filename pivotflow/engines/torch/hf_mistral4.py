@@ -25,6 +25,12 @@ from pivotflow.engines.torch.hf_families import (
     latent_fields,
     number,
 )
+from pivotflow.engines.torch.hf_ministral import (
+    ministral_fields,
+    query_scaling_to_hf,
+    vllm_scaling,
+)
+from pivotflow.engines.torch.hf_rope import rope_key
 from pivotflow.engines.torch.model_config import ModelConfig
 from pivotflow.errors import ModelConfigError
 
@@ -37,10 +43,6 @@ _DEFAULTS = {"n_routed_experts": 128, "moe_intermediate_size": 2048, "n_shared_e
 _DEFAULT_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 128.0,
                  "original_max_position_embeddings": 8192, "beta_fast": 32.0, "beta_slow": 1.0,
                  "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}
-
-
-def _rope_key(raw: dict[str, Any]) -> str:
-    return "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
 
 
 def mistral4_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
@@ -58,7 +60,7 @@ def mistral4_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
         raise ModelConfigError(f"{where}: head_dim={out['head_dim']!r} is not qk_nope_head_dim "
                                f"+ qk_rope_head_dim = {whole} (mistral4's query width)")
     out.pop("head_dim", None)
-    key = _rope_key(raw)
+    key = rope_key(raw)
     rope = dict(raw.get(key) or _DEFAULT_ROPE)
     partial = rope.pop("partial_rotary_factor", None)
     if partial is not None and abs(number(partial, f"{key}.partial_rotary_factor", where)
@@ -77,17 +79,8 @@ def mistral4_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, A
     interleave = raw.get("rope_interleave", True)
     if not isinstance(interleave, bool):
         raise ModelConfigError(f"{where}: rope_interleave={interleave!r} is not true or false")
-    key = _rope_key(raw)
-    rope = raw.get(key) or {}
-    beta = rope.get("llama_4_scaling_beta")
-    scaling: dict[str, Any] = {}
-    if beta is not None:
-        if rope.get("original_max_position_embeddings") is None:
-            raise ModelConfigError(f"{where}: {key}.llama_4_scaling_beta needs {key}."
-                                   "original_max_position_embeddings (the context it scales "
-                                   "past)")
-        scaling["llama4_scaling_beta"] = number(beta, f"{key}.llama_4_scaling_beta", where)
-    return {**out, **latent_fields(raw, where), **scaling, "rope_interleave": interleave,
+    return {**out, **latent_fields(raw, where), **ministral_fields(raw, where),
+            "rope_interleave": interleave,
             "scoring_func": "softmax", "qk_norm": False,
             "routed_scaling_factor": number(raw["routed_scaling_factor"],
                                             "routed_scaling_factor", where)}
@@ -96,10 +89,7 @@ def mistral4_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, A
 def mistral4_to_hf(cfg: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]:
     """Mistral4Config's keys for ``cfg``; its scaling beta and rotary share go into ``rope``
     (the written ``rope_parameters``)."""
-    if cfg.llama4_scaling_beta:
-        rope["llama_4_scaling_beta"] = cfg.llama4_scaling_beta
-        rope.setdefault("original_max_position_embeddings",
-                        cfg.rope_original_max_position_embeddings or cfg.max_position_embeddings)
+    query_scaling_to_hf(cfg, rope)
     rope["partial_rotary_factor"] = cfg.qk_rope_head_dim / cfg.head_dim
     out = {k: v for k, v in glm4_moe_to_hf(cfg).items()
            if k not in ("use_qk_norm", "partial_rotary_factor", "num_nextn_predict_layers")}
@@ -118,16 +108,11 @@ def mistral4_vllm_overrides(raw: dict[str, Any], where: str) -> dict[str, Any]:
     if merged["n_group"] != 1:
         raise ModelConfigError(f"{where}: n_group={merged['n_group']!r} is not served by vLLM "
                                "on mistral4 (1: vLLM ranks groups otherwise than transformers)")
-    rope = dict(merged[_rope_key(raw)])
-    kind = rope.pop("type", None)
-    rope.setdefault("rope_type", kind or "default")
-    beta = rope.pop("llama_4_scaling_beta", None)
+    given = merged[rope_key(raw)]
+    rope = {k: v for k, v in given.items() if k not in ("type", "llama_4_scaling_beta")}
+    rope.setdefault("rope_type", given.get("type") or "default")
     # (the rotary share, dropped by mistral4_keys, stays out: vLLM would take it of the
     # rotary part's width again)
-    out: dict[str, Any] = {"architectures": ["DeepseekV3ForCausalLM"], "model_type":
-                           "deepseek_v3", "scoring_func": "softmax", "topk_method": "greedy",
-                           "rope_parameters": rope}
-    original = rope.get("original_max_position_embeddings")
-    if beta is not None and original is not None:
-        out["llama_4_scaling"] = {"original_max_position_embeddings": original, "beta": beta}
-    return out
+    return {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+            "scoring_func": "softmax", "topk_method": "greedy", "rope_parameters": rope,
+            **vllm_scaling(given)}

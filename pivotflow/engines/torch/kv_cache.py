@@ -67,10 +67,11 @@ class PackedDecoder:
         # the norms of layers that normalise sub-layer outputs (_output_norm_layer), per layer
         self._out_norms: list[tuple[_T | None, _T, _T | None, _T] | None] = []
         self._post: list[bool] = []  # (per layer: whether it reads _out_norms)
-        # the MLP's activation; Apertus's (xIELU) each layer's own, with its learned scalars
+        # the gated MLPs' activation; an ungated dense MLP's is its own (Apertus's xIELU has
+        # learned scalars in each layer: the MLP's ``act`` calls them)
         self._act = activation("silu" if cfg.hidden_act == "xielu" else cfg.hidden_act)
-        self._mlp_acts = [cast(MLP, layer.mlp).act_fn if cfg.hidden_act == "xielu"
-                          and isinstance(getattr(layer, "mlp", None), MLP) else self._act
+        self._mlp_acts = [mlp.act if isinstance(mlp := getattr(layer, "mlp", None), MLP)
+                          else self._act
                           for layer in cast(list[DecoderLayer], model.model.layers)]
         # each layer's latent attention projections (DeepSeek-V3's), or None
         self._latent: list[PackedLatent | None] = []
