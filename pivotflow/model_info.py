@@ -111,6 +111,8 @@ def describe_model(path: Path) -> str:
                          + ", held one expert at a time",
               "gemma3": "Gemma3ForConditionalGeneration's text model held (as "
                         "Gemma3ForCausalLM), its vision tower and projector not loaded",
+              "gemma4": "Gemma4ForConditionalGeneration's text model held (as "
+                        "Gemma4ForCausalLM), its vision and audio towers not loaded",
               "mistral3": "Mistral3ForConditionalGeneration's text model held (as "
                           f"{folder.hf_config['architectures'][0]}), its vision tower and "
                           "projector not loaded",

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from hf_folders import IM_END, save_tokenizer_hf, train_bpe
@@ -609,37 +610,31 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
         peft_merges_to_the_policy(ckpt)
 
 
-def test_a_gemma3_4b_kind_of_folder_trains_its_text_model_and_writes_a_causal_lm(
-        tmp_path: Path, qwen: Path) -> None:
-    """Gemma 3 4B and larger are Gemma3ForConditionalGeneration folders (the text model under
-    ``language_model.``, a vision tower beside it): the run trains the text model, its rollouts'
-    logprobs equal its trainer's, and its checkpoint is that model as a Gemma3ForCausalLM,
-    trained, which transformers loads."""
+@pytest.mark.parametrize("family", ["gemma3", "gemma4"])
+def test_a_gemma_wrapper_folder_trains_its_text_model_and_writes_a_causal_lm(
+        tmp_path: Path, qwen: Path, family: str) -> None:
+    """Gemma 3 4B and larger, and every Gemma 4, are *ForConditionalGeneration folders (the
+    text model under ``language_model.``, a vision tower beside it): the run trains the text
+    model, its rollouts' logprobs equal its trainer's, and its checkpoint is that model as a
+    causal LM, trained, which transformers loads (Gemma 4's layer scalars as they were: a
+    constant of the checkpoint)."""
     import torch
-    import transformers
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     from pivotflow.metrics import read_metrics
     from pivotflow.run import run
 
-    folder = copy_model(qwen, tmp_path / "gemma3", skip=("model.safetensors", "config.json"))
+    folder = copy_model(qwen, tmp_path / family, skip=("model.safetensors", "config.json"))
     torch.manual_seed(0)
     vocab = json.loads((qwen / "config.json").read_text())["vocab_size"]
-    policy = transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config(
-        text_config={"vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128,
-                     "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
-                     "head_dim": 32, "max_position_embeddings": 256, "sliding_window": 8,
-                     "eos_token_id": 0, "pad_token_id": 0},
-        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                       "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
-        mm_tokens_per_image=4, image_token_index=vocab - 1, boi_token_index=vocab - 3,
-        eoi_token_index=vocab - 2))
+    policy = _gemma_wrapper(family, vocab)
     policy.generation_config = GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)
     policy.save_pretrained(folder)
     said = cli("model", str(folder))
-    assert said.returncode == 0 and f"{folder}: gemma3_text, " in said.stderr, said.stderr
-    assert "its vision tower and projector not loaded" in said.stderr
+    assert said.returncode == 0 and f"{folder}: {family}_text, " in said.stderr, said.stderr
+    assert ("its vision tower and projector not loaded" if family == "gemma3"
+            else "its vision and audio towers not loaded") in said.stderr
     graph = write_graph(tmp_path, folder, write_prompts(tmp_path / "prompts.jsonl"))
     s = run(graph, steps=2, out=tmp_path / "out", console=False, sets=["live=false"]).summary
     assert s["error"] is None and s["steps"] == 2 and s["ledger"]["lost"] == 0
@@ -648,11 +643,44 @@ def test_a_gemma3_4b_kind_of_folder_trains_its_text_model_and_writes_a_causal_lm
     assert gaps and max(gaps) < 1e-4, gaps
     ckpt = tmp_path / "out" / "checkpoints" / "policy"
     theirs, info = AutoModelForCausalLM.from_pretrained(ckpt, output_loading_info=True)
-    assert type(theirs).__name__ == "Gemma3ForCausalLM" and not info["missing_keys"]
+    assert type(theirs).__name__ == f"{family.title()}ForCausalLM" and not info["missing_keys"]
     before, after = load_file(folder / "model.safetensors"), load_file(ckpt / "model.safetensors")
     assert not any("vision" in n for n in after)
-    name = "model.layers.1.mlp.up_proj.weight"
-    assert not torch.equal(before[f"language_model.{name}"], after[name])
+    inner = "language_model.model." if family == "gemma3" else "model.language_model."
+    name = "layers.1.mlp.up_proj.weight"
+    assert not torch.equal(before[inner + name], after[f"model.{name}"])
+    if family == "gemma4":
+        scalar = "layers.1.layer_scalar"
+        assert torch.equal(before[inner + scalar], after[f"model.{scalar}"])
+
+
+def _gemma_wrapper(family: str, vocab: int) -> Any:
+    """A two-layer Gemma 3 (sliding then full) or Gemma 4 (values equal to keys and heads
+    twice as wide on its full layer, its layer scalars random) wrapper with a one-layer vision
+    tower, from transformers."""
+    import torch
+    import transformers
+
+    text = {"vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "head_dim": 32, "max_position_embeddings": 256, "sliding_window": 8,
+            "eos_token_id": 0, "pad_token_id": 0}
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+              "num_attention_heads": 2}
+    if family == "gemma3":
+        return transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config(
+            text_config=text, vision_config={**vision, "image_size": 28, "patch_size": 14},
+            mm_tokens_per_image=4, image_token_index=vocab - 1, boi_token_index=vocab - 3,
+            eoi_token_index=vocab - 2))
+    model = transformers.Gemma4ForConditionalGeneration(transformers.Gemma4Config(
+        text_config={**text, "global_head_dim": 64, "num_global_key_value_heads": 1,
+                     "attention_k_eq_v": True, "hidden_size_per_layer_input": 0},
+        vision_config=vision, audio_config=None))
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(1.0 + 0.2 * torch.randn_like(b))
+    return model
 
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "byo_model.py"

@@ -26,6 +26,7 @@ _FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
              "MixtralForCausalLM": "mixtral", "MixtralForSequenceClassification": "mixtral",
              "Glm4ForCausalLM": "glm4", "Glm4ForSequenceClassification": "glm4",
              "Glm4MoeForCausalLM": "glm4_moe", "Gemma3ForConditionalGeneration": "gemma3",
+             "Gemma4ForConditionalGeneration": "gemma4",
              "Mistral3ForConditionalGeneration": "mistral3", "GptOssForCausalLM": "gpt_oss",
              "GptOssForSequenceClassification": "gpt_oss",
              "DeepseekV3ForCausalLM": "deepseek_v3",
@@ -65,6 +66,7 @@ WRAPPERS: dict[str, tuple[str | None, str | None, dict[str, Any]]] = {
     "internvl": (None, None, {}), "llava": (None, None, {}), "llava_next": (None, None, {}),
     "llava_onevision": (None, None, {}),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", _GEMMA3_TEXT_DEFAULTS),
+    "gemma4": ("gemma4_text", "Gemma4ForCausalLM", {}),  # (all Gemma 4s ship so)
     "mistral3": (None, None, {}),  # (Mistral Small 3.1's mistral, Ministral 3's ministral3)
     "qwen3_5": ("qwen3_5_text", "Qwen3_5ForCausalLM", {}),
     "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", {}),

@@ -560,6 +560,24 @@ CASES += [
           "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
 ]  # fmt: skip
 MINICPM5_MOE = CASES[64]
+# Gemma 4 (gemma-4-31B's kind): full layers (the second and fourth) with heads twice as wide
+# on one key/value head, their values their keys' (attention_k_eq_v), a quarter of their
+# frequencies turning (proportional rope); sliding ones (a window of 4, binding) on two; logits
+# soft-capped; each layer's output scalar random. And without values equal to keys: the full
+# layers' v_proj and key/value heads as the sliding ones', the default layer pattern (the last
+# layer full)
+_GEMMA4 = {"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 32, "global_head_dim": 64, "sliding_window": 4,
+           "hidden_size_per_layer_input": 0, "pad_token_id": 0, "bos_token_id": 2,
+           "eos_token_id": 1}
+CASES += [
+    Case("gemma4", "Gemma4TextConfig", True,
+         {**_GEMMA4, "num_global_key_value_heads": 1, "attention_k_eq_v": True,
+          "final_logit_softcapping": 30.0,
+          "layer_types": ["sliding_attention", "full_attention"] * 2}),
+    Case("gemma4-values-apart", "Gemma4TextConfig", False, {**_GEMMA4}),
+]  # fmt: skip
+GEMMA4, GEMMA4_VALUES_APART = CASES[65], CASES[66]
 CASE_IDS = [c.name for c in CASES]
 
 
@@ -586,6 +604,8 @@ def hf_model(case: Case, seed: int = 0):  # type: ignore[no-untyped-def]
         for name, b in model.named_buffers():  # GLM-4.5's router bias: held as a buffer there
             if name.endswith(("e_score_correction_bias", "expert_bias")):  # (LFM2-MoE's)
                 b.normal_(0.0, 0.1)
+            if name.endswith("layer_scalar"):  # (Gemma 4's: a constant of the checkpoint)
+                b.copy_(1.0 + 0.2 * torch.randn_like(b))
     # The greedy reference decodes a fixed number of tokens: no eos, no suppression.
     model.generation_config.eos_token_id = None
     model.generation_config.bos_token_id = None

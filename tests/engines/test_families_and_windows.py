@@ -28,6 +28,8 @@ from hf_fixtures import (
     EXAONE4_NO_WINDOW,
     GEMMA2,
     GEMMA3,
+    GEMMA4,
+    GEMMA4_VALUES_APART,
     GLM4,
     GLM4_7_FLASH,
     GLM4_MOE,
@@ -119,7 +121,7 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW, ERNIE4_5, LFM2, SEED_OSS,
        HUNYUAN, HUNYUAN_MOE, ERNIE4_5_MOE, MINISTRAL3, GLM4_7_FLASH,
        LFM2_MOE, DOTS1, MISTRAL4, SOLAR_OPEN, ARCEE, AFMOE, APERTUS, HY_V3, GRANITE_SWA,
-       GRANITE_SWA_TWO_BASES, MINICPM5_MOE]
+       GRANITE_SWA_TWO_BASES, MINICPM5_MOE, GEMMA4, GEMMA4_VALUES_APART]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -277,6 +279,18 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert {"model.layers.0.self_attn.gate_proj.weight", "model.layers.1.mlp.router.gate.weight",
                 "model.layers.1.mlp.expert_bias",
                 "model.layers.1.pre_mlp_layernorm.weight"} <= disk.keys()
+    elif case in (GEMMA4, GEMMA4_VALUES_APART):  # (its full layers' heads and rope as the
+        # Hub's configs say them; no v_proj where its values are its keys)
+        assert written["model_type"] == "gemma4_text" and written["global_head_dim"] == 64
+        k_eq_v = case is GEMMA4
+        assert written["num_global_key_value_heads"] == (1 if k_eq_v else None)
+        assert written["attention_k_eq_v"] is k_eq_v
+        assert written["rope_parameters"]["full_attention"] == {
+            "rope_type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.25}
+        assert written["layer_types"][-1] == "full_attention"
+        assert ("model.layers.3.self_attn.v_proj.weight" in folder.tensors) is not k_eq_v
+        assert folder.tensors["model.layers.3.self_attn.k_proj.weight"].shape[0] == (
+            64 if k_eq_v else 128)
     elif case is SOLAR_OPEN:  # (every layer sparse: no dense count; o_proj unbiased)
         assert written["model_type"] == "solar_open" and written["attention_bias"] is True
         assert "first_k_dense_replace" not in written and written["n_group"] == 2
@@ -343,7 +357,7 @@ QWEN3_NEXT_DENSE = Case("qwen3-next-dense", "Qwen3NextConfig", False,
                                   PHI3_WINDOW, ERNIE4_5, LFM2, SEED_OSS, HUNYUAN, MINISTRAL3,
                                   PHI4_MINI, GLM4, SMOLLM3_WINDOW, GEMMA2, GRANITE, GPT_OSS,
                                   QWEN3_5, QWEN3_NEXT_DENSE, GRANITE4_H_DENSE, NEMOTRON_H,
-                                  GRANITE_SWA_TWO_BASES, ARCEE, APERTUS],
+                                  GRANITE_SWA_TWO_BASES, ARCEE, APERTUS, GEMMA4],
                          ids=lambda c: c.name)
 def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: Any) -> None:
     """Post-norm layers, whole-projection q/k norms and windows (4-6 positions, narrower than
@@ -366,12 +380,13 @@ def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: An
     theirs = dict(model.named_parameters())
     names = [n for n, _ in ours.named_parameters()]
     post_norm = "model.layers.0.post_feedforward_layernorm.weight" in names
-    assert post_norm == (case in (OLMO2, OLMO3, EXAONE4, GEMMA3, GLM4, GEMMA2))
+    assert post_norm == (case in (OLMO2, OLMO3, EXAONE4, GEMMA3, GLM4, GEMMA2, GEMMA4))
     assert (case in (OLMO2, OLMO3, EXAONE4)) != any("input_layernorm" in n for n in names)
     # (transformers' names: Nemotron-H's backbone is model in memory)
     theirs = {n.replace("backbone.", "model."): p for n, p in theirs.items()}
     # (by the file's names: Phi-3's q/k/v and gate/up gradients fused as its parameters are;
-    # frozen ones left out: Apertus's xIELU constants, buffers in transformers)
+    # frozen ones left out: Apertus's xIELU constants and Gemma 4's layer scalars, buffers in
+    # transformers)
     grads = disk_layout(folder.hf_config, {n: p.grad for n, p in ours.named_parameters()
                                            if p.requires_grad})
     grads = {n.replace("backbone.", "model."): g for n, g in grads.items()}
@@ -470,7 +485,7 @@ LONGROPE = {"type": "longrope", "short_factor": [1.0] * 16, "long_factor": [2.0]
 @pytest.mark.parametrize(("keys", "message"), [
     ({"model_type": "llama", "rope_scaling": LONGROPE},
      r"rope_scaling\.type='longrope' is not supported by the embedded engine \(default, "
-     r"linear, llama3, yarn; longrope on phi3\)"),
+     r"linear, llama3, yarn; longrope on phi3, proportional on gemma4_text\)"),
     ({"model_type": "qwen3", "partial_rotary_factor": 0.75},
      r"partial_rotary_factor=0\.75 is not supported"),
     ({"model_type": "phi3", "rope_scaling": {**LONGROPE, "short_factor": [1.0] * 12}},

@@ -106,20 +106,21 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "AfmoeConfig": "afmoe", "ApertusConfig": "apertus",
                                 "HYV3Config": "hy_v3", "GraniteSWAConfig": "granite_swa",
                                 "MiniCPM5MoeConfig": "minicpm5_moe",
+                                "Gemma4TextConfig": "gemma4_text",
                                 "Lfm2Config": "lfm2"}[case.config_class]  # fmt: skip
     # (latent attention's heads: their no-rope and rope parts; 32 in every other case)
     assert cfg.head_dim == (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim or 32)
-    assert cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma3", "minimax",
-                                                       "exaone", "lfm2", "hunyuan", "dots1",
-                                                       "afmoe", "apertus", "hy_v3"))
+    assert cfg.qk_norm == cfg.architecture.startswith(("qwen3", "olmo", "gemma3", "gemma4",
+                                                       "minimax", "exaone", "lfm2", "hunyuan",
+                                                       "dots1", "afmoe", "apertus", "hy_v3"))
     # Every weight transformers holds was loaded (transformers 5 holds a sparse layer's experts
     # as one fused tensor where the file, and we, have one per expert: count the numbers;
     # GLM-4.5's and LFM2-MoE's router bias is a buffer there, a frozen parameter here, as
-    # Apertus's xIELU constants are).
+    # Apertus's xIELU constants and Gemma 4's layer scalars are).
     theirs = {n: p for n, p in model.named_parameters() if n != "lm_head.weight" or not case.tied}
     theirs.update((n, b) for n, b in model.named_buffers()
                   if n.endswith(("correction_bias", "expert_bias",  # (LFM2-MoE's, on its block)
-                                 "act_fn.beta", "act_fn.eps")))
+                                 "act_fn.beta", "act_fn.eps", "layer_scalar")))
     assert sum(folder.tensors[n].numel() for n in expected_shapes(cfg)) == sum(
         p.numel() for p in theirs.values()
     )

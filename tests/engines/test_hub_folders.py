@@ -1,4 +1,5 @@
-"""Folders as the Hub ships them (Gemma 3 4B+'s and Mistral Small 3.1's multimodal wrappers,
+"""Folders as the Hub ships them (Gemma 3 4B+'s, Gemma 4's and Mistral Small 3.1's multimodal
+wrappers,
 a Gemma 2 reward model, gpt-oss in MXFP4, MiniMax-M2 with its remote code's keys, EXAONE 4.0's
 window patterns) read as transformers reads them, and each family's own one-line config
 errors (OLMoE's q/k clipping, ERNIE 4.5's biases, Seed-OSS's o_proj bias, Hunyuan's shared
@@ -18,6 +19,7 @@ from hf_fixtures import (
     ARCEE,
     GEMMA2,
     GEMMA3,
+    GEMMA4,
     GPT_OSS,
     MINIMAX_M2,
     MISTRAL4,
@@ -66,6 +68,44 @@ def test_a_gemma3_4b_kind_of_folder_runs_its_text_model_and_writes_a_causal_lm(
     assert not any("vision" in n or "projector" in n for n in folder.tensors)
     assert_wrapper_runs_its_text_model(theirs, folder, tmp_path / "written", "Gemma3ForCausalLM",
                                        atol=1e-5)
+
+
+def test_a_gemma4_folder_runs_its_text_model_and_writes_a_causal_lm(tmp_path: Path) -> None:
+    """Every Gemma 4 ships as Gemma4ForConditionalGeneration (its text model under
+    ``model.language_model.``, a vision tower and its embedder beside): pivotflow holds the
+    text model alone, decodes as transformers' wrapper does on text, and writes a
+    Gemma4ForCausalLM that transformers loads to the same logits."""
+    text = hf_model(GEMMA4)
+    config = transformers.Gemma4Config(
+        text_config=text.config.to_dict(), audio_config=None,
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                       "num_attention_heads": 2})
+    theirs = transformers.Gemma4ForConditionalGeneration(config).eval()
+    theirs.model.language_model.load_state_dict(text.model.state_dict())
+    theirs.save_pretrained(tmp_path / "wrapper")
+    folder = load_model_folder(tmp_path / "wrapper")
+    assert folder.hf_config["architectures"] == ["Gemma4ForCausalLM"]
+    assert folder.config == load_model_folder_of(GEMMA4, tmp_path / "text").config
+    assert not any("vision" in n for n in folder.tensors)
+    assert_wrapper_runs_its_text_model(theirs, folder, tmp_path / "written", "Gemma4ForCausalLM",
+                                       atol=1e-5)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("hidden_size_per_layer_input", 256), ("num_kv_shared_layers", 2),
+    ("enable_moe_block", True), ("use_bidirectional_attention", "all")])
+def test_what_gemma4_runs_not_yet_is_a_one_line_error(key: str, value: Any) -> None:
+    """gemma-4-E2B's and E4B's per-layer inputs and key/value sharing, 26B-A4B's experts
+    beside the MLP, bidirectional attention: named in one line, not run as another model. A
+    config with no per-layer-input key has transformers' default (256): refused too."""
+    raw = {**hf_model(GEMMA4).config.to_dict(), key: value}
+    with pytest.raises(ModelConfigError) as info:
+        config_from_hf(raw, "m/config.json")
+    assert str(info.value).startswith(f"m/config.json: {key}=")
+    assert "\n" not in str(info.value)
+    raw.pop("hidden_size_per_layer_input")
+    with pytest.raises(ModelConfigError, match="hidden_size_per_layer_input=256"):
+        config_from_hf(raw, "m/config.json")
 
 
 def load_model_folder_of(case: Any, root: Path) -> Any:

@@ -134,7 +134,8 @@ def test_config_to_hf_writes_qwen3_and_llama3_rope_that_transformers_rebuilds(
         (
             {"rope_parameters": {"rope_type": "longrope", "factor": 4.0, "rope_theta": 1e4}},
             r"config\.json: rope_parameters\.rope_type='longrope' is not supported by the "
-            r"embedded engine \(default, linear, llama3, yarn; longrope on phi3\)$",
+            r"embedded engine \(default, linear, llama3, yarn; longrope on phi3, proportional "
+            r"on gemma4_text\)$",
         ),
         (
             {"rope_scaling": {"type": "dynamic", "factor": 2.0}},

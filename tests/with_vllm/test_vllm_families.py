@@ -49,6 +49,14 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
                 "num_hidden_layers": 4, "sliding_window": 6, "rope_parameters": {
                     "full_attention": {k: v for k, v in YARN.items() if k != "truncate"},
                     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}),
+            # Gemma 4's text model (gemma-4-31B's kind): full layers (the second, fourth)
+            # with heads twice as wide on one key/value head, values equal to keys and
+            # proportional rope; windows of 6 on the others; logits soft-capped
+            "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", {
+                "num_hidden_layers": 4, "global_head_dim": 64, "num_global_key_value_heads": 1,
+                "attention_k_eq_v": True, "sliding_window": 6, "final_logit_softcapping": 30.0,
+                "hidden_size_per_layer_input": 0,
+                "layer_types": ["sliding_attention", "full_attention"] * 2}),
             # Gemma 3's text model: five sliding layers of six, linear-scaled RoPE on the sixth
             "gemma3-text": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
                 "num_hidden_layers": 6, "query_pre_attn_scalar": 24, "sliding_window": 6,
@@ -315,7 +323,8 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     (tmp_path / "model").mkdir()
     path = _folder(tmp_path / "model", folder, family)
     cfg, weights = load_checkpoint(path)
-    assert cfg.architecture == {"gemma3-text": "gemma3_text", "glm4-moe": "glm4_moe",
+    assert cfg.architecture == {"gemma3-text": "gemma3_text", "gemma4": "gemma4_text",
+                                "glm4-moe": "glm4_moe",
                                 "ernie4.5": "ernie4_5", "seed-oss": "seed_oss",
 
                                 "hunyuan-dense": "hunyuan_v1_dense",
@@ -327,6 +336,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
                                 "deepseek-v2": "deepseek_v2"}.get(
         family, family.split("-")[0])
     assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text",
+                                                   "gemma4",
                                                    "exaone4", "dots1", "afmoe", "granite-swa",
                                                    "phi3-window", "mixtral-window",
                                                    "gemma2-window"))

@@ -23,9 +23,9 @@ from pivotflow.batching import prefill_groups
 from pivotflow.engines.base import FinishReason, GenerationOutput, GenerationRequest
 from pivotflow.engines.torch.experts import RoutingRecorder
 from pivotflow.engines.torch.kv_cache import PackedDecoder
+from pivotflow.engines.torch.kv_groups import ServingCache, serving_cache
 from pivotflow.engines.torch.model import Decoder, ModelConfig
 from pivotflow.engines.torch.sampling import SlotResponses, SlotSampler, seed_key
-from pivotflow.engines.torch.slot_cache import SlotKVCache
 from pivotflow.engines.torch.weights import build_model, resolve_dtype
 from pivotflow.errors import EngineError, RequestError
 
@@ -102,7 +102,7 @@ class TorchEngine:
         self._ids: set[str] = set()
         self._n_stop_strings = 0  # running requests that have stop strings
         self._ready: list[GenerationOutput] = []  # finished at admission; out with the next step
-        self._cache: SlotKVCache | None = None
+        self._cache: ServingCache | None = None
         # Per-slot responses and sampling parameters are bookkeeping (a few ints per token),
         # kept across release_memory; the KV cache and the weights are what it frees.
         self._resp = SlotResponses(max_batch, self.max_seq_len, self.device)
@@ -208,7 +208,7 @@ class TorchEngine:
     def resume_memory(self) -> None:
         """Re-allocate the KV cache (weights must be loaded again)."""
         if self._cache is None:
-            self._cache = SlotKVCache(
+            self._cache = serving_cache(
                 self.config, self.max_batch, self.max_seq_len, self.device, self.dtype
             )
 
@@ -239,7 +239,7 @@ class TorchEngine:
 
     # ---- internals -----------------------------------------------------------------------
 
-    def _serving(self) -> tuple[PackedDecoder, SlotKVCache]:
+    def _serving(self) -> tuple[PackedDecoder, ServingCache]:
         """The forward pass and KV cache; raises EngineError when released or without weights."""
         if self._cache is None:
             raise EngineError("engine memory was released; call resume_memory() and load_weights()")

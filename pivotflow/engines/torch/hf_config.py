@@ -31,6 +31,7 @@ from pivotflow.engines.torch.hf_config_write import (
 )
 from pivotflow.engines.torch.hf_ernie import ernie_keys
 from pivotflow.engines.torch.hf_families import ENGINE, family_fields, number
+from pivotflow.engines.torch.hf_gemma4 import gemma4_keys
 from pivotflow.engines.torch.hf_glm_lite import glm_lite_keys
 from pivotflow.engines.torch.hf_granite import KIND, granite_layer_types
 from pivotflow.engines.torch.hf_granite_swa import granite_swa_keys
@@ -102,7 +103,8 @@ def _reject_unsupported(raw: dict[str, Any], where: str) -> None:
     """Raise for the first key whose value asks for math this decoder does not do."""
     # (Gemma's hidden_activation's gate; Nemotron-H's mlp_hidden_act, hf_nemotron's; Arcee's
     # relu2, hf_families'; Apertus's xielu, hf_apertus')
-    gemma = raw.get("model_type") in ("gemma3_text", "gemma2", "nemotron_h", "arcee", "apertus")
+    gemma = raw.get("model_type") in ("gemma3_text", "gemma2", "nemotron_h", "arcee", "apertus",
+                                      "gemma4_text")
     # (Phi-3's and GLM-4's attention rotates part of each head)
     partial_ok = raw.get("model_type") in PARTIAL_ROTARY_FAMILIES
     checks = [  # (key, it asks for something else, what runs)
@@ -159,6 +161,7 @@ _OWN_KEYS: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
     "granite_swa": granite_swa_keys,
     "minicpm5_moe": minicpm5_keys,  # (its defaults, its dense layers' old name)  # (its defaults, its full layers' rope base)  # (AfmoeConfig's defaults, the released configs' router keys)
     "mistral4": mistral4_keys,  # (Mistral4Config's defaults, its head_dim the query's width)
+    "gemma4_text": gemma4_keys,  # (Gemma4TextConfig's defaults, its layer types and ropes)
     "ernie4_5": ernie_keys, "ernie4_5_moe": ernie_keys,  # (heads of 128, its epsilon)
 }
 

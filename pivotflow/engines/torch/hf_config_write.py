@@ -22,6 +22,7 @@ from pivotflow.engines.torch.hf_families import (
     glm4_moe_to_hf,
     qwen3_5_to_hf,
 )
+from pivotflow.engines.torch.hf_gemma4 import gemma4_to_hf
 from pivotflow.engines.torch.hf_glm_lite import glm_lite_to_hf
 from pivotflow.engines.torch.hf_granite import KIND, granite_to_hf
 from pivotflow.engines.torch.hf_granite_swa import granite_swa_to_hf
@@ -75,7 +76,7 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "minicpm5_moe": "MiniCPM5MoeForCausalLM",
               "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
               "lfm2_moe": "Lfm2MoeForCausalLM",
-              "dots1": "Dots1ForCausalLM"}  # fmt: skip
+              "dots1": "Dots1ForCausalLM", "gemma4_text": "Gemma4ForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -283,6 +284,7 @@ _OWN_KEYS: dict[str, _Writer] = {
     "glm4_moe": _glm4_moe_keys, "phi3": _phi3_keys,
     **dict.fromkeys(("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"), _qwen3_5_keys),
     "olmo_hybrid": olmo_hybrid_to_hf,
+    "gemma4_text": lambda cfg, rope: gemma4_to_hf(cfg, rope, _DROP),
     "hy_v3": _keys(hy_v3_to_hf), "afmoe": _keys(afmoe_to_hf),
     "solar_open": _keys(solar_open_to_hf), "dots1": _keys(dots_to_hf),
     "minicpm5_moe": _keys(minicpm5_to_hf),

@@ -45,6 +45,10 @@ def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
         return {**_granite_fields(raw, where), **granite_swa_fields(raw, where)}
     if kind in ("gemma3_text", "gemma2"):
         return _gemma_fields(raw, where)
+    if kind == "gemma4_text":
+        from pivotflow.engines.torch.hf_gemma4 import gemma4_fields
+
+        return gemma4_fields(raw, where)
     if kind == "qwen3_5_text":
         return _qwen3_5_fields(raw, layers, where)
     if kind in ("qwen3_5_moe_text", "qwen3_next"):

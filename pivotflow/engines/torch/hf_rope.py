@@ -18,7 +18,7 @@ from pivotflow.errors import ModelConfigError
 
 # (transformers' other families turn whole heads)
 PARTIAL_ROTARY_FAMILIES = ("phi3", "glm4", "glm4_moe", "qwen3_5_text", "qwen3_5_moe_text",
-                           "qwen3_next", "minimax_m2", "solar_open")
+                           "qwen3_next", "minimax_m2", "solar_open", "gemma4_text")
 # the share of each head that rotates where a config names none (Glm4Config's and Glm4MoeConfig's
 # half, Qwen3_5TextConfig's quarter; the others' whole head)
 _DEFAULT_PARTIAL = {"glm4": 0.5, "glm4_moe": 0.5, "qwen3_5_text": 0.25,
@@ -53,11 +53,12 @@ def rope_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
     phi3 = kind_of == "phi3"
     if phi3 and kind in ("su", "yarn"):
         kind = "longrope"
-    if kind not in ROPE_TYPES or (kind == "longrope" and not phi3):
+    own = {"longrope": "phi3", "proportional": "gemma4_text"}  # (each only on its family)
+    if kind not in ROPE_TYPES or own.get(kind, kind_of) != kind_of:
         raise ModelConfigError(
             f"{where}: {key}.{type_key}={kind!r} {ENGINE} "
-            f"({', '.join(t for t in ROPE_TYPES if t != 'longrope')}; longrope on phi3)"
-        )
+            f"({', '.join(t for t in ROPE_TYPES if t not in own)}; longrope on phi3, "
+            "proportional on gemma4_text)")
     partial = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor",
                                                         _DEFAULT_PARTIAL.get(kind_of, 1.0)))
     if partial != 1.0 and raw.get("model_type") not in PARTIAL_ROTARY_FAMILIES:
@@ -83,6 +84,8 @@ def rope_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
         )
     if kind == "yarn":
         out.update(_yarn_fields(rope, key, where))
+    if kind == "proportional":  # (Gemma 4's; its factor divides every frequency)
+        out["rope_factor"] = number(rope.get("factor", 1.0), f"{key}.factor", where)
     if kind == "longrope":
         out.update(_longrope_fields(raw, rope, key, where))
     if partial != 1.0:
@@ -134,7 +137,7 @@ def _yarn_fields(rope: dict[str, Any], key: str, where: str) -> dict[str, Any]:
 def rope_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     """``cfg``'s rope as transformers 5's ``rope_parameters`` says it (``config_to_hf``'s)."""
     rope: dict[str, Any] = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta}
-    if cfg.rope_type != "default":
+    if cfg.rope_type != "default" and (cfg.rope_type != "proportional" or cfg.rope_factor != 1):
         rope["factor"] = cfg.rope_factor
     if cfg.rope_type in ("llama3", "yarn"):
         rope["original_max_position_embeddings"] = (

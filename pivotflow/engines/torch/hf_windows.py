@@ -20,6 +20,8 @@ Each family says it its own way, and transformers' reading is the reference:
 * ``gemma3_text``: ``layer_types``, else ``sliding_window_pattern`` - 1 sliding layers of every
   ``sliding_window_pattern`` (6); its sliding layers take plain RoPE at
   ``rope_local_base_freq`` (10000), its full ones ``rope_theta`` (1e6) with any scaling.
+* ``gemma4_text``: ``layer_types`` (``hf_gemma4`` fills them in: five sliding of every six, the
+  last layer full), its two ropes always one dict per layer type.
 * ``smollm3``: ``layer_types``, else, with ``use_sliding_window``, its NoPE layers.
 * ``llama``, ``olmo2``, ``glm4``, ``glm4_moe``, ``granite``: none (transformers reads no window for them).
 
@@ -79,7 +81,7 @@ def window_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
     elif kind == "exaone4":  # (its layer_types, else its pattern: every Nth full, or "LLLG")
         window, sliding = raw.get("sliding_window", 4096), exaone4_sliding(raw, types, layers,
                                                                            where)
-    elif kind in ("olmo3", "gemma3_text", "gemma2", "gpt_oss"):
+    elif kind in ("olmo3", "gemma3_text", "gemma2", "gpt_oss", "gemma4_text"):
         window = raw.get("sliding_window", 128 if kind == "gpt_oss" else DEFAULT_WINDOW)
         every = ({"olmo3": 4, "gemma2": 2, "gpt_oss": 2}.get(kind)
                  or raw.get("sliding_window_pattern", 6))
@@ -150,7 +152,7 @@ def split_layer_rope(raw: dict[str, Any], kind: str, where: str) -> tuple[dict[s
     ``rope_parameters`` may be ``{"full_attention": {...}, "sliding_attention": {...}}``;
     flat, OLMo-3's sliding layers take plain RoPE at ``rope_theta``, Gemma's at
     ``rope_local_base_freq`` (transformers' conversion)."""
-    if kind not in ("olmo3", "gemma3_text"):
+    if kind not in ("olmo3", "gemma3_text", "gemma4_text"):
         return raw, None
     rope = raw.get("rope_parameters")
     if isinstance(rope, dict) and set(rope) & set(LAYER_TYPES):
@@ -179,7 +181,7 @@ def windows_to_hf(cfg: Any, rope: dict[str, Any]) -> dict[str, Any]:
         return {"layer_types": types, "use_sliding_window": bool(sliding),
                 "sliding_window": cfg.sliding_window or None}
     if kind in ("olmo3", "gemma3_text", "gemma2", "gpt_oss", "exaone4", "dots1", "afmoe",
-                "granite_swa"):
+                "granite_swa", "gemma4_text"):
         out: dict[str, Any] = {"layer_types": types, "sliding_window": cfg.sliding_window or None}
         if cfg.sliding_rope_theta and kind != "granite_swa":  # (its: layer_rope_theta)
             out["rope_parameters"] = {"full_attention": rope, "sliding_attention": {

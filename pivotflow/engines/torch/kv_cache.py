@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from pivotflow.engines.torch.deltanet_serving import PackedDeltaNet
 from pivotflow.engines.torch.experts import PackedExperts, RoutingRecorder
 from pivotflow.engines.torch.feedforward import MLP, SparseMoE, activation
+from pivotflow.engines.torch.kv_groups import ServingCache as SlotKVCache
 from pivotflow.engines.torch.latent_attention import LatentAttention, PackedLatent
 from pivotflow.engines.torch.linear import Linears, pack_linears, pack_mlp
 from pivotflow.engines.torch.mamba2_serving import PackedMamba2
@@ -29,7 +30,6 @@ from pivotflow.engines.torch.model import (
 )
 from pivotflow.engines.torch.rope import packed_rope_table, turn_partners
 from pivotflow.engines.torch.short_conv import PackedShortConv
-from pivotflow.engines.torch.slot_cache import SlotKVCache
 
 _T = torch.Tensor
 # A dense MLP's [out, in] weights for PackedDecoder (packed gate/up, down); a sparse layer is a
@@ -104,7 +104,9 @@ class PackedDecoder:
             else:
                 assert isinstance(attn, Attention)
                 self._latent.append(None)
-                w_qkv, b_qkv = pack_linears([attn.q_proj, attn.k_proj, attn.v_proj])
+                # (Gemma 4's full layers: q and k alone, their values k's projection)
+                w_qkv, b_qkv = pack_linears([attn.q_proj, attn.k_proj] if attn.k_eq_v
+                                            else [attn.q_proj, attn.k_proj, attn.v_proj])
             # (input, post-attention): what pre-norm layers read; the others read _out_norms
             # (Nemotron-H's mixer blocks: no second norm, read as their first)
             second = getattr(layer, "post_attention_layernorm", None) or layer.input_layernorm
@@ -124,15 +126,24 @@ class PackedDecoder:
             out_proj = linear.module.out_proj if linear else attn.o_proj  # type: ignore[union-attr]
             self.layers.append((norms, b_qkv, (w_qkv, out_proj.weight), out_proj.bias, qk_norms,
                                 self._feedforward(layer)))
-        # each rotary dimension's partner for _turned (rope.turn_partners)
-        self._partner = turn_partners(cfg, self.d, model.lm_head.weight.device)
-        # one rotary table per rope kind (ModelConfig.rope_kind: full; sliding; none)
-        self._rope_kinds = [cfg.rope_kind(i) for i in range(cfg.num_hidden_layers)]
-        self._mixes = [cfg.has_mixer(i) for i in range(cfg.num_hidden_layers)]
+        layers = range(cfg.num_hidden_layers)
+        # each layer's (key/value heads, head width): Gemma 4's full layers' their own
+        self._shapes = [cfg.layer_cache_shape(i) for i in layers]
+        self._k_eq_v = [cfg.layer_k_eq_v(i) for i in layers]
+        # Gemma 4's: each layer's output scalar, or None
+        self._scalars = [getattr(layer, "layer_scalar", None)
+                         for layer in cast(list[DecoderLayer], model.model.layers)]
+        # one rotary table per rope kind (ModelConfig.rope_kind: full; sliding; none), its
+        # layers' head shape, and each rotary dimension's partner for _turned
+        self._rope_kinds = [cfg.rope_kind(i) for i in layers]
+        self._mixes = [cfg.has_mixer(i) for i in layers]
         weight = model.lm_head.weight
-        self._ropes = {k: packed_rope_table(cfg, k, max_len, self.d, (self.heads, self.kv_heads),
-                                            weight.device, weight.dtype)
-                       for k in dict.fromkeys(self._rope_kinds)}
+        shapes = {self._rope_kinds[i]: self._shapes[i] for i in layers}
+        self._ropes = {k: packed_rope_table(cfg, k, max_len, d, (self.heads, kv), weight.device,
+                                            weight.dtype)
+                       for k, (kv, d) in shapes.items()}
+        self._partner = {k: turn_partners(cfg, d, weight.device, cfg.kind_rotary_dim(k))
+                         for k, (_, d) in shapes.items()}
 
     def _feedforward(self, layer: DecoderLayer) -> _Dense | PackedExperts | None:
         """A layer's MLP packed (a sparse one's experts stacked), None where it has none."""
@@ -146,11 +157,13 @@ class PackedDecoder:
             return ffn
         return pack_mlp(cast(MLP, layer.mlp))
 
-    def _turned(self, qk: torch.Tensor) -> torch.Tensor:
-        """Each head's dimensions moved onto their rotate_half partners (signs in the table)."""
-        if self._partner is None:
-            return qk.roll(self.d // 2, -1)
-        return qk.index_select(-1, self._partner)
+    def _turned(self, qk: torch.Tensor, i: int) -> torch.Tensor:
+        """Each head's dimensions moved onto their rotate_half partners (signs in the table),
+        in layer ``i``."""
+        partner = self._partner[self._rope_kinds[i]]
+        if partner is None:
+            return qk.roll(qk.shape[-1] // 2, -1)
+        return qk.index_select(-1, partner)
 
     def record_routing(self, recorder: RoutingRecorder | None) -> None:
         """Record every sparse layer's expert choices into ``recorder`` (None: stop)."""
@@ -222,8 +235,8 @@ class PackedDecoder:
     ) -> torch.Tensor:
         """A pre-norm layer's first half on hidden states [B * T, hidden]: ``x`` plus its
         attention's (or linear mixer's) output for its normed input."""
-        cfg, heads, kv_heads, d, mm, (b, t) = (self.cfg, self.heads, self.kv_heads, self.d,
-                                               self.mm, shape)
+        cfg, heads, mm, (b, t) = self.cfg, self.heads, self.mm, shape
+        kv_heads, d = self._shapes[i]
         (norm1, _), b_qkv, (w_qkv, w_o), b_o, qk_norms, _ = self.layers[i]
         eps, split, offset = cfg.rms_norm_eps, (heads + kv_heads) * d, cfg.norm_offset
         cos, sin = rope[:, :, 0], rope[:, :, 1]
@@ -235,25 +248,25 @@ class PackedDecoder:
         elif latent is not None:  # (DeepSeek-V3's: per-head q/k/v from its latents)
             qk, v = latent.qkv(h, mm)
             qk = qk.view(b, t, -1, d)
-            qk = torch.addcmul(qk * cos, self._turned(qk), sin).view(b * t, -1, d)
+            qk = torch.addcmul(qk * cos, self._turned(qk, i), sin).view(b * t, -1, d)
             out = latent.output(attend(i, qk, v, cache))
         else:
             qkv = mm.linear(h, w_qkv, b_qkv)
             if qk_norms is not None and cfg.whole_qk_norm:  # (OLMoE's: before the heads)
                 self._whole_qk_norm(qkv, qk_norms)
             if cfg.attn_output_gate:  # (Qwen3.5's: q and gate interleaved by head)
-                qkv, gate = self._gate_split(qkv)
+                qkv, gate = self._gate_split(qkv, d)
             qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
             per_head = None if cfg.whole_qk_norm else qk_norms
             if per_head is not None and not cfg.qk_norm_after_rope:  # (Qwen3's: before RoPE)
                 qk = self._head_norms(qk, per_head)
-            qk = torch.addcmul(qk * cos, self._turned(qk), sin)
+            qk = torch.addcmul(qk * cos, self._turned(qk, i), sin)
             if per_head is not None and cfg.qk_norm_after_rope:
                 # (Hunyuan's: after it, q's scaled by the score scale there, which a rope
                 # table before a norm cannot carry)
                 qk = self._head_norms(qk, per_head, cfg.attention_scale)
             qk = qk.view(b * t, -1, d)
-            out = attend(i, qk, qkv[:, split:].view(b * t, -1, d), cache)
+            out = attend(i, qk, self._values(i, qkv), cache)
         if gate is not None:
             out = out * torch.sigmoid(gate)
         if cfg.residual_multiplier != 1.0:  # (Granite's: sub-layer outputs scaled)
@@ -279,7 +292,8 @@ class PackedDecoder:
         norms = self._out_norms[i]
         assert norms is not None
         norm_in, norm_attn, norm_mlp_in, norm_mlp = norms
-        heads, kv_heads, d, mm, (b, t) = self.heads, self.kv_heads, self.d, self.mm, shape
+        heads, mm, (b, t) = self.heads, self.mm, shape
+        kv_heads, d = self._shapes[i]
         hidden, eps, split = (self.cfg.hidden_size,), self.cfg.rms_norm_eps, (heads + kv_heads) * d
         offset = self.cfg.norm_offset
 
@@ -292,12 +306,12 @@ class PackedDecoder:
         if qk_norms is not None and self.cfg.whole_qk_norm:  # (OLMo's: before the heads)
             self._whole_qk_norm(qkv, qk_norms)
         if self.cfg.attn_output_gate:  # (AFMoE's)
-            qkv, gate = self._gate_split(qkv)
+            qkv, gate = self._gate_split(qkv, d)
         qk = qkv[:, :split].view(b, t, heads + kv_heads, d)
         if qk_norms is not None and not self.cfg.whole_qk_norm:  # each head, by 1 + weight
             qk = self._head_norms(qk, qk_norms)
-        qk = torch.addcmul(qk * rope[:, :, 0], self._turned(qk), rope[:, :, 1])
-        out = attend(i, qk.view(b * t, -1, d), qkv[:, split:].view(b * t, -1, d), cache)
+        qk = torch.addcmul(qk * rope[:, :, 0], self._turned(qk, i), rope[:, :, 1])
+        out = attend(i, qk.view(b * t, -1, d), self._values(i, qkv), cache)
         if gate is not None:
             out = out * torch.sigmoid(gate)
         x = x + norm(mm.linear(out, w_o, b_o), norm_attn)
@@ -305,7 +319,19 @@ class PackedDecoder:
             return x + norm(ffn.add(norm(x, norm_mlp_in), torch.zeros_like(x)), norm_mlp)
         w_gate_up, w_down = cast(_Dense, ffn)
         h = mm.gated(norm(x, norm_mlp_in), w_gate_up, self.cfg.intermediate_size, self._act)
-        return x + norm(mm.linear(h, w_down), norm_mlp)
+        x = x + norm(mm.linear(h, w_down), norm_mlp)
+        scalar = self._scalars[i]  # (Gemma 4's: the whole layer's output scaled)
+        return x if scalar is None else x * scalar
+
+    def _values(self, i: int, qkv: torch.Tensor) -> torch.Tensor:
+        """Layer ``i``'s value heads [rows, kv heads, D] from its projected rows ``qkv`` (q|k|v,
+        or q|k where the values are k's projection, Gemma 4's full layers), normalised
+        without a scale where the family says (Gemma 4's)."""
+        kv_heads, d = self._shapes[i]
+        v = qkv[:, -kv_heads * d:].view(qkv.shape[0], kv_heads, d)
+        if not self.cfg.value_norm:
+            return v
+        return torch.rms_norm(v.float(), (d,), None, self.cfg.rms_norm_eps).to(v.dtype)
 
     def _linear_layer(self, linear: PackedDeltaNet | PackedMamba2 | PackedShortConv, h: torch.Tensor,
                       shape: tuple[int, int], cache: SlotKVCache) -> torch.Tensor:
@@ -317,10 +343,11 @@ class PackedDecoder:
             return linear.prefill(h, shape, lengths, start, cache.states, self.mm)
         return linear.decode(h, cache.states, self.mm)
 
-    def _gate_split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _gate_split(self, qkv: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Qwen3.5's gated attention: q_proj's rows [head 0's query, its gate, head 1's...]
-        then k, v -> (q|k|v [rows, (heads + 2 kv_heads) * D], gate [rows, heads * D])."""
-        rows, heads, d = qkv.shape[0], self.heads, self.d
+        then k, v -> (q|k|v [rows, (heads + 2 kv_heads) * D], gate [rows, heads * D]), heads
+        of width ``d``."""
+        rows, heads = qkv.shape[0], self.heads
         q_gate = qkv[:, :2 * heads * d].view(rows, heads, 2, d)
         gate = q_gate[:, :, 1].reshape(rows, heads * d)
         return torch.cat((q_gate[:, :, 0].reshape(rows, heads * d), qkv[:, 2 * heads * d:]),
@@ -333,7 +360,7 @@ class PackedDecoder:
         (by 1 + weight where the family's norms are offset), q's also by ``q_scale`` (the
         score scale, where the rope table cannot carry it: ``packed_rope_table``)."""
         heads, offset = self.heads, int(self.cfg.norm_offset)
-        qk = torch.rms_norm(qk, (self.d,), None, self.cfg.rms_norm_eps)
+        qk = torch.rms_norm(qk, (qk.shape[-1],), None, self.cfg.rms_norm_eps)
         qk[:, :, :heads].mul_((qk_norms[0] + offset) * q_scale if q_scale != 1.0
                               else qk_norms[0] + offset)
         qk[:, :, heads:].mul_(qk_norms[1] + offset)
@@ -352,7 +379,7 @@ class PackedDecoder:
         self, layer: int, qk: torch.Tensor, v: torch.Tensor, cache: SlotKVCache
     ) -> torch.Tensor:
         """Roped queries+keys [n, heads + kv_heads, D], values [n, kv_heads, D] -> [n, heads*D]."""
-        n, heads, kv_heads, d = qk.shape[0], self.heads, self.kv_heads, self.d
+        n, heads, (kv_heads, d) = qk.shape[0], self.heads, self._shapes[layer]
         # (latent attention: the cache keeps keys alone, its values the keys' latent part)
         new = qk[:, heads:] if self._latent[layer] is not None else torch.cat((qk[:, heads:], v), 1)
         keys, values, mask = cache.append(layer, new)
@@ -376,11 +403,11 @@ class PackedDecoder:
         self, layer: int, qk: torch.Tensor, v: torch.Tensor, cache: SlotKVCache
     ) -> torch.Tensor:
         """The same over [B * T] rows of right-padded prompts, causal within each."""
-        (b, t), heads, d = cache.prefill_shape, self.heads, self.d
+        (b, t), heads, (kv_heads, d) = cache.prefill_shape, self.heads, self._shapes[layer]
         qk, v = qk.view(b, t, -1, d).transpose(1, 2), v.view(b, t, -1, d).transpose(1, 2)
         keys, values, mask = cache.update(layer, qk[:, heads:], v)
         if self.cfg.attn_logit_softcapping or self.cfg.attention_sinks:
-            rep = heads // self.kv_heads
+            rep = heads // kv_heads
             out = eager_attention(
                 qk[:, :heads], keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1),
                 mask, 1.0, self.cfg.attn_logit_softcapping, self._sinks[layer])

@@ -44,15 +44,20 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.n_heads = cfg.num_attention_heads
-        self.n_kv = cfg.num_key_value_heads
-        self.head_dim = cfg.head_dim
+        # (Gemma 4's full layers: heads of their own width and count, values = keys)
+        self.n_kv = cfg.layer_kv_heads(layer_idx)
+        self.head_dim = cfg.layer_head_dim(layer_idx)
+        self.k_eq_v = cfg.layer_k_eq_v(layer_idx)
         bias = cfg.attention_bias
         # Qwen3.5's gate: each head's q_proj rows are its query, then its gate (as many)
         self.output_gate = cfg.attn_output_gate
         q_rows = self.n_heads * self.head_dim * (2 if self.output_gate else 1)
         self.q_proj = nn.Linear(cfg.hidden_size, q_rows, bias=bias)
         self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        if not self.k_eq_v:
+            self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        # Gemma 4's values RMS-normalised per head without a scale (0: not)
+        self.v_norm_eps = cfg.rms_norm_eps if cfg.value_norm else 0.0
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
@@ -105,6 +110,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """The heads' outputs [B, T, heads * head_dim] (o_proj's input) for projected q, k."""
         b, t, _ = x.shape
+        k_raw = k
         if self.whole_qk_norm and self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(b, t, self.n_heads, self.head_dim)
@@ -114,7 +120,7 @@ class Attention(nn.Module):
         if per_head is not None and not self.norm_after_rope:
             q, k = per_head[0](q), per_head[1](k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.values(x, k_raw).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if q_scale is not None:
             q = q * q_scale.to(q.dtype)
@@ -145,6 +151,17 @@ class Attention(nn.Module):
         return out.transpose(1, 2).reshape(b, t, -1)
 
 
+    def values(self, x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """The value heads [B, T, kv heads, head_dim] for input ``x`` [B, T, hidden] and its
+        key projection ``k`` [B, T, kv heads * head_dim] (Gemma 4's full layers take their
+        values there), normalised without a scale where the family says (Gemma 4's)."""
+        b, t, _ = x.shape
+        v = (k if self.k_eq_v else self.v_proj(x)).view(b, t, self.n_kv, self.head_dim)
+        if not self.v_norm_eps:
+            return v
+        return F.rms_norm(v.float(), (self.head_dim,), None, self.v_norm_eps).to(v.dtype)
+
+
 class DecoderLayer(nn.Module):
     """Pre-norm (Llama's): ``x + attn(norm(x))``, then ``x + mlp(norm(x))``; post-norm
     (OLMo's): ``x + norm(attn(x))``, then ``x + norm(mlp(x))``; sandwich (Gemma's, GLM-4's):
@@ -155,6 +172,10 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.post_norm, self.sandwich = cfg.is_post_norm(layer_idx), cfg.sandwich_norm
+        # Gemma 4's: the layer's output times a constant of the checkpoint (a buffer in
+        # transformers: held frozen, ``Decoder.requires_grad_``)
+        if cfg.layer_scalars:
+            self.layer_scalar = nn.Parameter(torch.ones(1), requires_grad=False)
         self.residual = cfg.residual_multiplier  # (Granite's: each sub-layer's output scaled)
         size, eps, offset = cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset
         # (Nemotron-H's layers are one block: a mixer alone, or an MLP alone)
@@ -199,7 +220,8 @@ class DecoderLayer(nn.Module):
             x = x + self.post_attention_layernorm(attn)
             h = self.pre_feedforward_layernorm(x)
             h = self.mlp(h, replay, balance) if isinstance(self.mlp, SparseMoE) else self.mlp(h)
-            return x + self.post_feedforward_layernorm(h)
+            x = x + self.post_feedforward_layernorm(h)
+            return x * self.layer_scalar if hasattr(self, "layer_scalar") else x
         if self.post_norm:
             x = x + self.post_attention_layernorm(self.self_attn(x, cos, sin, attn_mask, cache))
             return x + self.post_feedforward_layernorm(self.mlp(x))
@@ -267,7 +289,8 @@ class Decoder(nn.Module):
     def requires_grad_(self, requires_grad: bool = True) -> Decoder:
         """As nn.Module's, but a sigmoid router's correction bias stays frozen: a load
         statistic (GLM-4.5's), not a weight; no loss has a gradient for it. So do xIELU's
-        constants (Apertus's beta and eps: buffers in transformers)."""
+        constants (Apertus's beta and eps: buffers in transformers) and Gemma 4's layer
+        scalars (one too)."""
         super().requires_grad_(requires_grad)
         for block in self._sigmoid_routed():
             assert block.correction_bias is not None
@@ -276,6 +299,8 @@ class Decoder(nn.Module):
             if isinstance(module, XIELU):
                 module.beta.requires_grad_(False)
                 module.eps.requires_grad_(False)
+            if isinstance(module, DecoderLayer) and hasattr(module, "layer_scalar"):
+                module.layer_scalar.requires_grad_(False)  # (Gemma 4's: a buffer there)
         return self
 
     def keep_sigmoid_routers_float32(self) -> None:

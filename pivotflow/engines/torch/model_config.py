@@ -17,7 +17,7 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "seed_oss", "hunyuan_v1_dense", "hunyuan_v1_moe", "ernie4_5_moe",
                  "ministral3", "glm4_moe_lite", "lfm2_moe", "dots1", "mistral4",
                  "solar_open", "arcee", "afmoe", "apertus", "hy_v3", "granite_swa",
-                 "minicpm5_moe")
+                 "minicpm5_moe", "gemma4_text")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
@@ -29,7 +29,7 @@ LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2", "glm4_moe_lite", "mistral4
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
                          "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "minimax_m2",
                          "olmo_hybrid", "exaone4", "lfm2", "hunyuan_v1_dense", "hunyuan_v1_moe",
-                         "lfm2_moe", "dots1", "afmoe", "apertus", "hy_v3")
+                         "lfm2_moe", "dots1", "afmoe", "apertus", "hy_v3", "gemma4_text")
 # Qwen3.5's, Qwen3-Next's and OLMo Hybrid's: gated DeltaNet (linear attention) on most layers,
 # full attention on the rest (``linear_attention_layers``); Qwen's gated (GATED_ATTENTION)
 HYBRID_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid")
@@ -51,12 +51,12 @@ QK_NORM_AFTER_ROPE_ARCHITECTURES = ("hunyuan_v1_dense", "hunyuan_v1_moe")
 # or the top k logits chosen and a softmax over those alone (gpt-oss's)
 SCORING_FUNCS = ("softmax", "sigmoid", "topk_softmax")
 # Gemma's, GLM-4's and AFMoE's layer: norms on each sub-layer's input and output
-SANDWICH_NORM_ARCHITECTURES = ("gemma3_text", "glm4", "gemma2", "afmoe")
+SANDWICH_NORM_ARCHITECTURES = ("gemma3_text", "glm4", "gemma2", "afmoe", "gemma4_text")
 # norms that scale by 1 + weight (weights start at 0): Gemma's (whose embeddings also scale by
 # sqrt(hidden_size): EMBED_SCALED_ARCHITECTURES) and Qwen3.5's
 OFFSET_NORM_ARCHITECTURES = ("gemma3_text", "gemma2", "qwen3_5_text", "qwen3_5_moe_text",
                              "qwen3_next")
-EMBED_SCALED_ARCHITECTURES = ("gemma3_text", "gemma2")
+EMBED_SCALED_ARCHITECTURES = ("gemma3_text", "gemma2", "gemma4_text")
 # the MLP's gate (HF's hidden_act names); relu2 (relu(x)^2) is Nemotron-H's and Arcee's
 # ungated MLPs'
 GATED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
@@ -68,7 +68,9 @@ POST_NORM_ARCHITECTURES = ("olmo2", "olmo3", "exaone4")
 # (layers without rope: SmolLM3's some, Granite 4.0-H's all, AFMoE's full ones)
 NOPE_ARCHITECTURES = ("smollm3", "granitemoehybrid", "nemotron_h", "olmo_hybrid", "exaone4",
                       "afmoe", "granite_swa")
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+# ("proportional": Gemma 4's full layers' rope, every dimension paired by rotate_half over the
+# whole head, the first partial_rotary_factor of the frequencies turning, the rest at 0)
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 
 
 class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
@@ -231,6 +233,15 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     # Granite 4.0's shared MLP beside its experts, Nemotron-H's shared expert: an ungated shared
     # expert of this width (``mlp.shared_experts``); 0: n_shared_experts experts' width
     shared_intermediate_size: int = 0
+    # Gemma 4's full-attention layers (those not in sliding_layers): heads of global_head_dim
+    # (0: head_dim) on num_global_key_value_heads key/value heads (0: num_key_value_heads);
+    # attention_k_eq_v: their values are their keys' projection (no v_proj), taken before k's
+    # norm and rope. Its values are RMS-normalised without a scale, its scores unscaled (its
+    # q/k norms set their size) and each layer's output multiplied by a scalar of its own
+    # (``layer_scalar``, a constant of the checkpoint).
+    global_head_dim: int = 0
+    num_global_key_value_heads: int = 0
+    attention_k_eq_v: bool = False
 
     def __post_init__(self) -> None:
         # Derived defaults; force_setattr because the struct is frozen.
@@ -335,6 +346,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     @property
     def attention_scale(self) -> float:
         """What q.k is multiplied by before the softmax."""
+        if self.architecture == "gemma4_text":  # (its q and k norms set the scores' size)
+            return 1.0
         if self.attention_multiplier:  # (Granite's)
             return self.attention_multiplier
         scale = (self.query_pre_attn_scalar or self.head_dim) ** -0.5
@@ -367,6 +380,14 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         """The width of each cached key (and value): latent attention's latent and rotary key
         (kv_lora_rank + qk_rope_head_dim), else head_dim."""
         return self.kv_lora_rank + self.qk_rope_head_dim if self.latent_attention else self.head_dim
+
+    def layer_cache_shape(self, layer: int) -> tuple[int, int]:
+        """(key/value heads, width) an engine caches per position for attention layer
+        ``layer``: ``cache_kv_heads`` and ``cache_head_dim``, but Gemma 4's full layers'
+        their own."""
+        if self.latent_attention:
+            return self.cache_kv_heads, self.cache_head_dim
+        return self.layer_kv_heads(layer), self.layer_head_dim(layer)
 
     @property
     def attention_sinks(self) -> bool:
@@ -411,10 +432,50 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     @property
     def rotary_dim(self) -> int:
         """How many of each head's dimensions rotate: the first ones, as transformers, but in
-        latent attention the last qk_rope_head_dim."""
+        latent attention the last qk_rope_head_dim (Gemma 4's proportional rope: all, some at
+        frequency 0)."""
         if self.latent_attention:
             return self.qk_rope_head_dim
+        if self.rope_type == "proportional":
+            return self.head_dim
         return int(self.head_dim * self.partial_rotary_factor)
+
+    def layer_head_dim(self, layer: int) -> int:
+        """The width of decoder layer ``layer``'s query, key and value heads (Gemma 4's full
+        layers': global_head_dim)."""
+        return self.global_head_dim if self.global_layer(layer) else self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        """How many key/value heads decoder layer ``layer`` has (Gemma 4's full layers':
+        num_global_key_value_heads)."""
+        if self.global_layer(layer) and self.num_global_key_value_heads:
+            return self.num_global_key_value_heads
+        return self.num_key_value_heads
+
+    def layer_k_eq_v(self, layer: int) -> bool:
+        """Whether decoder layer ``layer``'s values are its keys' projection (Gemma 4's full
+        layers with attention_k_eq_v)."""
+        return self.attention_k_eq_v and not self.is_sliding(layer)
+
+    def global_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` is one of Gemma 4's full layers with their own head
+        width (global_head_dim)."""
+        return bool(self.global_head_dim) and not self.is_sliding(layer)
+
+    def kind_rotary_dim(self, kind: str) -> int:
+        """The rotary dimensions of a rope kind's heads (``rope_kind``): Gemma 4's full layers'
+        global_head_dim, else ``rotary_dim``."""
+        return self.global_head_dim if kind == "full" and self.global_head_dim else self.rotary_dim
+
+    @property
+    def value_norm(self) -> bool:
+        """Gemma 4's: each value head RMS-normalised, without a scale."""
+        return self.architecture == "gemma4_text"
+
+    @property
+    def layer_scalars(self) -> bool:
+        """Gemma 4's: each layer's output times its ``layer_scalar``."""
+        return self.architecture == "gemma4_text"
 
     @property
     def context_limit(self) -> int:

@@ -51,6 +51,7 @@ def check(cfg: ModelConfig) -> None:
                                f"{cfg.architecture!r} (Ministral 3's and Mistral 4's query "
                                "scaling)")
     _latent(cfg)  # (before head_dim's checks: its parts name what is wrong)
+    _global_layers(cfg)
     if cfg.head_dim % 2:
         raise ModelConfigError(f"head_dim {cfg.head_dim} must be even for rotary embeddings")
     if cfg.rotary_dim % 2 or not 0 < cfg.partial_rotary_factor <= 1:
@@ -110,6 +111,26 @@ def check(cfg: ModelConfig) -> None:
         raise ModelConfigError(
             f"rope_attention_factor must be >= 0, got {cfg.rope_attention_factor}"
         )
+
+
+def _global_layers(cfg: ModelConfig) -> None:
+    """Gemma 4's full layers' own heads, values and rope fit Gemma 4 alone, and its heads."""
+    gemma4 = cfg.architecture == "gemma4_text"
+    for name in ("global_head_dim", "num_global_key_value_heads", "attention_k_eq_v"):
+        value = getattr(cfg, name)
+        if value and not gemma4:
+            raise ModelConfigError(f"{name}={value!r} does not fit architecture "
+                                   f"{cfg.architecture!r} (Gemma 4's full layers)")
+    if cfg.rope_type == "proportional" and not gemma4:
+        raise ModelConfigError(f"rope_type 'proportional' does not fit architecture "
+                               f"{cfg.architecture!r} (Gemma 4's full layers)")
+    if cfg.global_head_dim < 0 or cfg.global_head_dim % 2:
+        raise ModelConfigError(f"global_head_dim must be even and >= 0 (0: head_dim), got "
+                               f"{cfg.global_head_dim}")
+    kv = cfg.num_global_key_value_heads
+    if kv < 0 or (kv and cfg.num_attention_heads % kv):
+        raise ModelConfigError(f"num_attention_heads {cfg.num_attention_heads} is not a "
+                               f"multiple of num_global_key_value_heads {kv}")
 
 
 def _inside(cfg: ModelConfig, field: str) -> None:

@@ -24,12 +24,18 @@ def plain_inv_freq(head_dim: int, theta: float,
     return 1.0 / (theta**exponents)
 
 
-def rope_inv_freq(cfg: ModelConfig, device: torch.device | str | None = None) -> torch.Tensor:
+def rope_inv_freq(cfg: ModelConfig, device: torch.device | str | None = None,
+                  dim: int = 0) -> torch.Tensor:
     """Rotary inverse frequencies [head_dim / 2] (float32) for ``cfg``'s rope type, as
     transformers' ``modeling_rope_utils`` computes them (default, linear, llama3, yarn,
-    longrope), over the rotary dimensions. yarn and longrope scale cos/sin afterwards
-    (``rope_attention_factor``)."""
-    inv_freq = plain_inv_freq(cfg.rotary_dim, cfg.rope_theta, device)
+    longrope, proportional), over the rotary dimensions (``dim``; 0: ``cfg.rotary_dim``). yarn
+    and longrope scale cos/sin afterwards (``rope_attention_factor``)."""
+    inv_freq = plain_inv_freq(dim or cfg.rotary_dim, cfg.rope_theta, device)
+    if cfg.rope_type == "proportional":
+        # (Gemma 4's: the first partial_rotary_factor of a head's frequencies turn, at the
+        # whole head's exponents; the others stand still, so their dimensions pass through)
+        inv_freq[int(cfg.partial_rotary_factor * len(inv_freq) * 2 // 2):] = 0.0
+        return inv_freq / cfg.rope_factor
     if cfg.rope_type == "longrope":  # (the short factors: see ModelConfig.context_limit)
         return inv_freq / torch.tensor(cfg.rope_short_factor, dtype=torch.float32,
                                        device=inv_freq.device)
@@ -100,9 +106,10 @@ def layer_rope(cfg: ModelConfig, kind: str,
     """(inverse frequencies, attention factor) of a rope kind (``ModelConfig.rope_kind``):
     plain RoPE at ``sliding_rope_theta`` on "sliding" layers (OLMo-3: YaRN on its full layers
     only), the config's rope on "full" ones."""
+    dim = cfg.kind_rotary_dim(kind)
     if kind == "sliding":
-        return plain_inv_freq(cfg.rotary_dim, cfg.sliding_rope_theta, device), 1.0
-    return rope_inv_freq(cfg, device), rope_attention_factor(cfg)
+        return plain_inv_freq(dim, cfg.sliding_rope_theta, device), 1.0
+    return rope_inv_freq(cfg, device, dim), rope_attention_factor(cfg)
 
 
 def query_scale(cfg: ModelConfig, positions: torch.Tensor) -> torch.Tensor | None:
@@ -159,14 +166,14 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 # one table row per query and key head, the scores' scale on the query rows --------------------
 
 
-def turn_partners(cfg: ModelConfig, d: int,
-                  device: torch.device | str | None = None) -> torch.Tensor | None:
+def turn_partners(cfg: ModelConfig, d: int, device: torch.device | str | None = None,
+                  rotary: int = 0) -> torch.Tensor | None:
     """Each of a head's ``d`` dimensions' partner in the turn (its signs in
     ``packed_rope_table``'s sin): half of the rotary dimensions away (rotate_half), or its
     pair's other (interleaved pairs, DeepSeek's); the pass-through ones their own. Latent
     attention turns the last dimensions, the others the first. None when every dimension
-    turns in halves (a roll by d / 2)."""
-    r = cfg.rotary_dim
+    turns in halves (a roll by d / 2). ``rotary``: the rotary dimensions (0: cfg.rotary_dim)."""
+    r = rotary or cfg.rotary_dim
     if r == d and not cfg.rope_interleave:
         return None
     turn = (torch.arange(r).view(-1, 2).flip(-1).flatten() if cfg.rope_interleave

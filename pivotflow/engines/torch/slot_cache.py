@@ -5,7 +5,8 @@ head, plus a length. The engine keeps running sequences in slots ``0..n-1`` (it 
 one into a hole when a sequence leaves), so a decode step reads plain views of the buffer.
 Latent attention keeps keys alone (its values are the keys' latent part); a hybrid's linear
 layers (gated DeltaNet, Mamba2) keep a fixed-size state per slot instead (``LinearStates``, owned here and moved
-with their slot). ``kv_cache.PackedDecoder`` is the forward pass that serves from it.
+with their slot). Layers whose keys differ in shape (Gemma 4's) are kept by one cache per shape
+(``kv_groups``). ``kv_cache.PackedDecoder`` is the forward pass that serves from it.
 """
 
 from __future__ import annotations
@@ -42,26 +43,31 @@ class SlotKVCache:
         max_len: int,
         device: torch.device | str,
         dtype: torch.dtype,
+        layers: tuple[int, ...] = (),
     ) -> None:
+        """``layers``: the attention layers this cache keeps, all of one shape
+        (``kv_groups``); empty: every attention layer, all of ``cfg``'s cache shape."""
         self.max_batch, self.max_len, self.dtype = max_batch, max_len, dtype
-        self.n_kv, self.head_dim = cfg.cache_kv_heads, cfg.cache_head_dim
-        self._sliding = frozenset(cfg.sliding_layers)
+        self.layers = layers or cfg.attention_layers
+        self.n_kv, self.head_dim = (cfg.layer_cache_shape(layers[0]) if layers
+                                    else (cfg.cache_kv_heads, cfg.cache_head_dim))
+        self._sliding = frozenset(cfg.sliding_layers) & frozenset(self.layers)
         self._window = cfg.sliding_window if self._sliding else 0
         # keys and values for the attention layers only (a hybrid's linear layers keep states)
-        self._cached = {layer: i for i, layer in enumerate(cfg.attention_layers)}
+        self._cached = {layer: i for i, layer in enumerate(self.layers)}
         self.states = (LinearStates(cfg, max_batch, device, dtype)
-                       if cfg.linear_attention_layers else None)
-        layers = max(1, len(self._cached))
+                       if cfg.linear_attention_layers and not layers else None)
+        blocks = max(1, len(self._cached))
         # Latent attention's values are its keys' latent part (PackedLatent): keys alone
         self._kinds = 1 if cfg.latent_attention else 2
-        self._blocks = (layers, self._kinds, max_batch, self.n_kv)
-        numel = layers * self._kinds * max_batch * self.n_kv * max_len * self.head_dim
+        self._blocks = (blocks, self._kinds, max_batch, self.n_kv)
+        numel = blocks * self._kinds * max_batch * self.n_kv * max_len * self.head_dim
         # Rows past a slot's length are read and masked out: they must hold finite numbers.
         self._storage = torch.zeros(numel, device=device, dtype=dtype)
         self._bias_storage = torch.zeros(
             max_batch * self.n_kv * max_len, device=device, dtype=dtype
         )
-        self._scratch = torch.empty(numel // layers, device=device, dtype=dtype)
+        self._scratch = torch.empty(numel // blocks, device=device, dtype=dtype)
         self.lens = torch.zeros(max_batch, dtype=torch.long, device=device)
         self._host_lens = [0] * max_batch  # lens on the host: sizes without a device sync
         # Block (key|value, slot, head) of one layer, in the order a decode step's new

@@ -1,0 +1,150 @@
+"""Google's Gemma 4 text decoder (``gemma4_text``: gemma-4-31B, and the text model of its
+``Gemma4ForConditionalGeneration``): Gemma 3's sandwich layer and tanh-GELU gate, per-head q/k
+norms (scaling by their weight, not 1 + weight), unscaled scores, values RMS-normalised
+without a scale, each layer's output times a ``layer_scalar``, embeddings times sqrt(hidden).
+Its full-attention layers differ from its sliding ones: heads of ``global_head_dim`` (512),
+``num_global_key_value_heads`` key/value heads and values equal to keys where
+``attention_k_eq_v``, and "proportional" rope (a quarter of the frequencies turning over the
+whole head); the sliding ones plain RoPE at 1e4.
+
+Gemma4TextConfig's defaults where a config names none. What pivotflow does not run yet is a
+one-line error: per-layer input embeddings (``hidden_size_per_layer_input``, gemma-4-E2B and
+E4B), key/value sharing (``num_kv_shared_layers``), the mixture of experts beside the MLP
+(``enable_moe_block``, gemma-4-26B-A4B) and bidirectional attention.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pivotflow.engines.torch.hf_families import ENGINE, number
+from pivotflow.engines.torch.model_config import GATED_ACTIVATIONS, ModelConfig
+from pivotflow.errors import ModelConfigError
+
+# Gemma4TextConfig's defaults (its per-layer inputs are refused, so their default is not here)
+_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262144, "hidden_size": 2304, "intermediate_size": 9216,
+    "num_hidden_layers": 30, "num_attention_heads": 8, "num_key_value_heads": 4,
+    "head_dim": 256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True, "sliding_window": 512, "attention_bias": False}
+_SLIDING_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+_FULL_ROPE = {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+              "rope_theta": 1000000.0}
+_GLOBAL_HEAD_DIM = 512  # (Gemma4TextConfig's, where a config names none)
+# (key, its default, what a true value asks for)
+_NOT_YET = (("hidden_size_per_layer_input", 256, "per-layer input embeddings"),
+            ("num_kv_shared_layers", 0, "key/value sharing"),
+            ("enable_moe_block", False, "experts beside the MLP"),
+            ("use_bidirectional_attention", None, "bidirectional attention"))
+
+
+def gemma4_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """``raw`` with Gemma4TextConfig's defaults where it names none, its layer types filled
+    in (five sliding layers of every six, the last layer always full, as transformers forces
+    it) and its rope one dict per layer type. Raises ModelConfigError naming ``where`` and the
+    key for what the embedded engine does not run."""
+    for key, default, what in _NOT_YET:
+        if raw.get(key, default):
+            raise ModelConfigError(f"{where}: {key}={raw.get(key, default)!r} {ENGINE} on "
+                                   f"gemma4_text ({what}: 0, false or null)")
+    out = {**_DEFAULTS, **raw}
+    layers = out["num_hidden_layers"]
+    types = out.get("layer_types")
+    if isinstance(layers, int) and not isinstance(layers, bool) and layers > 0:
+        if not types:
+            types = ["sliding_attention" if (i + 1) % 6 else "full_attention"
+                     for i in range(layers)]
+        if isinstance(types, list) and types:
+            types = [*types[:-1], "full_attention"]
+        out["layer_types"] = types
+    window = out["sliding_window"]
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ModelConfigError(f"{where}: sliding_window={raw.get('sliding_window')!r} is not "
+                               "a positive integer (gemma4_text's sliding layers need one)")
+    rope = raw.get("rope_parameters") or {"sliding_attention": _SLIDING_ROPE,
+                                          "full_attention": _FULL_ROPE}
+    if not isinstance(rope, dict) or set(rope) != {"sliding_attention", "full_attention"}:
+        raise ModelConfigError(f"{where}: rope_parameters={rope!r} {ENGINE} on gemma4_text "
+                               "(one dict for full_attention, one for sliding_attention)")
+    full = rope["full_attention"]
+    kind = full.get("rope_type", "default") if isinstance(full, dict) else None
+    if kind not in ("default", "proportional"):
+        raise ModelConfigError(f"{where}: rope_parameters.full_attention={full!r} {ENGINE} on "
+                               "gemma4_text (rope_type proportional or default)")
+    if kind == "default":  # (transformers turns the whole head there, whatever the share)
+        full = {k: v for k, v in full.items() if k != "partial_rotary_factor"}
+    return {**out, "rope_parameters": {**rope, "full_attention": full}}
+
+
+def gemma4_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """ModelConfig's Gemma 4 fields: its gate, logit soft-capping (null: none), and its full
+    layers' heads (``global_head_dim``, or a ``per_layer_config`` as transformers 5.25 writes
+    it) and values."""
+    act = raw.get("hidden_activation", "gelu_pytorch_tanh")
+    if act not in GATED_ACTIVATIONS:
+        raise ModelConfigError(f"{where}: hidden_activation={act!r} {ENGINE} "
+                               f"({', '.join(GATED_ACTIVATIONS)})")
+    out: dict[str, Any] = {"hidden_act": act}
+    cap = raw.get("final_logit_softcapping")
+    if cap is not None:
+        out["final_logit_softcapping"] = number(cap, "final_logit_softcapping", where)
+        if out["final_logit_softcapping"] <= 0:
+            raise ModelConfigError(f"{where}: final_logit_softcapping={cap!r} is not positive "
+                                   "(null: none)")
+    k_eq_v = raw.get("attention_k_eq_v", False)
+    if not isinstance(k_eq_v, bool):
+        raise ModelConfigError(f"{where}: attention_k_eq_v={k_eq_v!r} is not true or false")
+    head_dim, kv_heads = _global_heads(raw, where)
+    # (transformers gives the full layers their own key/value heads only with k_eq_v)
+    return {**out, "attention_k_eq_v": k_eq_v, "global_head_dim": head_dim,
+            "num_global_key_value_heads": kv_heads if k_eq_v else 0}
+
+
+def _global_heads(raw: dict[str, Any], where: str) -> tuple[int, int]:
+    """(the full layers' head width, their key/value heads or 0) as Gemma4TextConfig reads
+    them: a ``per_layer_config`` where one is written (one entry per full layer, all alike),
+    else ``global_head_dim`` (512) and ``num_global_key_value_heads`` (none)."""
+    per_layer = raw.get("per_layer_config")
+    if per_layer is None:
+        values = (raw.get("global_head_dim", _GLOBAL_HEAD_DIM),
+                  raw.get("num_global_key_value_heads") or 0)
+        keys = ("global_head_dim", "num_global_key_value_heads")
+    else:
+        full = [str(i) for i, t in enumerate(raw["layer_types"]) if t == "full_attention"]
+        entries = per_layer if isinstance(per_layer, dict) else {}
+        kinds = {_entry_key(entries.get(i)) for i in full}
+        if set(entries) != set(full) or len(kinds) != 1:
+            raise ModelConfigError(f"{where}: per_layer_config {ENGINE} on gemma4_text (one "
+                                   "entry per full_attention layer, all alike)")
+        entry = entries[full[0]]
+        values = (entry.get("head_dim"), entry.get("num_key_value_heads") or 0)
+        keys = ("per_layer_config.head_dim", "per_layer_config.num_key_value_heads")
+    for key, value in zip(keys, values, strict=True):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (
+                key.endswith("head_dim") and value == 0):
+            raise ModelConfigError(f"{where}: {key}={value!r} is not a positive integer")
+    return values[0], values[1]
+
+
+def _entry_key(entry: Any) -> tuple[Any, ...]:
+    """A per-layer entry (a dict) as something hashable: its sorted items."""
+    return tuple(sorted(entry.items())) if isinstance(entry, dict) else (entry,)
+
+
+def gemma4_to_hf(cfg: ModelConfig, rope: dict[str, Any], drop: object) -> dict[str, Any]:
+    """Gemma4TextConfig's keys for ``cfg``: the full layers' heads as the Hub's configs name
+    them (which transformers and vLLM both read), the rope one dict per layer type (its
+    proportional one's share under its own name), the features pivotflow does not run off
+    (``drop``: hf_config_write's mark for a key to leave out, its ``hidden_act``)."""
+    full = {**rope}
+    if cfg.rope_type == "proportional":
+        full["partial_rotary_factor"] = cfg.partial_rotary_factor
+    return {"hidden_activation": cfg.hidden_act, "hidden_act": drop, "attention_bias": cfg.attention_bias,
+            "final_logit_softcapping": cfg.final_logit_softcapping or None,
+            "global_head_dim": cfg.global_head_dim or cfg.head_dim,
+            "num_global_key_value_heads": cfg.num_global_key_value_heads or None,
+            "attention_k_eq_v": cfg.attention_k_eq_v, "hidden_size_per_layer_input": 0,
+            "num_kv_shared_layers": 0, "enable_moe_block": False,
+            "use_bidirectional_attention": None, "use_double_wide_mlp": False,
+            "rope_parameters": {"full_attention": full, "sliding_attention": {
+                "rope_type": "default", "rope_theta": cfg.sliding_rope_theta}}}
