@@ -610,14 +610,16 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
         peft_merges_to_the_policy(ckpt)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "gemma4"])
+@pytest.mark.parametrize("variant", ["gemma3", "gemma4", "gemma4-e2b"])
 def test_a_gemma_wrapper_folder_trains_its_text_model_and_writes_a_causal_lm(
-        tmp_path: Path, qwen: Path, family: str) -> None:
+        tmp_path: Path, qwen: Path, variant: str) -> None:
     """Gemma 3 4B and larger, and every Gemma 4, are *ForConditionalGeneration folders (the
     text model under ``language_model.``, a vision tower beside it): the run trains the text
     model, its rollouts' logprobs equal its trainer's, and its checkpoint is that model as a
     causal LM, trained, which transformers loads (Gemma 4's layer scalars as they were: a
-    constant of the checkpoint)."""
+    constant of the checkpoint; E2B's kind: its per-layer inputs trained, two of three layers
+    attending over the first's keys and values)."""
+    family = variant.split("-")[0]
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -628,7 +630,7 @@ def test_a_gemma_wrapper_folder_trains_its_text_model_and_writes_a_causal_lm(
     folder = copy_model(qwen, tmp_path / family, skip=("model.safetensors", "config.json"))
     torch.manual_seed(0)
     vocab = json.loads((qwen / "config.json").read_text())["vocab_size"]
-    policy = _gemma_wrapper(family, vocab)
+    policy = _gemma_wrapper(variant, vocab)
     policy.generation_config = GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)
     policy.save_pretrained(folder)
     said = cli("model", str(folder))
@@ -652,12 +654,17 @@ def test_a_gemma_wrapper_folder_trains_its_text_model_and_writes_a_causal_lm(
     if family == "gemma4":
         scalar = "layers.1.layer_scalar"
         assert torch.equal(before[inner + scalar], after[f"model.{scalar}"])
+    if variant == "gemma4-e2b":
+        name = "embed_tokens_per_layer.weight"
+        assert not torch.equal(before[inner + name], after[f"model.{name}"])
+        assert "model.layers.2.self_attn.k_proj.weight" not in after
 
 
-def _gemma_wrapper(family: str, vocab: int) -> Any:
+def _gemma_wrapper(variant: str, vocab: int) -> Any:
     """A two-layer Gemma 3 (sliding then full) or Gemma 4 (values equal to keys and heads
-    twice as wide on its full layer, its layer scalars random) wrapper with a one-layer vision
-    tower, from transformers."""
+    twice as wide on its full layer, its layer scalars random; E2B's kind: three layers, per-
+    layer inputs, the last two sharing the first's keys and values) wrapper with a one-layer
+    vision tower, from transformers."""
     import torch
     import transformers
 
@@ -667,15 +674,18 @@ def _gemma_wrapper(family: str, vocab: int) -> Any:
             "eos_token_id": 0, "pad_token_id": 0}
     vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
               "num_attention_heads": 2}
-    if family == "gemma3":
+    if variant == "gemma3":
         return transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config(
             text_config=text, vision_config={**vision, "image_size": 28, "patch_size": 14},
             mm_tokens_per_image=4, image_token_index=vocab - 1, boi_token_index=vocab - 3,
             eoi_token_index=vocab - 2))
+    gemma4 = ({"global_head_dim": 64, "num_global_key_value_heads": 1, "attention_k_eq_v": True,
+               "hidden_size_per_layer_input": 0} if variant == "gemma4" else
+              {"global_head_dim": 64, "num_hidden_layers": 3, "hidden_size_per_layer_input": 8,
+               "vocab_size_per_layer_input": vocab, "num_kv_shared_layers": 2,
+               "layer_types": ["full_attention"] * 3})
     model = transformers.Gemma4ForConditionalGeneration(transformers.Gemma4Config(
-        text_config={**text, "global_head_dim": 64, "num_global_key_value_heads": 1,
-                     "attention_k_eq_v": True, "hidden_size_per_layer_input": 0},
-        vision_config=vision, audio_config=None))
+        text_config={**text, **gemma4}, vision_config=vision, audio_config=None))
     with torch.no_grad():
         for name, b in model.named_buffers():
             if name.endswith("layer_scalar"):

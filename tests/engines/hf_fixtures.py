@@ -578,6 +578,18 @@ CASES += [
     Case("gemma4-values-apart", "Gemma4TextConfig", False, {**_GEMMA4}),
 ]  # fmt: skip
 GEMMA4, GEMMA4_VALUES_APART = CASES[65], CASES[66]
+# Gemma 4 E2B's and E4B's kind: per-layer inputs of 16 a layer, the last two layers attending
+# over the keys and values of the last earlier layer of their type (the second, the third),
+# their MLPs twice as wide
+CASES += [
+    Case("gemma4-e2b", "Gemma4TextConfig", True,
+         {**_GEMMA4, "num_hidden_layers": 5, "hidden_size_per_layer_input": 16,
+          "vocab_size_per_layer_input": VOCAB, "num_kv_shared_layers": 2,
+          "use_double_wide_mlp": True,
+          "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+                          "sliding_attention", "full_attention"]}),
+]  # fmt: skip
+GEMMA4_E2B = CASES[67]
 CASE_IDS = [c.name for c in CASES]
 
 

@@ -29,6 +29,7 @@ from hf_fixtures import (
     GEMMA2,
     GEMMA3,
     GEMMA4,
+    GEMMA4_E2B,
     GEMMA4_VALUES_APART,
     GLM4,
     GLM4_7_FLASH,
@@ -121,7 +122,7 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        OLMO_HYBRID_ROPE, EXAONE4, EXAONE4_NO_WINDOW, ERNIE4_5, LFM2, SEED_OSS,
        HUNYUAN, HUNYUAN_MOE, ERNIE4_5_MOE, MINISTRAL3, GLM4_7_FLASH,
        LFM2_MOE, DOTS1, MISTRAL4, SOLAR_OPEN, ARCEE, AFMOE, APERTUS, HY_V3, GRANITE_SWA,
-       GRANITE_SWA_TWO_BASES, MINICPM5_MOE, GEMMA4, GEMMA4_VALUES_APART]
+       GRANITE_SWA_TWO_BASES, MINICPM5_MOE, GEMMA4, GEMMA4_VALUES_APART, GEMMA4_E2B]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -291,6 +292,13 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert ("model.layers.3.self_attn.v_proj.weight" in folder.tensors) is not k_eq_v
         assert folder.tensors["model.layers.3.self_attn.k_proj.weight"].shape[0] == (
             64 if k_eq_v else 128)
+    elif case is GEMMA4_E2B:  # (its per-layer inputs, its KV sharing and wide MLPs)
+        assert written["model_type"] == "gemma4_text"
+        assert (written["hidden_size_per_layer_input"], written["num_kv_shared_layers"]) == (16, 2)
+        assert written["use_double_wide_mlp"] is True
+        assert "model.layers.3.self_attn.k_proj.weight" not in folder.tensors
+        assert folder.tensors["model.layers.4.mlp.up_proj.weight"].shape[0] == 256
+        assert folder.tensors["model.embed_tokens_per_layer.weight"].shape == (300, 5 * 16)
     elif case is SOLAR_OPEN:  # (every layer sparse: no dense count; o_proj unbiased)
         assert written["model_type"] == "solar_open" and written["attention_bias"] is True
         assert "first_k_dense_replace" not in written and written["n_group"] == 2
@@ -357,7 +365,7 @@ QWEN3_NEXT_DENSE = Case("qwen3-next-dense", "Qwen3NextConfig", False,
                                   PHI3_WINDOW, ERNIE4_5, LFM2, SEED_OSS, HUNYUAN, MINISTRAL3,
                                   PHI4_MINI, GLM4, SMOLLM3_WINDOW, GEMMA2, GRANITE, GPT_OSS,
                                   QWEN3_5, QWEN3_NEXT_DENSE, GRANITE4_H_DENSE, NEMOTRON_H,
-                                  GRANITE_SWA_TWO_BASES, ARCEE, APERTUS, GEMMA4],
+                                  GRANITE_SWA_TWO_BASES, ARCEE, APERTUS, GEMMA4, GEMMA4_E2B],
                          ids=lambda c: c.name)
 def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: Any) -> None:
     """Post-norm layers, whole-projection q/k norms and windows (4-6 positions, narrower than
@@ -380,7 +388,8 @@ def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: An
     theirs = dict(model.named_parameters())
     names = [n for n, _ in ours.named_parameters()]
     post_norm = "model.layers.0.post_feedforward_layernorm.weight" in names
-    assert post_norm == (case in (OLMO2, OLMO3, EXAONE4, GEMMA3, GLM4, GEMMA2, GEMMA4))
+    assert post_norm == (case in (OLMO2, OLMO3, EXAONE4, GEMMA3, GLM4, GEMMA2, GEMMA4,
+                                  GEMMA4_E2B))
     assert (case in (OLMO2, OLMO3, EXAONE4)) != any("input_layernorm" in n for n in names)
     # (transformers' names: Nemotron-H's backbone is model in memory)
     theirs = {n.replace("backbone.", "model."): p for n, p in theirs.items()}

@@ -91,21 +91,35 @@ def test_a_gemma4_folder_runs_its_text_model_and_writes_a_causal_lm(tmp_path: Pa
                                        atol=1e-5)
 
 
-@pytest.mark.parametrize("key, value", [
-    ("hidden_size_per_layer_input", 256), ("num_kv_shared_layers", 2),
-    ("enable_moe_block", True), ("use_bidirectional_attention", "all")])
-def test_what_gemma4_runs_not_yet_is_a_one_line_error(key: str, value: Any) -> None:
-    """gemma-4-E2B's and E4B's per-layer inputs and key/value sharing, 26B-A4B's experts
-    beside the MLP, bidirectional attention: named in one line, not run as another model. A
-    config with no per-layer-input key has transformers' default (256): refused too."""
-    raw = {**hf_model(GEMMA4).config.to_dict(), key: value}
-    with pytest.raises(ModelConfigError) as info:
+@pytest.mark.parametrize("key, value, message", [
+    ("enable_moe_block", True, "enable_moe_block=True is not supported"),
+    ("use_bidirectional_attention", "all", "use_bidirectional_attention='all' is not supported"),
+    ("num_kv_shared_layers", 4, "num_kv_shared_layers 4 must leave, before them, a layer of "
+     "each type"),
+    ("vocab_size_per_layer_input", 100, r"vocab_size_per_layer_input \(100\) cover vocab_size"),
+    ("per_layer_config", {"1": {"head_dim": 64}}, "per_layer_config is not supported")])
+def test_a_gemma4_config_the_engine_cannot_run_is_a_one_line_error(key: str, value: Any,
+                                                                   message: str) -> None:
+    """gemma-4-26B-A4B's experts beside the MLP, bidirectional attention, KV sharing with no
+    layer of a type before it, a per-layer table smaller than the vocabulary, a per-layer
+    config that misses a full layer: named in one line, not run as another model."""
+    raw = {**hf_model(GEMMA4).config.to_dict(), "hidden_size_per_layer_input": 16, key: value}
+    with pytest.raises(ModelConfigError, match=message) as info:
         config_from_hf(raw, "m/config.json")
-    assert str(info.value).startswith(f"m/config.json: {key}=")
-    assert "\n" not in str(info.value)
-    raw.pop("hidden_size_per_layer_input")
-    with pytest.raises(ModelConfigError, match="hidden_size_per_layer_input=256"):
-        config_from_hf(raw, "m/config.json")
+    assert str(info.value).startswith("m/config.json: ") and "\n" not in str(info.value)
+
+
+def test_a_gemma4_config_without_its_per_layer_keys_reads_as_transformers_fills_them() -> None:
+    """Gemma4TextConfig's defaults: per-layer inputs of 256 from a 262144-token table where a
+    config names none, and the full layers' heads 512 wide."""
+    raw = hf_model(GEMMA4).config.to_dict()
+    for key in ("hidden_size_per_layer_input", "vocab_size_per_layer_input", "per_layer_config"):
+        raw.pop(key, None)
+    ours = config_from_hf(raw, "config.json")
+    theirs = transformers.Gemma4TextConfig(**raw)
+    assert ours.hidden_size_per_layer_input == theirs.hidden_size_per_layer_input == 256
+    assert ours.vocab_size_per_layer_input == theirs.vocab_size_per_layer_input == 262144
+    assert ours.global_head_dim == theirs.per_layer_config[1].head_dim == 512
 
 
 def load_model_folder_of(case: Any, root: Path) -> Any:

@@ -57,6 +57,14 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
                 "attention_k_eq_v": True, "sliding_window": 6, "final_logit_softcapping": 30.0,
                 "hidden_size_per_layer_input": 0,
                 "layer_types": ["sliding_attention", "full_attention"] * 2}),
+            # gemma-4-E2B's kind: per-layer inputs, the last two layers attending over the
+            # keys and values of the last earlier layer of their type, their MLPs twice as wide
+            "gemma4-e2b": ("Gemma4TextConfig", "Gemma4ForCausalLM", {
+                "num_hidden_layers": 5, "global_head_dim": 64, "sliding_window": 6,
+                "hidden_size_per_layer_input": 16, "num_kv_shared_layers": 2,
+                "use_double_wide_mlp": True,
+                "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+                                "sliding_attention", "full_attention"]}),
             # Gemma 3's text model: five sliding layers of six, linear-scaled RoPE on the sixth
             "gemma3-text": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
                 "num_hidden_layers": 6, "query_pre_attn_scalar": 24, "sliding_window": 6,
@@ -300,6 +308,8 @@ def _folder(root: Path, tokenizer_from: Path, family: str) -> Path:
         **({} if config_class in ("Phi3Config", "Glm4Config", "Glm4MoeLiteConfig",
                                   "Mistral4Config")
            else {"head_dim": 32}),
+        # (Gemma 4's per-layer table as large as the vocabulary, not 262144 rows)
+        **({"vocab_size_per_layer_input": vocab} if config_class == "Gemma4TextConfig" else {}),
         **extra})  # fmt: skip
     torch.manual_seed(0)
     return save_sharpened(getattr(transformers, model_class)(config), root, tokenizer_from)
@@ -324,6 +334,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     path = _folder(tmp_path / "model", folder, family)
     cfg, weights = load_checkpoint(path)
     assert cfg.architecture == {"gemma3-text": "gemma3_text", "gemma4": "gemma4_text",
+                                "gemma4-e2b": "gemma4_text",
                                 "glm4-moe": "glm4_moe",
                                 "ernie4.5": "ernie4_5", "seed-oss": "seed_oss",
 
@@ -336,7 +347,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
                                 "deepseek-v2": "deepseek_v2"}.get(
         family, family.split("-")[0])
     assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text",
-                                                   "gemma4",
+                                                   "gemma4", "gemma4-e2b",
                                                    "exaone4", "dots1", "afmoe", "granite-swa",
                                                    "phi3-window", "mixtral-window",
                                                    "gemma2-window"))

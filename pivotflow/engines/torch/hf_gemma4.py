@@ -7,17 +7,21 @@ Its full-attention layers differ from its sliding ones: heads of ``global_head_d
 ``attention_k_eq_v``, and "proportional" rope (a quarter of the frequencies turning over the
 whole head); the sliding ones plain RoPE at 1e4.
 
+gemma-4-E2B and E4B add per-layer inputs (``hidden_size_per_layer_input``: each layer's
+embedding of each token, gating a branch after its MLP), key/value sharing (their last
+``num_kv_shared_layers`` layers attend over the keys and values of the last earlier layer of
+their type) and twice as wide MLPs on those (``use_double_wide_mlp``).
+
 Gemma4TextConfig's defaults where a config names none. What pivotflow does not run yet is a
-one-line error: per-layer input embeddings (``hidden_size_per_layer_input``, gemma-4-E2B and
-E4B), key/value sharing (``num_kv_shared_layers``), the mixture of experts beside the MLP
-(``enable_moe_block``, gemma-4-26B-A4B) and bidirectional attention.
+one-line error: the mixture of experts beside the MLP (``enable_moe_block``, gemma-4-26B-A4B)
+and bidirectional attention.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pivotflow.engines.torch.hf_families import ENGINE, number
+from pivotflow.engines.torch.hf_families import ENGINE, counts, number
 from pivotflow.engines.torch.model_config import GATED_ACTIVATIONS, ModelConfig
 from pivotflow.errors import ModelConfigError
 
@@ -32,10 +36,12 @@ _FULL_ROPE = {"rope_type": "proportional", "partial_rotary_factor": 0.25,
               "rope_theta": 1000000.0}
 _GLOBAL_HEAD_DIM = 512  # (Gemma4TextConfig's, where a config names none)
 # (key, its default, what a true value asks for)
-_NOT_YET = (("hidden_size_per_layer_input", 256, "per-layer input embeddings"),
-            ("num_kv_shared_layers", 0, "key/value sharing"),
-            ("enable_moe_block", False, "experts beside the MLP"),
+_NOT_YET = (("enable_moe_block", False, "experts beside the MLP"),
             ("use_bidirectional_attention", None, "bidirectional attention"))
+# E2B's and E4B's per-layer inputs and key/value sharing (ModelConfig's field, the config's key,
+# Gemma4TextConfig's default)
+_PER_LAYER = (("hidden_size_per_layer_input", 256), ("vocab_size_per_layer_input", 262144),
+              ("num_kv_shared_layers", 0))
 
 
 def gemma4_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
@@ -95,9 +101,17 @@ def gemma4_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(k_eq_v, bool):
         raise ModelConfigError(f"{where}: attention_k_eq_v={k_eq_v!r} is not true or false")
     head_dim, kv_heads = _global_heads(raw, where)
-    # (transformers gives the full layers their own key/value heads only with k_eq_v)
+    out.update(counts(raw, where, tuple((key, key, default) for key, default in _PER_LAYER)))
+    if not out["hidden_size_per_layer_input"]:  # (its table's size means nothing then)
+        out["vocab_size_per_layer_input"] = 0
+    wide = raw.get("use_double_wide_mlp", False)
+    if not isinstance(wide, bool):
+        raise ModelConfigError(f"{where}: use_double_wide_mlp={wide!r} is not true or false")
+    # (transformers gives the full layers their own key/value heads only with k_eq_v; the
+    # double-wide MLPs are the KV-sharing layers')
     return {**out, "attention_k_eq_v": k_eq_v, "global_head_dim": head_dim,
-            "num_global_key_value_heads": kv_heads if k_eq_v else 0}
+            "num_global_key_value_heads": kv_heads if k_eq_v else 0,
+            "use_double_wide_mlp": wide and bool(out["num_kv_shared_layers"])}
 
 
 def _global_heads(raw: dict[str, Any], where: str) -> tuple[int, int]:
@@ -143,8 +157,11 @@ def gemma4_to_hf(cfg: ModelConfig, rope: dict[str, Any], drop: object) -> dict[s
             "final_logit_softcapping": cfg.final_logit_softcapping or None,
             "global_head_dim": cfg.global_head_dim or cfg.head_dim,
             "num_global_key_value_heads": cfg.num_global_key_value_heads or None,
-            "attention_k_eq_v": cfg.attention_k_eq_v, "hidden_size_per_layer_input": 0,
-            "num_kv_shared_layers": 0, "enable_moe_block": False,
-            "use_bidirectional_attention": None, "use_double_wide_mlp": False,
+            "attention_k_eq_v": cfg.attention_k_eq_v,
+            "hidden_size_per_layer_input": cfg.hidden_size_per_layer_input,
+            "vocab_size_per_layer_input": cfg.vocab_size_per_layer_input or cfg.vocab_size,
+            "num_kv_shared_layers": cfg.num_kv_shared_layers,
+            "use_double_wide_mlp": cfg.use_double_wide_mlp, "enable_moe_block": False,
+            "use_bidirectional_attention": None,
             "rope_parameters": {"full_attention": full, "sliding_attention": {
                 "rope_type": "default", "rope_theta": cfg.sliding_rope_theta}}}

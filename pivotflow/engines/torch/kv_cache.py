@@ -104,9 +104,11 @@ class PackedDecoder:
             else:
                 assert isinstance(attn, Attention)
                 self._latent.append(None)
-                # (Gemma 4's full layers: q and k alone, their values k's projection)
-                w_qkv, b_qkv = pack_linears([attn.q_proj, attn.k_proj] if attn.k_eq_v
-                                            else [attn.q_proj, attn.k_proj, attn.v_proj])
+                # (Gemma 4's full layers: q and k alone, their values k's projection; its
+                # KV-sharing layers: q alone)
+                own = [attn.q_proj, *([attn.k_proj] if hasattr(attn, "k_proj") else []),
+                       *([attn.v_proj] if hasattr(attn, "v_proj") else [])]
+                w_qkv, b_qkv = pack_linears(own)
             # (input, post-attention): what pre-norm layers read; the others read _out_norms
             # (Nemotron-H's mixer blocks: no second norm, read as their first)
             second = getattr(layer, "post_attention_layernorm", None) or layer.input_layernorm
@@ -121,15 +123,21 @@ class PackedDecoder:
             else:
                 self._out_norms.append(None)
             qk_norms = None
-            if attn is not None and attn.q_norm is not None and attn.k_norm is not None:
-                qk_norms = (attn.q_norm.weight, attn.k_norm.weight)
+            if attn is not None and attn.q_norm is not None:
+                # (a KV-sharing layer has no k rows: its k norm is never read)
+                qk_norms = (attn.q_norm.weight,
+                            (attn.k_norm or attn.q_norm).weight)
             out_proj = linear.module.out_proj if linear else attn.o_proj  # type: ignore[union-attr]
             self.layers.append((norms, b_qkv, (w_qkv, out_proj.weight), out_proj.bias, qk_norms,
                                 self._feedforward(layer)))
         layers = range(cfg.num_hidden_layers)
         # each layer's (key/value heads, head width): Gemma 4's full layers' their own
         self._shapes = [cfg.layer_cache_shape(i) for i in layers]
-        self._k_eq_v = [cfg.layer_k_eq_v(i) for i in layers]
+        # each layer's keys' and values' layer (its own, or a Gemma 4 KV-sharing layer's
+        # source), the layers others read, and what each of those attended over this pass
+        self._sources = [cfg.kv_source(i) for i in layers]
+        self._read = {src for i, src in enumerate(self._sources) if src != i}
+        self._seen: dict[int, tuple[_T, _T, _T | None]] = {}
         # Gemma 4's: each layer's output scalar, or None
         self._scalars = [getattr(layer, "layer_scalar", None)
                          for layer in cast(list[DecoderLayer], model.model.layers)]
@@ -202,12 +210,15 @@ class PackedDecoder:
             x = x * embed_scale(cfg, x.dtype)
         elif cfg.embedding_multiplier != 1.0:  # (Granite's)
             x = x * cfg.embedding_multiplier
+        per_layer = (self.model.model.per_layer_inputs(tokens.view(-1), x)
+                     if cfg.hidden_size_per_layer_input else None)  # (Gemma 4 E2B's, E4B's)
         scaled = cfg.residual_multiplier != 1.0  # (Granite's: sub-layer outputs scaled)
         offset = cfg.norm_offset
         for i, ((_, norm2), _, _, _, _, ffn) in enumerate(self.layers):
             rope = ropes[self._rope_kinds[i]]
             if self._post[i]:
-                x = self._output_norm_layer(i, x, (b, t), rope, cache, attend)
+                x = self._output_norm_layer(i, x, (b, t), rope, cache, attend,
+                                            None if per_layer is None else per_layer[:, i])
                 continue
             if self._mixes[i]:
                 x = self._mixer_half(i, x, (b, t), rope, cache, attend)
@@ -281,19 +292,24 @@ class PackedDecoder:
         rope: torch.Tensor,
         cache: SlotKVCache,
         attend: Callable[[int, torch.Tensor, torch.Tensor, SlotKVCache], torch.Tensor],
+        per_layer: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Layer ``i`` of the families that normalise each sub-layer's output before its
         residual add, on hidden states [B * T, hidden]. OLMo-2/3 (post-norm): nothing on the
         inputs, q and k RMS-normalised over their whole projections. Gemma 3, GLM-4 and AFMoE
         (sandwich): the inputs normalised too; Gemma's q and k per head, every norm scaling by
         1 + weight, the MLP gated by tanh-GELU (``self._act``); AFMoE's attention output gated
-        (its gate inside q_proj, as Qwen3.5's) and its sparse layers' experts."""
+        (its gate inside q_proj, as Qwen3.5's) and its sparse layers' experts. Gemma 4's
+        KV-sharing layers project queries alone; its ``per_layer`` inputs [B * T, width] gate
+        a branch after the MLP."""
         _, b_qkv, (w_qkv, w_o), b_o, qk_norms, ffn = self.layers[i]
         norms = self._out_norms[i]
         assert norms is not None
         norm_in, norm_attn, norm_mlp_in, norm_mlp = norms
         heads, mm, (b, t) = self.heads, self.mm, shape
         kv_heads, d = self._shapes[i]
+        if self._sources[i] != i:  # (no keys or values of its own: queries alone)
+            kv_heads, rope = 0, rope[..., :heads, :]
         hidden, eps, split = (self.cfg.hidden_size,), self.cfg.rms_norm_eps, (heads + kv_heads) * d
         offset = self.cfg.norm_offset
 
@@ -317,9 +333,14 @@ class PackedDecoder:
         x = x + norm(mm.linear(out, w_o, b_o), norm_attn)
         if isinstance(ffn, PackedExperts):  # (AFMoE's sparse layers)
             return x + norm(ffn.add(norm(x, norm_mlp_in), torch.zeros_like(x)), norm_mlp)
-        w_gate_up, w_down = cast(_Dense, ffn)
-        h = mm.gated(norm(x, norm_mlp_in), w_gate_up, self.cfg.intermediate_size, self._act)
+        w_gate_up, w_down = cast(_Dense, ffn)  # (Gemma 4's may be twice as wide)
+        h = mm.gated(norm(x, norm_mlp_in), w_gate_up, w_gate_up.shape[0] // 2, self._act)
         x = x + norm(mm.linear(h, w_down), norm_mlp)
+        if per_layer is not None:
+            layer = cast(DecoderLayer, self.model.model.layers[i])
+            h = self._act(mm.linear(x, layer.per_layer_input_gate.weight)) * per_layer
+            x = x + norm(mm.linear(h, layer.per_layer_projection.weight),
+                         layer.post_per_layer_input_norm.weight)
         scalar = self._scalars[i]  # (Gemma 4's: the whole layer's output scaled)
         return x if scalar is None else x * scalar
 
@@ -328,6 +349,8 @@ class PackedDecoder:
         or q|k where the values are k's projection, Gemma 4's full layers), normalised
         without a scale where the family says (Gemma 4's)."""
         kv_heads, d = self._shapes[i]
+        if self._sources[i] != i:  # (a KV-sharing layer's: its source's, kept by attend)
+            return qkv.new_empty(qkv.shape[0], 0, d)
         v = qkv[:, -kv_heads * d:].view(qkv.shape[0], kv_heads, d)
         if not self.cfg.value_norm:
             return v
@@ -380,9 +403,8 @@ class PackedDecoder:
     ) -> torch.Tensor:
         """Roped queries+keys [n, heads + kv_heads, D], values [n, kv_heads, D] -> [n, heads*D]."""
         n, heads, (kv_heads, d) = qk.shape[0], self.heads, self._shapes[layer]
-        # (latent attention: the cache keeps keys alone, its values the keys' latent part)
-        new = qk[:, heads:] if self._latent[layer] is not None else torch.cat((qk[:, heads:], v), 1)
-        keys, values, mask = cache.append(layer, new)
+        keys, values, mask = self._keys(layer, qk, v, cache)
+        assert mask is not None  # (a decode step's: the slots' unused tails hidden)
         # Each KV head's query heads are rows of one small matmul over its keys (no copies).
         q = qk[:, :heads].reshape(n * kv_heads, heads // kv_heads, d)
         if self.cfg.attn_logit_softcapping:  # (capped before the mask is added)
@@ -404,8 +426,9 @@ class PackedDecoder:
     ) -> torch.Tensor:
         """The same over [B * T] rows of right-padded prompts, causal within each."""
         (b, t), heads, (kv_heads, d) = cache.prefill_shape, self.heads, self._shapes[layer]
-        qk, v = qk.view(b, t, -1, d).transpose(1, 2), v.view(b, t, -1, d).transpose(1, 2)
-        keys, values, mask = cache.update(layer, qk[:, heads:], v)
+        qk = qk.view(b, t, -1, d).transpose(1, 2)
+        v = v.view(b, t, v.shape[-2], d).transpose(1, 2)
+        keys, values, mask = self._keys(layer, qk, v, cache)
         if self.cfg.attn_logit_softcapping or self.cfg.attention_sinks:
             rep = heads // kv_heads
             out = eager_attention(
@@ -416,6 +439,26 @@ class PackedDecoder:
                 qk[:, :heads], keys, values, mask, is_causal=mask is None, scale=1.0,
                 enable_gqa=True)
         return out.transpose(1, 2).reshape(b * t, heads * d)
+
+    def _keys(self, layer: int, qk: torch.Tensor, v: torch.Tensor, cache: SlotKVCache
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The keys, values and mask attention layer ``layer`` reads: its new ones (the key
+        rows of ``qk`` past the queries, ``v``) stored in the cache as a prefill
+        ([B, heads + kv heads, T, D]) or a decode step ([n, heads + kv heads, D]) stores
+        them, and kept for the layers that share them (Gemma 4's); a KV-sharing layer's, its
+        source's, as they were kept."""
+        source = self._sources[layer]
+        if source != layer:
+            return self._seen[source]
+        heads = self.heads
+        if cache.prefilling:
+            seen = cache.update(layer, qk[:, heads:], v)
+        else:  # (latent attention: the cache keeps keys alone, its values their latent part)
+            seen = cache.append(layer, qk[:, heads:] if self._latent[layer] is not None
+                                else torch.cat((qk[:, heads:], v), 1))
+        if layer in self._read:
+            self._seen[layer] = seen
+        return seen
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         norm: torch.Tensor = self.model.model.norm.weight

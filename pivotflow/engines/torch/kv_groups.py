@@ -21,7 +21,7 @@ class LayerGroupsKVCache:
     def __init__(self, cfg: ModelConfig, max_batch: int, max_len: int,
                  device: torch.device | str, dtype: torch.dtype) -> None:
         shapes: dict[tuple[int, int], list[int]] = {}
-        for layer in cfg.attention_layers:
+        for layer in cfg.cached_layers:
             shapes.setdefault(cfg.layer_cache_shape(layer), []).append(layer)
         self.groups = [SlotKVCache(cfg, max_batch, max_len, device, dtype, tuple(layers))
                        for layers in shapes.values()]
@@ -67,7 +67,7 @@ def serving_cache(cfg: ModelConfig, max_batch: int, max_len: int,
                   device: torch.device | str, dtype: torch.dtype) -> ServingCache:
     """The slot cache for ``cfg``'s engine: one ``SlotKVCache``, or one per key shape where
     its attention layers' differ."""
-    shapes = {cfg.layer_cache_shape(i) for i in cfg.attention_layers}
+    shapes = {cfg.layer_cache_shape(i) for i in cfg.cached_layers}
     if shapes - {(cfg.cache_kv_heads, cfg.cache_head_dim)}:
         return LayerGroupsKVCache(cfg, max_batch, max_len, device, dtype)
     return SlotKVCache(cfg, max_batch, max_len, device, dtype)

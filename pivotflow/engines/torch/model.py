@@ -38,6 +38,9 @@ from pivotflow.engines.torch.model_config import ModelConfig
 from pivotflow.engines.torch.rope import apply_rotary, layer_cos_sin, query_scale
 from pivotflow.engines.torch.short_conv import ShortConv
 
+# a layer's keys, values [B, kv heads, S, D] and mask, as it attended over them
+_KV = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
@@ -48,13 +51,17 @@ class Attention(nn.Module):
         self.n_kv = cfg.layer_kv_heads(layer_idx)
         self.head_dim = cfg.layer_head_dim(layer_idx)
         self.k_eq_v = cfg.layer_k_eq_v(layer_idx)
+        # (Gemma 4's KV-sharing layers: another layer's keys and values, no k/v of their own)
+        self.kv_source = cfg.kv_source(layer_idx)
+        owns_kv = self.kv_source == layer_idx
         bias = cfg.attention_bias
         # Qwen3.5's gate: each head's q_proj rows are its query, then its gate (as many)
         self.output_gate = cfg.attn_output_gate
         q_rows = self.n_heads * self.head_dim * (2 if self.output_gate else 1)
         self.q_proj = nn.Linear(cfg.hidden_size, q_rows, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
-        if not self.k_eq_v:
+        if owns_kv:
+            self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        if owns_kv and not self.k_eq_v:
             self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
         # Gemma 4's values RMS-normalised per head without a scale (0: not)
         self.v_norm_eps = cfg.rms_norm_eps if cfg.value_norm else 0.0
@@ -69,7 +76,8 @@ class Attention(nn.Module):
             q_width, k_width = ((self.n_heads * self.head_dim, self.n_kv * self.head_dim)
                                 if self.whole_qk_norm else (self.head_dim, self.head_dim))
             self.q_norm = RMSNorm(q_width, cfg.rms_norm_eps, cfg.norm_offset)
-            self.k_norm = RMSNorm(k_width, cfg.rms_norm_eps, cfg.norm_offset)
+            if owns_kv:
+                self.k_norm = RMSNorm(k_width, cfg.rms_norm_eps, cfg.norm_offset)
         self.scale = cfg.attention_scale
         self.softcap = cfg.attn_logit_softcapping  # (Gemma 2's; 0: none)
         # gpt-oss's: a learned logit per head that every query's softmax also spreads over
@@ -83,19 +91,38 @@ class Attention(nn.Module):
         attn_mask: torch.Tensor | None,
         cache: KVCacheHook | None,
         q_scale: torch.Tensor | None = None,
+        shared: dict[int, _KV] | None = None,
     ) -> torch.Tensor:
         """``q_scale`` [B, 1, T, 1]: each position's query scale after rope (Ministral 3's:
-        ``rope.query_scale``)."""
+        ``rope.query_scale``). ``shared``: the keys, values and mask each layer attended over
+        in this pass, by layer (Gemma 4's KV sharing: this layer's are kept there, or taken
+        from its source's)."""
         b, t, _ = x.shape
-        q, k = self.q_proj(x), self.k_proj(x)
+        q = self.q_proj(x)
+        if self.kv_source != self.layer_idx:
+            assert shared is not None
+            return self.o_proj(self._attend_shared(q, cos, sin, shared[self.kv_source]))
+        k = self.k_proj(x)
         gate = None
         if self.output_gate:
             q, gate = q.view(b, t, self.n_heads, 2 * self.head_dim).chunk(2, -1)
             q, gate = q.reshape(b, t, -1), gate.reshape(b, t, -1)
-        out = self._attend(x, q, k, cos, sin, attn_mask, cache, q_scale)
+        out = self._attend(x, q, k, cos, sin, attn_mask, cache, q_scale, shared)
         if gate is not None:
             out = out * torch.sigmoid(gate)
         return self.o_proj(out)
+
+    def _attend_shared(self, q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                       source: _KV) -> torch.Tensor:
+        """A KV-sharing layer's heads' outputs: its queries (normalised per head, rotated) over
+        the keys and values (and mask) its source layer attended over in this pass."""
+        b, t, _ = q.shape
+        q = q.view(b, t, self.n_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        q = apply_rotary(q.transpose(1, 2), cos, sin)
+        k, v, attn_mask = source
+        return self._scores(q, k, v, attn_mask, decoding=False)
 
     def _attend(
         self,
@@ -107,6 +134,7 @@ class Attention(nn.Module):
         attn_mask: torch.Tensor | None,
         cache: KVCacheHook | None,
         q_scale: torch.Tensor | None = None,
+        shared: dict[int, _KV] | None = None,
     ) -> torch.Tensor:
         """The heads' outputs [B, T, heads * head_dim] (o_proj's input) for projected q, k."""
         b, t, _ = x.shape
@@ -128,12 +156,21 @@ class Attention(nn.Module):
             q, k = per_head[0](q), per_head[1](k)
         if cache is not None:
             k, v, attn_mask = cache.update(self.layer_idx, k, v)
+        if shared is not None:  # (a KV-sharing layer attends over these next)
+            shared[self.layer_idx] = (k, v, attn_mask)
+        return self._scores(q, k, v, attn_mask, decoding=cache is not None)
+
+    def _scores(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                attn_mask: torch.Tensor | None, decoding: bool) -> torch.Tensor:
+        """Attention of roped queries [B, heads, T, D] over keys and values [B, kv heads, S,
+        D] -> [B, T, heads * D] (``decoding``: from an engine's cache)."""
+        b, _, t, _ = q.shape
         rep = self.n_heads // self.n_kv
         if self.softcap or self.sinks is not None:  # (no fused kernel caps scores or sinks)
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
             out = eager_attention(q, k, v, attn_mask, self.scale, self.softcap, self.sinks)
             return out.transpose(1, 2).reshape(b, t, -1)
-        if rep > 1 and t == 1 and cache is not None:
+        if rep > 1 and t == 1 and decoding:
             # One-token decode: fold each KV group's query heads onto the query axis so cached
             # keys/values are read in place, not copied `rep` times (same math as below).
             out = F.scaled_dot_product_attention(
@@ -200,7 +237,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(size, eps, offset)
         if self.sandwich:
             self.pre_feedforward_layernorm = RMSNorm(size, eps, offset)
-        self.mlp: nn.Module = SparseMoE(cfg) if cfg.is_sparse(layer_idx) else MLP(cfg)
+        self.mlp: nn.Module = (SparseMoE(cfg) if cfg.is_sparse(layer_idx)
+                               else MLP(cfg, cfg.layer_intermediate(layer_idx)))
+        if cfg.hidden_size_per_layer_input:  # (Gemma 4 E2B's and E4B's per-layer inputs)
+            width = cfg.hidden_size_per_layer_input
+            self.per_layer_input_gate = nn.Linear(size, width, bias=False)
+            self.per_layer_projection = nn.Linear(width, size, bias=False)
+            self.post_per_layer_input_norm = RMSNorm(size, eps, offset)
         if self.post_norm or self.sandwich:
             self.post_feedforward_layernorm = RMSNorm(size, eps, offset)
 
@@ -214,13 +257,19 @@ class DecoderLayer(nn.Module):
         return self.linear_attn
 
     def forward(self, x, cos, sin, attn_mask, cache, replay=None, balance=None,  # type: ignore[no-untyped-def]
-                q_scale=None):
+                q_scale=None, shared=None, per_layer=None):
+        """``shared``: Gemma 4's keys and values by layer (``Attention.forward``);
+        ``per_layer`` [B, T, width]: its per-layer input for this layer."""
         if self.sandwich:  # Gemma, GLM-4, AFMoE: each sub-layer's input and output normalised
-            attn = self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache)
+            attn = self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache,
+                                  shared=shared)
             x = x + self.post_attention_layernorm(attn)
             h = self.pre_feedforward_layernorm(x)
             h = self.mlp(h, replay, balance) if isinstance(self.mlp, SparseMoE) else self.mlp(h)
             x = x + self.post_feedforward_layernorm(h)
+            if per_layer is not None:  # (Gemma 4's: a branch its per-layer input gates)
+                h = self.mlp.act(self.per_layer_input_gate(x)) * per_layer
+                x = x + self.post_per_layer_input_norm(self.per_layer_projection(h))
             return x * self.layer_scalar if hasattr(self, "layer_scalar") else x
         if self.post_norm:
             x = x + self.post_attention_layernorm(self.self_attn(x, cos, sin, attn_mask, cache))
@@ -260,6 +309,24 @@ class _Backbone(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
+        if cfg.hidden_size_per_layer_input:  # (Gemma 4 E2B's and E4B's per-layer inputs)
+            width = cfg.num_hidden_layers * cfg.hidden_size_per_layer_input
+            self.embed_tokens_per_layer = nn.Embedding(cfg.vocab_size_per_layer_input, width)
+            self.per_layer_model_projection = nn.Linear(cfg.hidden_size, width, bias=False)
+            self.per_layer_projection_norm = RMSNorm(cfg.hidden_size_per_layer_input,
+                                                     cfg.rms_norm_eps, cfg.norm_offset)
+
+    def per_layer_inputs(self, ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """Gemma 4's per-layer inputs [..., layers, width] for token ids [...] and their
+        scaled input embeddings [..., hidden]: each token's own per-layer embedding (times
+        sqrt(width)) and a normalised projection of its input embedding (times
+        hidden ** -0.5), averaged by 1 / sqrt(2), as transformers computes them."""
+        width = self.per_layer_projection_norm.weight.shape[0]
+        table = self.embed_tokens_per_layer.weight
+        own = table[ids] * torch.tensor(width**0.5, dtype=table.dtype)
+        mixed = self.per_layer_model_projection(embeds) * embeds.shape[-1] ** -0.5
+        mixed = self.per_layer_projection_norm(mixed.view(*mixed.shape[:-1], -1, width))
+        return (mixed + own.view(mixed.shape)) * 2**-0.5
 
 
 class Decoder(nn.Module):
@@ -373,19 +440,26 @@ class Decoder(nn.Module):
         q_scale = None if scale is None else scale[:, None, :, None]
         recompute = self.gradient_checkpointing and cache is None and torch.is_grad_enabled()
         sparse = 0
+        # (Gemma 4's: the keys and values each layer attended over, for the layers that share
+        # them; each layer's per-layer inputs)
+        shared: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] | None = (
+            {} if cfg.num_kv_shared_layers else None)
+        per_layer = (self.model.per_layer_inputs(input_ids, x)
+                     if cfg.hidden_size_per_layer_input else None)
         for i, layer in enumerate(self.model.layers):
             (cos, sin), mask = rope[cfg.rope_kind(i)], masks[cfg.is_sliding(i)]
             replay = None
             if routing is not None and isinstance(getattr(layer, "mlp", None), SparseMoE):
                 replay, sparse = routing[:, :, sparse].long(), sparse + 1
+            mine = None if per_layer is None else per_layer[:, :, i]
             if recompute:
                 # Activation checkpointing: keep each layer's input only and run the layer again
                 # in the backward pass (about one more forward of the stack, for the memory of
                 # every layer's intermediates; bench/train_memory.py measures both).
-                x = checkpoint(layer, x, cos, sin, mask, None, replay, balance, q_scale,
-                               use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, mask, None, replay, balance, q_scale, shared,
+                               mine, use_reentrant=False)
             else:
-                x = layer(x, cos, sin, mask, cache, replay, balance, q_scale)
+                x = layer(x, cos, sin, mask, cache, replay, balance, q_scale, shared, mine)
         return self.model.norm(x)
 
 

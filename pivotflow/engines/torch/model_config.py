@@ -242,6 +242,16 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     global_head_dim: int = 0
     num_global_key_value_heads: int = 0
     attention_k_eq_v: bool = False
+    # Gemma 4 E2B's and E4B's per-layer inputs (HF's names; 0: none): each token's embedding
+    # of hidden_size_per_layer_input per layer (from a table of vocab_size_per_layer_input
+    # tokens) mixed with a projection of its input embedding, gating a residual branch after
+    # each layer's MLP; and its last num_kv_shared_layers layers' attention reusing the keys
+    # and values of the last earlier layer of their type (no k/v projections of their own), their
+    # MLPs twice as wide where use_double_wide_mlp
+    hidden_size_per_layer_input: int = 0
+    vocab_size_per_layer_input: int = 0
+    num_kv_shared_layers: int = 0
+    use_double_wide_mlp: bool = False
 
     def __post_init__(self) -> None:
         # Derived defaults; force_setattr because the struct is frozen.
@@ -335,6 +345,27 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     def shared_width(self) -> int:
         """The ungated shared expert's width (GLM-4.5's, DeepSeek's, Granite 4.0's; 0: none)."""
         return self.shared_intermediate_size or self.moe_intermediate_size * self.n_shared_experts
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose keys and values decoder layer ``layer`` attends over: its own, or
+        for Gemma 4's last num_kv_shared_layers, the last layer of their type before them."""
+        first = self.num_hidden_layers - self.num_kv_shared_layers
+        if layer < first:
+            return layer
+        sliding = self.is_sliding(layer)
+        return max(i for i in range(first) if self.is_sliding(i) == sliding)
+
+    def layer_intermediate(self, layer: int) -> int:
+        """Decoder layer ``layer``'s dense MLP width (Gemma 4's KV-sharing layers' twice
+        intermediate_size where use_double_wide_mlp)."""
+        shared = self.kv_source(layer) != layer
+        return self.intermediate_size * (2 if shared and self.use_double_wide_mlp else 1)
+
+    @property
+    def cached_layers(self) -> tuple[int, ...]:
+        """The attention layers whose keys and values an engine caches (all but those that
+        attend over another layer's: Gemma 4's KV-sharing ones)."""
+        return tuple(i for i in self.attention_layers if self.kv_source(i) == i)
 
     @property
     def attention_layers(self) -> tuple[int, ...]:

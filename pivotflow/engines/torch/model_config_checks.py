@@ -127,6 +127,26 @@ def _global_layers(cfg: ModelConfig) -> None:
     if cfg.global_head_dim < 0 or cfg.global_head_dim % 2:
         raise ModelConfigError(f"global_head_dim must be even and >= 0 (0: head_dim), got "
                                f"{cfg.global_head_dim}")
+    for name in ("hidden_size_per_layer_input", "vocab_size_per_layer_input",
+                 "num_kv_shared_layers", "use_double_wide_mlp"):
+        value = getattr(cfg, name)
+        if value and not gemma4:
+            raise ModelConfigError(f"{name}={value!r} does not fit architecture "
+                                   f"{cfg.architecture!r} (Gemma 4's)")
+    if cfg.hidden_size_per_layer_input < 0 or (
+            cfg.hidden_size_per_layer_input
+            and cfg.vocab_size_per_layer_input < cfg.vocab_size):
+        raise ModelConfigError(
+            f"hidden_size_per_layer_input must be >= 0 (0: none), and with per-layer inputs "
+            f"vocab_size_per_layer_input ({cfg.vocab_size_per_layer_input}) cover vocab_size "
+            f"({cfg.vocab_size})")
+    shared = cfg.num_kv_shared_layers
+    first = cfg.num_hidden_layers - shared
+    kinds = {cfg.is_sliding(i) for i in range(first)}
+    if not 0 <= shared < cfg.num_hidden_layers or any(
+            cfg.is_sliding(i) not in kinds for i in range(first, cfg.num_hidden_layers)):
+        raise ModelConfigError(f"num_kv_shared_layers {shared} must leave, before them, a layer "
+                               f"of each type they have (of {cfg.num_hidden_layers} layers)")
     kv = cfg.num_global_key_value_heads
     if kv < 0 or (kv and cfg.num_attention_heads % kv):
         raise ModelConfigError(f"num_attention_heads {cfg.num_attention_heads} is not a "

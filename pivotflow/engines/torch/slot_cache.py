@@ -48,7 +48,7 @@ class SlotKVCache:
         """``layers``: the attention layers this cache keeps, all of one shape
         (``kv_groups``); empty: every attention layer, all of ``cfg``'s cache shape."""
         self.max_batch, self.max_len, self.dtype = max_batch, max_len, dtype
-        self.layers = layers or cfg.attention_layers
+        self.layers = layers or cfg.cached_layers
         self.n_kv, self.head_dim = (cfg.layer_cache_shape(layers[0]) if layers
                                     else (cfg.cache_kv_heads, cfg.cache_head_dim))
         self._sliding = frozenset(cfg.sliding_layers) & frozenset(self.layers)
