@@ -106,6 +106,8 @@ def describe_model(path: Path) -> str:
                          "as input_layernorm/post_attention_layernorm",
               "mistral4": "experts stacked in the file (gate_up_proj, down_proj), held one "
                           "at a time",
+              "gemma4_text": "router and stacked experts on each layer in the file, held "
+                             "beside its MLP as moe.gate and one expert at a time",
               "gpt_oss": "router and experts fused in the file"
                          + (" in MXFP4, dequantized to bfloat16" if is_mxfp4(raw) else "")
                          + ", held one expert at a time",

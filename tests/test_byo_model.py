@@ -610,7 +610,7 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
         peft_merges_to_the_policy(ckpt)
 
 
-@pytest.mark.parametrize("variant", ["gemma3", "gemma4", "gemma4-e2b"])
+@pytest.mark.parametrize("variant", ["gemma3", "gemma4", "gemma4-e2b", "gemma4-moe"])
 def test_a_gemma_wrapper_folder_trains_its_text_model_and_writes_a_causal_lm(
         tmp_path: Path, qwen: Path, variant: str) -> None:
     """Gemma 3 4B and larger, and every Gemma 4, are *ForConditionalGeneration folders (the
@@ -618,7 +618,8 @@ def test_a_gemma_wrapper_folder_trains_its_text_model_and_writes_a_causal_lm(
     model, its rollouts' logprobs equal its trainer's, and its checkpoint is that model as a
     causal LM, trained, which transformers loads (Gemma 4's layer scalars as they were: a
     constant of the checkpoint; E2B's kind: its per-layer inputs trained, two of three layers
-    attending over the first's keys and values)."""
+    attending over the first's keys and values; 26B-A4B's: its experts beside the MLP trained
+    on the rollouts' routing, with a load-balancing loss, and stacked again in the file)."""
     family = variant.split("-")[0]
     import torch
     from safetensors.torch import load_file
@@ -637,12 +638,15 @@ def test_a_gemma_wrapper_folder_trains_its_text_model_and_writes_a_causal_lm(
     assert said.returncode == 0 and f"{folder}: {family}_text, " in said.stderr, said.stderr
     assert ("its vision tower and projector not loaded" if family == "gemma3"
             else "its vision and audio towers not loaded") in said.stderr
-    graph = write_graph(tmp_path, folder, write_prompts(tmp_path / "prompts.jsonl"))
+    moe = variant == "gemma4-moe"
+    graph = write_graph(tmp_path, folder, write_prompts(tmp_path / "prompts.jsonl"),
+                        *(("routing_replay=True", "router_aux_loss_coef=0.01") if moe else ()))
     s = run(graph, steps=2, out=tmp_path / "out", console=False, sets=["live=false"]).summary
     assert s["error"] is None and s["steps"] == 2 and s["ledger"]["lost"] == 0
-    gaps = [r["train_rollout_logprob_gap"] for r in read_metrics(tmp_path / "out" / "metrics.jsonl")
-            if "train_rollout_logprob_gap" in r]
+    metrics = read_metrics(tmp_path / "out" / "metrics.jsonl")
+    gaps = [r["train_rollout_logprob_gap"] for r in metrics if "train_rollout_logprob_gap" in r]
     assert gaps and max(gaps) < 1e-4, gaps
+    assert any("train_router_aux_loss" in r for r in metrics) == moe
     ckpt = tmp_path / "out" / "checkpoints" / "policy"
     theirs, info = AutoModelForCausalLM.from_pretrained(ckpt, output_loading_info=True)
     assert type(theirs).__name__ == f"{family.title()}ForCausalLM" and not info["missing_keys"]
@@ -658,6 +662,9 @@ def test_a_gemma_wrapper_folder_trains_its_text_model_and_writes_a_causal_lm(
         name = "embed_tokens_per_layer.weight"
         assert not torch.equal(before[inner + name], after[f"model.{name}"])
         assert "model.layers.2.self_attn.k_proj.weight" not in after
+    for name in (("layers.0.router.proj.weight", "layers.1.router.per_expert_scale",
+                  "layers.1.experts.gate_up_proj", "layers.0.experts.down_proj") if moe else ()):
+        assert not torch.equal(before[inner + name], after[f"model.{name}"]), name
 
 
 def _gemma_wrapper(variant: str, vocab: int) -> Any:
@@ -680,10 +687,13 @@ def _gemma_wrapper(variant: str, vocab: int) -> Any:
             mm_tokens_per_image=4, image_token_index=vocab - 1, boi_token_index=vocab - 3,
             eoi_token_index=vocab - 2))
     gemma4 = ({"global_head_dim": 64, "num_global_key_value_heads": 1, "attention_k_eq_v": True,
-               "hidden_size_per_layer_input": 0} if variant == "gemma4" else
+               "hidden_size_per_layer_input": 0} if variant in ("gemma4", "gemma4-moe") else
               {"global_head_dim": 64, "num_hidden_layers": 3, "hidden_size_per_layer_input": 8,
                "vocab_size_per_layer_input": vocab, "num_kv_shared_layers": 2,
                "layer_types": ["full_attention"] * 3})
+    if variant == "gemma4-moe":
+        gemma4.update(enable_moe_block=True, num_experts=4, top_k_experts=2,
+                      moe_intermediate_size=32)
     model = transformers.Gemma4ForConditionalGeneration(transformers.Gemma4Config(
         text_config={**text, **gemma4}, vision_config=vision, audio_config=None))
     with torch.no_grad():

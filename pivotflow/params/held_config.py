@@ -188,6 +188,7 @@ _VLLM_KEYS: dict[str, Callable[[dict[str, Any]], dict[str, Any]] | str] = {
     "ministral3": "hf_ministral.ministral_vllm_keys",  # (its query scaling, by its own key)
     "hy_v3": "hf_hy_v3.hy_v3_vllm_keys",  # (the released configs' keys)
     "afmoe": "hf_afmoe.afmoe_vllm_keys",  # (the released configs' router keys)
+    "gemma4_text": "hf_gemma4.gemma4_vllm_keys",  # (experts by num_experts alone there)
 }
 
 
@@ -221,6 +222,8 @@ def family_of(config: dict[str, Any]) -> str | None:
     if kind is None:  # very old exports name only the class
         kind = next((_FAMILIES[a] for a in config.get("architectures") or [] if a in _FAMILIES),
                     None)
+    if kind == "gemma4_text":  # (its experts beside the MLP: gemma4_layout)
+        return kind if config.get("enable_moe_block") else None
     return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", "granitemoehybrid",
                             "nemotron_h", "olmo_hybrid", "ernie4_5", "ernie4_5_moe", "lfm2",
                             "lfm2_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "mistral4",

@@ -80,6 +80,7 @@ from pivotflow.errors import ModelConfigError
 from pivotflow.params.afmoe_layout import TARGETS as AFMOE_TARGETS
 from pivotflow.params.afmoe_layout import afmoe_disk, afmoe_held
 from pivotflow.params.fp8_blocks import block_size, fp8_dequantized, is_fp8_blocks
+from pivotflow.params.gemma4_layout import gemma4_disk, gemma4_engine, gemma4_held
 from pivotflow.params.granite_layout import granite_engine, granite_fused, granite_split
 from pivotflow.params.held_config import (
     MTP_APART,
@@ -236,6 +237,8 @@ def held_layout(
         return {block_router_name(n, HY_V3_NAMES, to_disk=False): t for n, t in tensors.items()}
     if family == "mistral4":  # (its module's own expert stacks: stacked_experts)
         return split_stacks(_geometry(config, where), tensors, where, either_way=False)
+    if family == "gemma4_text":  # (its router and expert stacks on the layer)
+        return gemma4_held(_geometry(config, where), tensors, where)
     if family == "ernie4_5":  # (its rotary pairs interleaved, as GLM-4's)
         return turn_heads(_geometry(config, where), tensors, where, to_disk=False)
     if family == "ernie4_5_moe":  # (and its router's bias on moe_statics; MTP left out)
@@ -346,6 +349,8 @@ def engine_names(config: dict[str, Any],
         return renamed_norms(tensors, APERTUS_NORMS_BACK)
     if family == "hy_v3":
         return {block_router_name(n, HY_V3_NAMES, to_disk=True): t for n, t in tensors.items()}
+    if family == "gemma4_text":
+        return gemma4_engine(tensors)
     if family == "qwen3_next":  # (vLLM's Qwen3-Next loads its file's fused, grouped rows)
         return _fused(config, tensors)
     if family == "glm4":
@@ -366,6 +371,8 @@ def disk_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
         return granite_fused(tensors)
     if family == "mistral4":
         return stacked(tensors)
+    if family == "gemma4_text":
+        return gemma4_disk(tensors)
     # (Nemotron-H's, OLMo Hybrid's and ERNIE 4.5's: what engine_names gives)
     return _fused(config, engine_names(config, tensors))
 

@@ -24,9 +24,11 @@ if TYPE_CHECKING:
 
     from pivotflow.engines.torch.model_config import ModelConfig
 
-# (under the file's names: ``model.language_model.layers.N...``, as the Hub's)
-_STACKED = re.compile(r"(.*layers\.\d+\.mlp\.experts\.)(gate_up_proj|down_proj)")
-_EXPERT = re.compile(r"(.*layers\.\d+\.mlp\.experts\.)(\d+)\.(gate|up|down)_proj\.weight")
+# (under the file's names: ``model.language_model.layers.N...``, as the Hub's; Gemma 4's
+# experts beside its MLP as pivotflow holds them, ``moe.experts``: gemma4_layout)
+_STACKED = re.compile(r"(.*layers\.\d+\.(?:mlp|moe)\.experts\.)(gate_up_proj|down_proj)")
+_EXPERT = re.compile(
+    r"(.*layers\.\d+\.(?:mlp|moe)\.experts\.)(\d+)\.(gate|up|down)_proj\.weight")
 
 
 def split_stacks(cfg: ModelConfig, tensors: dict[str, torch.Tensor], where: str,

@@ -590,6 +590,14 @@ CASES += [
                           "sliding_attention", "full_attention"]}),
 ]  # fmt: skip
 GEMMA4_E2B = CASES[67]
+# gemma-4-26B-A4B's kind: the first case's layers with 4 experts (2 a token) beside each MLP,
+# its router's scales random
+CASES += [
+    Case("gemma4-moe", "Gemma4TextConfig", True,
+         {**GEMMA4.extra, "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+          "moe_intermediate_size": 32}),
+]  # fmt: skip
+GEMMA4_MOE = CASES[68]
 CASE_IDS = [c.name for c in CASES]
 
 
@@ -609,7 +617,7 @@ def hf_model(case: Case, seed: int = 0):  # type: ignore[no-untyped-def]
         for name, p in model.named_parameters():
             if p.dim() >= 2:  # matrices, and transformers 5's fused [experts, out, in] stacks
                 p.normal_(0.0, 0.15)
-            elif name.endswith("norm.weight"):
+            elif name.endswith(("norm.weight", "router.scale", "per_expert_scale")):
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             else:  # biases
                 p.normal_(0.0, 0.1)

@@ -92,7 +92,7 @@ def test_a_gemma4_folder_runs_its_text_model_and_writes_a_causal_lm(tmp_path: Pa
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("enable_moe_block", True, "enable_moe_block=True is not supported"),
+    ("enable_moe_block", True, "num_experts=None is not a non-negative integer"),
     ("use_bidirectional_attention", "all", "use_bidirectional_attention='all' is not supported"),
     ("num_kv_shared_layers", 4, "num_kv_shared_layers 4 must leave, before them, a layer of "
      "each type"),
@@ -100,8 +100,8 @@ def test_a_gemma4_folder_runs_its_text_model_and_writes_a_causal_lm(tmp_path: Pa
     ("per_layer_config", {"1": {"head_dim": 64}}, "per_layer_config is not supported")])
 def test_a_gemma4_config_the_engine_cannot_run_is_a_one_line_error(key: str, value: Any,
                                                                    message: str) -> None:
-    """gemma-4-26B-A4B's experts beside the MLP, bidirectional attention, KV sharing with no
-    layer of a type before it, a per-layer table smaller than the vocabulary, a per-layer
+    """Experts beside the MLP with no count of them, bidirectional attention, KV sharing with
+    no layer of a type before it, a per-layer table smaller than the vocabulary, a per-layer
     config that misses a full layer: named in one line, not run as another model."""
     raw = {**hf_model(GEMMA4).config.to_dict(), "hidden_size_per_layer_input": 16, key: value}
     with pytest.raises(ModelConfigError, match=message) as info:

@@ -65,6 +65,14 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
                 "use_double_wide_mlp": True,
                 "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
                                 "sliding_attention", "full_attention"]}),
+            # gemma-4-26B-A4B's kind: the first Gemma 4's layers with 4 experts (2 a token)
+            # beside each MLP, its router's scales off their initial values
+            "gemma4-moe": ("Gemma4TextConfig", "Gemma4ForCausalLM", {
+                "num_hidden_layers": 4, "global_head_dim": 64, "num_global_key_value_heads": 1,
+                "attention_k_eq_v": True, "sliding_window": 6, "hidden_size_per_layer_input": 0,
+                "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+                "moe_intermediate_size": 64,
+                "layer_types": ["sliding_attention", "full_attention"] * 2}),
             # Gemma 3's text model: five sliding layers of six, linear-scaled RoPE on the sixth
             "gemma3-text": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
                 "num_hidden_layers": 6, "query_pre_attn_scalar": 24, "sliding_window": 6,
@@ -334,7 +342,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     path = _folder(tmp_path / "model", folder, family)
     cfg, weights = load_checkpoint(path)
     assert cfg.architecture == {"gemma3-text": "gemma3_text", "gemma4": "gemma4_text",
-                                "gemma4-e2b": "gemma4_text",
+                                "gemma4-e2b": "gemma4_text", "gemma4-moe": "gemma4_text",
                                 "glm4-moe": "glm4_moe",
                                 "ernie4.5": "ernie4_5", "seed-oss": "seed_oss",
 
@@ -347,7 +355,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
                                 "deepseek-v2": "deepseek_v2"}.get(
         family, family.split("-")[0])
     assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text",
-                                                   "gemma4", "gemma4-e2b",
+                                                   "gemma4", "gemma4-e2b", "gemma4-moe",
                                                    "exaone4", "dots1", "afmoe", "granite-swa",
                                                    "phi3-window", "mixtral-window",
                                                    "gemma2-window"))

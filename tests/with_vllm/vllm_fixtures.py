@@ -65,9 +65,13 @@ def save_sharpened(model: Any, path: Path, tokenizer_from: Path) -> Path:
                 # (Apertus's xIELU's scalars off their initial values, so that an engine that
                 # kept its own shows)
                 p.add_(torch.randn_like(p))
+            elif name.endswith(("router.scale", "per_expert_scale")):  # (Gemma 4's alike)
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
         for name, b in model.named_buffers():  # GLM-4.5's router bias, so that it counts
             if name.endswith("e_score_correction_bias"):
                 b.normal_(0.0, 0.1)
+            if name.endswith("layer_scalar"):  # (Gemma 4's: its own in each layer)
+                b.copy_(1.0 + 0.2 * torch.randn_like(b))
     model.save_pretrained(path)
     for f in tokenizer_from.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens")):

@@ -22,7 +22,9 @@ from pivotflow.engines.torch.feedforward import (
     SparseMoE,
     add_expert_outputs,
     clamped_glu,
+    expert_scaled,
     route,
+    router_input,
     router_logits,
     routing_dtype,
 )
@@ -78,7 +80,7 @@ class PackedExperts:
         self.sparse_index = sparse_index
         self.recorder: RoutingRecorder | None = None
         self.gate, self.mm, self.routing = block.gate, mm, block.routing
-        self.correction_bias = block.correction_bias
+        self.correction_bias, self.router_norm_eps = block.correction_bias, block.router_norm_eps
         # the shared expert's packed (gate/up, down) weights (the caller packs them as it
         # packs a dense layer's MLP), and Qwen2-MoE's gate on its output
         self.shared = shared
@@ -86,7 +88,7 @@ class PackedExperts:
         self.shared_gate = None if gate is None else gate.weight
         self.units, self.count = experts[0].up_proj.weight.shape[0], len(experts)
         # Nemotron-H's experts have no gate: ``gate_up`` is then their up rows alone, and
-        # ``act`` (relu(x)^2) their whole activation
+        # ``act`` (relu(x)^2) their whole activation; the others' gate's (Gemma 4's tanh-GELU)
         self.gated, self.act = experts[0].gated, experts[0].act
         self.gate_up = torch.stack(
             [torch.cat([e.gate_proj.weight, e.up_proj.weight]) if self.gated else e.up_proj.weight
@@ -112,11 +114,16 @@ class PackedExperts:
                                               requires_grad=False)
                 e.down_proj.bias = nn.Parameter(self.down_bias[i], requires_grad=False)
 
-    def add(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``x`` [n, H] plus the layer's output for its normed input ``h`` [n, H], in place."""
-        logits = (router_logits(self.gate, h, self.routing) if self.routing.biased
-                  else self.mm.linear(h, self.gate.weight, self.gate.bias))  # (sigmoid: fp32)
+    def add(self, h: torch.Tensor, x: torch.Tensor,
+            route_from: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` [n, H] plus the layer's output for its normed input ``h`` [n, H], in place;
+        the router reads ``route_from`` [n, H] where given (Gemma 4's), else ``h``."""
+        routed = router_input(self.gate, h if route_from is None else route_from,
+                              self.router_norm_eps)
+        logits = (router_logits(self.gate, routed, self.routing) if self.routing.biased
+                  else self.mm.linear(routed, self.gate.weight, self.gate.bias))  # (sigmoid: fp32)
         weights, chosen = route(logits, self.routing, self.correction_bias)
+        weights = expert_scaled(self.gate, weights, chosen)
         if self.recorder is not None:
             self.recorder.write(self.sparse_index, chosen)
         if self.shared is not None:
@@ -124,9 +131,10 @@ class PackedExperts:
             if not self.gated:  # (Nemotron-H's shared expert: up, relu(x)^2, down)
                 x = self.mm.linear_add(self.act(self.mm.linear(h, gate_up)), down, None, x)
             elif self.shared_gate is None:
-                x = self.mm.linear_add(self.mm.gated(h, gate_up, down.shape[1]), down, None, x)
+                x = self.mm.linear_add(self.mm.gated(h, gate_up, down.shape[1], self.act), down,
+                                       None, x)
             else:
-                shared = self.mm.linear(self.mm.gated(h, gate_up, down.shape[1]), down)
+                shared = self.mm.linear(self.mm.gated(h, gate_up, down.shape[1], self.act), down)
                 x = x + torch.sigmoid(self.mm.linear(h, self.shared_gate)) * shared
         return add_expert_outputs(x, h, weights, chosen, self.count, self._expert)
 
@@ -137,6 +145,6 @@ class PackedExperts:
             act = clamped_glu(gate_up[:, : self.units], gate_up[:, self.units :], self.limit,
                               self.alpha)
             return self.mm.linear(act, self.down[expert], self.down_bias[expert])
-        act = (self.mm.gated(rows, self.gate_up[expert], self.units) if self.gated
+        act = (self.mm.gated(rows, self.gate_up[expert], self.units, self.act) if self.gated
                else self.act(self.mm.linear(rows, self.gate_up[expert])))
         return self.mm.linear(act, self.down[expert])

@@ -9,7 +9,7 @@ shares), and the load-balancing loss a trainer may add (``LoadBalance``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -171,6 +171,23 @@ def router_logits(gate: nn.Linear, x: torch.Tensor, routing: Routing) -> torch.T
     return gate(x)
 
 
+def router_input(gate: nn.Linear, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """What a router's projection reads of rows ``x`` [n, H]: ``x``, or with ``eps`` (Gemma
+    4's) ``x`` RMS-normalised without a weight (in float32, back to its dtype), times the
+    router's ``scale`` and H ** -0.5."""
+    if not eps:
+        return x
+    normed = F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
+    return normed * cast(torch.Tensor, gate.scale) * x.shape[-1] ** -0.5
+
+
+def expert_scaled(gate: nn.Linear, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """The chosen experts' weights [n, k] times each one's ``per_expert_scale`` where the
+    router has them (Gemma 4's), else as they are."""
+    scale = getattr(gate, "per_expert_scale", None)
+    return weights if scale is None else weights * scale[chosen].to(weights.dtype)
+
+
 def route(router_logits: torch.Tensor, routing: Routing,
           bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token's experts and their weights (``Routing``): ``router_logits`` [n, experts] ->
@@ -310,6 +327,13 @@ class SparseMoE(nn.Module):
         if cfg.router_bias:  # (as the file names it: the router's own tensor)
             self.gate.e_score_correction_bias = nn.Parameter(
                 torch.zeros(cfg.num_experts), requires_grad=False)
+        # Gemma 4's router: its input RMS-normalised, times a learned scale and
+        # hidden_size ** -0.5; each chosen expert's weight times its learned per_expert_scale
+        # (both trained, as transformers' parameters)
+        self.router_norm_eps = cfg.rms_norm_eps if cfg.experts_beside_mlp else 0.0
+        if self.router_norm_eps:
+            self.gate.scale = nn.Parameter(torch.ones(cfg.hidden_size))
+            self.gate.per_expert_scale = nn.Parameter(torch.ones(cfg.num_experts))
         self.experts = nn.ModuleList(
             MLP(cfg, cfg.moe_intermediate_size, expert=True) for _ in range(cfg.num_experts)
         )
@@ -326,16 +350,21 @@ class SparseMoE(nn.Module):
         return getattr(self.gate, "e_score_correction_bias", None)
 
     def forward(self, x: torch.Tensor, replay: torch.Tensor | None = None,
-                balance: LoadBalance | None = None) -> torch.Tensor:
+                balance: LoadBalance | None = None,
+                route_from: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` [..., H]; ``replay`` [..., k]: experts to use instead of the router's top k
-        (``replayed_route``); ``balance`` collects this layer's load-balancing terms."""
+        (``replayed_route``); ``balance`` collects this layer's load-balancing terms;
+        ``route_from`` [..., H]: what the router reads, where it is not ``x`` (Gemma 4's)."""
         flat = x.reshape(-1, x.shape[-1])
-        logits = router_logits(self.gate, flat, self.routing)
+        routed = flat if route_from is None else route_from.reshape(flat.shape)
+        logits = router_logits(self.gate, router_input(self.gate, routed, self.router_norm_eps),
+                               self.routing)
         if replay is None:
             weights, chosen = route(logits, self.routing, self.correction_bias)
         else:
             weights, chosen = replayed_route(logits, replay.reshape(-1, self.routing.top_k),
                                              self.routing, self.correction_bias)
+        weights = expert_scaled(self.gate, weights, chosen)
         if balance is not None:
             balance.add(logits, chosen, self.routing.scoring)
         out = torch.zeros_like(flat) if self.shared_experts is None else self.shared_experts(flat)

@@ -12,9 +12,16 @@ embedding of each token, gating a branch after its MLP), key/value sharing (thei
 ``num_kv_shared_layers`` layers attend over the keys and values of the last earlier layer of
 their type) and twice as wide MLPs on those (``use_double_wide_mlp``).
 
+gemma-4-26B-A4B adds, beside each layer's MLP, a routed mixture of experts
+(``enable_moe_block``: ``num_experts``, ``top_k_experts`` a token, of
+``moe_intermediate_size``): its router reads the layer's unnormalised input, RMS-normalised and
+scaled, a softmax over all experts, the top k renormalised and each times its own scale; the
+experts read the input through a norm of their own, and the MLP's and the experts' outputs are
+each normalised before their sum is (``params/gemma4_layout`` holds the file's router and
+stacked experts as the common names).
+
 Gemma4TextConfig's defaults where a config names none. What pivotflow does not run yet is a
-one-line error: the mixture of experts beside the MLP (``enable_moe_block``, gemma-4-26B-A4B)
-and bidirectional attention.
+one-line error: bidirectional attention (EmbeddingGemma's kind).
 """
 
 from __future__ import annotations
@@ -36,8 +43,7 @@ _FULL_ROPE = {"rope_type": "proportional", "partial_rotary_factor": 0.25,
               "rope_theta": 1000000.0}
 _GLOBAL_HEAD_DIM = 512  # (Gemma4TextConfig's, where a config names none)
 # (key, its default, what a true value asks for)
-_NOT_YET = (("enable_moe_block", False, "experts beside the MLP"),
-            ("use_bidirectional_attention", None, "bidirectional attention"))
+_NOT_YET = (("use_bidirectional_attention", None, "bidirectional attention"),)
 # E2B's and E4B's per-layer inputs and key/value sharing (ModelConfig's field, the config's key,
 # Gemma4TextConfig's default)
 _PER_LAYER = (("hidden_size_per_layer_input", 256), ("vocab_size_per_layer_input", 262144),
@@ -104,9 +110,15 @@ def gemma4_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
     out.update(counts(raw, where, tuple((key, key, default) for key, default in _PER_LAYER)))
     if not out["hidden_size_per_layer_input"]:  # (its table's size means nothing then)
         out["vocab_size_per_layer_input"] = 0
+    for key in ("use_double_wide_mlp", "enable_moe_block"):
+        if not isinstance(raw.get(key, False), bool):
+            raise ModelConfigError(f"{where}: {key}={raw[key]!r} is not true or false")
     wide = raw.get("use_double_wide_mlp", False)
-    if not isinstance(wide, bool):
-        raise ModelConfigError(f"{where}: use_double_wide_mlp={wide!r} is not true or false")
+    if raw.get("enable_moe_block", False):  # (26B-A4B's: a renormalised softmax router)
+        out.update(counts(raw, where, (("num_experts", "num_experts", None),
+                                       ("num_experts_per_tok", "top_k_experts", None),
+                                       ("moe_intermediate_size", "moe_intermediate_size", None))),
+                   norm_topk_prob=True)
     # (transformers gives the full layers their own key/value heads only with k_eq_v; the
     # double-wide MLPs are the KV-sharing layers')
     return {**out, "attention_k_eq_v": k_eq_v, "global_head_dim": head_dim,
@@ -161,7 +173,19 @@ def gemma4_to_hf(cfg: ModelConfig, rope: dict[str, Any], drop: object) -> dict[s
             "hidden_size_per_layer_input": cfg.hidden_size_per_layer_input,
             "vocab_size_per_layer_input": cfg.vocab_size_per_layer_input or cfg.vocab_size,
             "num_kv_shared_layers": cfg.num_kv_shared_layers,
-            "use_double_wide_mlp": cfg.use_double_wide_mlp, "enable_moe_block": False,
+            "use_double_wide_mlp": cfg.use_double_wide_mlp,
+            "enable_moe_block": cfg.experts_beside_mlp, "num_experts": cfg.num_experts or None,
+            "top_k_experts": cfg.num_experts_per_tok or None,
+            "moe_intermediate_size": cfg.moe_intermediate_size or None,
             "use_bidirectional_attention": None,
             "rope_parameters": {"full_attention": full, "sliding_attention": {
                 "rope_type": "default", "rope_theta": cfg.sliding_rope_theta}}}
+
+
+def gemma4_vllm_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """A gemma4_text config as vLLM reads it: vLLM builds the experts beside the MLP wherever
+    ``num_experts`` is set, transformers only with ``enable_moe_block``; without it, no
+    experts for either."""
+    if config.get("enable_moe_block"):
+        return config
+    return {**config, "num_experts": None, "top_k_experts": None}

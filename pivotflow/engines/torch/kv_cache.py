@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from pivotflow.engines.torch.deltanet_serving import PackedDeltaNet
 from pivotflow.engines.torch.experts import PackedExperts, RoutingRecorder
-from pivotflow.engines.torch.feedforward import MLP, SparseMoE, activation
+from pivotflow.engines.torch.feedforward import MLP, activation
 from pivotflow.engines.torch.kv_groups import ServingCache as SlotKVCache
 from pivotflow.engines.torch.latent_attention import LatentAttention, PackedLatent
 from pivotflow.engines.torch.linear import Linears, pack_linears, pack_mlp
@@ -27,6 +27,7 @@ from pivotflow.engines.torch.model import (
     eager_attention,
     embed_scale,
     soft_cap,
+    sparse_block,
 )
 from pivotflow.engines.torch.rope import packed_rope_table, turn_partners
 from pivotflow.engines.torch.short_conv import PackedShortConv
@@ -64,6 +65,7 @@ class PackedDecoder:
         self._sinks = [layer.self_attn.sinks if hasattr(layer, "self_attn") else None
                        for layer in cast(list[DecoderLayer], model.model.layers)]
         self.experts: list[PackedExperts] = []  # the sparse layers, in order
+        self._moe: list[PackedExperts | None] = []  # (per layer: Gemma 4's beside its MLP)
         # the norms of layers that normalise sub-layer outputs (_output_norm_layer), per layer
         self._out_norms: list[tuple[_T | None, _T, _T | None, _T] | None] = []
         self._post: list[bool] = []  # (per layer: whether it reads _out_norms)
@@ -154,14 +156,20 @@ class PackedDecoder:
                          for k, (_, d) in shapes.items()}
 
     def _feedforward(self, layer: DecoderLayer) -> _Dense | PackedExperts | None:
-        """A layer's MLP packed (a sparse one's experts stacked), None where it has none."""
+        """A layer's MLP packed (a sparse one's experts stacked), None where it has none;
+        Gemma 4's experts beside its MLP packed into ``_moe``."""
+        self._moe.append(None)
         if not layer.has_mlp:
             return None
-        if isinstance(layer.mlp, SparseMoE):
-            shared = layer.mlp.shared_experts or layer.mlp.shared_expert
-            ffn = PackedExperts(layer.mlp, self.mm, len(self.experts),
+        block = sparse_block(layer)
+        if block is not None:
+            shared = block.shared_experts or block.shared_expert
+            ffn = PackedExperts(block, self.mm, len(self.experts),
                                 None if shared is None else pack_mlp(shared))
             self.experts.append(ffn)
+            if block is not layer.mlp:
+                self._moe[-1] = ffn
+                return pack_mlp(cast(MLP, layer.mlp))
             return ffn
         return pack_mlp(cast(MLP, layer.mlp))
 
@@ -335,7 +343,15 @@ class PackedDecoder:
             return x + norm(ffn.add(norm(x, norm_mlp_in), torch.zeros_like(x)), norm_mlp)
         w_gate_up, w_down = cast(_Dense, ffn)  # (Gemma 4's may be twice as wide)
         h = mm.gated(norm(x, norm_mlp_in), w_gate_up, w_gate_up.shape[0] // 2, self._act)
-        x = x + norm(mm.linear(h, w_down), norm_mlp)
+        h = mm.linear(h, w_down)
+        moe = self._moe[i]
+        if moe is not None:  # (Gemma 4's experts beside the MLP, routed from x)
+            layer = cast(DecoderLayer, self.model.model.layers[i])
+            experts = moe.add(norm(x, layer.pre_feedforward_layernorm_2.weight),
+                              torch.zeros_like(x), x)
+            h = (norm(h, layer.post_feedforward_layernorm_1.weight)
+                 + norm(experts, layer.post_feedforward_layernorm_2.weight))
+        x = x + norm(h, norm_mlp)
         if per_layer is not None:
             layer = cast(DecoderLayer, self.model.model.layers[i])
             h = self._act(mm.linear(x, layer.per_layer_input_gate.weight)) * per_layer

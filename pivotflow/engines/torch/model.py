@@ -237,8 +237,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(size, eps, offset)
         if self.sandwich:
             self.pre_feedforward_layernorm = RMSNorm(size, eps, offset)
-        self.mlp: nn.Module = (SparseMoE(cfg) if cfg.is_sparse(layer_idx)
+        beside = cfg.experts_beside_mlp  # (Gemma 4's: experts beside its dense MLP)
+        self.mlp: nn.Module = (SparseMoE(cfg) if cfg.is_sparse(layer_idx) and not beside
                                else MLP(cfg, cfg.layer_intermediate(layer_idx)))
+        if beside and cfg.is_sparse(layer_idx):
+            self.moe = SparseMoE(cfg)
+            self.post_feedforward_layernorm_1 = RMSNorm(size, eps, offset)
+            self.pre_feedforward_layernorm_2 = RMSNorm(size, eps, offset)
+            self.post_feedforward_layernorm_2 = RMSNorm(size, eps, offset)
         if cfg.hidden_size_per_layer_input:  # (Gemma 4 E2B's and E4B's per-layer inputs)
             width = cfg.hidden_size_per_layer_input
             self.per_layer_input_gate = nn.Linear(size, width, bias=False)
@@ -266,6 +272,10 @@ class DecoderLayer(nn.Module):
             x = x + self.post_attention_layernorm(attn)
             h = self.pre_feedforward_layernorm(x)
             h = self.mlp(h, replay, balance) if isinstance(self.mlp, SparseMoE) else self.mlp(h)
+            if hasattr(self, "moe"):  # (Gemma 4's experts beside the MLP, routed from x)
+                experts = self.moe(self.pre_feedforward_layernorm_2(x), replay, balance, x)
+                h = (self.post_feedforward_layernorm_1(h)
+                     + self.post_feedforward_layernorm_2(experts))
             x = x + self.post_feedforward_layernorm(h)
             if per_layer is not None:  # (Gemma 4's: a branch its per-layer input gates)
                 h = self.mlp.act(self.per_layer_input_gate(x)) * per_layer
@@ -379,8 +389,8 @@ class Decoder(nn.Module):
 
     def _sigmoid_routed(self) -> list[SparseMoE]:
         """The sparse blocks whose router is a sigmoid one (those with a correction bias)."""
-        blocks = [getattr(layer, "mlp", None) for layer in self.model.layers]
-        return [b for b in blocks if isinstance(b, SparseMoE) and b.correction_bias is not None]
+        blocks = [sparse_block(layer) for layer in self.model.layers]
+        return [b for b in blocks if b is not None and b.correction_bias is not None]
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -449,7 +459,7 @@ class Decoder(nn.Module):
         for i, layer in enumerate(self.model.layers):
             (cos, sin), mask = rope[cfg.rope_kind(i)], masks[cfg.is_sliding(i)]
             replay = None
-            if routing is not None and isinstance(getattr(layer, "mlp", None), SparseMoE):
+            if routing is not None and sparse_block(layer) is not None:
                 replay, sparse = routing[:, :, sparse].long(), sparse + 1
             mine = None if per_layer is None else per_layer[:, :, i]
             if recompute:
@@ -461,6 +471,13 @@ class Decoder(nn.Module):
             else:
                 x = layer(x, cos, sin, mask, cache, replay, balance, q_scale, shared, mine)
         return self.model.norm(x)
+
+
+def sparse_block(layer: nn.Module) -> SparseMoE | None:
+    """A decoder layer's routed experts: its ``mlp`` where that is sparse, Gemma 4's ``moe``
+    beside it, or None."""
+    block = getattr(layer, "moe", None) or getattr(layer, "mlp", None)
+    return block if isinstance(block, SparseMoE) else None
 
 
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -23,7 +23,7 @@ MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
                      "granitemoehybrid", "nemotron_h", "minimax_m2", "hunyuan_v1_moe",
                      "ernie4_5_moe", "glm4_moe_lite", "lfm2_moe", "dots1", "mistral4",
-                     "solar_open", "afmoe", "hy_v3", "minicpm5_moe")
+                     "solar_open", "afmoe", "hy_v3", "minicpm5_moe", "gemma4_text")
 # multi-head latent attention (DeepSeek-V2's and V3's, ``kv_lora_rank``)
 LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2", "glm4_moe_lite", "mistral4")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
@@ -354,6 +354,12 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
             return layer
         sliding = self.is_sliding(layer)
         return max(i for i in range(first) if self.is_sliding(i) == sliding)
+
+    @property
+    def experts_beside_mlp(self) -> bool:
+        """Gemma 4's sparse layers (gemma-4-26B-A4B's): a routed mixture of experts beside the
+        dense MLP (``DecoderLayer.moe``), its router on the layer's unnormalised input."""
+        return self.architecture == "gemma4_text" and self.num_experts > 0
 
     def layer_intermediate(self, layer: int) -> int:
         """Decoder layer ``layer``'s dense MLP width (Gemma 4's KV-sharing layers' twice
