@@ -11,6 +11,25 @@ if TYPE_CHECKING:
     from pivotflow.engines.torch.model_config import ModelConfig
 
 
+def _gemma4_lines(cfg: ModelConfig) -> list[str]:
+    """Gemma 4's full layers' heads and rope, its per-layer inputs and KV sharing."""
+    if not cfg.global_head_dim:
+        return []
+    full = next((i for i in range(cfg.num_hidden_layers) if not cfg.is_sliding(i)), 0)
+    turning = (int(cfg.partial_rotary_factor * cfg.global_head_dim // 2) * 2
+               if cfg.rope_type == "proportional" else cfg.global_head_dim)
+    out = [f"  full layers: heads of {cfg.global_head_dim} on {cfg.layer_kv_heads(full)} kv "
+           f"heads{', values equal to keys' if cfg.attention_k_eq_v else ''}; {turning} of "
+           f"{cfg.global_head_dim} dimensions turn"]
+    if cfg.hidden_size_per_layer_input:
+        out.append(f"  per-layer inputs of {cfg.hidden_size_per_layer_input}")
+    if cfg.num_kv_shared_layers:
+        out.append(f"  the last {cfg.num_kv_shared_layers} layers attend over earlier layers' "
+                   "keys and values" + ("; their MLPs twice as wide"
+                                        if cfg.use_double_wide_mlp else ""))
+    return out
+
+
 def describe_model(path: Path) -> str:
     """What the folder holds, as pivotflow reads it: its family and shape, attention (rope,
     context, windows), experts, weights, tokenizer and stop ids. Raises the PivotflowError a
@@ -49,6 +68,7 @@ def describe_model(path: Path) -> str:
         f"  rope {rope} (theta {cfg.rope_theta:g}); context {cfg.context_limit} "
         f"({cfg.context_key})",
     ]
+    lines.extend(_gemma4_lines(cfg))
     if cfg.latent_attention:
         q = f"a {cfg.q_lora_rank} latent" if cfg.q_lora_rank else "q_proj"
         lines.append(f"  latent attention: keys and values from a {cfg.kv_lora_rank} latent, "
@@ -85,7 +105,8 @@ def describe_model(path: Path) -> str:
                      f"{cfg.num_hidden_layers} layers")
     if cfg.sparse_layers:
         lines.append(f"  experts {cfg.num_experts} ({cfg.num_experts_per_tok} a token) on "
-                     f"{cfg.sparse_layers} of {cfg.num_hidden_layers} layers" + _router(cfg))
+                     f"{cfg.sparse_layers} of {cfg.num_hidden_layers} layers"
+                     + (", beside each MLP" if cfg.experts_beside_mlp else "") + _router(cfg))
     raw = read_config(path)  # (as the file says it: a run holds what held_config gives)
     mtp = (raw.get("num_nextn_predict_layers") or raw.get("mtp_num_hidden_layers")
            or raw.get("num_mtp_modules") or 0)

@@ -393,6 +393,18 @@ OTHER_LAYOUTS = {
                       "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}},
                  ("model.layers.0.self_attn.kv_b_proj.weight",
                   "model.layers.1.mlp.experts.gate_up_proj", "model.layers.1.mlp.gate.weight")),
+    # gemma-4-26B-A4B's kind (text-only, as a Gemma4ForCausalLM): a sliding then a full layer
+    # (heads twice as wide on one kv head, values equal to keys), 4 experts (2 a token) beside
+    # each MLP, its router and stacked experts on the layer in the file
+    "gemma4_text": ("Gemma4TextConfig", "Gemma4ForCausalLM",
+                    {"head_dim": 32, "global_head_dim": 64, "num_global_key_value_heads": 1,
+                     "attention_k_eq_v": True, "hidden_size_per_layer_input": 0,
+                     "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"],
+                     "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+                     "moe_intermediate_size": 64},
+                    ("model.layers.0.router.proj.weight", "model.layers.1.experts.gate_up_proj",
+                     "model.layers.1.router.per_expert_scale",
+                     "model.layers.1.self_attn.k_proj.weight")),
 }
 # a GLM-4.5 file's multi-token-prediction layer (layer 2 of a 2-layer decoder), as the Hub's
 # checkpoints hold one past their last layer
@@ -432,6 +444,9 @@ LORA_EXPORTS = {
     # of the held q_proj, which exports as q_proj's and self_attn.gate_proj's, does not load
     # there: test_hub_folders checks that export)
     "afmoe": (["k_proj", "v_proj", "o_proj"], {}),
+    # (Gemma 4's attention: v_proj on its sliding layers only; not its MLP, beside experts
+    # PEFT holds fused)
+    "gemma4_text": (["q_proj", "k_proj", "v_proj", "o_proj"], {}),
 }
 
 
@@ -469,6 +484,7 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     # (a router's correction bias, frozen: the sigmoid ones' and ERNIE 4.5 MoE's)
     sigmoid = mtp or family in ("minimax_m2", "ernie4_5_moe", "lfm2_moe", "afmoe", "hy_v3",
                                 "minicpm5_moe")
+    replayed = sigmoid or family == "gemma4_text"  # (its experts' routing replayed too)
     if mtp:
         from safetensors.torch import save_file
 
@@ -542,6 +558,11 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
             "mistral4": "experts 4 (2 a token) on 1 of 2 layers; from the best 1 of 2 groups, "
                         "1 shared\n  tensors: experts stacked in the file (gate_up_proj, "
                         "down_proj), held one at a time",
+            "gemma4_text": "full layers: heads of 64 on 1 kv heads, values equal to keys; 16 "
+                           "of 64 dimensions turn\n  sliding window 8 on 1 of 2 layers\n  "
+                           "experts 4 (2 a token) on 2 of 2 layers, beside each MLP\n  tensors: "
+                           "router and stacked experts on each layer in the file, held beside "
+                           "its MLP as moe.gate and one expert at a time",
             "qwen3_next": "experts 4 (2 a token) on 1 of 2 layers; a gated shared expert of "
                           "64\n  tensors: DeltaNet projections fused and grouped by key "
                           "head in the file (in_proj_qkvz, in_proj_ba), held split"}[family] in said.stderr
@@ -549,7 +570,7 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     # (GLM-4.5's and MiniMax-M2's sigmoid routers: their rollouts' experts replayed, a balance
     # loss of its kind)
     graph = write_graph(tmp_path, folder, prompts, *(
-        ("routing_replay=True", "router_aux_loss_coef=0.01") if sigmoid else ()))
+        ("routing_replay=True", "router_aux_loss_coef=0.01") if replayed else ()))
     s = run(graph, steps=2, out=tmp_path / "out", console=False, sets=["live=false"]).summary
     assert s["error"] is None and s["steps"] == 2 and s["ledger"]["groups_trained"] == 4
     assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicates"] == 0
@@ -592,6 +613,7 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
             "nemotron_h": LORA_EXPORTS["nemotron_h"][0],
             "hunyuan_v1_moe": LORA_EXPORTS["hunyuan_v1_moe"][0],
             "afmoe": LORA_EXPORTS["afmoe"][0], "hy_v3": LORA_EXPORTS["hy_v3"][0],
+            "gemma4_text": LORA_EXPORTS["gemma4_text"][0],
             "lfm2": ["q_proj", "o_proj", "in_proj", "out_proj", "gate_proj", "up_proj",
                      "down_proj"],
             "olmo_hybrid": ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_a",

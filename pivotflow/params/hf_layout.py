@@ -418,6 +418,8 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
     if family == "hy_v3":  # (its shared MLP's and router's names)
         return {block_router_name(n, HY_V3_NAMES, to_disk=True): t
                 for n, t in adapters.items()}, {}, {}
+    if family == "gemma4_text":  # (its experts' adapters under the file's names)
+        return gemma4_engine(adapters), {}, {}
     if family == "afmoe":  # (q_proj's adapter as the file's q_proj's and gate_proj's)
         return afmoe_disk(_geometry(config, "adapter export"), adapters), {}, {}
     if family in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # (Hunyuan-MoE's shared MLP renamed)

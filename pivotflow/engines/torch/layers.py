@@ -20,19 +20,21 @@ class KVCacheHook(Protocol):
 
 
 class RMSNorm(nn.Module):
-    """Llama's RMSNorm; ``offset`` (Gemma's): scaled by ``1 + weight`` (weights start at 0),
-    in float32, rounded to the input dtype after the scaling, not before."""
+    """Llama's RMSNorm; ``offset`` (Gemma 2's and 3's): scaled by ``1 + weight`` (weights start
+    at 0), in float32, rounded to the input dtype after the scaling, not before; ``in_float``
+    (Gemma 4's): by ``weight``, likewise in float32."""
 
-    def __init__(self, dim: int, eps: float, offset: bool = False) -> None:
+    def __init__(self, dim: int, eps: float, offset: bool = False,
+                 in_float: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
-        self.eps, self.offset = eps, offset
+        self.eps, self.offset, self.in_float = eps, offset, in_float or offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # As transformers does: normalise in float32, round to the input dtype, then scale.
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.offset:
-            return (x32 * (1.0 + self.weight.float())).to(dtype)
+        if self.in_float:
+            return (x32 * (float(self.offset) + self.weight.float())).to(dtype)
         return self.weight * x32.to(dtype)

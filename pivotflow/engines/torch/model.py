@@ -75,9 +75,9 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q_width, k_width = ((self.n_heads * self.head_dim, self.n_kv * self.head_dim)
                                 if self.whole_qk_norm else (self.head_dim, self.head_dim))
-            self.q_norm = RMSNorm(q_width, cfg.rms_norm_eps, cfg.norm_offset)
+            self.q_norm = layer_norm(cfg, q_width)
             if owns_kv:
-                self.k_norm = RMSNorm(k_width, cfg.rms_norm_eps, cfg.norm_offset)
+                self.k_norm = layer_norm(cfg, k_width)
         self.scale = cfg.attention_scale
         self.softcap = cfg.attn_logit_softcapping  # (Gemma 2's; 0: none)
         # gpt-oss's: a learned logit per head that every query's softmax also spreads over
@@ -214,11 +214,11 @@ class DecoderLayer(nn.Module):
         if cfg.layer_scalars:
             self.layer_scalar = nn.Parameter(torch.ones(1), requires_grad=False)
         self.residual = cfg.residual_multiplier  # (Granite's: each sub-layer's output scaled)
-        size, eps, offset = cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset
+        size = cfg.hidden_size
         # (Nemotron-H's layers are one block: a mixer alone, or an MLP alone)
         self.has_mixer, self.has_mlp = cfg.has_mixer(layer_idx), cfg.has_mlp(layer_idx)
         if not self.post_norm and self.has_mixer:
-            self.input_layernorm = RMSNorm(size, eps, offset)
+            self.input_layernorm = layer_norm(cfg, size)
         # (Qwen3.5's linear layers: ``linear_attn`` in place of ``self_attn``, Granite 4.0-H's
         # ``mamba``, as HF names them)
         self.linear = cfg.is_linear(layer_idx)
@@ -234,24 +234,24 @@ class DecoderLayer(nn.Module):
                 else Attention(cfg, layer_idx))
         if not self.has_mlp:
             return
-        self.post_attention_layernorm = RMSNorm(size, eps, offset)
+        self.post_attention_layernorm = layer_norm(cfg, size)
         if self.sandwich:
-            self.pre_feedforward_layernorm = RMSNorm(size, eps, offset)
+            self.pre_feedforward_layernorm = layer_norm(cfg, size)
         beside = cfg.experts_beside_mlp  # (Gemma 4's: experts beside its dense MLP)
         self.mlp: nn.Module = (SparseMoE(cfg) if cfg.is_sparse(layer_idx) and not beside
                                else MLP(cfg, cfg.layer_intermediate(layer_idx)))
         if beside and cfg.is_sparse(layer_idx):
             self.moe = SparseMoE(cfg)
-            self.post_feedforward_layernorm_1 = RMSNorm(size, eps, offset)
-            self.pre_feedforward_layernorm_2 = RMSNorm(size, eps, offset)
-            self.post_feedforward_layernorm_2 = RMSNorm(size, eps, offset)
+            self.post_feedforward_layernorm_1 = layer_norm(cfg, size)
+            self.pre_feedforward_layernorm_2 = layer_norm(cfg, size)
+            self.post_feedforward_layernorm_2 = layer_norm(cfg, size)
         if cfg.hidden_size_per_layer_input:  # (Gemma 4 E2B's and E4B's per-layer inputs)
             width = cfg.hidden_size_per_layer_input
             self.per_layer_input_gate = nn.Linear(size, width, bias=False)
             self.per_layer_projection = nn.Linear(width, size, bias=False)
-            self.post_per_layer_input_norm = RMSNorm(size, eps, offset)
+            self.post_per_layer_input_norm = layer_norm(cfg, size)
         if self.post_norm or self.sandwich:
-            self.post_feedforward_layernorm = RMSNorm(size, eps, offset)
+            self.post_feedforward_layernorm = layer_norm(cfg, size)
 
     @property
     def mixer(self) -> GatedDeltaNet | Mamba2 | ShortConv:
@@ -318,13 +318,12 @@ class _Backbone(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
+        self.norm = layer_norm(cfg, cfg.hidden_size)
         if cfg.hidden_size_per_layer_input:  # (Gemma 4 E2B's and E4B's per-layer inputs)
             width = cfg.num_hidden_layers * cfg.hidden_size_per_layer_input
             self.embed_tokens_per_layer = nn.Embedding(cfg.vocab_size_per_layer_input, width)
             self.per_layer_model_projection = nn.Linear(cfg.hidden_size, width, bias=False)
-            self.per_layer_projection_norm = RMSNorm(cfg.hidden_size_per_layer_input,
-                                                     cfg.rms_norm_eps, cfg.norm_offset)
+            self.per_layer_projection_norm = layer_norm(cfg, cfg.hidden_size_per_layer_input)
 
     def per_layer_inputs(self, ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         """Gemma 4's per-layer inputs [..., layers, width] for token ids [...] and their
@@ -471,6 +470,11 @@ class Decoder(nn.Module):
             else:
                 x = layer(x, cos, sin, mask, cache, replay, balance, q_scale, shared, mine)
         return self.model.norm(x)
+
+
+def layer_norm(cfg: ModelConfig, dim: int) -> RMSNorm:
+    """An RMSNorm of ``dim`` as ``cfg``'s family computes its norms (Gemma's in float32)."""
+    return RMSNorm(dim, cfg.rms_norm_eps, cfg.norm_offset, cfg.architecture == "gemma4_text")
 
 
 def sparse_block(layer: nn.Module) -> SparseMoE | None:
