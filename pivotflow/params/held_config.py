@@ -27,6 +27,7 @@ _FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
              "Glm4ForCausalLM": "glm4", "Glm4ForSequenceClassification": "glm4",
              "Glm4MoeForCausalLM": "glm4_moe", "Gemma3ForConditionalGeneration": "gemma3",
              "Gemma4ForConditionalGeneration": "gemma4",
+             "Gemma4UnifiedForConditionalGeneration": "gemma4_unified",
              "Mistral3ForConditionalGeneration": "mistral3", "GptOssForCausalLM": "gpt_oss",
              "GptOssForSequenceClassification": "gpt_oss",
              "DeepseekV3ForCausalLM": "deepseek_v3",
@@ -59,6 +60,11 @@ _GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediat
                          "num_hidden_layers": 26, "num_attention_heads": 8,
                          "num_key_value_heads": 4, "head_dim": 256,
                          "max_position_embeddings": 131072}
+# Gemma4UnifiedTextConfig's (gemma-4-12B's) defaults where they differ from Gemma 4's, and
+# the keys its class does not have (no per-layer inputs, no experts): its text model is Gemma
+# 4's otherwise, and runs, is served and is written as gemma4_text
+GEMMA4_UNIFIED_DEFAULTS = {"sliding_window": 1024, "max_position_embeddings": 262144,
+                           "hidden_size_per_layer_input": 0, "enable_moe_block": False}
 # the multimodal wrappers whose text model pivotflow runs: (its model_type, its causal LM's
 # class, defaults for keys the Hub's text_config leaves out); None: the family its
 # text_config names (InternVL's and LLaVA's: Qwen2, Qwen3, Qwen3-MoE, Llama, gpt-oss...)
@@ -67,6 +73,7 @@ WRAPPERS: dict[str, tuple[str | None, str | None, dict[str, Any]]] = {
     "llava_onevision": (None, None, {}),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", _GEMMA3_TEXT_DEFAULTS),
     "gemma4": ("gemma4_text", "Gemma4ForCausalLM", {}),  # (all Gemma 4s ship so)
+    "gemma4_unified": ("gemma4_text", "Gemma4ForCausalLM", GEMMA4_UNIFIED_DEFAULTS),
     "mistral3": (None, None, {}),  # (Mistral Small 3.1's mistral, Ministral 3's ministral3)
     "qwen3_5": ("qwen3_5_text", "Qwen3_5ForCausalLM", {}),
     "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", {}),
@@ -86,6 +93,9 @@ def held_config(config: dict[str, Any], where: str = "config.json") -> dict[str,
     if is_fp8_blocks(config):  # (held dequantized: fp8_blocks)
         config = _unquantized(config)
     family = family_of(config)
+    if config.get("model_type") == "gemma4_unified_text":  # (Gemma 4's math: held as it)
+        config = {**GEMMA4_UNIFIED_DEFAULTS, **config, "model_type": "gemma4_text",
+                  "architectures": ["Gemma4ForCausalLM"]}
     if config.get("model_type") == "kimi_k2":
         # Kimi K2's own name for DeepSeek-V3's architecture (transformers reads it as
         # deepseek_v3, its auto_map's remote code not needed): held, and written, as that

@@ -91,6 +91,42 @@ def test_a_gemma4_folder_runs_its_text_model_and_writes_a_causal_lm(tmp_path: Pa
                                        atol=1e-5)
 
 
+def test_a_gemma4_12b_folder_runs_as_gemma4(tmp_path: Path) -> None:
+    """gemma-4-12B ships as Gemma4UnifiedForConditionalGeneration (text model
+    ``gemma4_unified_text``: Gemma 4's without per-layer inputs or experts; image tokens
+    attending both ways, text causally): held as gemma4_text, it decodes as transformers'
+    wrapper does on text and writes a Gemma4ForCausalLM that transformers loads to the same
+    logits; its text model alone (Gemma4UnifiedForCausalLM) reads the same."""
+    text = {**{k: v for k, v in GEMMA4.extra.items() if k != "hidden_size_per_layer_input"},
+            **{k: SIZES[k] for k in ("vocab_size", "hidden_size", "intermediate_size",
+                                     "max_position_embeddings")},
+            "num_kv_shared_layers": 1, "tie_word_embeddings": True}
+    config = transformers.Gemma4UnifiedConfig(
+        text_config=text, audio_config=None,
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                       "num_attention_heads": 2})
+    assert config.text_config.use_bidirectional_attention == "vision"
+    torch.manual_seed(0)
+    theirs = sharpened(transformers.Gemma4UnifiedForConditionalGeneration(config))
+    theirs.save_pretrained(tmp_path / "wrapper")
+    folder = load_model_folder(tmp_path / "wrapper")
+    assert folder.hf_config["architectures"] == ["Gemma4ForCausalLM"]
+    assert (folder.config.architecture, folder.config.hidden_size_per_layer_input) == (
+        "gemma4_text", 0)
+    assert folder.config.num_kv_shared_layers == 1 and folder.config.attention_k_eq_v
+    assert_wrapper_runs_its_text_model(theirs, folder, tmp_path / "written", "Gemma4ForCausalLM",
+                                       atol=1e-5)
+    alone = transformers.Gemma4UnifiedForCausalLM(config.text_config).eval()
+    alone.model.load_state_dict(theirs.model.language_model.state_dict())
+    alone.save_pretrained(tmp_path / "text")
+    text_folder = load_model_folder(tmp_path / "text")
+    assert text_folder.config == folder.config
+    ids = torch.tensor([PROMPTS[2] * 10])
+    with torch.no_grad():
+        torch.testing.assert_close(build_model(text_folder.config, text_folder.tensors)(ids),
+                                   alone(input_ids=ids).logits, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("key, value, message", [
     ("enable_moe_block", True, "num_experts=None is not a non-negative integer"),
     ("use_bidirectional_attention", "all", "use_bidirectional_attention='all' is not supported"),

@@ -73,6 +73,12 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
                 "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
                 "moe_intermediate_size": 64,
                 "layer_types": ["sliding_attention", "full_attention"] * 2}),
+            # gemma-4-12B's text model alone (Gemma4UnifiedForCausalLM): held and served as
+            # gemma4_text; its last layer attends over the keys and values of the second
+            "gemma4-12b": ("Gemma4UnifiedTextConfig", "Gemma4UnifiedForCausalLM", {
+                "num_hidden_layers": 4, "global_head_dim": 64, "num_global_key_value_heads": 1,
+                "attention_k_eq_v": True, "sliding_window": 6, "num_kv_shared_layers": 1,
+                "layer_types": ["sliding_attention", "full_attention"] * 2}),
             # Gemma 3's text model: five sliding layers of six, linear-scaled RoPE on the sixth
             "gemma3-text": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
                 "num_hidden_layers": 6, "query_pre_attn_scalar": 24, "sliding_window": 6,
@@ -343,6 +349,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     cfg, weights = load_checkpoint(path)
     assert cfg.architecture == {"gemma3-text": "gemma3_text", "gemma4": "gemma4_text",
                                 "gemma4-e2b": "gemma4_text", "gemma4-moe": "gemma4_text",
+                                "gemma4-12b": "gemma4_text",
                                 "glm4-moe": "glm4_moe",
                                 "ernie4.5": "ernie4_5", "seed-oss": "seed_oss",
 
@@ -356,6 +363,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
         family, family.split("-")[0])
     assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text",
                                                    "gemma4", "gemma4-e2b", "gemma4-moe",
+                                                   "gemma4-12b",
                                                    "exaone4", "dots1", "afmoe", "granite-swa",
                                                    "phi3-window", "mixtral-window",
                                                    "gemma2-window"))

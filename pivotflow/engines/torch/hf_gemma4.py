@@ -20,8 +20,13 @@ experts read the input through a norm of their own, and the MLP's and the expert
 each normalised before their sum is (``params/gemma4_layout`` holds the file's router and
 stacked experts as the common names).
 
-Gemma4TextConfig's defaults where a config names none. What pivotflow does not run yet is a
-one-line error: bidirectional attention (EmbeddingGemma's kind).
+gemma-4-12B (``Gemma4UnifiedForConditionalGeneration``, text ``gemma4_unified_text``) is the
+same text decoder without per-layer inputs or experts: held, served and written as
+``gemma4_text`` (``held_config``).
+
+Gemma4TextConfig's defaults where a config names none. What pivotflow does not run is a
+one-line error: bidirectional attention over all tokens (``use_bidirectional_attention``
+"all", an embedding model's; "vision" concerns image tokens alone and text runs causally).
 """
 
 from __future__ import annotations
@@ -42,8 +47,6 @@ _SLIDING_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 _FULL_ROPE = {"rope_type": "proportional", "partial_rotary_factor": 0.25,
               "rope_theta": 1000000.0}
 _GLOBAL_HEAD_DIM = 512  # (Gemma4TextConfig's, where a config names none)
-# (key, its default, what a true value asks for)
-_NOT_YET = (("use_bidirectional_attention", None, "bidirectional attention"),)
 # E2B's and E4B's per-layer inputs and key/value sharing (ModelConfig's field, the config's key,
 # Gemma4TextConfig's default)
 _PER_LAYER = (("hidden_size_per_layer_input", 256), ("vocab_size_per_layer_input", 262144),
@@ -55,10 +58,12 @@ def gemma4_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
     in (five sliding layers of every six, the last layer always full, as transformers forces
     it) and its rope one dict per layer type. Raises ModelConfigError naming ``where`` and the
     key for what the embedded engine does not run."""
-    for key, default, what in _NOT_YET:
-        if raw.get(key, default):
-            raise ModelConfigError(f"{where}: {key}={raw.get(key, default)!r} {ENGINE} on "
-                                   f"gemma4_text ({what}: 0, false or null)")
+    # ("vision": image tokens attend to each other both ways; text is causal, as pivotflow runs
+    # it. "all": every token both ways, an embedding model's)
+    both_ways = raw.get("use_bidirectional_attention")
+    if both_ways not in (None, "vision"):
+        raise ModelConfigError(f"{where}: use_bidirectional_attention={both_ways!r} {ENGINE} "
+                               "on gemma4_text (null or 'vision': text attends causally)")
     out = {**_DEFAULTS, **raw}
     layers = out["num_hidden_layers"]
     types = out.get("layer_types")
