@@ -7,6 +7,8 @@ Gemma's gate, scale and soft-capping, Granite's multipliers, SmolLM3's NoPE laye
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pivotflow.engines.torch.hf_windows import exaone4_sliding, nope_layers
@@ -24,107 +26,9 @@ GRANITE_KEYS = ("embedding_multiplier", "residual_multiplier", "attention_multip
 
 def family_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> dict[str, Any]:
     """The ModelConfig fields family ``kind`` (a model_type) reads from keys of its own
-    (``layers``: its num_hidden_layers); nothing for a family without any."""
-    if kind in ("qwen3_moe", "qwen2_moe"):
-        return _expert_fields(raw, where)
-    if kind in ("mixtral", "olmoe", "gpt_oss"):
-        return _mixtral_fields(raw, where)
-    if kind == "glm4_moe":
-        return glm4_moe_fields(raw, layers, where)
-    if kind == "deepseek_v3":
-        return _deepseek_v3_fields(raw, layers, where)
-    if kind == "deepseek_v2":
-        return _deepseek_v2_fields(raw, layers, where)
-    if kind == "smollm3":
-        return {"nope_layers": nope_layers(raw, layers, where)}
-    if kind == "granite":
-        return _granite_fields(raw, where)
-    if kind == "granite_swa":  # (Granite's multipliers, its bases per layer)
-        from pivotflow.engines.torch.hf_granite_swa import granite_swa_fields
-
-        return {**_granite_fields(raw, where), **granite_swa_fields(raw, where)}
-    if kind in ("gemma3_text", "gemma2"):
-        return _gemma_fields(raw, where)
-    if kind == "gemma4_text":
-        from pivotflow.engines.torch.hf_gemma4 import gemma4_fields
-
-        return gemma4_fields(raw, where)
-    if kind == "qwen3_5_text":
-        return _qwen3_5_fields(raw, layers, where)
-    if kind in ("qwen3_5_moe_text", "qwen3_next"):
-        return {**_qwen3_5_fields(raw, layers, where), **_expert_fields(raw, where)}
-    if kind == "granitemoehybrid":
-        from pivotflow.engines.torch.hf_granite import granite_fields
-
-        return granite_fields(raw, layers, where)
-    if kind == "nemotron_h":
-        from pivotflow.engines.torch.hf_nemotron import nemotron_fields
-
-        return nemotron_fields(raw, where)
-    if kind == "minimax_m2":
-        from pivotflow.engines.torch.hf_minimax import minimax_fields
-
-        return minimax_fields(raw, where)
-    if kind == "exaone4":  # (with a window, its full layers turn no position: NoPE)
-        window = raw.get("sliding_window", 4096) is not None
-        sliding = exaone4_sliding(raw, raw.get("layer_types") or [], layers, where)
-        return {"nope_layers": tuple(i for i in range(layers) if window and i not in sliding)}
-    if kind == "dots1":
-        from pivotflow.engines.torch.hf_dots import dots_fields
-
-        return dots_fields(raw, layers, where)
-    if kind == "glm4_moe_lite":
-        from pivotflow.engines.torch.hf_glm_lite import glm_lite_fields
-
-        return glm_lite_fields(raw, layers, where)
-    if kind == "arcee":  # (Llama's layer, its MLP ungated: relu(x)^2, as Nemotron's)
-        act = raw.get("hidden_act", "relu2")
-        if act != "relu2":
-            raise ModelConfigError(f"{where}: hidden_act={act!r} {ENGINE} on arcee (relu2)")
-        return {"hidden_act": act}
-    if kind == "minicpm5_moe":
-        from pivotflow.engines.torch.hf_minicpm5 import minicpm5_fields
-
-        return minicpm5_fields(raw, layers, where)
-    if kind == "hy_v3":
-        from pivotflow.engines.torch.hf_hy_v3 import hy_v3_fields
-
-        return hy_v3_fields(raw, layers, where)
-    if kind == "apertus":  # (checked by hf_apertus)
-        return {"hidden_act": "xielu"}
-    if kind == "afmoe":
-        from pivotflow.engines.torch.hf_afmoe import afmoe_fields
-
-        return afmoe_fields(raw, layers, where)
-    if kind == "solar_open":
-        from pivotflow.engines.torch.hf_solar_open import solar_open_fields
-
-        return solar_open_fields(raw, layers, where)
-    if kind == "mistral4":
-        from pivotflow.engines.torch.hf_mistral4 import mistral4_fields
-
-        return mistral4_fields(raw, layers, where)
-    if kind == "ministral3":
-        from pivotflow.engines.torch.hf_ministral import ministral_fields
-
-        return ministral_fields(raw, where)
-    if kind == "ernie4_5_moe":
-        from pivotflow.engines.torch.hf_ernie import ernie_moe_fields
-
-        return ernie_moe_fields(raw, layers, where)
-    if kind == "hunyuan_v1_moe":
-        from pivotflow.engines.torch.hf_hunyuan import hunyuan_moe_fields
-
-        return hunyuan_moe_fields(raw, where)
-    if kind in ("lfm2", "lfm2_moe"):
-        from pivotflow.engines.torch.hf_lfm2 import lfm2_fields
-
-        return lfm2_fields(raw, where)
-    if kind == "olmo_hybrid":
-        from pivotflow.engines.torch.hf_olmo_hybrid import olmo_hybrid_fields
-
-        return olmo_hybrid_fields(raw, layers, where)
-    return {}
+    (``layers``: its num_hidden_layers); nothing for a family without any (``_FIELDS``)."""
+    reader = _FIELDS.get(kind)
+    return {} if reader is None else reader(raw, layers, where)
 
 
 def expert_counts(raw: dict[str, Any], where: str) -> dict[str, Any]:
@@ -460,3 +364,82 @@ def qwen3_5_to_hf(cfg: ModelConfig) -> dict[str, Any]:
             "moe_intermediate_size": cfg.moe_intermediate_size,
             "shared_expert_intermediate_size": cfg.shared_expert_intermediate_size,
             "output_router_logits": False}
+
+
+def _exaone4_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
+    """EXAONE 4.0's: with a window, its full layers turn no position (NoPE)."""
+    window = raw.get("sliding_window", 4096) is not None
+    sliding = exaone4_sliding(raw, raw.get("layer_types") or [], layers, where)
+    return {"nope_layers": tuple(i for i in range(layers) if window and i not in sliding)}
+
+
+def _arcee_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
+    """Arcee AFM's: Llama's layer, its MLP ungated, relu(x)^2 (Nemotron's)."""
+    act = raw.get("hidden_act", "relu2")
+    if act != "relu2":
+        raise ModelConfigError(f"{where}: hidden_act={act!r} {ENGINE} on arcee (relu2)")
+    return {"hidden_act": act}
+
+
+# a family reader: (config.json, its num_hidden_layers, where) -> ModelConfig fields
+_Reader = Callable[[dict[str, Any], int, str], dict[str, Any]]
+
+
+def _elsewhere(path: str, by_layers: bool = True) -> _Reader:
+    """The reader ``module.function`` of pivotflow.engines.torch's family modules, imported
+    when first called (they import this module); ``by_layers``: it takes the layer count."""
+    module, name = path.split(".")
+
+    def read(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
+        reader = getattr(importlib.import_module(f"pivotflow.engines.torch.{module}"), name)
+        return reader(raw, layers, where) if by_layers else reader(raw, where)  # type: ignore[no-any-return]
+
+    return read
+
+
+def _no_layers(reader: Callable[[dict[str, Any], str], dict[str, Any]]) -> _Reader:
+    return lambda raw, _layers, where: reader(raw, where)
+
+
+def _granite_swa_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
+    """Granite's multipliers, and its rope bases per layer (hf_granite_swa)."""
+    bases = _elsewhere("hf_granite_swa.granite_swa_fields", by_layers=False)
+    return {**_granite_fields(raw, where), **bases(raw, layers, where)}
+
+
+def _qwen3_5_expert_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
+    """Qwen3.5-MoE's and Qwen3-Next's: their linear layers and their experts."""
+    return {**_qwen3_5_fields(raw, layers, where), **_expert_fields(raw, where)}
+
+
+# Each family's reader of the keys of its own (the families not named have none)
+_FIELDS: dict[str, _Reader] = {
+    **dict.fromkeys(("qwen3_moe", "qwen2_moe"), _no_layers(_expert_fields)),
+    **dict.fromkeys(("mixtral", "olmoe", "gpt_oss"), _no_layers(_mixtral_fields)),
+    "glm4_moe": glm4_moe_fields,
+    "deepseek_v3": _deepseek_v3_fields, "deepseek_v2": _deepseek_v2_fields,
+    "smollm3": lambda raw, layers, where: {"nope_layers": nope_layers(raw, layers, where)},
+    "granite": _no_layers(_granite_fields), "granite_swa": _granite_swa_fields,
+    **dict.fromkeys(("gemma3_text", "gemma2"), _no_layers(_gemma_fields)),
+    "gemma4_text": _elsewhere("hf_gemma4.gemma4_fields", by_layers=False),
+    "qwen3_5_text": _qwen3_5_fields,
+    **dict.fromkeys(("qwen3_5_moe_text", "qwen3_next"), _qwen3_5_expert_fields),
+    "granitemoehybrid": _elsewhere("hf_granite.granite_fields"),
+    "nemotron_h": _elsewhere("hf_nemotron.nemotron_fields", by_layers=False),
+    "minimax_m2": _elsewhere("hf_minimax.minimax_fields", by_layers=False),
+    "exaone4": _exaone4_fields,
+    "dots1": _elsewhere("hf_dots.dots_fields"),
+    "glm4_moe_lite": _elsewhere("hf_glm_lite.glm_lite_fields"),
+    "arcee": _arcee_fields,
+    "minicpm5_moe": _elsewhere("hf_minicpm5.minicpm5_fields"),
+    "hy_v3": _elsewhere("hf_hy_v3.hy_v3_fields"),
+    "apertus": lambda *_: {"hidden_act": "xielu"},  # (checked by hf_apertus)
+    "afmoe": _elsewhere("hf_afmoe.afmoe_fields"),
+    "solar_open": _elsewhere("hf_solar_open.solar_open_fields"),
+    "mistral4": _elsewhere("hf_mistral4.mistral4_fields"),
+    "ministral3": _elsewhere("hf_ministral.ministral_fields", by_layers=False),
+    "ernie4_5_moe": _elsewhere("hf_ernie.ernie_moe_fields"),
+    "hunyuan_v1_moe": _elsewhere("hf_hunyuan.hunyuan_moe_fields", by_layers=False),
+    **dict.fromkeys(("lfm2", "lfm2_moe"), _elsewhere("hf_lfm2.lfm2_fields", by_layers=False)),
+    "olmo_hybrid": _elsewhere("hf_olmo_hybrid.olmo_hybrid_fields"),
+}

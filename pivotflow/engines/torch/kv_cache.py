@@ -1,4 +1,5 @@
-"""The forward pass that serves from the slot KV cache (``slot_cache.SlotKVCache``).
+"""The forward pass that serves from the slot KV cache (``slot_cache.SlotKVCache``, or one per
+key shape: ``kv_groups``).
 
 ``PackedDecoder`` is ``Decoder.forward`` specialised for that cache: q/k/v and gate/up each run
 as one matmul over packed weights, residual adds are fused into the output matmuls, rotary
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from pivotflow.engines.torch.deltanet_serving import PackedDeltaNet
 from pivotflow.engines.torch.experts import PackedExperts, RoutingRecorder
 from pivotflow.engines.torch.feedforward import MLP, activation
-from pivotflow.engines.torch.kv_groups import ServingCache as SlotKVCache
+from pivotflow.engines.torch.kv_groups import ServingCache
 from pivotflow.engines.torch.latent_attention import LatentAttention, PackedLatent
 from pivotflow.engines.torch.linear import Linears, pack_linears, pack_mlp
 from pivotflow.engines.torch.mamba2_serving import PackedMamba2
@@ -46,7 +47,8 @@ _Packed = tuple[
 
 
 class PackedDecoder:
-    """``model``'s forward pass specialised for serving from a ``SlotKVCache``: ``prefill``
+    """``model``'s forward pass specialised for serving from a ``SlotKVCache`` (or
+    ``kv_groups.LayerGroupsKVCache``: ``ServingCache``): ``prefill``
     (whole prompts) and ``decode`` (one token per sequence), each returning logits [n, vocab]
     at one position per sequence.
 
@@ -186,7 +188,7 @@ class PackedDecoder:
         for experts in self.experts:
             experts.recorder = recorder
 
-    def prefill(self, ids: torch.Tensor, last: torch.Tensor, cache: SlotKVCache) -> torch.Tensor:
+    def prefill(self, ids: torch.Tensor, last: torch.Tensor, cache: ServingCache) -> torch.Tensor:
         """Logits [B, vocab] at positions ``last`` [B] of right-padded prompts ``ids`` [B, T],
         after ``cache.begin_prefill``."""
         b, t = ids.shape
@@ -195,7 +197,7 @@ class PackedDecoder:
         return self._logits(x[torch.arange(b, device=ids.device), last])
 
     def decode(
-        self, tokens: torch.Tensor, positions: torch.Tensor, cache: SlotKVCache
+        self, tokens: torch.Tensor, positions: torch.Tensor, cache: ServingCache
     ) -> torch.Tensor:
         """Logits [n, vocab] for ``tokens`` [n] at ``positions`` [n] (from ``begin_decode``)."""
         ropes = {k: table[positions][:, None] for k, table in self._ropes.items()}
@@ -205,8 +207,8 @@ class PackedDecoder:
         self,
         tokens: torch.Tensor,
         ropes: dict[str, torch.Tensor],
-        attend: Callable[[int, torch.Tensor, torch.Tensor, SlotKVCache], torch.Tensor],
-        cache: SlotKVCache,
+        attend: Callable[[int, torch.Tensor, torch.Tensor, ServingCache], torch.Tensor],
+        cache: ServingCache,
     ) -> torch.Tensor:
         """Hidden states [B * T, hidden] after the decoder layers, for token ids [B, T] with
         rotary tables [B or 1, T, 2, heads + kv_heads, D] per rope kind (``ropes[kind]``)."""
@@ -249,8 +251,8 @@ class PackedDecoder:
         x: torch.Tensor,
         shape: tuple[int, int],
         rope: torch.Tensor,
-        cache: SlotKVCache,
-        attend: Callable[[int, torch.Tensor, torch.Tensor, SlotKVCache], torch.Tensor],
+        cache: ServingCache,
+        attend: Callable[[int, torch.Tensor, torch.Tensor, ServingCache], torch.Tensor],
     ) -> torch.Tensor:
         """A pre-norm layer's first half on hidden states [B * T, hidden]: ``x`` plus its
         attention's (or linear mixer's) output for its normed input."""
@@ -298,8 +300,8 @@ class PackedDecoder:
         x: torch.Tensor,
         shape: tuple[int, int],
         rope: torch.Tensor,
-        cache: SlotKVCache,
-        attend: Callable[[int, torch.Tensor, torch.Tensor, SlotKVCache], torch.Tensor],
+        cache: ServingCache,
+        attend: Callable[[int, torch.Tensor, torch.Tensor, ServingCache], torch.Tensor],
         per_layer: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Layer ``i`` of the families that normalise each sub-layer's output before its
@@ -373,7 +375,7 @@ class PackedDecoder:
         return torch.rms_norm(v.float(), (d,), None, self.cfg.rms_norm_eps).to(v.dtype)
 
     def _linear_layer(self, linear: PackedDeltaNet | PackedMamba2 | PackedShortConv, h: torch.Tensor,
-                      shape: tuple[int, int], cache: SlotKVCache) -> torch.Tensor:
+                      shape: tuple[int, int], cache: ServingCache) -> torch.Tensor:
         """A linear layer's output (out_proj's input) for rows ``h``, its states in
         ``cache``: a prefill's prompts or a decode step's tokens."""
         assert cache.states is not None
@@ -415,7 +417,7 @@ class PackedDecoder:
                                                qk_norms[1], eps)
 
     def _attend_decode(
-        self, layer: int, qk: torch.Tensor, v: torch.Tensor, cache: SlotKVCache
+        self, layer: int, qk: torch.Tensor, v: torch.Tensor, cache: ServingCache
     ) -> torch.Tensor:
         """Roped queries+keys [n, heads + kv_heads, D], values [n, kv_heads, D] -> [n, heads*D]."""
         n, heads, (kv_heads, d) = qk.shape[0], self.heads, self._shapes[layer]
@@ -438,7 +440,7 @@ class PackedDecoder:
         return torch.bmm(probs, values).view(n, heads * d)
 
     def _attend_prompt(
-        self, layer: int, qk: torch.Tensor, v: torch.Tensor, cache: SlotKVCache
+        self, layer: int, qk: torch.Tensor, v: torch.Tensor, cache: ServingCache
     ) -> torch.Tensor:
         """The same over [B * T] rows of right-padded prompts, causal within each."""
         (b, t), heads, (kv_heads, d) = cache.prefill_shape, self.heads, self._shapes[layer]
@@ -456,7 +458,7 @@ class PackedDecoder:
                 enable_gqa=True)
         return out.transpose(1, 2).reshape(b * t, heads * d)
 
-    def _keys(self, layer: int, qk: torch.Tensor, v: torch.Tensor, cache: SlotKVCache
+    def _keys(self, layer: int, qk: torch.Tensor, v: torch.Tensor, cache: ServingCache
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The keys, values and mask attention layer ``layer`` reads: its new ones (the key
         rows of ``qk`` past the queries, ``v``) stored in the cache as a prefill

@@ -19,7 +19,11 @@ experts with a shared expert; SmolLM3 leaves rope out of some layers; Granite sc
 embeddings, sub-layer outputs, scores and logits (Granite 4.0-H: Mamba2 on most layers, no rope,
 a shared MLP beside its experts); gpt-oss adds a learned sink to each head's
 softmax and biased, clamped experts (``feedforward``); DeepSeek-V3 attends through latents
-(``LatentAttention``) and routes as GLM-4.5.
+(``LatentAttention``) and routes as GLM-4.5; Gemma 4 (``hf_gemma4``) gives its full layers
+heads of their own width and count (values equal to keys where it says), normalises values,
+scales each layer's output, and may feed each layer an input of its own, share keys and values
+between layers (``Attention.forward``'s ``shared``) and route to experts beside its MLP
+(``DecoderLayer.moe``).
 """
 
 from __future__ import annotations
