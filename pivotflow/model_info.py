@@ -166,6 +166,9 @@ def describe_model(path: Path) -> str:
               "granitemoehybrid": "shared MLP's gate/up fused"
                                   + (" and experts stacked" if raw.get("num_local_experts", 8)
                                      else "") + " in the file, held split",
+              "granitemoe": "experts stacked (gate/up fused) in the file, held split",
+              "granitemoeshared": "shared MLP's gate/up fused and experts stacked in the file, "
+                                  "held split",
               "qwen3_next": "DeltaNet projections fused and grouped by key head in the file "
                             "(in_proj_qkvz, in_proj_ba), held split"
                             + (f"; {mtp} multi-token-prediction layer(s), not loaded" if mtp

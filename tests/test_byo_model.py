@@ -393,6 +393,15 @@ OTHER_LAYOUTS = {
                       "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}},
                  ("model.layers.0.self_attn.kv_b_proj.weight",
                   "model.layers.1.mlp.experts.gate_up_proj", "model.layers.1.mlp.gate.weight")),
+    # Granite 3's MoE (granite-3.1-1b-a400m's kind): Granite's multipliers, every layer's 4
+    # experts (2 a token) stacked in the file with gate and up fused
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM",
+                   {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64,
+                    "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+                    "attention_multiplier": 0.03, "logits_scaling": 6.0},
+                   ("model.layers.0.block_sparse_moe.router.layer.weight",
+                    "model.layers.1.block_sparse_moe.input_linear.weight",
+                    "model.layers.1.block_sparse_moe.output_linear.weight")),
     # gemma-4-26B-A4B's kind (text-only, as a Gemma4ForCausalLM): a sliding then a full layer
     # (heads twice as wide on one kv head, values equal to keys), 4 experts (2 a token) beside
     # each MLP, its router and stacked experts on the layer in the file
@@ -484,7 +493,8 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     # (a router's correction bias, frozen: the sigmoid ones' and ERNIE 4.5 MoE's)
     sigmoid = mtp or family in ("minimax_m2", "ernie4_5_moe", "lfm2_moe", "afmoe", "hy_v3",
                                 "minicpm5_moe")
-    replayed = sigmoid or family == "gemma4_text"  # (its experts' routing replayed too)
+    # (Gemma 4's and Granite 3's experts' routing replayed too)
+    replayed = sigmoid or family in ("gemma4_text", "granitemoe")
     if mtp:
         from safetensors.torch import save_file
 
@@ -558,6 +568,8 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
             "mistral4": "experts 4 (2 a token) on 1 of 2 layers; from the best 1 of 2 groups, "
                         "1 shared\n  tensors: experts stacked in the file (gate_up_proj, "
                         "down_proj), held one at a time",
+            "granitemoe": "experts 4 (2 a token) on 2 of 2 layers\n  tensors: experts "
+                          "stacked (gate/up fused) in the file, held split",
             "gemma4_text": "full layers: heads of 64 on 1 kv heads, values equal to keys; 16 "
                            "of 64 dimensions turn\n  sliding window 8 on 1 of 2 layers\n  "
                            "experts 4 (2 a token) on 2 of 2 layers, beside each MLP\n  tensors: "

@@ -1,4 +1,5 @@
-"""Granite 4.0's (``granitemoehybrid``) tensors on disk <-> as pivotflow holds them.
+"""Granite 4.0's (``granitemoehybrid``) tensors on disk <-> as pivotflow holds them, and Granite
+3's MoE's (``granitemoe``, ``granitemoeshared``), laid out alike.
 
 Its files fuse each layer's MLPs: ``shared_mlp.input_linear`` [2I, H] (gate rows, then up)
 and ``shared_mlp.output_linear``; with experts, ``block_sparse_moe.input_linear`` [E, 2I, H],

@@ -49,6 +49,9 @@ DEEPSEEK_V3_ROUTER = {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "moe
 # key that counts them
 MTP_FAMILIES = {"glm4_moe": "num_nextn_predict_layers", "deepseek_v3": "num_nextn_predict_layers",
                 "glm4_moe_lite": "num_nextn_predict_layers", "minimax_m2": "num_mtp_modules"}
+# the families whose files fuse their MLPs and stack their experts as Granite 4.0's
+# (``granite_layout``): Granite 3's MoE's too
+GRANITE_FILES = ("granitemoehybrid", "granitemoe", "granitemoeshared")
 # the families whose files hold them apart, as ``mtp.*`` (Qwen3.5's)
 MTP_APART = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 
@@ -234,7 +237,7 @@ def family_of(config: dict[str, Any]) -> str | None:
                     None)
     if kind == "gemma4_text":  # (its experts beside the MLP: gemma4_layout)
         return kind if config.get("enable_moe_block") else None
-    return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", "granitemoehybrid",
+    return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", *GRANITE_FILES,
                             "nemotron_h", "olmo_hybrid", "ernie4_5", "ernie4_5_moe", "lfm2",
                             "lfm2_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "mistral4",
                             "afmoe", "apertus", "hy_v3", *MTP_FAMILIES, *MTP_APART,

@@ -83,6 +83,7 @@ from pivotflow.params.fp8_blocks import block_size, fp8_dequantized, is_fp8_bloc
 from pivotflow.params.gemma4_layout import gemma4_disk, gemma4_engine, gemma4_held
 from pivotflow.params.granite_layout import granite_engine, granite_fused, granite_split
 from pivotflow.params.held_config import (
+    GRANITE_FILES,
     MTP_APART,
     MTP_FAMILIES,
     WRAPPERS,
@@ -139,9 +140,9 @@ _FUSED = {"phi3": ((_QKV, _SPLIT_QKV), (_GATE_UP, _SPLIT_GATE_UP)),
           "qwen3_next": ((_QKVZ, _SPLIT_QKVZ), (_BA, _SPLIT_BA)),
           # (adapters only: granite_layout lays the tensors out; a dense layer's shared MLP is
           # held as its mlp, a sparse one's as its shared experts)
-          "granitemoehybrid": ((_SHARED_IN, _SPLIT_GATE_UP),
-                               (_SHARED_IN, ("mlp.shared_experts.gate_proj.weight",
-                                             "mlp.shared_experts.up_proj.weight")))}
+          **dict.fromkeys(GRANITE_FILES, ((_SHARED_IN, _SPLIT_GATE_UP),
+                                          (_SHARED_IN, ("mlp.shared_experts.gate_proj.weight",
+                                                        "mlp.shared_experts.up_proj.weight"))))}
 # Granite 4.0's shared MLP's down projection, held as a dense MLP's or as shared experts'
 _GRANITE_DOWN = re.compile(r"(.*\.)mlp\.(?:shared_experts\.)?down_proj\.(lora_[AB])")
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")  # (a layer's tensors: its number)
@@ -219,7 +220,7 @@ def held_layout(
         cfg = _geometry(config, where)
         return {minimax_name(name, to_disk=False): t for name, t in tensors.items()
                 if (m := _LAYER.match(name)) is None or int(m.group(1)) < cfg.num_hidden_layers}
-    if family == "granitemoehybrid":
+    if family in GRANITE_FILES:
         return granite_split(tensors, where)
     if family == "nemotron_h":
         return nemotron_split(_geometry(config, where), tensors)
@@ -329,7 +330,7 @@ def engine_names(config: dict[str, Any],
         return {minimax_name(name, to_disk=True): t for name, t in tensors.items()}
     if family == "gpt_oss":
         return oss_engine(tensors)
-    if family == "granitemoehybrid":
+    if family in GRANITE_FILES:
         return granite_engine(tensors)
     if family == "nemotron_h":  # (vLLM's loader reads the file's names)
         return nemotron_disk(tensors)
@@ -367,7 +368,7 @@ def disk_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
     family = family_of(config)
     if family == "gpt_oss":
         return oss_fused(tensors)
-    if family == "granitemoehybrid":
+    if family in GRANITE_FILES:
         return granite_fused(tensors)
     if family == "mistral4":
         return stacked(tensors)
@@ -454,7 +455,7 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
             if ranks.setdefault(key, len(present) * rank) != len(present) * rank:
                 raise ValueError(f"{key}: layers adapt different parts; PEFT's rank_pattern "
                                  "cannot say it")
-    if family == "granitemoehybrid":  # (its shared MLP's down projection: output_linear)
+    if family in GRANITE_FILES:  # (its shared MLP's down projection: output_linear)
         out = {(f"{m.group(1)}shared_mlp.output_linear.{m.group(2)}"
                 if (m := _GRANITE_DOWN.fullmatch(k)) else k): t for k, t in out.items()}
     return out, ranks, {k: alpha * r / rank for k, r in ranks.items()}
@@ -474,6 +475,6 @@ def fused_targets(config: dict[str, Any], targets: list[str]) -> list[str]:
         return list(targets)
     fused = {_module(p).split(".")[-1]: _module(f).split(".")[-1]
              for f, parts in _FUSED[family] for p in parts}
-    if family == "granitemoehybrid":
+    if family in GRANITE_FILES:
         fused["down_proj"] = "output_linear"
     return list(dict.fromkeys(fused.get(t, t) for t in targets))

@@ -598,6 +598,18 @@ CASES += [
           "moe_intermediate_size": 32}),
 ]  # fmt: skip
 GEMMA4_MOE = CASES[68]
+# Granite 3's MoE (granite-3.1-3b-a800m's kind): Granite's multipliers, on every layer 4 experts
+# (2 a token) by a softmax over the top 2 logits, stacked in the file (gate/up fused); and
+# granitemoeshared's, with a shared MLP beside them
+_GRANITE_MOE = {"head_dim": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
+                "intermediate_size": 48, "embedding_multiplier": 12.0,
+                "residual_multiplier": 0.22, "attention_multiplier": 0.03, "logits_scaling": 6.0}
+CASES += [
+    Case("granite-3-moe", "GraniteMoeConfig", True, _GRANITE_MOE),
+    Case("granite-moe-shared", "GraniteMoeSharedConfig", False,
+         {**_GRANITE_MOE, "shared_intermediate_size": 64}),
+]  # fmt: skip
+GRANITE_MOE, GRANITE_MOE_SHARED = CASES[69], CASES[70]
 CASE_IDS = [c.name for c in CASES]
 
 

@@ -40,6 +40,8 @@ from hf_fixtures import (
     GRANITE4_DENSE,
     GRANITE4_H,
     GRANITE4_H_DENSE,
+    GRANITE_MOE,
+    GRANITE_MOE_SHARED,
     GRANITE_SWA,
     GRANITE_SWA_TWO_BASES,
     HUNYUAN,
@@ -124,7 +126,7 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        HUNYUAN, HUNYUAN_MOE, ERNIE4_5_MOE, MINISTRAL3, GLM4_7_FLASH,
        LFM2_MOE, DOTS1, MISTRAL4, SOLAR_OPEN, ARCEE, AFMOE, APERTUS, HY_V3, GRANITE_SWA,
        GRANITE_SWA_TWO_BASES, MINICPM5_MOE, GEMMA4, GEMMA4_VALUES_APART, GEMMA4_E2B,
-       GEMMA4_MOE]
+       GEMMA4_MOE, GRANITE_MOE, GRANITE_MOE_SHARED]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -294,6 +296,14 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert ("model.layers.3.self_attn.v_proj.weight" in folder.tensors) is not k_eq_v
         assert folder.tensors["model.layers.3.self_attn.k_proj.weight"].shape[0] == (
             64 if k_eq_v else 128)
+    elif case in (GRANITE_MOE, GRANITE_MOE_SHARED):  # (its multipliers; experts stacked)
+        shared = case is GRANITE_MOE_SHARED
+        assert written["model_type"] == ("granitemoeshared" if shared else "granitemoe")
+        assert (written["num_local_experts"], written["attention_multiplier"]) == (4, 0.03)
+        assert written.get("shared_intermediate_size", 0) == (64 if shared else 0)
+        disk = disk_layout(written, folder.tensors)
+        assert disk["model.layers.1.block_sparse_moe.input_linear.weight"].shape == (4, 96, 64)
+        assert ("model.layers.1.shared_mlp.input_linear.weight" in disk) is shared
     elif case is GEMMA4_MOE:  # (its experts' keys; its router and stacks on the layer)
         assert written["enable_moe_block"] is True and written["top_k_experts"] == 2
         assert (written["num_experts"], written["moe_intermediate_size"]) == (4, 32)

@@ -157,6 +157,18 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
             "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", {
                 "num_hidden_layers": 4, "sliding_window": 6, "sliding_window_pattern": 4,
                 "pad_token_id": EOS}),
+            # Granite 3's MoE (granite-3.1-3b-a800m's kind): Granite's multipliers, 4 experts
+            # (2 a token) on every layer, stacked in the file, one at a time to vLLM; and with
+            # a shared MLP beside them (granitemoeshared)
+            "granite-3-moe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", {
+                "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64,
+                "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+                "attention_multiplier": 0.03, "logits_scaling": 6.0, "pad_token_id": EOS}),
+            "granite-moe-shared": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", {
+                "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64,
+                "shared_intermediate_size": 96, "embedding_multiplier": 12.0,
+                "residual_multiplier": 0.22, "attention_multiplier": 0.03,
+                "logits_scaling": 6.0, "pad_token_id": EOS}),
             # Granite: its four multipliers, none of them 1
             "granite": ("GraniteConfig", "GraniteForCausalLM", {
                 "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
@@ -349,7 +361,8 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     cfg, weights = load_checkpoint(path)
     assert cfg.architecture == {"gemma3-text": "gemma3_text", "gemma4": "gemma4_text",
                                 "gemma4-e2b": "gemma4_text", "gemma4-moe": "gemma4_text",
-                                "gemma4-12b": "gemma4_text",
+                                "gemma4-12b": "gemma4_text", "granite-3-moe": "granitemoe",
+                                "granite-moe-shared": "granitemoeshared",
                                 "glm4-moe": "glm4_moe",
                                 "ernie4.5": "ernie4_5", "seed-oss": "seed_oss",
 

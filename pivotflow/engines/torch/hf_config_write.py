@@ -20,6 +20,7 @@ from pivotflow.engines.torch.hf_families import (
     check_every_layer_sparse,
     deepseek_to_hf,
     glm4_moe_to_hf,
+    granite_moe_to_hf,
     qwen3_5_to_hf,
 )
 from pivotflow.engines.torch.hf_gemma4 import gemma4_to_hf
@@ -76,7 +77,9 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "minicpm5_moe": "MiniCPM5MoeForCausalLM",
               "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
               "lfm2_moe": "Lfm2MoeForCausalLM",
-              "dots1": "Dots1ForCausalLM", "gemma4_text": "Gemma4ForCausalLM"}  # fmt: skip
+              "dots1": "Dots1ForCausalLM", "gemma4_text": "Gemma4ForCausalLM",
+              "granitemoe": "GraniteMoeForCausalLM",
+              "granitemoeshared": "GraniteMoeSharedForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -285,6 +288,7 @@ _OWN_KEYS: dict[str, _Writer] = {
     **dict.fromkeys(("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"), _qwen3_5_keys),
     "olmo_hybrid": olmo_hybrid_to_hf,
     "gemma4_text": lambda cfg, rope: gemma4_to_hf(cfg, rope, _DROP),
+    **dict.fromkeys(("granitemoe", "granitemoeshared"), _keys(granite_moe_to_hf)),
     "hy_v3": _keys(hy_v3_to_hf), "afmoe": _keys(afmoe_to_hf),
     "solar_open": _keys(solar_open_to_hf), "dots1": _keys(dots_to_hf),
     "minicpm5_moe": _keys(minicpm5_to_hf),

@@ -281,6 +281,24 @@ def glm4_moe_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, A
             "qk_norm": raw.get("use_qk_norm", False)}
 
 
+def granite_moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+    """Granite 3's MoE's own keys: its multipliers and experts (every layer sparse, a softmax
+    over the top k logits), granitemoeshared's shared MLP; no token ids (its defaults are a
+    bigger vocabulary's)."""
+    check_every_layer_sparse(cfg)
+    if not cfg.norm_topk_prob or cfg.scoring_func != "softmax":
+        raise ModelConfigError(f"a {cfg.architecture} checkpoint routes by a softmax over its "
+                               "top k logits")
+    out = {key: getattr(cfg, key) for key in GRANITE_KEYS}
+    out.update(attention_multiplier=cfg.attention_scale, attention_bias=cfg.attention_bias,
+               num_local_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
+               output_router_logits=False, pad_token_id=None, bos_token_id=None,
+               eos_token_id=None)
+    if cfg.architecture == "granitemoeshared":
+        out["shared_intermediate_size"] = cfg.shared_intermediate_size
+    return out
+
+
 def glm4_moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     """A GLM-4.5 config's own keys (no token ids: as for phi3; no multi-token-prediction layer:
     pivotflow holds none)."""
@@ -407,6 +425,22 @@ def _granite_swa_fields(raw: dict[str, Any], layers: int, where: str) -> dict[st
     return {**_granite_fields(raw, where), **bases(raw, layers, where)}
 
 
+def _granite_moe_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
+    """Granite 3's MoE (``granitemoe``; ``granitemoeshared`` with a shared MLP beside): its
+    multipliers, and on every layer experts of intermediate_size by a softmax over the top k
+    logits (GraniteMoeConfig's defaults: 8 experts, 2 a token; no shared MLP)."""
+    out = {**_granite_fields(raw, where), **counts(raw, where, (
+        ("num_experts", "num_local_experts", 8), ("num_experts_per_tok", "num_experts_per_tok", 2),
+        ("shared_intermediate_size", "shared_intermediate_size", 0)))}
+    if not (out["num_experts"] and out["num_experts_per_tok"]):
+        raise ModelConfigError(f"{where}: num_local_experts={out['num_experts']!r} and "
+                               f"num_experts_per_tok={out['num_experts_per_tok']!r} must be "
+                               f"positive on {raw.get('model_type')}")
+    if raw.get("model_type") == "granitemoe":  # (a key its class does not read)
+        out["shared_intermediate_size"] = 0
+    return {**out, "moe_intermediate_size": raw["intermediate_size"], "norm_topk_prob": True}
+
+
 def _qwen3_5_expert_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
     """Qwen3.5-MoE's and Qwen3-Next's: their linear layers and their experts."""
     return {**_qwen3_5_fields(raw, layers, where), **_expert_fields(raw, where)}
@@ -420,6 +454,7 @@ _FIELDS: dict[str, _Reader] = {
     "deepseek_v3": _deepseek_v3_fields, "deepseek_v2": _deepseek_v2_fields,
     "smollm3": lambda raw, layers, where: {"nope_layers": nope_layers(raw, layers, where)},
     "granite": _no_layers(_granite_fields), "granite_swa": _granite_swa_fields,
+    **dict.fromkeys(("granitemoe", "granitemoeshared"), _granite_moe_fields),
     **dict.fromkeys(("gemma3_text", "gemma2"), _no_layers(_gemma_fields)),
     "gemma4_text": _elsewhere("hf_gemma4.gemma4_fields", by_layers=False),
     "qwen3_5_text": _qwen3_5_fields,

@@ -17,13 +17,14 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "seed_oss", "hunyuan_v1_dense", "hunyuan_v1_moe", "ernie4_5_moe",
                  "ministral3", "glm4_moe_lite", "lfm2_moe", "dots1", "mistral4",
                  "solar_open", "arcee", "afmoe", "apertus", "hy_v3", "granite_swa",
-                 "minicpm5_moe", "gemma4_text")
+                 "minicpm5_moe", "gemma4_text", "granitemoe", "granitemoeshared")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
                      "granitemoehybrid", "nemotron_h", "minimax_m2", "hunyuan_v1_moe",
                      "ernie4_5_moe", "glm4_moe_lite", "lfm2_moe", "dots1", "mistral4",
-                     "solar_open", "afmoe", "hy_v3", "minicpm5_moe", "gemma4_text")
+                     "solar_open", "afmoe", "hy_v3", "minicpm5_moe", "gemma4_text",
+                     "granitemoe", "granitemoeshared")
 # multi-head latent attention (DeepSeek-V2's and V3's, ``kv_lora_rank``)
 LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2", "glm4_moe_lite", "mistral4")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
@@ -38,6 +39,9 @@ GATED_ATTENTION_ARCHITECTURES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next
 # Granite 4.0's: Mamba2 layers (``mamba2``) on ``linear_attention_layers`` (Granite 4.0-H's
 # most layers; none in the dense Granite 4.0), attention on the rest
 MAMBA_ARCHITECTURES = ("granitemoehybrid", "nemotron_h")
+# Granite's MoE layers (Granite 3's and 4.0's), whose sub-layer outputs scale by
+# residual_multiplier as a dense layer's, and Nemotron-H's
+RESIDUAL_SCALED_MOE = (*MAMBA_ARCHITECTURES, "granitemoe", "granitemoeshared")
 # Nemotron-H's: each layer one block (Mamba2, attention, or an MLP: ``mlp_blocks``), not a
 # mixer and an MLP; its MLPs ungated, relu(x)^2
 BLOCK_ARCHITECTURES = ("nemotron_h",)

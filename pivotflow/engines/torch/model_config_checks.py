@@ -19,6 +19,7 @@ from pivotflow.engines.torch.model_config import (
     NOPE_ARCHITECTURES,
     OPTIONAL_QK_NORM_ARCHITECTURES,
     QK_NORM_ARCHITECTURES,
+    RESIDUAL_SCALED_MOE,
     ROPE_TYPES,
     SCORING_FUNCS,
 )
@@ -79,7 +80,7 @@ def check(cfg: ModelConfig) -> None:
         if not getattr(cfg, name) > 0:
             raise ModelConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
     if cfg.residual_multiplier != 1.0 and (cfg.post_norm or cfg.sandwich_norm or (
-            cfg.num_experts and cfg.architecture not in MAMBA_ARCHITECTURES)):
+            cfg.num_experts and cfg.architecture not in RESIDUAL_SCALED_MOE)):
         raise ModelConfigError("residual_multiplier scales a dense pre-norm layer's "
                                f"sub-layers only (Granite's), not {cfg.architecture!r}'s")
     for name in ("attn_logit_softcapping", "final_logit_softcapping", "attention_multiplier"):
@@ -240,18 +241,22 @@ def _blocks(cfg: ModelConfig) -> None:
 
 
 def _mamba(cfg: ModelConfig) -> None:
-    """Granite 4.0-H's and Nemotron-H's Mamba2 layers' widths (and Granite 4.0's shared MLP's,
-    its alone)."""
+    """Granite 4.0-H's and Nemotron-H's Mamba2 layers' widths (and Granite's shared MLP's,
+    Granite 4.0's and granitemoeshared's alone)."""
     _blocks(cfg)
-    if not cfg.mamba:
-        if cfg.mamba_n_heads or cfg.shared_intermediate_size:
-            raise ModelConfigError(
-                f"Mamba2 layers (mamba_n_heads) and shared_intermediate_size do not fit "
-                f"architecture {cfg.architecture!r} (only {', '.join(MAMBA_ARCHITECTURES)})")
-        return
     if cfg.shared_intermediate_size < 0:
         raise ModelConfigError(
             f"shared_intermediate_size must be >= 0, got {cfg.shared_intermediate_size}")
+    shared_ok = (*MAMBA_ARCHITECTURES, "granitemoeshared")
+    if cfg.shared_intermediate_size and cfg.architecture not in shared_ok:
+        raise ModelConfigError(f"shared_intermediate_size does not fit architecture "
+                               f"{cfg.architecture!r} (only {', '.join(shared_ok)})")
+    if not cfg.mamba:
+        if cfg.mamba_n_heads:
+            raise ModelConfigError(
+                f"Mamba2 layers (mamba_n_heads) do not fit architecture {cfg.architecture!r} "
+                f"(only {', '.join(MAMBA_ARCHITECTURES)})")
+        return
     if not _has_linear_layers(cfg, _MAMBA_DIMS):
         return
     granite = cfg.architecture == "granitemoehybrid"  # (Nemotron-H's width is its heads')
