@@ -393,6 +393,12 @@ OTHER_LAYOUTS = {
                       "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}},
                  ("model.layers.0.self_attn.kv_b_proj.weight",
                   "model.layers.1.mlp.experts.gate_up_proj", "model.layers.1.mlp.gate.weight")),
+    # Cohere 2 (Command R7B's kind): parallel layers with LayerNorms, rope in interleaved pairs
+    # (held reordered) on its sliding layer, NoPE on its full one, logits times 0.25
+    "cohere2": ("Cohere2Config", "Cohere2ForCausalLM",
+                {"sliding_window": 8, "sliding_window_pattern": 2, "logit_scale": 0.25},
+                ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.up_proj.weight",
+                 "model.layers.1.input_layernorm.weight")),
     # Granite 3's MoE (granite-3.1-1b-a400m's kind): Granite's multipliers, every layer's 4
     # experts (2 a token) stacked in the file with gate and up fused
     "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM",
@@ -453,6 +459,9 @@ LORA_EXPORTS = {
     # of the held q_proj, which exports as q_proj's and self_attn.gate_proj's, does not load
     # there: test_hub_folders checks that export)
     "afmoe": (["k_proj", "v_proj", "o_proj"], {}),
+    # (Cohere 2's: q's and k's B rows back in its interleaved order)
+    "cohere2": (["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                {}),
     # (Gemma 4's attention: v_proj on its sliding layers only; not its MLP, beside experts
     # PEFT holds fused)
     "gemma4_text": (["q_proj", "k_proj", "v_proj", "o_proj"], {}),
@@ -568,6 +577,8 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
             "mistral4": "experts 4 (2 a token) on 1 of 2 layers; from the best 1 of 2 groups, "
                         "1 shared\n  tensors: experts stacked in the file (gate_up_proj, "
                         "down_proj), held one at a time",
+            "cohere2": "tensors: rotary pairs interleaved in the file, q/k rows held "
+                       "reordered",
             "granitemoe": "experts 4 (2 a token) on 2 of 2 layers\n  tensors: experts "
                           "stacked (gate/up fused) in the file, held split",
             "gemma4_text": "full layers: heads of 64 on 1 kv heads, values equal to keys; 16 "

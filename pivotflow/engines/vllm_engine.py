@@ -125,7 +125,7 @@ class VllmEngine:
         check_hybrid(raw, self.model_path / "config.json", None if dtype is None else str(dtype),
                      self.on_cpu)
         served_as = vllm_overrides(raw, self.model_path / "config.json")
-        if served_as:  # (a family vLLM runs under another's module: Mistral 4's)
+        if served_as:  # (Mistral 4 under another module, Cohere 2 with its window: vllm_latent)
             kw["hf_overrides"] = {**served_as, **kw.get("hf_overrides", {})}
         cfg = None  # (pivotflow's reading of the served config: read once, for the CPU's needs)
         if self.on_cpu:

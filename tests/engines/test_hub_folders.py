@@ -17,6 +17,7 @@ import torch
 from hf_fixtures import (
     AFMOE,
     ARCEE,
+    COHERE2,
     GEMMA2,
     GEMMA3,
     GEMMA4,
@@ -156,6 +157,32 @@ def test_a_gemma4_config_without_its_per_layer_keys_reads_as_transformers_fills_
     assert ours.hidden_size_per_layer_input == theirs.hidden_size_per_layer_input == 256
     assert ours.vocab_size_per_layer_input == theirs.vocab_size_per_layer_input == 262144
     assert ours.global_head_dim == theirs.per_layer_config[1].head_dim == 512
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("sliding_window", None, "sliding_window=None is not supported by the embedded engine on "
+     "cohere2"),
+    ("use_qk_norm", True, "use_qk_norm=True is not supported"),
+    ("logit_scale", 0, "logit_scale=0.0 is not positive")])
+def test_a_cohere2_config_the_engine_cannot_run_is_a_one_line_error(key: str, value: Any,
+                                                                    message: str) -> None:
+    """A Cohere 2 with no window (transformers then turns no position on any layer), with
+    Cohere 1's q/k norms, or a logit scale of 0: named in one line."""
+    raw = {**hf_model(COHERE2).config.to_dict(), key: value}
+    with pytest.raises(ModelConfigError, match=message) as info:
+        config_from_hf(raw, "m/config.json")
+    assert str(info.value).startswith("m/config.json: ") and "\n" not in str(info.value)
+
+
+def test_cohere2_is_served_by_vllm_with_the_window_transformers_reads() -> None:
+    """vLLM 0.32's Cohere 2 lets a sliding layer see its window + 1 positions; told one less
+    (``hf_overrides``), it attends where transformers and pivotflow's trainer do
+    (tests/with_vllm decodes it so)."""
+    from pivotflow.engines.vllm_latent import vllm_overrides
+
+    raw = hf_model(COHERE2).config.to_dict()
+    assert vllm_overrides(raw, Path("config.json")) == {"sliding_window": 3}
+    assert vllm_overrides({**raw, "model_type": "llama"}, Path("config.json")) == {}
 
 
 def load_model_folder_of(case: Any, root: Path) -> Any:

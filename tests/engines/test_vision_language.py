@@ -276,7 +276,7 @@ def test_a_wrapper_runs_the_text_model_its_text_config_names(tmp_path: Path, nam
 def test_a_wrappers_text_model_of_a_family_pivotflow_does_not_run_is_one_line() -> None:
     from pivotflow.params.held_config import held_config
 
-    wrapper = {"model_type": "llava", "text_config": {**TEXT, "model_type": "cohere2"}}
-    with pytest.raises(ModelConfigError, match=r"^c\.json text_config: model_type='cohere2' is "
+    wrapper = {"model_type": "llava", "text_config": {**TEXT, "model_type": "falcon_h1"}}
+    with pytest.raises(ModelConfigError, match=r"^c\.json text_config: model_type='falcon_h1' is "
                        r"not supported by the embedded engine as llava's text model \(qwen2, "):
         held_config(wrapper, "c.json")

@@ -157,6 +157,12 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
             "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", {
                 "num_hidden_layers": 4, "sliding_window": 6, "sliding_window_pattern": 4,
                 "pad_token_id": EOS}),
+            # Cohere 2 (Command R7B's kind): parallel layers with LayerNorms, interleaved rope
+            # on three sliding layers of four (held reordered, sent in the file's order), the
+            # fourth NoPE, logits times 0.25
+            "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", {
+                "num_hidden_layers": 4, "sliding_window": 6, "logit_scale": 0.25,
+                "pad_token_id": EOS}),
             # Granite 3's MoE (granite-3.1-3b-a800m's kind): Granite's multipliers, 4 experts
             # (2 a token) on every layer, stacked in the file, one at a time to vLLM; and with
             # a shared MLP beside them (granitemoeshared)
@@ -375,6 +381,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
                                 "deepseek-v2": "deepseek_v2"}.get(
         family, family.split("-")[0])
     assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text",
+                                                   "cohere2",
                                                    "gemma4", "gemma4-e2b", "gemma4-moe",
                                                    "gemma4-12b",
                                                    "exaone4", "dots1", "afmoe", "granite-swa",

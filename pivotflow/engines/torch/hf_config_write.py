@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from pivotflow.engines.torch.hf_afmoe import afmoe_to_hf
+from pivotflow.engines.torch.hf_cohere2 import cohere2_to_hf
 from pivotflow.engines.torch.hf_dots import dots_to_hf
 from pivotflow.engines.torch.hf_ernie import ernie_moe_to_hf
 from pivotflow.engines.torch.hf_families import (
@@ -79,7 +80,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "lfm2_moe": "Lfm2MoeForCausalLM",
               "dots1": "Dots1ForCausalLM", "gemma4_text": "Gemma4ForCausalLM",
               "granitemoe": "GraniteMoeForCausalLM",
-              "granitemoeshared": "GraniteMoeSharedForCausalLM"}  # fmt: skip
+              "granitemoeshared": "GraniteMoeSharedForCausalLM",
+              "cohere2": "Cohere2ForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -289,6 +291,7 @@ _OWN_KEYS: dict[str, _Writer] = {
     "olmo_hybrid": olmo_hybrid_to_hf,
     "gemma4_text": lambda cfg, rope: gemma4_to_hf(cfg, rope, _DROP),
     **dict.fromkeys(("granitemoe", "granitemoeshared"), _keys(granite_moe_to_hf)),
+    "cohere2": lambda cfg, _: cohere2_to_hf(cfg, _DROP),
     "hy_v3": _keys(hy_v3_to_hf), "afmoe": _keys(afmoe_to_hf),
     "solar_open": _keys(solar_open_to_hf), "dots1": _keys(dots_to_hf),
     "minicpm5_moe": _keys(minicpm5_to_hf),

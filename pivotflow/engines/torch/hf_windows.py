@@ -81,7 +81,7 @@ def window_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
     elif kind == "exaone4":  # (its layer_types, else its pattern: every Nth full, or "LLLG")
         window, sliding = raw.get("sliding_window", 4096), exaone4_sliding(raw, types, layers,
                                                                            where)
-    elif kind in ("olmo3", "gemma3_text", "gemma2", "gpt_oss", "gemma4_text"):
+    elif kind in ("olmo3", "gemma3_text", "gemma2", "gpt_oss", "gemma4_text", "cohere2"):
         window = raw.get("sliding_window", 128 if kind == "gpt_oss" else DEFAULT_WINDOW)
         every = ({"olmo3": 4, "gemma2": 2, "gpt_oss": 2}.get(kind)
                  or raw.get("sliding_window_pattern", 6))
@@ -181,7 +181,7 @@ def windows_to_hf(cfg: Any, rope: dict[str, Any]) -> dict[str, Any]:
         return {"layer_types": types, "use_sliding_window": bool(sliding),
                 "sliding_window": cfg.sliding_window or None}
     if kind in ("olmo3", "gemma3_text", "gemma2", "gpt_oss", "exaone4", "dots1", "afmoe",
-                "granite_swa", "gemma4_text"):
+                "granite_swa", "gemma4_text", "cohere2"):
         out: dict[str, Any] = {"layer_types": types, "sliding_window": cfg.sliding_window or None}
         if cfg.sliding_rope_theta and kind != "granite_swa":  # (its: layer_rope_theta)
             out["rope_parameters"] = {"full_attention": rope, "sliding_attention": {

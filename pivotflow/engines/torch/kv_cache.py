@@ -224,12 +224,14 @@ class PackedDecoder:
                      if cfg.hidden_size_per_layer_input else None)  # (Gemma 4 E2B's, E4B's)
         scaled = cfg.residual_multiplier != 1.0  # (Granite's: sub-layer outputs scaled)
         offset = cfg.norm_offset
-        for i, ((_, norm2), _, _, _, _, ffn) in enumerate(self.layers):
+        for i, ((norm1, norm2), _, _, _, _, ffn) in enumerate(self.layers):
             rope = ropes[self._rope_kinds[i]]
             if self._post[i]:
                 x = self._output_norm_layer(i, x, (b, t), rope, cache, attend,
                                             None if per_layer is None else per_layer[:, i])
                 continue
+            # (Cohere 2's MLP reads the layer's input, normed as its attention does)
+            mlp_in = self._norm(x, norm1) if cfg.parallel_block else None
             if self._mixes[i]:
                 x = self._mixer_half(i, x, (b, t), rope, cache, attend)
             if isinstance(ffn, PackedExperts):  # (Granite 4.0's scaled as a dense MLP's)
@@ -237,7 +239,7 @@ class PackedDecoder:
                 x = (x + ffn.add(h, torch.zeros_like(x)) * cfg.residual_multiplier if scaled
                      else ffn.add(h, x))
             elif ffn is not None:
-                h = torch.rms_norm(x, hidden, norm2 + 1 if offset else norm2, eps)
+                h = self._norm(x, norm2) if mlp_in is None else mlp_in
                 w_gate_up, w_down = ffn
                 gated = (mm.gated(h, w_gate_up, inter) if cfg.mlp_gated
                          else self._mlp_acts[i](mm.linear(h, w_gate_up)))  # (Nemotron-H's: no gate)
@@ -259,10 +261,9 @@ class PackedDecoder:
         cfg, heads, mm, (b, t) = self.cfg, self.heads, self.mm, shape
         kv_heads, d = self._shapes[i]
         (norm1, _), b_qkv, (w_qkv, w_o), b_o, qk_norms, _ = self.layers[i]
-        eps, split, offset = cfg.rms_norm_eps, (heads + kv_heads) * d, cfg.norm_offset
+        split = (heads + kv_heads) * d
         cos, sin = rope[:, :, 0], rope[:, :, 1]
-        # (Qwen3.5's norms scale by 1 + weight)
-        h = torch.rms_norm(x, (cfg.hidden_size,), norm1 + 1 if offset else norm1, eps)
+        h = self._norm(x, norm1)  # (Qwen3.5's norms scale by 1 + weight, Cohere 2's LayerNorm)
         latent, linear, gate = self._latent[i], self._linear[i], None
         if linear is not None:  # (a gated DeltaNet or Mamba2: a state, no keys or values)
             out = self._linear_layer(linear, h, (b, t), cache)
@@ -478,11 +479,16 @@ class PackedDecoder:
             self._seen[layer] = seen
         return seen
 
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """Hidden states [rows, hidden] through a layer norm of the family's kind: RMSNorm by
+        ``weight`` (by 1 + weight: Gemma's, Qwen3.5's), or Cohere 2's LayerNorm."""
+        hidden, eps = (self.cfg.hidden_size,), self.cfg.rms_norm_eps
+        if self.cfg.centered_norm:
+            return torch.layer_norm(x, hidden, weight, None, eps)
+        return torch.rms_norm(x, hidden, weight + 1 if self.cfg.norm_offset else weight, eps)
+
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        norm: torch.Tensor = self.model.model.norm.weight
-        if self.cfg.norm_offset:  # (Gemma's norms scale by 1 + weight)
-            norm = norm + 1
-        h = torch.rms_norm(x, (self.cfg.hidden_size,), norm, self.cfg.rms_norm_eps)
+        h = self._norm(x, self.model.model.norm.weight)
         logits = self.mm.linear(h, self.model.lm_head.weight)
         if self.cfg.logits_scaling != 1.0:  # (Granite's)
             logits = logits / self.cfg.logits_scaling

@@ -22,18 +22,22 @@ class KVCacheHook(Protocol):
 class RMSNorm(nn.Module):
     """Llama's RMSNorm; ``offset`` (Gemma 2's and 3's): scaled by ``1 + weight`` (weights start
     at 0), in float32, rounded to the input dtype after the scaling, not before; ``in_float``
-    (Gemma 4's): by ``weight``, likewise in float32."""
+    (Gemma 4's): by ``weight``, likewise in float32; ``centered`` (Cohere 2's): a LayerNorm
+    without a bias, the mean removed before, scaled in float32."""
 
     def __init__(self, dim: int, eps: float, offset: bool = False,
-                 in_float: bool = False) -> None:
+                 in_float: bool = False, centered: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
-        self.eps, self.offset, self.in_float = eps, offset, in_float or offset
+        self.eps, self.offset = eps, offset
+        self.in_float, self.centered = in_float or offset or centered, centered
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # As transformers does: normalise in float32, round to the input dtype, then scale.
         dtype = x.dtype
         x32 = x.float()
+        if self.centered:  # (Cohere 2's LayerNorm without a bias: the mean removed first)
+            x32 = x32 - x32.mean(-1, keepdim=True)
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.in_float:
             return (x32 * (float(self.offset) + self.weight.float())).to(dtype)

@@ -236,9 +236,11 @@ class DecoderLayer(nn.Module):
             self.self_attn: Attention | LatentAttention = (
                 LatentAttention(cfg, layer_idx) if cfg.latent_attention
                 else Attention(cfg, layer_idx))
+        self.parallel = cfg.parallel_block  # (Cohere 2's: one norm, read by both halves)
         if not self.has_mlp:
             return
-        self.post_attention_layernorm = layer_norm(cfg, size)
+        if not self.parallel:
+            self.post_attention_layernorm = layer_norm(cfg, size)
         if self.sandwich:
             self.pre_feedforward_layernorm = layer_norm(cfg, size)
         beside = cfg.experts_beside_mlp  # (Gemma 4's: experts beside its dense MLP)
@@ -285,6 +287,9 @@ class DecoderLayer(nn.Module):
                 h = self.mlp.act(self.per_layer_input_gate(x)) * per_layer
                 x = x + self.post_per_layer_input_norm(self.per_layer_projection(h))
             return x * self.layer_scalar if hasattr(self, "layer_scalar") else x
+        if self.parallel:  # (Cohere 2's: attention and the MLP side by side)
+            h = self.input_layernorm(x)
+            return x + self.self_attn(h, cos, sin, attn_mask, cache) + self.mlp(h)
         if self.post_norm:
             x = x + self.post_attention_layernorm(self.self_attn(x, cos, sin, attn_mask, cache))
             return x + self.post_feedforward_layernorm(self.mlp(x))
@@ -478,7 +483,8 @@ class Decoder(nn.Module):
 
 def layer_norm(cfg: ModelConfig, dim: int) -> RMSNorm:
     """An RMSNorm of ``dim`` as ``cfg``'s family computes its norms (Gemma's in float32)."""
-    return RMSNorm(dim, cfg.rms_norm_eps, cfg.norm_offset, cfg.architecture == "gemma4_text")
+    return RMSNorm(dim, cfg.rms_norm_eps, cfg.norm_offset, cfg.architecture == "gemma4_text",
+                   cfg.centered_norm)
 
 
 def sparse_block(layer: nn.Module) -> SparseMoE | None:

@@ -17,7 +17,7 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "seed_oss", "hunyuan_v1_dense", "hunyuan_v1_moe", "ernie4_5_moe",
                  "ministral3", "glm4_moe_lite", "lfm2_moe", "dots1", "mistral4",
                  "solar_open", "arcee", "afmoe", "apertus", "hy_v3", "granite_swa",
-                 "minicpm5_moe", "gemma4_text", "granitemoe", "granitemoeshared")
+                 "minicpm5_moe", "gemma4_text", "granitemoe", "granitemoeshared", "cohere2")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
@@ -71,6 +71,7 @@ ACTIVATIONS = (*GATED_ACTIVATIONS, "relu2", "xielu")
 POST_NORM_ARCHITECTURES = ("olmo2", "olmo3", "exaone4")
 # (layers without rope: SmolLM3's some, Granite 4.0-H's all, AFMoE's full ones)
 NOPE_ARCHITECTURES = ("smollm3", "granitemoehybrid", "nemotron_h", "olmo_hybrid", "exaone4",
+                      "cohere2",
                       "afmoe", "granite_swa")
 # ("proportional": Gemma 4's full layers' rope, every dimension paired by rotate_half over the
 # whole head, the first partial_rotary_factor of the frequencies turning, the rest at 0)
@@ -507,6 +508,19 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         """The rotary dimensions of a rope kind's heads (``rope_kind``): Gemma 4's full layers'
         global_head_dim, else ``rotary_dim``."""
         return self.global_head_dim if kind == "full" and self.global_head_dim else self.rotary_dim
+
+    @property
+    def parallel_block(self) -> bool:
+        """Cohere 2's layer: attention and the MLP read one normed input side by side, both
+        added to the residual (``x + attn(norm(x)) + mlp(norm(x))``); its norms LayerNorm's
+        (``centered_norm``)."""
+        return self.architecture == "cohere2"
+
+    @property
+    def centered_norm(self) -> bool:
+        """Cohere 2's norms: LayerNorm without a bias (mean removed), not RMSNorm;
+        ``rms_norm_eps`` holds its layer_norm_eps."""
+        return self.architecture == "cohere2"
 
     @property
     def value_norm(self) -> bool:
