@@ -147,7 +147,8 @@ def describe_model(path: Path) -> str:
               "lfm2": "norms, attention output and MLP under LFM2's names in the file, held "
                       "under the common ones",
               "ernie4_5": "rotary pairs interleaved in the file, q/k rows held reordered",
-              "cohere2": "rotary pairs interleaved in the file, q/k rows held reordered",
+              **dict.fromkeys(("cohere2", "cohere"), "rotary pairs interleaved in the file, q/k "
+                                                     "rows held reordered"),
               "ernie4_5_moe": "rotary pairs interleaved in the file, q/k rows held reordered; "
                               "its router's correction bias as moe_statics, held on the router"
                               + (f"; {mtp} multi-token-prediction layer(s), not loaded" if mtp

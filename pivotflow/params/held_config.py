@@ -240,5 +240,6 @@ def family_of(config: dict[str, Any]) -> str | None:
     return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", *GRANITE_FILES,
                             "nemotron_h", "olmo_hybrid", "ernie4_5", "ernie4_5_moe", "lfm2",
                             "lfm2_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "mistral4",
-                            "afmoe", "apertus", "hy_v3", "cohere2", *MTP_FAMILIES, *MTP_APART,
+                            "afmoe", "apertus", "hy_v3", "cohere2", "cohere", *MTP_FAMILIES,
+                            *MTP_APART,
                             *WRAPPERS) else None

@@ -143,6 +143,9 @@ _FUSED = {"phi3": ((_QKV, _SPLIT_QKV), (_GATE_UP, _SPLIT_GATE_UP)),
           **dict.fromkeys(GRANITE_FILES, ((_SHARED_IN, _SPLIT_GATE_UP),
                                           (_SHARED_IN, ("mlp.shared_experts.gate_proj.weight",
                                                         "mlp.shared_experts.up_proj.weight"))))}
+# the families whose rope turns interleaved pairs, held with each head's q/k rows reordered
+# (``turn_heads``; ERNIE 4.5 MoE's too, its router's bias renamed beside)
+_TURNED = ("ernie4_5", "cohere2", "cohere")
 # Granite 4.0's shared MLP's down projection, held as a dense MLP's or as shared experts'
 _GRANITE_DOWN = re.compile(r"(.*\.)mlp\.(?:shared_experts\.)?down_proj\.(lora_[AB])")
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")  # (a layer's tensors: its number)
@@ -240,7 +243,7 @@ def held_layout(
         return split_stacks(_geometry(config, where), tensors, where, either_way=False)
     if family == "gemma4_text":  # (its router and expert stacks on the layer)
         return gemma4_held(_geometry(config, where), tensors, where)
-    if family in ("ernie4_5", "cohere2"):  # (their rotary pairs interleaved, as GLM-4's)
+    if family in _TURNED:  # (their rotary pairs interleaved, as GLM-4's)
         return turn_heads(_geometry(config, where), tensors, where, to_disk=False)
     if family == "ernie4_5_moe":  # (and its router's bias on moe_statics; MTP left out)
         decoder = {n: t for n, t in tensors.items() if not _ERNIE_MTP.match(n)}
@@ -336,7 +339,7 @@ def engine_names(config: dict[str, Any],
         return nemotron_disk(tensors)
     if family == "olmo_hybrid":
         return olmo_hybrid_disk(_geometry(config, "engine export"), tensors)
-    if family in ("ernie4_5", "ernie4_5_moe", "cohere2"):
+    if family in ("ernie4_5_moe", *_TURNED):
         turned = turn_heads(_geometry(config, "engine export"), tensors, "engine export",
                             to_disk=True)
         return ernie_statics(turned, to_disk=True) if family == "ernie4_5_moe" else turned
@@ -425,7 +428,7 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
         return afmoe_disk(_geometry(config, "adapter export"), adapters), {}, {}
     if family in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # (Hunyuan-MoE's shared MLP renamed)
         return renamed_modules(adapters, HUNYUAN_NAMES_BACK), {}, {}
-    if family in ("ernie4_5", "ernie4_5_moe", "cohere2"):  # (q's, k's B rows interleaved)
+    if family in ("ernie4_5_moe", *_TURNED):  # (q's and k's B rows interleaved)
         return turned_adapters(_geometry(config, "adapter export"), adapters), {}, {}
     if family not in _FUSED:
         return adapters, {}, {}

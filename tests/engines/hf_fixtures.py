@@ -619,6 +619,12 @@ CASES += [
           "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
 ]  # fmt: skip
 COHERE2 = CASES[71]
+# Command R (Cohere 1): the same layer, rope on every layer, no window
+CASES += [
+    Case("cohere", "CohereConfig", True,
+         {"logit_scale": 0.25, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+]  # fmt: skip
+COHERE = CASES[72]
 CASE_IDS = [c.name for c in CASES]
 
 

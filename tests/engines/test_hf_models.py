@@ -109,7 +109,7 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "Gemma4TextConfig": "gemma4_text",
                                 "GraniteMoeConfig": "granitemoe",
                                 "GraniteMoeSharedConfig": "granitemoeshared",
-                                "Cohere2Config": "cohere2",
+                                "Cohere2Config": "cohere2", "CohereConfig": "cohere",
                                 "Lfm2Config": "lfm2"}[case.config_class]  # fmt: skip
     # (latent attention's heads: their no-rope and rope parts; 32 in every other case)
     assert cfg.head_dim == (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim or 32)

@@ -163,6 +163,9 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
             "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", {
                 "num_hidden_layers": 4, "sliding_window": 6, "logit_scale": 0.25,
                 "pad_token_id": EOS}),
+            # Command R (Cohere 1): the same layer, rope on every layer, no window
+            "cohere": ("CohereConfig", "CohereForCausalLM", {"logit_scale": 0.25,
+                                                             "pad_token_id": EOS}),
             # Granite 3's MoE (granite-3.1-3b-a800m's kind): Granite's multipliers, 4 experts
             # (2 a token) on every layer, stacked in the file, one at a time to vLLM; and with
             # a shared MLP beside them (granitemoeshared)

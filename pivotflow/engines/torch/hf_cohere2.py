@@ -5,6 +5,9 @@ read one LayerNorm'd input, both added to the residual), LayerNorms without a bi
 as ERNIE 4.5's) on the sliding layers alone, the full ones turning no position, and logits
 times ``logit_scale``. Cohere2Config's defaults where a config names none: three sliding layers
 of every four (``sliding_window_pattern``), a window of 4096, tied embeddings.
+
+Command R (``cohere``, Cohere 1) is the same layer with rope on every layer and no window;
+its q/k LayerNorms (``use_qk_norm``, Command R+'s: weights per head) are a one-line error.
 """
 
 from __future__ import annotations
@@ -29,15 +32,21 @@ def cohere2_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
     the common key, head_dim derived as transformers derives it, its layer types filled in.
     Raises ModelConfigError naming ``where`` for a config without a window (transformers then
     turns no position anywhere) or with q/k norms (Cohere 1's, not this family's)."""
+    kind = raw.get("model_type")
     out = {**_DEFAULTS, **raw, "rms_norm_eps": raw.get("layer_norm_eps", 1e-5)}
+    if raw.get("use_qk_norm"):
+        raise ModelConfigError(f"{where}: use_qk_norm={raw['use_qk_norm']!r} {ENGINE} on {kind} "
+                               "(false: its q/k norms have weights per head)")
+    heads, hidden = out["num_attention_heads"], out["hidden_size"]
+    if kind == "cohere":  # (no window, rope everywhere; head_dim read where it is named)
+        out.pop("sliding_window")
+        if out.get("head_dim") is None and isinstance(heads, int) and heads > 0:
+            out["head_dim"] = hidden // heads
+        return out
     window = out["sliding_window"]
     if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
         raise ModelConfigError(f"{where}: sliding_window={raw.get('sliding_window')!r} {ENGINE} "
                                "on cohere2 (a positive window: rope turns on its layers alone)")
-    if raw.get("use_qk_norm"):
-        raise ModelConfigError(f"{where}: use_qk_norm={raw['use_qk_norm']!r} {ENGINE} on "
-                               "cohere2 (false)")
-    heads, hidden = out["num_attention_heads"], out["hidden_size"]
     if isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
         out["head_dim"] = hidden // heads
     layers = out["num_hidden_layers"]
@@ -52,10 +61,13 @@ def cohere2_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def cohere2_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
-    """ModelConfig's Cohere 2 fields: its full layers NoPE, its logit scale (as a divisor)."""
+    """ModelConfig's Cohere fields: its logit scale (as a divisor), Cohere 2's full layers
+    NoPE."""
     scale = number(raw.get("logit_scale", 0.0625), "logit_scale", where)
     if not scale > 0:
         raise ModelConfigError(f"{where}: logit_scale={scale!r} is not positive")
+    if raw.get("model_type") == "cohere":
+        return {"logits_scaling": 1.0 / scale}
     full = [i for i, t in enumerate(raw["layer_types"]) if t == "full_attention"]
     return {"nope_layers": tuple(full), "logits_scaling": 1.0 / scale}
 
@@ -65,8 +77,12 @@ def cohere2_to_hf(cfg: ModelConfig, drop: object) -> dict[str, Any]:
     out: its epsilon's other name). Raises ModelConfigError where its NoPE layers are not
     exactly its full ones, which the family cannot say."""
     full = {i for i in range(cfg.num_hidden_layers) if not cfg.is_sliding(i)}
-    if set(cfg.nope_layers) != full:
-        raise ModelConfigError("a cohere2 checkpoint turns rope on its sliding layers alone")
+    cohere2 = cfg.architecture == "cohere2"
+    if set(cfg.nope_layers) != (full if cohere2 else set()) or (
+            cfg.sliding_layers and not cohere2):
+        raise ModelConfigError(f"a {cfg.architecture} checkpoint turns rope on its sliding "
+                               "layers alone (cohere2) or on every layer, with no window "
+                               "(cohere)")
     return {"layer_norm_eps": cfg.rms_norm_eps, "rms_norm_eps": drop,
             "logit_scale": 1.0 / cfg.logits_scaling, "attention_bias": cfg.attention_bias,
             "use_qk_norm": False, "pad_token_id": None, "bos_token_id": None,

@@ -163,7 +163,8 @@ _OWN_KEYS: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
     "minicpm5_moe": minicpm5_keys,  # (its defaults, its dense layers' old name)  # (its defaults, its full layers' rope base)  # (AfmoeConfig's defaults, the released configs' router keys)
     "mistral4": mistral4_keys,  # (Mistral4Config's defaults, its head_dim the query's width)
     "gemma4_text": gemma4_keys,  # (Gemma4TextConfig's defaults, its layer types and ropes)
-    "cohere2": cohere2_keys,  # (Cohere2Config's defaults, its epsilon, head width, layers)
+    # (CohereConfig's and Cohere2Config's defaults, their epsilon, head width, layers)
+    "cohere2": cohere2_keys, "cohere": cohere2_keys,
     "ernie4_5": ernie_keys, "ernie4_5_moe": ernie_keys,  # (heads of 128, its epsilon)
 }
 

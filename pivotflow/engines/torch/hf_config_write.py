@@ -81,7 +81,7 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "dots1": "Dots1ForCausalLM", "gemma4_text": "Gemma4ForCausalLM",
               "granitemoe": "GraniteMoeForCausalLM",
               "granitemoeshared": "GraniteMoeSharedForCausalLM",
-              "cohere2": "Cohere2ForCausalLM"}  # fmt: skip
+              "cohere2": "Cohere2ForCausalLM", "cohere": "CohereForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -291,7 +291,7 @@ _OWN_KEYS: dict[str, _Writer] = {
     "olmo_hybrid": olmo_hybrid_to_hf,
     "gemma4_text": lambda cfg, rope: gemma4_to_hf(cfg, rope, _DROP),
     **dict.fromkeys(("granitemoe", "granitemoeshared"), _keys(granite_moe_to_hf)),
-    "cohere2": lambda cfg, _: cohere2_to_hf(cfg, _DROP),
+    **dict.fromkeys(("cohere2", "cohere"), lambda cfg, _: cohere2_to_hf(cfg, _DROP)),
     "hy_v3": _keys(hy_v3_to_hf), "afmoe": _keys(afmoe_to_hf),
     "solar_open": _keys(solar_open_to_hf), "dots1": _keys(dots_to_hf),
     "minicpm5_moe": _keys(minicpm5_to_hf),

@@ -17,7 +17,8 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "seed_oss", "hunyuan_v1_dense", "hunyuan_v1_moe", "ernie4_5_moe",
                  "ministral3", "glm4_moe_lite", "lfm2_moe", "dots1", "mistral4",
                  "solar_open", "arcee", "afmoe", "apertus", "hy_v3", "granite_swa",
-                 "minicpm5_moe", "gemma4_text", "granitemoe", "granitemoeshared", "cohere2")
+                 "minicpm5_moe", "gemma4_text", "granitemoe", "granitemoeshared", "cohere2",
+                 "cohere")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
@@ -511,16 +512,16 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def parallel_block(self) -> bool:
-        """Cohere 2's layer: attention and the MLP read one normed input side by side, both
-        added to the residual (``x + attn(norm(x)) + mlp(norm(x))``); its norms LayerNorm's
-        (``centered_norm``)."""
-        return self.architecture == "cohere2"
+        """Cohere's layer (Command R's, R7B's): attention and the MLP read one normed input
+        side by side, both added to the residual (``x + attn(norm(x)) + mlp(norm(x))``); its
+        norms LayerNorm's (``centered_norm``)."""
+        return self.architecture in ("cohere", "cohere2")
 
     @property
     def centered_norm(self) -> bool:
-        """Cohere 2's norms: LayerNorm without a bias (mean removed), not RMSNorm;
+        """Cohere's norms: LayerNorm without a bias (mean removed), not RMSNorm;
         ``rms_norm_eps`` holds its layer_norm_eps."""
-        return self.architecture == "cohere2"
+        return self.architecture in ("cohere", "cohere2")
 
     @property
     def value_norm(self) -> bool:
