@@ -20,7 +20,7 @@ from pivotflow.errors import ModelConfigError
 if TYPE_CHECKING:
     from pivotflow.engines.torch.model_config import ModelConfig
 
-# Cohere2Config's defaults
+# Cohere2Config's defaults (CohereConfig's the same, but for the window it has not)
 _DEFAULTS: dict[str, Any] = {
     "vocab_size": 256000, "hidden_size": 8192, "intermediate_size": 22528,
     "num_hidden_layers": 40, "num_attention_heads": 64, "max_position_embeddings": 8192,

@@ -37,7 +37,7 @@ from pivotflow.engines.torch.hf_families import ENGINE, counts, number
 from pivotflow.engines.torch.model_config import GATED_ACTIVATIONS, ModelConfig
 from pivotflow.errors import ModelConfigError
 
-# Gemma4TextConfig's defaults (its per-layer inputs are refused, so their default is not here)
+# Gemma4TextConfig's defaults (its per-layer inputs' and KV sharing's: _PER_LAYER)
 _DEFAULTS: dict[str, Any] = {
     "vocab_size": 262144, "hidden_size": 2304, "intermediate_size": 9216,
     "num_hidden_layers": 30, "num_attention_heads": 8, "num_key_value_heads": 4,
@@ -47,8 +47,8 @@ _SLIDING_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 _FULL_ROPE = {"rope_type": "proportional", "partial_rotary_factor": 0.25,
               "rope_theta": 1000000.0}
 _GLOBAL_HEAD_DIM = 512  # (Gemma4TextConfig's, where a config names none)
-# E2B's and E4B's per-layer inputs and key/value sharing (ModelConfig's field, the config's key,
-# Gemma4TextConfig's default)
+# E2B's and E4B's per-layer inputs and key/value sharing (the config's key, ModelConfig's
+# field of the same name; Gemma4TextConfig's default)
 _PER_LAYER = (("hidden_size_per_layer_input", 256), ("vocab_size_per_layer_input", 262144),
               ("num_kv_shared_layers", 0))
 
