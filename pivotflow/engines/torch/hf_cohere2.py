@@ -38,10 +38,8 @@ def cohere2_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
         raise ModelConfigError(f"{where}: use_qk_norm={raw['use_qk_norm']!r} {ENGINE} on {kind} "
                                "(false: its q/k norms have weights per head)")
     heads, hidden = out["num_attention_heads"], out["hidden_size"]
-    if kind == "cohere":  # (no window, rope everywhere; head_dim read where it is named)
+    if kind == "cohere":  # (no window, rope everywhere; head_dim read as every family's)
         out.pop("sliding_window")
-        if out.get("head_dim") is None and isinstance(heads, int) and heads > 0:
-            out["head_dim"] = hidden // heads
         return out
     window = out["sliding_window"]
     if isinstance(window, bool) or not isinstance(window, int) or window <= 0:

@@ -289,7 +289,7 @@ _OWN_KEYS: dict[str, _Writer] = {
     "glm4_moe": _glm4_moe_keys, "phi3": _phi3_keys,
     **dict.fromkeys(("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"), _qwen3_5_keys),
     "olmo_hybrid": olmo_hybrid_to_hf,
-    "gemma4_text": lambda cfg, rope: gemma4_to_hf(cfg, rope, _DROP),
+    "gemma4_text": lambda cfg, _: gemma4_to_hf(cfg, _DROP),
     **dict.fromkeys(("granitemoe", "granitemoeshared"), _keys(granite_moe_to_hf)),
     **dict.fromkeys(("cohere2", "cohere"), lambda cfg, _: cohere2_to_hf(cfg, _DROP)),
     "hy_v3": _keys(hy_v3_to_hf), "afmoe": _keys(afmoe_to_hf),

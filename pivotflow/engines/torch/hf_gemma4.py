@@ -162,15 +162,13 @@ def _entry_key(entry: Any) -> tuple[Any, ...]:
     return tuple(sorted(entry.items())) if isinstance(entry, dict) else (entry,)
 
 
-def gemma4_to_hf(cfg: ModelConfig, rope: dict[str, Any], drop: object) -> dict[str, Any]:
+def gemma4_to_hf(cfg: ModelConfig, drop: object) -> dict[str, Any]:
     """Gemma4TextConfig's keys for ``cfg``: the full layers' heads as the Hub's configs name
-    them (which transformers and vLLM both read), the rope one dict per layer type (its
-    proportional one's share under its own name), the features pivotflow does not run off
-    (``drop``: hf_config_write's mark for a key to leave out, its ``hidden_act``)."""
-    full = {**rope}
-    if cfg.rope_type == "proportional":
-        full["partial_rotary_factor"] = cfg.partial_rotary_factor
-    return {"hidden_activation": cfg.hidden_act, "hidden_act": drop, "attention_bias": cfg.attention_bias,
+    them (which transformers and vLLM both read), the features pivotflow does not run off
+    (``drop``: hf_config_write's mark for a key to leave out, its ``hidden_act``). Its rope,
+    one dict per layer type, is ``hf_windows.windows_to_hf``'s to write, as Gemma 3's."""
+    return {"hidden_activation": cfg.hidden_act, "hidden_act": drop,
+            "attention_bias": cfg.attention_bias,
             "final_logit_softcapping": cfg.final_logit_softcapping or None,
             "global_head_dim": cfg.global_head_dim or cfg.head_dim,
             "num_global_key_value_heads": cfg.num_global_key_value_heads or None,
@@ -182,9 +180,7 @@ def gemma4_to_hf(cfg: ModelConfig, rope: dict[str, Any], drop: object) -> dict[s
             "enable_moe_block": cfg.experts_beside_mlp, "num_experts": cfg.num_experts or None,
             "top_k_experts": cfg.num_experts_per_tok or None,
             "moe_intermediate_size": cfg.moe_intermediate_size or None,
-            "use_bidirectional_attention": None,
-            "rope_parameters": {"full_attention": full, "sliding_attention": {
-                "rope_type": "default", "rope_theta": cfg.sliding_rope_theta}}}
+            "use_bidirectional_attention": None}
 
 
 def gemma4_vllm_keys(config: dict[str, Any]) -> dict[str, Any]:
