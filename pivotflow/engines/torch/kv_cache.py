@@ -14,6 +14,7 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 
+from pivotflow.engines.torch.attention import Attention, eager_attention, soft_cap
 from pivotflow.engines.torch.deltanet_serving import PackedDeltaNet
 from pivotflow.engines.torch.experts import PackedExperts, RoutingRecorder
 from pivotflow.engines.torch.feedforward import MLP, activation
@@ -21,15 +22,7 @@ from pivotflow.engines.torch.kv_groups import ServingCache
 from pivotflow.engines.torch.latent_attention import LatentAttention, PackedLatent
 from pivotflow.engines.torch.linear import Linears, pack_linears, pack_mlp
 from pivotflow.engines.torch.mamba2_serving import PackedMamba2
-from pivotflow.engines.torch.model import (
-    Attention,
-    Decoder,
-    DecoderLayer,
-    eager_attention,
-    embed_scale,
-    soft_cap,
-    sparse_block,
-)
+from pivotflow.engines.torch.model import Decoder, DecoderLayer, embed_scale, sparse_block
 from pivotflow.engines.torch.rope import packed_rope_table, turn_partners
 from pivotflow.engines.torch.short_conv import PackedShortConv
 

@@ -3,10 +3,13 @@ every family (``model.py``'s decoder, ``latent_attention.py``'s latent attention
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from pivotflow.engines.torch.model_config import ModelConfig
 
 
 class KVCacheHook(Protocol):
@@ -42,3 +45,9 @@ class RMSNorm(nn.Module):
         if self.in_float:
             return (x32 * (float(self.offset) + self.weight.float())).to(dtype)
         return self.weight * x32.to(dtype)
+
+
+def layer_norm(cfg: ModelConfig, dim: int) -> RMSNorm:
+    """An RMSNorm of ``dim`` as ``cfg``'s family computes its norms (Gemma's in float32)."""
+    return RMSNorm(dim, cfg.rms_norm_eps, cfg.norm_offset, cfg.architecture == "gemma4_text",
+                   cfg.centered_norm)
