@@ -219,7 +219,7 @@ def describe_families() -> str:
     the trainer) runs, and the multimodal wrappers whose text model it runs."""
     import textwrap
 
-    from pivotflow.engines.torch.model_config import ARCHITECTURES
+    from pivotflow.engines.torch.architectures import ARCHITECTURES
     from pivotflow.params.held_config import WRAPPERS
 
     fixed = [f"{name} -> {kind}" for name, (kind, _, _) in WRAPPERS.items() if kind]

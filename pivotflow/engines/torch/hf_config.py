@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from pivotflow.engines.torch.architectures import ARCHITECTURES
 from pivotflow.engines.torch.hf_afmoe import afmoe_keys
 from pivotflow.engines.torch.hf_apertus import apertus_keys
 from pivotflow.engines.torch.hf_cohere2 import cohere2_keys
@@ -49,7 +50,7 @@ from pivotflow.engines.torch.hf_rope import PARTIAL_ROTARY_FAMILIES, rope_fields
 from pivotflow.engines.torch.hf_seed_oss import seed_oss_keys
 from pivotflow.engines.torch.hf_solar_open import solar_open_keys
 from pivotflow.engines.torch.hf_windows import split_layer_rope, window_fields
-from pivotflow.engines.torch.model_config import ARCHITECTURES, ModelConfig
+from pivotflow.engines.torch.model_config import ModelConfig
 from pivotflow.errors import ModelConfigError
 from pivotflow.params.fp8_blocks import is_fp8_blocks
 from pivotflow.params.mxfp4 import is_mxfp4

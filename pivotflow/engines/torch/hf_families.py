@@ -11,8 +11,8 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from pivotflow.engines.torch.architectures import GATED_ACTIVATIONS
 from pivotflow.engines.torch.hf_windows import exaone4_sliding, nope_layers
-from pivotflow.engines.torch.model_config import GATED_ACTIVATIONS
 from pivotflow.errors import ModelConfigError
 from pivotflow.params.held_config import DEEPSEEK_V3_ROUTER
 

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from pivotflow.engines.torch.architectures import GATED_ACTIVATIONS
 from pivotflow.engines.torch.hf_families import ENGINE, counts, number
-from pivotflow.engines.torch.model_config import GATED_ACTIVATIONS, ModelConfig
+from pivotflow.engines.torch.model_config import ModelConfig
 from pivotflow.errors import ModelConfigError
 
 # Gemma4TextConfig's defaults (its per-layer inputs' and KV sharing's: _PER_LAYER)

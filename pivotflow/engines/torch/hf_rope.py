@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from pivotflow.engines.torch.architectures import ROPE_TYPES
 from pivotflow.engines.torch.hf_families import ENGINE, number
-from pivotflow.engines.torch.model_config import ROPE_TYPES, ModelConfig
+from pivotflow.engines.torch.model_config import ModelConfig
 from pivotflow.errors import ModelConfigError
 
 # (transformers' other families turn whole heads)

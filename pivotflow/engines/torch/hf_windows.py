@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pivotflow.engines.torch.model_config import HYBRID_ARCHITECTURES, MAMBA_ARCHITECTURES
+from pivotflow.engines.torch.architectures import HYBRID_ARCHITECTURES, MAMBA_ARCHITECTURES
 from pivotflow.errors import ModelConfigError
 
 MISTRAL_DEFAULT_WINDOW = 4096  # transformers' MistralConfig, when config.json names none

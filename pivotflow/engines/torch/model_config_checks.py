@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pivotflow.engines.torch.model_config import (
+from pivotflow.engines.torch.architectures import (
     ACTIVATIONS,
     ARCHITECTURES,
     BLOCK_ARCHITECTURES,
