@@ -101,8 +101,14 @@ def describe_model(path: Path) -> str:
         lines.append(f"  soft-capping: attention scores {cfg.attn_logit_softcapping or 'none'}, "
                      f"logits {cfg.final_logit_softcapping or 'none'}")
     if cfg.sliding_layers:
-        lines.append(f"  sliding window {cfg.sliding_window} on {len(cfg.sliding_layers)} of "
+        kind = "chunks of" if cfg.attention_chunk_size else "sliding window"
+        lines.append(f"  {kind} {cfg.sliding_window} on {len(cfg.sliding_layers)} of "
                      f"{cfg.num_hidden_layers} layers")
+    if cfg.weightless_qk_norm:
+        lines.append("  q/k RMS-normalised per head without a weight on the rope layers")
+    if cfg.attn_scale:
+        lines.append(f"  NoPE layers' queries times 1 + {cfg.attn_scale:g} log(1 + "
+                     f"floor((p + 1) / {cfg.floor_scale:g}))")
     if cfg.sparse_layers:
         lines.append(f"  experts {cfg.num_experts} ({cfg.num_experts_per_tok} a token) on "
                      f"{cfg.sparse_layers} of {cfg.num_hidden_layers} layers"
@@ -147,6 +153,10 @@ def describe_model(path: Path) -> str:
               "lfm2": "norms, attention output and MLP under LFM2's names in the file, held "
                       "under the common ones",
               "ernie4_5": "rotary pairs interleaved in the file, q/k rows held reordered",
+              "llama4_text": "rotary pairs interleaved in the file, q/k rows held reordered; "
+                             "router, shared expert and input-major expert stacks under "
+                             "feed_forward, held as mlp.gate, mlp.shared_experts and one "
+                             "expert at a time",
               **dict.fromkeys(("cohere2", "cohere"), "rotary pairs interleaved in the file, q/k "
                                                      "rows held reordered"),
               "ernie4_5_moe": "rotary pairs interleaved in the file, q/k rows held reordered; "
@@ -236,7 +246,9 @@ def describe_families() -> str:
 def _router(cfg: ModelConfig) -> str:
     """A sigmoid router's differences from the plain top k, shared experts included."""
     parts = []
-    if cfg.scoring_func == "sigmoid":
+    if cfg.router_scales_input:  # (Llama 4's)
+        parts.append("sigmoid router, each expert reading its token times its weight")
+    elif cfg.scoring_func == "sigmoid":
         parts.append("sigmoid router with a correction bias")
     elif cfg.router_bias:
         parts.append("softmax router with a correction bias")

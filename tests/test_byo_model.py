@@ -420,6 +420,20 @@ OTHER_LAYOUTS = {
                     ("model.layers.0.router.proj.weight", "model.layers.1.experts.gate_up_proj",
                      "model.layers.1.router.per_expert_scale",
                      "model.layers.1.self_attn.k_proj.weight")),
+    # Llama 4 (Scout's kind, two layers): the first turns interleaved pairs (held reordered)
+    # within chunks of 8 with weightless q/k norms and a dense MLP, the second turns no
+    # position (its queries' temperature from position 3) and routes each token to 1 of 4
+    # experts, stacked input-major in the file, beside a shared expert
+    "llama4_text": ("Llama4TextConfig", "Llama4ForCausalLM",
+                    {"head_dim": 32, "intermediate_size": 64, "intermediate_size_mlp": 128,
+                     "num_local_experts": 4, "num_experts_per_tok": 1,
+                     "interleave_moe_layer_step": 2, "no_rope_layers": [1, 0],
+                     "attention_chunk_size": 8, "floor_scale": 4, "attn_scale": 0.5},
+                    ("model.layers.0.self_attn.q_proj.weight",
+                     "model.layers.0.feed_forward.up_proj.weight",
+                     "model.layers.1.feed_forward.experts.gate_up_proj",
+                     "model.layers.1.feed_forward.router.weight",
+                     "model.layers.1.feed_forward.shared_expert.down_proj.weight")),
 }
 # a GLM-4.5 file's multi-token-prediction layer (layer 2 of a 2-layer decoder), as the Hub's
 # checkpoints hold one past their last layer
@@ -465,6 +479,8 @@ LORA_EXPORTS = {
     # (Gemma 4's attention: v_proj on its sliding layers only; not its MLP, beside experts
     # PEFT holds fused)
     "gemma4_text": (["q_proj", "k_proj", "v_proj", "o_proj"], {}),
+    # (Llama 4's attention, q's and k's B rows back in its interleaved order)
+    "llama4_text": (["q_proj", "k_proj", "v_proj", "o_proj"], {}),
 }
 
 
@@ -503,7 +519,7 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
     sigmoid = mtp or family in ("minimax_m2", "ernie4_5_moe", "lfm2_moe", "afmoe", "hy_v3",
                                 "minicpm5_moe")
     # (Gemma 4's and Granite 3's experts' routing replayed too)
-    replayed = sigmoid or family in ("gemma4_text", "granitemoe")
+    replayed = sigmoid or family in ("gemma4_text", "granitemoe", "llama4_text")
     if mtp:
         from safetensors.torch import save_file
 
@@ -579,6 +595,11 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
                         "down_proj), held one at a time",
             "cohere2": "tensors: rotary pairs interleaved in the file, q/k rows held "
                        "reordered",
+            "llama4_text": "chunks of 8 on 1 of 2 layers\n  q/k RMS-normalised per head "
+                           "without a weight on the rope layers\n  NoPE layers' queries times "
+                           "1 + 0.5 log(1 + floor((p + 1) / 4))\n  experts 4 (1 a token) on 1 "
+                           "of 2 layers; sigmoid router, each expert reading its token times its "
+                           "weight, 1 shared\n  tensors: rotary pairs interleaved in the file",
             "granitemoe": "experts 4 (2 a token) on 2 of 2 layers\n  tensors: experts "
                           "stacked (gate/up fused) in the file, held split",
             "gemma4_text": "full layers: heads of 64 on 1 kv heads, values equal to keys; 16 "
@@ -637,6 +658,7 @@ def test_a_family_laid_out_otherwise_on_disk_trains_and_its_checkpoint_loads_bac
             "hunyuan_v1_moe": LORA_EXPORTS["hunyuan_v1_moe"][0],
             "afmoe": LORA_EXPORTS["afmoe"][0], "hy_v3": LORA_EXPORTS["hy_v3"][0],
             "gemma4_text": LORA_EXPORTS["gemma4_text"][0],
+            "llama4_text": LORA_EXPORTS["llama4_text"][0],
             "lfm2": ["q_proj", "o_proj", "in_proj", "out_proj", "gate_proj", "up_proj",
                      "down_proj"],
             "olmo_hybrid": ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_a",

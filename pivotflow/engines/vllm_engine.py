@@ -66,6 +66,7 @@ from typing import Any
 import torch
 
 from pivotflow.engines.base import FinishReason, GenerationOutput, GenerationRequest
+from pivotflow.engines.torch.hf_llama4 import llama4_vllm_kwargs
 from pivotflow.engines.vllm_cpu_experts import (
     check_cpu_experts,
     pivotflow_reading,
@@ -127,6 +128,10 @@ class VllmEngine:
         served_as = vllm_overrides(raw, self.model_path / "config.json")
         if served_as:  # (Mistral 4 under another module, Cohere 2 with its window: vllm_latent)
             kw["hf_overrides"] = {**served_as, **kw.get("hf_overrides", {})}
+        # (Llama 4's: its query temperature as its config says, on CPU blocks its chunks hold)
+        for key, value in llama4_vllm_kwargs(raw, str(self.model_path / "config.json"),
+                                             self.on_cpu).items():
+            kw.setdefault(key, value)
         cfg = None  # (pivotflow's reading of the served config: read once, for the CPU's needs)
         if self.on_cpu:
             cfg = pivotflow_reading(raw, self.model_path / "config.json")

@@ -28,6 +28,7 @@ _FAMILIES = {"Phi3ForCausalLM": "phi3", "Phi3ForSequenceClassification": "phi3",
              "Glm4MoeForCausalLM": "glm4_moe", "Gemma3ForConditionalGeneration": "gemma3",
              "Gemma4ForConditionalGeneration": "gemma4",
              "Gemma4UnifiedForConditionalGeneration": "gemma4_unified",
+             "Llama4ForConditionalGeneration": "llama4",
              "Mistral3ForConditionalGeneration": "mistral3", "GptOssForCausalLM": "gpt_oss",
              "GptOssForSequenceClassification": "gpt_oss",
              "DeepseekV3ForCausalLM": "deepseek_v3",
@@ -77,6 +78,7 @@ WRAPPERS: dict[str, tuple[str | None, str | None, dict[str, Any]]] = {
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", _GEMMA3_TEXT_DEFAULTS),
     "gemma4": ("gemma4_text", "Gemma4ForCausalLM", {}),  # (all Gemma 4s ship so)
     "gemma4_unified": ("gemma4_text", "Gemma4ForCausalLM", GEMMA4_UNIFIED_DEFAULTS),
+    "llama4": ("llama4_text", "Llama4ForCausalLM", {}),  # (Scout and Maverick ship so)
     "mistral3": (None, None, {}),  # (Mistral Small 3.1's mistral, Ministral 3's ministral3)
     "qwen3_5": ("qwen3_5_text", "Qwen3_5ForCausalLM", {}),
     "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", {}),
@@ -240,6 +242,7 @@ def family_of(config: dict[str, Any]) -> str | None:
     return kind if kind in ("phi3", "mixtral", "glm4", "gpt_oss", *GRANITE_FILES,
                             "nemotron_h", "olmo_hybrid", "ernie4_5", "ernie4_5_moe", "lfm2",
                             "lfm2_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "mistral4",
-                            "afmoe", "apertus", "hy_v3", "cohere2", "cohere", *MTP_FAMILIES,
+                            "afmoe", "apertus", "hy_v3", "cohere2", "cohere", "llama4_text",
+                            *MTP_FAMILIES,
                             *MTP_APART,
                             *WRAPPERS) else None

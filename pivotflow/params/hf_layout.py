@@ -43,6 +43,12 @@ These families store theirs otherwise:
 * OLMo Hybrid (``olmo_hybrid``) keeps its DeltaNet projections and convolutions apart and
   names them, and its norms, its own way: held as Qwen3.5's (``olmo_hybrid_layout``).
 * LFM2 (``lfm2``) names its norms, attention output and MLP its own way (``lfm2_layout``).
+* Llama 4 (``llama4_text``) names each layer's feed-forward ``feed_forward`` (its router
+  ``router``, its shared expert ``shared_expert``), stacks its experts input-major
+  (``experts.gate_up_proj`` [E, H, 2I], ``experts.down_proj`` [E, I, H]) and rotates
+  interleaved pairs: held under the common names, q/k rows reordered (``llama4_layout``);
+  its wrapper, ``llama4`` (Llama4ForConditionalGeneration, Scout's and Maverick's), as the
+  others below.
 * Nemotron-H (``nemotron_h``) names its decoder ``backbone`` and each layer's one block
   ``mixer`` behind one ``norm``: held under every other family's names (``nemotron_layout``).
 * Hunyuan (``hunyuan_v1_dense``, ``hunyuan_v1_moe``) names its q/k norms ``query_layernorm``
@@ -92,6 +98,7 @@ from pivotflow.params.held_config import (
 )
 from pivotflow.params.lfm2_layout import TARGETS as LFM2_TARGETS
 from pivotflow.params.lfm2_layout import lfm2_names
+from pivotflow.params.llama4_layout import llama4_adapters, llama4_disk, llama4_engine, llama4_held
 from pivotflow.params.mxfp4 import is_mxfp4, mxfp4_dequantized
 from pivotflow.params.nemotron_layout import nemotron_adapters, nemotron_disk, nemotron_split
 from pivotflow.params.olmo_hybrid_layout import TARGETS as OLMO_HYBRID_TARGETS
@@ -243,6 +250,8 @@ def held_layout(
         return split_stacks(_geometry(config, where), tensors, where, either_way=False)
     if family == "gemma4_text":  # (its router and expert stacks on the layer)
         return gemma4_held(_geometry(config, where), tensors, where)
+    if family == "llama4_text":  # (its feed_forward's names, input-major stacks, turned q/k)
+        return llama4_held(_geometry(config, where), tensors, where)
     if family in _TURNED:  # (their rotary pairs interleaved, as GLM-4's)
         return turn_heads(_geometry(config, where), tensors, where, to_disk=False)
     if family == "ernie4_5_moe":  # (and its router's bias on moe_statics; MTP left out)
@@ -355,6 +364,8 @@ def engine_names(config: dict[str, Any],
         return {block_router_name(n, HY_V3_NAMES, to_disk=True): t for n, t in tensors.items()}
     if family == "gemma4_text":
         return gemma4_engine(tensors)
+    if family == "llama4_text":
+        return llama4_engine(_geometry(config, "engine export"), tensors)
     if family == "qwen3_next":  # (vLLM's Qwen3-Next loads its file's fused, grouped rows)
         return _fused(config, tensors)
     if family == "glm4":
@@ -377,6 +388,8 @@ def disk_layout(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
         return stacked(tensors)
     if family == "gemma4_text":
         return gemma4_disk(tensors)
+    if family == "llama4_text":
+        return llama4_disk(_geometry(config, "disk layout"), tensors)
     # (Nemotron-H's, OLMo Hybrid's and ERNIE 4.5's: what engine_names gives)
     return _fused(config, engine_names(config, tensors))
 
@@ -424,6 +437,8 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
                 for n, t in adapters.items()}, {}, {}
     if family == "gemma4_text":  # (its experts' adapters under the file's names)
         return gemma4_engine(adapters), {}, {}
+    if family == "llama4_text":  # (q's and k's B rows interleaved, its feed_forward's names)
+        return llama4_adapters(_geometry(config, "adapter export"), adapters), {}, {}
     if family == "afmoe":  # (q_proj's adapter as the file's q_proj's and gate_proj's)
         return afmoe_disk(_geometry(config, "adapter export"), adapters), {}, {}
     if family in ("hunyuan_v1_dense", "hunyuan_v1_moe"):  # (Hunyuan-MoE's shared MLP renamed)

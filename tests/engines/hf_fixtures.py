@@ -625,6 +625,21 @@ CASES += [
          {"logit_scale": 0.25, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
 ]  # fmt: skip
 COHERE = CASES[72]
+# Llama 4 (Scout's kind): its rope layers (three of four) attend within chunks of 8 positions
+# (binding), turn interleaved pairs and normalise q and k without weights; the fourth turns
+# no position, attends to all, its queries' temperature binding from position 3 (floor_scale
+# 4); every other layer routes each token to 1 of 4 experts by a sigmoid, the expert reading
+# the token times its weight, beside a shared expert; llama3 rope with Scout's equal low and
+# high frequency factors
+CASES += [
+    Case("llama4", "Llama4TextConfig", False,
+         {"num_hidden_layers": 4, "head_dim": 32, "intermediate_size": 48,
+          "intermediate_size_mlp": 96, "num_local_experts": 4, "num_experts_per_tok": 1,
+          "interleave_moe_layer_step": 2, "attention_chunk_size": 8, "floor_scale": 4,
+          "attn_scale": 0.5, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+          "rope_parameters": {**LLAMA3_ROPE, "high_freq_factor": 1.0}}),
+]  # fmt: skip
+LLAMA4 = CASES[73]
 CASE_IDS = [c.name for c in CASES]
 
 

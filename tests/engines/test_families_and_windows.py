@@ -51,6 +51,7 @@ from hf_fixtures import (
     HY_V3,
     LFM2,
     LFM2_MOE,
+    LLAMA4,
     MINICPM5_MOE,
     MINIMAX_M2,
     MINISTRAL3,
@@ -128,7 +129,7 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        HUNYUAN, HUNYUAN_MOE, ERNIE4_5_MOE, MINISTRAL3, GLM4_7_FLASH,
        LFM2_MOE, DOTS1, MISTRAL4, SOLAR_OPEN, ARCEE, AFMOE, APERTUS, HY_V3, GRANITE_SWA,
        GRANITE_SWA_TWO_BASES, MINICPM5_MOE, GEMMA4, GEMMA4_VALUES_APART, GEMMA4_E2B,
-       GEMMA4_MOE, GRANITE_MOE, GRANITE_MOE_SHARED, COHERE2, COHERE]
+       GEMMA4_MOE, GRANITE_MOE, GRANITE_MOE_SHARED, COHERE2, COHERE, LLAMA4]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -314,6 +315,18 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         assert written.get("layer_types") == (
             ["sliding_attention"] * 3 + ["full_attention"] if case is COHERE2 else None)
         assert "model.layers.0.post_attention_layernorm.weight" not in folder.tensors
+    elif case is LLAMA4:  # (its chunks, NoPE layer, temperature, experts' layers and widths;
+        # its stacks input-major under feed_forward, its q/k rows interleaved again)
+        assert (written["intermediate_size"], written["intermediate_size_mlp"]) == (48, 96)
+        assert (written["moe_layers"], written["interleave_moe_layer_step"]) == ([1, 3], 2)
+        assert written["no_rope_layers"] == [1, 1, 1, 0]
+        assert written["layer_types"] == ["chunked_attention"] * 3 + ["full_attention"]
+        assert (written["attention_chunk_size"], written["floor_scale"]) == (8, 4)
+        assert written["use_qk_norm"] is True and written["attn_temperature_tuning"] is True
+        disk = disk_layout(written, folder.tensors)
+        assert disk["model.layers.1.feed_forward.experts.gate_up_proj"].shape == (4, 64, 96)
+        assert disk["model.layers.1.feed_forward.experts.down_proj"].shape == (4, 48, 64)
+        assert "model.layers.0.feed_forward.gate_proj.weight" in disk
     elif case is GEMMA4_MOE:  # (its experts' keys; its router and stacks on the layer)
         assert written["enable_moe_block"] is True and written["top_k_experts"] == 2
         assert (written["num_experts"], written["moe_intermediate_size"]) == (4, 32)
@@ -395,7 +408,7 @@ QWEN3_NEXT_DENSE = Case("qwen3-next-dense", "Qwen3NextConfig", False,
                                   PHI4_MINI, GLM4, SMOLLM3_WINDOW, GEMMA2, GRANITE, GPT_OSS,
                                   QWEN3_5, QWEN3_NEXT_DENSE, GRANITE4_H_DENSE, NEMOTRON_H,
                                   GRANITE_SWA_TWO_BASES, ARCEE, APERTUS, GEMMA4, GEMMA4_E2B,
-                                  GEMMA4_MOE, COHERE2, COHERE],
+                                  GEMMA4_MOE, COHERE2, COHERE, LLAMA4],
                          ids=lambda c: c.name)
 def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: Any) -> None:
     """Post-norm layers, whole-projection q/k norms and windows (4-6 positions, narrower than
@@ -426,8 +439,11 @@ def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: An
     # (by the file's names: Phi-3's q/k/v and gate/up gradients fused as its parameters are;
     # frozen ones left out: Apertus's xIELU constants and Gemma 4's layer scalars, buffers in
     # transformers)
-    grads = disk_layout(folder.hf_config, {n: p.grad for n, p in ours.named_parameters()
-                                           if p.requires_grad})
+    # (an expert no token chose has no gradient here: zero, as transformers' Llama 4 gives
+    # every expert every token, weighed 0 where not chosen)
+    grads = disk_layout(folder.hf_config, {
+        n: torch.zeros_like(p) if p.grad is None else p.grad
+        for n, p in ours.named_parameters() if p.requires_grad})
     grads = {n.replace("backbone.", "model."): g for n, g in grads.items()}
     assert grads.keys() == theirs.keys() - ({"lm_head.weight"} if case.tied else set())
     for name, grad in grads.items():

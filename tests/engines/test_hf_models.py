@@ -110,6 +110,7 @@ def test_fp32_greedy_equals_transformers_and_logprobs_match_a_full_forward(
                                 "GraniteMoeConfig": "granitemoe",
                                 "GraniteMoeSharedConfig": "granitemoeshared",
                                 "Cohere2Config": "cohere2", "CohereConfig": "cohere",
+                                "Llama4TextConfig": "llama4_text",
                                 "Lfm2Config": "lfm2"}[case.config_class]  # fmt: skip
     # (latent attention's heads: their no-rope and rope parts; 32 in every other case)
     assert cfg.head_dim == (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim or 32)

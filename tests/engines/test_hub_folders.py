@@ -22,6 +22,7 @@ from hf_fixtures import (
     GEMMA3,
     GEMMA4,
     GPT_OSS,
+    LLAMA4,
     MINIMAX_M2,
     MISTRAL4,
     MISTRAL_WINDOW,
@@ -183,6 +184,99 @@ def test_cohere2_is_served_by_vllm_with_the_window_transformers_reads() -> None:
     raw = hf_model(COHERE2).config.to_dict()
     assert vllm_overrides(raw, Path("config.json")) == {"sliding_window": 3}
     assert vllm_overrides({**raw, "model_type": "llama"}, Path("config.json")) == {}
+
+
+def test_a_llama4_folder_runs_its_text_model_and_writes_a_causal_lm(tmp_path: Path) -> None:
+    """Llama 4 Scout and Maverick ship as Llama4ForConditionalGeneration (its text model under
+    ``language_model.``, a vision model and projector beside): pivotflow holds the text model
+    alone, computes as transformers' wrapper does on text, and writes a Llama4ForCausalLM
+    that transformers loads to the same logits."""
+    text = hf_model(LLAMA4)
+    config = transformers.Llama4Config(
+        text_config=text.config.to_dict(),
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
+                       "vision_output_dim": 32, "projector_input_dim": 32,
+                       "projector_output_dim": 64})
+    theirs = transformers.Llama4ForConditionalGeneration(config).eval()
+    theirs.language_model.load_state_dict(text.state_dict())
+    theirs.save_pretrained(tmp_path / "wrapper")
+    folder = load_model_folder(tmp_path / "wrapper")
+    assert folder.hf_config["architectures"] == ["Llama4ForCausalLM"]
+    assert folder.config == load_model_folder_of(LLAMA4, tmp_path / "text").config
+    assert not any("vision" in n or "projector" in n for n in folder.tensors)
+    assert_wrapper_runs_its_text_model(theirs, folder, tmp_path / "written", "Llama4ForCausalLM",
+                                       atol=1e-5)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("layer_types", ["sliding_attention"] * 4, "layer_types=.* is not a list of "
+     "full_attention, chunked_attention"),
+    ("attention_chunk_size", 0, "attention_chunk_size=0 is not a positive integer"),
+    ("moe_layers", [1, 9], r"moe_layers=\[1, 9\] is not a list of layer numbers below 4"),
+    ("no_rope_layers", [1, 1], "no_rope_layers is not a list of 0 and 1, one for each of 4")])
+def test_a_llama4_config_the_engine_cannot_read_is_a_one_line_error(key: str, value: Any,
+                                                                    message: str) -> None:
+    """Llama 4's layer kinds, chunk, sparse layers and NoPE layers, misnamed: one line naming
+    the file and the key."""
+    raw = {**hf_model(LLAMA4).config.to_dict(), key: value}
+    if key == "attention_chunk_size":
+        raw.pop("layer_types")  # (derived: its rope layers chunk)
+    with pytest.raises(ModelConfigError, match=message) as info:
+        config_from_hf(raw, "m/config.json")
+    assert str(info.value).startswith("m/config.json: ") and "\n" not in str(info.value)
+
+
+def test_the_hubs_llama4_scout_config_reads_as_transformers_fills_it() -> None:
+    """Scout's text_config (as the Hub's, its keys cut to a few): llama3 rope with equal low
+    and high frequency factors (no band blended), chunks of 8192 on three layers of four, the
+    fourth NoPE with the query temperature, 16 experts on every layer; Llama4TextConfig's
+    defaults for the rest. Maverick's: experts on every other layer, no q/k norms."""
+    scout = {"model_type": "llama4_text", "num_hidden_layers": 8, "hidden_size": 5120,
+             "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+             "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+             "vocab_size": 202048, "max_position_embeddings": 10485760,
+             "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+                              "original_max_position_embeddings": 8192,
+                              "rope_type": "llama3"}}
+    cfg = config_from_hf(scout, "scout/config.json")
+    assert (cfg.rope_type, cfg.rope_theta, cfg.rope_factor) == ("llama3", 500000.0, 16.0)
+    assert cfg.nope_layers == (3, 7) and cfg.sliding_layers == (0, 1, 2, 4, 5, 6)
+    assert (cfg.attention_chunk_size, cfg.attn_scale, cfg.floor_scale) == (8192, 0.1, 8192.0)
+    assert cfg.weightless_qk_norm and cfg.sparse_layers == 8 and cfg.num_experts == 16
+    assert (cfg.intermediate_size, cfg.moe_intermediate_size, cfg.shared_width) == (
+        16384, 8192, 8192)
+    maverick = config_from_hf({**scout, "interleave_moe_layer_step": 2, "use_qk_norm": False,
+                               "num_local_experts": 128, "rope_scaling": None},
+                              "maverick/config.json")
+    assert [maverick.is_sparse(i) for i in range(8)] == [False, True] * 4
+    assert not maverick.weightless_qk_norm and maverick.rope_type == "default"
+
+
+def test_llama4_is_served_by_vllm_as_transformers_computes_it() -> None:
+    """vLLM 0.32 turns Llama 4's query temperature on past 32K positions whatever the config
+    says, reads its sparse layers from ``interleave_moe_layer_step`` alone and, on CPU, needs
+    chunks of whole KV blocks (multiples of 32): told the config's temperature and a block
+    that divides the chunk; sparse layers it would place elsewhere and chunks it cannot hold
+    are one-line errors before it starts."""
+    from pivotflow.engines.torch.hf_llama4 import llama4_vllm_kwargs
+    from pivotflow.errors import EngineError
+
+    raw = {**hf_model(LLAMA4).config.to_dict(), "attention_chunk_size": 96}
+    raw.pop("layer_types")
+    assert llama4_vllm_kwargs(raw, "m", on_cpu=True) == {
+        "override_generation_config": {"attn_temperature_tuning": True}, "block_size": 32}
+    assert llama4_vllm_kwargs({**raw, "attn_temperature_tuning": False}, "m", on_cpu=False) == {
+        "override_generation_config": {"attn_temperature_tuning": False}}
+    wrapper = {"model_type": "llama4", "text_config": {**raw, "attention_chunk_size": 8192}}
+    assert llama4_vllm_kwargs(wrapper, "m", on_cpu=True)["block_size"] == 128
+    assert llama4_vllm_kwargs({"model_type": "llama"}, "m", on_cpu=True) == {}
+    for bad, message in (({"attention_chunk_size": 8}, "attention_chunk_size 8 is not a "
+                          "multiple of 32"),
+                         ({"moe_layers": [1, 2]}, r"moe_layers \[1, 2\] are not every Nth")):
+        with pytest.raises(EngineError, match=message) as info:
+            llama4_vllm_kwargs({**raw, **bad}, "m/config.json", on_cpu=True)
+        assert str(info.value).startswith("m/config.json: ") and "\n" not in str(info.value)
 
 
 def load_model_folder_of(case: Any, root: Path) -> Any:

@@ -163,6 +163,19 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
             "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", {
                 "num_hidden_layers": 4, "sliding_window": 6, "logit_scale": 0.25,
                 "pad_token_id": EOS}),
+            # Llama 4 (Scout's kind): interleaved rope within chunks of 32 (vLLM's CPU blocks
+            # made 32 to hold them) and weightless q/k norms on three layers of four, the
+            # fourth NoPE with the query temperature (binding from position 3); every other
+            # layer 1 of 4 experts, each reading its token times its sigmoid weight, beside a
+            # shared one; llama3 rope with Scout's equal low and high frequency factors
+            "llama4": ("Llama4TextConfig", "Llama4ForCausalLM", {
+                "num_hidden_layers": 4, "intermediate_size": 64, "intermediate_size_mlp": 128,
+                "num_local_experts": 4, "num_experts_per_tok": 1,
+                "interleave_moe_layer_step": 2, "attention_chunk_size": 32, "floor_scale": 4,
+                "attn_scale": 0.5, "pad_token_id": EOS, "rope_parameters": {
+                    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 1.0, "original_max_position_embeddings": 16,
+                    "rope_theta": 500000.0}}),
             # Command R (Cohere 1): the same layer, rope on every layer, no window
             "cohere": ("CohereConfig", "CohereForCausalLM", {"logit_scale": 0.25,
                                                              "pad_token_id": EOS}),
@@ -383,6 +396,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
     assert cfg.architecture == {"gemma3-text": "gemma3_text", "gemma4": "gemma4_text",
                                 "gemma4-e2b": "gemma4_text", "gemma4-moe": "gemma4_text",
                                 "gemma4-12b": "gemma4_text", "granite-3-moe": "granitemoe",
+                                "llama4": "llama4_text",
                                 "granite-moe-shared": "granitemoeshared",
                                 "glm4-moe": "glm4_moe",
                                 "ernie4.5": "ernie4_5", "seed-oss": "seed_oss",
@@ -396,7 +410,7 @@ def test_vllm_decodes_the_family_as_the_embedded_engine(
                                 "deepseek-v2": "deepseek_v2"}.get(
         family, family.split("-")[0])
     assert bool(cfg.sliding_layers) == (family in ("mistral-window", "olmo3", "gemma3-text",
-                                                   "cohere2",
+                                                   "cohere2", "llama4",
                                                    "gemma4", "gemma4-e2b", "gemma4-moe",
                                                    "gemma4-12b",
                                                    "exaone4", "dots1", "afmoe", "granite-swa",

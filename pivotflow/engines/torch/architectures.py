@@ -14,14 +14,14 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "olmo2", "ol
                  "ministral3", "glm4_moe_lite", "lfm2_moe", "dots1", "mistral4",
                  "solar_open", "arcee", "afmoe", "apertus", "hy_v3", "granite_swa",
                  "minicpm5_moe", "gemma4_text", "granitemoe", "granitemoeshared", "cohere2",
-                 "cohere")
+                 "cohere", "llama4_text")
 # the families with routed experts
 MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "glm4_moe", "qwen2_moe", "olmoe", "gpt_oss",
                      "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text", "qwen3_next",
                      "granitemoehybrid", "nemotron_h", "minimax_m2", "hunyuan_v1_moe",
                      "ernie4_5_moe", "glm4_moe_lite", "lfm2_moe", "dots1", "mistral4",
                      "solar_open", "afmoe", "hy_v3", "minicpm5_moe", "gemma4_text",
-                     "granitemoe", "granitemoeshared")
+                     "granitemoe", "granitemoeshared", "llama4_text")
 # multi-head latent attention (DeepSeek-V2's and V3's, ``kv_lora_rank``)
 LATENT_ARCHITECTURES = ("deepseek_v3", "deepseek_v2", "glm4_moe_lite", "mistral4")
 QK_NORM_ARCHITECTURES = ("qwen3", "qwen3_moe", "olmo2", "olmo3", "gemma3_text", "olmoe",
@@ -68,8 +68,7 @@ ACTIVATIONS = (*GATED_ACTIVATIONS, "relu2", "xielu")
 POST_NORM_ARCHITECTURES = ("olmo2", "olmo3", "exaone4")
 # (layers without rope: SmolLM3's some, Granite 4.0-H's all, AFMoE's full ones)
 NOPE_ARCHITECTURES = ("smollm3", "granitemoehybrid", "nemotron_h", "olmo_hybrid", "exaone4",
-                      "cohere2",
-                      "afmoe", "granite_swa")
+                      "cohere2", "afmoe", "granite_swa", "llama4_text")
 # ("proportional": Gemma 4's full layers' rope, every dimension paired by rotate_half over the
 # whole head, the first partial_rotary_factor of the frequencies turning, the rest at 0)
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")

@@ -40,8 +40,12 @@ class Attention(nn.Module):
             self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
         if owns_kv and not self.k_eq_v:
             self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
-        # Gemma 4's values RMS-normalised per head without a scale (0: not)
+        # Gemma 4's values RMS-normalised per head without a scale (0: not); Llama 4's q and k
+        # on its rope layers (after rope there; a rotation keeps a head's RMS, so before it
+        # here, as every family's per-head norms)
         self.v_norm_eps = cfg.rms_norm_eps if cfg.value_norm else 0.0
+        self.qk_l2_eps = (cfg.rms_norm_eps if cfg.weightless_qk_norm
+                          and cfg.rope_kind(layer_idx) != "none" else 0.0)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
@@ -124,6 +128,8 @@ class Attention(nn.Module):
                     else (self.q_norm, self.k_norm))
         if per_head is not None and not self.norm_after_rope:
             q, k = per_head[0](q), per_head[1](k)
+        if self.qk_l2_eps:  # (Llama 4's)
+            q, k = _weightless(q, self.qk_l2_eps), _weightless(k, self.qk_l2_eps)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.values(x, k_raw).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
@@ -171,9 +177,12 @@ class Attention(nn.Module):
         values there), normalised without a scale where the family says (Gemma 4's)."""
         b, t, _ = x.shape
         v = (k if self.k_eq_v else self.v_proj(x)).view(b, t, self.n_kv, self.head_dim)
-        if not self.v_norm_eps:
-            return v
-        return F.rms_norm(v.float(), (self.head_dim,), None, self.v_norm_eps).to(v.dtype)
+        return _weightless(v, self.v_norm_eps) if self.v_norm_eps else v
+
+
+def _weightless(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Heads [..., D] RMS-normalised without a weight, in float32, back to their dtype."""
+    return F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
 
 
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -136,7 +136,8 @@ class PackedExperts:
             else:
                 shared = self.mm.linear(self.mm.gated(h, gate_up, down.shape[1], self.act), down)
                 x = x + torch.sigmoid(self.mm.linear(h, self.shared_gate)) * shared
-        return add_expert_outputs(x, h, weights, chosen, self.count, self._expert)
+        return add_expert_outputs(x, h, weights, chosen, self.count, self._expert,
+                                  self.routing.scales_input)
 
     def _expert(self, expert: int, rows: torch.Tensor) -> torch.Tensor:
         """Expert ``expert``'s output for ``rows`` [m, H]: one gated matmul, then down."""

@@ -113,12 +113,14 @@ class Routing(NamedTuple):
     group_rank_top: int = 2  # (a group ranks by the sum of its this many best scores)
     biased: bool = False  # (its logits in float32, its choice by a correction bias too)
     norm_eps: float = 1e-20  # (a sigmoid router's, added to the sum it renormalises by)
+    scales_input: bool = False  # (Llama 4's: an expert reads its token times its weight)
 
     @staticmethod
     def of(cfg: ModelConfig) -> Routing:
         return Routing(cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.scoring_func,
                        cfg.n_group, cfg.topk_group, cfg.routed_scaling_factor,
-                       cfg.group_rank_top, cfg.router_bias, cfg.router_norm_eps)
+                       cfg.group_rank_top, cfg.router_bias, cfg.router_norm_eps,
+                       cfg.router_scales_input)
 
     def scores(self, router_logits: torch.Tensor) -> torch.Tensor:
         """Every expert's score [n, E], in float32 (gpt-oss's: its logits, which choose; the
@@ -242,20 +244,27 @@ def sort_by_expert(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tenso
 def add_expert_outputs(
     into: torch.Tensor, h: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor,
     num_experts: int, expert: Callable[[int, torch.Tensor], torch.Tensor],
+    scales_input: bool = False,
 ) -> torch.Tensor:
     """``into`` [n, H] plus, for each row of ``h`` [n, H], the outputs of its ``chosen``
-    experts [n, k] weighed by ``weights`` [n, k], in place; ``expert(e, rows)`` runs expert
-    ``e`` on rows [m, H]. Each expert hit runs once, on its contiguous slice of the
+    experts [n, k] weighed by ``weights`` [n, k], in place (``scales_input``, Llama 4's: each
+    expert's input weighed instead, its output added as it is); ``expert(e, rows)`` runs
+    expert ``e`` on rows [m, H]. Each expert hit runs once, on its contiguous slice of the
     expert-sorted rows (``sort_by_expert``). The trainer's ``SparseMoE`` and the engine's
     ``PackedExperts`` both combine their experts here."""
     order, counts = sort_by_expert(chosen, num_experts)
     rows = order // chosen.shape[-1]
+    weight = weights.reshape(-1)[order, None]
     inputs, parts, start = h[rows], [], 0
+    if scales_input:
+        inputs = inputs * weight.to(inputs.dtype)
     for e, count in enumerate(counts):
         if count:
             parts.append(expert(e, inputs[start:start + count]))
             start += count
-    outputs = torch.cat(parts) * weights.reshape(-1)[order, None]
+    outputs = torch.cat(parts)
+    if not scales_input:
+        outputs = outputs * weight
     return into.index_add_(0, rows, outputs.to(into.dtype))
 
 
@@ -370,6 +379,7 @@ class SparseMoE(nn.Module):
         out = torch.zeros_like(flat) if self.shared_experts is None else self.shared_experts(flat)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out = torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
-        out = add_expert_outputs(out, flat, weights, chosen,
-                                 len(self.experts), lambda e, rows: self.experts[e](rows))
+        out = add_expert_outputs(out, flat, weights, chosen, len(self.experts),
+                                 lambda e, rows: self.experts[e](rows),
+                                 self.routing.scales_input)
         return out.view_as(x)

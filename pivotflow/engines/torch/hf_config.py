@@ -6,7 +6,7 @@ back: ``hf_config_write``; rope: ``hf_rope``).
 Phi-3/Phi-4, Mixtral, GLM-4, GLM-4.5, SmolLM3, Qwen2-MoE, Gemma 2, OLMoE, Granite, gpt-oss,
 DeepSeek-V2, DeepSeek-V3, Qwen3.5, Qwen3-Next, Granite 4.0 and 4.0-H, Nemotron-H,
 MiniMax-M2, OLMo Hybrid, EXAONE 4.0, ERNIE 4.5 and its MoE, LFM2, Seed-OSS, Ministral 3, GLM-4.7-Flash,
-LFM2-MoE, dots.llm1, Hunyuan and Hunyuan-MoE;
+LFM2-MoE, dots.llm1, Hunyuan and Hunyuan-MoE, Llama 4;
 rope default, linear, llama3, yarn,
 Phi-3's longrope within its original context; sliding windows as each family says them,
 ``hf_windows``; each family's own keys, ``hf_families``; unquantized weights, block-wise FP8's and gpt-oss's MXFP4, dequantized
@@ -40,6 +40,7 @@ from pivotflow.engines.torch.hf_granite_swa import granite_swa_keys
 from pivotflow.engines.torch.hf_hunyuan import hunyuan_keys
 from pivotflow.engines.torch.hf_hy_v3 import hy_v3_keys
 from pivotflow.engines.torch.hf_lfm2 import lfm2_keys
+from pivotflow.engines.torch.hf_llama4 import llama4_keys
 from pivotflow.engines.torch.hf_minicpm5 import minicpm5_keys
 from pivotflow.engines.torch.hf_minimax import minimax_keys
 from pivotflow.engines.torch.hf_ministral import ministral_keys
@@ -166,6 +167,8 @@ _OWN_KEYS: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
     "gemma4_text": gemma4_keys,  # (Gemma4TextConfig's defaults, its layer types and ropes)
     # (CohereConfig's and Cohere2Config's defaults, their epsilon, head width, layers)
     "cohere2": cohere2_keys, "cohere": cohere2_keys,
+    # (Llama4TextConfig's defaults; its dense and expert widths, chunks as windows)
+    "llama4_text": llama4_keys,
     "ernie4_5": ernie_keys, "ernie4_5_moe": ernie_keys,  # (heads of 128, its epsilon)
 }
 

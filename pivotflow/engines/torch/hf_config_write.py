@@ -31,6 +31,7 @@ from pivotflow.engines.torch.hf_granite_swa import granite_swa_to_hf
 from pivotflow.engines.torch.hf_hunyuan import hunyuan_moe_to_hf
 from pivotflow.engines.torch.hf_hy_v3 import hy_v3_to_hf
 from pivotflow.engines.torch.hf_lfm2 import lfm2_to_hf
+from pivotflow.engines.torch.hf_llama4 import llama4_to_hf
 from pivotflow.engines.torch.hf_minicpm5 import minicpm5_to_hf
 from pivotflow.engines.torch.hf_minimax import minimax_to_hf
 from pivotflow.engines.torch.hf_ministral import ministral_to_hf
@@ -81,7 +82,8 @@ HF_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
               "dots1": "Dots1ForCausalLM", "gemma4_text": "Gemma4ForCausalLM",
               "granitemoe": "GraniteMoeForCausalLM",
               "granitemoeshared": "GraniteMoeSharedForCausalLM",
-              "cohere2": "Cohere2ForCausalLM", "cohere": "CohereForCausalLM"}  # fmt: skip
+              "cohere2": "Cohere2ForCausalLM", "cohere": "CohereForCausalLM",
+              "llama4_text": "Llama4ForCausalLM"}  # fmt: skip
 # the same decoders with a ``score`` head over the last token (reward models)
 HF_CLASSIFIERS = {"qwen2": "Qwen2ForSequenceClassification",
                   "llama": "LlamaForSequenceClassification",
@@ -292,7 +294,7 @@ _OWN_KEYS: dict[str, _Writer] = {
     "gemma4_text": lambda cfg, _: gemma4_to_hf(cfg, _DROP),
     **dict.fromkeys(("granitemoe", "granitemoeshared"), _keys(granite_moe_to_hf)),
     **dict.fromkeys(("cohere2", "cohere"), lambda cfg, _: cohere2_to_hf(cfg, _DROP)),
-    "hy_v3": _keys(hy_v3_to_hf), "afmoe": _keys(afmoe_to_hf),
+    "hy_v3": _keys(hy_v3_to_hf), "afmoe": _keys(afmoe_to_hf), "llama4_text": _keys(llama4_to_hf),
     "solar_open": _keys(solar_open_to_hf), "dots1": _keys(dots_to_hf),
     "minicpm5_moe": _keys(minicpm5_to_hf),
     "glm4_moe_lite": _keys(glm_lite_to_hf),

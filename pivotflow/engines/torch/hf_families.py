@@ -458,6 +458,7 @@ _FIELDS: dict[str, _Reader] = {
     **dict.fromkeys(("gemma3_text", "gemma2"), _no_layers(_gemma_fields)),
     "gemma4_text": _elsewhere("hf_gemma4.gemma4_fields", by_layers=False),
     **dict.fromkeys(("cohere2", "cohere"), _elsewhere("hf_cohere2.cohere2_fields")),
+    "llama4_text": _elsewhere("hf_llama4.llama4_fields"),
     "qwen3_5_text": _qwen3_5_fields,
     **dict.fromkeys(("qwen3_5_moe_text", "qwen3_next"), _qwen3_5_expert_fields),
     "granitemoehybrid": _elsewhere("hf_granite.granite_fields"),

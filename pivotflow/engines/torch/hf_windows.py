@@ -23,6 +23,8 @@ Each family says it its own way, and transformers' reading is the reference:
 * ``gemma4_text``: ``layer_types`` (``hf_gemma4`` fills them in: five sliding of every six, the
   last layer full), its two ropes always one dict per layer type.
 * ``smollm3``: ``layer_types``, else, with ``use_sliding_window``, its NoPE layers.
+* ``llama4_text``: its chunked layers (``hf_llama4`` says them as sliding ones, the chunk as
+  the window; ``ModelConfig.attention_chunk_size`` marks them chunks).
 * ``llama``, ``olmo2``, ``glm4``, ``glm4_moe``, ``granite``: none (transformers reads no window for them).
 
 SmolLM3's NoPE layers (``nope_layers``: ``no_rope_layers`` 0, else every
@@ -81,7 +83,8 @@ def window_fields(raw: dict[str, Any], kind: str, layers: int, where: str) -> di
     elif kind == "exaone4":  # (its layer_types, else its pattern: every Nth full, or "LLLG")
         window, sliding = raw.get("sliding_window", 4096), exaone4_sliding(raw, types, layers,
                                                                            where)
-    elif kind in ("olmo3", "gemma3_text", "gemma2", "gpt_oss", "gemma4_text", "cohere2"):
+    elif kind in ("olmo3", "gemma3_text", "gemma2", "gpt_oss", "gemma4_text", "cohere2",
+                  "llama4_text"):  # (Llama 4's chunks: hf_llama4 says them as windows)
         window = raw.get("sliding_window", 128 if kind == "gpt_oss" else DEFAULT_WINDOW)
         every = ({"olmo3": 4, "gemma2": 2, "gpt_oss": 2}.get(kind)
                  or raw.get("sliding_window_pattern", 6))
@@ -176,6 +179,8 @@ def windows_to_hf(cfg: Any, rope: dict[str, Any]) -> dict[str, Any]:
     ``rope_parameters``). Raises ModelConfigError for a pattern the family cannot say."""
     n, sliding = cfg.num_hidden_layers, set(cfg.sliding_layers)
     kind, everywhere = cfg.architecture, sliding == set(range(n))
+    if kind == "llama4_text":  # (its chunks: hf_llama4.llama4_to_hf)
+        return {}
     types = ["sliding_attention" if i in sliding else "full_attention" for i in range(n)]
     if kind == "smollm3":  # (layer_types say which; use_sliding_window that they do)
         return {"layer_types": types, "use_sliding_window": bool(sliding),

@@ -275,6 +275,8 @@ class PackedDecoder:
             per_head = None if cfg.whole_qk_norm else qk_norms
             if per_head is not None and not cfg.qk_norm_after_rope:  # (Qwen3's: before RoPE)
                 qk = self._head_norms(qk, per_head)
+            if cfg.weightless_qk_norm and self._rope_kinds[i] != "none":  # (Llama 4's)
+                qk = torch.rms_norm(qk.float(), (d,), None, cfg.rms_norm_eps).to(qk.dtype)
             qk = torch.addcmul(qk * cos, self._turned(qk, i), sin)
             if per_head is not None and cfg.qk_norm_after_rope:
                 # (Hunyuan's: after it, q's scaled by the score scale there, which a rope

@@ -293,9 +293,11 @@ class Decoder(nn.Module):
         masks: dict[bool, torch.Tensor | None] = {k: None for k in kinds}
         if cache is None:  # (a cache gives its own: KVCacheHook.update)
             masks = {k: attention_mask_of(t, attention_mask, cfg.sliding_window if k else 0,
-                                          x.device) for k in kinds}  # fmt: skip
-        scale = query_scale(cfg, positions)  # (Ministral 3's, by position; else None)
-        q_scale = None if scale is None else scale[:, None, :, None]
+                                          x.device, bool(cfg.attention_chunk_size))
+                     for k in kinds}  # fmt: skip
+        # (Ministral 3's, by position; Llama 4's on its NoPE layers; else None)
+        scales = {k: query_scale(cfg, positions, k) for k in rope}
+        q_scales = {k: None if s is None else s[:, None, :, None] for k, s in scales.items()}
         recompute = self.gradient_checkpointing and cache is None and torch.is_grad_enabled()
         sparse = 0
         # (Gemma 4's: the keys and values each layer attended over, for the layers that share
@@ -306,6 +308,7 @@ class Decoder(nn.Module):
                      if cfg.hidden_size_per_layer_input else None)
         for i, layer in enumerate(self.model.layers):
             (cos, sin), mask = rope[cfg.rope_kind(i)], masks[cfg.is_sliding(i)]
+            q_scale = q_scales[cfg.rope_kind(i)]
             replay = None
             if routing is not None and sparse_block(layer) is not None:
                 replay, sparse = routing[:, :, sparse].long(), sparse + 1
@@ -335,10 +338,11 @@ def embed_scale(cfg: ModelConfig, dtype: torch.dtype) -> torch.Tensor:
 
 
 def attention_mask_of(t: int, attention_mask: torch.Tensor | None, window: int,
-                      device: torch.device) -> torch.Tensor | None:
+                      device: torch.device, chunked: bool = False) -> torch.Tensor | None:
     """The boolean mask [B or 1, 1, t, t] (True: attend) of right-padded sequences: causal,
     key-is-real, and within ``window`` positions when > 0 (key j seen from query i when
-    i - window < j). None where plain causal attention is the same (no padding, no window
+    i - window < j; ``chunked``, Llama 4's: within the same chunk of ``window``, j // window
+    == i // window). None where plain causal attention is the same (no padding, no window
     shorter than t). A padded query row keeps one key (itself, or key 0 without a window) so
     its softmax stays finite; its output is never read."""
     if attention_mask is None and not 0 < window < t:
@@ -346,7 +350,8 @@ def attention_mask_of(t: int, attention_mask: torch.Tensor | None, window: int,
     idx = torch.arange(t, device=device)
     allowed = idx[None, :] <= idx[:, None]
     if 0 < window < t:
-        allowed &= idx[None, :] > idx[:, None] - window
+        allowed &= (idx[None, :] // window == idx[:, None] // window if chunked
+                    else idx[None, :] > idx[:, None] - window)
     mask = allowed[None, None].clone()
     if attention_mask is not None:
         mask = mask & attention_mask.bool()[:, None, None, :]

@@ -202,6 +202,16 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
     vocab_size_per_layer_input: int = 0
     num_kv_shared_layers: int = 0
     use_double_wide_mlp: bool = False
+    # Llama 4's (HF's names): its sliding_layers attend within chunks of attention_chunk_size
+    # positions (key j seen from query i when j // C == i // C and j <= i), not a window
+    # (sliding_window is then C: no key further back; 0: windows as the others'); its NoPE
+    # layers' queries scaled by position, 1 + attn_scale * log(1 + floor((p + 1) / floor_scale))
+    # (attn_temperature_tuning; attn_scale 0: none); weightless_qk_norm (its use_qk_norm): q
+    # and k RMS-normalised per head without a weight on its rope layers
+    attention_chunk_size: int = 0
+    attn_scale: float = 0.0
+    floor_scale: float = 8192.0
+    weightless_qk_norm: bool = False
 
     def __post_init__(self) -> None:
         # Derived defaults; force_setattr because the struct is frozen.
@@ -394,7 +404,15 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         (``e_score_correction_bias``: a load statistic that chooses, never weighs; frozen) and
         computes its logits in float32: every sigmoid router's (DeepSeek-V3's, GLM-4.5's...)
         and ERNIE 4.5 MoE's softmax one."""
+        if self.architecture == "llama4_text":  # (its sigmoid router: no bias, model dtype)
+            return False
         return self.scoring_func == "sigmoid" or self.architecture == "ernie4_5_moe"
+
+    @property
+    def router_scales_input(self) -> bool:
+        """Llama 4's experts: each reads the token times its router weight (and its output is
+        summed unweighted), not the token with its output weighed."""
+        return self.architecture == "llama4_text"
 
     @property
     def qk_norm_after_rope(self) -> bool:
@@ -509,7 +527,8 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         return "sliding" if self.is_sliding(layer) and self.sliding_rope_theta else "full"
 
     def is_sliding(self, layer: int) -> bool:
-        """Whether decoder layer ``layer`` attends within a sliding window."""
+        """Whether decoder layer ``layer`` attends within a sliding window (Llama 4's: within
+        its chunk, ``attention_chunk_size``)."""
         return layer in self.sliding_layers
 
     @property

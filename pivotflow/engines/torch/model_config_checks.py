@@ -97,10 +97,10 @@ def check(cfg: ModelConfig) -> None:
         raise ModelConfigError(f"rope_factor must be positive, got {cfg.rope_factor}")
     if (
         cfg.rope_type == "llama3"
-        and not cfg.rope_high_freq_factor > cfg.rope_low_freq_factor
-    ):
+        and not cfg.rope_high_freq_factor >= cfg.rope_low_freq_factor
+    ):  # (equal: no band blended, Llama 4 Scout's)
         raise ModelConfigError(
-            f"rope_high_freq_factor {cfg.rope_high_freq_factor} must exceed "
+            f"rope_high_freq_factor {cfg.rope_high_freq_factor} must be at least "
             f"rope_low_freq_factor {cfg.rope_low_freq_factor}"
         )
     if cfg.rope_type == "yarn" and not cfg.rope_beta_fast > cfg.rope_beta_slow > 0:
@@ -174,6 +174,24 @@ def _windows(cfg: ModelConfig) -> None:
     if cfg.sliding_rope_theta < 0:
         raise ModelConfigError(
             f"sliding_rope_theta must be >= 0, got {cfg.sliding_rope_theta}")
+    _llama4(cfg)
+
+
+def _llama4(cfg: ModelConfig) -> None:
+    """Llama 4's chunks, query temperature and weightless q/k norms fit it alone."""
+    llama4 = cfg.architecture == "llama4_text"
+    for name in ("attention_chunk_size", "attn_scale", "weightless_qk_norm"):
+        if getattr(cfg, name) and not llama4:
+            raise ModelConfigError(f"{name} does not fit architecture {cfg.architecture!r} "
+                                   "(Llama 4's)")
+    if cfg.attention_chunk_size < 0 or cfg.attn_scale < 0 or not cfg.floor_scale > 0:
+        raise ModelConfigError("attention_chunk_size and attn_scale must be >= 0 and "
+                               f"floor_scale > 0, got {cfg.attention_chunk_size}, "
+                               f"{cfg.attn_scale}, {cfg.floor_scale}")
+    if cfg.attention_chunk_size and cfg.sliding_window != cfg.attention_chunk_size:
+        raise ModelConfigError(f"attention_chunk_size {cfg.attention_chunk_size} needs "
+                               f"sliding_window {cfg.attention_chunk_size} (its chunked "
+                               f"layers see no further back), got {cfg.sliding_window}")
 
 def _linear(cfg: ModelConfig) -> None:
     dims = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",

@@ -49,7 +49,8 @@ def rope_inv_freq(cfg: ModelConfig, device: torch.device | str | None = None,
         low, high, factor = cfg.rope_low_freq_factor, cfg.rope_high_freq_factor, cfg.rope_factor
         wavelen = 2 * math.pi / inv_freq
         scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-        smooth = (old_len / wavelen - low) / (high - low)
+        # (low == high, Llama 4 Scout's: no band between, nothing blended)
+        smooth = (old_len / wavelen - low) / (high - low) if high > low else wavelen * 0
         blended = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
         return torch.where(medium, blended, scaled)
@@ -112,10 +113,16 @@ def layer_rope(cfg: ModelConfig, kind: str,
     return rope_inv_freq(cfg, device, dim), rope_attention_factor(cfg)
 
 
-def query_scale(cfg: ModelConfig, positions: torch.Tensor) -> torch.Tensor | None:
-    """Ministral 3's (Llama 4's) query scale at integer ``positions`` (float32, their shape):
+def query_scale(cfg: ModelConfig, positions: torch.Tensor,
+                kind: str = "full") -> torch.Tensor | None:
+    """The query scale at integer ``positions`` (float32, their shape) of a rope kind's layers
+    (``ModelConfig.rope_kind``), None without one. Ministral 3's, on every layer:
     1 + beta * log(1 + floor(p / L)), L the original context: 1 within it, growing past it,
-    as transformers' Ministral3Attention scales q after rope; None without one."""
+    as transformers' Ministral3Attention scales q after rope. Llama 4's, on its NoPE layers
+    ("none") alone: 1 + attn_scale * log(1 + floor((p + 1) / floor_scale))."""
+    if cfg.attn_scale and kind == "none":
+        steps = torch.floor((positions.to(torch.float32) + 1) / cfg.floor_scale)
+        return 1 + cfg.attn_scale * torch.log1p(steps)
     if not cfg.llama4_scaling_beta:
         return None
     original = cfg.rope_original_max_position_embeddings or cfg.max_position_embeddings
@@ -209,7 +216,7 @@ def packed_rope_table(cfg: ModelConfig, kind: str, max_len: int, d: int,
     rope = torch.stack((cos, sin), 1)[:, :, None].repeat(1, 1, sum(heads), 1)
     if not cfg.qk_norm_after_rope:
         rope[:, :, : heads[0]] *= cfg.attention_scale
-    scale = query_scale(cfg, positions[0])  # (Ministral 3's: q rows by position too)
+    scale = query_scale(cfg, positions[0], kind)  # (Ministral 3's, Llama 4's: by position)
     if scale is not None:
         rope[:, :, : heads[0]] *= scale.to(rope.device)[:, None, None, None]
     return rope.to(dtype)

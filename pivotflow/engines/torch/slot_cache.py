@@ -30,7 +30,8 @@ class SlotKVCache:
     Changing the capacity re-lays the buffer out (every ``CHUNK`` decode steps at most). Decode
     attention reads whole slots and masks each one's unused tail with an additive bias kept up
     to date as tokens are appended. Sliding-window layers (``ModelConfig.sliding_layers``) get
-    masks of their own that also hide the keys behind the window; every position stays cached
+    masks of their own that also hide the keys behind the window (Llama 4's chunked layers:
+    those before the chunk); every position stays cached
     (a window saves compute and memory only in engines that evict, which this one does not).
     """
 
@@ -53,6 +54,7 @@ class SlotKVCache:
                                     else (cfg.cache_kv_heads, cfg.cache_head_dim))
         self._sliding = frozenset(cfg.sliding_layers) & frozenset(self.layers)
         self._window = cfg.sliding_window if self._sliding else 0
+        self._chunked = bool(cfg.attention_chunk_size)  # (Llama 4's: chunks, not windows)
         # keys and values for the attention layers only (a hybrid's linear layers keep states)
         self._cached = {layer: i for i, layer in enumerate(self.layers)}
         self.states = (LinearStates(cfg, max_batch, device, dtype)
@@ -108,7 +110,8 @@ class SlotKVCache:
             self._mask = causal[None, None] & real[:, None, None, :]
         if self._window:
             padded = real if min(lengths) != width else None
-            self._sliding_mask = attention_mask_of(width, padded, self._window, device)
+            self._sliding_mask = attention_mask_of(width, padded, self._window, device,
+                                                   self._chunked)
         self._mode, self._start, self._count, self._width = "prefill", start, count, width
 
     @property
@@ -143,8 +146,11 @@ class SlotKVCache:
         host[:n] = [length + 1 for length in host[:n]]
         self._sliding_bias = None
         if self._window and max(host[:n]) > self._window:
-            # key j is seen from the new token (position len - 1) when j >= len - window
-            behind = self._positions[: self.capacity] < (self.lens[:n] - self._window)[:, None]
+            # key j is seen from the new token (position len - 1) when j >= len - window; in
+            # a chunk, when j is in the new token's chunk
+            first = (torch.div(self.lens[:n] - 1, self._window, rounding_mode="floor")
+                     * self._window if self._chunked else self.lens[:n] - self._window)
+            behind = self._positions[: self.capacity] < first[:, None]
             self._sliding_bias = self._bias[:n].masked_fill(behind[:, None], float("-inf"))
         self._mode, self._count = "decode", n
         return pos
