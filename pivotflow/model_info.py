@@ -104,6 +104,8 @@ def describe_model(path: Path) -> str:
         kind = "chunks of" if cfg.attention_chunk_size else "sliding window"
         lines.append(f"  {kind} {cfg.sliding_window} on {len(cfg.sliding_layers)} of "
                      f"{cfg.num_hidden_layers} layers")
+    if cfg.qk_norm_per_head:
+        lines.append("  q/k LayerNorms per head, each head's weight its own")
     if cfg.weightless_qk_norm:
         lines.append("  q/k RMS-normalised per head without a weight on the rope layers")
     if cfg.attn_scale:

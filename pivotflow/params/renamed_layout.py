@@ -143,6 +143,10 @@ def turn_heads(cfg: ModelConfig, tensors: dict[str, torch.Tensor], where: str,
         if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias",
                           "self_attn.k_proj.weight", "self_attn.k_proj.bias")):
             out[name] = turned_rows(cfg, t, name, where, to_disk)
+        elif name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):
+            # (Command R+'s per-head norm weights [heads, head_dim]: each dimension's weight
+            # goes where its dimension does)
+            out[name] = turned_rows(cfg, t.reshape(-1, 1), name, where, to_disk).reshape(t.shape)
     return out
 
 

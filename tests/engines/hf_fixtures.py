@@ -640,6 +640,14 @@ CASES += [
           "rope_parameters": {**LLAMA3_ROPE, "high_freq_factor": 1.0}}),
 ]  # fmt: skip
 LLAMA4 = CASES[73]
+# Command R+: Command R's layer with LayerNorms of q and k per head, each head's weight its
+# own (2 query heads on 1 key/value head)
+CASES += [
+    Case("cohere-plus", "CohereConfig", True,
+         {"logit_scale": 0.25, "use_qk_norm": True, "pad_token_id": 0, "bos_token_id": 1,
+          "eos_token_id": 2}),
+]  # fmt: skip
+COHERE_PLUS = CASES[74]
 CASE_IDS = [c.name for c in CASES]
 
 

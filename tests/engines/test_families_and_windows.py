@@ -19,6 +19,7 @@ from hf_fixtures import (
     ARCEE,
     COHERE,
     COHERE2,
+    COHERE_PLUS,
     DEEPSEEK_V2,
     DEEPSEEK_V2_LITE,
     DEEPSEEK_V3,
@@ -129,7 +130,8 @@ ALL = [MISTRAL, YARN, OLMO2, MISTRAL_WINDOW, QWEN2_WINDOW, OLMO3, GEMMA3, PHI3_W
        HUNYUAN, HUNYUAN_MOE, ERNIE4_5_MOE, MINISTRAL3, GLM4_7_FLASH,
        LFM2_MOE, DOTS1, MISTRAL4, SOLAR_OPEN, ARCEE, AFMOE, APERTUS, HY_V3, GRANITE_SWA,
        GRANITE_SWA_TWO_BASES, MINICPM5_MOE, GEMMA4, GEMMA4_VALUES_APART, GEMMA4_E2B,
-       GEMMA4_MOE, GRANITE_MOE, GRANITE_MOE_SHARED, COHERE2, COHERE, LLAMA4]
+       GEMMA4_MOE, GRANITE_MOE, GRANITE_MOE_SHARED, COHERE2, COHERE, LLAMA4,
+       COHERE_PLUS]
 
 
 @pytest.mark.parametrize("case", ALL, ids=lambda c: c.name)
@@ -307,14 +309,19 @@ def test_the_trainers_forward_and_the_configs_pivotflow_writes_equal_transformer
         disk = disk_layout(written, folder.tensors)
         assert disk["model.layers.1.block_sparse_moe.input_linear.weight"].shape == (4, 96, 64)
         assert ("model.layers.1.shared_mlp.input_linear.weight" in disk) is shared
-    elif case in (COHERE2, COHERE):  # (its epsilon and logit scale by its names; Cohere 2's
-        # NoPE full layers)
+    elif case in (COHERE2, COHERE, COHERE_PLUS):  # (its epsilon and logit scale by its names;
+        # Cohere 2's NoPE full layers; Command R+'s q/k norms, a weight per head, in its order)
         assert written["model_type"] == case.config_class.removesuffix("Config").lower()
         assert written["logit_scale"] == 0.25
         assert "layer_norm_eps" in written and "rms_norm_eps" not in written
         assert written.get("layer_types") == (
             ["sliding_attention"] * 3 + ["full_attention"] if case is COHERE2 else None)
         assert "model.layers.0.post_attention_layernorm.weight" not in folder.tensors
+        assert written["use_qk_norm"] is (case is COHERE_PLUS)
+        if case is COHERE_PLUS:
+            norm = "model.layers.0.self_attn.q_norm.weight"
+            assert folder.tensors[norm].shape == (2, 32)
+            assert torch.equal(disk_layout(written, folder.tensors)[norm], model.state_dict()[norm])
     elif case is LLAMA4:  # (its chunks, NoPE layer, temperature, experts' layers and widths;
         # its stacks input-major under feed_forward, its q/k rows interleaved again)
         assert (written["intermediate_size"], written["intermediate_size_mlp"]) == (48, 96)
@@ -408,7 +415,7 @@ QWEN3_NEXT_DENSE = Case("qwen3-next-dense", "Qwen3NextConfig", False,
                                   PHI4_MINI, GLM4, SMOLLM3_WINDOW, GEMMA2, GRANITE, GPT_OSS,
                                   QWEN3_5, QWEN3_NEXT_DENSE, GRANITE4_H_DENSE, NEMOTRON_H,
                                   GRANITE_SWA_TWO_BASES, ARCEE, APERTUS, GEMMA4, GEMMA4_E2B,
-                                  GEMMA4_MOE, COHERE2, COHERE, LLAMA4],
+                                  GEMMA4_MOE, COHERE2, COHERE, LLAMA4, COHERE_PLUS],
                          ids=lambda c: c.name)
 def test_gradients_equal_transformers_on_a_padded_batch(tmp_path: Path, case: Any) -> None:
     """Post-norm layers, whole-projection q/k norms and windows (4-6 positions, narrower than

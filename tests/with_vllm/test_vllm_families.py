@@ -176,9 +176,12 @@ FAMILIES = {"mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window"
                     "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                     "high_freq_factor": 1.0, "original_max_position_embeddings": 16,
                     "rope_theta": 500000.0}}),
-            # Command R (Cohere 1): the same layer, rope on every layer, no window
+            # Command R (Cohere 1): the same layer, rope on every layer, no window; Command R+:
+            # with LayerNorms of q and k per head, each head's weight its own
             "cohere": ("CohereConfig", "CohereForCausalLM", {"logit_scale": 0.25,
                                                              "pad_token_id": EOS}),
+            "cohere-plus": ("CohereConfig", "CohereForCausalLM", {
+                "logit_scale": 0.25, "use_qk_norm": True, "pad_token_id": EOS}),
             # Granite 3's MoE (granite-3.1-3b-a800m's kind): Granite's multipliers, 4 experts
             # (2 a token) on every layer, stacked in the file, one at a time to vLLM; and with
             # a shared MLP beside them (granitemoeshared)

@@ -44,7 +44,8 @@ RESIDUAL_SCALED_MOE = (*MAMBA_ARCHITECTURES, "granitemoe", "granitemoeshared")
 BLOCK_ARCHITECTURES = ("nemotron_h",)
 # q and k normalised over their whole projections (all heads at once), not per head
 WHOLE_QK_NORM_ARCHITECTURES = ("olmo2", "olmo3", "olmoe", "minimax_m2", "olmo_hybrid")
-OPTIONAL_QK_NORM_ARCHITECTURES = ("glm4_moe",)  # (its use_qk_norm says)
+# (their use_qk_norm says: GLM-4.5's, Command R+'s)
+OPTIONAL_QK_NORM_ARCHITECTURES = ("glm4_moe", "cohere")
 # q and k normalised per head after rope, not before (Hunyuan's)
 QK_NORM_AFTER_ROPE_ARCHITECTURES = ("hunyuan_v1_dense", "hunyuan_v1_moe")
 # how a router scores experts: a softmax over all (Qwen3-MoE, Mixtral), each by a sigmoid,

@@ -54,8 +54,12 @@ class Attention(nn.Module):
         self.whole_qk_norm = cfg.whole_qk_norm
         self.norm_after_rope = cfg.qk_norm_after_rope
         if cfg.qk_norm:
-            q_width, k_width = ((self.n_heads * self.head_dim, self.n_kv * self.head_dim)
-                                if self.whole_qk_norm else (self.head_dim, self.head_dim))
+            q_width: int | tuple[int, int] = self.head_dim
+            k_width: int | tuple[int, int] = self.head_dim
+            if self.whole_qk_norm:
+                q_width, k_width = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+            elif cfg.qk_norm_per_head:  # (Command R+'s: a weight for each head)
+                q_width, k_width = (self.n_heads, self.head_dim), (self.n_kv, self.head_dim)
             self.q_norm = layer_norm(cfg, q_width)
             if owns_kv:
                 self.k_norm = layer_norm(cfg, k_width)

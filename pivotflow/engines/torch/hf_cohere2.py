@@ -7,7 +7,8 @@ times ``logit_scale``. Cohere2Config's defaults where a config names none: three
 of every four (``sliding_window_pattern``), a window of 4096, tied embeddings.
 
 Command R (``cohere``, Cohere 1) is the same layer with rope on every layer and no window;
-its q/k LayerNorms (``use_qk_norm``, Command R+'s: weights per head) are a one-line error.
+Command R+ adds LayerNorms of q and k per head, each head with a weight of its own
+(``use_qk_norm``; held in the turned order as the q/k rows are).
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ def cohere2_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
     """``raw`` with Cohere2Config's defaults where it names none, its norms' epsilon under
     the common key, head_dim derived as transformers derives it, its layer types filled in.
     Raises ModelConfigError naming ``where`` for a config without a window (transformers then
-    turns no position anywhere) or with q/k norms (Cohere 1's, not this family's)."""
+    turns no position anywhere) or a cohere2 one with q/k norms (Command R+'s, not this
+    family's)."""
     kind = raw.get("model_type")
     out = {**_DEFAULTS, **raw, "rms_norm_eps": raw.get("layer_norm_eps", 1e-5)}
-    if raw.get("use_qk_norm"):
+    if raw.get("use_qk_norm") and kind == "cohere2":
         raise ModelConfigError(f"{where}: use_qk_norm={raw['use_qk_norm']!r} {ENGINE} on {kind} "
                                "(false: its q/k norms have weights per head)")
     heads, hidden = out["num_attention_heads"], out["hidden_size"]
@@ -64,8 +66,8 @@ def cohere2_fields(raw: dict[str, Any], layers: int, where: str) -> dict[str, An
     scale = number(raw.get("logit_scale", 0.0625), "logit_scale", where)
     if not scale > 0:
         raise ModelConfigError(f"{where}: logit_scale={scale!r} is not positive")
-    if raw.get("model_type") == "cohere":
-        return {"logits_scaling": 1.0 / scale}
+    if raw.get("model_type") == "cohere":  # (Command R+'s q/k norms)
+        return {"logits_scaling": 1.0 / scale, "qk_norm": bool(raw.get("use_qk_norm"))}
     full = [i for i, t in enumerate(raw["layer_types"]) if t == "full_attention"]
     return {"nope_layers": tuple(full), "logits_scaling": 1.0 / scale}
 
@@ -83,7 +85,7 @@ def cohere2_to_hf(cfg: ModelConfig, drop: object) -> dict[str, Any]:
                                "(cohere)")
     return {"layer_norm_eps": cfg.rms_norm_eps, "rms_norm_eps": drop,
             "logit_scale": 1.0 / cfg.logits_scaling, "attention_bias": cfg.attention_bias,
-            "use_qk_norm": False, "pad_token_id": None, "bos_token_id": None,
+            "use_qk_norm": bool(cfg.qk_norm), "pad_token_id": None, "bos_token_id": None,
             "eos_token_id": None}
 
 

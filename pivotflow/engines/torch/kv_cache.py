@@ -397,6 +397,8 @@ class PackedDecoder:
         (by 1 + weight where the family's norms are offset), q's also by ``q_scale`` (the
         score scale, where the rope table cannot carry it: ``packed_rope_table``)."""
         heads, offset = self.heads, int(self.cfg.norm_offset)
+        if self.cfg.centered_norm:  # (Command R+'s LayerNorms: each head's mean removed)
+            qk = qk - qk.mean(-1, keepdim=True)
         qk = torch.rms_norm(qk, (qk.shape[-1],), None, self.cfg.rms_norm_eps)
         qk[:, :, :heads].mul_((qk_norms[0] + offset) * q_scale if q_scale != 1.0
                               else qk_norms[0] + offset)

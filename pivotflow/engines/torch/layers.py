@@ -28,7 +28,7 @@ class RMSNorm(nn.Module):
     (Gemma 4's): by ``weight``, likewise in float32; ``centered`` (Cohere 2's): a LayerNorm
     without a bias, the mean removed before, scaled in float32."""
 
-    def __init__(self, dim: int, eps: float, offset: bool = False,
+    def __init__(self, dim: int | tuple[int, ...], eps: float, offset: bool = False,
                  in_float: bool = False, centered: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
@@ -47,7 +47,8 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
-def layer_norm(cfg: ModelConfig, dim: int) -> RMSNorm:
-    """An RMSNorm of ``dim`` as ``cfg``'s family computes its norms (Gemma's in float32)."""
+def layer_norm(cfg: ModelConfig, dim: int | tuple[int, ...]) -> RMSNorm:
+    """An RMSNorm of ``dim`` as ``cfg``'s family computes its norms (Gemma's in float32); a
+    weight of shape (heads, head_dim) for heads of q or k with a weight each (Command R+'s)."""
     return RMSNorm(dim, cfg.rms_norm_eps, cfg.norm_offset, cfg.architecture == "gemma4_text",
                    cfg.centered_norm)

@@ -480,6 +480,12 @@ class ModelConfig(msgspec.Struct, kw_only=True, frozen=True):
         return self.architecture in ("cohere", "cohere2")
 
     @property
+    def qk_norm_per_head(self) -> bool:
+        """Command R+'s q/k norms: a weight of its own for each head ([heads, head_dim]), not
+        one all heads share."""
+        return self.architecture == "cohere" and bool(self.qk_norm)
+
+    @property
     def centered_norm(self) -> bool:
         """Cohere's norms: LayerNorm without a bias (mean removed), not RMSNorm;
         ``rms_norm_eps`` holds its layer_norm_eps."""
