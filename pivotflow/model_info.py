@@ -144,6 +144,8 @@ def describe_model(path: Path) -> str:
                         "Gemma3ForCausalLM), its vision tower and projector not loaded",
               "gemma4": "Gemma4ForConditionalGeneration's text model held (as "
                         "Gemma4ForCausalLM), its vision and audio towers not loaded",
+              "llama4": "Llama4ForConditionalGeneration's text model held (as "
+                        "Llama4ForCausalLM), its vision model and projector not loaded",
               "mistral3": "Mistral3ForConditionalGeneration's text model held (as "
                           f"{folder.hf_config['architectures'][0]}), its vision tower and "
                           "projector not loaded",

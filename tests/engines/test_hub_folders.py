@@ -207,6 +207,15 @@ def test_a_llama4_folder_runs_its_text_model_and_writes_a_causal_lm(tmp_path: Pa
     assert not any("vision" in n or "projector" in n for n in folder.tensors)
     assert_wrapper_runs_its_text_model(theirs, folder, tmp_path / "written", "Llama4ForCausalLM",
                                        atol=1e-5)
+    from hf_folders import save_tokenizer_hf, train_bpe
+
+    from pivotflow.model_info import describe_model
+
+    save_tokenizer_hf(train_bpe(vocab_size=260), tmp_path / "wrapper")
+    said = describe_model(tmp_path / "wrapper")
+    assert said.startswith(f"{tmp_path / 'wrapper'}: llama4_text, ")
+    assert ("tensors: Llama4ForConditionalGeneration's text model held (as Llama4ForCausalLM), "
+            "its vision model and projector not loaded") in said
 
 
 @pytest.mark.parametrize("key, value, message", [

@@ -1,7 +1,7 @@
 """Multimodal wrappers on vLLM (CPU build), as a rollout worker serves them: the store holds
 the wrapper's text model under its causal LM's config (``held_config``), vLLM starts from that
 config (no vision tower) and decodes the store's version greedily as the embedded engine does:
-Gemma 3 4B+'s kind (Gemma3ForConditionalGeneration), Qwen3-VL-MoE's (its multimodal rope
+Gemma 3 4B+'s kind (Gemma3ForConditionalGeneration), Llama 4's, Qwen3-VL-MoE's (its multimodal rope
 served as plain rope, its stacked experts one at a time, its router renormalising) and
 GLM-4.5V's (as GLM-4.5).
 """
@@ -49,6 +49,36 @@ def test_vllm_serves_a_gemma3_4b_kind_of_folder_as_its_text_model(
     path = save_sharpened(transformers.Gemma3ForConditionalGeneration(config),
                           tmp_path / "model", folder)
     _assert_vllm_serves_the_text_model(tmp_path, path, "Gemma3ForCausalLM")
+
+
+def test_vllm_serves_a_llama4_folder_as_its_text_model(
+    tmp_path: Path, folder: Path
+) -> None:
+    """A Llama4ForConditionalGeneration folder (Scout's and Maverick's kind: chunks of 32 on
+    its rope layers, every other layer 1 of 4 experts beside a shared one, its experts stacked
+    input-major): the store holds its Llama4ForCausalLM, vLLM serves it (told the query
+    temperature, and blocks of 32 that its chunks hold) and decodes as the embedded engine
+    does."""
+    import transformers
+
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    config = transformers.Llama4Config(
+        text_config={"vocab_size": vocab, "hidden_size": 128, "intermediate_size": 64,
+                     "intermediate_size_mlp": 256, "num_hidden_layers": 4,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+                     "max_position_embeddings": MAX_LEN, "num_local_experts": 4,
+                     "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
+                     "attention_chunk_size": 32, "floor_scale": 4, "attn_scale": 0.5,
+                     "eos_token_id": EOS, "bos_token_id": EOS, "pad_token_id": EOS},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
+                       "vision_output_dim": 32, "projector_input_dim": 32,
+                       "projector_output_dim": 64})
+    torch.manual_seed(0)
+    (tmp_path / "model").mkdir()
+    path = save_sharpened(transformers.Llama4ForConditionalGeneration(config),
+                          tmp_path / "model", folder)
+    _assert_vllm_serves_the_text_model(tmp_path, path, "Llama4ForCausalLM")
 
 
 def _assert_vllm_serves_the_text_model(tmp_path: Path, path: Path, causal_lm: str) -> None:
