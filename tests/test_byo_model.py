@@ -732,6 +732,49 @@ def test_a_gemma_wrapper_folder_trains_its_text_model_and_writes_a_causal_lm(
     for name in (("layers.0.router.proj.weight", "layers.1.router.per_expert_scale",
                   "layers.1.experts.gate_up_proj", "layers.0.experts.down_proj") if moe else ()):
         assert not torch.equal(before[inner + name], after[f"model.{name}"]), name
+    if variant in ("gemma3", "gemma4"):  # LoRA on the wrapper's text model, as PEFT loads it
+        from pivotflow import checkpoints
+
+        lora = write_graph(tmp_path / "out", folder, write_prompts(tmp_path / "prompts.jsonl"),
+                           train="lora_rank=4")
+        done = run(lora, steps=2, out=tmp_path / "lora", console=False,
+                   sets=["live=false", "checkpoint_every=2"])
+        assert done.summary["error"] is None
+        latest = checkpoints.latest(tmp_path / "lora")
+        assert latest is not None
+        peft_merges_to_the_wrappers_text_model(latest)
+
+
+def peft_merges_to_the_wrappers_text_model(ckpt: Path) -> None:
+    """PEFT loads the checkpoint's adapter onto the wrapper folder it names (its text model's
+    modules alone: ``target_modules`` a pattern) and merges it: the wrapper's text model is the
+    checkpoint's policy (a causal LM), float32 rounding apart; its vision tower untouched."""
+    import torch
+    import transformers
+    from peft import PeftModel
+
+    config = json.loads((ckpt / "adapter" / "adapter_config.json").read_text())
+    base_path = Path(config["base_model_name_or_path"])
+    wrapper = getattr(transformers, json.loads((base_path / "config.json").read_text())[
+        "architectures"][0])
+    assert isinstance(config["target_modules"], str)
+    before = wrapper.from_pretrained(base_path, dtype=torch.float32).state_dict()
+    merged = PeftModel.from_pretrained(wrapper.from_pretrained(base_path, dtype=torch.float32),
+                                       str(ckpt / "adapter")).merge_and_unload().state_dict()
+    policy = transformers.AutoModelForCausalLM.from_pretrained(
+        ckpt / "policy", dtype=torch.float32).state_dict()
+    assert merged.keys() == before.keys()
+    text = {k: w for k, w in merged.items() if k.startswith("model.language_model.")}
+    assert {"model." + k.removeprefix("model.language_model.") for k in text} | {
+        "lm_head.weight"} >= policy.keys() - {"lm_head.weight"}
+    for k, w in policy.items():
+        theirs = merged[k if k == "lm_head.weight" else
+                        "model.language_model." + k.removeprefix("model.")]
+        torch.testing.assert_close(theirs, w, rtol=0, atol=1e-6, msg=k)
+    assert any(not torch.equal(w, before[k]) for k, w in text.items())
+    for k, w in merged.items():  # (the vision tower and projector as they were)
+        if not k.startswith(("model.language_model.", "lm_head.")):
+            assert torch.equal(w, before[k]), k
 
 
 def _gemma_wrapper(variant: str, vocab: int) -> Any:

@@ -424,8 +424,14 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
     order), with PEFT's ``rank_pattern`` and ``alpha_pattern`` for them; others as they are. n adapted parts of a fused projection make
     one adapter of rank n r: A the parts' A stacked, B block-diagonal over the parts' rows
     (zero rows for a part not adapted), alpha n alpha, so its update is the parts' updates
-    exactly, scale alpha / r included."""
+    exactly, scale alpha / r included. A multimodal wrapper's (``WRAPPERS``): its text
+    model's, under the names transformers' wrapper class gives that model
+    (``wrapper_adapters``), which PEFT loads the adapter onto."""
     family = family_of(config)
+    if family in WRAPPERS:
+        text = held_config(config, "adapter export")
+        inner, inner_ranks, inner_alphas = fused_adapters(text, adapters, rank, alpha)
+        return wrapper_adapters(family, inner), inner_ranks, inner_alphas
     if family == "nemotron_h":  # (renamed, nothing fused)
         return nemotron_adapters(adapters), {}, {}
     if family == "olmo_hybrid":  # (its DeltaNet's q/k/v apart, the rest renamed)
@@ -479,10 +485,14 @@ def fused_adapters(config: dict[str, Any], adapters: dict[str, torch.Tensor], ra
     return out, ranks, {k: alpha * r / rank for k, r in ranks.items()}
 
 
-def fused_targets(config: dict[str, Any], targets: list[str]) -> list[str]:
+def fused_targets(config: dict[str, Any], targets: list[str]) -> list[str] | str:
     """LoRA's target module names as the family's file names them: a split projection's as
-    its fused one's (phi3, glm4), in order, once each; others as they are."""
+    its fused one's (phi3, glm4), in order, once each; others as they are. A wrapper's: one
+    pattern (PEFT's ``target_modules`` as a string) naming its text model's alone."""
     family = family_of(config)
+    if family in WRAPPERS:  # (the text model's, its names alone: not the vision tower's)
+        names = fused_targets(held_config(config, "adapter export"), targets)
+        return wrapper_target(family, [names] if isinstance(names, str) else names)
     if family == "olmo_hybrid":
         return list(dict.fromkeys(n for t in targets for n in OLMO_HYBRID_TARGETS.get(t, (t,))))
     if family in ("lfm2", "lfm2_moe"):
@@ -496,3 +506,25 @@ def fused_targets(config: dict[str, Any], targets: list[str]) -> list[str]:
     if family in GRANITE_FILES:
         fused["down_proj"] = "output_linear"
     return list(dict.fromkeys(fused.get(t, t) for t in targets))
+
+
+# where transformers 5's wrapper classes hold their text model's decoder (``model.X`` of a
+# causal LM): under their ``model.language_model`` (Gemma 3's, Gemma 4's, Mistral 3's, the
+# Qwen-VLs', GLM-V's, InternVL's, LLaVA's), or Llama 4's under ``language_model.model``
+_WRAPPED_DECODER = {"llama4": "language_model.model."}
+
+
+def wrapper_adapters(family: str, adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A text model's adapters (``model.layers...``) under the names the ``family`` wrapper
+    class gives them in transformers 5 (what PEFT's module names are there)."""
+    prefix = _WRAPPED_DECODER.get(family, "model.language_model.")
+    return {(prefix + k.removeprefix("model.") if k.startswith("model.") else k): t
+            for k, t in adapters.items()}
+
+
+def wrapper_target(family: str, names: list[str]) -> str:
+    """PEFT's ``target_modules`` for a wrapper: a pattern matching those modules of its text
+    model's layers alone (a vision tower's ``q_proj`` is not adapted)."""
+    prefix = _WRAPPED_DECODER.get(family, "model.language_model.")
+    return rf"{re.escape(prefix)}layers\.\d+\.(?:.*\.)?(?:{'|'.join(map(re.escape, names))})"
+

@@ -150,7 +150,8 @@ def peft_adapter(adapters: dict[str, torch.Tensor], *, alpha: float, targets: li
     ``base_model`` (the policy's folder before training). ``adapters`` as ``adapter_tensors``
     names them (the optimizer state's ``<layer>.lora_A`` / ``.lora_B``). ``model_config``
     (the base's config.json): a family whose file fuses projections (Phi-3) gets adapters of
-    its fused ones (``hf_layout.fused_adapters``, with rank and alpha patterns)."""
+    its fused ones (``hf_layout.fused_adapters``, with rank and alpha patterns); a multimodal
+    wrapper's, its text model's under the wrapper's names for them."""
     from pivotflow.params.hf_layout import fused_adapters, fused_targets
 
     ranks = {t.shape[0] for k, t in adapters.items() if k.endswith(".lora_A")}
@@ -159,11 +160,12 @@ def peft_adapter(adapters: dict[str, torch.Tensor], *, alpha: float, targets: li
     rank = ranks.pop()
     model_config = dict(model_config or {})
     adapters, rank_pattern, alpha_pattern = fused_adapters(model_config, adapters, rank, alpha)
-    targets = fused_targets(model_config, targets)
+    # (a wrapper's: one pattern, its text model's modules alone)
+    file_targets = fused_targets(model_config, targets)
     tensors = {f"base_model.model.{k}.weight": t for k, t in adapters.items()}
     config: dict[str, object] = {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
-        "r": rank, "lora_alpha": alpha, "target_modules": targets,
+        "r": rank, "lora_alpha": alpha, "target_modules": file_targets,
         "rank_pattern": rank_pattern, "alpha_pattern": alpha_pattern,
         "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False,
         "use_dora": False, "init_lora_weights": True, "inference_mode": True,

@@ -216,6 +216,23 @@ def test_a_llama4_folder_runs_its_text_model_and_writes_a_causal_lm(tmp_path: Pa
     assert said.startswith(f"{tmp_path / 'wrapper'}: llama4_text, ")
     assert ("tensors: Llama4ForConditionalGeneration's text model held (as Llama4ForCausalLM), "
             "its vision model and projector not loaded") in said
+    # (a LoRA run's adapters name the wrapper's modules for its text model, as PEFT finds them:
+    # language_model.model here, not Gemma's model.language_model; the vision model's not)
+    import re
+
+    from pivotflow.params.hf_layout import fused_adapters, fused_targets
+
+    raw = json.loads((tmp_path / "wrapper" / "config.json").read_text())
+    pattern = fused_targets(raw, ["q_proj", "o_proj"])
+    assert isinstance(pattern, str)
+    adapted = [n for n, _ in theirs.named_modules() if re.fullmatch(pattern, n)]
+    assert len(adapted) == 2 * LLAMA4.extra["num_hidden_layers"]
+    assert all(n.startswith("language_model.model.layers.") for n in adapted)
+    assert any(n.startswith("vision_model.") and n.endswith("q_proj")
+               for n, _ in theirs.named_modules())
+    exported, _, _ = fused_adapters(raw, {"model.layers.0.self_attn.o_proj.lora_A": torch.ones(
+        4, 64)}, 4, 16.0)
+    assert list(exported) == ["language_model.model.layers.0.self_attn.o_proj.lora_A"]
 
 
 @pytest.mark.parametrize("key, value, message", [
