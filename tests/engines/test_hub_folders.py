@@ -273,10 +273,12 @@ def test_the_hubs_llama4_scout_config_reads_as_transformers_fills_it() -> None:
     assert (cfg.intermediate_size, cfg.moe_intermediate_size, cfg.shared_width) == (
         16384, 8192, 8192)
     maverick = config_from_hf({**scout, "interleave_moe_layer_step": 2, "use_qk_norm": False,
-                               "num_local_experts": 128, "rope_scaling": None},
+                               "num_local_experts": 128, "rope_scaling": None,
+                               "no_rope_layers": []},
                               "maverick/config.json")
     assert [maverick.is_sparse(i) for i in range(8)] == [False, True] * 4
     assert not maverick.weightless_qk_norm and maverick.rope_type == "default"
+    assert maverick.nope_layers == (3, 7)  # (an empty list: derived)
 
 
 def test_llama4_is_served_by_vllm_as_transformers_computes_it() -> None:

@@ -47,6 +47,8 @@ def llama4_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
     ``moe_intermediate_size``), its chunked layers as sliding ones with a window of the chunk.
     Raises ModelConfigError naming ``where`` and the key it cannot read."""
     out = {**_DEFAULTS, **raw}
+    if out.get("no_rope_layers") == []:  # (empty: derived, as Llama4TextConfig does)
+        out.pop("no_rope_layers")
     out["intermediate_size"], out["moe_intermediate_size"] = (out["intermediate_size_mlp"],
                                                               out["intermediate_size"])
     rope = out.get("rope_parameters") or out.get("rope_scaling")
