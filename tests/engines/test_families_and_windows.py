@@ -701,3 +701,43 @@ def test_a_mistral_config_with_attention_biases_is_refused_on_the_way_out() -> N
 
     with pytest.raises(ModelConfigError, match="a mistral checkpoint has no attention biases"):
         config_to_hf(replace(cfg, attention_bias=True), torch.float32)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_llama4_sequence_resumed_past_its_chunk_continues_as_it_would_have(
+        tmp_path: Path, temperature: float) -> None:
+    """Llama 4's chunks on the paths a migration and a partial rollout take: a sequence aborted
+    past its first chunk of 8 and resumed from its tokens on a fresh engine (its prefix
+    prefilled under the chunk mask, then decoded across the next chunk's start) gives the
+    tokens and logprobs it would have given uninterrupted."""
+    import dataclasses
+
+    from pivotflow.engines.base import GenerationRequest, SamplingParams
+    from pivotflow.engines.torch import TorchEngine
+
+    save_folder(LLAMA4, tmp_path)
+    folder = load_model_folder(tmp_path)
+
+    def engine() -> TorchEngine:
+        made = TorchEngine(folder.config, max_batch=4)
+        made.load_weights(folder.tensors, version=0)
+        return made
+
+    request = GenerationRequest("r", PROMPTS[4], SamplingParams(
+        temperature=temperature, max_tokens=20, seed=7))
+    full = engine().generate([request])[0]
+    first = engine()
+    first.add_request(request)
+    first.add_request(GenerationRequest("other", PROMPTS[2], SamplingParams(max_tokens=30)))
+    for _ in range(6):
+        first.step()
+    partial = first.abort("r")
+    assert partial is not None
+    k = len(partial.token_ids)
+    assert len(PROMPTS[4]) + k > 8 and k < len(full.token_ids)  # (past the first chunk)
+    resumed = engine().generate([dataclasses.replace(
+        request, prefix_ids=partial.token_ids, prefix_logprobs=partial.logprobs,
+        prefix_versions=partial.versions)])[0]
+    assert resumed.token_ids == full.token_ids
+    torch.testing.assert_close(torch.tensor(resumed.logprobs), torch.tensor(full.logprobs),
+                               atol=1e-4, rtol=0)
