@@ -205,6 +205,23 @@ def test_a_transformers_qwen3_moe_trains_and_its_checkpoint_loads_back(
                        r"needs a mixture-of-experts model; 'policy' \(.*config.json\) is a "
                        r"dense qwen2$"):
         run(dense, steps=1, out=tmp_path / "dense", console=False, sets=["live=false"])
+    # LoRA on every expert's gate, up and down too (the default targets): the adapter names
+    # each expert's projections, as pivotflow holds them; PEFT 0.21 reads those names onto
+    # transformers 5's stacked experts (its v4-to-v5 conversion) and merges to the policy
+    from safetensors.torch import load_file as load_adapter
+    from test_lora_run import peft_merges_to_the_policy
+
+    from pivotflow import checkpoints
+
+    lora = write_graph(tmp_path / "out", moe, prompts, train="lora_rank=4")
+    done = run(lora, steps=2, out=tmp_path / "lora", console=False,
+               sets=["live=false", "checkpoint_every=2"])
+    assert done.summary["error"] is None
+    latest = checkpoints.latest(tmp_path / "lora")
+    assert latest is not None
+    exported = load_adapter(latest / "adapter" / "adapter_model.safetensors")
+    assert "base_model.model.model.layers.1.mlp.experts.3.down_proj.lora_B.weight" in exported
+    peft_merges_to_the_policy(latest)
 
 
 # Families whose files lay tensors out otherwise than pivotflow holds them (params/hf_layout.py):
