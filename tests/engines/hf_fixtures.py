@@ -734,6 +734,29 @@ def assert_wrapper_runs_its_text_model(theirs: Any, folder: Any, written: Path,
         torch.testing.assert_close(again(ids).logits, reference, atol=atol, rtol=0)
 
 
+def assert_lora_names_the_wrappers_text_model(theirs: Any, folder: Path) -> None:
+    """A LoRA run's PEFT adapter on the wrapper folder ``folder`` names the modules
+    transformers' wrapper ``theirs`` holds its text model's under (PEFT's module names), and
+    its ``target_modules`` pattern matches those of every text layer and none of a vision
+    tower's (``hf_layout.wrapper_adapters``, ``wrapper_target``)."""
+    import re
+
+    from pivotflow.params.hf_layout import fused_adapters, fused_targets
+
+    raw = json.loads((folder / "config.json").read_text())
+    modules = dict(theirs.named_modules())
+    pattern = fused_targets(raw, ["q_proj", "o_proj"])
+    assert isinstance(pattern, str)
+    adapted = [n for n in modules if re.fullmatch(pattern, n)]
+    text = theirs.config.get_text_config()
+    assert len(adapted) == 2 * text.num_hidden_layers, adapted
+    assert not any("vision" in n or "visual" in n for n in adapted)
+    exported, _, _ = fused_adapters(raw, {"model.layers.0.self_attn.o_proj.lora_A":
+                                          torch.ones(4, text.hidden_size)}, 4, 16.0)
+    (name,) = exported
+    assert name.removesuffix(".lora_A") in modules, name
+
+
 def hf_greedy(model, prompts: list[list[int]], n: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
     """transformers' greedy continuation of each prompt, one prompt at a time (no padding)."""
     out = []

@@ -28,6 +28,7 @@ from hf_fixtures import (
     MISTRAL_WINDOW,
     PROMPTS,
     SIZES,
+    assert_lora_names_the_wrappers_text_model,
     assert_wrapper_runs_its_text_model,
     hf_model,
     save_folder,
@@ -91,6 +92,7 @@ def test_a_gemma4_folder_runs_its_text_model_and_writes_a_causal_lm(tmp_path: Pa
     assert not any("vision" in n for n in folder.tensors)
     assert_wrapper_runs_its_text_model(theirs, folder, tmp_path / "written", "Gemma4ForCausalLM",
                                        atol=1e-5)
+    assert_lora_names_the_wrappers_text_model(theirs, tmp_path / "wrapper")
 
 
 def test_a_gemma4_12b_folder_runs_as_gemma4(tmp_path: Path) -> None:
@@ -218,21 +220,7 @@ def test_a_llama4_folder_runs_its_text_model_and_writes_a_causal_lm(tmp_path: Pa
             "its vision model and projector not loaded") in said
     # (a LoRA run's adapters name the wrapper's modules for its text model, as PEFT finds them:
     # language_model.model here, not Gemma's model.language_model; the vision model's not)
-    import re
-
-    from pivotflow.params.hf_layout import fused_adapters, fused_targets
-
-    raw = json.loads((tmp_path / "wrapper" / "config.json").read_text())
-    pattern = fused_targets(raw, ["q_proj", "o_proj"])
-    assert isinstance(pattern, str)
-    adapted = [n for n, _ in theirs.named_modules() if re.fullmatch(pattern, n)]
-    assert len(adapted) == 2 * LLAMA4.extra["num_hidden_layers"]
-    assert all(n.startswith("language_model.model.layers.") for n in adapted)
-    assert any(n.startswith("vision_model.") and n.endswith("q_proj")
-               for n, _ in theirs.named_modules())
-    exported, _, _ = fused_adapters(raw, {"model.layers.0.self_attn.o_proj.lora_A": torch.ones(
-        4, 64)}, 4, 16.0)
-    assert list(exported) == ["language_model.model.layers.0.self_attn.o_proj.lora_A"]
+    assert_lora_names_the_wrappers_text_model(theirs, tmp_path / "wrapper")
 
 
 @pytest.mark.parametrize("key, value, message", [
@@ -407,6 +395,7 @@ def test_a_mistral_small_3_kind_of_folder_runs_its_text_model(tmp_path: Path) ->
     assert folder.config.tie_word_embeddings and folder.config.sliding_window == 4
     assert_wrapper_runs_its_text_model(theirs, folder, tmp_path / "written", "MistralForCausalLM",
                                        atol=1e-5)
+    assert_lora_names_the_wrappers_text_model(theirs, tmp_path / "wrapper")
 
 
 def test_a_wrappers_tying_is_its_own_where_it_says_it_else_its_text_models() -> None:

@@ -13,7 +13,12 @@ from typing import Any
 
 import pytest
 import torch
-from hf_fixtures import PROMPTS, assert_wrapper_runs_its_text_model, hf_greedy
+from hf_fixtures import (
+    PROMPTS,
+    assert_lora_names_the_wrappers_text_model,
+    assert_wrapper_runs_its_text_model,
+    hf_greedy,
+)
 
 from pivotflow.engines.base import GenerationRequest, SamplingParams
 from pivotflow.engines.torch import TorchEngine, load_model_folder
@@ -116,6 +121,7 @@ def test_a_vision_language_folder_runs_its_text_model_as_transformers_wrapper_do
         assert folder.tensors["model.layers.1.mlp.experts.3.up_proj.weight"].shape == (24, 64)
     assert_wrapper_runs_its_text_model(theirs, folder, tmp_path / "written", causal_lm,
                                        atol=1e-5)
+    assert_lora_names_the_wrappers_text_model(theirs, tmp_path / "wrapper")
     engine = TorchEngine(folder.config, max_batch=8, dtype="fp32")
     engine.load_weights(folder.tensors, version=0)
     ours = engine.generate([GenerationRequest(f"p{i}", p, SamplingParams(temperature=0.0,
@@ -263,6 +269,7 @@ def test_a_wrapper_runs_the_text_model_its_text_config_names(tmp_path: Path, nam
     assert not any(n.startswith(("vision", "multi_modal")) for n in folder.tensors)
     assert_wrapper_runs_its_text_model(theirs, folder, tmp_path / "written", causal_lm,
                                        atol=1e-5)
+    assert_lora_names_the_wrappers_text_model(theirs, tmp_path / "wrapper")
     from hf_folders import save_tokenizer_hf, train_bpe
 
     from pivotflow.model_info import describe_model
