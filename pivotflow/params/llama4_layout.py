@@ -17,9 +17,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from pivotflow.errors import ModelConfigError
 from pivotflow.params.renamed_layout import turn_heads, turned_adapters
-from pivotflow.params.stacked_experts import stacked
+from pivotflow.params.stacked_experts import split_stacks, stacked
 
 if TYPE_CHECKING:
     import torch
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
 _RENAMED = (("router.", "gate."), ("shared_expert.", "shared_experts."))
 _ON_DISK = re.compile(r"(.*layers\.\d+\.)feed_forward\.(.*)")
 _HELD = re.compile(r"(.*layers\.\d+\.)mlp\.(.*)")
-_STACK = re.compile(r"(.*layers\.\d+\.mlp\.experts\.)(gate_up_proj|down_proj)")
 
 
 def llama4_held(cfg: ModelConfig, tensors: dict[str, torch.Tensor],
@@ -38,7 +36,8 @@ def llama4_held(cfg: ModelConfig, tensors: dict[str, torch.Tensor],
     """A Llama 4 file's tensors as pivotflow holds them. Raises ModelConfigError naming
     ``where`` and the stack whose shape the config does not give."""
     renamed = _moved(tensors, _ON_DISK, "mlp.", _RENAMED)
-    return turn_heads(cfg, _split(cfg, renamed, where), where, to_disk=False)
+    held = split_stacks(cfg, renamed, where, input_major=True)
+    return turn_heads(cfg, held, where, to_disk=False)
 
 
 def _moved(tensors: dict[str, torch.Tensor], module: re.Pattern[str], into: str,
@@ -56,31 +55,6 @@ def _moved(tensors: dict[str, torch.Tensor], module: re.Pattern[str], into: str,
             if rest.startswith(old):
                 rest = new + rest[len(old):]
         out[m.group(1) + into + rest] = t
-    return out
-
-
-def _split(cfg: ModelConfig, tensors: dict[str, torch.Tensor],
-           where: str) -> dict[str, torch.Tensor]:
-    """Each input-major expert stack split into its experts' [out, in] projections."""
-    out: dict[str, torch.Tensor] = {}
-    width, hidden, experts = cfg.moe_intermediate_size, cfg.hidden_size, cfg.num_experts
-    for name, t in tensors.items():
-        m = _STACK.fullmatch(name)
-        if m is None:
-            out[name] = t
-            continue
-        fused = m.group(2) == "gate_up_proj"
-        want = (experts, hidden, 2 * width) if fused else (experts, width, hidden)
-        if tuple(t.shape) != want:
-            raise ModelConfigError(f"{where}: tensor {name!r} has shape {list(t.shape)}, not "
-                                   f"{list(want)}")
-        for e in range(experts):
-            lies = t[e].t()  # ([out, in])
-            if fused:
-                out[f"{m.group(1)}{e}.gate_proj.weight"] = lies[:width].contiguous()
-                out[f"{m.group(1)}{e}.up_proj.weight"] = lies[width:].contiguous()
-            else:
-                out[f"{m.group(1)}{e}.down_proj.weight"] = lies.contiguous()
     return out
 
 
@@ -105,7 +79,4 @@ def _file_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def llama4_disk(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Held tensors as the file holds them: its names, each layer's experts stacked
     input-major."""
-    out = {}
-    for name, t in stacked(tensors).items():  # ([E, 2I, H] and [E, H, I]: turned below)
-        out[name] = t.transpose(1, 2).contiguous() if _STACK.fullmatch(name) else t
-    return llama4_engine(cfg, out)
+    return llama4_engine(cfg, stacked(tensors, input_major=True))
