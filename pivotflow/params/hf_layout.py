@@ -126,6 +126,7 @@ from pivotflow.params.renamed_layout import (
     turned_adapters,
 )
 from pivotflow.params.stacked_experts import split_stacks, stacked
+from pivotflow.params.wrapper_layout import language_model, wrapper_adapters, wrapper_target
 
 if TYPE_CHECKING:
     import torch
@@ -217,7 +218,7 @@ def held_layout(
     """``tensors`` as pivotflow holds them: fused projections split into views (phi3, glm4),
     Mixtral's and GLM-4's names renamed, GLM-4's q/k rows reordered (``turn_heads``),
     GLM-4.5's multi-token-prediction layers left out, a Gemma 3 wrapper's text model alone
-    (``_language_model``), gpt-oss's MXFP4 experts dequantized (``mxfp4``), a
+    (``wrapper_layout.language_model``), gpt-oss's MXFP4 experts dequantized (``mxfp4``), a
     block-wise FP8 folder's weights dequantized (``fp8_blocks``),
     every other tensor as it is. Raises ModelConfigError naming ``where`` and the tensor whose rows
     do not split as the config says."""
@@ -264,7 +265,7 @@ def held_layout(
         text = held_config(config, where)
         if family in ("qwen3_vl_moe", "glm46v"):  # (experts stacked, as its text family's not)
             tensors = split_stacks(_geometry(text, where), tensors, where)
-        inner = _language_model(tensors)
+        inner = language_model(tensors)
         return held_layout(text, inner, where) if family_of(text) else inner
     if family in MTP_APART:
         tensors = {name: t for name, t in tensors.items() if not name.startswith("mtp.")}
@@ -281,29 +282,6 @@ def held_layout(
     if family == "glm4":
         return turn_heads(cfg, renamed_norms(held, GLM_NORMS), where, to_disk=False)
     return held
-
-
-_GEMMA3_TEXT = re.compile(r"(?:language_model\.|model\.language_model\.)(model\.)?(.*)")
-# a decoder's own tensors where a wrapper's file keeps them as a causal LM's (Qwen2-VL's and
-# Qwen2.5-VL's, their vision tower beside as ``visual.*``)
-_DECODER = re.compile(r"model\.(?:embed_tokens|layers|norm)\..*")
-
-
-def _language_model(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A multimodal wrapper's text model under a causal LM's names: ``language_model.model.X``
-    (the Hub's files, and transformers' save_pretrained) or ``model.language_model.X``
-    (transformers 5 in memory; Qwen3-VL's files) as ``model.X``, ``model.X`` of a decoder
-    (Qwen2.5-VL's files) as it is, ``language_model.lm_head.weight`` or ``lm_head.weight`` as
-    ``lm_head.weight``; the vision tower and projector left out."""
-    out = {}
-    for name, t in tensors.items():
-        if name == "lm_head.weight" or name == "language_model.lm_head.weight":
-            out["lm_head.weight"] = t
-        elif (m := _GEMMA3_TEXT.fullmatch(name)) is not None:
-            out[f"model.{m.group(2)}"] = t
-        elif _DECODER.fullmatch(name) is not None:
-            out[name] = t
-    return out
 
 
 def _split(cfg: ModelConfig, fusions: tuple[tuple[str, tuple[str, ...]], ...],
@@ -506,25 +484,3 @@ def fused_targets(config: dict[str, Any], targets: list[str]) -> list[str] | str
     if family in GRANITE_FILES:
         fused["down_proj"] = "output_linear"
     return list(dict.fromkeys(fused.get(t, t) for t in targets))
-
-
-# where transformers 5's wrapper classes hold their text model's decoder (``model.X`` of a
-# causal LM): under their ``model.language_model`` (Gemma 3's, Gemma 4's, Mistral 3's, the
-# Qwen-VLs', GLM-V's, InternVL's, LLaVA's), or Llama 4's under ``language_model.model``
-_WRAPPED_DECODER = {"llama4": "language_model.model."}
-
-
-def wrapper_adapters(family: str, adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A text model's adapters (``model.layers...``) under the names the ``family`` wrapper
-    class gives them in transformers 5 (what PEFT's module names are there)."""
-    prefix = _WRAPPED_DECODER.get(family, "model.language_model.")
-    return {(prefix + k.removeprefix("model.") if k.startswith("model.") else k): t
-            for k, t in adapters.items()}
-
-
-def wrapper_target(family: str, names: list[str]) -> str:
-    """PEFT's ``target_modules`` for a wrapper: a pattern matching those modules of its text
-    model's layers alone (a vision tower's ``q_proj`` is not adapted)."""
-    prefix = _WRAPPED_DECODER.get(family, "model.language_model.")
-    return rf"{re.escape(prefix)}layers\.\d+\.(?:.*\.)?(?:{'|'.join(map(re.escape, names))})"
-

@@ -738,7 +738,7 @@ def assert_lora_names_the_wrappers_text_model(theirs: Any, folder: Path) -> None
     """A LoRA run's PEFT adapter on the wrapper folder ``folder`` names the modules
     transformers' wrapper ``theirs`` holds its text model's under (PEFT's module names), and
     its ``target_modules`` pattern matches those of every text layer and none of a vision
-    tower's (``hf_layout.wrapper_adapters``, ``wrapper_target``)."""
+    tower's (``wrapper_layout.wrapper_adapters``, ``wrapper_target``)."""
     import re
 
     from pivotflow.params.hf_layout import fused_adapters, fused_targets
